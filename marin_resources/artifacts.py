@@ -1,0 +1,203 @@
+"""Dagster side of the artifact store: the store resource, artifact handles, the handle IO
+manager, and `materialize_artifact`, which every artifact-producing asset calls.
+
+Large artifacts (shards, caches, checkpoints) are written by the asset itself through the
+store. What travels between assets is an `ArtifactHandle`: a small, JSON-able pointer with
+the data version. Nothing large is pickled or loaded into memory by the IO layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from marin_resources.freshness import decide
+from marin_resources.identity import fingerprint as compute_fingerprint
+from marin_resources.store import ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info, writing
+
+VERSION_METADATA_KEY = "marin/version"
+ALL_PARTITIONS_METADATA_KEY = "marin/all_partitions"
+
+
+@dataclass(frozen=True)
+class ArtifactHandle:
+    """A committed artifact, as passed downstream."""
+
+    asset_key: str
+    partition: str | None
+    code_version: str
+    uri: str
+    data_version: str
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest) -> "ArtifactHandle":
+        return cls(manifest.asset_key, manifest.partition, manifest.code_version, manifest.uri,
+                   manifest.data_version, dict(manifest.metrics))
+
+    def ref(self) -> UpstreamRef:
+        return UpstreamRef(self.asset_key, self.partition, self.data_version, self.uri)
+
+
+@dataclass
+class Built:
+    """What a build function returns: metrics for the manifest, extra Dagster metadata for the UI."""
+
+    metrics: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class MarinStore(dg.ConfigurableResource):
+    """Where artifacts live. `prefix` is any fsspec URL; it is a runtime choice and never part of identity."""
+
+    prefix: str = "./local_store"
+    strict_fingerprints: bool = False
+    storage_options: dict[str, Any] = {}
+
+    def get(self) -> ArtifactStore:
+        return _store_for(self.prefix, tuple(sorted(self.storage_options.items())))
+
+
+@functools.lru_cache(maxsize=16)
+def _store_for(prefix: str, storage_options: tuple) -> ArtifactStore:
+    return ArtifactStore(prefix, dict(storage_options))
+
+
+def asset_key_str(key: dg.AssetKey) -> str:
+    return "/".join(key.path)
+
+
+def store_version(context: dg.AssetExecutionContext) -> str:
+    """The code version used in paths: the asset's declared `marin/version` metadata."""
+    spec = context.assets_def.specs_by_key[context.asset_key]
+    return str(spec.metadata[VERSION_METADATA_KEY])
+
+
+def materialize_artifact(
+    context: dg.AssetExecutionContext,
+    store: MarinStore,
+    *,
+    config: Any,
+    upstream: Sequence[ArtifactHandle],
+    build: Callable[[ArtifactWriter], Built | None],
+    resume: bool = False,
+) -> dg.Output[ArtifactHandle]:
+    """Build an artifact unless an identical one is already committed; report it either way.
+
+    `config` is the identity: it is fingerprinted and stored. Runtime choices must not be in it.
+    """
+    artifacts = store.get()
+    key = asset_key_str(context.asset_key)
+    partition = context.partition_key if context.has_partition_key else None
+    version = store_version(context)
+    fp = compute_fingerprint(config)
+    refs = [h.ref() for h in upstream]
+    existing = artifacts.find(key, version, partition)
+    decision = decide(existing, fingerprint=fp, config=config, upstream=refs, strict=store.strict_fingerprints)
+
+    extra: dict[str, Any] = {}
+    if decision.action == "reuse":
+        assert existing is not None
+        manifest = existing
+        if decision.state == "drift":
+            context.log.warning(f"{key}[{partition}]: {decision.reason}; reusing the stored artifact "
+                                "(set strict fingerprints to refuse)")
+            extra["marin/fingerprint_drift"] = dg.MetadataValue.json({"changed_fields": decision.drift_fields})
+        else:
+            context.log.info(f"{key}[{partition}] is fresh: {decision.reason}")
+    else:
+        context.log.info(f"building {key}[{partition}]: {decision.reason}")
+        started = time.monotonic()
+        with writing(artifacts, key, version, partition, run_id=context.run.run_id, resume=resume) as writer:
+            built = build(writer) or Built()
+            manifest = writer.commit(fingerprint=fp, config=config, upstream=refs,
+                                     producer=producer_info(context.run.run_id), metrics=built.metrics)
+        extra.update(built.metadata)
+        extra["marin/build_seconds"] = round(time.monotonic() - started, 3)
+
+    handle = ArtifactHandle.from_manifest(manifest)
+    metadata = {
+        "marin/uri": dg.MetadataValue.path(manifest.uri),
+        "marin/manifest": dg.MetadataValue.path(f"{manifest.uri}/.artifact.json"),
+        "marin/fingerprint": manifest.fingerprint,
+        "marin/code_version": manifest.code_version,
+        "marin/reused": decision.action == "reuse",
+        "marin/decision": decision.reason,
+        "marin/bytes": sum(f.bytes for f in manifest.files),
+        "marin/files": len(manifest.files),
+        "marin/producer_run_id": str(manifest.producer.get("run_id")),
+        **{k: _metadata_value(v) for k, v in manifest.metrics.items()},
+        **extra,
+    }
+    return dg.Output(handle, metadata=metadata, data_version=dg.DataVersion(manifest.data_version))
+
+
+def _metadata_value(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return dg.MetadataValue.json(value)
+    return value
+
+
+class ArtifactHandleIOManager(dg.ConfigurableIOManager):
+    """Stores nothing (the asset committed its manifest) and loads handles from manifests.
+
+    Inputs marked with `marin/all_partitions` metadata receive `{partition: handle}` for every
+    upstream partition in scope; other inputs receive the single matching handle.
+    """
+
+    store: dg.ResourceDependency[MarinStore]
+
+    def handle_output(self, context: dg.OutputContext, obj: ArtifactHandle) -> None:
+        if not isinstance(obj, ArtifactHandle):
+            raise TypeError(f"{context.asset_key.to_user_string()} must return an ArtifactHandle, got "
+                            f"{type(obj).__name__}; large data goes through the store, not the IO manager")
+
+    def load_input(self, context: dg.InputContext) -> ArtifactHandle | dict[str, ArtifactHandle]:
+        upstream = context.upstream_output
+        assert upstream is not None
+        version = (upstream.definition_metadata or {}).get(VERSION_METADATA_KEY)
+        key = asset_key_str(context.asset_key)
+        if version is None:
+            raise dg.Failure(f"upstream {key} has no {VERSION_METADATA_KEY}; declare it with marin_asset()")
+        artifacts = self.store.get()
+        wants_all = bool((context.definition_metadata or {}).get(ALL_PARTITIONS_METADATA_KEY))
+        partitions: list[str | None] = list(context.asset_partition_keys) if context.has_asset_partitions else [None]
+        handles = {}
+        for partition in partitions:
+            manifest = artifacts.find(key, str(version), partition)
+            if manifest is None:
+                where = f"[{partition}]" if partition else ""
+                raise dg.Failure(f"upstream {key}{where} has no committed artifact at code version {version} "
+                                 f"under {artifacts.prefix}; materialize it first (marin materialize {key})")
+            handles[partition] = ArtifactHandle.from_manifest(manifest)
+        if wants_all:
+            return {str(p): h for p, h in sorted(handles.items(), key=lambda kv: str(kv[0]))}
+        if len(handles) != 1:
+            raise dg.Failure(f"input {key} spans {len(handles)} partitions; mark the AssetIn with "
+                             f"metadata={{'{ALL_PARTITIONS_METADATA_KEY}': True}} to receive them all")
+        return next(iter(handles.values()))
+
+
+def all_partitions_in(key: str | Sequence[str], **kwargs: Any) -> dg.AssetIn:
+    """An input that receives every upstream partition as `{partition: ArtifactHandle}`."""
+    metadata = {ALL_PARTITIONS_METADATA_KEY: True, **kwargs.pop("metadata", {})}
+    return dg.AssetIn(key=dg.AssetKey(key.split("/") if isinstance(key, str) else list(key)),
+                      metadata=metadata, **kwargs)
+
+
+def marin_asset(*, key: str, version: str, identity: Any | None = None, **asset_kwargs: Any):
+    """`dg.asset` for store-backed artifacts.
+
+    `version` is the code version used in storage paths. When the asset's identity config is
+    static, a short fingerprint of it is appended to Dagster's code version so that the UI marks
+    the asset stale after a config change; paths stay human-readable.
+    """
+    dagster_version = version if identity is None else f"{version}+{compute_fingerprint(identity)[:8]}"
+    metadata = {VERSION_METADATA_KEY: version, **asset_kwargs.pop("metadata", {})}
+    return dg.asset(key=dg.AssetKey(key.split("/")), code_version=dagster_version, metadata=metadata,
+                    io_manager_key="artifact_io_manager", **asset_kwargs)

@@ -1,0 +1,147 @@
+"""Artifact store: locations, manifests, atomic commit, leases, verification."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from marin_resources.identity import InvalidPartitionKeyError, changed_fields, fingerprint, validate_partition_key
+from marin_resources.store import (MANIFEST_NAME, ArtifactLockedError, ArtifactStore, UpstreamRef,
+                                   content_data_version, producer_info, writing)
+
+
+def commit_text(store, key, version, partition, text, config=None, upstream=()):
+    with writing(store, key, version, partition, run_id="run-test") as w:
+        with w.open("data/part-0.txt") as fh:
+            fh.write(text.encode())
+        return w.commit(fingerprint=fingerprint(config or {}), config=config or {}, upstream=list(upstream),
+                        producer=producer_info("run-test"), metrics={"chars": len(text)})
+
+
+def test_location_is_readable_and_versioned(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    assert store.artifact_uri("tokenized/shakespeare", "v1", None) == f"{tmp_path}/tokenized/shakespeare/v1"
+    assert store.artifact_uri("raw/letters", "v2", "shard-0001") == f"{tmp_path}/raw/letters/v2/shard-0001"
+    commit_text(store, "raw/letters", "v1", "s1", "old")
+    commit_text(store, "raw/letters", "v2", "s1", "new")
+    assert store.find("raw/letters", "v1", "s1").metrics == {"chars": 3}
+    assert store.find("raw/letters", "v2", "s1").metrics == {"chars": 3}
+    assert store.code_versions("raw/letters") == ["v1", "v2"]
+
+
+def test_manifest_fields(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    up = UpstreamRef("raw/letters", "s1", "abc", "file:///x")
+    m = commit_text(store, "documents/letters", "v1", "s1", "hello", config={"a": 1}, upstream=[up])
+    raw = json.loads((tmp_path / "documents/letters/v1/s1" / MANIFEST_NAME).read_text())
+    for field in ("asset_key", "partition", "code_version", "fingerprint", "config", "data_version", "files",
+                  "upstream", "producer", "started_at", "finished_at", "metrics"):
+        assert field in raw, field
+    assert raw["asset_key"] == "documents/letters" and raw["partition"] == "s1"
+    assert raw["fingerprint"] == fingerprint({"a": 1})
+    assert raw["files"] == [{"path": "data/part-0.txt", "bytes": 5,
+                             "sha256": "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"}]
+    assert raw["upstream"] == [{"asset_key": "raw/letters", "partition": "s1", "data_version": "abc",
+                                "uri": "file:///x"}]
+    assert {"run_id", "git_sha", "packages", "host", "python"} <= set(raw["producer"])
+    assert raw["data_version"] == m.data_version
+
+
+def test_data_version_is_a_content_hash(tmp_path):
+    a = commit_text(ArtifactStore(str(tmp_path / "a")), "x", "v1", None, "same bytes")
+    b = commit_text(ArtifactStore(str(tmp_path / "b")), "x", "v1", None, "same bytes")
+    c = commit_text(ArtifactStore(str(tmp_path / "c")), "x", "v1", None, "other bytes")
+    assert a.data_version == b.data_version != c.data_version
+    assert a.data_version == content_data_version(a.files)
+
+
+@pytest.mark.parametrize("bad", ["..", "../x", "a/b", "/etc", "a\\b", "x\x00y", "tab\there", "", ".hidden", "-x"])
+def test_partition_keys_that_escape_are_rejected(tmp_path, bad):
+    with pytest.raises(InvalidPartitionKeyError):
+        validate_partition_key(bad)
+    with pytest.raises(InvalidPartitionKeyError):
+        ArtifactStore(str(tmp_path)).artifact_uri("raw/x", "v1", bad)
+
+
+def test_fingerprint_is_canonical_and_diff_names_fields():
+    assert fingerprint({"b": 1, "a": [1, 2]}) == fingerprint({"a": [1, 2], "b": 1})
+    assert fingerprint({"a": 1}) != fingerprint({"a": 2})
+    assert changed_fields({"opt": {"lr": 1, "wd": 0}, "x": 1}, {"opt": {"lr": 2, "wd": 0}, "y": 1}) == [
+        "opt.lr", "x", "y"]
+
+
+def test_uncommitted_artifact_does_not_exist_and_is_cleared(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    w = store.begin("raw/x", "v1", "p", run_id="r1")
+    with w.open("half.bin") as fh:
+        fh.write(b"partial")
+    w.release()
+    assert store.find("raw/x", "v1", "p") is None
+    m = commit_text(store, "raw/x", "v1", "p", "whole")
+    assert [f.path for f in m.files] == ["data/part-0.txt"]  # leftovers of the failed attempt are gone
+
+
+def test_rebuild_removes_the_manifest_before_touching_files(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    commit_text(store, "raw/x", "v1", "p", "first")
+    w = store.begin("raw/x", "v1", "p", run_id="r2")
+    assert store.find("raw/x", "v1", "p") is None
+    w.release()
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import sys, time
+    from marin_resources.store import ArtifactStore, producer_info
+    store = ArtifactStore(sys.argv[1])
+    w = store.begin("raw/big", "v1", "p", run_id="victim")
+    for i in range(10_000):
+        with w.open(f"part-{i:05d}.bin") as fh:
+            fh.write(b"x" * 4096)
+        if i == 20:
+            print("writing", flush=True)
+        time.sleep(0.001)
+    w.commit(fingerprint="f", config={}, upstream=[], producer=producer_info("victim"))
+""")
+
+
+def test_kill_midway_leaves_nothing_that_looks_complete(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = ArtifactStore(str(tmp_path))
+    assert any((tmp_path / "raw/big/v1/p").iterdir())  # files were written ...
+    assert store.find("raw/big", "v1", "p") is None  # ... but nothing is served
+    # The dead writer's lease is stale (its pid is gone), so a new writer proceeds and commits.
+    m = commit_text(store, "raw/big", "v1", "p", "recovered")
+    assert store.find("raw/big", "v1", "p").data_version == m.data_version
+
+
+def test_live_lease_blocks_a_second_writer(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        path = store._path(store.artifact_uri("raw/x", "v1", "p"))
+        os.makedirs(path)
+        with open(f"{path}/.lock", "w") as fh:
+            json.dump({"run_id": "other", "host": os.uname().nodename, "pid": sleeper.pid,
+                       "created": time.time(), "token": "t"}, fh)
+        with pytest.raises(ArtifactLockedError, match="being written by run other"):
+            store.begin("raw/x", "v1", "p", run_id="me")
+    finally:
+        sleeper.kill()
+
+
+def test_verify_names_a_changed_file(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    m = commit_text(store, "raw/x", "v1", None, "abc")
+    assert store.verify(m) == []
+    target = tmp_path / "raw/x/v1/data/part-0.txt"
+    target.write_bytes(b"abd")
+    problems = store.verify(store.find("raw/x", "v1", None))
+    assert len(problems) == 1 and "data/part-0.txt" in problems[0]
