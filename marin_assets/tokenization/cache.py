@@ -1,0 +1,666 @@
+"""Tokenize curated documents into a Levanter cache root (`<root>/train`, `<root>/validation`).
+
+Encoding uses HF `tokenizers` directly (`encode_batch_fast`: multithreaded Rust), not Levanter's Ray
+pipeline. Writing uses Levanter's own store classes (`TreeStore`, `CacheLedger`, `CacheMetadata`),
+imported lazily, so the on-disk format is Levanter's by construction and `TreeCache.load` and
+Levanter's trainer read it unchanged.
+
+Each split is a TreeCache whose single field is `input_ids` (int32), one row per document:
+`[BOS] + ids(text) + [EOS]`. A document goes to validation when
+`int(sha256(id)[:8], 16) / 2**32 < validation_fraction`.
+
+Incremental builds: the ledger of a Levanter cache records rows per named shard, and the jagged
+arrays can be appended to and trimmed at a row boundary, but rows cannot be removed from the middle.
+So each upstream Parquet file is a ledger shard, and a rebuild reuses the longest prefix of the file
+list whose files are unchanged, trims anything after it, and encodes the rest. The result is
+row-for-row identical to a build from scratch. A manifest next to the splits
+(`marin_tokenize_manifest.json`) is the record of which shards are committed; see docs/tokenization.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import queue
+import random
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from marin_assets.tokenization.tokenizer import local_tokenizer_dir, tokenizer_json_sha256
+
+SPLITS = ("train", "validation")
+INPUT_IDS = "input_ids"
+MANIFEST_NAME = "marin_tokenize_manifest.json"
+# Bump when the meaning of rows changes, so old caches are rebuilt rather than appended to.
+CACHE_FORMAT_VERSION = 1
+TOKEN_DTYPE = np.int32
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How documents become cache rows.
+
+    `batch_rows` is both the Parquet read batch and the encode batch. `flush_tokens` bounds the
+    tokens buffered (over both splits) before they are written; Levanter's zarr3 arrays are stored in
+    large shard files that are rewritten on each write, so fewer, larger writes are much cheaper.
+    Peak memory is about 2 x flush_tokens x 4 bytes plus one Parquet batch.
+    """
+
+    validation_fraction: float = 0.01
+    batch_rows: int = 1024
+    flush_tokens: int = 16_000_000
+    id_column: str = "id"
+    text_column: str = "text"
+    incremental: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
+        if self.batch_rows < 1 or self.flush_tokens < 1:
+            raise ValueError("batch_rows and flush_tokens must be positive")
+
+    def row_identity(self) -> dict:
+        """The settings that decide which rows a cache holds; a change forces a full rebuild."""
+        return {
+            "validation_fraction": self.validation_fraction,
+            "id_column": self.id_column,
+            "text_column": self.text_column,
+        }
+
+
+@dataclass(frozen=True)
+class SplitStats:
+    documents: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Totals for a whole cache root (reused shards included).
+
+    `tokens` counts stored tokens (BOS and EOS included); `text_tokens` excludes them, and
+    `bytes_per_token` = text_bytes / text_tokens is the tokenizer's compression on this corpus.
+    """
+
+    cache_root: str
+    documents: int
+    tokens: int
+    text_tokens: int
+    text_bytes: int
+    bytes_per_token: float
+    train: SplitStats
+    validation: SplitStats
+    skipped_documents: int
+    shards: int
+    shards_reused: int
+    shards_encoded: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RoundtripFailure:
+    doc_id: str
+    split: str
+    row: int
+    reason: str
+
+
+def is_validation_document(doc_id: str, fraction: float) -> bool:
+    """Deterministic held-out membership from the document id alone."""
+    digest = hashlib.sha256(doc_id.encode("utf-8")).hexdigest()
+    return int(digest[:8], 16) / 2**32 < fraction
+
+
+# ---------------------------------------------------------------------------------------------
+# Document sources
+
+
+@dataclass(frozen=True)
+class _Shard:
+    key: str
+    fingerprint: str | None  # None: contents unknown, never reused
+    open_batches: Callable[[], Iterator[pa.RecordBatch]]
+
+
+@dataclass
+class _DocBatch:
+    ids: list[str]
+    texts: list[str]
+    text_bytes: int
+    skipped: int
+
+
+def _file_fingerprint(fs, path: str) -> str:
+    info = fs.info(path)
+    # Prefer content hashes / object generations that object stores expose; fall back to mtime.
+    for key in ("md5Hash", "ETag", "etag", "md5", "generation", "crc32c", "mtime", "LastModified", "updated"):
+        if info.get(key) is not None:
+            return f"size={info.get('size')};{key}={info[key]}"
+    return f"size={info.get('size')}"
+
+
+def _parquet_shard(uri: str, cfg: CacheConfig) -> _Shard:
+    fs, path = fsspec.core.url_to_fs(uri)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"document file not found: {uri}")
+
+    def open_batches() -> Iterator[pa.RecordBatch]:
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            names = set(pf.schema_arrow.names)
+            missing = {cfg.id_column, cfg.text_column} - names
+            if missing:
+                raise ValueError(f"{uri}: missing column(s) {sorted(missing)}; has {sorted(names)}")
+            yield from pf.iter_batches(batch_size=cfg.batch_rows, columns=[cfg.id_column, cfg.text_column])
+
+    return _Shard(key=uri, fingerprint=_file_fingerprint(fs, path), open_batches=open_batches)
+
+
+def _iterator_shard(documents: Iterable[tuple[str, str]], name: str, cfg: CacheConfig) -> _Shard:
+    used = False
+
+    def open_batches() -> Iterator[pa.RecordBatch]:
+        nonlocal used
+        if used:
+            raise RuntimeError("an iterator of documents can only be read once")
+        used = True
+        it = iter(documents)
+        while chunk := list(itertools.islice(it, cfg.batch_rows)):
+            ids, texts = zip(*chunk)
+            yield pa.record_batch(
+                [pa.array(ids, pa.string()), pa.array(texts, pa.string())], names=[cfg.id_column, cfg.text_column]
+            )
+
+    return _Shard(key=name, fingerprint=None, open_batches=open_batches)
+
+
+def _clean(batch: pa.RecordBatch, cfg: CacheConfig) -> _DocBatch:
+    """Drop rows without an id or with null/empty text (counted in `skipped`)."""
+    ids = batch.column(cfg.id_column)
+    texts = batch.column(cfg.text_column)
+    if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
+        raise ValueError(f"text column must be a string column, got {texts.type}")
+    nbytes = pc.binary_length(texts)
+    keep = pc.and_(pc.and_(pc.is_valid(ids), pc.is_valid(texts)), pc.greater(pc.fill_null(nbytes, 0), 0))
+    kept = pc.sum(keep).as_py() or 0
+    if kept != len(batch):
+        ids, texts, nbytes = pc.filter(ids, keep), pc.filter(texts, keep), pc.filter(nbytes, keep)
+    return _DocBatch(
+        ids=ids.cast(pa.string()).to_pylist(),
+        texts=texts.to_pylist(),
+        text_bytes=int(pc.sum(nbytes).as_py() or 0),
+        skipped=len(batch) - kept,
+    )
+
+
+def _prefetch(it: Iterator, depth: int = 2) -> Iterator:
+    """Run `it` in a background thread (Parquet decode overlaps encoding); re-raise its errors."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in itertools.chain(it, [done]):
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():  # consumer went away: stop reading
+                    return
+        except BaseException as e:  # handed to the consumer
+            q.put(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def _iter_clean_batches(shard: _Shard, cfg: CacheConfig) -> Iterator[_DocBatch]:
+    for batch in _prefetch(shard.open_batches()):
+        yield _clean(batch, cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest: which shards are committed (the source of truth on resume)
+
+
+def _read_json(uri: str) -> dict | None:
+    fs, path = fsspec.core.url_to_fs(uri)
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "r") as f:
+        return json.load(f)
+
+
+def _write_json(uri: str, obj: dict) -> None:
+    fs, path = fsspec.core.url_to_fs(uri)
+    fs.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with fs.open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+    fs.mv(tmp, path)
+
+
+def _manifest_identity(tokenizer_sha: str, bos: int, eos: int, cfg: CacheConfig) -> dict:
+    return {
+        "format_version": CACHE_FORMAT_VERSION,
+        "tokenizer_json_sha256": tokenizer_sha,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        **cfg.row_identity(),
+    }
+
+
+def _stats_from_manifest(cache_root: str, manifest: dict, reused: int, encoded: int) -> CacheStats:
+    shards = manifest["shards"]
+
+    def total(field_name: str) -> int:
+        return sum(s[field_name] for s in shards)
+
+    train = SplitStats(total("train_documents"), total("train_tokens"))
+    val = SplitStats(total("validation_documents"), total("validation_tokens"))
+    docs = train.documents + val.documents
+    tokens = train.tokens + val.tokens
+    text_tokens = tokens - 2 * docs
+    text_bytes = total("text_bytes")
+    return CacheStats(
+        cache_root=cache_root,
+        documents=docs,
+        tokens=tokens,
+        text_tokens=text_tokens,
+        text_bytes=text_bytes,
+        bytes_per_token=text_bytes / text_tokens if text_tokens else 0.0,
+        train=train,
+        validation=val,
+        skipped_documents=total("skipped_documents"),
+        shards=len(shards),
+        shards_reused=reused,
+        shards_encoded=encoded,
+    )
+
+
+def read_cache_stats(cache_root: str) -> CacheStats:
+    """Stats of a finished cache root built by `build_levanter_cache`."""
+    manifest = _read_json(f"{cache_root.rstrip('/')}/{MANIFEST_NAME}")
+    if manifest is None or not manifest.get("finished"):
+        raise FileNotFoundError(f"no finished tokenized cache at {cache_root}")
+    return _stats_from_manifest(cache_root, manifest, reused=len(manifest["shards"]), encoded=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+@dataclass
+class _SplitBuffer:
+    """Encoded rows of one split waiting to be written (rows already carry BOS/EOS)."""
+
+    chunks: list[np.ndarray] = field(default_factory=list)
+    lengths: list[np.ndarray] = field(default_factory=list)
+    tokens: int = 0
+    rows: int = 0
+
+    def add(self, data: np.ndarray, lengths: np.ndarray) -> None:
+        if len(lengths):
+            self.chunks.append(data)
+            self.lengths.append(lengths)
+            self.tokens += int(data.size)
+            self.rows += int(lengths.size)
+
+    def take(self) -> tuple[np.ndarray, np.ndarray] | None:
+        if not self.rows:
+            return None
+        data = np.concatenate(self.chunks)
+        ends = np.cumsum(np.concatenate(self.lengths), dtype=np.int64)
+        self.chunks, self.lengths, self.tokens, self.rows = [], [], 0, 0
+        return data, ends
+
+
+def _frame_rows(flat: np.ndarray, lengths: np.ndarray, bos: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated token ids of n docs -> concatenated `[BOS] ids [EOS]` rows and their lengths."""
+    row_lengths = lengths + 2
+    ends = np.cumsum(row_lengths)
+    starts = ends - row_lengths
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=TOKEN_DTYPE)
+    is_text = np.ones(out.size, dtype=bool)
+    is_text[starts] = False
+    is_text[ends - 1] = False
+    out[starts] = bos
+    out[ends - 1] = eos
+    out[is_text] = flat
+    return out, row_lengths
+
+
+class _Encoder:
+    def __init__(self, tokenizer_json: str, bos: int, eos: int, cfg: CacheConfig):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(tokenizer_json)
+        # Text that happens to spell a special token (e.g. "<|eos|>") is encoded as plain text, so
+        # documents cannot inject control tokens and decode(ids) reproduces them.
+        self.tok.encode_special_tokens = True
+        self.bos, self.eos = bos, eos
+        self.fraction = cfg.validation_fraction
+
+    def encode(self, batch: _DocBatch) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        encodings = self.tok.encode_batch_fast(batch.texts, add_special_tokens=False)
+        n = len(encodings)
+        lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=n)
+        flat = np.fromiter(
+            itertools.chain.from_iterable(e.ids for e in encodings), dtype=TOKEN_DTYPE, count=int(lengths.sum())
+        )
+        in_val = np.fromiter((is_validation_document(i, self.fraction) for i in batch.ids), dtype=bool, count=n)
+        out = {}
+        for split, mask in (("train", ~in_val), ("validation", in_val)):
+            if mask.all():
+                out[split] = _frame_rows(flat, lengths, self.bos, self.eos)
+            elif mask.any():
+                out[split] = _frame_rows(flat[np.repeat(mask, lengths)], lengths[mask], self.bos, self.eos)
+            else:
+                out[split] = (np.empty(0, TOKEN_DTYPE), np.empty(0, np.int64))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Levanter-side writing (lazy imports: levanter pulls in jax and ray)
+
+
+def _levanter_preprocessor_metadata(tokenizer_dir: str, local_dir: str) -> tuple[dict, int, int]:
+    """Metadata Levanter's loader will expect, plus BOS/EOS ids; checks the cache exemplar fits."""
+    from levanter.data.text import BatchTokenizer
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(local_dir)
+    if hf_tok.bos_token_id is None or hf_tok.eos_token_id is None:
+        raise ValueError(f"tokenizer at {tokenizer_dir} must define both bos_token and eos_token")
+    processor = BatchTokenizer(hf_tok, enforce_bos=True, enforce_eos=True)
+    fields = sorted(processor.output_exemplar)
+    if fields != [INPUT_IDS]:
+        raise ValueError(
+            f"Levanter expects cache fields {fields} for tokenizer {tokenizer_dir}; this cache stores only "
+            f"{INPUT_IDS!r}. Set tokenizer.model_input_names to ['input_ids', 'attention_mask'] (adopt_tokenizer does)."
+        )
+    metadata = dict(processor.metadata)
+    # Levanter records the path the trainer loads the tokenizer from; use the artifact's URI.
+    metadata["tokenizer"] = tokenizer_dir
+    return metadata, int(hf_tok.bos_token_id), int(hf_tok.eos_token_id)
+
+
+class _LevanterSplitWriter:
+    """Append rows to one split's TreeStore and keep its ledger in step with the manifest."""
+
+    def __init__(self, split_dir: str, fresh: bool, committed: list[tuple[str, int]], metadata: dict):
+        from levanter.store.cache import CacheLedger, CacheMetadata
+        from levanter.store.tree_store import TreeStore
+
+        self.split_dir = split_dir
+        exemplar = {INPUT_IDS: np.zeros((0,), dtype=TOKEN_DTYPE)}
+        self.store = TreeStore.open(exemplar, split_dir, mode="w" if fresh else "a", cache_metadata=True)
+        rows = sum(r for _, r in committed)
+        # Rows written after the last commit (an interrupted build) or of shards no longer wanted.
+        self.store.trim_to_size(rows)
+        self.ledger = CacheLedger(
+            total_num_rows=rows,
+            shard_rows=dict(committed),
+            is_finished=False,
+            finished_shards=[k for k, _ in committed],
+            field_counts={},
+            metadata=CacheMetadata(preprocessor_metadata=metadata),
+        )
+        self.ledger._serialize_and_commit(split_dir)
+
+    def write(self, data: np.ndarray, ends: np.ndarray) -> None:
+        from levanter.store.jagged_array import PreparedBatch
+
+        self.store.extend_with_batch({INPUT_IDS: PreparedBatch(data=data, offsets=ends, shapes=None)})
+
+    def commit(self, shard_key: str, rows: int) -> None:
+        self.ledger.shard_rows[shard_key] = rows
+        self.ledger.finished_shards.append(shard_key)
+        self.ledger.total_num_rows += rows
+
+    def flush_ledger(self, finished: bool = False) -> None:
+        self.ledger.is_finished = finished
+        self.ledger._serialize_and_commit(self.split_dir)
+
+
+def _shard_entry(shard: _Shard) -> dict:
+    return {
+        "key": shard.key,
+        "fingerprint": shard.fingerprint,
+        "train_documents": 0,
+        "train_tokens": 0,
+        "validation_documents": 0,
+        "validation_tokens": 0,
+        "text_bytes": 0,
+        "skipped_documents": 0,
+    }
+
+
+def _reusable_prefix(manifest: dict | None, identity: dict, shards: Sequence[_Shard]) -> int:
+    if manifest is None or manifest.get("identity") != identity:
+        return 0
+    n = 0
+    for old, new in zip(manifest["shards"], shards):
+        if new.fingerprint is None or old["key"] != new.key or old["fingerprint"] != new.fingerprint:
+            break
+        n += 1
+    return n
+
+
+def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: CacheConfig) -> CacheStats:
+    if not shards:
+        raise ValueError("no documents to tokenize: the shard list is empty")
+    keys = [s.key for s in shards]
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate document files in the input list")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # keep Rust threads on in forked workers
+
+    out_root = out_root.rstrip("/")
+    manifest_uri = f"{out_root}/{MANIFEST_NAME}"
+    fs, root_path = fsspec.core.url_to_fs(out_root)
+
+    with local_tokenizer_dir(tokenizer_dir) as local_tok:
+        tokenizer_json = os.path.join(local_tok, "tokenizer.json")
+        tok_sha = tokenizer_json_sha256(local_tok)
+        metadata, bos, eos = _levanter_preprocessor_metadata(tokenizer_dir, local_tok)
+        identity = _manifest_identity(tok_sha, bos, eos, cfg)
+
+        old = _read_json(manifest_uri) if cfg.incremental else None
+        reuse = _reusable_prefix(old, identity, shards)
+        if old is not None and reuse == len(shards) == len(old["shards"]) and old.get("finished"):
+            return _stats_from_manifest(out_root, old, reused=reuse, encoded=0)
+
+        if reuse == 0:
+            for name in (*SPLITS, MANIFEST_NAME):
+                if fs.exists(f"{root_path}/{name}"):
+                    fs.rm(f"{root_path}/{name}", recursive=True)
+            entries: list[dict] = []
+        else:
+            entries = old["shards"][:reuse]
+        manifest = {"identity": identity, "levanter_metadata": metadata, "finished": False, "shards": entries}
+        _write_json(manifest_uri, manifest)
+
+        writers = {
+            split: _LevanterSplitWriter(
+                f"{out_root}/{split}",
+                fresh=reuse == 0,
+                committed=[(e["key"], e[f"{split}_documents"]) for e in entries],
+                metadata=metadata,
+            )
+            for split in SPLITS
+        }
+        encoder = _Encoder(tokenizer_json, bos, eos, cfg)
+        buffers = {split: _SplitBuffer() for split in SPLITS}
+        completed: list[dict] = []  # shards fully encoded, waiting for their last rows to be written
+
+        def write_and_commit(batches: dict, to_commit: list[dict]) -> None:
+            for split, batch in batches.items():
+                if batch is not None:
+                    writers[split].write(*batch)
+            if to_commit:
+                for entry in to_commit:
+                    for split in SPLITS:
+                        writers[split].commit(entry["key"], entry[f"{split}_documents"])
+                for split in SPLITS:
+                    writers[split].flush_ledger()
+                manifest["shards"].extend(to_commit)
+                _write_json(manifest_uri, manifest)
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer") as pool:
+            pending: Future | None = None
+
+            def flush() -> None:
+                nonlocal pending, completed
+                batches = {split: buffers[split].take() for split in SPLITS}
+                if pending is not None:
+                    pending.result()  # at most one write in flight: bounds memory, surfaces errors
+                pending = pool.submit(write_and_commit, batches, completed)
+                completed = []
+
+            for shard in shards[reuse:]:
+                entry = _shard_entry(shard)
+                for batch in _iter_clean_batches(shard, cfg):
+                    entry["skipped_documents"] += batch.skipped
+                    if not batch.texts:
+                        continue
+                    entry["text_bytes"] += batch.text_bytes
+                    for split, (data, lengths) in encoder.encode(batch).items():
+                        buffers[split].add(data, lengths)
+                        entry[f"{split}_documents"] += int(lengths.size)
+                        entry[f"{split}_tokens"] += int(data.size)
+                    if sum(b.tokens for b in buffers.values()) >= cfg.flush_tokens:
+                        flush()
+                completed.append(entry)
+            flush()
+            pending.result()
+
+        for split in SPLITS:
+            writers[split].flush_ledger(finished=True)
+        manifest["finished"] = True
+        _write_json(manifest_uri, manifest)
+    return _stats_from_manifest(out_root, manifest, reused=reuse, encoded=len(shards) - reuse)
+
+
+def build_levanter_cache(doc_files: Sequence[str], tokenizer_dir: str, out_root: str, cfg: CacheConfig) -> CacheStats:
+    """Tokenize Parquet document files into the Levanter cache root `out_root`.
+
+    `doc_files` order is the row order. With `cfg.incremental`, the longest unchanged prefix of
+    `doc_files` already in `out_root` is kept and only the rest is encoded.
+    """
+    if isinstance(doc_files, str):
+        raise TypeError("doc_files must be a list of Parquet paths/URIs, not a single string")
+    return _build([_parquet_shard(u, cfg) for u in doc_files], tokenizer_dir, out_root, cfg)
+
+
+def build_levanter_cache_from_documents(
+    documents: Iterable[tuple[str, str]],
+    tokenizer_dir: str,
+    out_root: str,
+    cfg: CacheConfig,
+    source_name: str = "documents",
+) -> CacheStats:
+    """Like `build_levanter_cache` for an in-memory iterator of (id, text); always a full rebuild."""
+    return _build([_iterator_shard(documents, source_name, cfg)], tokenizer_dir, out_root, cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification
+
+
+def iter_parquet_texts(doc_files: Sequence[str], cfg: CacheConfig | None = None) -> Iterator[str]:
+    """Texts of the documents a cache would hold, in cache order (e.g. to train a tokenizer)."""
+    cfg = cfg or CacheConfig()
+    for uri in doc_files:
+        for batch in _iter_clean_batches(_parquet_shard(uri, cfg), cfg):
+            yield from batch.texts
+
+
+def decode_roundtrip_check(
+    cache_root: str, tokenizer_dir: str, doc_files: Sequence[str], sample_n: int = 100, seed: int = 0
+) -> list[RoundtripFailure]:
+    """Check a random sample of documents against their cache rows, read with Levanter's TreeCache.
+
+    For each sampled document: row starts with BOS, ends with EOS, and decode(row[1:-1]) == text.
+    Also checks each split's row count. Returns the failures (empty list: all good).
+    """
+    from levanter.store.cache import TreeCache
+    from tokenizers import Tokenizer
+
+    cache_root = cache_root.rstrip("/")
+    manifest = _read_json(f"{cache_root}/{MANIFEST_NAME}")
+    if manifest is None or not manifest.get("finished"):
+        raise FileNotFoundError(f"no finished tokenized cache at {cache_root}")
+    ident = manifest["identity"]
+    cfg = CacheConfig(
+        validation_fraction=ident["validation_fraction"],
+        id_column=ident["id_column"],
+        text_column=ident["text_column"],
+    )
+    rng = random.Random(seed)
+    sample: list[tuple[str, int, str, str]] = []  # (split, row, id, text): reservoir sample
+    rows = {split: 0 for split in SPLITS}
+    seen = 0
+    for uri in doc_files:
+        for batch in _iter_clean_batches(_parquet_shard(uri, cfg), cfg):
+            for doc_id, text in zip(batch.ids, batch.texts):
+                split = "validation" if is_validation_document(doc_id, cfg.validation_fraction) else "train"
+                item = (split, rows[split], doc_id, text)
+                rows[split] += 1
+                seen += 1
+                if len(sample) < sample_n:
+                    sample.append(item)
+                else:
+                    j = rng.randrange(seen)
+                    if j < sample_n:
+                        sample[j] = item
+
+    failures: list[RoundtripFailure] = []
+    with local_tokenizer_dir(tokenizer_dir) as local_tok:
+        tok = Tokenizer.from_file(os.path.join(local_tok, "tokenizer.json"))
+    bos, eos = ident["bos_token_id"], ident["eos_token_id"]
+    exemplar = {INPUT_IDS: np.zeros((0,), dtype=TOKEN_DTYPE)}
+    for split in SPLITS:
+        cache = TreeCache.load(f"{cache_root}/{split}", exemplar)
+        if len(cache) != rows[split]:
+            failures.append(RoundtripFailure("", split, -1, f"cache has {len(cache)} rows, documents give {rows[split]}"))
+            continue
+        picked = sorted((r, doc_id, text) for s, r, doc_id, text in sample if s == split)
+        if not picked:
+            continue
+        got = cache.get_batch_sync([r for r, _, _ in picked])
+        for (row, doc_id, text), ex in zip(picked, got):
+            ids = np.asarray(ex[INPUT_IDS])
+            if ids.size < 2 or ids[0] != bos or ids[-1] != eos:
+                failures.append(RoundtripFailure(doc_id, split, row, "row does not start with BOS and end with EOS"))
+                continue
+            decoded = tok.decode(ids[1:-1].tolist(), skip_special_tokens=False)
+            if decoded != text:
+                failures.append(
+                    RoundtripFailure(doc_id, split, row, f"decoded text differs ({len(decoded)} vs {len(text)} chars)")
+                )
+    return failures
