@@ -150,7 +150,7 @@ class ArtifactHandleIOManager(dg.ConfigurableIOManager):
     upstream partition in scope; other inputs receive the single matching handle.
     """
 
-    store: dg.ResourceDependency[MarinStore]
+    store: MarinStore
 
     def handle_output(self, context: dg.OutputContext, obj: ArtifactHandle) -> None:
         if not isinstance(obj, ArtifactHandle):

@@ -1,0 +1,30 @@
+"""What the CLI and the sensors need to know about the graph beyond Dagster's own definitions:
+how to discover each dynamic partition set, and each asset's identity config per partition.
+
+Stage modules register into a `Catalog` while they build their definitions; nothing here
+touches storage or imports heavy libraries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Discoverer = Callable[[], list[str]]
+IdentityFn = Callable[[str | None], Any]
+
+
+@dataclass
+class Catalog:
+    discoverers: dict[str, Discoverer] = field(default_factory=dict)
+    identities: dict[str, IdentityFn] = field(default_factory=dict)
+
+    def add_discoverer(self, partitions_name: str, fn: Discoverer) -> None:
+        self.discoverers[partitions_name] = fn
+
+    def add_identity(self, asset_key: str, fn: IdentityFn) -> None:
+        self.identities[asset_key] = fn
+
+    def merge(self, other: "Catalog") -> "Catalog":
+        return Catalog({**self.discoverers, **other.discoverers}, {**self.identities, **other.identities})

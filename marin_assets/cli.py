@@ -1,0 +1,143 @@
+"""`marin`: drive the asset graph from a terminal.
+
+    marin demo                       materialize the tutorial graph on the embedded default
+    marin materialize KEY [--partition P] [--json] [--force]
+    marin status [KEY ...] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_TARGET = "raw/shakespeare"
+POOL_LIMITS = {"cpu-train": 1, "gpu": 1, "tpu": 1}
+
+
+def ensure_dagster_home() -> Path:
+    """DAGSTER_HOME defaults to ./.dagster_home, seeded with the embedded-default dagster.yaml."""
+    home = Path(os.environ.get("DAGSTER_HOME") or ".dagster_home").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(home)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        shutil.copyfile(REPO_ROOT / "dagster.yaml", config)
+    return home
+
+
+def open_instance():
+    import dagster as dg
+
+    ensure_dagster_home()
+    instance = dg.DagsterInstance.get()
+    storage = instance.event_log_storage
+    for pool, limit in POOL_LIMITS.items():
+        if storage.get_concurrency_info(pool).slot_count == 0:
+            storage.set_concurrency_slots(pool, limit)
+    return instance
+
+
+def load():
+    from marin_assets.definitions import catalog, defs, settings
+    from marin_resources.artifacts import MarinStore
+
+    store = defs.resources["store"]
+    assert isinstance(store, MarinStore)
+    return defs, catalog, settings, store.get()
+
+
+def planner():
+    from marin_assets.planning import Planner
+
+    instance = open_instance()
+    defs, catalog, settings, store = load()
+    return Planner(defs, catalog, store, instance), settings, instance
+
+
+def cmd_materialize(args: argparse.Namespace) -> int:
+    from marin_assets.planning import parse_key
+
+    plan, settings, _ = planner()
+    say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    added = plan.discover()
+    for name, keys in added.items():
+        if keys:
+            say(f"discovered {len(keys)} new partition(s) of {name}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}")
+    started = time.monotonic()
+    try:
+        steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force)
+    except (KeyError, ValueError) as exc:
+        print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    ok = all(s.success for s in steps)
+    ran = sum(s.ran for s in steps)
+    say(f"{'ok' if ok else 'FAILED'}: {ran} run(s), {len(steps) - ran} fresh step(s) skipped, "
+        f"{time.monotonic() - started:.1f}s, prefix {settings.prefix}")
+    if args.json:
+        print(json.dumps({"success": ok, "prefix": settings.prefix,
+                          "steps": [s.__dict__ for s in steps],
+                          "manifests": sorted({m for s in steps for m in s.manifests})}, indent=2))
+    return 0 if ok else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from marin_assets.planning import parse_key
+
+    plan, settings, _ = planner()
+    plan.discover()
+    keys = [parse_key(k) for k in args.keys] if args.keys else None
+    states = plan.status(keys)
+    if args.json:
+        print(json.dumps([s.to_dict() for s in states], indent=2))
+        return 0
+    width = max((len(s.asset_key) for s in states), default=10)
+    for s in states:
+        part = f"[{s.partition}]" if s.partition else ""
+        print(f"{s.state:8} {s.asset_key + part:<{width + 24}} {s.cause}")
+    counts = {st: sum(s.state == st for s in states) for st in ("fresh", "stale", "missing")}
+    print(f"{counts['fresh']} fresh, {counts['stale']} stale, {counts['missing']} missing  (prefix {settings.prefix})")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    print(f"marin demo: materializing {DEMO_TARGET} and everything upstream of it")
+    code = cmd_materialize(argparse.Namespace(selection=DEMO_TARGET, partition=None, json=False, force=False))
+    if code != 0:
+        return code
+    _, settings, instance = planner()
+    home = os.environ["DAGSTER_HOME"]
+    print(f"\ndemo finished in {time.monotonic() - started:.1f}s\n"
+          f"  artifacts:  {settings.prefix}\n"
+          f"  manifests:  find {settings.prefix} -name .artifact.json\n"
+          f"  status:     marin status\n"
+          f"  web UI:     DAGSTER_HOME={home} dagster dev -w {REPO_ROOT / 'workspace.yaml'} -h 127.0.0.1")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="marin", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="materialize the tutorial graph on the embedded default").set_defaults(fn=cmd_demo)
+    m = sub.add_parser("materialize", help="materialize an asset and any missing or stale upstream")
+    m.add_argument("selection", help="asset key, e.g. tokenized/shakespeare")
+    m.add_argument("--partition", help="partition key of the selected asset")
+    m.add_argument("--json", action="store_true", help="print a JSON summary with manifest URIs")
+    m.add_argument("--force", action="store_true", help="run steps even when everything is fresh")
+    m.set_defaults(fn=cmd_materialize)
+    s = sub.add_parser("status", help="list each asset partition as fresh, stale or missing, with the cause")
+    s.add_argument("keys", nargs="*")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_status)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

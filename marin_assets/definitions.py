@@ -1,0 +1,27 @@
+"""The marin code location: every asset, check, resource, sensor, schedule and job.
+
+Loading this module must stay cheap (no jax, levanter, haliax or ray): those are imported
+inside the processes that train. `benchmarks/load_time.py` measures it.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from marin_assets.catalog import Catalog
+from marin_resources.environments import MarinSettings, build_resources
+
+
+def build_definitions(settings: MarinSettings) -> tuple[dg.Definitions, Catalog]:
+    from marin_assets import stages
+
+    parts = [stage(settings) for stage in stages.STAGES]
+    catalog = Catalog()
+    for _, stage_catalog in parts:
+        catalog = catalog.merge(stage_catalog)
+    defs = dg.Definitions.merge(*(d for d, _ in parts), dg.Definitions(resources=build_resources(settings)))
+    return defs, catalog
+
+
+settings = MarinSettings.from_env()
+defs, catalog = build_definitions(settings)

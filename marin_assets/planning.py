@@ -1,0 +1,222 @@
+"""Partition discovery, per-partition freshness, and execution of a selection with its stale
+upstream. Shared by the `marin` CLI and the sensors, so both see the same partitions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from marin_assets.catalog import Catalog
+from marin_resources.artifacts import VERSION_METADATA_KEY
+from marin_resources.identity import changed_fields, fingerprint
+from marin_resources.store import ArtifactStore
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    asset_key: str
+    partition: str | None
+    state: str  # fresh | stale | missing
+    cause: str
+    uri: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"asset_key": self.asset_key, "partition": self.partition, "state": self.state, "cause": self.cause,
+                "uri": self.uri}
+
+
+@dataclass
+class StepResult:
+    asset_keys: list[str]
+    partition: str | None
+    ran: bool
+    success: bool
+    run_id: str | None = None
+    seconds: float = 0.0
+    manifests: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def parse_key(key: str) -> dg.AssetKey:
+    return dg.AssetKey([p for p in key.split("/") if p])
+
+
+def key_str(key: dg.AssetKey) -> str:
+    return "/".join(key.path)
+
+
+class Planner:
+    def __init__(self, defs: dg.Definitions, catalog: Catalog, store: ArtifactStore, instance: dg.DagsterInstance):
+        self.defs, self.catalog, self.store, self.instance = defs, catalog, store, instance
+        self.graph = defs.resolve_asset_graph()
+
+    # ---- partitions ------------------------------------------------------------------------
+    def discover(self, names: Iterable[str] | None = None) -> dict[str, list[str]]:
+        """Run each registered discoverer and add new keys to the instance. Returns the added keys."""
+        added = {}
+        for name, discover in sorted(self.catalog.discoverers.items()):
+            if names is not None and name not in names:
+                continue
+            keys = discover()
+            known = set(self.instance.get_dynamic_partitions(name))
+            new = [k for k in keys if k not in known]
+            if new:
+                self.instance.add_dynamic_partitions(name, new)
+            added[name] = new
+        return added
+
+    def partitions_of(self, key: dg.AssetKey) -> list[str | None]:
+        pdef = self.graph.get(key).partitions_def
+        if pdef is None:
+            return [None]
+        if isinstance(pdef, dg.DynamicPartitionsDefinition):
+            return sorted(self.instance.get_dynamic_partitions(pdef.name))
+        return list(pdef.get_partition_keys(dynamic_partitions_store=self.instance))
+
+    def version_of(self, key: dg.AssetKey) -> str | None:
+        version = self.graph.get(key).metadata.get(VERSION_METADATA_KEY)
+        return None if version is None else str(version)
+
+    def artifact_keys(self) -> list[dg.AssetKey]:
+        return [k for k in self.graph.toposorted_asset_keys
+                if self.graph.get(k).is_materializable and self.version_of(k) is not None]
+
+    # ---- freshness -------------------------------------------------------------------------
+    def expected_upstream_partitions(self, key: dg.AssetKey, partition: str | None, parent: dg.AssetKey) -> set:
+        node, pnode = self.graph.get(key), self.graph.get(parent)
+        if pnode.partitions_def is None:
+            return {None}
+        if node.partitions_def == pnode.partitions_def and partition is not None:
+            return {partition}
+        return set(self.partitions_of(parent))
+
+    def state(self, key: dg.AssetKey, partition: str | None) -> PartitionState:
+        name, version = key_str(key), self.version_of(key)
+        manifest = self.store.find(name, version, partition)
+        if manifest is None:
+            older = [v for v in self.store.code_versions(name)
+                     if v != version and self.store.find(name, v, partition) is not None]
+            cause = f"code version changed: {older[-1]} -> {version}" if older else "never materialized"
+            return PartitionState(name, partition, "missing", cause)
+        recorded = manifest.upstream_versions()
+        for parent in sorted(self.graph.get(key).parent_keys):
+            if self.version_of(parent) is None:
+                continue
+            pname = key_str(parent)
+            wanted = self.expected_upstream_partitions(key, partition, parent)
+            have = {p for (k, p) in recorded if k == pname}
+            if wanted != have:
+                added = sorted(str(p) for p in wanted - have)
+                removed = sorted(str(p) for p in have - wanted)
+                detail = "; ".join(filter(None, [added and f"new {', '.join(added)}",
+                                                 removed and f"gone {', '.join(removed)}"]))
+                return PartitionState(name, partition, "stale", f"upstream partitions changed in {pname}: {detail}",
+                                      manifest.uri)
+            for p in sorted(wanted, key=str):
+                current = self.store.find(pname, self.version_of(parent), p)
+                where = f"{pname}[{p}]" if p else pname
+                if current is None:
+                    return PartitionState(name, partition, "stale", f"upstream {where} missing at its code version",
+                                          manifest.uri)
+                if current.data_version != recorded[(pname, p)]:
+                    return PartitionState(name, partition, "stale", f"upstream data changed: {where}", manifest.uri)
+        identity = self.catalog.identities.get(name)
+        if identity is not None:
+            config = identity(partition)
+            if fingerprint(config) != manifest.fingerprint:
+                fields = changed_fields(manifest.config, config)
+                return PartitionState(name, partition, "stale", f"config drift: {', '.join(fields) or 'config'}",
+                                      manifest.uri)
+        return PartitionState(name, partition, "fresh", "up to date", manifest.uri)
+
+    def status(self, keys: Iterable[dg.AssetKey] | None = None) -> list[PartitionState]:
+        return [self.state(k, p) for k in (keys or self.artifact_keys()) for p in self.partitions_of(k)]
+
+    # ---- execution -------------------------------------------------------------------------
+    def plan(self, target: dg.AssetKey, partition: str | None) -> list[tuple[list[dg.AssetKey], list[str | None]]]:
+        """Target plus its upstream, in topological order, grouped by partitions definition."""
+        if target not in self.graph.all_asset_keys:
+            known = ", ".join(sorted(key_str(k) for k in self.artifact_keys()))
+            raise KeyError(f"unknown asset {key_str(target)!r}; known: {known}")
+        wanted = dg.AssetSelection.assets(target).upstream().resolve(self.graph)
+        ordered = [k for k in self.graph.toposorted_asset_keys if k in wanted and self.graph.get(k).is_materializable]
+        target_pdef = self.graph.get(target).partitions_def
+        if partition is not None and target_pdef is None:
+            raise ValueError(f"{key_str(target)} is not partitioned; drop --partition")
+        groups: list[tuple[list[dg.AssetKey], list[str | None]]] = []
+        for key in ordered:
+            pdef = self.graph.get(key).partitions_def
+            if groups and self.graph.get(groups[-1][0][0]).partitions_def == pdef:
+                groups[-1][0].append(key)
+                continue
+            if pdef is not None and pdef == target_pdef and partition is not None:
+                parts: list[str | None] = [partition]
+            else:
+                parts = self.partitions_of(key)
+            groups.append(([key], parts))
+        return groups
+
+    def materialize(self, target: dg.AssetKey, partition: str | None, *, log: Log = print,
+                    run_config: dict | None = None, force: bool = False) -> list[StepResult]:
+        import time
+
+        if partition is not None:
+            pdef = self.graph.get(target).partitions_def
+            if isinstance(pdef, dg.DynamicPartitionsDefinition) and not self.instance.has_dynamic_partition(
+                    pdef.name, partition):
+                known = ", ".join(self.partitions_of(target)) or "none"
+                raise ValueError(f"{key_str(target)} has no partition {partition!r}; known: {known}")
+        results = []
+        for keys, parts in self.plan(target, partition):
+            if not parts:
+                log(f"  {', '.join(key_str(k) for k in keys)}: no partitions discovered, nothing to do")
+            for part in parts:
+                label = f"{', '.join(key_str(k) for k in keys)}" + (f" [{part}]" if part else "")
+                states = [self.state(k, part) for k in keys if self.version_of(k) is not None]
+                if not force and states and all(s.state == "fresh" for s in states):
+                    log(f"  fresh   {label}")
+                    results.append(StepResult([key_str(k) for k in keys], part, False, True,
+                                              manifests=[f"{s.uri}/.artifact.json" for s in states]))
+                    continue
+                causes = "; ".join(f"{s.asset_key}: {s.cause}" for s in states if s.state != "fresh")
+                log(f"  build   {label}  ({causes or 'forced'})")
+                started = time.monotonic()
+                result = dg.materialize(
+                    assets=list(self.defs.assets or []) + list(self.defs.asset_checks or []),
+                    selection=dg.AssetSelection.assets(*keys),
+                    partition_key=part, instance=self.instance, resources=self.defs.resources,
+                    run_config=run_config or quiet_run_config(), raise_on_error=False,
+                    tags={"marin/cli": "materialize"})
+                step = StepResult([key_str(k) for k in keys], part, True, result.success, result.run_id,
+                                  round(time.monotonic() - started, 2))
+                if result.success:
+                    step.manifests = [f"{self.store.find(key_str(k), self.version_of(k), part).uri}/.artifact.json"
+                                      for k in keys if self.version_of(k) is not None]
+                    log(f"          done in {step.seconds:.1f}s (run {result.run_id[:8]})")
+                else:
+                    step.error = failure_message(result)
+                    log(f"          FAILED (run {result.run_id}): {step.error}")
+                    results.append(step)
+                    return results
+                results.append(step)
+        return results
+
+
+def quiet_run_config() -> dict:
+    """Dagster's console logger at WARNING: the CLI prints its own progress."""
+    return {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def failure_message(result: dg.ExecuteInProcessResult) -> str:
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
+            err = event.step_failure_data.error
+            while err.cause is not None and "DagsterExecutionStepExecutionError" in err.cls_name:
+                err = err.cause
+            return f"{event.step_key}: {err.message.strip()}"
+    return "run failed"

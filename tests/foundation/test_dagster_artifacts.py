@@ -1,0 +1,100 @@
+"""materialize_artifact through real Dagster runs: skip, drift, data versions, handles downstream."""
+
+import dagster as dg
+import pytest
+
+from marin_resources.artifacts import (ArtifactHandle, ArtifactHandleIOManager, Built, MarinStore, all_partitions_in,
+                                       marin_asset, materialize_artifact)
+from marin_resources.freshness import FingerprintDriftError
+
+SHARDS = dg.DynamicPartitionsDefinition(name="test_shards")
+
+
+def make_defs(prefix, *, greeting="hello", strict=False, version="v1"):
+    config = {"greeting": greeting}
+
+    @marin_asset(key="test/words", version=version, partitions_def=SHARDS)
+    def words(context: dg.AssetExecutionContext, store: MarinStore):
+        def build(w):
+            with w.open("words.txt") as fh:
+                fh.write(f"{config['greeting']} {context.partition_key}".encode())
+            return Built(metrics={"words": 2})
+        return materialize_artifact(context, store, config=config, upstream=[], build=build)
+
+    @marin_asset(key="test/joined", version="v1", ins={"shards": all_partitions_in("test/words")})
+    def joined(context: dg.AssetExecutionContext, store: MarinStore, shards: dict[str, ArtifactHandle]):
+        def build(w):
+            text = " ".join(store.get().open(f"{h.uri}/words.txt").read().decode() for h in shards.values())
+            with w.open("joined.txt") as fh:
+                fh.write(text.encode())
+            return Built(metrics={"shards": len(shards)})
+        return materialize_artifact(context, store, config={}, upstream=list(shards.values()), build=build)
+
+    store = MarinStore(prefix=str(prefix), strict_fingerprints=strict)
+    return [words, joined], {"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store)}
+
+
+def materialization(result, key):
+    return [m for m in result.asset_materializations_for_node(key.replace("/", "__"))][0]
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        inst.add_dynamic_partitions("test_shards", ["a", "b"])
+        yield inst
+
+
+def test_build_then_skip_then_rebuild_downstream_on_new_data(tmp_path, instance):
+    assets, resources = make_defs(tmp_path)
+    first = dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    m1 = materialization(first, "test/words")
+    assert m1.metadata["marin/reused"].value is False
+    dg.materialize(assets, selection=["test/words"], partition_key="b", resources=resources, instance=instance)
+
+    again = dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    m2 = materialization(again, "test/words")
+    assert m2.metadata["marin/reused"].value is True
+    assert m2.tags["dagster/data_version"] == m1.tags["dagster/data_version"]
+
+    joined = dg.materialize(assets, selection=["test/joined"], resources=resources, instance=instance)
+    j = materialization(joined, "test/joined")
+    assert j.metadata["shards"].value == 2
+    text = (tmp_path / "test/joined/v1/joined.txt").read_text()
+    assert text == "hello a hello b"
+    # Unchanged upstream: the join is a no-op.
+    rejoined = dg.materialize(assets, selection=["test/joined"], resources=resources, instance=instance)
+    assert materialization(rejoined, "test/joined").metadata["marin/reused"].value is True
+
+
+def test_drift_warns_and_reuses_by_default_and_strict_refuses(tmp_path, instance):
+    assets, resources = make_defs(tmp_path)
+    dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    assets, resources = make_defs(tmp_path, greeting="bonjour")
+    drifted = dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources,
+                             instance=instance)
+    m = materialization(drifted, "test/words")
+    assert m.metadata["marin/reused"].value is True
+    assert m.metadata["marin/fingerprint_drift"].value == {"changed_fields": ["greeting"]}
+    assert (tmp_path / "test/words/v1/a/words.txt").read_text() == "hello a"
+    logs = instance.all_logs(drifted.run_id)
+    assert any("config drift" in (r.user_message or "") and r.level >= 30 for r in logs)
+
+    assets, resources = make_defs(tmp_path, greeting="bonjour", strict=True)
+    with pytest.raises(FingerprintDriftError, match="greeting"):
+        dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+
+
+def test_new_code_version_writes_beside_the_old(tmp_path, instance):
+    assets, resources = make_defs(tmp_path)
+    dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    assets, resources = make_defs(tmp_path, greeting="hi", version="v2")
+    dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    assert (tmp_path / "test/words/v1/a/words.txt").read_text() == "hello a"
+    assert (tmp_path / "test/words/v2/a/words.txt").read_text() == "hi a"
+
+
+def test_missing_upstream_is_a_clear_failure(tmp_path, instance):
+    assets, resources = make_defs(tmp_path)
+    with pytest.raises(dg.Failure, match="no committed artifact"):
+        dg.materialize(assets, selection=["test/joined"], resources=resources, instance=instance)
