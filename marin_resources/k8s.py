@@ -511,7 +511,7 @@ class K8sPipesLauncher(dg.ConfigurableResource):
             command=command,
             env=env,
             accelerator=accelerator,
-            dagster_run_id=context.run_id,
+            dagster_run_id=context.run.run_id,
             cache_volume=cache_volume,
         )
         if isinstance(accelerator, TpuRequest) and accelerator.multi_host:
