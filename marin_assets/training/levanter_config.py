@@ -1,0 +1,179 @@
+"""Render a RunSpec plus a tokenized mixture into a Levanter ``TrainLmConfig`` (as a plain dict/YAML).
+
+The dict is exactly what ``python -m levanter.main.train_lm --config_path cfg.yaml`` accepts, so
+the same file drives our Pipes-wrapped ``train_main`` and a plain Levanter run.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+from marin_assets.training.spec import RunSpec
+
+WandbMode = Literal["offline", "online", "disabled"]
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    """Tracker settings that go into the config. The API key never does: launchers pass it via env."""
+
+    project: str = "marin"
+    entity: str | None = None
+    mode: WandbMode = "offline"
+    tags: tuple[str, ...] = ()
+
+
+def run_id_for(spec: RunSpec) -> str:
+    """Stable Levanter/W&B run id: a relaunch of the same spec resumes the same W&B run."""
+    return f"{spec.name}-{spec.fingerprint()[:8]}"
+
+
+def checkpoint_dir(output_dir: str) -> str:
+    return os.path.join(output_dir, "checkpoints")
+
+
+def _prepare_data_config(spec: RunSpec, data_config: Mapping[str, Any], tokenizer_dir: str) -> dict[str, Any]:
+    data = copy.deepcopy(dict(data_config))
+    configs = data.get("configs")
+    if not isinstance(configs, Mapping) or not configs:
+        raise ValueError("data_config must be a Levanter mixture config with a non-empty 'configs' mapping")
+    weights = data.get("train_weights")
+    if not isinstance(weights, Mapping) or not any(w > 0 for w in weights.values()):
+        raise ValueError("data_config['train_weights'] must give a positive weight to at least one component")
+    unknown_weights = sorted(set(weights) - set(configs))
+    if unknown_weights:
+        raise ValueError(f"train_weights name components missing from configs: {unknown_weights}")
+
+    for name, component in configs.items():
+        # Training must read the caches that were built, never tokenize: with URLs present Levanter
+        # would build (or silently rebuild) a cache from them.
+        if component.get("train_urls") or component.get("validation_urls") or component.get("id"):
+            raise ValueError(f"mixture component {name!r} has a raw-data source; training expects pre-built caches only")
+        if component.get("cache_dir") is None and data.get("cache_dir") is None:
+            raise ValueError(f"mixture component {name!r} has no cache_dir and the mixture has no cache_dir")
+
+    given_tokenizer = data.get("tokenizer")
+    if given_tokenizer is not None and os.path.normpath(str(given_tokenizer)) != os.path.normpath(tokenizer_dir):
+        raise ValueError(f"data_config tokenizer {given_tokenizer!r} differs from tokenizer_dir {tokenizer_dir!r}")
+    data["tokenizer"] = tokenizer_dir
+
+    if spec.eval_sets:
+        missing = sorted(set(spec.eval_sets) - set(configs))
+        if missing:
+            raise ValueError(f"run {spec.name!r}: eval_sets {missing} are not components of the mixture {sorted(configs)}")
+        # Levanter evaluates every configured component; drop those neither trained on nor evaluated.
+        keep = {n for n, w in weights.items() if w > 0} | set(spec.eval_sets)
+        data["configs"] = {n: c for n, c in configs.items() if n in keep}
+    # Sequences are cut from concatenated documents in cache order; shuffle them unless the
+    # mixture says otherwise. Feistel is Levanter's recommended permutation.
+    data.setdefault("shuffle", True)
+    data.setdefault("permutation_type", "feistel")
+    return data
+
+
+def build_train_config(
+    spec: RunSpec,
+    data_config: Mapping[str, Any],
+    tokenizer_dir: str,
+    output_dir: str,
+    *,
+    wandb: WandbSettings = WandbSettings(),
+    temporary_checkpoint_interval: str = "10m",
+) -> dict[str, Any]:
+    """Levanter ``TrainLmConfig`` dict for ``spec`` training on ``data_config`` (a mixture dict).
+
+    Checkpoints go to ``{output_dir}/checkpoints/step-N`` (no run-id subdirectory) every
+    ``spec.checkpoint_every`` steps, plus a temporary one every ``temporary_checkpoint_interval``
+    of wall time, so a relaunch with the same ``output_dir`` resumes.
+    """
+    tokenizer_dir = str(tokenizer_dir)
+    output_dir = str(output_dir)
+    m, o, r = spec.model, spec.optimizer, spec.resources
+    run_id = run_id_for(spec)
+    on_accelerator = r.accelerator != "cpu"
+    return {
+        "data": _prepare_data_config(spec, data_config, tokenizer_dir),
+        "model": {
+            "type": "llama",
+            "seq_len": m.seq_len,
+            "hidden_dim": m.hidden_dim,
+            "intermediate_dim": m.intermediate_dim,
+            "num_layers": m.num_layers,
+            "num_heads": m.num_heads,
+            "num_kv_heads": m.num_kv_heads,
+            "head_dim": m.head_dim,
+            "tie_word_embeddings": m.tie_word_embeddings,
+            "initializer_range": m.initializer_range,
+            "layer_norm_epsilon": m.layer_norm_epsilon,
+            "rope": {"type": "default", "theta": m.rope_theta},
+            # Local tokenizer: Levanter otherwise consults the HF hub for the reference checkpoint's.
+            "tokenizer": tokenizer_dir,
+            # Recomputing activations only pays off when memory is the limit, i.e. on big models.
+            "gradient_checkpointing": on_accelerator,
+        },
+        "optimizer": {
+            "type": "adam",
+            "learning_rate": o.learning_rate,
+            "weight_decay": o.weight_decay,
+            "warmup": o.warmup,
+            "lr_schedule": o.schedule,
+            "min_lr_ratio": o.min_lr_ratio,
+            "beta1": o.beta1,
+            "beta2": o.beta2,
+            "epsilon": o.epsilon,
+            "max_grad_norm": o.max_grad_norm,
+        },
+        "trainer": {
+            "id": run_id,
+            "seed": spec.seed,
+            # bf16 compute is the accelerator norm; on CPU it is slower than f32, so keep f32 there.
+            "mp": "p=f32,c=bfloat16" if on_accelerator else "f32",
+            "train_batch_size": spec.train_batch_size,
+            "num_train_steps": spec.num_train_steps,
+            "steps_per_eval": spec.steps_per_eval,
+            "max_eval_batches": spec.max_eval_batches,
+            "require_accelerator": on_accelerator,
+            "ray": {"auto_start_cluster": False},
+            "log_dir": os.path.join(output_dir, "logs"),
+            "log_jaxprs": False,
+            "log_xla_hlo": False,
+            "tracker": {
+                "type": "wandb",
+                "project": wandb.project,
+                "entity": wandb.entity,
+                "name": spec.name,
+                "id": run_id,
+                "mode": wandb.mode,
+                "tags": list(wandb.tags),
+                "resume": "allow",
+                "save_code": False,
+            },
+            "checkpointer": {
+                "base_path": checkpoint_dir(output_dir),
+                "append_run_id_to_base_path": False,
+                "save_interval": temporary_checkpoint_interval,
+                "keep": [{"every": spec.checkpoint_every}],
+            },
+        },
+    }
+
+
+def write_train_config(config: Mapping[str, Any], path: str | os.PathLike) -> str:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        yaml.safe_dump(dict(config), f, sort_keys=False)
+    return str(path)
+
+
+def parse_train_config(path: str | os.PathLike):
+    """Parse a config file with Levanter's own draccus parser into a ``TrainLmConfig`` (imports Levanter)."""
+    import draccus
+    from levanter.main.train_lm import TrainLmConfig
+
+    return draccus.parse(TrainLmConfig, config_path=str(path), args=[])

@@ -1,0 +1,309 @@
+"""Training runs as data: typed run specs, their fingerprint, and the run registry.
+
+A ``RunSpec`` says *what* is trained (model shape, data mixture, tokenizer, optimizer,
+batch/steps/seed, evaluation sets, checkpoint cadence). Its ``resources`` say *where*
+it runs; they are runtime choices and never enter ``identity()``/``fingerprint()``, so
+moving a run from CPU to a TPU pool does not invalidate its artifacts.
+
+No Dagster, JAX or Levanter import here: this module is pure and loads instantly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+DEFAULT_RUNS_YAML = Path(__file__).with_name("runs.yaml")
+
+Accelerator = Literal["cpu", "gpu", "tpu"]
+LrSchedule = Literal["cosine", "linear", "constant"]
+
+
+class RunSpecError(ValueError):
+    """A run spec is invalid; the message names the run and the offending field."""
+
+    def __init__(self, run: str, field_path: str, problem: str):
+        self.run = run
+        self.field_path = field_path
+        super().__init__(f"run {run!r}: field {field_path!r}: {problem}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Levanter ``LlamaConfig`` shape fields (the subset that defines the architecture)."""
+
+    hidden_dim: int
+    intermediate_dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    seq_len: int
+    head_dim: int | None = None
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    layer_norm_epsilon: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @property
+    def effective_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_dim // self.num_heads
+
+    def parameter_count(self, vocab_size: int) -> int:
+        """Exact parameter count of Levanter's Llama for this shape (embeddings and norms included)."""
+        d, hd = self.hidden_dim, self.effective_head_dim
+        attention = d * hd * self.num_heads * 2 + d * hd * self.num_kv_heads * 2  # q, o and k, v
+        mlp = 3 * d * self.intermediate_dim  # gate, up, down
+        norms = 2 * d
+        embeddings = vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * (attention + mlp + norms) + d + embeddings
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """AdamW with warmup and a decay schedule (Levanter ``AdamConfig``)."""
+
+    learning_rate: float
+    weight_decay: float = 0.1
+    warmup: float = 0.01
+    """Fraction of training steps if < 1, otherwise a number of steps."""
+    schedule: LrSchedule = "cosine"
+    min_lr_ratio: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    epsilon: float = 1e-8
+    max_grad_norm: float | None = 1.0
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    """Where a run executes. Runtime only: excluded from the run's identity."""
+
+    accelerator: Accelerator = "cpu"
+    device_count: int = 1
+    tpu_type: str | None = None
+    """e.g. ``v5litepod-16``; required when ``accelerator == "tpu"``."""
+    pool: str | None = None
+    """Scheduling pool (node pool / queue) name, interpreted by the launcher."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str
+    model: ModelSpec
+    mixture: str
+    """Name of the tokenized mixture artifact the run trains on."""
+    tokenizer: str
+    """Name of the tokenizer artifact; must be the one the mixture was tokenized with."""
+    optimizer: OptimizerSpec
+    train_batch_size: int
+    num_train_steps: int
+    seed: int = 0
+    eval_sets: tuple[str, ...] = ()
+    """Mixture components whose validation split is evaluated; empty means all of them."""
+    steps_per_eval: int = 1000
+    max_eval_batches: int | None = None
+    checkpoint_every: int = 1000
+    """Permanent checkpoint cadence in steps (a final checkpoint is always written)."""
+    resources: ResourceSpec = field(default_factory=ResourceSpec)
+
+    @property
+    def seq_len(self) -> int:
+        return self.model.seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train_batch_size * self.model.seq_len
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that determines the trained weights: all fields except ``resources``."""
+        data = dataclasses.asdict(self)
+        del data["resources"]
+        return _jsonable(data)
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of ``identity()``."""
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    @classmethod
+    def from_dict(cls, name: str, raw: Mapping[str, Any]) -> "RunSpec":
+        """Build and validate a spec from plain data (e.g. one YAML entry); ``name`` is the registry key."""
+        if not isinstance(raw, Mapping):
+            raise RunSpecError(name, "<run>", f"expected a mapping, got {type(raw).__name__}")
+        if "name" in raw and raw["name"] != name:
+            raise RunSpecError(name, "name", f"{raw['name']!r} differs from the registry key")
+        spec = _build(cls, {**raw, "name": name}, name, "")
+        validate_run(spec)
+        return spec
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _coerce(tp: Any, value: Any, run: str, path: str) -> Any:
+    """Check ``value`` against annotation ``tp`` and convert containers; raise RunSpecError on mismatch."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None:
+            if type(None) in options:
+                return None
+            raise RunSpecError(run, path, "must not be null")
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, run, path)
+            except RunSpecError:
+                continue
+        raise RunSpecError(run, path, f"{_describe(value)} does not match {tp}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise RunSpecError(run, path, f"{value!r} is not one of {list(allowed)}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise RunSpecError(run, path, f"expected a list, got {_describe(value)}")
+        (item_type, _ellipsis) = typing.get_args(tp)
+        return tuple(_coerce(item_type, v, run, f"{path}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, run, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RunSpecError(run, path, f"expected a boolean, got {_describe(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RunSpecError(run, path, f"expected an integer, got {_describe(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RunSpecError(run, path, f"expected a number, got {_describe(value)}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise RunSpecError(run, path, f"expected a string, got {_describe(value)}")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} at {path}")
+
+
+def _build(cls: type, raw: Any, run: str, path: str) -> Any:
+    prefix = f"{path}." if path else ""
+    if not isinstance(raw, Mapping):
+        raise RunSpecError(run, path or "<run>", f"expected a mapping, got {_describe(raw)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise RunSpecError(run, prefix + unknown[0], f"unknown field (known: {sorted(fields)})")
+    kwargs = {}
+    for fname, f in fields.items():
+        if fname in raw:
+            kwargs[fname] = _coerce(hints[fname], raw[fname], run, prefix + fname)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise RunSpecError(run, prefix + fname, "required field is missing")
+    return cls(**kwargs)
+
+
+def validate_run(spec: RunSpec) -> None:
+    """Semantic checks beyond types; raises RunSpecError naming the run and field."""
+    run = spec.name
+
+    def require(condition: bool, path: str, problem: str) -> None:
+        if not condition:
+            raise RunSpecError(run, path, problem)
+
+    require(bool(spec.name) and spec.name.strip() == spec.name, "name", "must be a non-empty name without spaces around it")
+    m = spec.model
+    for fname in ("hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "seq_len"):
+        require(getattr(m, fname) > 0, f"model.{fname}", f"must be positive, got {getattr(m, fname)}")
+    if m.head_dim is None:
+        require(m.hidden_dim % m.num_heads == 0, "model.hidden_dim", f"{m.hidden_dim} is not divisible by num_heads={m.num_heads}")
+    else:
+        require(m.head_dim > 0, "model.head_dim", f"must be positive, got {m.head_dim}")
+    require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", f"num_heads={m.num_heads} is not divisible by {m.num_kv_heads}")
+    require(m.effective_head_dim % 2 == 0, "model.head_dim", f"rotary embeddings need an even head dim, got {m.effective_head_dim}")
+    o = spec.optimizer
+    require(o.learning_rate > 0, "optimizer.learning_rate", f"must be positive, got {o.learning_rate}")
+    require(o.weight_decay >= 0, "optimizer.weight_decay", f"must be >= 0, got {o.weight_decay}")
+    require(o.warmup >= 0, "optimizer.warmup", f"must be >= 0, got {o.warmup}")
+    require(o.warmup < 1 or o.warmup <= spec.num_train_steps, "optimizer.warmup", f"{o.warmup} steps exceeds num_train_steps={spec.num_train_steps}")
+    require(0 <= o.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
+    require(0 <= o.beta1 < 1, "optimizer.beta1", f"must be in [0, 1), got {o.beta1}")
+    require(0 <= o.beta2 < 1, "optimizer.beta2", f"must be in [0, 1), got {o.beta2}")
+    require(o.epsilon > 0, "optimizer.epsilon", f"must be positive, got {o.epsilon}")
+    require(o.max_grad_norm is None or o.max_grad_norm > 0, "optimizer.max_grad_norm", "must be positive or null")
+    require(bool(spec.mixture), "mixture", "must name a tokenized mixture")
+    require(bool(spec.tokenizer), "tokenizer", "must name a tokenizer")
+    require(spec.train_batch_size > 0, "train_batch_size", f"must be positive, got {spec.train_batch_size}")
+    require(spec.num_train_steps > 0, "num_train_steps", f"must be positive, got {spec.num_train_steps}")
+    require(spec.steps_per_eval > 0, "steps_per_eval", f"must be positive, got {spec.steps_per_eval}")
+    require(spec.max_eval_batches is None or spec.max_eval_batches > 0, "max_eval_batches", "must be positive or null")
+    require(spec.checkpoint_every > 0, "checkpoint_every", f"must be positive, got {spec.checkpoint_every}")
+    require(len(set(spec.eval_sets)) == len(spec.eval_sets), "eval_sets", "contains duplicates")
+    r = spec.resources
+    require(r.device_count > 0, "resources.device_count", f"must be positive, got {r.device_count}")
+    require(
+        spec.train_batch_size % r.device_count == 0,
+        "train_batch_size",
+        f"{spec.train_batch_size} is not divisible by resources.device_count={r.device_count}",
+    )
+    require((r.accelerator == "tpu") == (r.tpu_type is not None), "resources.tpu_type", "must be set exactly when accelerator is 'tpu'")
+
+
+# --- registry -----------------------------------------------------------------------------------
+
+_PROGRAMMATIC_RUNS: dict[str, RunSpec] = {}
+
+
+def load_run_registry(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec]:
+    """Parse a runs YAML file (``runs: {name: {...}}``) into validated specs keyed by name."""
+    with open(path) as f:
+        document = yaml.safe_load(f)
+    if not isinstance(document, Mapping) or not isinstance(document.get("runs"), Mapping):
+        raise ValueError(f"{path}: expected a top-level 'runs:' mapping of run name to spec")
+    return {str(name): RunSpec.from_dict(str(name), raw) for name, raw in document["runs"].items()}
+
+
+def register_run(spec: RunSpec, *, replace: bool = False) -> RunSpec:
+    """Add a spec built in Python (e.g. by a sweep) to the registry returned by ``registered_runs``."""
+    validate_run(spec)
+    existing = _PROGRAMMATIC_RUNS.get(spec.name)
+    if existing is not None and existing != spec and not replace:
+        raise ValueError(f"run {spec.name!r} is already registered with a different spec")
+    _PROGRAMMATIC_RUNS[spec.name] = spec
+    return spec
+
+
+def registered_runs(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec]:
+    """Runs from the YAML file plus programmatic registrations; a name defined in both is an error."""
+    runs = load_run_registry(path)
+    clashes = sorted(set(runs) & set(_PROGRAMMATIC_RUNS))
+    if clashes:
+        raise ValueError(f"runs defined both in {path} and by register_run: {clashes}")
+    return {**runs, **_PROGRAMMATIC_RUNS}
+
+
+def get_run(name: str, path: str | Path = DEFAULT_RUNS_YAML) -> RunSpec:
+    runs = registered_runs(path)
+    if name not in runs:
+        raise KeyError(f"unknown run {name!r}; known runs: {sorted(runs)}")
+    return runs[name]
