@@ -122,6 +122,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*is currently in beta.*")
     parser = argparse.ArgumentParser(prog="marin", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="materialize the tutorial graph on the embedded default").set_defaults(fn=cmd_demo)

@@ -140,7 +140,7 @@ class Planner:
     # ---- execution -------------------------------------------------------------------------
     def plan(self, target: dg.AssetKey, partition: str | None) -> list[tuple[list[dg.AssetKey], list[str | None]]]:
         """Target plus its upstream, in topological order, grouped by partitions definition."""
-        if target not in self.graph.all_asset_keys:
+        if target not in self.graph.get_all_asset_keys():
             known = ", ".join(sorted(key_str(k) for k in self.artifact_keys()))
             raise KeyError(f"unknown asset {key_str(target)!r}; known: {known}")
         wanted = dg.AssetSelection.assets(target).upstream().resolve(self.graph)

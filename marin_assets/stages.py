@@ -2,4 +2,6 @@
 
 from __future__ import annotations
 
-STAGES: list = []
+from marin_assets.curation.assets import build_curation_stage
+
+STAGES = [build_curation_stage]

@@ -1,0 +1,184 @@
+"""Curation assets, one family per declared source (an asset factory):
+
+    raw/<source>  ->  documents/<source>  (per shard, dynamic partitions added by discovery)
+
+Assets are thin wiring: reading, normalization and quarantine live in `readers.py`,
+discovery in `sources.py`; this module only moves bytes through the store.
+"""
+
+import io
+import json
+import time
+from dataclasses import asdict
+
+import dagster as dg
+import polars as pl
+
+from marin_assets.catalog import Catalog
+from marin_assets.curation.readers import read_shard
+from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, SourceConfig, discover_shards,
+                                           load_curation_config, open_binary)
+from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, marin_asset, materialize_artifact
+from marin_resources.environments import MarinSettings
+from marin_resources.store import UpstreamRef
+
+RAW_VERSION = "v1"
+DOCUMENTS_VERSION = "v1"
+MAX_QUARANTINE_FRACTION = 0.2
+
+
+def shards_partitions(source: SourceConfig) -> dg.DynamicPartitionsDefinition:
+    return dg.DynamicPartitionsDefinition(name=f"{source.name}_shards")
+
+
+_LISTING_TTL_S = 30.0
+_listings: dict[tuple[str, str], tuple[float, list[Shard]]] = {}
+
+
+def current_shards(source: SourceConfig) -> list[Shard]:
+    """Discovery, memoized briefly: one CLI or sensor pass lists a source once, not once per shard."""
+    now = time.monotonic()
+    cached = _listings.get((source.name, source.uri))
+    if cached is None or now - cached[0] > _LISTING_TTL_S:
+        cached = (now, discover_shards(source))
+        _listings[(source.name, source.uri)] = cached
+    return cached[1]
+
+
+def shard_by_key(source: SourceConfig, key: str) -> Shard:
+    for shard in current_shards(source):
+        if shard.key == key:
+            return shard
+    raise dg.Failure(f"source {source.name!r} has no shard {key!r} any more (files moved or removed?)")
+
+
+def read_original_bytes(ref: FileRef) -> bytes:
+    """The file exactly as stored at the source: archives are opened, compression is kept."""
+    import fsspec
+
+    if "://" in ref.uri.split("::", 1)[0] and ref.uri.split("://", 1)[0] in ("pypi-sdist", "installed-dists"):
+        with open_binary(ref.uri) as fh:
+            return fh.read()
+    with fsspec.open(ref.uri, "rb") as fh:
+        return fh.read()
+
+
+def _frame_to_parquet(writer, rel: str, frame: pl.DataFrame) -> int:
+    buf = io.BytesIO()
+    frame.write_parquet(buf, compression="zstd")
+    with writer.open(rel) as fh:
+        fh.write(buf.getvalue())
+    return len(buf.getvalue())
+
+
+def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
+    partitions = shards_partitions(source)
+    name = source.name
+    source_identity = {k: v for k, v in asdict(source).items() if k not in ("filters", "dedup")}
+    catalog.add_discoverer(partitions.name, lambda: [s.key for s in current_shards(source)])
+    catalog.add_identity(f"raw/{name}", lambda partition: {"source": source_identity, "shard": partition})
+    catalog.add_identity(f"documents/{name}", lambda partition: {"source": source_identity})
+
+    @marin_asset(key=f"raw/{name}", version=RAW_VERSION, partitions_def=partitions, group_name="curation",
+                 kinds={"files"}, description=f"Raw bytes of source `{name}` ({source.uri}), one shard per partition.")
+    def raw(context: dg.AssetExecutionContext, store: MarinStore) -> dg.Output[ArtifactHandle]:
+        shard = shard_by_key(source, context.partition_key)
+        # The listing (paths, sizes, mtimes, etags) stands in for the outside world's data version.
+        external = UpstreamRef(asset_key=f"external/{name}", partition=shard.key, data_version=shard.fingerprint,
+                               uri=source.uri)
+
+        def build(writer) -> Built:
+            total = 0
+            listing = []
+            for ref in shard.files:
+                data = read_original_bytes(ref)
+                with writer.open(f"files/{ref.relpath}") as fh:
+                    fh.write(data)
+                total += len(data)
+                listing.append({"relpath": ref.relpath, "uri": ref.uri, "bytes": len(data), "etag": ref.etag})
+            writer.write_json("listing.json", listing)
+            return Built(metrics={"files": len(shard.files), "raw_bytes": total},
+                         metadata={"source_uri": source.uri})
+
+        return materialize_artifact(context, store, config={"source": source_identity, "shard": shard.key},
+                                    upstream=[_as_handle(external)], build=build)
+
+    @marin_asset(key=f"documents/{name}", version=DOCUMENTS_VERSION, partitions_def=partitions,
+                 group_name="curation", kinds={"parquet"}, ins={"raw": dg.AssetIn(key=raw.key)},
+                 description=f"Normalized documents of `{name}` (id, text, source, source_id, metadata) "
+                             "plus a quarantine table of every record that could not be used.")
+    def documents(context: dg.AssetExecutionContext, store: MarinStore, raw: ArtifactHandle):
+        artifacts = store.get()
+
+        def build(writer) -> Built:
+            with artifacts.open(f"{raw.uri}/listing.json") as fh:
+                listing = json.load(fh)
+            stored = Shard(source=name, key=context.partition_key, files=tuple(
+                FileRef(uri=f"{raw.uri}/files/{item['relpath']}", relpath=item["relpath"], size=item["bytes"])
+                for item in listing))
+            result = read_shard(source, stored)
+            # Readers saw the stored copies; report the original locations as source ids.
+            docs, quarantine = result.documents, result.quarantine
+            for item in listing:
+                copy = f"{raw.uri}/files/{item['relpath']}"
+                docs = docs.with_columns(pl.col("source_id").str.replace(copy, item["uri"], literal=True))
+                quarantine = quarantine.with_columns(pl.col("source_id").str.replace(copy, item["uri"], literal=True))
+            doc_bytes = _frame_to_parquet(writer, "documents.parquet", docs)
+            _frame_to_parquet(writer, "quarantine.parquet", quarantine)
+            fraction = quarantine.height / max(1, result.n_records)
+            metrics = {"documents": docs.height, "quarantined": quarantine.height, "records": result.n_records,
+                       "quarantine_fraction": round(fraction, 6), "repaired_encoding": result.n_repaired_encoding,
+                       "text_bytes": int(docs["text"].str.len_bytes().sum() or 0),
+                       **{f"quarantine/{k}": v for k, v in result.quarantine_counts.items()}}
+            return Built(metrics=metrics, metadata={"dagster/row_count": docs.height, "parquet_bytes": doc_bytes})
+
+        return materialize_artifact(context, store, config={"source": source_identity}, upstream=[raw], build=build)
+
+    @dg.asset_check(asset=documents, description="Quarantined records stay under "
+                                                 f"{MAX_QUARANTINE_FRACTION:.0%} of the shard; none are dropped silently.")
+    def documents_quarantine_bound(context: dg.AssetCheckExecutionContext, store: MarinStore):
+        return _metric_bound_check(store, f"documents/{name}", DOCUMENTS_VERSION, context,
+                                   "quarantine_fraction", MAX_QUARANTINE_FRACTION)
+
+    @dg.asset_check(asset=documents, description="Every input record is either a document or quarantined.")
+    def documents_accounted(context: dg.AssetCheckExecutionContext, store: MarinStore):
+        m = _manifest_for_check(store, f"documents/{name}", DOCUMENTS_VERSION, context)
+        total = m.metrics["documents"] + m.metrics["quarantined"]
+        return dg.AssetCheckResult(passed=total == m.metrics["records"] and m.metrics["documents"] > 0,
+                                   metadata={"records": m.metrics["records"], "documents": m.metrics["documents"],
+                                             "quarantined": m.metrics["quarantined"]})
+
+    return [raw, documents, documents_quarantine_bound, documents_accounted]
+
+
+def _as_handle(ref: UpstreamRef) -> ArtifactHandle:
+    return ArtifactHandle(ref.asset_key, ref.partition, "external", ref.uri, ref.data_version)
+
+
+def _check_partition(context: dg.AssetCheckExecutionContext) -> str | None:
+    return context.run.tags.get("dagster/partition")
+
+
+def _manifest_for_check(store: MarinStore, key: str, version: str, context):
+    manifest = store.get().find(key, version, _check_partition(context))
+    if manifest is None:
+        raise dg.Failure(f"{key} has no committed artifact to check")
+    return manifest
+
+
+def _metric_bound_check(store: MarinStore, key: str, version: str, context, metric: str, bound: float):
+    m = _manifest_for_check(store, key, version, context)
+    value = float(m.metrics.get(metric, 0.0))
+    return dg.AssetCheckResult(passed=value <= bound, metadata={metric: value, "bound": bound},
+                               severity=dg.AssetCheckSeverity.ERROR)
+
+
+def build_curation_stage(settings: MarinSettings) -> tuple[dg.Definitions, Catalog]:
+    config = load_curation_config(settings.sources_file or DEFAULT_SOURCES_PATH)
+    catalog = Catalog()
+    defs = []
+    for source in config.sources:
+        defs.extend(build_source_assets(source, catalog))
+    assets = [d for d in defs if not isinstance(d, dg.AssetChecksDefinition)]
+    checks = [d for d in defs if isinstance(d, dg.AssetChecksDefinition)]
+    return dg.Definitions(assets=assets, asset_checks=checks), catalog
