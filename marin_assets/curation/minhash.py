@@ -1,0 +1,489 @@
+"""Vectorized MinHash signatures whose permutation stage is bit-identical to datasketch.
+
+A signature is computed in three steps:
+
+1. Shingling. Text is lower-cased (``str.lower``) and UTF-8 encoded; a token is a maximal run
+   of bytes in ``[0-9A-Za-z_]`` or ``>= 0x80`` (so every non-ASCII character counts as a word
+   character and ASCII punctuation/whitespace separates tokens). A shingle is ``shingle_size``
+   consecutive tokens of one document; a document with fewer tokens (but at least one) has a
+   single shingle made of all its tokens, and a document without tokens has no shingles.
+2. Shingle hashing to 32 bits, one of two modes:
+   * ``"fast"`` (default): each token gets a 64-bit hash (polynomial hash of its bytes, then the
+     MurmurHash3 64-bit finalizer); a shingle's 64-bit hash is the finalizer applied to
+     ``sum_j token_hash[j] * SHINGLE_POSITION_MULTIPLIERS[j] mod 2**64`` and its 32-bit hash is
+     the upper half. Everything is numpy over a whole batch of documents.
+   * ``"sha1"``: datasketch's default ``sha1_hash32`` of the shingle bytes (tokens joined by one
+     space). Hashing happens per shingle in Python, so this mode is for compatibility only.
+3. Permutations: exactly datasketch's ``"affine32"`` scheme (MurmurHash3 32-bit finalizer, then
+   ``a_k * h + b_k mod 2**32`` with ``a, b`` drawn from ``np.random.RandomState(seed)``), min per
+   document. In ``"sha1"`` mode the signature equals ``datasketch.MinHash(num_perm, seed)`` updated
+   with ``shingles(text)``; in ``"fast"`` mode it equals ``datasketch.MinHash(num_perm, seed,
+   hashfunc=shingle_hash32)`` updated with ``shingle_tokens(text)``. Both are tested bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import BinaryIO, Literal
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+HashMode = Literal["fast", "sha1"]
+
+_MASK64 = (1 << 64) - 1
+_UINT32_MAX = np.uint32(0xFFFFFFFF)
+# Odd 64-bit multiplier of the per-token polynomial hash; any odd constant with mixed bits works.
+_TOKEN_POLY_BASE = 0x9E3779B97F4A7C15
+_TOKEN_POLY_BASE_INV = pow(_TOKEN_POLY_BASE, -1, 1 << 64)
+
+# Bytes that belong to tokens (the vectorized twin is _is_word_byte). Non-ASCII bytes (>= 0x80)
+# are word bytes so UTF-8 multi-byte characters never split a token.
+_TOKEN_PATTERN = re.compile(rb"[0-9A-Za-z_\x80-\xff]+")
+
+# Signature files carry their MinHashConfig so stale caches are rejected instead of mixed.
+_PARQUET_CONFIG_KEY = b"marin.minhash_config"
+# Keep each numpy batch's temporaries around tens of MB regardless of shard size.
+_BATCH_TEXT_CHARS = 256 << 10
+# Shingles per permutation block; measured fastest on AVX-512 x86 among 1k..32k.
+_PERMUTATION_BLOCK = 8192
+
+
+@dataclass(frozen=True)
+class MinHashConfig:
+    """Parameters that determine a signature; signatures from different configs never mix."""
+
+    shingle_size: int = 5
+    num_perm: int = 128
+    seed: int = 1
+    hash_mode: HashMode = "fast"
+
+    def __post_init__(self) -> None:
+        if self.shingle_size < 1:
+            raise ValueError(f"shingle_size must be >= 1, got {self.shingle_size}")
+        if not 2 <= self.num_perm <= 4096:
+            raise ValueError(f"num_perm must be in [2, 4096], got {self.num_perm}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        if self.hash_mode not in ("fast", "sha1"):
+            raise ValueError(f"hash_mode must be 'fast' or 'sha1', got {self.hash_mode!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> MinHashConfig:
+        return cls(**json.loads(text))
+
+
+def _fmix64_int(value: int) -> int:
+    value ^= value >> 33
+    value = (value * 0xFF51AFD7ED558CCD) & _MASK64
+    value ^= value >> 33
+    value = (value * 0xC4CEB9FE1A85EC53) & _MASK64
+    return value ^ (value >> 33)
+
+
+def _fmix64(values: np.ndarray) -> np.ndarray:
+    values = values ^ (values >> np.uint64(33))
+    values *= np.uint64(0xFF51AFD7ED558CCD)
+    values ^= values >> np.uint64(33)
+    values *= np.uint64(0xC4CEB9FE1A85EC53)
+    values ^= values >> np.uint64(33)
+    return values
+
+
+def _fmix32(values: np.ndarray) -> np.ndarray:
+    # Same finalizer datasketch applies to every input hash in the affine32 scheme.
+    values = values ^ (values >> np.uint32(16))
+    values *= np.uint32(0x85EBCA6B)
+    values ^= values >> np.uint32(13)
+    values *= np.uint32(0xC2B2AE35)
+    values ^= values >> np.uint32(16)
+    return values
+
+
+def _position_multiplier(position: int) -> int:
+    return _fmix64_int(position + 1) | 1
+
+
+# Shingle hash = sum of token hashes times a per-position odd constant, so order matters.
+_MAX_SHINGLE_SIZE = 64
+SHINGLE_POSITION_MULTIPLIERS = np.array(
+    [_position_multiplier(j) for j in range(_MAX_SHINGLE_SIZE)], dtype=np.uint64
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar reference implementation (definitions; used by tests, the datasketch baseline, sha1 mode)
+# ---------------------------------------------------------------------------------------------
+
+
+def tokenize(text: str) -> list[bytes]:
+    """Tokens of ``text`` as UTF-8 bytes, per the module docstring."""
+    return _TOKEN_PATTERN.findall(text.lower().encode("utf-8", errors="replace"))
+
+
+def shingle_tokens(text: str, shingle_size: int) -> list[tuple[bytes, ...]]:
+    """The shingles of ``text`` as token tuples (feed these to datasketch with ``shingle_hash32``)."""
+    tokens = tokenize(text)
+    if not tokens:
+        return []
+    if len(tokens) < shingle_size:
+        return [tuple(tokens)]
+    return [tuple(tokens[i : i + shingle_size]) for i in range(len(tokens) - shingle_size + 1)]
+
+
+def shingles(text: str, shingle_size: int) -> list[bytes]:
+    """The shingles of ``text`` as bytes (tokens joined by one space), as hashed in sha1 mode."""
+    return [b" ".join(shingle) for shingle in shingle_tokens(text, shingle_size)]
+
+
+def token_hash64(token: bytes) -> int:
+    poly = 0
+    power = 1
+    for byte in token:
+        poly = (poly + byte * power) & _MASK64
+        power = (power * _TOKEN_POLY_BASE) & _MASK64
+    return _fmix64_int(poly)
+
+
+def shingle_hash64(shingle: Sequence[bytes]) -> int:
+    """64-bit hash of a token tuple; the set element used for exact Jaccard."""
+    if not 1 <= len(shingle) <= _MAX_SHINGLE_SIZE:
+        raise ValueError(f"a shingle has 1..{_MAX_SHINGLE_SIZE} tokens, got {len(shingle)}")
+    total = 0
+    for position, token in enumerate(shingle):
+        total = (total + token_hash64(token) * int(SHINGLE_POSITION_MULTIPLIERS[position])) & _MASK64
+    return _fmix64_int(total)
+
+
+def shingle_hash32(shingle: Sequence[bytes]) -> int:
+    """The ``fast`` mode's 32-bit shingle hash; usable as a datasketch ``hashfunc``."""
+    return shingle_hash64(shingle) >> 32
+
+
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, b)`` uint32 arrays of datasketch's affine32 scheme for ``(num_perm, seed)``."""
+    generator = np.random.RandomState(seed)
+    a = generator.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    b = generator.randint(0, 1 << 32, num_perm, dtype=np.uint32)
+    return a, b
+
+
+# ---------------------------------------------------------------------------------------------
+# Vectorized implementation
+# ---------------------------------------------------------------------------------------------
+
+
+class _PowerTables:
+    """``base**k`` and ``base**-k`` mod 2**64 for k < capacity, grown on demand."""
+
+    def __init__(self) -> None:
+        self.powers = np.ones(1, dtype=np.uint64)
+        self.inverse_powers = np.ones(1, dtype=np.uint64)
+
+    def ensure(self, size: int) -> None:
+        if size <= len(self.powers):
+            return
+        capacity = max(size, 2 * len(self.powers))
+        base = np.full(capacity, _TOKEN_POLY_BASE, dtype=np.uint64)
+        base[0] = 1
+        inverse = np.full(capacity, _TOKEN_POLY_BASE_INV, dtype=np.uint64)
+        inverse[0] = 1
+        # Array products wrap mod 2**64, which is the intended arithmetic.
+        self.powers = np.cumprod(base, dtype=np.uint64)
+        self.inverse_powers = np.cumprod(inverse, dtype=np.uint64)
+
+
+_POWER_TABLES = _PowerTables()
+
+
+@dataclass(frozen=True)
+class ShingleHashes:
+    """Shingle hashes of a batch of documents, grouped by document (``doc_index`` ascending)."""
+
+    hashes: np.ndarray  # uint64, one per shingle occurrence
+    doc_index: np.ndarray  # int64, document of each shingle
+    num_docs: int
+
+
+def _is_word_byte(data: np.ndarray) -> np.ndarray:
+    # Arithmetic on uint8 (wrapping subtraction turns range checks into one compare) is several
+    # times faster than a 256-entry lookup table gather.
+    is_word = data >= np.uint8(0x80)
+    is_word |= (data - np.uint8(ord("0"))) < np.uint8(10)
+    is_word |= ((data | np.uint8(0x20)) - np.uint8(ord("a"))) < np.uint8(26)
+    is_word |= data == np.uint8(ord("_"))
+    return is_word
+
+
+def _token_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(uint64 token hashes, int64 document index per token) for a batch of texts."""
+    encoded = [text.lower().encode("utf-8", errors="replace") for text in texts]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    # One separator byte (not a word byte) between documents keeps tokens from spanning them.
+    doc_starts = np.zeros(len(encoded), dtype=np.int64)
+    np.cumsum(lengths[:-1] + 1, out=doc_starts[1:])
+    data = np.frombuffer(b"\n".join(encoded), dtype=np.uint8)
+    if data.size == 0:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    edges = np.diff(_is_word_byte(data).view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    # Edges alternate start (+1), end (-1), so one nonzero pass yields both.
+    boundaries = np.flatnonzero(edges)
+    token_starts = boundaries[0::2]
+    token_ends = boundaries[1::2]
+    _POWER_TABLES.ensure(data.size + 1)
+    # prefix[i] = sum_{k < i} byte_k * base**k, so a token's hash is a difference rescaled by base**-start.
+    prefix = np.zeros(data.size + 1, dtype=np.uint64)
+    weighted = data.astype(np.uint64)
+    weighted *= _POWER_TABLES.powers[: data.size]
+    np.cumsum(weighted, out=prefix[1:])
+    poly = prefix[token_ends]
+    poly -= prefix[token_starts]
+    poly *= _POWER_TABLES.inverse_powers[token_starts]
+    token_docs = np.searchsorted(doc_starts, token_starts, side="right") - 1
+    return _fmix64(poly), token_docs
+
+
+def _shingle_hashes_batch(texts: Sequence[str], shingle_size: int) -> ShingleHashes:
+    token_hashes, token_docs = _token_hashes(texts)
+    num_tokens = token_hashes.size
+    tokens_per_doc = np.bincount(token_docs, minlength=len(texts))
+    doc_token_end = np.cumsum(tokens_per_doc)
+    position = np.arange(num_tokens, dtype=np.int64)
+    remaining = doc_token_end[token_docs] - position  # tokens left in the document, including this one
+    # Lay tokens out with shingle_size - 1 zero hashes after every document, so a window that runs
+    # past its document's end only adds zeros; a short document's window is then exactly its tokens.
+    padded_position = position + token_docs * (shingle_size - 1)
+    padded_length = num_tokens + len(texts) * (shingle_size - 1)
+    padded = np.zeros(padded_length + shingle_size, dtype=np.uint64)
+    padded[padded_position] = token_hashes
+    combined = padded[:padded_length] * SHINGLE_POSITION_MULTIPLIERS[0]
+    for offset in range(1, shingle_size):
+        combined += padded[offset : offset + padded_length] * SHINGLE_POSITION_MULTIPLIERS[offset]
+    first_of_doc = np.zeros(num_tokens, dtype=bool)
+    first_of_doc[doc_token_end[tokens_per_doc > 0] - tokens_per_doc[tokens_per_doc > 0]] = True
+    is_shingle_start = (remaining >= shingle_size) | (first_of_doc & (remaining < shingle_size))
+    return ShingleHashes(
+        hashes=_fmix64(combined[padded_position[is_shingle_start]]),
+        doc_index=token_docs[is_shingle_start],
+        num_docs=len(texts),
+    )
+
+
+def _text_batches(texts: Sequence[str]) -> list[tuple[int, int]]:
+    """[start, end) document ranges holding about _BATCH_TEXT_CHARS characters each."""
+    batches = []
+    start = 0
+    size = 0
+    for index, text in enumerate(texts):
+        size += len(text)
+        if size >= _BATCH_TEXT_CHARS:
+            batches.append((start, index + 1))
+            start = index + 1
+            size = 0
+    if start < len(texts):
+        batches.append((start, len(texts)))
+    return batches
+
+
+def shingle_hashes(texts: Sequence[str], shingle_size: int) -> ShingleHashes:
+    """64-bit hashes of every shingle occurrence of every text (``fast`` mode definition)."""
+    if not 1 <= shingle_size <= _MAX_SHINGLE_SIZE:
+        raise ValueError(f"shingle_size must be in [1, {_MAX_SHINGLE_SIZE}], got {shingle_size}")
+    parts = []
+    for start, end in _text_batches(texts):
+        batch = _shingle_hashes_batch(texts[start:end], shingle_size)
+        parts.append((batch.hashes, batch.doc_index + start))
+    if not parts:
+        return ShingleHashes(np.zeros(0, np.uint64), np.zeros(0, np.int64), len(texts))
+    return ShingleHashes(
+        hashes=np.concatenate([hashes for hashes, _ in parts]),
+        doc_index=np.concatenate([docs for _, docs in parts]),
+        num_docs=len(texts),
+    )
+
+
+def shingle_sets(texts: Sequence[str], shingle_size: int) -> list[np.ndarray]:
+    """Per text, the sorted unique uint64 shingle hashes: the sets exact Jaccard is computed on."""
+    hashed = shingle_hashes(texts, shingle_size)
+    # Sorting by (document, hash) at once is one lexsort instead of one np.unique per document.
+    order = np.lexsort((hashed.hashes, hashed.doc_index))
+    hashes = hashed.hashes[order]
+    docs = hashed.doc_index[order]
+    keep = np.ones(hashes.size, dtype=bool)
+    keep[1:] = (hashes[1:] != hashes[:-1]) | (docs[1:] != docs[:-1])
+    hashes = hashes[keep]
+    bounds = np.searchsorted(docs[keep], np.arange(len(texts) + 1))
+    return [hashes[bounds[i] : bounds[i + 1]] for i in range(len(texts))]
+
+
+def exact_jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Jaccard similarity of two sorted unique hash arrays (two empty sets: 0.0)."""
+    if a.size == 0 or b.size == 0:
+        return 0.0
+    intersection = np.intersect1d(a, b, assume_unique=True).size
+    return intersection / (a.size + b.size - intersection)
+
+
+def _sha1_shingle_hashes(texts: Sequence[str], shingle_size: int) -> tuple[np.ndarray, np.ndarray]:
+    digests = []
+    counts = np.zeros(len(texts), dtype=np.int64)
+    sha1 = hashlib.sha1
+    for index, text in enumerate(texts):
+        doc_shingles = shingles(text, shingle_size)
+        counts[index] = len(doc_shingles)
+        digests.extend(sha1(shingle).digest() for shingle in doc_shingles)
+    # datasketch's sha1_hash32 is the little-endian uint32 of the first 4 of the 20 digest bytes.
+    hashes = np.frombuffer(b"".join(digests), dtype="<u4").reshape(-1, 5)[:, 0].astype(np.uint32)
+    return hashes, np.repeat(np.arange(len(texts), dtype=np.int64), counts)
+
+
+def _min_permuted(hashes32: np.ndarray, doc_index: np.ndarray, num_docs: int, config: MinHashConfig) -> np.ndarray:
+    a, b = permutations(config.num_perm, config.seed)
+    signatures = np.full((num_docs, config.num_perm), _UINT32_MAX, dtype=np.uint32)
+    mixed = _fmix32(hashes32)
+    a_column = a[:, None]
+    b_column = b[:, None]
+    block = np.empty((config.num_perm, _PERMUTATION_BLOCK), dtype=np.uint32)
+    doc_changes = np.flatnonzero(np.diff(doc_index, prepend=np.int64(-1)))
+    for start in range(0, mixed.size, _PERMUTATION_BLOCK):
+        end = min(start + _PERMUTATION_BLOCK, mixed.size)
+        view = block[:, : end - start]
+        np.multiply(a_column, mixed[None, start:end], out=view)
+        np.add(view, b_column, out=view)
+        first, last = np.searchsorted(doc_changes, [start, end])
+        segment_starts = doc_changes[first:last] - start
+        if segment_starts.size == 0 or segment_starts[0] != 0:
+            # The block begins inside a document that started in an earlier block.
+            segment_starts = np.concatenate([np.zeros(1, np.int64), segment_starts])
+        segment_docs = doc_index[start + segment_starts]
+        segment_minima = np.minimum.reduceat(view, segment_starts, axis=1).T
+        # Documents are unique within one block, so gather-min-scatter is safe.
+        signatures[segment_docs] = np.minimum(signatures[segment_docs], segment_minima)
+    return signatures
+
+
+def minhash_texts(texts: Sequence[str], config: MinHashConfig) -> np.ndarray:
+    """(len(texts), num_perm) uint32 MinHash signatures; a text without tokens gets all 2**32-1."""
+    if config.hash_mode == "sha1":
+        hashes32, doc_index = _sha1_shingle_hashes(texts, config.shingle_size)
+    else:
+        hashed = shingle_hashes(texts, config.shingle_size)
+        hashes32 = (hashed.hashes >> np.uint64(32)).astype(np.uint32)
+        doc_index = hashed.doc_index
+    return _min_permuted(hashes32, doc_index, len(texts), config)
+
+
+def empty_signature_mask(hashvalues: np.ndarray) -> np.ndarray:
+    """Rows that are the signature of the empty set (a document without tokens)."""
+    return np.all(hashvalues == _UINT32_MAX, axis=1)
+
+
+def estimate_jaccard(signature_a: np.ndarray, signature_b: np.ndarray) -> float:
+    """MinHash estimate: the fraction of equal positions (datasketch's ``MinHash.jaccard``)."""
+    return float(np.count_nonzero(signature_a == signature_b)) / signature_a.size
+
+
+# ---------------------------------------------------------------------------------------------
+# Signature tables: one per shard, cached as Parquet
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SignatureTable:
+    """MinHash signatures of one shard, row-aligned with the shard's documents."""
+
+    ids: np.ndarray  # object array of document ids (hex sha256 of text)
+    hashvalues: np.ndarray  # (num_docs, num_perm) uint32
+    config: MinHashConfig
+
+    def __post_init__(self) -> None:
+        if self.hashvalues.dtype != np.uint32 or self.hashvalues.ndim != 2:
+            raise ValueError(f"hashvalues must be a 2-D uint32 array, got {self.hashvalues.dtype} {self.hashvalues.shape}")
+        if self.hashvalues.shape != (len(self.ids), self.config.num_perm):
+            raise ValueError(
+                f"hashvalues shape {self.hashvalues.shape} does not match "
+                f"{len(self.ids)} ids x num_perm {self.config.num_perm}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def to_frame(self) -> pl.DataFrame:
+        """Columns ``id`` (Utf8) and ``signature`` (Array(UInt32, num_perm))."""
+        return pl.DataFrame(
+            {
+                "id": pl.Series("id", self.ids, dtype=pl.Utf8),
+                "signature": pl.Series(
+                    "signature", self.hashvalues, dtype=pl.Array(pl.UInt32, self.config.num_perm)
+                ),
+            }
+        )
+
+    @classmethod
+    def from_frame(cls, frame: pl.DataFrame, config: MinHashConfig) -> SignatureTable:
+        """Inverse of ``to_frame``; the caller vouches that ``config`` produced the frame."""
+        if frame.columns != ["id", "signature"]:
+            raise ValueError(f"a signature frame has columns ['id', 'signature'], got {frame.columns}")
+        expected = pl.Array(pl.UInt32, config.num_perm)
+        if frame.schema["signature"] != expected:
+            raise ValueError(f"signature column must be {expected}, got {frame.schema['signature']}")
+        hashvalues = frame["signature"].to_numpy().astype(np.uint32, copy=False).reshape(len(frame), config.num_perm)
+        return cls(ids=frame["id"].to_numpy().astype(object), hashvalues=hashvalues, config=config)
+
+
+def compute_signatures(docs: pl.DataFrame, config: MinHashConfig) -> SignatureTable:
+    """Signatures of one shard's documents (columns ``id`` and ``text`` are used)."""
+    for column in ("id", "text"):
+        if column not in docs.columns:
+            raise ValueError(f"documents need an {column!r} column; got {docs.columns}")
+    if docs["text"].null_count() or docs["id"].null_count():
+        raise ValueError("documents have null id or text values")
+    texts = docs["text"].to_list()
+    return SignatureTable(
+        ids=docs["id"].to_numpy().astype(object),
+        hashvalues=minhash_texts(texts, config),
+        config=config,
+    )
+
+
+def save_signatures(table: SignatureTable, destination: str | os.PathLike | BinaryIO) -> None:
+    """Write Parquet: ``id`` string, ``signature`` fixed_size_list<uint32>[num_perm], config in metadata."""
+    flat = pa.array(table.hashvalues.reshape(-1), type=pa.uint32())
+    arrow = pa.table(
+        {
+            "id": pa.array(list(table.ids), type=pa.string()),
+            "signature": pa.FixedSizeListArray.from_arrays(flat, table.config.num_perm),
+        }
+    ).replace_schema_metadata({_PARQUET_CONFIG_KEY: table.config.to_json().encode()})
+    pq.write_table(arrow, destination)
+
+
+def load_signatures(source: str | os.PathLike | BinaryIO | bytes, expected: MinHashConfig | None = None) -> SignatureTable:
+    """Read a ``save_signatures`` file; raise if its config differs from ``expected``."""
+    if isinstance(source, bytes):
+        source = io.BytesIO(source)
+    arrow = pq.read_table(source)
+    metadata = arrow.schema.metadata or {}
+    if _PARQUET_CONFIG_KEY not in metadata:
+        raise ValueError("not a signature file: its Parquet metadata has no MinHash config")
+    config = MinHashConfig.from_json(metadata[_PARQUET_CONFIG_KEY])
+    if expected is not None and config != expected:
+        raise ValueError(f"signature file was computed with {config}, expected {expected}")
+    signature_column = arrow.column("signature").combine_chunks()
+    hashvalues = signature_column.flatten().to_numpy(zero_copy_only=False).astype(np.uint32, copy=False)
+    return SignatureTable(
+        ids=np.array(arrow.column("id").to_pylist(), dtype=object),
+        hashvalues=hashvalues.reshape(len(arrow), config.num_perm),
+        config=config,
+    )
