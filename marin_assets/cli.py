@@ -3,6 +3,8 @@
     marin demo                       materialize the tutorial graph on the embedded default
     marin materialize KEY [--partition P] [--json] [--force]
     marin status [KEY ...] [--json]
+    marin lineage KEY [--partition P] [--verify] [--json] [--bom]
+    marin failures [--json]
 """
 
 from __future__ import annotations
@@ -105,6 +107,55 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lineage(args: argparse.Namespace) -> int:
+    from marin_assets.planning import parse_key
+    from marin_resources.lineage import bill_of_materials, build_lineage, render_tree
+
+    plan, _, _ = planner()
+    key = parse_key(args.key)
+    if key not in plan.graph.get_all_asset_keys():
+        print(f"marin: unknown asset {args.key!r}", file=sys.stderr)
+        return 2
+    manifest = plan.store.find(args.key, plan.version_of(key), args.partition)
+    if manifest is None:
+        where = f"[{args.partition}]" if args.partition else ""
+        hint = " (partitioned: pass --partition)" if plan.graph.get(key).partitions_def and not args.partition else ""
+        print(f"marin: {args.key}{where} has no committed artifact at {plan.version_of(key)}{hint}", file=sys.stderr)
+        return 2
+    root = build_lineage(plan.store, manifest, verify=args.verify)
+    problems = [p for n in {n.uri: n for n in root.walk()}.values() for p in n.problems]
+    if args.bom:
+        print(json.dumps(bill_of_materials(root), indent=2))
+    elif args.json:
+        print(json.dumps(root.to_dict(), indent=2))
+    else:
+        print(render_tree(root))
+    if problems:
+        print(f"lineage verification FAILED: {len(problems)} problem(s)", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    if args.verify:
+        checked = sum(n.files for n in {n.uri: n for n in root.walk()}.values())
+        print(f"verified {checked} file(s) against their manifests", file=sys.stderr)
+    return 0
+
+
+def cmd_failures(args: argparse.Namespace) -> int:
+    from marin_resources.failures import failed_materializations
+
+    rows = failed_materializations(open_instance())
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    for row in rows:
+        part = f"[{row['partition']}]" if row["partition"] else ""
+        print(f"{row['time']}  run {row['run_id'][:8]}  {', '.join(row['assets']) or row['job']}{part}\n"
+              f"    {row['error'].splitlines()[0][:300]}")
+    print(f"{len(rows)} failed materialization(s)")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     print(f"marin demo: materializing {DEMO_TARGET} and everything upstream of it")
@@ -138,6 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("keys", nargs="*")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_status)
+    lin = sub.add_parser("lineage", help="walk manifests upstream to the raw bytes")
+    lin.add_argument("key")
+    lin.add_argument("--partition")
+    lin.add_argument("--verify", action="store_true", help="re-hash every file against its manifest")
+    lin.add_argument("--json", action="store_true")
+    lin.add_argument("--bom", action="store_true", help="bill of materials with a hash chain")
+    lin.set_defaults(fn=cmd_lineage)
+    fail = sub.add_parser("failures", help="every failed materialization recorded by the instance")
+    fail.add_argument("--json", action="store_true")
+    fail.set_defaults(fn=cmd_failures)
     args = parser.parse_args(argv)
     return args.fn(args)
 
