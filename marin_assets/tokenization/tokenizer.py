@@ -85,7 +85,7 @@ def _is_remote(path: str) -> bool:
 def local_tokenizer_dir(tokenizer_dir: str) -> Iterator[str]:
     """Yield a local directory holding the tokenizer files (downloaded when `tokenizer_dir` is remote)."""
     if not _is_remote(tokenizer_dir):
-        yield os.path.abspath(fsspec.core.strip_protocol(tokenizer_dir))
+        yield os.path.abspath(os.path.expanduser(fsspec.core.strip_protocol(tokenizer_dir)))
         return
     fs, root = fsspec.core.url_to_fs(tokenizer_dir)
     with tempfile.TemporaryDirectory(prefix="tokenizer-") as tmp:
@@ -98,7 +98,7 @@ def local_tokenizer_dir(tokenizer_dir: str) -> Iterator[str]:
 def _writable_dir(out_dir: str) -> Iterator[str]:
     """Yield a local directory to write into; upload it to `out_dir` afterwards when that is remote."""
     if not _is_remote(out_dir):
-        local = os.path.abspath(fsspec.core.strip_protocol(out_dir))
+        local = os.path.abspath(os.path.expanduser(fsspec.core.strip_protocol(out_dir)))
         os.makedirs(local, exist_ok=True)
         yield local
         return
@@ -200,8 +200,10 @@ def adopt_tokenizer(source: str, out_dir: str) -> TokenizerArtifact:
     """
     from transformers import AutoTokenizer
 
-    is_path = os.path.isdir(fsspec.core.strip_protocol(source)) or _is_remote(source)
-    if is_path:
+    looks_like_path = source.startswith(("/", ".", "~")) or "://" in source
+    if looks_like_path or os.path.isdir(source):
+        if not _is_remote(source) and not os.path.isdir(os.path.expanduser(fsspec.core.strip_protocol(source))):
+            raise FileNotFoundError(f"tokenizer directory not found: {source}")
         with local_tokenizer_dir(source) as local:
             tok = AutoTokenizer.from_pretrained(local)
             if not tok.is_fast:
