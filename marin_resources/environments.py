@@ -47,11 +47,13 @@ class MarinSettings:
 def build_resources(settings: MarinSettings) -> dict[str, Any]:
     """The resource dict for `dg.Definitions`."""
     from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
+    from marin_resources.io_managers import ValueIOManagerFactory
 
     store = MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints)
     resources: dict[str, Any] = {
         "store": store,
         "artifact_io_manager": ArtifactHandleIOManager(store=store),
+        "io_manager": ValueIOManagerFactory(store=store),
     }
     resources.update(_launcher_resources(settings))
     if settings.env == "prod":

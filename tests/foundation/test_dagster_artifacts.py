@@ -98,3 +98,27 @@ def test_missing_upstream_is_a_clear_failure(tmp_path, instance):
     assets, resources = make_defs(tmp_path)
     with pytest.raises(dg.Failure, match="no committed artifact"):
         dg.materialize(assets, selection=["test/joined"], resources=resources, instance=instance)
+
+
+def test_value_io_manager_round_trips_tables_and_json_with_a_manifest(tmp_path, instance):
+    import polars as pl
+
+    from marin_resources.io_managers import ValueIOManagerFactory
+    from marin_resources.store import ArtifactStore
+
+    @dg.asset(key=["test", "table"], metadata={"marin/version": "v3"})
+    def table() -> pl.DataFrame:
+        return pl.DataFrame({"a": [1, 2, 3]})
+
+    @dg.asset(key=["test", "summary"])
+    def summary(table: pl.DataFrame) -> dict:
+        return {"total": int(table["a"].sum())}
+
+    store = MarinStore(prefix=str(tmp_path))
+    result = dg.materialize([table, summary], resources={"io_manager": ValueIOManagerFactory(store=store)},
+                            instance=instance)
+    assert result.success
+    manifest = ArtifactStore(str(tmp_path)).find("test/table", "v3", None)
+    assert [f.path for f in manifest.files] == ["value.parquet"] and manifest.metrics == {"rows": 3, "columns": 1}
+    assert (tmp_path / "test/summary/v1/value.json").read_text().strip().startswith("{")
+    assert result.output_for_node("test__summary") == {"total": 6}
