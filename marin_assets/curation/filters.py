@@ -8,7 +8,6 @@ loop per document. Each threshold in :class:`FilterConfig` can be set to
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -77,6 +76,7 @@ _MAX_RULES = {
 }
 # Evaluation order; a dropped document's ``reason`` is the first rule it fails.
 RULE_ORDER: tuple[str, ...] = (
+    "language",
     "min_words",
     "max_words",
     "min_mean_word_length",
@@ -88,7 +88,6 @@ RULE_ORDER: tuple[str, ...] = (
     "max_duplicate_line_fraction",
     "max_duplicate_paragraph_fraction",
     "min_stop_words",
-    "language",
 )
 
 
@@ -104,10 +103,7 @@ class FilterResult:
 
 
 def enabled_rules(cfg: FilterConfig) -> list[str]:
-    rules = [r for r in RULE_ORDER if r != "language" and getattr(cfg, r) is not None]
-    if cfg.languages:
-        rules.append("language")
-    return rules
+    return [r for r in RULE_ORDER if (bool(cfg.languages) if r == "language" else getattr(cfg, r) is not None)]
 
 
 def _duplicate_stats(df: pl.DataFrame, unit: str) -> pl.DataFrame:
@@ -224,63 +220,41 @@ def _rule_failures(stats: pl.DataFrame, cfg: FilterConfig) -> pl.DataFrame:
 def apply_filters(df: pl.DataFrame, cfg: FilterConfig) -> FilterResult:
     """Split ``df`` (needs a ``text`` column) into kept and dropped documents.
 
-    Language identification runs only on documents that pass every heuristic
-    rule (it is the most expensive step); documents dropped earlier get null
-    ``lang``/``lang_score``. Both outputs carry ``lang`` and ``lang_score``
-    when language filtering is enabled.
+    When language filtering is on, every document gets ``lang``/``lang_score``
+    and the language rule comes first: the stop-word rule is English-specific,
+    so a French page should be reported as "wrong language", not "too few
+    stop words". Sources that keep several languages should switch
+    ``min_stop_words`` off.
     """
-    rules = [r for r in enabled_rules(cfg) if r != "language"]
-    counts = {rule: 0 for rule in enabled_rules(cfg)}
-    if df.height == 0:
-        empty = df.clear()
-        if cfg.languages:
-            empty = empty.with_columns(
-                pl.lit(None, pl.String).alias("lang"), pl.lit(None, pl.Float64).alias("lang_score")
-            )
-        dropped = empty.with_columns(
+    rules = enabled_rules(cfg)
+    counts = {rule: 0 for rule in rules}
+    if cfg.languages:
+        df = add_language_columns(df, cfg.language_sample_chars)
+    if df.height == 0 or not rules:
+        dropped = df.clear().with_columns(
             pl.lit(None, pl.String).alias("reason"), pl.lit(None, pl.List(pl.String)).alias("failed_rules")
         )
-        return FilterResult(empty, dropped, counts)
+        return FilterResult(df, dropped, counts)
 
-    if rules:
-        failures = _rule_failures(text_stats(df), cfg)
-        failed_rules = failures.select(
+    columns: list[pl.Series] = []
+    if cfg.languages:
+        wrong_language = ~df["lang"].is_in(list(cfg.languages)) | (df["lang_score"] < cfg.min_language_score)
+        columns.append(wrong_language.alias("language"))
+    if any(r != "language" for r in rules):
+        columns.extend(_rule_failures(text_stats(df), cfg).get_columns())
+    failures = pl.DataFrame(columns)
+    marked = df.with_columns(
+        failures.select(
             pl.concat_list(
                 [pl.when(pl.col(r)).then(pl.lit(r)).otherwise(pl.lit(None, pl.String)) for r in rules]
             )
             .list.drop_nulls()
             .alias("failed_rules")
         )["failed_rules"]
-    else:
-        failed_rules = pl.Series("failed_rules", [[] for _ in range(df.height)], dtype=pl.List(pl.String))
-    marked = df.with_columns(failed_rules).with_columns(
-        pl.col("failed_rules").list.first().alias("reason")
-    )
+    ).with_columns(pl.col("failed_rules").list.first().alias("reason"))
 
-    passed = marked.filter(pl.col("reason").is_null())
-    heuristic_dropped = marked.filter(pl.col("reason").is_not_null())
-    if cfg.languages:
-        passed = add_language_columns(passed, cfg.language_sample_chars)
-        wrong_language = ~pl.col("lang").is_in(list(cfg.languages)) | (
-            pl.col("lang_score") < cfg.min_language_score
-        )
-        language_dropped = passed.filter(wrong_language).with_columns(
-            pl.lit("language").alias("reason"), pl.concat_list(pl.lit("language")).alias("failed_rules")
-        )
-        passed = passed.filter(~wrong_language)
-        heuristic_dropped = heuristic_dropped.with_columns(
-            pl.lit(None, pl.String).alias("lang"), pl.lit(None, pl.Float64).alias("lang_score")
-        )
-        dropped = pl.concat([heuristic_dropped, language_dropped.select(heuristic_dropped.columns)])
-    else:
-        dropped = heuristic_dropped
-
+    dropped = marked.filter(pl.col("reason").is_not_null())
+    kept = marked.filter(pl.col("reason").is_null()).drop("failed_rules", "reason")
     for reason, n in dropped.group_by("reason").len().iter_rows():
         counts[reason] = n
-    kept = passed.drop("failed_rules", "reason")
-    dropped_cols = [*kept.columns, "reason", "failed_rules"]
-    return FilterResult(kept, dropped.select(dropped_cols), counts)
-
-
-def filter_config_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(FilterConfig))
+    return FilterResult(kept, dropped.select([*kept.columns, "reason", "failed_rules"]), counts)

@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import dataclasses
+
+import polars as pl
+import pytest
+
+from marin_assets.curation.filters import (
+    RULE_ORDER,
+    FilterConfig,
+    apply_filters,
+    enabled_rules,
+    identify_language,
+    text_stats,
+)
+
+from .conftest import NORMAL_TEXT
+
+_FILLER = "The farmer and the miller went to the market with their carts of grain. "
+
+# One crafted document per rule, each built to fail that rule.
+CRAFTED = {
+    "min_words": "The cat sat on the mat with the dog.",
+    "max_words": NORMAL_TEXT * 800,
+    "min_mean_word_length": "I am at it, so we go to be of an ox as he is in. " * 12,
+    "max_mean_word_length": (
+        "the internationalization characteristically counterrevolutionaries "
+        "incomprehensibilities with electroencephalographically overintellectualization "
+    )
+    * 10,
+    "max_symbol_word_ratio": _FILLER + "\n" + "#launch #rocket #space #news the #day\n" * 15,
+    "max_non_alpha_word_fraction": _FILLER + "\n" + "1024 2048 4096 8192 16384 | 0.5 0.25 -- 77\n" * 15,
+    "max_bullet_line_fraction": "\n".join(f"- item {i} of the list to buy with the cart" for i in range(30)),
+    "max_ellipsis_line_fraction": "\n".join(f"and then the story of day {i} went on and on..." for i in range(30)),
+    "max_duplicate_line_fraction": NORMAL_TEXT
+    + "\n"
+    + "Subscribe to our newsletter to have the latest news and offers\n" * 20,
+    "max_duplicate_paragraph_fraction": NORMAL_TEXT
+    + ("\n\nClick here to accept all cookies and continue to the rest of the site as usual.") * 12,
+    "min_stop_words": "Cats run fast. Dogs bark loudly. Birds sing sweetly. Fish swim quietly. " * 12,
+    "language": (
+        "Der alte Müller ging am frühen Morgen über die Brücke zum Markt, wo die Händler "
+        "schon ihre Stände aufgebaut hatten. Die Kinder liefen lachend durch die Gassen, "
+        "und der Bäcker verkaufte frisches Brot an alle, die vorbeikamen. Am Nachmittag "
+        "zogen dunkle Wolken über das Tal, und die Bauern brachten ihr Vieh in die Ställe."
+    )
+    * 2,
+}
+
+
+def _frame(texts: list[str]) -> pl.DataFrame:
+    return pl.DataFrame({"id": [str(i) for i in range(len(texts))], "text": texts})
+
+
+def test_normal_document_passes_every_rule():
+    result = apply_filters(_frame([NORMAL_TEXT]), FilterConfig())
+    assert result.kept.height == 1 and result.dropped.height == 0
+    assert result.kept["lang"][0] == "en" and result.kept["lang_score"][0] > 0.9
+    assert set(result.per_rule_drop_counts) == set(RULE_ORDER)
+    assert sum(result.per_rule_drop_counts.values()) == 0
+
+
+@pytest.mark.parametrize("rule", RULE_ORDER)
+def test_each_rule_triggers_on_its_crafted_document(rule):
+    crafted = CRAFTED[rule]
+    result = apply_filters(_frame([NORMAL_TEXT, crafted]), FilterConfig())
+    assert result.kept["id"].to_list() == ["0"]
+    dropped = result.dropped.row(0, named=True)
+    assert rule in dropped["failed_rules"], dropped["failed_rules"]
+    assert result.per_rule_drop_counts[dropped["reason"]] == 1
+
+
+@pytest.mark.parametrize("rule", RULE_ORDER)
+def test_each_rule_can_be_switched_off(rule):
+    off = {"languages": ()} if rule == "language" else {rule: None}
+    cfg = dataclasses.replace(FilterConfig(), **off)
+    assert rule not in enabled_rules(cfg)
+    result = apply_filters(_frame([CRAFTED[rule]]), cfg)
+    assert rule not in result.per_rule_drop_counts
+    failed = result.dropped["failed_rules"].to_list()
+    assert all(rule not in rules for rules in failed)
+
+
+def test_drop_counts_add_up_and_columns_are_kept():
+    texts = [NORMAL_TEXT, *CRAFTED.values()]
+    frame = _frame(texts).with_columns(pl.lit("src").alias("source"))
+    result = apply_filters(frame, FilterConfig())
+    assert result.kept.height + result.dropped.height == len(texts)
+    assert sum(result.per_rule_drop_counts.values()) == result.dropped.height
+    assert result.kept.columns == ["id", "text", "source", "lang", "lang_score"]
+    assert result.dropped.columns == [*result.kept.columns, "reason", "failed_rules"]
+    assert result.dropped["reason"].null_count() == 0
+
+
+def test_empty_frame():
+    result = apply_filters(_frame([]), FilterConfig())
+    assert result.kept.height == 0 and "lang" in result.kept.columns
+    assert "reason" in result.dropped.columns
+
+
+def test_text_stats_values():
+    stats = text_stats(_frame(["one two three\n- four five\nsix...", "alpha 42 #x\nalpha 42 #x"]))
+    first, second = stats.row(0, named=True), stats.row(1, named=True)
+    assert first["n_words"] == 7  # "-" is a word
+    assert first["bullet_line_fraction"] == pytest.approx(1 / 3)
+    assert first["ellipsis_line_fraction"] == pytest.approx(1 / 3)
+    assert first["duplicate_line_fraction"] == 0
+    assert second["non_alpha_word_fraction"] == pytest.approx(1 / 3)
+    assert second["symbol_word_ratio"] == pytest.approx(1 / 3)
+    assert second["duplicate_line_fraction"] == pytest.approx(0.5)
+
+
+def test_language_identification():
+    langs, scores = identify_language(
+        [
+            NORMAL_TEXT,
+            CRAFTED["language"],
+            "Le vieux meunier traversa le pont au petit matin pour aller au marché du village, "
+            "où les marchands avaient déjà installé leurs étals sous les arbres.",
+        ]
+    )
+    assert langs == ["en", "de", "fr"]
+    assert all(s > 0.9 for s in scores)
+    cfg = FilterConfig(languages=("en", "de"), min_stop_words=None)
+    result = apply_filters(_frame([NORMAL_TEXT, CRAFTED["language"]]), cfg)
+    assert result.kept.height == 2
