@@ -16,6 +16,7 @@ import polars as pl
 
 from marin_assets.catalog import Catalog
 from marin_assets.curation.readers import read_shard
+from marin_assets.curation.sensors import build_new_shard_sensor
 from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, SourceConfig, discover_shards,
                                            load_curation_config, open_binary)
 from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, marin_asset, materialize_artifact
@@ -105,6 +106,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
 
     @marin_asset(key=f"documents/{name}", version=DOCUMENTS_VERSION, partitions_def=partitions,
                  group_name="curation", kinds={"parquet"}, ins={"raw": dg.AssetIn(key=raw.key)},
+                 automation_condition=dg.AutomationCondition.eager(),
                  description=f"Normalized documents of `{name}` (id, text, source, source_id, metadata) "
                              "plus a quarantine table of every record that could not be used.")
     def documents(context: dg.AssetExecutionContext, store: MarinStore, raw: ArtifactHandle):
@@ -148,7 +150,8 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                                    metadata={"records": m.metrics["records"], "documents": m.metrics["documents"],
                                              "quarantined": m.metrics["quarantined"]})
 
-    return [raw, documents, documents_quarantine_bound, documents_accounted]
+    return [raw, documents, documents_quarantine_bound, documents_accounted,
+            build_new_shard_sensor(source, partitions, raw.key)]
 
 
 def _as_handle(ref: UpstreamRef) -> ArtifactHandle:
@@ -179,6 +182,11 @@ def build_curation_stage(settings: MarinSettings) -> tuple[dg.Definitions, Catal
     defs = []
     for source in config.sources:
         defs.extend(build_source_assets(source, catalog))
-    assets = [d for d in defs if not isinstance(d, dg.AssetChecksDefinition)]
+    sensors = [d for d in defs if isinstance(d, dg.SensorDefinition)]
     checks = [d for d in defs if isinstance(d, dg.AssetChecksDefinition)]
-    return dg.Definitions(assets=assets, asset_checks=checks), catalog
+    assets = [d for d in defs if d not in sensors and d not in checks]
+    # Carries shards that the new-shard sensors brought in through the per-shard assets.
+    sensors.append(dg.AutomationConditionSensorDefinition(
+        "curation_automation", target=dg.AssetSelection.groups("curation"),
+        default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=60))
+    return dg.Definitions(assets=assets, asset_checks=checks, sensors=sensors), catalog

@@ -1,0 +1,52 @@
+"""New data flows in by itself: one sensor per source lists its URI, adds a dynamic partition
+for every new shard, and requests a run for new or changed shards only.
+
+The cursor maps shard key -> shard fingerprint (paths, sizes, mtimes, etags). Run keys are
+`{shard}:{fingerprint}`, so a repeated tick or a restarted daemon never launches a shard twice,
+while a shard whose files change gets exactly one new run.
+"""
+
+import json
+from dataclasses import dataclass
+
+import dagster as dg
+
+from marin_assets.curation.sources import Shard, SourceConfig, discover_shards
+
+
+@dataclass(frozen=True)
+class ShardDelta:
+    new: list[Shard]
+    changed: list[Shard]
+    cursor: dict[str, str]
+
+
+def diff_shards(shards: list[Shard], known_partitions: set[str], cursor: dict[str, str]) -> ShardDelta:
+    """Which shards need a partition, which need a run. Pure, for tests and for the CLI."""
+    new = [s for s in shards if s.key not in known_partitions]
+    changed = [s for s in shards if s.key in known_partitions and cursor.get(s.key) not in (None, s.fingerprint)]
+    return ShardDelta(new=new, changed=changed, cursor={s.key: s.fingerprint for s in shards})
+
+
+def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartitionsDefinition,
+                           raw_key: dg.AssetKey) -> dg.SensorDefinition:
+    @dg.sensor(name=f"{source.name}_new_shards", minimum_interval_seconds=60, asset_selection=[raw_key],
+               default_status=dg.DefaultSensorStatus.STOPPED,
+               description=f"Watches {source.uri} and adds a partition and a run for each new or changed shard.")
+    def new_shards(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        shards = discover_shards(source)
+        known = set(context.instance.get_dynamic_partitions(partitions.name))
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        delta = diff_shards(shards, known, cursor)
+        requests = [dg.RunRequest(partition_key=s.key, run_key=f"{s.key}:{s.fingerprint[:16]}",
+                                  asset_selection=[raw_key], tags={"marin/trigger": "new_shard_sensor"})
+                    for s in delta.new + delta.changed]
+        if not requests:
+            return dg.SensorResult(skip_reason=f"no new or changed shards among {len(shards)}",
+                                   cursor=json.dumps(delta.cursor, sort_keys=True))
+        return dg.SensorResult(
+            run_requests=requests,
+            dynamic_partitions_requests=[partitions.build_add_request([s.key for s in delta.new])] if delta.new else [],
+            cursor=json.dumps(delta.cursor, sort_keys=True))
+
+    return new_shards

@@ -1,0 +1,84 @@
+"""New files become partitions and runs for exactly those shards."""
+
+import json
+
+import dagster as dg
+
+from marin_assets.curation.assets import build_curation_stage
+from marin_assets.curation.sensors import diff_shards
+from marin_assets.curation.sources import discover_shards, load_curation_config
+from marin_assets.planning import Planner, parse_key
+from marin_resources.environments import MarinSettings, build_resources
+
+TEXT = "The quick brown fox jumps over the lazy dog near the river bank today. " * 30
+
+
+def write_sources(tmp_path, watched):
+    path = tmp_path / "sources.yaml"
+    path.write_text(f"sources:\n  - name: letters\n    uri: {watched}/*.txt\n    format: text\n")
+    return path
+
+
+def make_defs(tmp_path, sources):
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
+    stage_defs, catalog = build_curation_stage(settings)
+    defs = dg.Definitions.merge(stage_defs, dg.Definitions(resources=build_resources(settings)))
+    return defs, catalog
+
+
+def test_diff_shards_is_pure_and_detects_new_and_changed(tmp_path):
+    watched = tmp_path / "in"
+    watched.mkdir()
+    (watched / "a.txt").write_text(TEXT)
+    source = load_curation_config(write_sources(tmp_path, watched)).source("letters")
+    shards = discover_shards(source)
+    first = diff_shards(shards, set(), {})
+    assert [s.key for s in first.new] == [shards[0].key] and first.changed == []
+    again = diff_shards(shards, {shards[0].key}, first.cursor)
+    assert again.new == [] and again.changed == []
+    (watched / "a.txt").write_text(TEXT + " more")
+    changed = diff_shards(discover_shards(source), {shards[0].key}, first.cursor)
+    assert [s.key for s in changed.changed] == [shards[0].key]
+
+
+def test_sensor_adds_partition_and_requests_only_the_new_shard(tmp_path):
+    watched = tmp_path / "in"
+    watched.mkdir()
+    for name in ("a", "b"):
+        (watched / f"{name}.txt").write_text(f"{name} {TEXT}")
+    defs, catalog = make_defs(tmp_path, write_sources(tmp_path, watched))
+    sensor = defs.get_sensor_def("letters_new_shards")
+    with dg.instance_for_test() as instance:
+        ctx = dg.build_sensor_context(instance=instance, definitions=defs)
+        result = sensor(ctx)
+        keys = sorted(r.partition_key for r in result.run_requests)
+        assert len(keys) == 2
+        assert result.dynamic_partitions_requests[0].partition_keys == keys
+        instance.add_dynamic_partitions("letters_shards", keys)
+
+        cursor = result.cursor
+        idle = sensor(dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursor))
+        assert not idle.run_requests
+
+        # Drop a real file into the watched directory: one partition, one run, idempotent run key.
+        (watched / "c.txt").write_text(f"c {TEXT}")
+        tick = sensor(dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursor))
+        assert len(tick.run_requests) == 1
+        new_key = tick.run_requests[0].partition_key
+        assert new_key not in keys and "c" in new_key
+        assert tick.dynamic_partitions_requests[0].partition_keys == [new_key]
+        assert tick.run_requests[0].run_key.startswith(new_key + ":")
+        assert json.loads(tick.cursor).keys() == set(keys) | {new_key}
+
+        # Only that shard runs; the others stay untouched.
+        instance.add_dynamic_partitions("letters_shards", [new_key])
+        store = defs.resources["store"].get()
+        plan = Planner(defs, catalog, store, instance)
+        for key in keys:
+            plan_steps = plan.materialize(parse_key("documents/letters"), key, log=lambda m: None)
+            assert all(s.success for s in plan_steps)
+        before = {k: store.find("documents/letters", "v1", k).finished_at for k in keys}
+        steps = plan.materialize(parse_key("documents/letters"), new_key, log=lambda m: None)
+        assert [s.partition for s in steps if s.ran] == [new_key]
+        assert {k: store.find("documents/letters", "v1", k).finished_at for k in keys} == before
+        assert plan.state(parse_key("documents/letters"), new_key).state == "fresh"
