@@ -1,0 +1,201 @@
+"""Evaluation process: loss and bits-per-byte per validation set, plus greedy samples, for a checkpoint.
+
+Usage: ``python -m marin_assets.training.eval_main --config OUTPUT_DIR/train_config.yaml
+[--checkpoint PATH] --output OUTPUT_DIR/eval_report.json``
+
+Definitions (per validation set, over every sequence of its Levanter validation dataset, or the
+first ``--max-examples``):
+- loss = total next-token cross-entropy (nats) / number of predicted tokens, where the predicted
+  tokens are those under Levanter's causal loss mask (every position but the last of each sequence).
+- bpb = total nats / ln 2 / total UTF-8 bytes of the predicted tokens. A token's byte length is
+  Levanter's ``byte_length_of_token`` (bytes of its decoded text; special tokens such as BOS/EOS
+  count 0 bytes but their loss is included, as in Levanter's own evaluator). Unlike Levanter's
+  ``eval/bpb`` (a token-weighted mean of per-batch ratios), this is one ratio of totals.
+
+Reuses Levanter for the model, checkpoint loading, validation datasets and the per-token loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from marin_assets.training.reporting import Reporter, open_reporter
+
+DEFAULT_PROMPT_TOKENS = 12
+DEFAULT_NUM_SAMPLES = 3
+
+
+def _byte_lengths(tokenizer, vocab_size: int):
+    import numpy as np
+    from levanter.utils.hf_utils import byte_length_of_token
+
+    lengths = np.zeros((vocab_size,), dtype=np.int32)
+    for idx in range(len(tokenizer)):
+        lengths[idx] = byte_length_of_token(tokenizer, idx)
+    return lengths
+
+
+def evaluate_checkpoint(
+    config_path: str,
+    *,
+    checkpoint_path: str | None = None,
+    eval_sets: list[str] | None = None,
+    max_examples: int | None = None,
+    prompts: list[str] | None = None,
+    max_new_tokens: int = 48,
+) -> dict[str, Any]:
+    """Compute the eval report for a Levanter checkpoint of the run described by ``config_path``."""
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from haliax import Axis
+    from haliax.partitioning import round_axis_for_partitioning
+    from levanter.checkpoint import discover_latest_checkpoint, load_checkpoint
+    from levanter.layers.attention import AttentionMask
+    from levanter.models.lm_model import LmExample, compute_next_token_loss
+    from levanter.utils.jax_utils import use_cpu_device
+
+    from marin_assets.training.levanter_config import parse_train_config
+
+    config = parse_train_config(config_path)
+    tokenizer = config.data.the_tokenizer
+    trainer = config.trainer
+    base = checkpoint_path or trainer.checkpointer.expanded_path(trainer.id)
+    resolved = discover_latest_checkpoint(base) or base
+    if not os.path.exists(os.path.join(resolved, "metadata.json")) and "://" not in resolved:
+        raise FileNotFoundError(f"no Levanter checkpoint at or under {base}")
+
+    Pos = config.model.Pos
+    batch_size = max(jax.device_count(), trainer.train_batch_size - trainer.train_batch_size % jax.device_count())
+    Batch = Axis(trainer.batch_axis, batch_size)
+    compute_mapping = trainer.compute_axis_mapping
+    param_mapping = trainer.parameter_axis_mapping
+    vocab_size = len(tokenizer)
+    report: dict[str, Any] = {"checkpoint_path": resolved}
+
+    with trainer.use_device_mesh(), hax.axis_mapping(param_mapping):
+        Vocab = round_axis_for_partitioning(Axis("vocab", vocab_size), compute_mapping)
+        with use_cpu_device():
+            model = eqx.filter_eval_shape(config.model.build, Vocab, key=jax.random.PRNGKey(0))
+            model = load_checkpoint(model, resolved, subpath="model", discover_latest=False)
+        model = hax.shard_with_axis_mapping(model, param_mapping)
+        model = trainer.mp.cast_to_compute(model)
+        bytes_per_token = hax.named(jnp.asarray(_byte_lengths(tokenizer, Vocab.size)), Vocab)
+
+        @hax.named_jit
+        def batch_totals(model, example: LmExample, valid: hax.NamedArray):
+            with hax.axis_mapping(compute_mapping):
+                losses = compute_next_token_loss(model, example, reduction=None, reduction_axis=())
+            mask = example.loss_mask * valid  # padding rows of the last batch have valid == 0
+            targets = hax.roll(example.tokens, -1, Pos.name)
+            nats = hax.sum(losses * mask).scalar()
+            nbytes = hax.sum(bytes_per_token.take("vocab", targets) * mask).scalar()
+            return nats, hax.sum(mask).scalar(), nbytes
+
+        datasets = config.data.validation_sets(Pos)
+        names = eval_sets or sorted(datasets)
+        unknown = sorted(set(names) - set(datasets))
+        if unknown:
+            raise ValueError(f"eval sets {unknown} not found; validation sets are {sorted(datasets)}")
+        first_examples: list[np.ndarray] = []
+        for name in names:
+            sync = datasets[name].as_sync_dataset()
+            n = len(sync) if max_examples is None else min(max_examples, len(sync))
+            if n == 0:
+                raise ValueError(f"validation set {name!r} is empty")
+            total_nats = total_tokens = total_bytes = 0.0
+            for start in range(0, n, batch_size):
+                examples = sync.get_batch(list(range(start, min(start + batch_size, n))))
+                real = len(examples)
+                examples = examples + [examples[0]] * (batch_size - real)
+                stacked = jax.tree_util.tree_map(lambda *xs: hax.stack(Batch, xs), *examples, is_leaf=lambda x: isinstance(x, hax.NamedArray))
+                valid = hax.named(jnp.arange(batch_size) < real, Batch).astype(jnp.int32)
+                nats, tokens, nbytes = batch_totals(model, stacked, valid)
+                total_nats += float(nats)
+                total_tokens += float(tokens)
+                total_bytes += float(nbytes)
+            if len(first_examples) < DEFAULT_NUM_SAMPLES:
+                first_examples += [np.asarray(sync.get_batch([i])[0].tokens.array) for i in range(min(n, DEFAULT_NUM_SAMPLES))]
+            report[f"eval/{name}/loss"] = total_nats / total_tokens
+            report[f"eval/{name}/bpb"] = total_nats / math.log(2) / total_bytes if total_bytes else None
+            report[f"eval/{name}/tokens"] = int(total_tokens)
+            report[f"eval/{name}/bytes"] = int(total_bytes)
+
+        @hax.named_jit
+        def next_token(model, tokens: hax.NamedArray, index):
+            logits = model(tokens, attn_mask=AttentionMask.causal())
+            logits = logits.array[index, :vocab_size]  # ignore vocab padding rows
+            return jnp.argmax(logits)
+
+        if prompts:
+            prompt_ids = [[tokenizer.bos_token_id, *tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
+        else:
+            prompt_ids = [list(t[:DEFAULT_PROMPT_TOKENS]) for t in first_examples[:DEFAULT_NUM_SAMPLES]]
+        pad = tokenizer.eos_token_id
+        samples = []
+        for ids in prompt_ids:
+            ids = [int(i) for i in ids][: Pos.size - 1]
+            generated: list[int] = []
+            buffer = np.full((Pos.size,), pad, dtype=np.int32)
+            buffer[: len(ids)] = ids
+            position = len(ids)
+            while len(generated) < max_new_tokens and position < Pos.size:
+                tok = int(next_token(model, hax.named(jnp.asarray(buffer), Pos), position - 1))
+                if tok == tokenizer.eos_token_id:
+                    break
+                buffer[position] = tok
+                generated.append(tok)
+                position += 1
+            samples.append(
+                {
+                    "prompt": tokenizer.decode(ids, skip_special_tokens=True),
+                    "completion": tokenizer.decode(generated, skip_special_tokens=True),
+                }
+            )
+        report["samples"] = samples
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the run's Levanter train config YAML")
+    parser.add_argument("--checkpoint", help="checkpoint dir (or a parent to search); default: the run's latest")
+    parser.add_argument("--output", required=True, help="where to write the JSON report")
+    parser.add_argument("--eval-set", action="append", dest="eval_sets", help="validation set name (repeatable)")
+    parser.add_argument("--max-examples", type=int, help="evaluate at most this many sequences per set")
+    parser.add_argument("--prompt", action="append", dest="prompts", help="sampling prompt (repeatable)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--asset-key", help="asset to report the materialization for (multi-asset steps)")
+    args = parser.parse_args(argv)
+    reporter: Reporter
+    with open_reporter() as reporter:
+        report = evaluate_checkpoint(
+            args.config,
+            checkpoint_path=args.checkpoint,
+            eval_sets=args.eval_sets,
+            max_examples=args.max_examples,
+            prompts=args.prompts,
+            max_new_tokens=args.max_new_tokens,
+        )
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.output, "w") as f:
+            json.dump(report, f, indent=2)
+        for key, value in report.items():
+            if key.endswith(("/loss", "/bpb")):
+                reporter.log(f"{key} = {value:.4f}")
+        metadata = {k: v for k, v in report.items() if k != "samples"}
+        metadata["samples"] = report["samples"]
+        metadata["eval_report_path"] = os.path.abspath(args.output)
+        reporter.materialization(metadata, asset_key=args.asset_key)
+
+
+if __name__ == "__main__":
+    main()

