@@ -1,0 +1,278 @@
+"""Caches and mixtures as Levanter reads them. All Levanter-importing tests live here (one ~8 s import)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from marin_assets.tokenization.cache import (
+    MANIFEST_NAME,
+    CacheConfig,
+    build_levanter_cache,
+    build_levanter_cache_from_documents,
+    decode_roundtrip_check,
+    is_validation_document,
+    read_cache_stats,
+)
+from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
+
+FRACTION = 0.1
+EXEMPLAR = {"input_ids": np.zeros((0,), dtype=np.int32)}
+
+
+def _doc_id(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _rows(split_dir: str) -> list[np.ndarray]:
+    from levanter.store.cache import TreeCache
+
+    cache = TreeCache.load(split_dir, EXEMPLAR)
+    return [np.asarray(r["input_ids"]) for r in cache.get_batch_sync(list(range(len(cache))))] if len(cache) else []
+
+
+@pytest.fixture(scope="module")
+def shards(corpus, write_docs, tmp_path_factory) -> list[str]:
+    """Three Parquet shards; the second also holds rows that must be skipped (null/empty text, null id)."""
+    d = tmp_path_factory.mktemp("docs")
+    n = len(corpus)
+    parts = [corpus[: n // 3], corpus[n // 3 : 2 * n // 3], corpus[2 * n // 3 :]]
+    paths = []
+    for k, part in enumerate(parts):
+        texts, ids = list(part), [_doc_id(t) for t in part]
+        if k == 1:
+            texts += [None, "", "orphan text"]
+            ids += [_doc_id("null"), _doc_id(""), None]
+        paths.append(write_docs(str(d / f"part-{k}.parquet"), texts, ids))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def cfg() -> CacheConfig:
+    # Small batches and flushes so that the multi-batch and multi-flush paths run on a small corpus.
+    return CacheConfig(validation_fraction=FRACTION, batch_rows=64, flush_tokens=20_000)
+
+
+@pytest.fixture(scope="module")
+def built(shards, tokenizer_dir, cfg, tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("cache") / "root")
+    return root, build_levanter_cache(shards, tokenizer_dir, root, cfg)
+
+
+def test_levanter_loads_the_tokenizer(tokenizer_dir):
+    from levanter.compat.hf_checkpoints import load_tokenizer
+    from levanter.data.text import BatchTokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, len(tok)) == (0, 1, 2, 512)
+    processor = BatchTokenizer(tok)
+    assert list(processor.output_exemplar) == ["input_ids"]
+    # Levanter's own tokenization of the same text matches ours: BOS + ids + EOS.
+    row = processor([{"text": "hello world"}])[0]["input_ids"]
+    assert row[0] == tok.bos_token_id and row[-1] == tok.eos_token_id
+
+
+def test_cache_rows_are_bos_text_eos_in_document_order(built, corpus, tokenizer_dir):
+    from tokenizers import Tokenizer
+
+    root, stats = built
+    tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+    rows = {split: _rows(f"{root}/{split}") for split in ("train", "validation")}
+    expected = {"train": [], "validation": []}
+    for text in corpus:
+        expected["validation" if is_validation_document(_doc_id(text), FRACTION) else "train"].append(text)
+
+    assert len(rows["train"]) + len(rows["validation"]) == len(corpus) == stats.documents
+    assert stats.skipped_documents == 3
+    for split in ("train", "validation"):
+        assert len(rows[split]) == len(expected[split]) > 0
+        for ids, text in zip(rows[split], expected[split]):
+            assert ids.dtype == np.int32
+            assert ids[0] == 0 and ids[-1] == 1
+            assert not np.isin(ids[1:-1], [0, 1, 2]).any()  # special-token text was encoded as text
+            assert tok.decode(ids[1:-1].tolist(), skip_special_tokens=False) == text
+
+    tokens = {s: sum(r.size for r in rows[s]) for s in rows}
+    assert (stats.train.documents, stats.train.tokens) == (len(rows["train"]), tokens["train"])
+    assert (stats.validation.documents, stats.validation.tokens) == (len(rows["validation"]), tokens["validation"])
+    assert stats.text_tokens == stats.tokens - 2 * stats.documents
+    assert stats.text_bytes == sum(len(t.encode("utf-8")) for t in corpus)
+    assert stats.bytes_per_token == pytest.approx(stats.text_bytes / stats.text_tokens)
+    assert (stats.shards, stats.shards_encoded, stats.shards_reused) == (3, 3, 0)
+    assert read_cache_stats(root).to_dict() | {"shards_reused": 0, "shards_encoded": 3} == stats.to_dict()
+
+
+def test_ledger_is_finished_and_names_each_shard(built, shards):
+    from levanter.store.cache import CacheLedger
+
+    root, stats = built
+    for split, split_stats in (("train", stats.train), ("validation", stats.validation)):
+        ledger = CacheLedger.load(f"{root}/{split}")
+        assert ledger.is_finished
+        assert ledger.total_num_rows == split_stats.documents
+        assert ledger.finished_shards == shards
+        assert sum(ledger.shard_rows.values()) == split_stats.documents
+        assert ledger.metadata.preprocessor_metadata["append_eos"] is True
+
+
+def test_decode_roundtrip_check_passes_and_can_fail(built, shards, tokenizer_dir):
+    root, _ = built
+    assert decode_roundtrip_check(root, tokenizer_dir, shards, sample_n=50) == []
+    # Documents in a different order do not match the rows: the check must say so.
+    failures = decode_roundtrip_check(root, tokenizer_dir, [shards[1], shards[0], shards[2]], sample_n=50)
+    assert failures and all(f.reason.startswith("decoded text differs") for f in failures)
+    # Fewer documents than rows: row counts differ.
+    failures = decode_roundtrip_check(root, tokenizer_dir, shards[:2], sample_n=10)
+    assert {f.row for f in failures} == {-1}
+
+
+def test_validation_split_is_deterministic_across_builds(built, shards, tokenizer_dir, cfg, tmp_path):
+    root, stats = built
+    other = build_levanter_cache(shards, tokenizer_dir, str(tmp_path / "again"), cfg)
+    assert other.validation == stats.validation and other.train == stats.train
+    for a, b in zip(_rows(f"{root}/validation"), _rows(str(tmp_path / "again" / "validation"))):
+        assert np.array_equal(a, b)
+
+
+def test_incremental_append_trim_and_change(shards, tokenizer_dir, cfg, built, write_docs, corpus, tmp_path):
+    full_root, full = built
+    root = str(tmp_path / "inc")
+    first = build_levanter_cache(shards[:2], tokenizer_dir, root, cfg)
+    assert (first.shards_encoded, first.shards_reused) == (2, 0)
+
+    grown = build_levanter_cache(shards, tokenizer_dir, root, cfg)
+    assert (grown.shards_encoded, grown.shards_reused) == (1, 2)
+    assert grown.train == full.train and grown.validation == full.validation
+    for split in ("train", "validation"):
+        for a, b in zip(_rows(f"{root}/{split}"), _rows(f"{full_root}/{split}"), strict=True):
+            assert np.array_equal(a, b)
+
+    same = build_levanter_cache(shards, tokenizer_dir, root, cfg)
+    assert (same.shards_encoded, same.shards_reused) == (0, 3)
+
+    trimmed = build_levanter_cache(shards[:1], tokenizer_dir, root, cfg)
+    assert (trimmed.shards_encoded, trimmed.shards_reused, trimmed.shards) == (0, 1, 1)
+    assert len(_rows(f"{root}/train")) == trimmed.train.documents
+
+    # A changed upstream file is re-encoded, and everything after it too.
+    changed = str(tmp_path / "changed.parquet")
+    write_docs(changed, corpus[:5])
+    mixed = build_levanter_cache([shards[0], changed], tokenizer_dir, root, cfg)
+    assert (mixed.shards_encoded, mixed.shards_reused) == (1, 1)
+    write_docs(changed, corpus[:7])
+    os.utime(changed, (1, 1))  # different content and mtime
+    again = build_levanter_cache([shards[0], changed], tokenizer_dir, root, cfg)
+    assert (again.shards_encoded, again.shards_reused) == (1, 1)
+    assert again.documents == mixed.documents + 2
+    assert decode_roundtrip_check(root, tokenizer_dir, [shards[0], changed], sample_n=1000) == []
+
+    # A different split fraction changes which rows exist: full rebuild.
+    rebuilt = build_levanter_cache(shards[:1], tokenizer_dir, root, CacheConfig(validation_fraction=0.5))
+    assert (rebuilt.shards_encoded, rebuilt.shards_reused) == (1, 0)
+
+
+def test_interrupted_build_resumes_to_the_same_cache(shards, tokenizer_dir, cfg, built, monkeypatch, tmp_path):
+    from levanter.store.cache import TreeCache
+
+    import marin_assets.tokenization.cache as cache_mod
+
+    full_root, full = built
+    root = str(tmp_path / "crash")
+    real_encode = cache_mod._Encoder.encode
+    calls = {"n": 0}
+
+    def failing_encode(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 9:  # part-way through the second shard, after some flushes
+            raise RuntimeError("simulated crash")
+        return real_encode(self, batch)
+
+    monkeypatch.setattr(cache_mod._Encoder, "encode", failing_encode)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        build_levanter_cache(shards, tokenizer_dir, root, cfg)
+    monkeypatch.setattr(cache_mod._Encoder, "encode", real_encode)
+
+    with pytest.raises(FileNotFoundError, match="not finished"):
+        TreeCache.load(f"{root}/train", EXEMPLAR)  # Levanter refuses a half-built cache
+    with open(f"{root}/{MANIFEST_NAME}") as f:
+        committed = len(json.load(f)["shards"])
+    assert committed == 1
+
+    resumed = build_levanter_cache(shards, tokenizer_dir, root, cfg)
+    assert (resumed.shards_reused, resumed.shards_encoded) == (1, 2)
+    for split in ("train", "validation"):
+        for a, b in zip(_rows(f"{root}/{split}"), _rows(f"{full_root}/{split}"), strict=True):
+            assert np.array_equal(a, b)
+
+
+def test_bad_inputs_give_clear_errors(tokenizer_dir, write_docs, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    no_text = str(tmp_path / "no_text.parquet")
+    pq.write_table(pa.table({"id": ["a"], "body": ["x"]}), no_text)
+    with pytest.raises(ValueError, match="missing column"):
+        build_levanter_cache([no_text], tokenizer_dir, str(tmp_path / "c1"), CacheConfig())
+    with pytest.raises(FileNotFoundError):
+        build_levanter_cache([str(tmp_path / "absent.parquet")], tokenizer_dir, str(tmp_path / "c2"), CacheConfig())
+    with pytest.raises(ValueError, match="empty"):
+        build_levanter_cache([], tokenizer_dir, str(tmp_path / "c3"), CacheConfig())
+    ok = write_docs(str(tmp_path / "ok.parquet"), ["some text"])
+    with pytest.raises(ValueError, match="duplicate"):
+        build_levanter_cache([ok, ok], tokenizer_dir, str(tmp_path / "c4"), CacheConfig())
+
+
+def test_build_from_in_memory_documents(corpus, tokenizer_dir, tmp_path):
+    docs = [(_doc_id(t), t) for t in corpus[:40]]
+    stats = build_levanter_cache_from_documents(iter(docs), tokenizer_dir, str(tmp_path / "mem"), CacheConfig(validation_fraction=0.0))
+    assert (stats.documents, stats.validation.documents) == (40, 0)
+    assert len(_rows(str(tmp_path / "mem" / "validation"))) == 0
+    assert len(_rows(str(tmp_path / "mem" / "train"))) == 40
+
+
+def test_levanter_trains_from_the_rendered_mixture(built, tokenizer_dir, caplog):
+    import draccus
+    import haliax as hax
+    import jax
+    from levanter.data.text import LMMixtureDatasetConfig
+    from levanter.main.train_lm import TrainLmConfig
+    from levanter.schedule import BatchSchedule
+
+    root, stats = built
+    spec = MixtureSpec(
+        name="test-mix",
+        components={
+            "stdlib": MixtureComponent(root, 1.0),
+            "heldout": MixtureComponent(root, 0.0, tags=("eval",)),
+        },
+        tokenizer_dir=tokenizer_dir,
+        seq_len=64,
+        shuffle=False,
+    )
+    data = render_levanter_data_config(spec)
+    # The rendered dict is what TrainLmConfig.data decodes to, via draccus like a YAML config.
+    assert isinstance(draccus.decode(TrainLmConfig, {"data": data}).data, LMMixtureDatasetConfig)
+    config = draccus.decode(LMMixtureDatasetConfig, data)
+
+    Pos = hax.Axis("position", spec.seq_len)
+    with caplog.at_level(logging.INFO):
+        train = config.train_set(Pos, BatchSchedule(4), key=jax.random.PRNGKey(0)).as_sync_dataset()
+        first = train[0]
+        validation = config.validation_sets(Pos)
+    assert not [r for r in caplog.records if "Metadata mismatch" in r.getMessage() or "Building cache" in r.getMessage()]
+
+    # Training sequences are seq_len-aligned windows of the concatenated train rows (the mixture
+    # only permutes their order within a block).
+    flat = np.concatenate(_rows(f"{root}/train"))
+    windows = flat[: len(flat) // spec.seq_len * spec.seq_len].reshape(-1, spec.seq_len)
+    assert len(windows) == stats.train.tokens // spec.seq_len > 0
+    assert (windows == np.asarray(first.tokens.array)).all(axis=1).any()
+    # Both components are evaluated on the validation split, including the weight-0 one.
+    assert sorted(validation) == ["heldout", "stdlib"]
+    n_val = len(validation["heldout"].as_sync_dataset())
+    assert n_val == stats.validation.tokens // spec.seq_len > 0
