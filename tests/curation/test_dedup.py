@@ -1,0 +1,340 @@
+"""Exact and fuzzy dedup on a corpus of real text (Python stdlib docstrings) with planted duplicates."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import random
+import warnings
+from itertools import combinations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from marin_assets.curation import minhash
+from marin_assets.curation.dedup import (
+    DUPLICATES_SCHEMA,
+    DedupConfig,
+    Shard,
+    candidate_probability,
+    dedup_source,
+    lsh_threshold,
+)
+from marin_assets.curation.minhash import (
+    MinHashConfig,
+    compute_signatures,
+    load_signatures,
+    save_signatures,
+    shingle_tokens,
+)
+
+# Stdlib modules whose public docstrings are English prose; importing them has no side effects.
+DOCSTRING_MODULES = (
+    "argparse", "ast", "asyncio", "calendar", "collections", "concurrent.futures", "configparser",
+    "contextlib", "csv", "dataclasses", "datetime", "decimal", "difflib", "email.message", "enum",
+    "fractions", "ftplib", "functools", "gettext", "gzip", "heapq", "http.client", "http.cookiejar",
+    "imaplib", "inspect", "ipaddress", "itertools", "json", "logging", "mailbox", "multiprocessing",
+    "numbers", "optparse", "os", "pathlib", "pdb", "pickle", "pprint", "queue", "random", "re",
+    "sched", "secrets", "selectors", "shutil", "smtplib", "socket", "sqlite3", "statistics",
+    "string", "subprocess", "tarfile", "tempfile", "textwrap", "threading", "traceback", "typing",
+    "unittest", "urllib.parse", "urllib.request", "uuid", "warnings", "weakref", "xml.dom.minidom",
+    "zipfile",
+)
+SHINGLE_SIZE = 5
+
+
+def tuple_set_jaccard(set_a: set, set_b: set) -> float:
+    if not set_a or not set_b:
+        return 0.0
+    return len(set_a & set_b) / len(set_a | set_b)
+
+
+def true_jaccard(a: str, b: str) -> float:
+    """Jaccard of the shingle sets as token tuples: independent of any hashing."""
+    return tuple_set_jaccard(set(shingle_tokens(a, SHINGLE_SIZE)), set(shingle_tokens(b, SHINGLE_SIZE)))
+
+
+def docstring_documents(min_words: int = 150) -> list[str]:
+    """Docstrings of each module grouped into documents of at least ``min_words`` words, made
+    mutually dissimilar (true Jaccard < 0.2) so planted duplicates are the only duplicates."""
+    documents: list[str] = []
+    for module_name in DOCSTRING_MODULES:
+        module = importlib.import_module(module_name)
+        texts = [inspect.getdoc(module) or ""]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # typing.io and friends warn on access
+            for name in sorted(vars(module)):
+                member = getattr(module, name)
+                if not name.startswith("_") and getattr(member, "__module__", None) == module.__name__:
+                    texts.append(inspect.getdoc(member) or "")
+        chunk: list[str] = []
+        for text in filter(None, texts):
+            chunk.append(text)
+            if sum(len(part.split()) for part in chunk) >= min_words:
+                documents.append("\n\n".join(chunk))
+                chunk = []
+    distinct: list[str] = []
+    shingle_sets = []
+    for document in documents:
+        shingles = set(shingle_tokens(document, SHINGLE_SIZE))
+        if all(len(shingles & other) / len(shingles | other) < 0.2 for other in shingle_sets):
+            distinct.append(document)
+            shingle_sets.append(shingles)
+    return distinct
+
+
+def substitute_words(text: str, count: int, vocabulary: list[str], rng: random.Random) -> str:
+    words = text.split()
+    for position in rng.sample(range(len(words)), count):
+        words[position] = rng.choice(vocabulary)
+    return " ".join(words)
+
+
+def frame(texts: list[str], source_ids: list[str]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "id": [hashlib.sha256(text.encode()).hexdigest() for text in texts],
+            "text": texts,
+            "source": ["docstrings"] * len(texts),
+            "source_id": source_ids,
+            "metadata": ['{"lang": "en"}'] * len(texts),
+        },
+        schema={"id": pl.Utf8, "text": pl.Utf8, "source": pl.Utf8, "source_id": pl.Utf8, "metadata": pl.Utf8},
+    )
+
+
+def make_shards(texts: list[str], num_shards: int, config: MinHashConfig, seed: int = 0) -> list[Shard]:
+    rng = random.Random(seed)
+    assignment = [rng.randrange(num_shards) for _ in texts]
+    shards = []
+    for shard_index in range(num_shards):
+        members = [i for i, shard in enumerate(assignment) if shard == shard_index]
+        docs = frame([texts[i] for i in members], [f"doc-{i}" for i in members])
+        shards.append(Shard(f"shard-{shard_index:03d}", docs, compute_signatures(docs, config)))
+    return shards
+
+
+@pytest.fixture(scope="module")
+def planted_corpus() -> dict:
+    """Base documents plus variants: close (0.2-0.8% of words substituted, at least one; Jaccard
+    about 0.9-0.97), far (4-12% substituted; Jaccard about 0.4-0.78, where LSH proposes some pairs
+    that verification must reject), and exact copies."""
+    rng = random.Random(1234)
+    bases = docstring_documents()
+    assert len(bases) >= 150, "the stdlib should give well over 150 distinct docstring documents"
+    vocabulary = sorted({word for text in bases for word in text.split()})
+    texts = list(bases)
+    close_pairs, far_pairs = [], []
+    for index in range(0, 60):
+        count = max(1, round(len(bases[index].split()) * rng.uniform(0.002, 0.008)))
+        texts.append(substitute_words(bases[index], count, vocabulary, rng))
+        close_pairs.append((index, len(texts) - 1))
+    for index in range(60, 100):
+        count = round(len(bases[index].split()) * rng.uniform(0.04, 0.12))
+        texts.append(substitute_words(bases[index], count, vocabulary, rng))
+        far_pairs.append((index, len(texts) - 1))
+    for index in range(100, 120):
+        texts.append(bases[index])
+    return {"texts": texts, "num_bases": len(bases), "close_pairs": close_pairs, "far_pairs": far_pairs}
+
+
+def kept_text_of_each_row(shards: list[Shard], result) -> dict[str, str]:
+    """source_id -> text of the kept document that stands for it."""
+    kept_text = dict(zip(result.kept["source_id"], result.kept["text"]))
+    dropped_to_kept = dict(zip(result.duplicates["dropped_source_id"], result.duplicates["kept_source_id"]))
+    all_ids = [source_id for shard in shards for source_id in shard.docs["source_id"]]
+    return {source_id: kept_text[dropped_to_kept.get(source_id, source_id)] for source_id in all_ids}
+
+
+def test_planted_near_duplicates_have_high_recall_and_precision(planted_corpus):
+    texts = planted_corpus["texts"]
+    config = DedupConfig()
+    shards = make_shards(texts, 3, config.minhash)
+    result = dedup_source(shards, config)
+
+    # Ground truth over all pairs, from token-tuple sets (no hashing involved).
+    similar, dissimilar = [], []
+    sets = [set(shingle_tokens(text, SHINGLE_SIZE)) for text in texts]
+    for i, j in combinations(range(len(texts)), 2):
+        if texts[i] == texts[j]:
+            continue
+        similarity = tuple_set_jaccard(sets[i], sets[j])
+        if similarity >= 0.9:
+            similar.append((i, j))
+        elif similarity < 0.7:
+            dissimilar.append((i, j))
+    assert len(similar) >= 30, "the planted close variants should give many pairs above 0.9"
+
+    representative = kept_text_of_each_row(shards, result)
+    merged = lambda i, j: representative[f"doc-{i}"] == representative[f"doc-{j}"]  # noqa: E731
+    recall = sum(merged(i, j) for i, j in similar) / len(similar)
+    assert recall >= 0.95, f"recall on pairs with Jaccard >= 0.9 is {recall:.3f}"
+    wrongly_merged = [(i, j) for i, j in dissimilar if merged(i, j)]
+    assert wrongly_merged == [], f"pairs with Jaccard < 0.7 were merged: {wrongly_merged[:5]}"
+    for i, j in planted_corpus["far_pairs"]:
+        assert true_jaccard(texts[i], texts[j]) < config.jaccard_threshold
+        assert not merged(i, j)
+
+    # Every recorded fuzzy Jaccard is the exact one between dropped and kept text.
+    text_by_source_id = {f"doc-{i}": text for i, text in enumerate(texts)}
+    fuzzy = result.duplicates.filter(pl.col("reason") == "fuzzy")
+    assert len(fuzzy) >= 50
+    for row in fuzzy.iter_rows(named=True):
+        expected = true_jaccard(text_by_source_id[row["dropped_source_id"]], text_by_source_id[row["kept_source_id"]])
+        assert row["jaccard"] == pytest.approx(expected, abs=1e-12)
+        assert row["jaccard"] >= config.jaccard_threshold
+    exact = result.duplicates.filter(pl.col("reason") == "exact")
+    assert len(exact) == 20 and exact["jaccard"].to_list() == [1.0] * 20
+    assert (exact["dropped_id"] == exact["kept_id"]).all()
+    assert result.stats["kept_docs"] + len(result.duplicates) == len(texts)
+    assert result.duplicates.schema == pl.Schema(DUPLICATES_SCHEMA)
+
+
+def test_verification_rejects_lsh_false_positives(planted_corpus):
+    # A loose LSH (threshold ~0.42) proposes the far variants; exact Jaccard must reject them all.
+    texts = planted_corpus["texts"]
+    config = DedupConfig(bands=32, rows=4)
+    assert lsh_threshold(32, 4) < 0.45
+    result = dedup_source(make_shards(texts, 2, config.minhash), config)
+    assert result.stats["rejected_pairs"] > 0
+    assert result.stats["lsh_candidate_pairs"] == (
+        result.stats["rejected_pairs"] + result.stats["verified_pairs"] + result.stats["pairs_already_connected"]
+    )
+    dropped = set(result.duplicates.filter(pl.col("reason") == "fuzzy")["dropped_source_id"])
+    for i, j in planted_corpus["far_pairs"]:
+        assert f"doc-{i}" not in dropped and f"doc-{j}" not in dropped
+    assert result.duplicates.filter(pl.col("reason") == "fuzzy")["jaccard"].min() >= config.jaccard_threshold
+
+
+def test_result_does_not_depend_on_shard_order(planted_corpus):
+    config = DedupConfig()
+    shards = make_shards(planted_corpus["texts"], 4, config.minhash)
+    forward = dedup_source(shards, config)
+    shuffled = list(shards)
+    random.Random(7).shuffle(shuffled)
+    backward = dedup_source(list(reversed(shards)), config)
+    for other in (dedup_source(shuffled, config), backward):
+        assert other.kept.equals(forward.kept)
+        assert other.duplicates.equals(forward.duplicates)
+        assert other.stats == forward.stats
+
+
+def test_incremental_shard_reuses_cached_signatures(planted_corpus, tmp_path, monkeypatch):
+    config = DedupConfig()
+    # Cached shards hold the base documents; the new shard brings all planted variants.
+    texts = planted_corpus["texts"]
+    split = planted_corpus["num_bases"]
+    old_texts, new_texts = texts[:split], texts[split:]
+    old_shards = make_shards(old_texts, 3, config.minhash)
+    for shard in old_shards:
+        save_signatures(shard.signatures, tmp_path / f"{shard.shard_key}.parquet")
+
+    hashed_docs = []
+    original = minhash.minhash_texts
+    monkeypatch.setattr(minhash, "minhash_texts", lambda t, c: hashed_docs.append(len(t)) or original(t, c))
+    new_docs = frame(new_texts, [f"doc-{i}" for i in range(split, len(texts))])
+    incremental = [
+        Shard(shard.shard_key, shard.docs, load_signatures(tmp_path / f"{shard.shard_key}.parquet", config.minhash))
+        for shard in old_shards
+    ] + [Shard("shard-100", new_docs, compute_signatures(new_docs, config.minhash))]
+    assert hashed_docs == [len(new_texts)], "only the new shard's documents are hashed"
+    monkeypatch.undo()
+
+    recomputed = [
+        Shard(shard.shard_key, shard.docs, compute_signatures(shard.docs, config.minhash)) for shard in incremental
+    ]
+    from_cache = dedup_source(incremental, config)
+    from_scratch = dedup_source(recomputed, config)
+    assert from_cache.kept.equals(from_scratch.kept)
+    assert from_cache.duplicates.equals(from_scratch.duplicates)
+    # Duplicates between the new shard and the cached ones are found (either side may be kept).
+    duplicates = from_cache.duplicates
+    across = (duplicates["dropped_shard"] == "shard-100") != (duplicates["kept_shard"] == "shard-100")
+    assert across.sum() >= 75  # 60 close variants and 20 exact copies were planted
+
+
+def test_exact_duplicates_keep_first_by_shard_key_then_row():
+    config = DedupConfig(fuzzy=False)
+    text = "one two three four five six seven eight"
+    first = frame(["unrelated words here", text, text], ["a0", "a1", "a2"])
+    second = frame([text], ["b0"])
+    shards = [
+        Shard("2024-02", second, compute_signatures(second, config.minhash)),
+        Shard("2024-01", first, compute_signatures(first, config.minhash)),
+    ]
+    result = dedup_source(shards, config)
+    assert result.kept["source_id"].to_list() == ["a0", "a1"]
+    assert result.kept["shard_key"].to_list() == ["2024-01", "2024-01"]
+    assert result.duplicates.select("dropped_shard", "dropped_source_id", "kept_source_id", "reason").rows() == [
+        ("2024-01", "a2", "a1", "exact"),
+        ("2024-02", "b0", "a1", "exact"),
+    ]
+    assert result.stats["exact_duplicates"] == 2 and result.stats["fuzzy_duplicates"] == 0
+
+
+def test_fuzzy_keeps_longest_text_and_redirects_its_exact_copies():
+    config = DedupConfig()
+    words = [f"w{i}" for i in range(200)]
+    longest = " ".join(words + ["extra", "tail"])
+    shorter = " ".join(words)
+    docs = frame([shorter, longest, shorter], ["s0", "s1", "s2"])
+    result = dedup_source([Shard("k", docs, compute_signatures(docs, config.minhash))], config)
+    assert result.kept["source_id"].to_list() == ["s1"]
+    rows = result.duplicates.select("dropped_source_id", "kept_source_id", "reason").rows()
+    # s2 is an exact copy of s0, but s0 itself was dropped: both point at the kept s1.
+    assert rows == [("s0", "s1", "fuzzy"), ("s2", "s1", "fuzzy")]
+    assert result.duplicates["jaccard"].to_list() == [pytest.approx(true_jaccard(shorter, longest))] * 2
+
+
+def test_short_and_tokenless_documents():
+    config = DedupConfig()
+    texts = ["Hello, world!", "hello world", "hello there", "!!!", "...", ""]
+    docs = frame(texts, [f"d{i}" for i in range(len(texts))])
+    result = dedup_source([Shard("k", docs, compute_signatures(docs, config.minhash))], config)
+    # Fewer tokens than the shingle size: one shingle of all tokens, so only identical token
+    # sequences match; documents without tokens are never fuzzy duplicates of each other.
+    assert result.kept["source_id"].to_list() == ["d0", "d2", "d3", "d4", "d5"]
+    assert result.duplicates.select("dropped_source_id", "kept_source_id", "jaccard", "reason").rows() == [
+        ("d1", "d0", 1.0, "fuzzy")
+    ]
+    assert result.stats["docs_without_tokens"] == 3
+
+
+def test_empty_inputs():
+    config = DedupConfig()
+    empty = frame([], [])
+    result = dedup_source([Shard("k", empty, compute_signatures(empty, config.minhash))], config)
+    assert len(result.kept) == 0 and "shard_key" in result.kept.columns
+    assert len(result.duplicates) == 0 and result.stats["input_docs"] == 0
+    result = dedup_source([], config)
+    assert len(result.kept) == 0 and len(result.duplicates) == 0
+
+
+def test_bad_inputs_are_rejected():
+    config = DedupConfig()
+    docs = frame(["a b c", "d e f"], ["x", "y"])
+    signatures = compute_signatures(docs, config.minhash)
+    with pytest.raises(ValueError, match="not row-aligned"):
+        dedup_source([Shard("k", docs.reverse(), signatures)], config)
+    with pytest.raises(ValueError, match="signatures were computed with"):
+        other = compute_signatures(docs, MinHashConfig(seed=2))
+        dedup_source([Shard("k", docs, other)], config)
+    with pytest.raises(ValueError, match="shard keys must be unique"):
+        dedup_source([Shard("k", docs, signatures), Shard("k", docs, signatures)], config)
+    with pytest.raises(ValueError, match="lacks columns"):
+        dedup_source([Shard("k", docs.drop("metadata"), signatures)], config)
+    forged = docs.with_columns(pl.Series("id", [docs["id"][0], docs["id"][0]]))
+    with pytest.raises(ValueError, match="share an id with a different text"):
+        dedup_source([Shard("k", forged, compute_signatures(forged, config.minhash))], config)
+    with pytest.raises(ValueError, match="exceeds num_perm"):
+        DedupConfig(bands=20, rows=10)
+
+
+def test_default_lsh_parameters_target_the_verification_threshold():
+    config = DedupConfig()
+    assert 0.75 <= lsh_threshold(config.bands, config.rows) <= 0.8
+    assert candidate_probability(0.9, config.bands, config.rows) > 0.99
+    assert candidate_probability(0.5, config.bands, config.rows) < 0.02
+    assert np.isclose(candidate_probability(lsh_threshold(12, 10), 12, 10), 1 - (1 - 1 / 12) ** 12)
