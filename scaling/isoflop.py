@@ -1,0 +1,369 @@
+"""Approach 2 of Hoffmann et al. (IsoFLOP profiles) and the loss envelope L(C).
+
+For every compute budget the runs trace a valley of loss against model size. A robust
+quadratic in log tokens (and, separately, in log params) locates the bottom of each valley:
+D*(C), N*(C) and L*(C). Power laws N* = k_N C^a and D* = k_D C^b are fitted in log space
+through those optima, and the envelope L(C) = E + A C^-alpha through the optimal losses.
+Uncertainty comes from a seeded bootstrap that resamples runs within each budget and redoes
+every fit; intervals are percentiles of the refitted predictions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+
+from .runs import Runs, RunsError
+
+QUADRATIC_MIN_RUNS = 3
+
+
+@dataclass(frozen=True)
+class IsoflopOptions:
+    # Runs belong to the same budget when their FLOPs are within this relative distance of the
+    # smallest FLOPs in the group; realised FLOPs differ slightly from the nominal budget
+    # because steps and batch sizes are integers.
+    budget_tolerance: float = 0.05
+    bootstrap_samples: int = 200
+    seed: int = 0
+    interval: float = 0.95
+    # Huber threshold of the robust quadratic, in units of the robust residual scale (MAD).
+    huber_k: float = 1.345
+    irls_iterations: int = 50
+
+    def __post_init__(self) -> None:
+        if not 0 < self.interval < 1:
+            raise ValueError(f"interval must be in (0, 1), got {self.interval}")
+        if self.bootstrap_samples < 0:
+            raise ValueError("bootstrap_samples must be >= 0")
+        if self.budget_tolerance < 0:
+            raise ValueError("budget_tolerance must be >= 0")
+
+
+@dataclass(frozen=True)
+class BudgetFit:
+    """Quadratic valleys of one budget; coefficients are for (x - center) with x a log."""
+
+    flops: float
+    runs: int
+    tokens_center: float
+    tokens_coef: tuple[float, float, float]
+    params_center: float
+    params_coef: tuple[float, float, float]
+    params: float
+    tokens: float
+    loss: float
+    # Whether both minima lie inside the sampled range (outside means an extrapolated optimum).
+    interior: bool
+    run_indices: tuple[int, ...] = field(repr=False, default=())
+
+    def to_dict(self) -> dict[str, float | int | bool]:
+        return {
+            "flops": self.flops,
+            "params": self.params,
+            "tokens": self.tokens,
+            "loss": self.loss,
+            "runs": self.runs,
+            "interior": self.interior,
+        }
+
+
+@dataclass(frozen=True)
+class EnvelopeLaw:
+    """L*(C) = E + A C^-alpha, N*(C) = params_coef C^params_exponent, D*(C) likewise."""
+
+    E: float
+    A: float
+    alpha: float
+    params_coef: float
+    params_exponent: float
+    tokens_coef: float
+    tokens_exponent: float
+
+    def loss(self, flops: np.ndarray | float) -> np.ndarray:
+        return self.E + self.A * np.asarray(flops, dtype=np.float64) ** -self.alpha
+
+    def params(self, flops: np.ndarray | float) -> np.ndarray:
+        return self.params_coef * np.asarray(flops, dtype=np.float64) ** self.params_exponent
+
+    def tokens(self, flops: np.ndarray | float) -> np.ndarray:
+        return self.tokens_coef * np.asarray(flops, dtype=np.float64) ** self.tokens_exponent
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "E": self.E,
+            "A": self.A,
+            "alpha": self.alpha,
+            "params_coef": self.params_coef,
+            "params_exponent": self.params_exponent,
+            "tokens_coef": self.tokens_coef,
+            "tokens_exponent": self.tokens_exponent,
+        }
+
+
+@dataclass(frozen=True)
+class IsoflopFit:
+    budgets: list[BudgetFit]
+    law: EnvelopeLaw
+    predict_flops: np.ndarray
+    # Bootstrap replicate predictions, shape (used replicates, len(predict_flops)).
+    boot_loss: np.ndarray = field(repr=False)
+    boot_params: np.ndarray = field(repr=False)
+    boot_tokens: np.ndarray = field(repr=False)
+    skipped: list[dict[str, float | str]]
+    options: IsoflopOptions
+
+    def intervals(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if samples.shape[0] == 0:
+            nan = np.full(self.predict_flops.shape, np.nan)
+            return nan, nan
+        tail = 100.0 * (1.0 - self.options.interval) / 2.0
+        return np.percentile(samples, tail, axis=0), np.percentile(samples, 100.0 - tail, axis=0)
+
+    def predictions(self) -> list[dict[str, float | None]]:
+        rows = []
+        bounds = {
+            "loss": (self.law.loss(self.predict_flops), self.intervals(self.boot_loss)),
+            "params": (self.law.params(self.predict_flops), self.intervals(self.boot_params)),
+            "tokens": (self.law.tokens(self.predict_flops), self.intervals(self.boot_tokens)),
+        }
+        for i, flops in enumerate(self.predict_flops):
+            row: dict[str, float | None] = {"flops": float(flops)}
+            for name, (point, (low, high)) in bounds.items():
+                row[name] = float(point[i])
+                row[f"{name}_low"] = _finite_or_none(low[i])
+                row[f"{name}_high"] = _finite_or_none(high[i])
+            rows.append(row)
+        return rows
+
+    def to_dict(self) -> dict:
+        return {
+            "optima": [b.to_dict() for b in self.budgets],
+            "law": self.law.to_dict(),
+            "predictions": self.predictions(),
+            "skipped": self.skipped,
+            "bootstrap": {
+                "samples": self.options.bootstrap_samples,
+                "used": int(self.boot_loss.shape[0]),
+                "seed": self.options.seed,
+                "interval": self.options.interval,
+            },
+        }
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+def group_budgets(flops: np.ndarray, tolerance: float) -> list[np.ndarray]:
+    """Indices of the runs of each budget, budgets in increasing FLOPs."""
+    order = np.argsort(flops, kind="stable")
+    groups: list[list[int]] = []
+    group_start = -np.inf
+    for i in order:
+        if flops[i] > group_start * (1.0 + tolerance):
+            groups.append([])
+            group_start = flops[i]
+        groups[-1].append(int(i))
+    return [np.asarray(g) for g in groups]
+
+
+def robust_quadratic(x: np.ndarray, y: np.ndarray, options: IsoflopOptions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Huber-IRLS quadratic fits of many (x, y) sets at once.
+
+    x, y: (sets, points). Returns centers (sets,), coefficients (sets, 3) of
+    y = c0 + c1 (x - center) + c2 (x - center)^2, and a mask of sets that could be fitted
+    (at least three distinct x values).
+    """
+    center = x.mean(axis=1)
+    xc = x - center[:, None]
+    design = np.stack([np.ones_like(xc), xc, xc * xc], axis=-1)
+    distinct = np.array([np.unique(row).size for row in x])
+    ok = distinct >= 3
+    weights = np.ones_like(y)
+    coef = np.zeros((x.shape[0], 3))
+    y_scale = np.abs(y).mean(axis=1)
+    for _ in range(options.irls_iterations):
+        weighted = design * weights[..., None]
+        gram = np.einsum("spi,spj->sij", weighted, design)
+        gram[~ok] = np.eye(3)  # placeholder for unfittable sets so the batch solve stays regular
+        rhs = np.einsum("spi,sp->si", weighted, y)
+        coef = np.linalg.solve(gram, rhs[..., None])[..., 0]
+        residual = y - np.einsum("spi,si->sp", design, coef)
+        mad = np.median(np.abs(residual - np.median(residual, axis=1, keepdims=True)), axis=1)
+        # Floor the scale so that an (almost) exact fit does not turn weights into noise.
+        scale = np.maximum(1.4826 * mad, 1e-9 * (1.0 + y_scale))
+        threshold = (options.huber_k * scale)[:, None]
+        abs_res = np.abs(residual)
+        new_weights = np.where(abs_res <= threshold, 1.0, threshold / np.maximum(abs_res, 1e-300))
+        converged = np.abs(new_weights - weights).max() < 1e-8
+        weights = new_weights
+        if converged:
+            break
+    return center, coef, ok
+
+
+def _quadratic_minimum(center: np.ndarray, coef: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Arg-min, min value and convexity mask of c0 + c1 u + c2 u^2 with u = x - center."""
+    convex = coef[:, 2] > 0
+    curvature = np.where(convex, coef[:, 2], 1.0)
+    shift = -coef[:, 1] / (2.0 * curvature)
+    return center + shift, coef[:, 0] - coef[:, 1] ** 2 / (4.0 * curvature), convex
+
+
+def fit_envelope(flops: np.ndarray, loss: np.ndarray) -> tuple[float, float, float]:
+    """Least-squares L = E + A C^-alpha with E >= 0, A >= 0.
+
+    For a fixed alpha the model is linear in (E, A), so only alpha is searched (a grid, then a
+    bounded scalar refinement) and E, A come from a closed-form 2-parameter solve.
+    """
+    reference = np.exp(np.mean(np.log(flops)))
+    scaled = flops / reference
+
+    def solve(alpha: float) -> tuple[float, float, float]:
+        basis = scaled**-alpha
+        design = np.stack([np.ones_like(basis), basis], axis=1)
+        (e, a), *_ = np.linalg.lstsq(design, loss, rcond=None)
+        if e < 0:
+            e, a = 0.0, float(basis @ loss / (basis @ basis))
+        if a < 0:
+            e, a = float(loss.mean()), 0.0
+        sse = float(np.sum((e + a * basis - loss) ** 2))
+        return sse, float(e), float(a)
+
+    grid = np.geomspace(1e-3, 3.0, 60)
+    errors = [solve(alpha)[0] for alpha in grid]
+    best = int(np.argmin(errors))
+    low, high = grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)]
+    refined = minimize_scalar(lambda al: solve(al)[0], bounds=(low, high), method="bounded", options={"xatol": 1e-10})
+    alpha = float(refined.x) if refined.fun <= errors[best] else float(grid[best])
+    _, e, a_scaled = solve(alpha)
+    return e, a_scaled * reference**alpha, alpha
+
+
+def _power_law(flops: np.ndarray, values: np.ndarray) -> tuple[float, float]:
+    exponent, intercept = np.polyfit(np.log(flops), np.log(values), 1)
+    return float(np.exp(intercept)), float(exponent)
+
+
+def _fit_budgets(groups: list[np.ndarray], runs: Runs, options: IsoflopOptions, samples: np.ndarray | None):
+    """Per-budget optima for the original data (samples None) or for bootstrap index sets.
+
+    samples[k] for budget k has shape (replicates, runs in budget) of indices into runs.
+    Returns arrays (budgets, replicates) of flops, N*, D*, L* and a validity mask.
+    """
+    out = []
+    for k, group in enumerate(groups):
+        index = group[None, :] if samples is None else samples[k]
+        log_tokens = np.log(runs.tokens[index])
+        log_params = np.log(runs.params[index])
+        loss = runs.loss[index]
+        t_center, t_coef, t_ok = robust_quadratic(log_tokens, loss, options)
+        p_center, p_coef, p_ok = robust_quadratic(log_params, loss, options)
+        log_d, loss_min, t_convex = _quadratic_minimum(t_center, t_coef)
+        log_n, _, p_convex = _quadratic_minimum(p_center, p_coef)
+        valid = t_ok & p_ok & t_convex & p_convex
+        out.append((t_center, t_coef, p_center, p_coef, np.exp(log_n), np.exp(log_d), loss_min, valid))
+    return out
+
+
+def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray, options: IsoflopOptions = IsoflopOptions()) -> IsoflopFit:
+    predict_flops = np.asarray(predict, dtype=np.float64).reshape(-1)
+    if np.any(~np.isfinite(predict_flops)) or np.any(predict_flops <= 0):
+        raise ValueError(f"prediction budgets must be positive finite FLOPs, got {predict_flops.tolist()}")
+    groups = group_budgets(runs.flops, options.budget_tolerance)
+    for group in groups:
+        if group.size < QUADRATIC_MIN_RUNS:
+            raise RunsError(
+                f"budget {np.median(runs.flops[group]):.3g} FLOPs has {group.size} run(s); "
+                f"a quadratic fit needs at least {QUADRATIC_MIN_RUNS}"
+            )
+    budget_flops = np.array([float(np.median(runs.flops[g])) for g in groups])
+
+    budgets: list[BudgetFit] = []
+    used_groups: list[np.ndarray] = []
+    skipped: list[dict[str, float | str]] = []
+    for k, (t_center, t_coef, p_center, p_coef, n_opt, d_opt, l_opt, valid) in enumerate(
+        _fit_budgets(groups, runs, options, None)
+    ):
+        group = groups[k]
+        if not valid[0]:
+            reason = (
+                "fewer than 3 distinct model sizes"
+                if min(np.unique(runs.tokens[group]).size, np.unique(runs.params[group]).size) < 3
+                else "loss is not convex in log tokens/params (no interior minimum)"
+            )
+            skipped.append({"flops": budget_flops[k], "runs": int(group.size), "reason": reason})
+            continue
+        log_t, log_p = np.log(runs.tokens[group]), np.log(runs.params[group])
+        interior = bool(
+            log_t.min() <= np.log(d_opt[0]) <= log_t.max() and log_p.min() <= np.log(n_opt[0]) <= log_p.max()
+        )
+        used_groups.append(group)
+        budgets.append(
+            BudgetFit(
+                flops=budget_flops[k],
+                runs=int(group.size),
+                tokens_center=float(t_center[0]),
+                tokens_coef=tuple(float(c) for c in t_coef[0]),
+                params_center=float(p_center[0]),
+                params_coef=tuple(float(c) for c in p_coef[0]),
+                params=float(n_opt[0]),
+                tokens=float(d_opt[0]),
+                loss=float(l_opt[0]),
+                interior=interior,
+                run_indices=tuple(int(i) for i in group),
+            )
+        )
+    if len(budgets) < 3:
+        raise RunsError(
+            f"{len(budgets)} budget(s) with a usable optimum (of {len(groups)}); the envelope "
+            "E + A C^-alpha needs at least 3"
+        )
+    law = _fit_law(
+        np.array([b.flops for b in budgets]),
+        np.array([b.params for b in budgets]),
+        np.array([b.tokens for b in budgets]),
+        np.array([b.loss for b in budgets]),
+    )
+    # Budgets without a usable optimum stay out of the bootstrap too, so that every replicate
+    # refits the same set of budgets as the point estimate.
+    used_flops = np.array([b.flops for b in budgets])
+    boot_loss, boot_params, boot_tokens = _bootstrap(used_groups, used_flops, runs, predict_flops, options)
+    return IsoflopFit(budgets, law, predict_flops, boot_loss, boot_params, boot_tokens, skipped, options)
+
+
+def _fit_law(flops: np.ndarray, params: np.ndarray, tokens: np.ndarray, loss: np.ndarray) -> EnvelopeLaw:
+    e, a, alpha = fit_envelope(flops, loss)
+    n_coef, n_exp = _power_law(flops, params)
+    d_coef, d_exp = _power_law(flops, tokens)
+    return EnvelopeLaw(e, a, alpha, n_coef, n_exp, d_coef, d_exp)
+
+
+def _bootstrap(groups, budget_flops, runs, predict_flops, options):
+    replicates = options.bootstrap_samples
+    rng = np.random.default_rng(options.seed)
+    samples = [group[rng.integers(0, group.size, size=(replicates, group.size))] for group in groups]
+    per_budget = _fit_budgets(groups, runs, options, samples) if replicates else []
+    loss_rows, params_rows, tokens_rows = [], [], []
+    for r in range(replicates):
+        usable = [k for k, fit in enumerate(per_budget) if fit[7][r]]
+        if len(usable) < 3:
+            continue  # this resample left too few fittable budgets; it is not counted as used
+        law = _fit_law(
+            budget_flops[usable],
+            np.array([per_budget[k][4][r] for k in usable]),
+            np.array([per_budget[k][5][r] for k in usable]),
+            np.array([per_budget[k][6][r] for k in usable]),
+        )
+        loss_rows.append(law.loss(predict_flops))
+        params_rows.append(law.params(predict_flops))
+        tokens_rows.append(law.tokens(predict_flops))
+    shape = (-1, predict_flops.size)
+    return (
+        np.array(loss_rows).reshape(shape),
+        np.array(params_rows).reshape(shape),
+        np.array(tokens_rows).reshape(shape),
+    )

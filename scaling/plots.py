@@ -1,0 +1,124 @@
+"""PNG figures of the fits (matplotlib, Agg backend, nothing shown on screen).
+
+Each ``plot_*`` function draws into a fresh figure and returns the PNG bytes; with ``path``
+it also writes them there.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from .isoflop import IsoflopFit
+from .runs import Runs
+
+
+def _pyplot():
+    # Select Agg before pyplot is first imported so no display is ever needed.
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _finish(fig, path: str | Path | None) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    _pyplot().close(fig)
+    data = buffer.getvalue()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(data)
+    return data
+
+
+def _draw_isoflops(ax, fit: IsoflopFit, runs: Runs) -> None:
+    colors = _pyplot().get_cmap("viridis")(np.linspace(0.0, 0.9, max(len(fit.budgets), 1)))
+    for budget, color in zip(fit.budgets, colors):
+        members = np.asarray(budget.run_indices, dtype=int)
+        tokens, loss = runs.tokens[members], runs.loss[members]
+        ax.scatter(tokens, loss, s=14, color=color, label=f"{budget.flops:.1e} FLOPs")
+        grid = np.linspace(np.log(tokens.min()), np.log(tokens.max()), 100)
+        u = grid - budget.tokens_center
+        c0, c1, c2 = budget.tokens_coef
+        ax.plot(np.exp(grid), c0 + c1 * u + c2 * u * u, color=color, linewidth=1)
+        ax.scatter([budget.tokens], [budget.loss], marker="*", s=90, color=color, edgecolors="black", zorder=3)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("loss")
+    ax.set_title("IsoFLOP profiles (stars: fitted optima)")
+    ax.legend(fontsize=7)
+
+
+def _draw_envelope(ax, fit: IsoflopFit) -> None:
+    flops = np.array([b.flops for b in fit.budgets])
+    loss = np.array([b.loss for b in fit.budgets])
+    ax.scatter(flops, loss, color="black", s=20, label="per-budget optimum", zorder=3)
+    span = np.concatenate([flops, fit.predict_flops])
+    grid = np.geomspace(span.min() / 1.5, span.max() * 1.5, 200)
+    law = fit.law
+    ax.plot(grid, law.loss(grid), color="tab:blue", label=f"E + A C^-{law.alpha:.3f}, E={law.E:.3f}")
+    predictions = fit.predictions()
+    if predictions:
+        pf = np.array([p["flops"] for p in predictions])
+        pl = np.array([p["loss"] for p in predictions])
+        low = np.array([np.nan if p["loss_low"] is None else p["loss_low"] for p in predictions])
+        high = np.array([np.nan if p["loss_high"] is None else p["loss_high"] for p in predictions])
+        errors = np.vstack([pl - low, high - pl])
+        ax.errorbar(pf, pl, yerr=np.where(np.isfinite(errors), errors, 0.0), fmt="o", color="tab:red",
+                    capsize=4, label=f"prediction ({fit.options.interval:.0%} bootstrap interval)")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.set_ylabel("loss")
+    ax.set_title("Loss envelope L(C)")
+    ax.legend(fontsize=7)
+
+
+def plot_isoflops(fit: IsoflopFit, runs: Runs, path: str | Path | None = None) -> bytes:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    _draw_isoflops(ax, fit, runs)
+    return _finish(fig, path)
+
+
+def plot_envelope(fit: IsoflopFit, path: str | Path | None = None) -> bytes:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    _draw_envelope(ax, fit)
+    return _finish(fig, path)
+
+
+def plot_optimal_allocation(fit: IsoflopFit, path: str | Path | None = None) -> bytes:
+    """N*(C) and D*(C): per-budget optima, fitted power laws and predicted values with intervals."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    flops = np.array([b.flops for b in fit.budgets])
+    span = np.concatenate([flops, fit.predict_flops])
+    grid = np.geomspace(span.min() / 1.5, span.max() * 1.5, 200)
+    predictions = fit.predictions()
+    for name, color, law in (("params", "tab:green", fit.law.params), ("tokens", "tab:purple", fit.law.tokens)):
+        ax.scatter(flops, [getattr(b, name) for b in fit.budgets], color=color, s=20, zorder=3)
+        ax.plot(grid, law(grid), color=color, label=f"{name}* ~ C^{getattr(fit.law, name + '_exponent'):.3f}")
+        for p in predictions:
+            if p[f"{name}_low"] is not None and p[f"{name}_high"] is not None:
+                ax.plot([p["flops"]] * 2, [p[f"{name}_low"], p[f"{name}_high"]], color=color, linewidth=3, alpha=0.5)
+            ax.scatter([p["flops"]], [p[name]], color=color, marker="D", s=25)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.set_title("Compute-optimal parameters and tokens")
+    ax.legend(fontsize=7)
+    return _finish(fig, path)
+
+
+def plot_isoflop_summary(fit: IsoflopFit, runs: Runs, path: str | Path | None = None) -> bytes:
+    """Two panels side by side: isoFLOP profiles, and the envelope with predictions."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    _draw_isoflops(left, fit, runs)
+    _draw_envelope(right, fit)
+    return _finish(fig, path)
