@@ -224,3 +224,12 @@ def test_negative_or_nan_weight_is_rejected():
     for w in (-1.0, float("nan")):
         with pytest.raises(ValueError):
             MixtureComponent("/x", w)
+
+
+def test_package_import_does_not_pull_in_levanter_jax_or_dagster():
+    code = (
+        "import sys, marin_assets.tokenization\n"
+        "print(sorted(m for m in ('levanter', 'jax', 'ray', 'haliax', 'dagster') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "[]"
