@@ -9,6 +9,7 @@ the data version. Nothing large is pickled or loaded into memory by the IO layer
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,12 +61,12 @@ class MarinStore(dg.ConfigurableResource):
     storage_options: dict[str, Any] = {}
 
     def get(self) -> ArtifactStore:
-        return _store_for(self.prefix, tuple(sorted(self.storage_options.items())))
+        return _store_for(self.prefix, json.dumps(self.storage_options, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=16)
-def _store_for(prefix: str, storage_options: tuple) -> ArtifactStore:
-    return ArtifactStore(prefix, dict(storage_options))
+def _store_for(prefix: str, storage_options_json: str) -> ArtifactStore:
+    return ArtifactStore(prefix, json.loads(storage_options_json))
 
 
 def asset_key_str(key: dg.AssetKey) -> str:

@@ -29,7 +29,7 @@ class ValueIOManager(dg.UPathIOManager):
 
     def __init__(self, store: MarinStore):
         self._marin_store = store
-        super().__init__(base_path=UPath(store.get().prefix))
+        super().__init__(base_path=UPath(store.get().prefix, **store.storage_options))
 
     @staticmethod
     def _version(context: dg.InputContext | dg.OutputContext) -> str:

@@ -1,0 +1,99 @@
+"""The store and the IO managers, unchanged, on s3:// and gs:// (local emulators)."""
+
+import dagster as dg
+import pytest
+
+from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
+from marin_resources.identity import fingerprint
+from marin_resources.io_managers import ValueIOManagerFactory
+from marin_resources.retry import with_retries
+from marin_resources.store import ArtifactStore, producer_info, writing
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def cloud(request):
+    return request.getfixturevalue(f"{request.param}_prefix")
+
+
+def test_commit_read_verify_on_object_store(cloud):
+    prefix, options = cloud
+    store = ArtifactStore(prefix, options)
+    assert not store.is_local
+    with writing(store, "raw/letters", "v1", "s1", run_id="r1") as w:
+        with w.open("files/a.txt") as fh:
+            fh.write(b"hello")
+        (w.staging_dir() / "local.txt").write_text("from a tool that needs a path")
+        m = w.commit(fingerprint=fingerprint({}), config={}, upstream=[], producer=producer_info("r1"))
+    found = store.find("raw/letters", "v1", "s1")
+    assert found.data_version == m.data_version
+    assert sorted(f.path for f in found.files) == ["files/a.txt", "local.txt"]
+    assert store.verify(found) == []
+    assert not store.fs.exists(store._path(found.uri) + "/.lock")
+    # Uncommitted writes are invisible.
+    w2 = store.begin("raw/letters", "v1", "s2", run_id="r2")
+    with w2.open("x.bin") as fh:
+        fh.write(b"partial")
+    w2.release()
+    assert store.find("raw/letters", "v1", "s2") is None
+
+
+def test_assets_and_io_managers_on_object_store(cloud, tmp_path):
+    prefix, options = cloud
+    store = MarinStore(prefix=prefix, storage_options=options)
+
+    @marin_asset(key="cloud/blob", version="v1")
+    def blob(context: dg.AssetExecutionContext, store: MarinStore):
+        def build(w):
+            with w.open("blob.txt") as fh:
+                fh.write(b"in the bucket")
+            return Built(metrics={"n": 1})
+        return materialize_artifact(context, store, config={"k": 1}, upstream=[], build=build)
+
+    @dg.asset(key=["cloud", "summary"])
+    def summary(blob) -> dict:
+        return {"uri": blob.uri}
+
+    resources = {"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store),
+                 "io_manager": ValueIOManagerFactory(store=store)}
+    with dg.instance_for_test() as instance:
+        first = dg.materialize([blob, summary], resources=resources, instance=instance)
+        again = dg.materialize([blob], resources=resources, instance=instance)
+    assert first.success
+    assert again.asset_materializations_for_node("cloud__blob")[0].metadata["marin/reused"].value is True
+    assert first.output_for_node("cloud__summary")["uri"].startswith(prefix)
+    assert ArtifactStore(prefix, options).find("cloud/summary", "v1", None) is not None
+
+
+def test_transient_errors_are_retried_with_backoff():
+    calls, sleeps = [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("injected fault")
+        return "ok"
+
+    assert with_retries(flaky, sleep=sleeps.append) == "ok"
+    assert len(calls) == 3 and len(sleeps) == 2 and sleeps[1] > 0
+    with pytest.raises(FileNotFoundError):
+        with_retries(lambda: (_ for _ in ()).throw(FileNotFoundError("permanent")), sleep=sleeps.append)
+
+
+def test_store_survives_injected_faults_on_object_store(s3_prefix, monkeypatch):
+    prefix, options = s3_prefix
+    store = ArtifactStore(prefix, options)
+    with writing(store, "raw/x", "v1", None, run_id="r") as w:
+        with w.open("a.txt") as fh:
+            fh.write(b"abc")
+        real_pipe = store.fs.pipe_file
+        failures = iter([True, True, False])
+
+        def flaky_pipe(path, data, **kw):
+            if path.endswith(".artifact.json") and next(failures, False):
+                raise ConnectionError("injected: connection reset by peer")
+            return real_pipe(path, data, **kw)
+
+        monkeypatch.setattr(store.fs, "pipe_file", flaky_pipe)
+        monkeypatch.setattr("marin_resources.retry.time.sleep", lambda s: None)
+        w.commit(fingerprint="f", config={}, upstream=[], producer={})
+    assert store.find("raw/x", "v1", None) is not None
