@@ -1,0 +1,110 @@
+"""Real (tiny) training runs: CLI run killed with SIGKILL, resumed through the Pipes launcher, then evaluated."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from marin_resources.launchers import LocalPipesLauncher
+
+from conftest import SUBPROCESS_ENV, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+STEPS = 200
+CHECKPOINT_EVERY = 10
+
+
+def _complete_checkpoint_steps(checkpoints: Path) -> list[int]:
+    if not checkpoints.exists():
+        return []
+    return sorted(int(p.name[5:]) for p in checkpoints.glob("step-*") if (p / "metadata.json").exists())
+
+
+def _run_in_dagster(fn):
+    captured = {}
+
+    @dg.asset
+    def tiny_run(context: dg.AssetExecutionContext, launcher: LocalPipesLauncher):
+        invocation = fn(context, launcher)
+        captured["messages"] = invocation.get_custom_messages()
+        return invocation.get_materialize_result()
+
+    result = dg.materialize([tiny_run], resources={"launcher": LocalPipesLauncher()})
+    assert result.success
+    (materialization,) = result.asset_materializations_for_node("tiny_run")
+    return {k: v.value for k, v in materialization.metadata.items()}, captured["messages"]
+
+
+def test_kill9_resume_through_pipes_then_eval(tmp_path, tiny_artifact, tiny_mixture):
+    _, tokenizer_dir = tiny_artifact
+    out = tmp_path / "run"
+    # Grad-norm watching off: it would compile a second train-step variant (slow on CPU).
+    from marin_assets.training.levanter_config import build_train_config, write_train_config
+
+    spec = tiny_spec(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
+    config_path = write_train_config(
+        build_train_config(spec, tiny_mixture, tokenizer_dir, str(out), watch_interval=0), out / "train_config.yaml"
+    )
+
+    # 1) Plain CLI (no Pipes), killed with SIGKILL once the first checkpoint is complete.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "marin_assets.training.train_main", "--config", config_path],
+        env={**os.environ, **SUBPROCESS_ENV},
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "attempt0.log", "w"),
+    )
+    deadline = time.time() + 240
+    while not _complete_checkpoint_steps(out / "checkpoints"):
+        assert proc.poll() is None, (tmp_path / "attempt0.log").read_text()[-3000:]
+        assert time.time() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumable = _complete_checkpoint_steps(out / "checkpoints")[-1]
+    assert resumable < STEPS - 1, "run finished before it could be killed"
+
+    # 2) Relaunch through the Pipes launcher with the same output dir: continues from the checkpoint.
+    meta, messages = _run_in_dagster(
+        lambda context, launcher: launcher.run_training(context, train_config_path=config_path, output_dir=str(out))
+    )
+    assert meta["attempt"] == 1
+    assert meta["resumed_from_step"] == resumable + 1
+    assert meta["final_step"] == STEPS
+    assert meta["train_loss_last"] < meta["train_loss_first"] - 1.0, meta
+    assert meta["tokens_per_second"] > 0 and 0 < meta["mfu"] < 1
+    assert meta["parameter_count"] == spec.model.parameter_count(512)
+    assert Path(meta["wandb_run_dir"]).is_dir()
+    assert meta["latest_checkpoint_path"].endswith(f"step-{STEPS - 1}")
+    assert Path(meta["loss_curve_png"]).stat().st_size > 0
+    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
+    assert steps[0] == 0 and resumable + 1 in steps and steps[-1] == STEPS - 1
+    progress = [m for m in messages if m.get("kind") == "train_step"]
+    assert progress and all(m["step"] > resumable for m in progress)
+
+    # 3) Evaluate the final checkpoint on the same examples Levanter's final in-training eval used.
+    max_examples = spec.max_eval_batches * spec.train_batch_size
+    eval_meta, _ = _run_in_dagster(
+        lambda context, launcher: launcher.run_eval(
+            context,
+            train_config_path=config_path,
+            output_dir=str(out / "eval"),
+            extra_args=["--max-examples", str(max_examples), "--max-new-tokens", "8"],
+        )
+    )
+    report = json.load(open(out / "eval" / "eval_report.json"))
+    loss, bpb = report["eval/stdlib-docs/loss"], report["eval/stdlib-docs/bpb"]
+    assert math.isfinite(loss) and math.isfinite(bpb) and 0 < bpb < 8
+    levanter_final_eval = meta["eval_loss_last"]
+    assert loss == pytest.approx(levanter_final_eval, rel=1e-3)
+    # bytes/token of this tokenizer is ~2-4, so bpb and loss are tied by that ratio
+    assert bpb == pytest.approx(loss / math.log(2) * report["eval/stdlib-docs/tokens"] / report["eval/stdlib-docs/bytes"])
+    assert len(report["samples"]) == 3 and all(s["prompt"] for s in report["samples"])
+    assert eval_meta["eval/stdlib-docs/loss"] == pytest.approx(loss)
