@@ -590,15 +590,22 @@ class K8sPipesLauncher(dg.ConfigurableResource):
                     num_pods_to_wait_for=job["spec"]["completions"],
                 )
             finally:
-                # Foreground deletion takes the host pods down with the Job.
-                client.batch_api.delete_namespaced_job(
-                    job_name, namespace, propagation_policy="Foreground"
+                # Foreground deletion takes the host pods down with the Job. A 404 means the
+                # object never got created; that must not mask the error that got us here.
+                _delete_if_present(
+                    client.batch_api.delete_namespaced_job,
+                    job_name,
+                    namespace,
+                    propagation_policy="Foreground",
                 )
-                client.core_api.delete_namespaced_service(service["metadata"]["name"], namespace)
+                _delete_if_present(
+                    client.core_api.delete_namespaced_service, service["metadata"]["name"], namespace
+                )
         return PipesClientCompletedInvocation(session)
 
     def _wait_for_leader_pod(self, client, job_name: str, namespace: str) -> str:
         """Name of the job's index-0 pod (the only one that writes Pipes messages)."""
+        deadline = client.timer() + self.pod_wait_timeout_s
         pods = client.wait_for_job_to_have_pods(
             job_name,
             namespace,
@@ -610,8 +617,20 @@ class K8sPipesLauncher(dg.ConfigurableResource):
                 annotations = pod.metadata.annotations or {}
                 if annotations.get(JOB_COMPLETION_INDEX_ANNOTATION) == "0":
                     return pod.metadata.name
+            if client.timer() > deadline:
+                raise TimeoutError(f"job {job_name} never created its index-0 pod")
             client.sleeper(self.poll_interval_s)
             pods = client.get_pods_in_job(job_name, namespace)
+
+
+def _delete_if_present(delete, *args, **kwargs) -> None:
+    import kubernetes
+
+    try:
+        delete(*args, **kwargs)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 # ----------------------------------------------------------------------------- render CLI

@@ -82,6 +82,8 @@ class FakeCluster:
     services: dict[str, V1Service] = field(default_factory=dict)
     deleted: list[tuple[str, str]] = field(default_factory=list)
     kube_config_calls: list[tuple[str | None, str | None]] = field(default_factory=list)
+    # Set to make the API server refuse Job creation (admission webhook, quota, ...).
+    reject_jobs_with: str | None = None
     base_env: dict[str, str] = field(
         default_factory=lambda: {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")}
     )
@@ -183,6 +185,8 @@ class FakeCluster:
     # -- BatchV1Api: an Indexed Job controller ------------------------------------------------
 
     def create_namespaced_job(self, namespace: str, body: Any) -> V1Job:
+        if self.reject_jobs_with:
+            raise kubernetes.client.ApiException(status=422, reason=self.reject_jobs_with)
         job = to_model(body, "V1Job")
         assert job.spec.completion_mode == "Indexed", "fake controller only does Indexed Jobs"
         job.metadata.namespace = namespace
@@ -221,6 +225,8 @@ class FakeCluster:
         return job
 
     def delete_namespaced_job(self, name: str, namespace: str, propagation_policy=None, **_):
+        if name not in self.jobs:
+            raise NotFound(f"job {name}")
         self.deleted.append(("job", name))
         self.deleted.append(("propagation", propagation_policy))
 

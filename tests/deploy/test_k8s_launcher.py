@@ -155,3 +155,15 @@ def test_multi_host_failure_on_a_follower_fails_the_run(cluster):
     [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
     assert "failed job pods" in str(failure.event_specific_data.error)
     assert [kind for kind, _ in cluster.deleted].count("job") == 1
+
+
+def test_rejected_job_reports_the_api_error_and_cleans_up_the_service(cluster):
+    cluster.reject_jobs_with = "exceeded quota: tpu-v5-lite-podslice"
+    tpu = TpuRequest(tpu_type="v5litepod-16", topology="4x4", hosts=4)
+    result = materialize_with(tpu, [sys.executable, "-c", CHILD])
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert "exceeded quota" in str(failure.event_specific_data.error)
+    assert not cluster.pods
+    [service] = cluster.services.values()
+    assert ("service", service.metadata.name) in cluster.deleted
