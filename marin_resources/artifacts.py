@@ -19,6 +19,7 @@ import dagster as dg
 
 from marin_resources.freshness import decide
 from marin_resources.identity import fingerprint as compute_fingerprint
+from marin_resources.secrets import scrub
 from marin_resources.store import ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info, writing
 
 VERSION_METADATA_KEY = "marin/version"
@@ -135,7 +136,7 @@ def materialize_artifact(
         **{k: _metadata_value(v) for k, v in manifest.metrics.items()},
         **extra,
     }
-    return dg.Output(handle, metadata=metadata, data_version=dg.DataVersion(manifest.data_version))
+    return dg.Output(handle, metadata=scrub(metadata), data_version=dg.DataVersion(manifest.data_version))
 
 
 def _metadata_value(value: Any) -> Any:

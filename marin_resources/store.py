@@ -37,6 +37,7 @@ from fsspec.core import url_to_fs
 
 from marin_resources.identity import canonical_json, validate_partition_key
 from marin_resources.retry import with_retries
+from marin_resources.secrets import scrub
 
 MANIFEST_NAME = ".artifact.json"
 LOCK_NAME = ".lock"
@@ -85,7 +86,7 @@ class Manifest:
     def to_json(self) -> str:
         body = dataclasses.asdict(self)
         body.pop("uri")
-        return json.dumps(body, indent=2, sort_keys=True, default=str)
+        return json.dumps(scrub(body), indent=2, sort_keys=True, default=str)
 
     @classmethod
     def from_json(cls, text: str, uri: str = "") -> "Manifest":
