@@ -9,7 +9,7 @@ A signature is computed in three steps:
    single shingle made of all its tokens, and a document without tokens has no shingles.
 2. Shingle hashing to 32 bits, one of two modes:
    * ``"fast"`` (default): each token gets a 64-bit hash (polynomial hash of its bytes, then the
-     MurmurHash3 64-bit finalizer); a shingle's 64-bit hash is the finalizer applied to
+     MurmurHash3 64-bit finalizer); a shingle's 64-bit hash is
      ``sum_j token_hash[j] * SHINGLE_POSITION_MULTIPLIERS[j] mod 2**64`` and its 32-bit hash is
      the upper half. Everything is numpy over a whole batch of documents.
    * ``"sha1"``: datasketch's default ``sha1_hash32`` of the shingle bytes (tokens joined by one
@@ -157,13 +157,16 @@ def token_hash64(token: bytes) -> int:
 
 
 def shingle_hash64(shingle: Sequence[bytes]) -> int:
-    """64-bit hash of a token tuple; the set element used for exact Jaccard."""
+    """64-bit hash of a token tuple; the set element used for exact Jaccard.
+
+    No final mixing: token hashes are already uniform, so the position-weighted sum is too (and a
+    bijective finalizer would not change which shingles collide)."""
     if not 1 <= len(shingle) <= _MAX_SHINGLE_SIZE:
         raise ValueError(f"a shingle has 1..{_MAX_SHINGLE_SIZE} tokens, got {len(shingle)}")
     total = 0
     for position, token in enumerate(shingle):
         total = (total + token_hash64(token) * int(SHINGLE_POSITION_MULTIPLIERS[position])) & _MASK64
-    return _fmix64_int(total)
+    return total
 
 
 def shingle_hash32(shingle: Sequence[bytes]) -> int:
@@ -227,18 +230,18 @@ def _is_word_byte(data: np.ndarray) -> np.ndarray:
 
 
 def _token_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(uint64 token hashes, int64 document index per token) for a batch of texts."""
+    """(uint64 hash of every token in order, int64 number of tokens of each text)."""
     encoded = [text.lower().encode("utf-8", errors="replace") for text in texts]
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     # One separator byte (not a word byte) between documents keeps tokens from spanning them.
     doc_starts = np.zeros(len(encoded), dtype=np.int64)
     np.cumsum(lengths[:-1] + 1, out=doc_starts[1:])
     data = np.frombuffer(b"\n".join(encoded), dtype=np.uint8)
-    if data.size == 0:
-        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
-    edges = np.diff(_is_word_byte(data).view(np.int8), prepend=np.int8(0), append=np.int8(0))
-    # Edges alternate start (+1), end (-1), so one nonzero pass yields both.
-    boundaries = np.flatnonzero(edges)
+    is_word = np.zeros(data.size + 2, dtype=bool)
+    is_word[1:-1] = _is_word_byte(data)
+    # Boundaries alternate token start, token end, so one pass over a bool array yields both
+    # (numpy's nonzero is several times faster on bool than on int8).
+    boundaries = np.flatnonzero(is_word[1:] != is_word[:-1])
     token_starts = boundaries[0::2]
     token_ends = boundaries[1::2]
     _POWER_TABLES.ensure(data.size + 1)
@@ -250,32 +253,41 @@ def _token_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     poly = prefix[token_ends]
     poly -= prefix[token_starts]
     poly *= _POWER_TABLES.inverse_powers[token_starts]
-    token_docs = np.searchsorted(doc_starts, token_starts, side="right") - 1
-    return _fmix64(poly), token_docs
+    tokens_per_doc = np.diff(np.searchsorted(token_starts, doc_starts), append=np.int64(token_starts.size))
+    return _fmix64(poly), tokens_per_doc
 
 
 def _shingle_hashes_batch(texts: Sequence[str], shingle_size: int) -> ShingleHashes:
-    token_hashes, token_docs = _token_hashes(texts)
+    token_hashes, tokens_per_doc = _token_hashes(texts)
     num_tokens = token_hashes.size
-    tokens_per_doc = np.bincount(token_docs, minlength=len(texts))
     doc_token_end = np.cumsum(tokens_per_doc)
-    position = np.arange(num_tokens, dtype=np.int64)
-    remaining = doc_token_end[token_docs] - position  # tokens left in the document, including this one
-    # Lay tokens out with shingle_size - 1 zero hashes after every document, so a window that runs
-    # past its document's end only adds zeros; a short document's window is then exactly its tokens.
-    padded_position = position + token_docs * (shingle_size - 1)
-    padded_length = num_tokens + len(texts) * (shingle_size - 1)
-    padded = np.zeros(padded_length + shingle_size, dtype=np.uint64)
-    padded[padded_position] = token_hashes
-    combined = padded[:padded_length] * SHINGLE_POSITION_MULTIPLIERS[0]
+    doc_token_start = doc_token_end - tokens_per_doc
+    # Every position whose window of shingle_size tokens stays inside its document starts a shingle.
+    remaining = np.repeat(doc_token_end, tokens_per_doc) - np.arange(num_tokens, dtype=np.int64)
+    is_start = remaining >= shingle_size
+    is_short = (tokens_per_doc > 0) & (tokens_per_doc < shingle_size)
+    short_starts = doc_token_start[is_short]
+    is_start[short_starts] = True
+    starts = np.flatnonzero(is_start)
+    # Windows at all positions, unmasked: only full windows are read from it.
+    padded = np.concatenate([token_hashes, np.zeros(shingle_size, dtype=np.uint64)])
+    combined = padded[:num_tokens] * SHINGLE_POSITION_MULTIPLIERS[0]
     for offset in range(1, shingle_size):
-        combined += padded[offset : offset + padded_length] * SHINGLE_POSITION_MULTIPLIERS[offset]
-    first_of_doc = np.zeros(num_tokens, dtype=bool)
-    first_of_doc[doc_token_end[tokens_per_doc > 0] - tokens_per_doc[tokens_per_doc > 0]] = True
-    is_shingle_start = (remaining >= shingle_size) | (first_of_doc & (remaining < shingle_size))
+        combined += padded[offset : offset + num_tokens] * SHINGLE_POSITION_MULTIPLIERS[offset]
+    hashes = combined[starts]
+    if short_starts.size:
+        # A document shorter than shingle_size is one shingle of all its tokens.
+        short_lengths = tokens_per_doc[is_short]
+        short_hashes = np.zeros(short_starts.size, dtype=np.uint64)
+        for offset in range(shingle_size - 1):
+            present = offset < short_lengths
+            tokens = token_hashes[short_starts + np.minimum(offset, short_lengths - 1)]
+            short_hashes += np.where(present, tokens, np.uint64(0)) * SHINGLE_POSITION_MULTIPLIERS[offset]
+        hashes[np.searchsorted(starts, short_starts)] = short_hashes
+    shingles_per_doc = np.where(tokens_per_doc >= shingle_size, tokens_per_doc - shingle_size + 1, is_short)
     return ShingleHashes(
-        hashes=_fmix64(combined[padded_position[is_shingle_start]]),
-        doc_index=token_docs[is_shingle_start],
+        hashes=hashes,
+        doc_index=np.repeat(np.arange(len(texts), dtype=np.int64), shingles_per_doc),
         num_docs=len(texts),
     )
 
@@ -355,18 +367,22 @@ def _min_permuted(hashes32: np.ndarray, doc_index: np.ndarray, num_docs: int, co
     a_column = a[:, None]
     b_column = b[:, None]
     block = np.empty((config.num_perm, _PERMUTATION_BLOCK), dtype=np.uint32)
-    doc_changes = np.flatnonzero(np.diff(doc_index, prepend=np.int64(-1)))
+    # doc_index is sorted: first shingle of each document that has any.
+    counts = np.bincount(doc_index, minlength=num_docs)
+    docs_with_shingles = np.flatnonzero(counts)
+    doc_first_shingle = (np.cumsum(counts) - counts)[docs_with_shingles]
     for start in range(0, mixed.size, _PERMUTATION_BLOCK):
         end = min(start + _PERMUTATION_BLOCK, mixed.size)
         view = block[:, : end - start]
         np.multiply(a_column, mixed[None, start:end], out=view)
         np.add(view, b_column, out=view)
-        first, last = np.searchsorted(doc_changes, [start, end])
-        segment_starts = doc_changes[first:last] - start
+        first, last = np.searchsorted(doc_first_shingle, [start, end])
+        segment_starts = doc_first_shingle[first:last] - start
+        segment_docs = docs_with_shingles[first:last]
         if segment_starts.size == 0 or segment_starts[0] != 0:
             # The block begins inside a document that started in an earlier block.
             segment_starts = np.concatenate([np.zeros(1, np.int64), segment_starts])
-        segment_docs = doc_index[start + segment_starts]
+            segment_docs = np.concatenate([docs_with_shingles[first - 1 : first], segment_docs])
         segment_minima = np.minimum.reduceat(view, segment_starts, axis=1).T
         # Documents are unique within one block, so gather-min-scatter is safe.
         signatures[segment_docs] = np.minimum(signatures[segment_docs], segment_minima)
