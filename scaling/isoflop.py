@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import minimize_scalar
-
 from .runs import Runs, RunsError
 
 QUADRATIC_MIN_RUNS = 3
@@ -219,6 +217,10 @@ def fit_envelope(flops: np.ndarray, loss: np.ndarray) -> tuple[float, float, flo
     For a fixed alpha the model is linear in (E, A), so only alpha is searched (a grid, then a
     bounded scalar refinement) and E, A come from a closed-form 2-parameter solve.
     """
+    # Imported here: scipy.optimize takes about a second to import, and `import scaling` should
+    # stay cheap for the Dagster code location.
+    from scipy.optimize import minimize_scalar
+
     reference = np.exp(np.mean(np.log(flops)))
     scaled = flops / reference
 
@@ -343,7 +345,8 @@ def _fit_law(flops: np.ndarray, params: np.ndarray, tokens: np.ndarray, loss: np
 
 
 def _bootstrap(groups, budget_flops, runs, predict_flops, options):
-    replicates = options.bootstrap_samples
+    # Intervals exist only for predictions; with none requested there is nothing to resample.
+    replicates = options.bootstrap_samples if predict_flops.size else 0
     rng = np.random.default_rng(options.seed)
     samples = [group[rng.integers(0, group.size, size=(replicates, group.size))] for group in groups]
     per_budget = _fit_budgets(groups, runs, options, samples) if replicates else []
@@ -361,9 +364,7 @@ def _bootstrap(groups, budget_flops, runs, predict_flops, options):
         loss_rows.append(law.loss(predict_flops))
         params_rows.append(law.params(predict_flops))
         tokens_rows.append(law.tokens(predict_flops))
-    shape = (-1, predict_flops.size)
-    return (
-        np.array(loss_rows).reshape(shape),
-        np.array(params_rows).reshape(shape),
-        np.array(tokens_rows).reshape(shape),
-    )
+    def stacked(rows: list[np.ndarray]) -> np.ndarray:
+        return np.array(rows) if rows else np.empty((0, predict_flops.size))
+
+    return stacked(loss_rows), stacked(params_rows), stacked(tokens_rows)

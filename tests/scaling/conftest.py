@@ -72,6 +72,12 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) ->
     return path
 
 
+@pytest.fixture
+def csv_writer():
+    """write_csv(path, rows, columns=None) -> path."""
+    return write_csv
+
+
 @pytest.fixture(scope="session")
 def epoch_points() -> dict[str, np.ndarray]:
     """The 240 Epoch points: tokens = C / (6 N), the 5 highest-loss points dropped."""

@@ -1,0 +1,145 @@
+import numpy as np
+import pytest
+
+from scaling import IsoflopOptions, fit_isoflop
+from scaling.isoflop import fit_envelope, fit_isoflop_runs, group_budgets, robust_quadratic
+from scaling.runs import RunsError, load_runs
+
+BUDGETS = np.geomspace(1e18, 1e21, 7)
+TARGETS = [1e22, 1e23]
+
+
+def test_recovers_known_frontier_without_noise(known_law):
+    result = fit_isoflop(known_law.sweep(BUDGETS), TARGETS, options=IsoflopOptions(bootstrap_samples=0))
+    assert len(result["optima"]) == len(BUDGETS)
+    for optimum in result["optima"]:
+        flops = optimum["flops"]
+        # A quadratic in log size only approximates the valley, so the optimum carries a
+        # small, systematic error; it must still be within a few percent.
+        assert optimum["params"] == pytest.approx(known_law.optimal_params(flops), rel=0.05)
+        assert optimum["tokens"] == pytest.approx(known_law.optimal_tokens(flops), rel=0.05)
+        assert optimum["loss"] == pytest.approx(known_law.optimal_loss(flops), rel=2e-3)
+        assert optimum["interior"] is True
+    law = result["law"]
+    assert law["params_exponent"] == pytest.approx(known_law.params_exponent, abs=0.01)
+    assert law["tokens_exponent"] == pytest.approx(1 - known_law.params_exponent, abs=0.01)
+    assert law["alpha"] == pytest.approx(known_law.loss_exponent, rel=0.03)
+    assert law["E"] == pytest.approx(known_law.E, rel=0.02)
+    for prediction in result["predictions"]:
+        assert prediction["loss"] == pytest.approx(known_law.optimal_loss(prediction["flops"]), rel=3e-3)
+        assert prediction["params"] == pytest.approx(known_law.optimal_params(prediction["flops"]), rel=0.08)
+
+
+def test_bootstrap_interval_contains_truth_and_is_deterministic(known_law):
+    runs = known_law.sweep(BUDGETS, noise=0.005, seed=11)
+    options = IsoflopOptions(bootstrap_samples=200, seed=7)
+    first = fit_isoflop(runs, TARGETS, options=options)
+    again = fit_isoflop(runs, TARGETS, options=options)
+    assert first == again
+    assert first["bootstrap"]["used"] >= 190
+    for prediction in first["predictions"]:
+        flops = prediction["flops"]
+        assert prediction["loss_low"] < prediction["loss"] < prediction["loss_high"]
+        assert prediction["loss_low"] <= known_law.optimal_loss(flops) <= prediction["loss_high"]
+        assert prediction["params_low"] <= known_law.optimal_params(flops) <= prediction["params_high"]
+        assert prediction["tokens_low"] <= known_law.optimal_tokens(flops) <= prediction["tokens_high"]
+    # A different seed resamples differently.
+    other = fit_isoflop(runs, TARGETS, options=IsoflopOptions(bootstrap_samples=200, seed=8))
+    assert other["predictions"][0]["loss_low"] != first["predictions"][0]["loss_low"]
+    # Wider coverage, wider interval.
+    wide = fit_isoflop(runs, TARGETS, options=IsoflopOptions(bootstrap_samples=200, seed=7, interval=0.99))
+    assert wide["predictions"][1]["loss_high"] - wide["predictions"][1]["loss_low"] > (
+        first["predictions"][1]["loss_high"] - first["predictions"][1]["loss_low"]
+    )
+
+
+def test_robust_quadratic_resists_an_outlier():
+    x = np.linspace(-2.0, 2.0, 9)
+    y = 3.0 + 0.4 * x + 0.5 * x**2
+    y_bad = y.copy()
+    y_bad[1] += 2.0  # one diverged run
+    center, coef, ok = robust_quadratic(x[None, :], y_bad[None, :], IsoflopOptions())
+    assert ok[0]
+    robust_argmin = center[0] - coef[0, 1] / (2 * coef[0, 2])
+    c2, c1, _ = np.polyfit(x, y_bad, 2)
+    least_squares_argmin = -c1 / (2 * c2)
+    assert abs(robust_argmin - (-0.4)) < 0.02
+    assert abs(least_squares_argmin - (-0.4)) > 0.1
+
+
+def test_envelope_fit_recovers_parameters():
+    flops = np.geomspace(1e18, 1e22, 6)
+    loss = 1.9 + 300.0 * flops**-0.12
+    e, a, alpha = fit_envelope(flops, loss)
+    assert (e, a, alpha) == pytest.approx((1.9, 300.0, 0.12), rel=1e-5)
+
+
+def test_budgets_group_by_relative_flops():
+    flops = np.array([1.0e15, 1.003e15, 0.998e15, 3e15, 3.01e15, 1e16])
+    groups = group_budgets(flops, tolerance=0.05)
+    assert [sorted(g.tolist()) for g in groups] == [[0, 1, 2], [3, 4], [5]]
+    assert len(group_budgets(flops, tolerance=0.0)) == 6
+
+
+def test_realised_flops_near_nominal_budget_share_a_budget(known_law):
+    rows = known_law.sweep(BUDGETS[:4])
+    for i, row in enumerate(rows):
+        row["flops"] *= 1.0 + 0.004 * ((i % 3) - 1)  # integer steps: realised FLOPs jitter
+    result = fit_isoflop(rows, [], options=IsoflopOptions(bootstrap_samples=0))
+    assert [o["runs"] for o in result["optima"]] == [9, 9, 9, 9]
+    assert result["predictions"] == []
+
+
+def test_non_convex_budget_is_skipped_and_reported(known_law):
+    rows = known_law.sweep(BUDGETS[:4])
+    broken = [r for r in rows if r["flops"] == BUDGETS[0]]
+    for r, bump in zip(broken, [-0.3, -0.1, 0.0, 0.1, 0.2, 0.1, 0.0, -0.1, -0.3]):
+        r["loss"] = 3.0 + bump  # a hump instead of a valley
+    result = fit_isoflop(rows, [1e22], options=IsoflopOptions(bootstrap_samples=20))
+    assert len(result["optima"]) == 3
+    assert len(result["skipped"]) == 1
+    assert result["skipped"][0]["flops"] == pytest.approx(BUDGETS[0])
+    assert "not convex" in result["skipped"][0]["reason"]
+
+
+def test_too_few_runs_in_a_budget_is_an_error(known_law):
+    rows = known_law.sweep(BUDGETS[:4])
+    rows += known_law.sweep([1e22], sizes_per_budget=2)
+    with pytest.raises(RunsError, match=r"budget 1e\+22 FLOPs has 2 run\(s\); a quadratic fit needs at least 3"):
+        fit_isoflop(rows, [1e23])
+
+
+def test_too_few_budgets_is_an_error(known_law):
+    with pytest.raises(RunsError, match="needs at least 3"):
+        fit_isoflop(known_law.sweep(BUDGETS[:2]), [1e23])
+
+
+def test_accepts_polars_dataframe(known_law):
+    import polars as pl
+
+    rows = known_law.sweep(BUDGETS[:3])
+    frame = pl.DataFrame(rows).with_columns(pl.lit("x").alias("run_name"))
+    options = IsoflopOptions(bootstrap_samples=0)
+    assert fit_isoflop(frame, [1e21], options=options) == fit_isoflop(rows, [1e21], options=options)
+
+
+def test_runs_are_validated_with_row_and_column():
+    good = {"flops": 1e15, "params": 1e6, "tokens": 1e8, "loss": 3.0}
+    with pytest.raises(RunsError, match=r"row 2, column 'loss': must be positive"):
+        load_runs([good, {**good, "loss": -1.0}])
+    with pytest.raises(RunsError, match=r"row 1, column 'params': not a number: 'abc'"):
+        load_runs([{**good, "params": "abc"}])
+    with pytest.raises(RunsError, match=r"not a finite number"):
+        load_runs([{**good, "tokens": float("nan")}])
+    with pytest.raises(RunsError, match=r"missing required column\(s\) tokens"):
+        load_runs([{k: v for k, v in good.items() if k != "tokens"}])
+    with pytest.raises(RunsError, match="no runs"):
+        load_runs([])
+    derived = load_runs([{k: v for k, v in good.items() if k != "tokens"}], derive_tokens=True)
+    assert derived.tokens[0] == pytest.approx(1e15 / 6e6)
+
+
+def test_prediction_budgets_must_be_positive(known_law):
+    runs = load_runs(known_law.sweep(BUDGETS[:3]))
+    with pytest.raises(ValueError, match="positive finite"):
+        fit_isoflop_runs(runs, [1e21, -1.0])
