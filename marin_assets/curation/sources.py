@@ -77,7 +77,7 @@ class SourceConfig:
     id_field: str | None = None
     # Expected files per shard (1: one shard per file). See group_into_shards.
     files_per_shard: int = 1
-    # Alternative to files_per_shard: expected uncompressed-on-disk bytes per shard.
+    # Alternative to files_per_shard: expected bytes per shard, by listed file size.
     bytes_per_shard: int | None = None
     # Records (files, lines, rows) larger than this are quarantined.
     max_doc_bytes: int = 16 * 2**20
