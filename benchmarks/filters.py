@@ -27,16 +27,16 @@ import os
 # Per-core figures: one polars thread. Must be set before polars is imported.
 os.environ["POLARS_MAX_THREADS"] = "1"
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import time  # noqa: E402
-from collections import Counter  # noqa: E402
+import argparse
+import dataclasses
+import json
+import re
+import time
+from collections import Counter
 
-import polars as pl  # noqa: E402
+import polars as pl
 
-from marin_assets.curation.filters import (  # noqa: E402
+from marin_assets.curation.filters import (
     PARAGRAPH_BREAK_PATTERN,
     STOP_WORD_PATTERN,
     FilterConfig,
@@ -44,8 +44,8 @@ from marin_assets.curation.filters import (  # noqa: E402
     apply_filters,
     enabled_rules,
 )
-from marin_assets.curation.readers import read_shard  # noqa: E402
-from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, discover_shards, load_curation_config  # noqa: E402
+from marin_assets.curation.readers import read_shard
+from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, discover_shards, load_curation_config
 
 _BULLETS = set("•‣◦▪▫●○■□–—*-+")
 _STOP_RE = re.compile(STOP_WORD_PATTERN.replace("(?i)", ""), re.IGNORECASE)

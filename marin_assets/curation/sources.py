@@ -35,7 +35,7 @@ import typing
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -382,7 +382,7 @@ def fetch_pypi_sdist(name: str, version: str, dest: str | Path, timeout_s: float
             sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
             "--disable-pip-version-check", "--quiet", f"{name}=={version}", "-d", tmp,
         ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
         if proc.returncode != 0:
             raise RuntimeError(
                 f"pip download of {name}=={version} failed (exit {proc.returncode}): "
@@ -396,7 +396,7 @@ def fetch_pypi_sdist(name: str, version: str, dest: str | Path, timeout_s: float
     return target, sha256_file(target)
 
 
-@lru_cache(maxsize=None)
+@cache
 def ensure_pypi_sdist(name: str, version: str, expected_sha256: str | None = None) -> Path:
     """Path of the cached sdist of ``name==version``, fetching it if absent."""
     folder = cache_dir() / "pypi-sdist" / f"{name}-{version}"
@@ -676,7 +676,9 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
         fs, path = fsspec.core.url_to_fs(uri)
         if "::" in uri:
             protocol, target = uri.split("://", 1)[0], uri.split("::", 1)[1]
-            rebuild = lambda p: f"{protocol}://{p}::{target}"  # noqa: E731
+
+            def rebuild(p: str) -> str:
+                return f"{protocol}://{p}::{target}"
         else:
             rebuild = fs.unstrip_protocol
         try:

@@ -115,8 +115,10 @@ def test_language_identification():
         [
             NORMAL_TEXT,
             CRAFTED["language"],
-            "Le vieux meunier traversa le pont au petit matin pour aller au marché du village, "
-            "où les marchands avaient déjà installé leurs étals sous les arbres.",
+            (
+                "Le vieux meunier traversa le pont au petit matin pour aller au marché du village, "
+                "où les marchands avaient déjà installé leurs étals sous les arbres."
+            ),
         ]
     )
     assert langs == ["en", "de", "fr"]

@@ -195,8 +195,10 @@ _BODY = "ACT I. SCENE I.\n\nThe play itself begins here and runs on.\n" * 5
     "header,footer",
     [
         (
-            "The Project Gutenberg EBook of Hamlet\n\nRelease Date: 1998\n\n"
-            "*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n\nProduced by A. Volunteer\nand others\n\n",
+            (
+                "The Project Gutenberg EBook of Hamlet\n\nRelease Date: 1998\n\n"
+                "*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n\nProduced by A. Volunteer\nand others\n\n"
+            ),
             "\n\n*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n\nLicence terms follow at length.\n",
         ),
         (
@@ -204,8 +206,10 @@ _BODY = "ACT I. SCENE I.\n\nThe play itself begins here and runs on.\n" * 5
             "\nEnd of the Project Gutenberg EBook of Macbeth\n\n*** END: FULL LICENSE ***\n",
         ),
         (
-            "**Welcome To The World of Free Plain Vanilla Electronic Texts**\n"
-            "*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\n\n",
+            (
+                "**Welcome To The World of Free Plain Vanilla Electronic Texts**\n"
+                "*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\n\n"
+            ),
             "\n\nEnd of Project Gutenberg's Etext of Twelfth Night\n",
         ),
     ],
