@@ -1,4 +1,6 @@
-"""Fixtures for tests/deploy. ``cluster``: an in-process stand-in for the Kubernetes API server and kubelet.
+"""Fixtures for tests/deploy.
+
+``cluster``: an in-process stand-in for the Kubernetes API server and kubelet.
 
 It implements just the CoreV1Api/BatchV1Api calls that dagster_k8s and our launcher make, and
 "runs" each created pod by executing its container command locally with the env the kubelet
@@ -151,7 +153,9 @@ class FakeCluster:
         if label_selector:
             wanted = dict(part.split("=", 1) for part in label_selector.split(","))
             pods = [
-                p for p in pods if all((p.metadata.labels or {}).get(k) == v for k, v in wanted.items())
+                p
+                for p in pods
+                if all((p.metadata.labels or {}).get(k) == v for k, v in wanted.items())
             ]
         return SimpleNamespace(items=pods)
 
@@ -206,7 +210,11 @@ class FakeCluster:
         return job
 
     def _job_pods(self, job_name: str) -> list[RanPod]:
-        return [p for p in self.pods.values() if (p.pod.metadata.labels or {}).get("job-name") == job_name]
+        return [
+            p
+            for p in self.pods.values()
+            if (p.pod.metadata.labels or {}).get("job-name") == job_name
+        ]
 
     def list_namespaced_job(self, namespace: str, field_selector=None, **_):
         _, _, name = (field_selector or "").partition("=")

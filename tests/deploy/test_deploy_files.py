@@ -47,7 +47,11 @@ def test_values_use_only_chart_keys():
     assert VALUES["runLauncher"]["type"] == "K8sRunLauncher"
     assert set(VALUES["runLauncher"]["config"]["k8sRunLauncher"]) <= CHART_K8S_RUN_LAUNCHER
     assert set(VALUES["concurrency"]) <= {"enabled", "pools", "runs"}
-    assert set(VALUES["concurrency"]["pools"]) <= {"defaultLimit", "granularity", "opGranularityRunBuffer"}
+    assert set(VALUES["concurrency"]["pools"]) <= {
+        "defaultLimit",
+        "granularity",
+        "opGranularityRunBuffer",
+    }
     assert set(VALUES["concurrency"]["runs"]) <= {"maxConcurrentRuns", "tagConcurrencyLimits"}
     # The chart refuses a run limit in both the concurrency block and the run coordinator.
     queued = VALUES["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
@@ -78,22 +82,30 @@ def test_helm_and_instance_yaml_agree():
     helm_launcher = VALUES["runLauncher"]["config"]["k8sRunLauncher"]
     assert INSTANCE["run_launcher"]["class"] == VALUES["runLauncher"]["type"]
     assert launcher["postgres_password_secret"] == VALUES["global"]["postgresqlSecretName"]
-    assert launcher["service_account_name"] == (
-        helm_launcher["runK8sConfig"]["podSpecConfig"]["serviceAccountName"]
+    assert (
+        launcher["service_account_name"]
+        == (helm_launcher["runK8sConfig"]["podSpecConfig"]["serviceAccountName"])
     )
     assert launcher["fail_pod_on_run_failure"] == helm_launcher["failPodOnRunFailure"]
 
-    monitoring, helm_monitoring = INSTANCE["run_monitoring"], VALUES["dagsterDaemon"]["runMonitoring"]
+    monitoring, helm_monitoring = (
+        INSTANCE["run_monitoring"],
+        VALUES["dagsterDaemon"]["runMonitoring"],
+    )
     assert monitoring["start_timeout_seconds"] == helm_monitoring["startTimeoutSeconds"]
     assert monitoring["poll_interval_seconds"] == helm_monitoring["pollIntervalSeconds"]
     retries, helm_retries = INSTANCE["run_retries"], VALUES["dagsterDaemon"]["runRetries"]
     assert retries["max_retries"] == helm_retries["maxRetries"]
     assert retries["retry_on_asset_or_op_failure"] == helm_retries["retryOnAssetOrOpFailure"]
 
-    assert INSTANCE["storage"]["postgres"]["postgres_db"]["scheme"] == VALUES["postgresql"]["postgresqlScheme"]
+    assert (
+        INSTANCE["storage"]["postgres"]["postgres_db"]["scheme"]
+        == VALUES["postgresql"]["postgresqlScheme"]
+    )
     assert INSTANCE["compute_logs"]["class"] == VALUES["computeLogManager"]["type"]
-    assert INSTANCE["compute_logs"]["config"]["prefix"] == (
-        VALUES["computeLogManager"]["config"]["gcsComputeLogManager"]["prefix"]
+    assert (
+        INSTANCE["compute_logs"]["config"]["prefix"]
+        == (VALUES["computeLogManager"]["config"]["gcsComputeLogManager"]["prefix"])
     )
     assert INSTANCE["telemetry"]["enabled"] is VALUES["telemetry"]["enabled"] is False
 
@@ -119,7 +131,9 @@ def test_training_env_reaches_run_workers():
     [deployment] = VALUES["dagster-user-deployments"]["deployments"]
     assert deployment["includeConfigInLaunchedRuns"]["enabled"] is True
     forwarded = set(INSTANCE["run_launcher"]["config"]["env_vars"])
-    assert {"MARIN_TRAINING_IMAGE", "MARIN_TRAINING_NAMESPACE"} <= set(deployment["env"]) & forwarded
+    assert {"MARIN_TRAINING_IMAGE", "MARIN_TRAINING_NAMESPACE"} <= set(
+        deployment["env"]
+    ) & forwarded
 
 
 def dockerfile_copy_sources() -> list[str]:

@@ -105,7 +105,9 @@ def test_instance_runs_on_postgres_with_k8s_launcher(dagster_home, monkeypatch):
     from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
 
     in_cluster_loads = []
-    monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda: in_cluster_loads.append(1))
+    monkeypatch.setattr(
+        kubernetes.config, "load_incluster_config", lambda: in_cluster_loads.append(1)
+    )
     monkeypatch.setattr(gcs_logs.storage, "Client", _GcsClient)
 
     instance = dg.DagsterInstance.from_config(str(dagster_home))
@@ -146,18 +148,26 @@ def test_set_pools_script_sets_per_pool_limits(dagster_home):
 
     env = {**os.environ, "MARIN_POOL_GPU": "3"}
     bad = subprocess.run(
-        ["bash", str(SET_POOLS)], env={**env, "MARIN_POOL_TPU": "two"}, capture_output=True, text=True
+        ["bash", str(SET_POOLS)],
+        env={**env, "MARIN_POOL_TPU": "two"},
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode == 2 and "pool tpu" in bad.stderr
     assert "Set concurrency limit" not in bad.stdout  # validated before writing anything
 
-    done = subprocess.run(["bash", str(SET_POOLS)], env=env, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        ["bash", str(SET_POOLS)], env=env, capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0, done.stderr
 
     instance = dg.DagsterInstance.from_config(str(dagster_home))
     try:
         storage = instance.event_log_storage
-        limits = {pool: storage.get_concurrency_info(pool).slot_count for pool in ("cpu-train", "gpu", "tpu")}
+        limits = {
+            pool: storage.get_concurrency_info(pool).slot_count
+            for pool in ("cpu-train", "gpu", "tpu")
+        }
         assert limits == {"cpu-train": 4, "gpu": 3, "tpu": 1}
     finally:
         instance.dispose()

@@ -44,7 +44,9 @@ def make_launcher() -> K8sPipesLauncher:
         service_account="marin-trainer",
         kubeconfig_file="/etc/marin/kubeconfig",
         secret_env=[
-            SecretEnvRefConfig(env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key")
+            SecretEnvRefConfig(
+                env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key"
+            )
         ],
         poll_interval_s=0.01,
     )
@@ -73,7 +75,9 @@ def materializations(result):
 
 
 def test_gpu_pod_runs_through_pipes_k8s_client(cluster):
-    result = materialize_with(GpuRequest(count=2, gpu_type="nvidia-l4"), [sys.executable, "-c", CHILD])
+    result = materialize_with(
+        GpuRequest(count=2, gpu_type="nvidia-l4"), [sys.executable, "-c", CHILD]
+    )
     assert result.success
 
     [ran] = cluster.pods.values()
@@ -118,9 +122,10 @@ def test_multi_host_tpu_runs_one_pod_per_host_and_only_host_0_reports(cluster):
     result = materialize_with(tpu, [sys.executable, "-c", CHILD])
     assert result.success
 
-    pods = sorted(cluster.pods.values(), key=lambda p: p.pod.metadata.annotations[
-        "batch.kubernetes.io/job-completion-index"
-    ])
+    pods = sorted(
+        cluster.pods.values(),
+        key=lambda p: p.pod.metadata.annotations["batch.kubernetes.io/job-completion-index"],
+    )
     assert len(pods) == 4 and all(p.exit_code == 0 for p in pods)
     # Every host ran the program, but only host 0's log carries Pipes messages.
     assert "__dagster_pipes_version" in "\n".join(pods[0].log_lines)
