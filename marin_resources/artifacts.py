@@ -185,11 +185,11 @@ class ArtifactHandleIOManager(dg.ConfigurableIOManager):
         return next(iter(handles.values()))
 
 
-def all_partitions_in(key: str | Sequence[str], **kwargs: Any) -> dg.AssetIn:
+def all_partitions_in(key: str | dg.AssetKey, **kwargs: Any) -> dg.AssetIn:
     """An input that receives every upstream partition as `{partition: ArtifactHandle}`."""
     metadata = {ALL_PARTITIONS_METADATA_KEY: True, **kwargs.pop("metadata", {})}
-    return dg.AssetIn(key=dg.AssetKey(key.split("/") if isinstance(key, str) else list(key)),
-                      metadata=metadata, **kwargs)
+    asset_key = key if isinstance(key, dg.AssetKey) else dg.AssetKey(key.split("/"))
+    return dg.AssetIn(key=asset_key, metadata=metadata, **kwargs)
 
 
 def marin_asset(*, key: str, version: str, identity: Any | None = None, **asset_kwargs: Any):

@@ -16,6 +16,7 @@ import polars as pl
 
 from marin_assets.catalog import Catalog
 from marin_assets.curation.readers import read_shard
+from marin_assets.curation.refine import build_quality_classifier, build_refinement_assets
 from marin_assets.curation.sensors import build_new_shard_sensor
 from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, SourceConfig, discover_shards,
                                            load_curation_config, open_binary)
@@ -154,6 +155,13 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
             build_new_shard_sensor(source, partitions, raw.key)]
 
 
+def build_source_family(source: SourceConfig, config, catalog: Catalog, has_classifier: bool) -> list:
+    base = build_source_assets(source, catalog)
+    documents = base[1]
+    return base + build_refinement_assets(source, config, shards_partitions(source), documents.key, catalog,
+                                          has_classifier)
+
+
 def _as_handle(ref: UpstreamRef) -> ArtifactHandle:
     return ArtifactHandle(ref.asset_key, ref.partition, "external", ref.uri, ref.data_version)
 
@@ -180,8 +188,10 @@ def build_curation_stage(settings: MarinSettings) -> tuple[dg.Definitions, Catal
     config = load_curation_config(settings.sources_file or DEFAULT_SOURCES_PATH)
     catalog = Catalog()
     defs = []
+    classifier = build_quality_classifier(config, catalog)
+    defs.extend(classifier)
     for source in config.sources:
-        defs.extend(build_source_assets(source, catalog))
+        defs.extend(build_source_family(source, config, catalog, bool(classifier)))
     sensors = [d for d in defs if isinstance(d, dg.SensorDefinition)]
     checks = [d for d in defs if isinstance(d, dg.AssetChecksDefinition)]
     assets = [d for d in defs if d not in sensors and d not in checks]
