@@ -366,13 +366,16 @@ class _Encoder:
         self.bos, self.eos = bos, eos
         self.fraction = cfg.validation_fraction
 
-    def encode(self, batch: _DocBatch) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        encodings = self.tok.encode_batch_fast(batch.texts, add_special_tokens=False)
-        n = len(encodings)
-        lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=n)
-        flat = np.fromiter(
-            itertools.chain.from_iterable(e.ids for e in encodings), dtype=TOKEN_DTYPE, count=int(lengths.sum())
-        )
+    def encode_texts(self, texts: list[str]) -> list:
+        # Releases the GIL: runs in a worker thread while the main thread frames the previous batch.
+        return self.tok.encode_batch_fast(texts, add_special_tokens=False)
+
+    def frame(self, batch: _DocBatch, encodings: list) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Encodings of a batch -> per split, (concatenated [BOS] ids [EOS] rows, row lengths)."""
+        ids = [e.ids for e in encodings]
+        n = len(ids)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=TOKEN_DTYPE, count=int(lengths.sum()))
         in_val = np.fromiter((is_validation_document(i, self.fraction) for i in batch.ids), dtype=bool, count=n)
         out = {}
         for split, mask in (("train", ~in_val), ("validation", in_val)):
@@ -383,6 +386,19 @@ class _Encoder:
             else:
                 out[split] = (np.empty(0, TOKEN_DTYPE), np.empty(0, np.int64))
         return out
+
+
+def _encode_ahead(encoder: _Encoder, batches: Iterator[_DocBatch]) -> Iterator[tuple[_DocBatch, list]]:
+    """Yield (batch, encodings) while the next batch is already being encoded in a worker thread."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as pool:
+        ahead: tuple[_DocBatch, Future | None] | None = None
+        for batch in batches:
+            job = pool.submit(encoder.encode_texts, batch.texts) if batch.texts else None
+            if ahead is not None:
+                yield ahead[0], ahead[1].result() if ahead[1] is not None else []
+            ahead = (batch, job)
+        if ahead is not None:
+            yield ahead[0], ahead[1].result() if ahead[1] is not None else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -544,12 +560,12 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
 
             for shard in shards[reuse:]:
                 entry = _shard_entry(shard)
-                for batch in _iter_clean_batches(shard, cfg):
+                for batch, encodings in _encode_ahead(encoder, _iter_clean_batches(shard, cfg)):
                     entry["skipped_documents"] += batch.skipped
                     if not batch.texts:
                         continue
                     entry["text_bytes"] += batch.text_bytes
-                    for split, (data, lengths) in encoder.encode(batch).items():
+                    for split, (data, lengths) in encoder.frame(batch, encodings).items():
                         buffers[split].add(data, lengths)
                         entry[f"{split}_documents"] += int(lengths.size)
                         entry[f"{split}_tokens"] += int(data.size)

@@ -183,19 +183,19 @@ def test_interrupted_build_resumes_to_the_same_cache(shards, tokenizer_dir, cfg,
 
     full_root, full = built
     root = str(tmp_path / "crash")
-    real_encode = cache_mod._Encoder.encode
+    real_frame = cache_mod._Encoder.frame
     calls = {"n": 0}
 
-    def failing_encode(self, batch):
+    def failing_frame(self, batch, encodings):
         calls["n"] += 1
         if calls["n"] == 9:  # part-way through the second shard, after some flushes
             raise RuntimeError("simulated crash")
-        return real_encode(self, batch)
+        return real_frame(self, batch, encodings)
 
-    monkeypatch.setattr(cache_mod._Encoder, "encode", failing_encode)
+    monkeypatch.setattr(cache_mod._Encoder, "frame", failing_frame)
     with pytest.raises(RuntimeError, match="simulated crash"):
         build_levanter_cache(shards, tokenizer_dir, root, cfg)
-    monkeypatch.setattr(cache_mod._Encoder, "encode", real_encode)
+    monkeypatch.setattr(cache_mod._Encoder, "frame", real_frame)
 
     with pytest.raises(FileNotFoundError, match="not finished"):
         TreeCache.load(f"{root}/train", EXEMPLAR)  # Levanter refuses a half-built cache
