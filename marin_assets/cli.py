@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO_TARGET = "raw/shakespeare"
+DEMO_TARGET = "tokenized/shakespeare"
 POOL_LIMITS = {"cpu-train": 1, "gpu": 1, "tpu": 1}
 
 
