@@ -165,8 +165,11 @@ def _combine(shards: list[Shard]) -> tuple[pl.DataFrame, np.ndarray]:
     return combined, hashvalues
 
 
-def _candidate_pairs(hashvalues: np.ndarray, eligible: np.ndarray, config: DedupConfig) -> list[tuple[int, int]]:
-    """Sorted unique (i, j), i < j, of eligible rows that share an LSH band."""
+def _verified_components(
+    hashvalues: np.ndarray, eligible: np.ndarray, texts: pl.Series, config: DedupConfig, stats: dict
+) -> tuple[_UnionFind, dict[int, np.ndarray]]:
+    """Union-find over LSH candidate pairs (i < j, in sorted order) that pass exact Jaccard, and the
+    shingle sets of every row that has a candidate."""
     lsh = MinHashLSH(num_perm=config.minhash.num_perm, params=(config.bands, config.rows))
     sketches = {
         int(row): LeanMinHash(seed=config.minhash.seed, hashvalues=hashvalues[row], scheme=_DATASKETCH_SCHEME)
@@ -175,12 +178,23 @@ def _candidate_pairs(hashvalues: np.ndarray, eligible: np.ndarray, config: Dedup
     with lsh.insertion_session() as session:
         for row, sketch in sketches.items():
             session.insert(row, sketch, check_duplication=False)
-    pairs = set()
-    for row, sketch in sketches.items():
-        for other in lsh.query(sketch):
-            if other > row:
-                pairs.add((row, other))
-    return sorted(pairs)
+    # Two query passes instead of materializing all pairs: a cluster of k near-copies has k**2/2
+    # pairs, too many to hold, but only k rows whose shingle sets are needed.
+    involved = [row for row, sketch in sketches.items() if len(lsh.query(sketch)) > 1]
+    sets = dict(zip(involved, shingle_sets(texts.gather(involved).to_list(), config.minhash.shingle_size)))
+    union_find = _UnionFind(len(texts))
+    for row in involved:
+        for other in sorted(other for other in lsh.query(sketches[row]) if other > row):
+            stats["lsh_candidate_pairs"] += 1
+            if union_find.find(row) == union_find.find(other):
+                # The edge cannot change the components; skipping it keeps big clusters linear.
+                stats["pairs_already_connected"] += 1
+            elif exact_jaccard(sets[row], sets[other]) >= config.jaccard_threshold:
+                stats["verified_pairs"] += 1
+                union_find.union(row, other)
+            else:
+                stats["rejected_pairs"] += 1
+    return union_find, sets
 
 
 def dedup_source(shards: Sequence[Shard | tuple[str, pl.DataFrame, SignatureTable]], config: DedupConfig) -> DedupResult:
@@ -220,22 +234,9 @@ def dedup_source(shards: Sequence[Shard | tuple[str, pl.DataFrame, SignatureTabl
     if config.fuzzy:
         eligible = unique_rows[~empty_signature_mask(hashvalues[unique_rows])]
         stats["docs_without_tokens"] = int(len(unique_rows) - len(eligible))
-        pairs = _candidate_pairs(hashvalues, eligible, config)
-        stats["lsh_candidate_pairs"] = len(pairs)
-        involved = sorted({row for pair in pairs for row in pair})
-        sets = dict(zip(involved, shingle_sets(texts.gather(involved).to_list(), config.minhash.shingle_size)))
-        union_find = _UnionFind(len(combined))
-        for a, b in pairs:
-            if union_find.find(a) == union_find.find(b):
-                # The edge cannot change the components; skipping it keeps big clusters linear.
-                stats["pairs_already_connected"] += 1
-            elif exact_jaccard(sets[a], sets[b]) >= config.jaccard_threshold:
-                stats["verified_pairs"] += 1
-                union_find.union(a, b)
-            else:
-                stats["rejected_pairs"] += 1
+        union_find, sets = _verified_components(hashvalues, eligible, texts, config, stats)
         components: dict[int, list[int]] = {}
-        for row in involved:
+        for row in sets:
             components.setdefault(union_find.find(row), []).append(row)
         lengths = texts.str.len_chars().cast(pl.Int64).to_numpy()
         for members in components.values():

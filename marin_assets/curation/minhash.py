@@ -55,6 +55,7 @@ _PARQUET_CONFIG_KEY = b"marin.minhash_config"
 _BATCH_TEXT_CHARS = 256 << 10
 # Shingles per permutation block; measured fastest on AVX-512 x86 among 1k..32k.
 _PERMUTATION_BLOCK = 8192
+_MAX_SHINGLE_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ class MinHashConfig:
     hash_mode: HashMode = "fast"
 
     def __post_init__(self) -> None:
-        if self.shingle_size < 1:
-            raise ValueError(f"shingle_size must be >= 1, got {self.shingle_size}")
+        if not 1 <= self.shingle_size <= _MAX_SHINGLE_SIZE:
+            raise ValueError(f"shingle_size must be in [1, {_MAX_SHINGLE_SIZE}], got {self.shingle_size}")
         if not 2 <= self.num_perm <= 4096:
             raise ValueError(f"num_perm must be in [2, 4096], got {self.num_perm}")
         if not 0 <= self.seed < 2**32:
@@ -116,7 +117,6 @@ def _position_multiplier(position: int) -> int:
 
 
 # Shingle hash = sum of token hashes times a per-position odd constant, so order matters.
-_MAX_SHINGLE_SIZE = 64
 SHINGLE_POSITION_MULTIPLIERS = np.array(
     [_position_multiplier(j) for j in range(_MAX_SHINGLE_SIZE)], dtype=np.uint64
 )
@@ -188,23 +188,26 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _PowerTables:
-    """``base**k`` and ``base**-k`` mod 2**64 for k < capacity, grown on demand."""
+    """``base**k`` and ``base**-k`` mod 2**64 for k < capacity, grown on demand.
+
+    Memory is 16 bytes per byte of the largest batch (a batch is ~256k characters, or one larger
+    document). Both tables are swapped in as one tuple so concurrent threads never see a mix."""
 
     def __init__(self) -> None:
-        self.powers = np.ones(1, dtype=np.uint64)
-        self.inverse_powers = np.ones(1, dtype=np.uint64)
+        self.tables = (np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64))
 
-    def ensure(self, size: int) -> None:
-        if size <= len(self.powers):
-            return
-        capacity = max(size, 2 * len(self.powers))
+    def at_least(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        tables = self.tables
+        if size <= len(tables[0]):
+            return tables
+        capacity = max(size, 2 * len(tables[0]))
         base = np.full(capacity, _TOKEN_POLY_BASE, dtype=np.uint64)
         base[0] = 1
         inverse = np.full(capacity, _TOKEN_POLY_BASE_INV, dtype=np.uint64)
         inverse[0] = 1
         # Array products wrap mod 2**64, which is the intended arithmetic.
-        self.powers = np.cumprod(base, dtype=np.uint64)
-        self.inverse_powers = np.cumprod(inverse, dtype=np.uint64)
+        self.tables = (np.cumprod(base, dtype=np.uint64), np.cumprod(inverse, dtype=np.uint64))
+        return self.tables
 
 
 _POWER_TABLES = _PowerTables()
@@ -216,7 +219,6 @@ class ShingleHashes:
 
     hashes: np.ndarray  # uint64, one per shingle occurrence
     doc_index: np.ndarray  # int64, document of each shingle
-    num_docs: int
 
 
 def _is_word_byte(data: np.ndarray) -> np.ndarray:
@@ -244,15 +246,15 @@ def _token_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     boundaries = np.flatnonzero(is_word[1:] != is_word[:-1])
     token_starts = boundaries[0::2]
     token_ends = boundaries[1::2]
-    _POWER_TABLES.ensure(data.size + 1)
+    powers, inverse_powers = _POWER_TABLES.at_least(data.size + 1)
     # prefix[i] = sum_{k < i} byte_k * base**k, so a token's hash is a difference rescaled by base**-start.
     prefix = np.zeros(data.size + 1, dtype=np.uint64)
     weighted = data.astype(np.uint64)
-    weighted *= _POWER_TABLES.powers[: data.size]
+    weighted *= powers[: data.size]
     np.cumsum(weighted, out=prefix[1:])
     poly = prefix[token_ends]
     poly -= prefix[token_starts]
-    poly *= _POWER_TABLES.inverse_powers[token_starts]
+    poly *= inverse_powers[token_starts]
     tokens_per_doc = np.diff(np.searchsorted(token_starts, doc_starts), append=np.int64(token_starts.size))
     return _fmix64(poly), tokens_per_doc
 
@@ -288,7 +290,6 @@ def _shingle_hashes_batch(texts: Sequence[str], shingle_size: int) -> ShingleHas
     return ShingleHashes(
         hashes=hashes,
         doc_index=np.repeat(np.arange(len(texts), dtype=np.int64), shingles_per_doc),
-        num_docs=len(texts),
     )
 
 
@@ -317,11 +318,10 @@ def shingle_hashes(texts: Sequence[str], shingle_size: int) -> ShingleHashes:
         batch = _shingle_hashes_batch(texts[start:end], shingle_size)
         parts.append((batch.hashes, batch.doc_index + start))
     if not parts:
-        return ShingleHashes(np.zeros(0, np.uint64), np.zeros(0, np.int64), len(texts))
+        return ShingleHashes(np.zeros(0, np.uint64), np.zeros(0, np.int64))
     return ShingleHashes(
         hashes=np.concatenate([hashes for hashes, _ in parts]),
         doc_index=np.concatenate([docs for _, docs in parts]),
-        num_docs=len(texts),
     )
 
 

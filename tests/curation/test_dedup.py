@@ -338,3 +338,22 @@ def test_default_lsh_parameters_target_the_verification_threshold():
     assert candidate_probability(0.9, config.bands, config.rows) > 0.99
     assert candidate_probability(0.5, config.bands, config.rows) < 0.02
     assert np.isclose(candidate_probability(lsh_threshold(12, 10), 12, 10), 1 - (1 - 1 / 12) ** 12)
+
+
+def test_large_cluster_is_one_component_with_linear_verification(planted_corpus):
+    # 150 variants of one document, each with one different word substituted: every pair is a
+    # near-duplicate, and only the edges that join components are verified (k - 1 of them).
+    rng = random.Random(5)
+    base = planted_corpus["texts"][0]
+    words = base.split()
+    variants = set()
+    while len(variants) < 150:
+        position = rng.randrange(len(words))
+        variants.add(" ".join(words[:position] + [f"variant{len(variants)}"] + words[position + 1 :]))
+    config = DedupConfig()
+    docs = frame(sorted(variants), [f"v{i}" for i in range(len(variants))])
+    result = dedup_source([Shard("k", docs, compute_signatures(docs, config.minhash))], config)
+    assert len(result.kept) == 1
+    assert result.stats["fuzzy_components"] == 1
+    assert result.stats["verified_pairs"] == len(variants) - 1
+    assert result.stats["pairs_already_connected"] > 10 * len(variants)
