@@ -90,6 +90,9 @@ class HuberLogLossObjective:
         # Right-hand sides for the gradient reductions: sum(w) and sum(w * log x) in one matmul.
         self._n_basis = np.stack([np.ones_like(self.log_n), self.log_n], axis=1)
         self._d_basis = np.stack([np.ones_like(self.log_d), self.log_d], axis=1)
+        # Left-hand sides that build a - alpha log N (and b - beta log D) in one matmul.
+        self._n_rows = np.stack([np.ones_like(self.log_n), -self.log_n])
+        self._d_rows = np.stack([np.ones_like(self.log_d), -self.log_d])
 
     # Rows per block: keeps the (rows x runs) temporaries small enough to be reused from the
     # allocator and cache instead of being freshly mapped, which is several times faster.
@@ -116,20 +119,28 @@ class HuberLogLossObjective:
         return value, grad
 
     def _block(self, theta: np.ndarray, per_row_shift: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        a, b, e, alpha, beta = (theta[:, i : i + 1] for i in range(5))
-        term_n = a - alpha * self.log_n
-        term_d = b - beta * self.log_d
-        # logsumexp needs a shift; one per row is cheaper (the e term becomes a per-row
-        # scalar) and is exact unless the terms span more than exp's range within a row.
+        a, b, e, alpha, beta = theta.T
+        # logsumexp needs a shift. One per row is cheapest: the largest N term of a row is
+        # known in closed form (the term is linear in log N), the shifted terms come out of a
+        # single (rows x 2) @ (2 x runs) product, and the e term becomes a per-row scalar.
+        # It is exact unless the terms span more than exp's range within a row; such rows
+        # are flagged and redone with a per-element shift.
         if per_row_shift:
-            shift = np.maximum(np.maximum(term_n.max(axis=1, keepdims=True), term_d.max(axis=1, keepdims=True)), e)
+            top_n = a - np.minimum(alpha * self.log_n.min(), alpha * self.log_n.max())
+            top_d = b - np.minimum(beta * self.log_d.min(), beta * self.log_d.max())
+            shift = np.maximum(np.maximum(top_n, top_d), e)
+            term_n = np.stack([a - shift, alpha], axis=1) @ self._n_rows
+            term_d = np.stack([b - shift, beta], axis=1) @ self._d_rows
+            shift = shift[:, None]
         else:
-            shift = np.maximum(np.maximum(term_n, term_d), e)
-        np.subtract(term_n, shift, out=term_n)
+            term_n = a[:, None] - alpha[:, None] * self.log_n
+            term_d = b[:, None] - beta[:, None] * self.log_d
+            shift = np.maximum(np.maximum(term_n, term_d), e[:, None])
+            term_n -= shift
+            term_d -= shift
         np.exp(term_n, out=term_n)
-        np.subtract(term_d, shift, out=term_d)
         np.exp(term_d, out=term_d)
-        term_e = np.exp(e - shift)
+        term_e = np.exp(e[:, None] - shift)
         total = term_n + term_d
         total += term_e
         underflow = ~(total.min(axis=1) > 0.0)
@@ -150,7 +161,7 @@ class HuberLogLossObjective:
         grad = np.empty_like(theta)
         grad[:, 0] = grad_n[:, 0]
         grad[:, 1] = grad_d[:, 0]
-        grad[:, 2] = (weight * term_e).sum(axis=1) if not per_row_shift else weight.sum(axis=1) * term_e[:, 0]
+        grad[:, 2] = weight.sum(axis=1) * term_e[:, 0] if per_row_shift else (weight * term_e).sum(axis=1)
         grad[:, 3] = -grad_n[:, 1]
         grad[:, 4] = -grad_d[:, 1]
         return value, grad, underflow
