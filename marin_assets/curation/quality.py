@@ -15,6 +15,7 @@ import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -50,21 +51,35 @@ def _hash(token: str) -> int:
     return zlib.crc32(token.encode("utf-8"))
 
 
+@lru_cache(maxsize=500_000)
+def _word_hashes(word: str, lo: int, hi: int) -> tuple[int, ...]:
+    """Unigram plus character n-gram hashes of one word.
+
+    Words follow Zipf's law, so caching per word removes most of the hashing.
+    """
+    hashes = [_hash("w1\x1f" + word)]
+    padded = "<" + word + ">"
+    for n in range(max(lo, 1), hi + 1):
+        for i in range(len(padded) - n + 1):
+            hashes.append(_hash("c" + padded[i : i + n]))
+    return tuple(hashes)
+
+
 def _features(text: str, cfg: QualityConfig) -> tuple[np.ndarray, np.ndarray]:
     """Sparse (indices, values): log-scaled, L2-normalised hashed counts."""
     words = _TOKEN_RE.findall(text[: cfg.max_chars].lower())
     hashes: list[int] = []
     lo, hi = cfg.word_ngrams
-    for n in range(max(lo, 1), hi + 1):
+    clo, chi = cfg.char_ngrams
+    if lo <= 1 <= hi:
+        for word in words:
+            hashes.extend(_word_hashes(word, clo, chi) if chi > 0 else _word_hashes(word, 1, 0))
+    elif chi > 0:
+        for word in words:
+            hashes.extend(_word_hashes(word, clo, chi)[1:])
+    for n in range(max(lo, 2), hi + 1):
         for i in range(len(words) - n + 1):
             hashes.append(_hash("w" + str(n) + "\x1f" + "\x1f".join(words[i : i + n])))
-    clo, chi = cfg.char_ngrams
-    if chi > 0:
-        for word in words:
-            padded = "<" + word + ">"
-            for n in range(max(clo, 1), chi + 1):
-                for i in range(len(padded) - n + 1):
-                    hashes.append(_hash("c" + padded[i : i + n]))
     if not hashes:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
     idx, counts = np.unique(np.asarray(hashes, dtype=np.int64) % cfg.n_features, return_counts=True)
