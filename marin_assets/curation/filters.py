@@ -96,7 +96,7 @@ RULE_ORDER: tuple[str, ...] = (
 class FilterResult:
     kept: pl.DataFrame
     # Same columns as ``kept`` plus ``reason`` (first failed rule) and
-    # ``failed_rules`` (every heuristic rule the document failed).
+    # ``failed_rules`` (every enabled rule the document failed).
     dropped: pl.DataFrame
     # Rule name -> number of documents whose first failed rule it is; the
     # values add up to ``dropped.height``. Every enabled rule has an entry.
