@@ -134,7 +134,9 @@ def _validate_shards(shards: Sequence[Shard], config: DedupConfig) -> list[Shard
         for column in ("id", "text"):
             # Null dtype is what polars infers for an empty column; it casts to String losslessly.
             if shard.docs.schema[column] not in (pl.Utf8, pl.Null):
-                raise ValueError(f"shard {shard.shard_key!r} column {column!r} must be String, got {shard.docs.schema[column]}")
+                raise ValueError(
+                    f"shard {shard.shard_key!r} column {column!r} must be String, got {shard.docs.schema[column]}"
+                )
         if shard.docs["id"].null_count() or shard.docs["text"].null_count():
             raise ValueError(f"shard {shard.shard_key!r} has null id or text values")
         if shard.signatures.config != config.minhash:
@@ -197,7 +199,9 @@ def _verified_components(
     return union_find, sets
 
 
-def dedup_source(shards: Sequence[Shard | tuple[str, pl.DataFrame, SignatureTable]], config: DedupConfig) -> DedupResult:
+def dedup_source(
+    shards: Sequence[Shard | tuple[str, pl.DataFrame, SignatureTable]], config: DedupConfig
+) -> DedupResult:
     """Deduplicate all shards of one source; the result does not depend on the order of ``shards``."""
     ordered = _validate_shards(shards, config)
     stats: dict[str, int | float] = {

@@ -425,7 +425,9 @@ class SignatureTable:
 
     def __post_init__(self) -> None:
         if self.hashvalues.dtype != np.uint32 or self.hashvalues.ndim != 2:
-            raise ValueError(f"hashvalues must be a 2-D uint32 array, got {self.hashvalues.dtype} {self.hashvalues.shape}")
+            raise ValueError(
+                f"hashvalues must be a 2-D uint32 array, got {self.hashvalues.dtype} {self.hashvalues.shape}"
+            )
         if self.hashvalues.shape != (len(self.ids), self.config.num_perm):
             raise ValueError(
                 f"hashvalues shape {self.hashvalues.shape} does not match "
@@ -485,7 +487,9 @@ def save_signatures(table: SignatureTable, destination: str | os.PathLike | Bina
     pq.write_table(arrow, destination)
 
 
-def load_signatures(source: str | os.PathLike | BinaryIO | bytes, expected: MinHashConfig | None = None) -> SignatureTable:
+def load_signatures(
+    source: str | os.PathLike | BinaryIO | bytes, expected: MinHashConfig | None = None
+) -> SignatureTable:
     """Read a ``save_signatures`` file; raise if its config differs from ``expected``."""
     if isinstance(source, bytes):
         source = io.BytesIO(source)

@@ -117,8 +117,7 @@ def test_fast_estimates_are_as_accurate_as_datasketch_sha1():
     for _ in range(150):
         words = random_words(rng, 300).split()
         rate = rng.uniform(0.0, 0.3)
-        edited = [rng.choice(["new", "other", "changed", "edit"]) + str(rng.randrange(999)) if rng.random() < rate else w
-                  for w in words]
+        edited = [f"edit{rng.randrange(999)}" if rng.random() < rate else word for word in words]
         pairs.append((" ".join(words), " ".join(edited)))
     texts = [text for pair in pairs for text in pair]
     fast = minhash_texts(texts, MinHashConfig())
@@ -169,9 +168,10 @@ def test_invalid_inputs_are_rejected():
     with pytest.raises(ValueError, match="'text'"):
         compute_signatures(pl.DataFrame({"id": ["a"]}), MinHashConfig())
     with pytest.raises(ValueError, match="null"):
-        compute_signatures(pl.DataFrame({"id": ["a"], "text": [None]}, schema={"id": pl.Utf8, "text": pl.Utf8}), MinHashConfig())
+        null_text = pl.DataFrame({"id": ["a"], "text": [None]}, schema={"id": pl.Utf8, "text": pl.Utf8})
+        compute_signatures(null_text, MinHashConfig())
     with pytest.raises(ValueError, match="does not match"):
-        SignatureTable(ids=np.array(["a"], dtype=object), hashvalues=np.zeros((2, 128), np.uint32), config=MinHashConfig())
+        SignatureTable(np.array(["a"], dtype=object), np.zeros((2, 128), np.uint32), MinHashConfig())
 
 
 def test_empty_frame_has_empty_signatures():
