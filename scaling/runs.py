@@ -38,8 +38,8 @@ class Runs:
         return Runs(self.flops[index], self.params[index], self.tokens[index], self.loss[index])
 
 
-def read_runs_csv(path: str | Path, columns: Sequence[str] = RUN_COLUMNS) -> list[dict[str, str]]:
-    """Raw rows of a CSV file; checks only that the file exists, has a header and the columns."""
+def read_runs_csv(path: str | Path) -> tuple[list[str], list[dict[str, str]]]:
+    """Header and raw rows of a CSV file; checks only that the file exists and has a header."""
     path = Path(path)
     if not path.is_file():
         raise RunsError(f"{path}: no such file")
@@ -47,14 +47,9 @@ def read_runs_csv(path: str | Path, columns: Sequence[str] = RUN_COLUMNS) -> lis
         reader = csv.DictReader(handle)
         header = [name.strip() for name in (reader.fieldnames or [])]
         if not header:
-            raise RunsError(f"{path}: empty file (expected a header with {', '.join(columns)})")
-        missing = [c for c in columns if c not in header]
-        if missing:
-            raise RunsError(
-                f"{path}: missing required column(s) {', '.join(missing)}; found columns: {', '.join(header)}"
-            )
+            raise RunsError(f"{path}: empty file (expected a header with {', '.join(RUN_COLUMNS)})")
         reader.fieldnames = header
-        return list(reader)
+        return header, list(reader)
 
 
 def to_records(runs: Any) -> list[Mapping[str, Any]]:
@@ -109,18 +104,30 @@ def _positive_number(raw: Any, source: str, row_number: int, column: str) -> flo
 def load_runs(runs: Any, *, derive_tokens: bool = False) -> Runs:
     """Load runs from a CSV path, list of dicts or DataFrame.
 
-    With ``derive_tokens``, a table without a ``tokens`` column gets tokens = flops / (6 params),
-    the Chinchilla convention for dense transformers (used by the Epoch data set, which reports
-    only parameters and training FLOPs).
+    With ``derive_tokens`` (used by approach 3, which needs only params, tokens and loss), one
+    of ``tokens``/``flops`` may be missing and is derived from C = 6 N D, the Chinchilla
+    convention for dense transformers (the Epoch data set reports only N and C).
     """
     if isinstance(runs, (str, Path)):
         source = str(runs)
-        wanted = ("flops", "params", "loss") if derive_tokens else RUN_COLUMNS
-        records: list[Mapping[str, Any]] = read_runs_csv(runs, wanted)
+        header, records = read_runs_csv(runs)
     else:
         source = "runs"
         records = to_records(runs)
-    if derive_tokens and records and "tokens" not in records[0]:
+        header = [str(name) for name in records[0]] if records else []
+    if derive_tokens and "tokens" not in header and "flops" in header:
         parsed = _parse_columns(records, source, ("flops", "params", "loss"))
-        return Runs(parsed["flops"], parsed["params"], parsed["flops"] / (6.0 * parsed["params"]), parsed["loss"])
+        parsed["tokens"] = parsed["flops"] / (6.0 * parsed["params"])
+        return Runs(**parsed)
+    if derive_tokens and "flops" not in header and "tokens" in header:
+        parsed = _parse_columns(records, source, ("params", "tokens", "loss"))
+        parsed["flops"] = 6.0 * parsed["params"] * parsed["tokens"]
+        return Runs(**parsed)
+    _require_columns(header, source)
     return parse_runs(records, source)
+
+
+def _require_columns(header: Sequence[str], source: str) -> None:
+    missing = [c for c in RUN_COLUMNS if c not in header]
+    if missing and header:
+        raise RunsError(f"{source}: missing required column(s) {', '.join(missing)}; found columns: {', '.join(header)}")

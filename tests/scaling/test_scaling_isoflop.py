@@ -137,6 +137,11 @@ def test_runs_are_validated_with_row_and_column():
         load_runs([])
     derived = load_runs([{k: v for k, v in good.items() if k != "tokens"}], derive_tokens=True)
     assert derived.tokens[0] == pytest.approx(1e15 / 6e6)
+    # Approach 3 does not need flops; with tokens present it is derived the same way.
+    no_flops = load_runs([{k: v for k, v in good.items() if k != "flops"}], derive_tokens=True)
+    assert no_flops.flops[0] == pytest.approx(6 * 1e6 * 1e8)
+    with pytest.raises(RunsError, match=r"missing required column\(s\) flops, tokens"):
+        load_runs([{"params": 1e6, "loss": 3.0}], derive_tokens=True)
 
 
 def test_prediction_budgets_must_be_positive(known_law):
