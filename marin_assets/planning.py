@@ -67,6 +67,9 @@ class Planner:
             new = [k for k in keys if k not in known]
             if new:
                 self.instance.add_dynamic_partitions(name, new)
+            # A shard whose files were regrouped or removed is retired; its artifacts stay in the store.
+            for retired in sorted(known - set(keys)):
+                self.instance.delete_dynamic_partition(name, retired)
             added[name] = new
         return added
 
@@ -139,7 +142,11 @@ class Planner:
 
     # ---- execution -------------------------------------------------------------------------
     def plan(self, target: dg.AssetKey, partition: str | None) -> list[tuple[list[dg.AssetKey], list[str | None]]]:
-        """Target plus its upstream, in topological order, grouped by partitions definition."""
+        """Target plus its upstream as runs: assets sharing a partitions definition run together.
+
+        An asset's stage is one past its latest parent with a different partitions definition, so
+        a run never needs an asset from a later run; groups execute in stage order.
+        """
         if target not in self.graph.get_all_asset_keys():
             known = ", ".join(sorted(key_str(k) for k in self.artifact_keys()))
             raise KeyError(f"unknown asset {key_str(target)!r}; known: {known}")
@@ -148,18 +155,24 @@ class Planner:
         target_pdef = self.graph.get(target).partitions_def
         if partition is not None and target_pdef is None:
             raise ValueError(f"{key_str(target)} is not partitioned; drop --partition")
-        groups: list[tuple[list[dg.AssetKey], list[str | None]]] = []
+        stage: dict[dg.AssetKey, int] = {}
         for key in ordered:
             pdef = self.graph.get(key).partitions_def
-            if groups and self.graph.get(groups[-1][0][0]).partitions_def == pdef:
-                groups[-1][0].append(key)
-                continue
+            stage[key] = max((stage[p] + (self.graph.get(p).partitions_def != pdef)
+                              for p in self.graph.get(key).parent_keys if p in stage), default=0)
+        groups: dict[tuple[int, str], list[dg.AssetKey]] = {}
+        for key in ordered:
+            pdef = self.graph.get(key).partitions_def
+            groups.setdefault((stage[key], repr(pdef)), []).append(key)
+        planned = []
+        for (_, _), keys in sorted(groups.items(), key=lambda kv: kv[0]):
+            pdef = self.graph.get(keys[0]).partitions_def
             if pdef is not None and pdef == target_pdef and partition is not None:
                 parts: list[str | None] = [partition]
             else:
-                parts = self.partitions_of(key)
-            groups.append(([key], parts))
-        return groups
+                parts = self.partitions_of(keys[0])
+            planned.append((keys, parts))
+        return planned
 
     def materialize(self, target: dg.AssetKey, partition: str | None, *, log: Log = print,
                     run_config: dict | None = None, force: bool = False) -> list[StepResult]:

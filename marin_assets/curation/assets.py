@@ -59,7 +59,7 @@ def read_original_bytes(ref: FileRef) -> bytes:
     import fsspec
 
     if "://" in ref.uri.split("::", 1)[0] and ref.uri.split("://", 1)[0] in ("pypi-sdist", "installed-dists"):
-        with open_binary(ref.uri) as fh:
+        with open_binary(ref.uri, decompress=False) as fh:
             return fh.read()
     with fsspec.open(ref.uri, "rb") as fh:
         return fh.read()
