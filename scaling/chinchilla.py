@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-PARAM_NAMES = ("a", "b", "e", "alpha", "beta")
+PARAM_NAMES = ("a", "b", "e", "alpha", "beta")  # column order of start and end points
 HUBER_DELTA = 1e-3
 BLOCK_ELEMENTS = 32_768
 
@@ -58,9 +58,11 @@ class ChinchillaFit:
     starts: int
     seconds: float
     solver: str
-    # End point and objective of every start, for diagnostics and solver comparisons.
+    # End point, objective and stopping-test status of every start, for diagnostics and
+    # solver comparisons.
     end_points: np.ndarray = field(repr=False, compare=False)
     end_objectives: np.ndarray = field(repr=False, compare=False)
+    converged: np.ndarray = field(repr=False, compare=False)
 
     def predict(self, params: np.ndarray | float, tokens: np.ndarray | float) -> np.ndarray:
         n = np.asarray(params, dtype=np.float64)
@@ -295,14 +297,24 @@ def fit_chinchilla_arrays(
     solver: Literal["batched", "scipy"] = "batched",
     starts: np.ndarray | None = None,
 ) -> ChinchillaFit:
-    """Fit approach 3. ``starts`` overrides ``grid`` with explicit (k, 5) starting points."""
-    objective = HuberLogLossObjective(params, tokens, loss, delta)
+    """Fit approach 3. ``starts`` overrides ``grid`` with explicit (k, 5) starting points in
+    ``PARAM_NAMES`` order."""
+    columns = [np.asarray(c, dtype=np.float64).reshape(-1) for c in (params, tokens, loss)]
+    if len({c.size for c in columns}) != 1:
+        raise ValueError(f"params, tokens and loss differ in length: {[c.size for c in columns]}")
+    if columns[0].size < len(PARAM_NAMES):
+        raise ValueError(f"{columns[0].size} runs; fitting 5 parameters needs at least 5")
+    if not all(np.all(np.isfinite(c) & (c > 0)) for c in columns):
+        raise ValueError("params, tokens and loss must be positive finite numbers")
+    objective = HuberLogLossObjective(*columns, delta)
     x0 = grid.points() if starts is None else np.atleast_2d(np.asarray(starts, dtype=np.float64))
+    if x0.shape[1] != len(PARAM_NAMES):
+        raise ValueError(f"starting points need {len(PARAM_NAMES)} columns {PARAM_NAMES}, got shape {x0.shape}")
     began = time.perf_counter()
     if solver == "batched":
-        ends, values, _ = batched_bfgs(objective.value_and_grad, x0)
+        ends, values, converged = batched_bfgs(objective.value_and_grad, x0)
     elif solver == "scipy":
-        ends, values = _scipy_loop(objective, x0)
+        ends, values, converged = _scipy_loop(objective, x0)
     else:
         raise ValueError(f"unknown solver {solver!r}; expected 'batched' or 'scipy'")
     seconds = time.perf_counter() - began
@@ -321,16 +333,19 @@ def fit_chinchilla_arrays(
         solver=solver,
         end_points=ends,
         end_objectives=values,
+        converged=converged,
     )
 
 
-def _scipy_loop(objective: HuberLogLossObjective, x0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _scipy_loop(objective: HuberLogLossObjective, x0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from scipy.optimize import minimize
 
     ends = np.empty_like(x0)
     values = np.empty(x0.shape[0])
+    converged = np.empty(x0.shape[0], dtype=bool)
     for i, start in enumerate(x0):
         result = minimize(objective.scalar, start, jac=True, method="L-BFGS-B")
         ends[i] = result.x
         values[i] = result.fun
-    return ends, values
+        converged[i] = result.success
+    return ends, values, converged

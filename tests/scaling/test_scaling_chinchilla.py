@@ -17,6 +17,7 @@ def test_reproduces_epoch_fit(epoch_points):
         assert getattr(fit, name) == pytest.approx(published, rel=5e-3), name
     assert fit.objective == pytest.approx(EPOCH_OBJECTIVE, rel=1e-6)
     assert fit.starts == 4500
+    assert fit.converged.all()
 
 
 def test_batched_solver_matches_scipy_loop(epoch_points):
@@ -69,3 +70,12 @@ def test_recovers_noise_free_law(known_law):
     for name in ("E", "A", "B", "alpha", "beta"):
         assert getattr(fit, name) == pytest.approx(getattr(known_law, name), rel=1e-3), name
     np.testing.assert_allclose(fit.predict(n, d), known_law.loss(n, d), rtol=1e-6)
+
+
+def test_rejects_unfittable_inputs():
+    with pytest.raises(ValueError, match="at least 5"):
+        fit_chinchilla_arrays([1e6, 1e7], [1e8, 1e9], [3.0, 2.5])
+    with pytest.raises(ValueError, match="differ in length"):
+        fit_chinchilla_arrays([1e6] * 6, [1e8] * 5, [3.0] * 6)
+    with pytest.raises(ValueError, match="positive finite"):
+        fit_chinchilla_arrays([1e6] * 6, [1e8] * 6, [3.0] * 5 + [0.0])
