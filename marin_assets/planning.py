@@ -113,6 +113,8 @@ class Planner:
             pname = key_str(parent)
             wanted = self.expected_upstream_partitions(key, partition, parent)
             have = {p for (k, p) in recorded if k == pname}
+            if not have and self.graph.get(parent).partitions_def is None:
+                continue  # a declared dependency this partition does not use (e.g. another run's mixture)
             if wanted != have:
                 added = sorted(str(p) for p in wanted - have)
                 removed = sorted(str(p) for p in have - wanted)

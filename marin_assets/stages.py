@@ -2,7 +2,9 @@
 
 from marin_assets.curation.assets import build_curation_stage
 from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, load_curation_config
-from marin_assets.tokenization.assets import build_tokenization_stage
+from marin_assets.tokenization.assets import (MIXTURE_VERSION, REGISTRY_PATH, TOKENIZER_VERSION,
+                                              build_tokenization_stage, load_registry, restrict_to_sources)
+from marin_assets.training.assets import build_training_stage
 from marin_resources.environments import MarinSettings
 
 
@@ -14,4 +16,10 @@ def build_tokenization(settings: MarinSettings):
     return build_tokenization_stage(settings, curated_source_names(settings))
 
 
-STAGES = [build_curation_stage, build_tokenization]
+def build_training(settings: MarinSettings):
+    registry = restrict_to_sources(load_registry(REGISTRY_PATH), curated_source_names(settings))
+    return build_training_stage(settings, {m: MIXTURE_VERSION for m in registry.mixtures},
+                                {t: TOKENIZER_VERSION for t in registry.tokenizers}, pool=settings.train_pool)
+
+
+STAGES = [build_curation_stage, build_tokenization, build_training]

@@ -15,6 +15,7 @@ from typing import Any
 
 DEFAULT_PREFIX = "./local_store"
 ENVIRONMENTS = ("local", "prod")
+TRAIN_POOLS = ("cpu-train", "gpu", "tpu")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class MarinSettings:
     strict_fingerprints: bool
     sources_file: str | None
     runs_file: str | None
+    train_pool: str = "cpu-train"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "MarinSettings":
@@ -40,8 +42,11 @@ class MarinSettings:
         if "://" not in prefix:
             prefix = str(Path(prefix).expanduser().resolve())
         strict = e.get("MARIN_STRICT", "1" if env == "prod" else "0").lower() in ("1", "true", "yes")
-        return cls(env=env, prefix=prefix, strict_fingerprints=strict,
-                   sources_file=e.get("MARIN_SOURCES") or None, runs_file=e.get("MARIN_RUNS") or None)
+        pool = e.get("MARIN_TRAIN_POOL", "gpu" if env == "prod" else "cpu-train")
+        if pool not in TRAIN_POOLS:
+            raise ValueError(f"MARIN_TRAIN_POOL must be one of {', '.join(TRAIN_POOLS)}, got {pool!r}")
+        return cls(env=env, prefix=prefix, strict_fingerprints=strict, sources_file=e.get("MARIN_SOURCES") or None,
+                   runs_file=e.get("MARIN_RUNS") or None, train_pool=pool)
 
 
 def build_resources(settings: MarinSettings) -> dict[str, Any]:

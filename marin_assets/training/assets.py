@@ -1,0 +1,150 @@
+"""Training and evaluation assets, partitioned by run name:
+
+    mixture/<m> + tokenizer/<t>  -->  checkpoint[run]  -->  eval[run]
+
+Each run is a `RunSpec` from the registry (`runs.yaml`, plus specs registered in Python by
+sweeps). The spec's identity is the artifact's identity; its `resources` are runtime placement.
+Training runs in a separate process launched through Dagster Pipes (Levanter and JAX are never
+imported here); a killed or failed run resumes from Levanter's latest checkpoint on re-run.
+"""
+
+import base64
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from marin_assets.catalog import Catalog
+from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, registered_runs
+from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, marin_asset, materialize_artifact
+from marin_resources.environments import MarinSettings
+from marin_resources.launchers import EVAL_REPORT_FILE, TRAIN_CONFIG_FILE, LocalPipesLauncher
+
+CHECKPOINT_VERSION = "v1"
+EVAL_VERSION = "v1"
+RUNS = dg.DynamicPartitionsDefinition(name="runs")
+TRAIN_METRIC_KEYS = ("train_loss_first", "train_loss_last", "final_step", "tokens_per_second", "parameter_count",
+                     "mfu", "eval_loss_last", "flops_per_token", "resumed_from_step", "attempt", "train_seconds",
+                     "device_kind", "device_count", "wandb_run_dir")
+
+
+def local_dir(store: MarinStore, writer) -> str:
+    """Levanter and the training process write to a local path; on object stores, a staging dir."""
+    return str(writer.staging_dir())
+
+
+def find_handle(store: MarinStore, key: str, version: str) -> ArtifactHandle:
+    manifest = store.get().find(key, version, None)
+    if manifest is None:
+        raise dg.Failure(f"{key} has no committed artifact at {version}; materialize it first (marin materialize {key})")
+    return ArtifactHandle.from_manifest(manifest)
+
+
+def png_markdown(path: Path) -> dg.MetadataValue:
+    return dg.MetadataValue.md(f"![loss curve](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})")
+
+
+def pipes_metadata(invocation: dg.PipesClientCompletedInvocation) -> dict[str, Any]:
+    """Plain values of the materialization the process reported."""
+    result = invocation.get_materialize_result()
+    return {k: getattr(v, "value", v) for k, v in (result.metadata or {}).items()}
+
+
+def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, str],
+                         tokenizer_versions: dict[str, str], pool: str = "cpu-train") -> tuple[dg.Definitions, Catalog]:
+    runs_path = settings.runs_file or DEFAULT_RUNS_YAML
+
+    def runs() -> dict[str, RunSpec]:
+        return {name: spec for name, spec in registered_runs(runs_path).items()
+                if spec.mixture in mixture_versions and spec.tokenizer in tokenizer_versions}
+
+    catalog = Catalog()
+    catalog.add_discoverer(RUNS.name, lambda: sorted(runs()))
+    catalog.add_identity("checkpoint", lambda run: runs()[run].identity())
+    catalog.add_identity("eval", lambda run: {"run": runs()[run].identity()})
+    upstream_keys = [dg.AssetKey(["mixture", m]) for m in sorted(mixture_versions)] + \
+                    [dg.AssetKey(["tokenizer", t]) for t in sorted(tokenizer_versions)]
+
+    def spec_for(run: str) -> RunSpec:
+        specs = runs()
+        if run not in specs:
+            raise dg.Failure(f"no run named {run!r} in the registry ({runs_path}); known: {sorted(specs)}")
+        return specs[run]
+
+    @marin_asset(key="checkpoint", version=CHECKPOINT_VERSION, partitions_def=RUNS, deps=upstream_keys,
+                 group_name="training", kinds={"levanter", "jax"}, pool=pool,
+                 description="A Levanter training run: `checkpoints/step-N/` in Levanter's layout, the generated "
+                             "`train_config.yaml`, per-step `metrics.jsonl` and a loss curve. Re-materializing a "
+                             "killed or failed run resumes from its latest checkpoint; a finished run is a cache hit.")
+    def checkpoint(context: dg.AssetExecutionContext, store: MarinStore, launcher: LocalPipesLauncher):
+        spec = spec_for(context.partition_key)
+        artifacts = store.get()
+        mixture = find_handle(store, f"mixture/{spec.mixture}", mixture_versions[spec.mixture])
+        tokenizer = find_handle(store, f"tokenizer/{spec.tokenizer}", tokenizer_versions[spec.tokenizer])
+        with artifacts.open(f"{mixture.uri}/data.json") as fh:
+            data_config = json.load(fh)
+
+        def build(writer) -> Built:
+            out = local_dir(store, writer)
+            config_path = launcher.write_train_config(spec, data_config, tokenizer.uri, out)
+            invocation = launcher.run_training(context, train_config_path=config_path, output_dir=out,
+                                               accelerator=spec.resources.accelerator,
+                                               extras={"run": spec.name, "fingerprint": spec.fingerprint()})
+            reported = pipes_metadata(invocation)
+            metrics = {k: reported[k] for k in TRAIN_METRIC_KEYS if k in reported and reported[k] is not None}
+            metadata: dict[str, Any] = {"run": spec.name, "wandb": str(reported.get("wandb_run_dir", ""))}
+            curve = Path(out) / "loss_curve.png"
+            if curve.exists():
+                metadata["loss_curve"] = png_markdown(curve)
+            return Built(metrics=metrics, metadata=metadata)
+
+        # resume=True keeps Levanter's checkpoints from an interrupted attempt.
+        return materialize_artifact(context, store, config=spec.identity(), upstream=[mixture, tokenizer],
+                                    build=build, resume=True)
+
+    @dg.asset_check(asset=checkpoint, name="loss_fell",
+                    description="The final training loss is finite and lower than the first.")
+    def loss_fell(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
+        manifest = store.get().find("checkpoint", CHECKPOINT_VERSION, context.run.tags.get("dagster/partition"))
+        if manifest is None:
+            return dg.AssetCheckResult(passed=False, metadata={"error": "no committed checkpoint"})
+        first, last = manifest.metrics.get("train_loss_first"), manifest.metrics.get("train_loss_last")
+        ok = first is not None and last is not None and math.isfinite(last) and last < first
+        return dg.AssetCheckResult(passed=bool(ok), metadata={"train_loss_first": first, "train_loss_last": last})
+
+    @marin_asset(key="eval", version=EVAL_VERSION, partitions_def=RUNS, group_name="training", pool=pool,
+                 ins={"checkpoint": dg.AssetIn(key=checkpoint.key)}, kinds={"levanter"},
+                 description="Evaluation of a run's final checkpoint with Levanter: loss and bits-per-byte on each "
+                             "validation set, greedy samples, and a JSON report (`eval_report.json`).")
+    def evaluation(context: dg.AssetExecutionContext, store: MarinStore, launcher: LocalPipesLauncher,
+                   checkpoint: ArtifactHandle):
+        spec = spec_for(context.partition_key)
+        if not store.get().is_local:
+            raise dg.Failure("eval reads the checkpoint from a local path; run it where the store is mounted")
+        config_path = str(store.get().local_path(checkpoint.uri) / TRAIN_CONFIG_FILE)
+
+        def build(writer) -> Built:
+            out = local_dir(store, writer)
+            launcher.run_eval(context, train_config_path=config_path, output_dir=out,
+                              accelerator=spec.resources.accelerator, extras={"run": spec.name})
+            report = json.loads((Path(out) / EVAL_REPORT_FILE).read_text())
+            metrics = {k: v for k, v in report.items() if k.startswith("eval/") and isinstance(v, (int, float))}
+            samples = report.get("samples", [])
+            return Built(metrics=metrics, metadata={"samples": dg.MetadataValue.json(samples)})
+
+        return materialize_artifact(context, store, config={"run": spec.identity()}, upstream=[checkpoint],
+                                    build=build)
+
+    @dg.asset_check(asset=evaluation, name="bpb_finite", description="Every eval set's bits-per-byte is finite.")
+    def bpb_finite(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
+        manifest = store.get().find("eval", EVAL_VERSION, context.run.tags.get("dagster/partition"))
+        if manifest is None:
+            return dg.AssetCheckResult(passed=False, metadata={"error": "no committed eval"})
+        bpb = {k: v for k, v in manifest.metrics.items() if k.endswith("/bpb")}
+        return dg.AssetCheckResult(passed=bool(bpb) and all(math.isfinite(v) for v in bpb.values()),
+                                   metadata={k: float(v) for k, v in bpb.items()})
+
+    defs = dg.Definitions(assets=[checkpoint, evaluation], asset_checks=[loss_fell, bpb_finite])
+    return defs, catalog
