@@ -21,18 +21,17 @@ import sys
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = REPO_ROOT
 
-import argparse  # noqa: E402
-import csv  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import csv
+import json
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
+
+from scaling.chinchilla import StartGrid, fit_chinchilla_arrays
 
 REPO = Path(REPO_ROOT)
-
-from scaling.chinchilla import StartGrid, fit_chinchilla_arrays  # noqa: E402
-
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "chinchilla_points.csv"
 NAMES = ("E", "A", "B", "alpha", "beta")
 

@@ -10,7 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from .chinchilla import HUBER_DELTA, ChinchillaFit, StartGrid, fit_chinchilla_arrays
-from .flops import ModelDims, forward_flops_per_token, param_count, training_flops_per_token
+from .flops import (
+    ModelDims,
+    forward_flops_per_token,
+    param_count,
+    training_flops_per_token,
+)
 from .isoflop import IsoflopFit, IsoflopOptions, fit_isoflop_runs
 from .recipe import BudgetPlan, Candidate, MicroRecipe, Recipe
 from .runs import Runs, RunsError, load_runs
@@ -42,7 +47,7 @@ def fit_isoflop(
     runs: Any,
     predict: list[float],
     *,
-    options: IsoflopOptions = IsoflopOptions(),
+    options: IsoflopOptions | None = None,
     plot: str | Path | None = None,
 ) -> dict:
     """Approach 2 plus envelope and bootstrap; returns the same JSON-ready dict as the CLI.
@@ -51,7 +56,7 @@ def fit_isoflop(
     loss. ``plot``: optional PNG path for the two-panel summary figure.
     """
     table = load_runs(runs)
-    fit = fit_isoflop_runs(table, predict, options)
+    fit = fit_isoflop_runs(table, predict, options or IsoflopOptions())
     if plot is not None:
         from .plots import plot_isoflop_summary
 
@@ -64,7 +69,7 @@ def fit_chinchilla(
     *,
     derive_tokens: bool = False,
     delta: float = HUBER_DELTA,
-    grid: StartGrid = StartGrid(),
+    grid: StartGrid | None = None,
     solver: str = "batched",
 ) -> dict:
     """Approach 3 (Huber on log loss, multi-start); returns the same dict as the CLI.
@@ -72,4 +77,7 @@ def fit_chinchilla(
     With ``derive_tokens`` a table lacking a tokens column gets tokens = flops / (6 params).
     """
     table = load_runs(runs, derive_tokens=derive_tokens)
-    return fit_chinchilla_arrays(table.params, table.tokens, table.loss, delta=delta, grid=grid, solver=solver).to_dict()
+    fit = fit_chinchilla_arrays(
+        table.params, table.tokens, table.loss, delta=delta, grid=grid or StartGrid(), solver=solver
+    )
+    return fit.to_dict()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from .runs import Runs, RunsError
 
 QUADRATIC_MIN_RUNS = 3

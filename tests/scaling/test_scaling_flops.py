@@ -1,6 +1,11 @@
 import pytest
 
-from scaling.flops import ModelDims, forward_flops_per_token, param_count, training_flops_per_token
+from scaling.flops import (
+    ModelDims,
+    forward_flops_per_token,
+    param_count,
+    training_flops_per_token,
+)
 from scaling.recipe import MicroRecipe, Recipe
 
 CONFIGS = [
@@ -50,7 +55,14 @@ def test_recipe_models_match_levanter_flop_utils():
 
 
 def test_functional_forms_agree_and_dominant_term_is_2n():
-    dims = dict(hidden_dim=2048, intermediate_dim=8192, num_layers=24, num_heads=16, num_kv_heads=16, vocab_size=50000)
+    dims = {
+        "hidden_dim": 2048,
+        "intermediate_dim": 8192,
+        "num_layers": 24,
+        "num_heads": 16,
+        "num_kv_heads": 16,
+        "vocab_size": 50000,
+    }
     forward = forward_flops_per_token(**dims, seq_len=2048)
     assert training_flops_per_token(**dims, seq_len=2048) == 3 * forward
     # Without attention scores the forward pass is 2 FLOPs per non-input-embedding parameter.

@@ -2,7 +2,12 @@ import numpy as np
 import pytest
 
 from scaling import IsoflopOptions, fit_isoflop
-from scaling.isoflop import fit_envelope, fit_isoflop_runs, group_budgets, robust_quadratic
+from scaling.isoflop import (
+    fit_envelope,
+    fit_isoflop_runs,
+    group_budgets,
+    robust_quadratic,
+)
 from scaling.runs import RunsError, load_runs
 
 BUDGETS = np.geomspace(1e18, 1e21, 7)

@@ -2,7 +2,12 @@ import numpy as np
 
 from scaling import IsoflopOptions, load_runs
 from scaling.isoflop import fit_isoflop_runs
-from scaling.plots import plot_envelope, plot_isoflop_summary, plot_isoflops, plot_optimal_allocation
+from scaling.plots import (
+    plot_envelope,
+    plot_isoflop_summary,
+    plot_isoflops,
+    plot_optimal_allocation,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
