@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from marin_resources.store import ArtifactStore, Manifest
+from marin_resources.store import ArtifactStore, Manifest, content_data_version
 
 
 @dataclass
@@ -26,37 +26,59 @@ class LineageNode:
     git_sha: str | None = None
     external: bool = False
     files: int = 0
+    # Content hash of the bytes actually found in the store, set by a verifying walk. It differs
+    # from `data_version` (the recorded one) exactly when a file was changed, removed or added.
+    observed_data_version: str | None = None
     problems: list[str] = field(default_factory=list)
     children: list["LineageNode"] = field(default_factory=list)
     manifest: Manifest | None = None
 
-    def chain_hash(self) -> str:
-        """Merkle hash: this node's data version and fingerprint, then its children's chain hashes."""
-        h = hashlib.sha256()
-        h.update(f"{self.asset_key}\0{self.partition}\0{self.data_version}\0{self.fingerprint}\n".encode())
-        for child in sorted(self.children, key=lambda c: (c.asset_key, str(c.partition))):
-            h.update(child.chain_hash().encode())
-        return h.hexdigest()
+    @property
+    def node_id(self) -> str:
+        """Unique per artifact. External inputs share their source URI across shards, so the shard
+        and its listing hash tell them apart."""
+        if self.external:
+            return f"{self.uri}#{self.asset_key}[{self.partition}]@{self.data_version}"
+        return self.uri
 
-    def to_dict(self, with_chain: bool = False) -> dict[str, Any]:
+    def chain_hash(self, _memo: dict[int, str] | None = None) -> str:
+        """Merkle hash: this node's content hash (observed when verified, else recorded) and
+        fingerprint, then its children's chain hashes. Shared upstream is hashed once."""
+        memo = {} if _memo is None else _memo
+        if id(self) not in memo:
+            content = self.observed_data_version or self.data_version
+            h = hashlib.sha256()
+            h.update(f"{self.asset_key}\0{self.partition}\0{content}\0{self.fingerprint}\n".encode())
+            for child in sorted(self.children, key=lambda c: (c.asset_key, str(c.partition), c.data_version)):
+                h.update(child.chain_hash(memo).encode())
+            memo[id(self)] = h.hexdigest()
+        return memo[id(self)]
+
+    def describe(self) -> dict[str, Any]:
+        """This node's own fields, without its upstream."""
         out: dict[str, Any] = {
             "asset_key": self.asset_key, "partition": self.partition, "uri": self.uri,
             "code_version": self.code_version, "fingerprint": self.fingerprint, "data_version": self.data_version,
             "run_id": self.run_id, "git_sha": self.git_sha, "external": self.external,
         }
+        if self.observed_data_version is not None:
+            out["observed_data_version"] = self.observed_data_version
         if self.problems:
             out["problems"] = self.problems
-        if with_chain:
-            out["chain_hash"] = self.chain_hash()
-            if self.manifest is not None:
-                out["files"] = [{"path": f.path, "bytes": f.bytes, "sha256": f.sha256} for f in self.manifest.files]
-        out["upstream"] = [c.to_dict(with_chain) for c in self.children]
         return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tree as nested dicts (shared upstream repeats under each consumer)."""
+        return self.describe() | {"upstream": [c.to_dict() for c in self.children]}
 
     def walk(self):
         yield self
         for child in self.children:
             yield from child.walk()
+
+    def unique(self) -> list["LineageNode"]:
+        """Every distinct artifact under and including this node, each once."""
+        return list({n.node_id: n for n in self.walk()}.values())
 
 
 class LineageError(RuntimeError):
@@ -72,9 +94,16 @@ def build_lineage(store: ArtifactStore, manifest: Manifest, *, verify: bool = Fa
                        git_sha=manifest.producer.get("git_sha"), files=len(manifest.files), manifest=manifest)
     if verify:
         node.problems.extend(store.verify(manifest))
+        # Re-hash only when something is off: otherwise the stored bytes are the recorded ones.
+        node.observed_data_version = content_data_version(
+            [store.hash_file(manifest.uri, rel) for rel in store.list_files(manifest.uri)]
+        ) if node.problems else manifest.data_version
     for ref in manifest.upstream:
-        if ref.uri in seen:
-            node.children.append(seen[ref.uri])
+        # External inputs of different shards share the source URI; key them by shard and listing too.
+        seen_key = ref.uri if ref.uri.startswith(store.prefix) else f"{ref.uri}#{ref.asset_key}[{ref.partition}]" \
+            f"@{ref.data_version}"
+        if seen_key in seen:
+            node.children.append(seen[seen_key])
             continue
         upstream = store.read_manifest(ref.uri) if ref.uri.startswith(store.prefix) else None
         if upstream is None:
@@ -88,7 +117,7 @@ def build_lineage(store: ArtifactStore, manifest: Manifest, *, verify: bool = Fa
             if upstream.data_version != ref.data_version:
                 child.problems.append(f"{ref.uri}: data version {upstream.data_version[:12]} != "
                                       f"{ref.data_version[:12]} recorded by {manifest.asset_key}")
-        seen[ref.uri] = child
+        seen[seen_key] = child
         node.children.append(child)
     return node
 
@@ -114,12 +143,23 @@ def render_tree(node: LineageNode) -> str:
 
 
 def bill_of_materials(node: LineageNode) -> dict[str, Any]:
-    """Every artifact from raw bytes to the root, each with its files, and the chain hash."""
-    unique = {n.uri: n for n in node.walk()}
+    """Every artifact from raw bytes to the root, each with its files, and the chain hash.
+
+    From a verifying walk the chain covers the bytes found in the store, so one flipped byte
+    anywhere upstream changes the root's chain hash; otherwise it covers the recorded hashes.
+    """
+    memo: dict[int, str] = {}
+    artifacts = []
+    for n in sorted(node.unique(), key=lambda n: (n.asset_key, str(n.partition), n.data_version)):
+        entry = n.describe() | {"chain_hash": n.chain_hash(memo), "upstream": [c.node_id for c in n.children]}
+        if n.manifest is not None:
+            entry["files"] = [{"path": f.path, "bytes": f.bytes, "sha256": f.sha256} for f in n.manifest.files]
+        artifacts.append(entry)
     return {
         "root": {"asset_key": node.asset_key, "partition": node.partition, "uri": node.uri},
-        "chain_hash": node.chain_hash(),
-        "algorithm": "sha256 merkle over (asset_key, partition, data_version, fingerprint) and upstream chain hashes",
-        "artifacts": [n.to_dict(with_chain=True) | {"upstream": [c.uri for c in n.children]}
-                      for n in sorted(unique.values(), key=lambda n: (n.asset_key, str(n.partition)))],
+        "chain_hash": node.chain_hash(memo),
+        "verified": node.observed_data_version is not None,
+        "algorithm": "sha256 merkle over (asset_key, partition, data_version, fingerprint) and upstream chain "
+                     "hashes; data_version is the content hash observed in the store when verified",
+        "artifacts": artifacts,
     }
