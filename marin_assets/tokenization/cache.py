@@ -388,17 +388,29 @@ class _Encoder:
         return out
 
 
-def _encode_ahead(encoder: _Encoder, batches: Iterator[_DocBatch]) -> Iterator[tuple[_DocBatch, list]]:
-    """Yield (batch, encodings) while the next batch is already being encoded in a worker thread."""
+def _batches_with_shard_ends(shards: Sequence[_Shard], cfg: CacheConfig) -> Iterator[tuple[int, _DocBatch | None]]:
+    """(shard index, batch) for every batch of every shard, then (index, None) when a shard ends.
+
+    One stream over all shards keeps reading and encoding running across shard boundaries."""
+    for i, shard in enumerate(shards):
+        for batch in shard.open_batches():
+            yield i, _clean(batch, cfg)
+        yield i, None
+
+
+def _encode_ahead(
+    encoder: _Encoder, batches: Iterator[tuple[int, _DocBatch | None]]
+) -> Iterator[tuple[int, _DocBatch | None, list]]:
+    """Yield (shard index, batch, encodings) while the next batch is already being encoded."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as pool:
-        ahead: tuple[_DocBatch, Future | None] | None = None
-        for batch in batches:
-            job = pool.submit(encoder.encode_texts, batch.texts) if batch.texts else None
+        ahead: tuple[int, _DocBatch | None, Future | None] | None = None
+        for shard_index, batch in batches:
+            job = pool.submit(encoder.encode_texts, batch.texts) if batch is not None and batch.texts else None
             if ahead is not None:
-                yield ahead[0], ahead[1].result() if ahead[1] is not None else []
-            ahead = (batch, job)
+                yield ahead[0], ahead[1], ahead[2].result() if ahead[2] is not None else []
+            ahead = (shard_index, batch, job)
         if ahead is not None:
-            yield ahead[0], ahead[1].result() if ahead[1] is not None else []
+            yield ahead[0], ahead[1], ahead[2].result() if ahead[2] is not None else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,20 +570,24 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
                 pending = pool.submit(write_and_commit, batches, completed)
                 completed = []
 
-            for shard in shards[reuse:]:
-                entry = _shard_entry(shard)
-                for batch, encodings in _encode_ahead(encoder, _iter_clean_batches(shard, cfg)):
-                    entry["skipped_documents"] += batch.skipped
-                    if not batch.texts:
-                        continue
-                    entry["text_bytes"] += batch.text_bytes
-                    for split, (data, lengths) in encoder.frame(batch, encodings).items():
-                        buffers[split].add(data, lengths)
-                        entry[f"{split}_documents"] += int(lengths.size)
-                        entry[f"{split}_tokens"] += int(data.size)
-                    if sum(b.tokens for b in buffers.values()) >= cfg.flush_tokens:
-                        flush()
-                completed.append(entry)
+            todo = shards[reuse:]
+            todo_entries = [_shard_entry(shard) for shard in todo]
+            stream = _prefetch(_batches_with_shard_ends(todo, cfg))
+            for shard_index, batch, encodings in _encode_ahead(encoder, stream):
+                entry = todo_entries[shard_index]
+                if batch is None:  # end of this shard: commit it with the next write
+                    completed.append(entry)
+                    continue
+                entry["skipped_documents"] += batch.skipped
+                if not batch.texts:
+                    continue
+                entry["text_bytes"] += batch.text_bytes
+                for split, (data, lengths) in encoder.frame(batch, encodings).items():
+                    buffers[split].add(data, lengths)
+                    entry[f"{split}_documents"] += int(lengths.size)
+                    entry[f"{split}_tokens"] += int(data.size)
+                if sum(b.tokens for b in buffers.values()) >= cfg.flush_tokens:
+                    flush()
             flush()
             pending.result()
 
@@ -590,7 +606,7 @@ def build_levanter_cache(doc_files: Sequence[str], tokenizer_dir: str, out_root:
     """
     if isinstance(doc_files, str):
         raise TypeError("doc_files must be a list of Parquet paths/URIs, not a single string")
-    return _build([_parquet_shard(u, cfg) for u in doc_files], tokenizer_dir, out_root, cfg)
+    return _build([_parquet_shard(os.fspath(u), cfg) for u in doc_files], tokenizer_dir, out_root, cfg)
 
 
 def build_levanter_cache_from_documents(
@@ -612,7 +628,7 @@ def iter_parquet_texts(doc_files: Sequence[str], cfg: CacheConfig | None = None)
     """Texts of the documents a cache would hold, in cache order (e.g. to train a tokenizer)."""
     cfg = cfg or CacheConfig()
     for uri in doc_files:
-        for batch in _iter_clean_batches(_parquet_shard(uri, cfg), cfg):
+        for batch in _iter_clean_batches(_parquet_shard(os.fspath(uri), cfg), cfg):
             yield from batch.texts
 
 
@@ -642,7 +658,7 @@ def decode_roundtrip_check(
     rows = {split: 0 for split in SPLITS}
     seen = 0
     for uri in doc_files:
-        for batch in _iter_clean_batches(_parquet_shard(uri, cfg), cfg):
+        for batch in _iter_clean_batches(_parquet_shard(os.fspath(uri), cfg), cfg):
             for doc_id, text in zip(batch.ids, batch.texts):
                 split = "validation" if is_validation_document(doc_id, cfg.validation_fraction) else "train"
                 item = (split, rows[split], doc_id, text)

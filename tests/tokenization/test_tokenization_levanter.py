@@ -276,3 +276,22 @@ def test_levanter_trains_from_the_rendered_mixture(built, tokenizer_dir, caplog)
     assert sorted(validation) == ["heldout", "stdlib"]
     n_val = len(validation["heldout"].as_sync_dataset())
     assert n_val == stats.validation.tokens // spec.seq_len > 0
+
+
+def test_fsspec_uris_for_documents_and_tokenizer(corpus, tokenizer_dir, write_docs, tmp_path):
+    import fsspec
+
+    from marin_assets.tokenization.tokenizer import adopt_tokenizer
+
+    fs = fsspec.filesystem("memory")
+    local = write_docs(str(tmp_path / "d.parquet"), corpus[:30])
+    fs.put_file(local, "/tok-test/docs/d.parquet")
+    remote_tok = "memory://tok-test/tokenizer"
+    art = adopt_tokenizer(tokenizer_dir, remote_tok)  # written through a local temp dir, then uploaded
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("/tok-test/tokenizer", detail=False)) == [
+        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"
+    ]
+    docs = ["memory://tok-test/docs/d.parquet"]
+    stats = build_levanter_cache(docs, remote_tok, str(tmp_path / "c"), CacheConfig(validation_fraction=0.2))
+    assert stats.documents == 30 and art.vocab_size == 512
+    assert decode_roundtrip_check(str(tmp_path / "c"), remote_tok, docs, sample_n=30) == []
