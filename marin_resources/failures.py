@@ -9,29 +9,46 @@ import dagster as dg
 
 
 def failed_materializations(instance: dg.DagsterInstance, limit: int = 200) -> list[dict[str, Any]]:
-    """One row per failed step of a failed run: run id, asset, partition, config, error, time."""
+    """One row per failed step of a failed run: run id, the run's assets and the failed step's
+    assets, partition, config, error, time."""
     records = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]), limit=limit)
     rows = []
     for record in records:
         run = record.dagster_run
-        assets = sorted("/".join(k.path) for k in (run.asset_selection or []))
+        # In-process runs (dg.materialize, the marin CLI) leave asset_selection empty; the planned
+        # materializations name every asset of the run and the step that was to produce it.
+        planned: dict[str | None, list[str]] = {}
+        for entry in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED):
+            event = entry.dagster_event
+            if event is not None and event.asset_key is not None:
+                planned.setdefault(event.step_key, []).append(event.asset_key.to_user_string())
+        assets = sorted({"/".join(k.path) for k in (run.asset_selection or [])}
+                        | {k for keys in planned.values() for k in keys})
         failures = []
         for entry in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
             event = entry.dagster_event
             err = event.step_failure_data.error if event and event.step_failure_data else None
             while err is not None and err.cause is not None and "StepExecutionError" in err.cls_name:
                 err = err.cause
-            failures.append({"step": event.step_key if event else None,
-                             "error": f"{err.cls_name}: {err.message.strip()}" if err else "unknown",
+            step = event.step_key if event else None
+            failures.append({"step": step, "failed_assets": sorted(planned.get(step, [])),
+                             "error": _describe(err) if err else "unknown",
                              "time": _iso(entry.timestamp)})
         if not failures:
-            failures.append({"step": None, "error": "run failed before any step (see the run's event log)",
+            failures.append({"step": None, "failed_assets": [],
+                             "error": "run failed before any step (see the run's event log)",
                              "time": _iso(record.end_time or record.create_timestamp.timestamp())})
         for failure in failures:
             rows.append({"run_id": run.run_id, "job": run.job_name, "assets": assets,
                          "partition": run.tags.get("dagster/partition"), "config": run.run_config,
                          "tags": {k: v for k, v in run.tags.items() if not k.startswith(".dagster")}, **failure})
     return rows
+
+
+def _describe(err) -> str:
+    """`Class: message`; Dagster's message usually carries the class name already."""
+    message = err.message.strip()
+    return message if message.startswith(f"{err.cls_name}:") else f"{err.cls_name}: {message}"
 
 
 def _iso(ts: float | None) -> str | None:

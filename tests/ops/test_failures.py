@@ -1,0 +1,97 @@
+"""Failed materializations are read back from the instance, by the library and by `marin failures`."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import dagster as dg
+
+from marin_assets.curation.assets import build_curation_stage
+from marin_assets.planning import Planner, parse_key
+from marin_resources.environments import MarinSettings, build_resources
+from marin_resources.failures import failed_materializations
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT = "Grey clouds gathered over the valley as the farmers brought the last of the hay into the barns. " * 20
+
+
+class Threshold(dg.Config):
+    min_rows: int
+
+
+@dg.asset(key=["ops", "strict_table"], partitions_def=dg.StaticPartitionsDefinition(["2024", "2025"]))
+def strict_table(context: dg.AssetExecutionContext, config: Threshold) -> None:
+    raise ValueError(f"only 3 rows in {context.partition_key}, need {config.min_rows}")
+
+
+def parse_time(value: str) -> datetime:
+    stamp = datetime.fromisoformat(value)
+    assert stamp.tzinfo is not None
+    return stamp
+
+
+def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))  # the embedded default keeps its SQLite files there
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    watched = tmp_path / "in"
+    watched.mkdir()
+    for name in ("kept", "vanishing"):
+        (watched / f"{name}.txt").write_text(f"{name}. {TEXT}")
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(f"sources:\n  - name: valley\n    uri: {watched}/*.txt\n    format: text\n")
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
+    stage, catalog = build_curation_stage(settings)
+    defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
+
+    started = datetime.now(timezone.utc).replace(microsecond=0)
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        plan = Planner(defs, catalog, defs.resources["store"].get(), instance)
+        plan.discover()
+        vanishing = next(k for k in plan.partitions_of(parse_key("raw/valley")) if k.startswith("vanishing"))
+        # The shard was listed, then its file went away before the run read it.
+        (watched / "vanishing.txt").unlink()
+        steps = plan.materialize(parse_key("raw/valley"), vanishing, log=lambda m: None)
+        assert [s.success for s in steps] == [False]
+
+        bad = dg.materialize([strict_table], partition_key="2025", instance=instance, raise_on_error=False,
+                             run_config={"ops": {"ops__strict_table": {"config": {"min_rows": 10}}}})
+        assert not bad.success
+
+        rows = {row["run_id"]: row for row in failed_materializations(instance)}
+    finally:
+        instance.dispose()
+
+    shard_row = rows[steps[0].run_id]
+    assert shard_row["assets"] == shard_row["failed_assets"] == ["raw/valley"]
+    assert shard_row["partition"] == vanishing
+    assert shard_row["error"].startswith("FileNotFoundError") and "vanishing.txt" in shard_row["error"]
+    assert shard_row["step"] == "raw__valley"
+    assert shard_row["tags"]["marin/cli"] == "materialize"
+    assert parse_time(shard_row["time"]) >= started
+
+    asset_row = rows[bad.run_id]
+    assert asset_row["assets"] == asset_row["failed_assets"] == ["ops/strict_table"] and asset_row["partition"] == "2025"
+    assert asset_row["config"]["ops"]["ops__strict_table"]["config"] == {"min_rows": 10}
+    assert asset_row["error"] == "ValueError: only 3 rows in 2025, need 10"
+    assert parse_time(asset_row["time"]) >= started
+    assert len(rows) == 2
+
+    # The same record through the CLI, from a fresh process on the same DAGSTER_HOME.
+    env = {**os.environ, "DAGSTER_HOME": str(home), "MARIN_SOURCES": str(sources),
+           "MARIN_PREFIX": str(tmp_path / "store")}
+    proc = subprocess.run([sys.executable, "-m", "marin_assets.cli", "failures", "--json"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    listed = {row["run_id"]: row for row in json.loads(proc.stdout)}
+    assert listed.keys() == rows.keys()
+    for run_id, row in rows.items():
+        for field in ("assets", "failed_assets", "partition", "config", "error", "time", "step"):
+            assert listed[run_id][field] == row[field], field
+    assert time.time() - parse_time(listed[bad.run_id]["time"]).timestamp() < 600
