@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO_TARGET = "tokenized/shakespeare"
+DEMO_TARGET = "eval"
+DEMO_PARTITION = "nano-shakespeare"
 POOL_LIMITS = {"cpu-train": 1, "gpu": 1, "tpu": 1}
 
 
@@ -158,8 +159,10 @@ def cmd_failures(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    print(f"marin demo: materializing {DEMO_TARGET} and everything upstream of it")
-    code = cmd_materialize(argparse.Namespace(selection=DEMO_TARGET, partition=None, json=False, force=False))
+    print(f"marin demo: materializing {DEMO_TARGET}[{DEMO_PARTITION}] and everything upstream of it: "
+          "raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval")
+    code = cmd_materialize(argparse.Namespace(selection=DEMO_TARGET, partition=DEMO_PARTITION, json=False,
+                                              force=False))
     if code != 0:
         return code
     _, settings, instance = planner()

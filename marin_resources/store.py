@@ -172,6 +172,8 @@ class ArtifactStore:
             return []
         rels = []
         for p in found:
+            if self.is_local and os.path.islink(p):
+                continue  # links (e.g. wandb's latest-run pointers) are not content and may dangle
             rel = p[len(base):].lstrip("/")
             if rel and rel not in (MANIFEST_NAME, LOCK_NAME) and not rel.startswith(MANIFEST_NAME + "."):
                 rels.append(rel)

@@ -296,6 +296,17 @@ def summarize(metrics_path: Path, attempt: int) -> dict[str, Any]:
     }
 
 
+def _finished_summary(output_dir: Path, steps: int) -> dict[str, Any] | None:
+    path = output_dir / SUMMARY_FILE
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    latest = summary.get("latest_checkpoint_path")
+    if summary.get("final_step", 0) >= steps and latest and _exists(latest):
+        return summary
+    return None
+
+
 def next_attempt(metrics_path: Path) -> int:
     return max((r.get("attempt", 0) for r in read_metrics(metrics_path)), default=-1) + 1
 
@@ -315,6 +326,12 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     metrics_path = output_dir / METRICS_FILE
     attempt = next_attempt(metrics_path)
     steps = config.trainer.num_train_steps
+    finished = _finished_summary(output_dir, steps)
+    if finished is not None:
+        # Training completed before (e.g. the artifact commit was interrupted): Levanter refuses to run
+        # zero steps, and there is nothing to redo.
+        reporter.log(f"{config.trainer.id} already reached step {steps}; reporting the finished run")
+        return finished
     sink = StepMetricsSink(
         metrics_path, reporter, flops_per_token, attempt, report_every or max(1, steps // 100)
     )
