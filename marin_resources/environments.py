@@ -2,8 +2,9 @@
 assets receive everything through resources.
 
 - `local` (default): embedded instance, `./local_store` prefix (or MARIN_PREFIX), local launcher.
-- `prod`: MARIN_PREFIX is required (gs:// or s3://), cloud clients from dagster-gcp / dagster-aws,
-  strict fingerprints unless MARIN_STRICT=0, and the Kubernetes launcher.
+- `prod`: MARIN_PREFIX is required, cloud clients from dagster-gcp / dagster-aws for gs:// or s3://,
+  strict fingerprints unless MARIN_STRICT=0, and, with MARIN_TRAINING_IMAGE set, training in
+  Kubernetes pods (the store is then a shared volume, MARIN_STORE_CLAIM, mounted at MARIN_PREFIX).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import dagster as dg
 
 DEFAULT_PREFIX = "./local_store"
 ENVIRONMENTS = ("local", "prod")
@@ -28,6 +31,10 @@ class MarinSettings:
     sources_file: str | None
     runs_file: str | None
     train_pool: str = "cpu-train"
+    training_image: str | None = None
+    training_namespace: str = "default"
+    store_claim: str = "marin-store"
+    wandb_online: bool = False
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "MarinSettings":
@@ -46,7 +53,12 @@ class MarinSettings:
         if pool not in TRAIN_POOLS:
             raise ValueError(f"MARIN_TRAIN_POOL must be one of {', '.join(TRAIN_POOLS)}, got {pool!r}")
         return cls(env=env, prefix=prefix, strict_fingerprints=strict, sources_file=e.get("MARIN_SOURCES") or None,
-                   runs_file=e.get("MARIN_RUNS") or None, train_pool=pool)
+                   runs_file=e.get("MARIN_RUNS") or None, train_pool=pool,
+                   training_image=e.get("MARIN_TRAINING_IMAGE") or None,
+                   training_namespace=e.get("MARIN_TRAINING_NAMESPACE", "default"),
+                   store_claim=e.get("MARIN_STORE_CLAIM", "marin-store"),
+                   # Only whether a key exists is read here; the value travels as a Dagster EnvVar/secret ref.
+                   wandb_online=bool(e.get("WANDB_API_KEY")))
 
 
 def build_resources(settings: MarinSettings) -> dict[str, Any]:
@@ -67,17 +79,18 @@ def build_resources(settings: MarinSettings) -> dict[str, Any]:
 
 
 def _launcher_resources(settings: MarinSettings) -> dict[str, Any]:
-    try:
-        from marin_resources.launchers import LocalPipesLauncher
-    except ImportError:  # training stage not installed in this build
-        return {}
-    if settings.env == "prod":
-        try:
-            from marin_resources.k8s import K8sPipesLauncher
-        except ImportError:
-            return {"launcher": LocalPipesLauncher()}
-        return {"launcher": K8sPipesLauncher()}
-    return {"launcher": LocalPipesLauncher()}
+    from marin_resources.launchers import LocalPipesLauncher
+
+    if settings.env != "prod" or not settings.training_image:
+        return {"launcher": LocalPipesLauncher(wandb_api_key=dg.EnvVar("WANDB_API_KEY") if settings.wandb_online
+                                               else None)}
+    from marin_resources.k8s import K8sTrainingLauncher, SecretEnvRefConfig
+
+    secrets = [SecretEnvRefConfig(env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key")] \
+        if settings.wandb_online else []
+    return {"launcher": K8sTrainingLauncher(image=settings.training_image, namespace=settings.training_namespace,
+                                            store_claim=settings.store_claim, store_mount_path=settings.prefix,
+                                            secret_env=secrets)}
 
 
 def _cloud_resources(settings: MarinSettings) -> dict[str, Any]:

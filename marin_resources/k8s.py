@@ -728,3 +728,72 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+class K8sTrainingLauncher(K8sPipesLauncher):
+    """The `launcher` resource in prod: the same interface as `LocalPipesLauncher`
+    (`write_train_config`, `run_training`, `run_eval`), running the same command in a pod.
+
+    The training pod and the Dagster run worker must see the store at the same path: the store
+    is a shared volume (`store_claim`, mounted at `store_mount_path`, which is also MARIN_PREFIX),
+    so Levanter writes checkpoints straight into the artifact directory and resume works as locally.
+    """
+
+    store_claim: str = Field(description="PersistentVolumeClaim holding the artifact store")
+    store_mount_path: str = "/mnt/marin"
+    gpu_type: str = "nvidia-h100-80gb"
+    tpu_type: str | None = None
+    tpu_topology: str | None = None
+    tpu_hosts: int = 1
+    wandb_project: str = "marin"
+    wandb_entity: str | None = None
+
+    def _accelerator(self, kind: str, device_count: int) -> AcceleratorRequest:
+        if kind == "gpu":
+            return GpuRequest(count=device_count, gpu_type=self.gpu_type)
+        if kind == "tpu":
+            if not (self.tpu_type and self.tpu_topology):
+                raise K8sSpecError("TPU runs need tpu_type and tpu_topology on the launcher resource")
+            return TpuRequest(tpu_type=self.tpu_type, topology=self.tpu_topology, hosts=self.tpu_hosts)
+        return CpuRequest()
+
+    def write_train_config(self, spec, data_config: Mapping[str, Any], tokenizer_dir: str, output_dir: str) -> str:
+        from pathlib import Path
+
+        from marin_assets.training.levanter_config import WandbSettings, build_train_config, write_train_config
+        from marin_resources.launchers import TRAIN_CONFIG_FILE
+
+        wandb = WandbSettings(project=self.wandb_project, entity=self.wandb_entity,
+                              mode="online" if any(s.env_name == "WANDB_API_KEY" for s in self.secret_env)
+                              else "offline", tags=(spec.mixture,))
+        config = build_train_config(spec, data_config, tokenizer_dir, output_dir, wandb=wandb)
+        return write_train_config(config, Path(output_dir) / TRAIN_CONFIG_FILE)
+
+    def _launch(self, context, kind: str, *, train_config_path: str, output_dir: str, accelerator: str,
+                device_count: int, extra_args: Sequence[str], extras: Mapping[str, Any] | None):
+        from marin_resources.launchers import build_command_and_env
+
+        if not output_dir.startswith(self.store_mount_path):
+            raise K8sSpecError(f"{output_dir} is not under the shared store mount {self.store_mount_path}; "
+                               "set MARIN_PREFIX to the mount path in prod")
+        # The API key reaches the pod through secret_env (a secretKeyRef), never as a value here.
+        launch = build_command_and_env(kind, train_config_path=train_config_path, output_dir=output_dir,
+                                       accelerator=accelerator, python_executable="python",
+                                       extra_args=extra_args)
+        run_name = f"{kind}-{context.partition_key if context.has_partition_key else 'run'}"
+        return self.run(context, run_name=run_name[:63].lower().replace("_", "-"), command=launch.command,
+                        env=launch.env, accelerator=self._accelerator(accelerator, device_count),
+                        cache_volume=CacheVolume(mount_path=self.store_mount_path, claim_name=self.store_claim),
+                        extras=extras)
+
+    def run_training(self, context, *, train_config_path: str, output_dir: str, accelerator: str = "cpu",
+                     device_count: int = 1, extras: Mapping[str, Any] | None = None):
+        return self._launch(context, "train", train_config_path=train_config_path, output_dir=output_dir,
+                            accelerator=accelerator, device_count=device_count, extra_args=(), extras=extras)
+
+    def run_eval(self, context, *, train_config_path: str, output_dir: str, accelerator: str = "cpu",
+                 device_count: int = 1, checkpoint_path: str | None = None, extra_args: Sequence[str] = (),
+                 extras: Mapping[str, Any] | None = None):
+        args = (["--checkpoint", checkpoint_path] if checkpoint_path else []) + list(extra_args)
+        return self._launch(context, "eval", train_config_path=train_config_path, output_dir=output_dir,
+                            accelerator=accelerator, device_count=device_count, extra_args=args, extras=extras)
