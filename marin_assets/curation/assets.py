@@ -82,6 +82,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
     catalog.add_identity(f"documents/{name}", lambda partition: {"source": source_identity})
 
     @marin_asset(key=f"raw/{name}", version=RAW_VERSION, partitions_def=partitions, group_name="curation",
+                 identity={"source": source_identity},
                  kinds={"files"}, description=f"Raw bytes of source `{name}` ({source.uri}), one shard per partition.")
     def raw(context: dg.AssetExecutionContext, store: MarinStore) -> dg.Output[ArtifactHandle]:
         shard = shard_by_key(source, context.partition_key)
@@ -106,6 +107,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                                     upstream=[_as_handle(external)], build=build)
 
     @marin_asset(key=f"documents/{name}", version=DOCUMENTS_VERSION, partitions_def=partitions,
+                 identity={"source": source_identity},
                  group_name="curation", kinds={"parquet"}, ins={"raw": dg.AssetIn(key=raw.key)},
                  automation_condition=dg.AutomationCondition.eager(),
                  description=f"Normalized documents of `{name}` (id, text, source, source_id, metadata) "

@@ -134,6 +134,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
         ins["classifier"] = dg.AssetIn(key=dg.AssetKey(CLASSIFIER_KEY))
 
     @marin_asset(key=f"filtered/{name}", version=FILTERED_VERSION, partitions_def=partitions, ins=ins,
+                 identity=filtered_identity,
                  group_name="curation", kinds={"parquet", "polars"},
                  automation_condition=dg.AutomationCondition.eager(),
                  description=f"Quality-filtered documents of `{name}`: language id, Gopher/C4 heuristics"
@@ -182,6 +183,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
         return materialize_artifact(context, store, config=filtered_identity, upstream=upstream, build=build)
 
     @marin_asset(key=f"deduplicated/{name}", version=DEDUP_VERSION, ins={"shards": all_partitions_in(filtered.key)},
+                 identity=dedup_identity,
                  group_name="curation", kinds={"parquet"},
                  description=f"`{name}` after exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication across "
                              "all shards. `data/<shard>.parquet` holds the kept documents; `duplicates.parquet` "

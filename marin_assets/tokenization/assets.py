@@ -120,6 +120,7 @@ def build_tokenizer_asset(entry: TokenizerEntry):
                    "Levanter load offline." if entry.train_on else f"Tokenizer adopted from {entry.adopt}.")
 
     @marin_asset(key=f"tokenizer/{entry.name}", version=TOKENIZER_VERSION, ins=ins, group_name="tokenization",
+                 identity={"tokenizer": asdict(entry.config), "adopt": entry.adopt},
                  kinds={"huggingface"}, description=description)
     def tokenizer(context: dg.AssetExecutionContext, store: MarinStore, **corpora: ArtifactHandle):
         artifacts = store.get()
@@ -148,6 +149,7 @@ def build_tokenized_asset(entry: TokenizedEntry):
     key = f"tokenized/{entry.source}"
 
     @marin_asset(key=key, version=TOKENIZED_VERSION, group_name="tokenization", kinds={"levanter"},
+                 identity={"cache": asdict(entry.cache)},
                  ins={"corpus": dg.AssetIn(key=dg.AssetKey(["deduplicated", entry.source])),
                       "tokenizer": dg.AssetIn(key=dg.AssetKey(["tokenizer", entry.tokenizer]))},
                  description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "
