@@ -1,0 +1,175 @@
+"""The Dagster web UI, driven by headless Chromium: the curation graph renders, and a
+materialization launched from the UI is queued, dequeued by the daemon and succeeds.
+
+`dagster-webserver` and `dagster-daemon` run against a temporary DAGSTER_HOME (the embedded
+default: SQLite, queued runs) on 127.0.0.1, each started and stopped by its process group.
+The upstream shard is built first with `marin materialize`, so the UI launches
+`deduplicated/<source>`, an unpartitioned asset. Its run uses the in-process executor (set in
+the launchpad), which keeps the run to one Python process on a 2-core CI machine.
+
+Chromium is the system one (/usr/bin/chromium, installed by .ci/run); no browser is downloaded.
+Screenshots go to tests/artifacts/ (git-ignored).
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = REPO / "tests" / "artifacts"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+IN_PROCESS = "execution:\n  config:\n    in_process: {}\n"
+TEXT = ("The lighthouse keeper climbed the spiral stairs at dusk, lit the great lamp and watched the ships "
+        "pass safely between the rocks while the tide turned slowly in the bay below. ")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as fh:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End the process group we started (the server, its code server, any run workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def graphql(base: str, query: str, variables: dict | None = None) -> dict:
+    request = urllib.request.Request(f"{base}/graphql", data=json.dumps({"query": query, "variables": variables or {}})
+                                     .encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body = json.loads(response.read())
+    assert "errors" not in body, body["errors"]
+    return body["data"]
+
+
+def wait_until(what: str, check, timeout: float, procs: list[subprocess.Popen], logs: list[Path]):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc, log in zip(procs, logs):
+            if proc.poll() is not None:
+                raise AssertionError(f"{proc.args[0]} exited with {proc.returncode} while waiting for {what}:\n"
+                                     f"{log.read_text()[-3000:]}")
+        try:
+            value = check()
+        except OSError:
+            value = None
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+LOCATIONS = "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } }"
+RUNS = """{ runsOrError { ... on Runs { results { runId status runConfigYaml assetSelection { path } } } } }"""
+
+
+@pytest.fixture
+def dagster_ui(tmp_path):
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "lighthouse.txt").write_text("\n\n".join(f"Night {i}. " + TEXT * 4 for i in range(10)))
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(f"sources:\n  - name: beacon\n    uri: {text}/*.txt\n    format: text\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "MARIN_SOURCES": str(sources),
+           "MARIN_PREFIX": str(tmp_path / "store"), "MARIN_ENV": "local"}
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    logs = [tmp_path / "webserver.log", tmp_path / "daemon.log"]
+    procs = [start([str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
+                   env, logs[0])]
+    try:
+        # While the webserver loads: the upstream shard, built before the daemon starts so that
+        # its automation sensor never races the CLI for the same partition.
+        built = subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", "filtered/beacon"], env=env,
+                               capture_output=True, text=True, timeout=180)
+        assert built.returncode == 0, built.stderr
+        procs.append(start([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], env, logs[1]))
+        wait_until("/server_info", lambda: urllib.request.urlopen(f"{base}/server_info", timeout=5).status == 200,
+                   90, procs, logs)
+        wait_until("the marin code location", lambda: [
+            e for e in graphql(base, LOCATIONS)["workspaceOrError"]["locationEntries"]
+            if e["name"] == "marin" and e["loadStatus"] == "LOADED"], 90, procs, logs)
+        yield base, tmp_path / "store", procs, logs
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
+def test_launch_materialization_from_the_ui(dagster_ui):
+    from playwright.sync_api import sync_playwright
+
+    from marin_resources.store import ArtifactStore
+
+    base, store, procs, logs = dagster_ui
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install the system package (apt-get install chromium), as .ci/run does")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(45_000)
+            # A first visit may get Dagster's newsletter prompt, which covers the page.
+            skip = page.get_by_role("button", name="Skip")
+            page.add_locator_handler(page.get_by_text("Join the Dagster community"), lambda: skip.click())
+
+            page.goto(f"{base}/locations/marin/asset-groups/curation")
+            page.get_by_text("Never materialized").first.wait_for()  # deduplicated/beacon, not built yet
+            assert page.get_by_text("beacon", exact=True).count() == 4  # raw, documents, filtered, deduplicated
+            page.screenshot(path=str(ARTIFACTS / "browser_ui_graph.png"))
+
+            # Shift-click opens the launchpad; add the executor config and launch.
+            page.goto(f"{base}/assets/deduplicated/beacon")
+            page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click(modifiers=["Shift"])
+            editor = page.locator(".CodeMirror").first
+            editor.click()
+            page.keyboard.press("Control+End")
+            page.keyboard.insert_text("\n" + IN_PROCESS)
+            page.get_by_text("No errors").wait_for()
+            page.get_by_role("dialog").locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).click()
+
+            def finished_run():
+                runs = [r for r in graphql(base, RUNS)["runsOrError"]["results"]
+                        if [a["path"] for a in r["assetSelection"] or []] == [["deduplicated", "beacon"]]]
+                return runs[0] if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+            run = wait_until("the launched run to finish", finished_run, 120, procs, logs)
+            page.goto(f"{base}/runs/{run['runId']}")
+            page.get_by_text(re.compile(r"^RUN_(SUCCESS|FAILURE|CANCELED)$")).first.wait_for()
+            page.screenshot(path=str(ARTIFACTS / "browser_ui_run.png"))
+        finally:
+            browser.close()
+
+    assert run["status"] == "SUCCESS", logs[1].read_text()[-4000:]
+    assert "in_process" in run["runConfigYaml"]
+    manifest = ArtifactStore(str(store)).find("deduplicated/beacon", "v1", None)
+    assert manifest is not None and manifest.producer["run_id"] == run["runId"]
