@@ -1,0 +1,1 @@
+"""Scaling sweeps: isoFLOP run plans registered as training runs, their fit, and forecasts checked after training."""

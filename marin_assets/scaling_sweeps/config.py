@@ -1,0 +1,313 @@
+"""Scaling sweeps as data: a typed sweep config, its isoFLOP plan, and the run specs it trains.
+
+A sweep names a recipe (``micro`` or ``delphi``, plus field overrides), the *fit budgets*
+whose candidates are trained and fitted, and the *target budgets* whose loss is forecast
+from that fit before any target run trains. Every fit-budget candidate becomes a `RunSpec`
+named ``<sweep>-<budget>-d<width>``; a target budget's run is the candidate nearest the
+forecast compute-optimal size and exists only once the forecast is stored.
+
+Pure: no Dagster, JAX or Levanter import, so it loads with the code location and tests run
+without either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec, validate_run
+from scaling.recipe import Candidate, MicroRecipe, Recipe, Rejection
+
+DEFAULT_SWEEPS_YAML = Path(__file__).with_name("sweeps.yaml")
+RECIPES: dict[str, type[Recipe]] = {"micro": MicroRecipe, "delphi": Recipe}
+RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9._=+-]+$")
+ParamsColumn = Literal["total", "non_embedding"]
+
+
+class SweepConfigError(ValueError):
+    """A sweep config is invalid; the message names the sweep and the field."""
+
+    def __init__(self, sweep: str, field_path: str, problem: str):
+        self.sweep, self.field_path = sweep, field_path
+        super().__init__(f"sweep {sweep!r}: field {field_path!r}: {problem}")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    name: str
+    recipe: Literal["micro", "delphi"]
+    mixture: str
+    tokenizer: str
+    eval_set: str
+    """Mixture component whose validation loss (``eval/<set>/loss``) is fitted and forecast."""
+    fit_budgets: tuple[float, ...]
+    target_budgets: tuple[float, ...]
+    recipe_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    params: ParamsColumn = "total"
+    """Parameter count used as N in the fit: the recipe's total (embeddings counted once when tied) or non-embedding."""
+    max_steps: int | None = None
+    """Candidates needing more optimizer steps are dropped (listed in the plan with the reason)."""
+    seed: int = 0
+    steps_per_eval: int = 100_000
+    max_eval_batches: int | None = None
+    checkpoint_every: int = 100_000
+    min_lr_ratio: float = 0.1
+    bootstrap_samples: int = 200
+    interval: float = 0.95
+    error_goal: float = 0.02
+    """Relative forecast error the sweep aims for; the forecast check reports against it."""
+
+    def build_recipe(self) -> Recipe:
+        return dataclasses.replace(RECIPES[self.recipe](), **self.recipe_overrides)
+
+    def identity(self) -> dict[str, Any]:
+        """The sweep's config with the recipe fully resolved (so a changed default changes identity)."""
+        data = dataclasses.asdict(self)
+        data["recipe_overrides"] = dict(self.recipe_overrides)
+        data["resolved_recipe"] = dataclasses.asdict(self.build_recipe())
+        return data
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    role: Literal["fit", "target"]
+    candidate: Candidate
+    spec: RunSpec
+
+    @property
+    def params(self) -> int:
+        return self.candidate.params
+
+    def to_dict(self, params_column: ParamsColumn) -> dict[str, Any]:
+        return {"run": self.spec.name, "role": self.role, "fit_params": fit_params(self.candidate, params_column),
+                **self.candidate.to_dict()}
+
+
+@dataclass(frozen=True)
+class BudgetRuns:
+    budget: float
+    role: Literal["fit", "target"]
+    runs: tuple[PlannedRun, ...]
+    rejected: tuple[Rejection, ...]
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    config: SweepConfig
+    budgets: tuple[BudgetRuns, ...]
+
+    def fit_runs(self) -> list[PlannedRun]:
+        return [r for b in self.budgets if b.role == "fit" for r in b.runs]
+
+    def target_candidates(self, budget: float) -> list[PlannedRun]:
+        for b in self.budgets:
+            if b.role == "target" and b.budget == budget:
+                return list(b.runs)
+        raise KeyError(f"sweep {self.config.name!r} has no target budget {budget:g}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sweep": self.config.name,
+            "config": self.config.identity(),
+            "budgets": [{"budget": b.budget, "role": b.role,
+                         "runs": [r.to_dict(self.config.params) for r in b.runs],
+                         "rejected": [dataclasses.asdict(x) for x in b.rejected]} for b in self.budgets],
+        }
+
+
+def fit_params(candidate: Candidate, column: ParamsColumn) -> int:
+    return candidate.params if column == "total" else candidate.non_embedding_params
+
+
+def budget_label(budget: float) -> str:
+    """Compact, path-safe budget: 3e12, 2.5e13."""
+    mantissa, _, exponent = f"{budget:.2e}".partition("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def safe_name(text: str) -> str:
+    """Letters, digits and ``. _ = + -`` only; anything else becomes ``-`` (no leading dot)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._=+-]+", "-", text).strip("-")
+    cleaned = cleaned.lstrip(".")
+    if not cleaned:
+        raise ValueError(f"{text!r} has no path-safe characters")
+    return cleaned
+
+
+def run_name(sweep: str, budget: float, width: int) -> str:
+    return safe_name(f"{sweep}-{budget_label(budget)}-d{width}")
+
+
+def run_spec(config: SweepConfig, candidate: Candidate) -> RunSpec:
+    spec = RunSpec(
+        name=run_name(config.name, candidate.budget, candidate.hidden_dim),
+        model=ModelSpec(hidden_dim=candidate.hidden_dim, intermediate_dim=candidate.intermediate_dim,
+                        num_layers=candidate.num_layers, num_heads=candidate.num_heads,
+                        num_kv_heads=candidate.num_kv_heads, seq_len=candidate.seq_len,
+                        tie_word_embeddings=candidate.tie_word_embeddings),
+        mixture=config.mixture,
+        tokenizer=config.tokenizer,
+        # Warmup in steps (>= 1) or none; OptimizerSpec reads values below 1 as a fraction.
+        optimizer=OptimizerSpec(learning_rate=candidate.learning_rate, weight_decay=candidate.weight_decay,
+                                warmup=float(candidate.warmup), schedule="cosine", min_lr_ratio=config.min_lr_ratio,
+                                beta1=candidate.beta1, beta2=candidate.beta2, epsilon=candidate.epsilon,
+                                max_grad_norm=candidate.max_grad_norm),
+        train_batch_size=candidate.batch_size,
+        num_train_steps=candidate.steps,
+        seed=config.seed,
+        eval_sets=(config.eval_set,),
+        steps_per_eval=config.steps_per_eval,
+        max_eval_batches=config.max_eval_batches,
+        checkpoint_every=config.checkpoint_every,
+        resources=ResourceSpec(),
+    )
+    validate_run(spec)
+    return spec
+
+
+def plan_sweep(config: SweepConfig) -> SweepPlan:
+    recipe = config.build_recipe()
+    budgets = []
+    for role, values in (("fit", config.fit_budgets), ("target", config.target_budgets)):
+        for budget in values:
+            plan = recipe.plan(budget)
+            kept, rejected = [], list(plan.rejected)
+            for candidate in plan.candidates:
+                if config.max_steps is not None and candidate.steps > config.max_steps:
+                    rejected.append(Rejection(candidate.hidden_dim, f"{candidate.steps} steps > max_steps {config.max_steps}"))
+                else:
+                    kept.append(PlannedRun(role, candidate, run_spec(config, candidate)))
+            if role == "fit" and len(kept) < 3:
+                raise SweepConfigError(config.name, "fit_budgets",
+                                       f"budget {budget:g} has {len(kept)} candidate(s); an isoFLOP fit needs 3 "
+                                       f"(rejected: {'; '.join(f'd{r.hidden_dim}: {r.reason}' for r in rejected)})")
+            if role == "target" and not kept:
+                raise SweepConfigError(config.name, "target_budgets", f"budget {budget:g} has no candidate")
+            budgets.append(BudgetRuns(budget, role, tuple(kept), tuple(sorted(rejected, key=lambda r: r.hidden_dim))))
+    names = [r.spec.name for b in budgets for r in b.runs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SweepConfigError(config.name, "fit_budgets", f"budgets give the same run names {duplicates}; "
+                                                           "use budgets that differ in their first 3 digits")
+    return SweepPlan(config, tuple(budgets))
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def _field_value(sweep: str, name: str, tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise SweepConfigError(sweep, name, f"{value!r} is not one of {list(typing.get_args(tp))}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list) or not value:
+            raise SweepConfigError(sweep, name, f"expected a non-empty list of numbers, got {value!r}")
+        return tuple(_number(sweep, f"{name}[{i}]", v) for i, v in enumerate(value))
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SweepConfigError(sweep, name, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        return _number(sweep, name, value)
+    if tp is str:
+        if not isinstance(value, str) or not value:
+            raise SweepConfigError(sweep, name, f"expected a non-empty string, got {value!r}")
+        return value
+    if origin is Mapping or tp is Mapping:
+        if not isinstance(value, Mapping):
+            raise SweepConfigError(sweep, name, f"expected a mapping, got {value!r}")
+        return dict(value)
+    raise TypeError(f"unsupported annotation {tp!r} for {name}")
+
+
+def _number(sweep: str, name: str, value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)  # YAML 1.1 reads 3e12 (no dot) as a string
+        except ValueError:
+            raise SweepConfigError(sweep, name, f"not a number: {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SweepConfigError(sweep, name, f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _recipe_overrides(sweep: str, recipe: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+    base = RECIPES[recipe]
+    fields = {f.name: f for f in dataclasses.fields(base)}
+    out = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise SweepConfigError(sweep, f"recipe_overrides.{key}", f"unknown recipe field (known: {sorted(fields)})")
+        out[key] = tuple(value) if isinstance(value, list) else value
+    try:
+        dataclasses.replace(base(), **out)
+    except (TypeError, ValueError) as exc:
+        raise SweepConfigError(sweep, "recipe_overrides", str(exc)) from None
+    return out
+
+
+def sweep_from_dict(name: str, raw: Any) -> SweepConfig:
+    if not isinstance(raw, Mapping):
+        raise SweepConfigError(name, "<sweep>", f"expected a mapping, got {type(raw).__name__}")
+    if safe_name(name) != name:
+        raise SweepConfigError(name, "<name>", "use letters, digits and . _ = + - only")
+    hints = typing.get_type_hints(SweepConfig)
+    fields = {f.name: f for f in dataclasses.fields(SweepConfig) if f.name != "name"}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise SweepConfigError(name, unknown[0], f"unknown field (known: {sorted(fields)})")
+    kwargs: dict[str, Any] = {"name": name}
+    for fname, f in fields.items():
+        if fname in raw:
+            kwargs[fname] = _field_value(name, fname, hints[fname], raw[fname])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SweepConfigError(name, fname, "required field is missing")
+    kwargs["recipe_overrides"] = _recipe_overrides(name, kwargs["recipe"], kwargs.get("recipe_overrides", {}))
+    config = SweepConfig(**kwargs)
+    validate_sweep(config)
+    return config
+
+
+def validate_sweep(config: SweepConfig) -> None:
+    def require(ok: bool, field_path: str, problem: str) -> None:
+        if not ok:
+            raise SweepConfigError(config.name, field_path, problem)
+
+    require(len(config.fit_budgets) >= 3, "fit_budgets", f"the envelope fit needs at least 3 budgets, got {len(config.fit_budgets)}")
+    require(len(set(config.fit_budgets)) == len(config.fit_budgets), "fit_budgets", "contains duplicates")
+    for field_name in ("fit_budgets", "target_budgets"):
+        for i, budget in enumerate(getattr(config, field_name)):
+            require(budget > 0, f"{field_name}[{i}]", f"must be positive FLOPs, got {budget:g}")
+    largest_fit = max(config.fit_budgets)
+    for i, budget in enumerate(config.target_budgets):
+        require(budget > largest_fit, f"target_budgets[{i}]",
+                f"{budget:g} is not above the largest fit budget {largest_fit:g}; a forecast must extrapolate")
+    require(config.max_steps is None or config.max_steps > 0, "max_steps", "must be positive or null")
+    require(0 < config.interval < 1, "interval", f"must be in (0, 1), got {config.interval}")
+    require(config.bootstrap_samples >= 0, "bootstrap_samples", "must be >= 0")
+    require(config.error_goal > 0, "error_goal", "must be positive")
+
+
+def load_sweeps(path: str | Path = DEFAULT_SWEEPS_YAML) -> dict[str, SweepConfig]:
+    """Parse ``sweeps: {name: {...}}`` into validated configs."""
+    with open(path) as fh:
+        document = yaml.safe_load(fh)
+    if not isinstance(document, Mapping) or not isinstance(document.get("sweeps"), Mapping):
+        raise ValueError(f"{path}: expected a top-level 'sweeps:' mapping of sweep name to config")
+    return {str(name): sweep_from_dict(str(name), raw) for name, raw in document["sweeps"].items()}
