@@ -90,14 +90,18 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
         checkpoint = store.read_manifest(checkpoint_ref.uri) if checkpoint_ref else None
         if checkpoint is None:
             raise SweepFitError(f"eval[{name}] does not record its checkpoint")
+        if checkpoint.fingerprint != fingerprint(run.spec.identity()):
+            # Same name, another spec (the recipe changed): a drift-reused artifact must not be fitted.
+            raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the plan's; "
+                                f"rebuild it (marin materialize eval --partition {name} --force)")
         trained = checkpoint.metrics
         if trained.get("final_step") != run.spec.num_train_steps:
             raise SweepFitError(f"checkpoint[{name}] finished {trained.get('final_step')} of "
                                 f"{run.spec.num_train_steps} steps")
         counted = trained.get("parameter_count")
         if counted is None or abs(counted - run.candidate.params) > PARAMS_TOLERANCE * run.candidate.params:
-            raise SweepFitError(f"checkpoint[{name}] has {counted} parameters, the recipe planned "
-                                f"{run.candidate.params}: is recipe vocab_size the tokenizer's?")
+            raise SweepFitError(f"checkpoint[{name}]: parameter count {counted} differs from the recipe's "
+                                f"{run.candidate.params}; is the recipe's vocab_size the tokenizer's?")
         losses[name] = float(handle.metrics[key])
     return losses
 

@@ -2,6 +2,7 @@
 training, with eval losses from a known law L(N, D) = E + A / N^a + B / D^b."""
 
 import base64
+import dataclasses
 import json
 
 import dagster as dg
@@ -54,13 +55,15 @@ def load(settings, sweeps_file):
     return defs, training_catalog.discoverers["runs"](), sweep_catalog
 
 
-def write_run(store: ArtifactStore, run, loss: float) -> None:
+def write_run(store: ArtifactStore, run, loss: float, *, spec=None, parameter_count=None) -> None:
     """A committed checkpoint (as training reports it) and its eval (as evaluation reports it)."""
+    spec = spec or run.spec
+    parameter_count = parameter_count or run.candidate.params
     with writing(store, "checkpoint", CHECKPOINT_VERSION, run.spec.name, run_id="test") as w:
         w.write_json("train_summary.json", {"final_step": run.spec.num_train_steps})
-        checkpoint = w.commit(fingerprint=run.spec.fingerprint(), config=run.spec.identity(), upstream=[],
+        checkpoint = w.commit(fingerprint=fingerprint(spec.identity()), config=spec.identity(), upstream=[],
                               producer=producer_info("test"),
-                              metrics={"final_step": run.spec.num_train_steps, "parameter_count": run.candidate.params})
+                              metrics={"final_step": run.spec.num_train_steps, "parameter_count": parameter_count})
     with writing(store, "eval", EVAL_VERSION, run.spec.name, run_id="test") as w:
         w.write_json("eval_report.json", {"eval/m/loss": loss})
         config = {"run": run.spec.identity()}
@@ -141,22 +144,25 @@ def test_forecast_check_before_the_target_is_registered_says_what_to_do(env):
     assert "is registered when the code location loads" in failure.step_failure_data.error.message
 
 
-def test_scaling_fit_refuses_a_run_with_the_wrong_parameter_count(env):
+@pytest.mark.parametrize("problem", ["parameter count", "another spec"])
+def test_scaling_fit_refuses_a_run_that_is_not_the_planned_one(env, problem):
     settings, sweeps_file = env
     defs, partitions, _ = load(settings, sweeps_file)
     store = ArtifactStore(settings.prefix)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("runs", partitions)
     runs = plan_sweep(load_sweeps(sweeps_file)[SWEEP]).fit_runs()
-    for run in runs:
+    for run in runs[1:]:
         write_run(store, run, law(run.candidate.params, run.candidate.tokens))
     bad = runs[0]
-    with writing(store, "checkpoint", CHECKPOINT_VERSION, bad.spec.name, run_id="test") as w:
-        w.write_json("train_summary.json", {})
-        w.commit(fingerprint="x", config={}, upstream=[], producer=producer_info("test"),
-                 metrics={"final_step": bad.spec.num_train_steps, "parameter_count": bad.candidate.params * 2})
+    if problem == "parameter count":  # e.g. a tokenizer whose vocabulary is not the recipe's
+        write_run(store, bad, 5.0, parameter_count=bad.candidate.params * 2)
+    else:  # a run of the same name trained before the recipe changed
+        write_run(store, bad, 5.0, spec=dataclasses.replace(bad.spec, seed=bad.spec.seed + 1))
     result = materialize(defs, instance, "sweep/syn", "scaling_fit/syn")
     assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert problem in failure.step_failure_data.error.message
 
 
 @pytest.mark.parametrize("actual, inside", [(4.0, True), (3.9, True), (4.31, False), (3.7, False)])
