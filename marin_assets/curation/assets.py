@@ -6,7 +6,6 @@ Assets are thin wiring: reading, normalization and quarantine live in `readers.p
 discovery in `sources.py`; this module only moves bytes through the store.
 """
 
-import io
 import json
 import time
 from dataclasses import asdict
@@ -16,7 +15,7 @@ import polars as pl
 
 from marin_assets.catalog import Catalog
 from marin_assets.curation.readers import read_shard
-from marin_assets.curation.refine import build_quality_classifier, build_refinement_assets
+from marin_assets.curation.refine import build_quality_classifier, build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
 from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, SourceConfig, discover_shards,
                                            load_curation_config, open_binary)
@@ -63,14 +62,6 @@ def read_original_bytes(ref: FileRef) -> bytes:
             return fh.read()
     with fsspec.open(ref.uri, "rb") as fh:
         return fh.read()
-
-
-def _frame_to_parquet(writer, rel: str, frame: pl.DataFrame) -> int:
-    buf = io.BytesIO()
-    frame.write_parquet(buf, compression="zstd")
-    with writer.open(rel) as fh:
-        fh.write(buf.getvalue())
-    return len(buf.getvalue())
 
 
 def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
@@ -128,8 +119,8 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                 copy = f"{raw.uri}/files/{item['relpath']}"
                 docs = docs.with_columns(pl.col("source_id").str.replace(copy, item["uri"], literal=True))
                 quarantine = quarantine.with_columns(pl.col("source_id").str.replace(copy, item["uri"], literal=True))
-            doc_bytes = _frame_to_parquet(writer, "documents.parquet", docs)
-            _frame_to_parquet(writer, "quarantine.parquet", quarantine)
+            doc_bytes = write_parquet(writer, "documents.parquet", docs)
+            write_parquet(writer, "quarantine.parquet", quarantine)
             fraction = quarantine.height / max(1, result.n_records)
             metrics = {"documents": docs.height, "quarantined": quarantine.height, "records": result.n_records,
                        "quarantine_fraction": round(fraction, 6), "repaired_encoding": result.n_repaired_encoding,

@@ -67,17 +67,16 @@ def peak_flops_per_device(device_kind: str) -> float | None:
 
 
 def training_flops_per_token(model: ModelSpec, vocab_size: int) -> float:
-    """Model FLOPs per trained token, PaLM-style: 6 * (matmul params) + 12 * layers * heads * head_dim * seq_len.
+    """Training FLOPs per token with the same convention as the scaling library (Levanter's
+    `lm_flops_per_token`, training = 3x forward), so MFU and scaling-law budgets agree."""
+    from scaling.flops import ModelDims
 
-    Matmul params are the attention and MLP projections plus the LM head; the input embedding
-    is a lookup and norms are negligible. The attention term counts QK^T and AV without the
-    causal halving, as is conventional for MFU.
-    """
-    d, hd = model.hidden_dim, model.effective_head_dim
-    per_layer = d * hd * (2 * model.num_heads + 2 * model.num_kv_heads) + 3 * d * model.intermediate_dim
-    matmul_params = model.num_layers * per_layer + d * vocab_size
-    attention = 12 * model.num_layers * model.num_heads * hd * model.seq_len
-    return 6.0 * matmul_params + attention
+    if model.head_dim is not None and model.head_dim * model.num_heads != model.hidden_dim:
+        raise ValueError("FLOPs accounting assumes head_dim = hidden_dim / num_heads")
+    dims = ModelDims(hidden_dim=model.hidden_dim, intermediate_dim=model.intermediate_dim,
+                     num_layers=model.num_layers, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
+                     vocab_size=vocab_size, tie_word_embeddings=model.tie_word_embeddings)
+    return dims.training_flops_per_token(model.seq_len)
 
 
 def mfu(tokens_per_second: float, flops_per_token: float, peak_flops_total: float) -> float:
