@@ -707,12 +707,20 @@ def _unit_hash(text: str) -> float:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 
+_PLAIN_RELPATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=/-]*$")
+
+
 def shard_key(relpath: str) -> str:
     """Readable, path-safe and unique key for the shard starting at ``relpath``.
 
-    Sanitising alone can map different paths to one key (``a/b`` and ``a_b``),
-    so a short hash of the exact path is appended.
+    Ordinary paths map one-to-one by writing ``/`` as ``+`` (``httpx/LICENSE.md`` ->
+    ``httpx+LICENSE.md``), so keys and storage paths carry no hashes. Only a path with other
+    characters (spaces, ``+``, non-ASCII), where sanitising could make two paths collide, gets
+    a short hash of the exact path appended.
     """
+    if _PLAIN_RELPATH.match(relpath) and "//" not in relpath and ".." not in relpath \
+            and len(relpath) <= _KEY_MAX_READABLE:
+        return relpath.rstrip("/").replace("/", "+")
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", relpath).strip("._-") or "file"
     digest = hashlib.sha256(relpath.encode()).hexdigest()[:8]
     return f"{readable[:_KEY_MAX_READABLE]}-{digest}"

@@ -163,8 +163,9 @@ def test_shard_keys_are_path_safe_unique_and_readable(tmp_path):
     shards = discover_shards(make_source(tmp_path, uri="d"))
     keys = [s.key for s in shards]
     assert len(set(keys)) == len(keys) == 4
-    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", k) for k in keys)
-    assert any(k.startswith("a_b_c.txt-") for k in keys)
+    assert all(re.fullmatch(r"[A-Za-z0-9._=+-]+", k) for k in keys)
+    assert "a_b+c.txt" in keys  # an ordinary path: readable, no hash
+    assert any(k.startswith("a_b_c.txt-") for k in keys)  # "a b/c.txt" could collide once sanitised: hashed
 
 
 def test_fingerprint_tracks_content_changes(tmp_path):
