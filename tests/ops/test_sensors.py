@@ -82,3 +82,22 @@ def test_sensor_adds_partition_and_requests_only_the_new_shard(tmp_path):
         assert [s.partition for s in steps if s.ran] == [new_key]
         assert {k: store.find("documents/letters", "v1", k).finished_at for k in keys} == before
         assert plan.state(parse_key("documents/letters"), new_key).state == "fresh"
+
+
+def test_failure_report_asset_lists_failed_runs(tmp_path):
+    from marin_assets.reports.assets import failure_report
+    from marin_resources.artifacts import MarinStore
+    from marin_resources.io_managers import ValueIOManagerFactory
+
+    @dg.asset
+    def broken():
+        raise RuntimeError("planted failure for the report")
+
+    io = ValueIOManagerFactory(store=MarinStore(prefix=str(tmp_path)))
+    with dg.instance_for_test() as instance:
+        failed = dg.materialize([broken], instance=instance, raise_on_error=False)
+        assert not failed.success
+        result = dg.materialize([failure_report], instance=instance, resources={"io_manager": io})
+    frame = result.output_for_node("reports__failures")
+    assert frame.height == 1 and frame["run_id"][0] == failed.run_id
+    assert "planted failure" in frame["error"][0] and frame["assets"][0] == "broken"
