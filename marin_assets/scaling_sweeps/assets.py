@@ -63,7 +63,7 @@ def register_sweep_runs(plan: SweepPlan, store: ArtifactStore) -> list[str]:
     for budget in plan.config.target_budgets:
         try:
             run = chosen_target(plan, forecast, budget)
-        except (KeyError, StopIteration):
+        except KeyError:
             continue  # a forecast of another plan: its target waits for a new forecast
         register_run(run.spec)
         targets.append(run.spec.name)

@@ -107,7 +107,9 @@ def forecast_record(fit_result: Mapping[str, Any]) -> dict[str, Any]:
 
 def chosen_target(plan: SweepPlan, forecast: Mapping[str, Any], budget: float) -> PlannedRun:
     """The target candidate a forecast chose for `budget` (KeyError when it is not in the current plan)."""
-    wanted = next(t["run"] for t in forecast["targets"] if t["budget"] == budget)
+    wanted = next((t["run"] for t in forecast["targets"] if t["budget"] == budget), None)
+    if wanted is None:
+        raise KeyError(f"the forecast has no target budget {budget:g}")
     for run in plan.target_candidates(budget):
         if run.spec.name == wanted:
             return run
