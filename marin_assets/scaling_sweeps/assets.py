@@ -131,9 +131,10 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
 
         return materialize_artifact(context, store, config=configs["sweep"], upstream=[], build=build)
 
-    @marin_asset(key=f"scaling_fit/{name}", version=SCALING_FIT_VERSION, identity=configs["scaling_fit"], group_name="scaling",
-                 ins={"plan_handle": dg.AssetIn(key=sweep.key),
-                      "evals": all_partitions_in(EVAL_KEY, partition_mapping=dg.SpecificPartitionsPartitionMapping(fit_names))},
+    fit_evals = all_partitions_in(EVAL_KEY, partition_mapping=dg.SpecificPartitionsPartitionMapping(fit_names))
+
+    @marin_asset(key=f"scaling_fit/{name}", version=SCALING_FIT_VERSION, identity=configs["scaling_fit"],
+                 group_name="scaling", ins={"plan_handle": dg.AssetIn(key=sweep.key), "evals": fit_evals},
                  description=f"Approach-2 isoFLOP fit of sweep {name!r}'s fit runs (eval loss on "
                              f"{config.eval_set!r}), the envelope L(C) and bootstrap predictions at the target "
                              "budgets: fit.json and fit.png.")
@@ -183,7 +184,8 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
 
     check_ins: dict[str, dg.AssetIn] = {"forecast_in": dg.AssetIn(key=forecast.key)}
     if targets:
-        check_ins["evals"] = all_partitions_in(EVAL_KEY, partition_mapping=dg.SpecificPartitionsPartitionMapping(targets))
+        check_ins["evals"] = all_partitions_in(EVAL_KEY,
+                                               partition_mapping=dg.SpecificPartitionsPartitionMapping(targets))
 
     @marin_asset(key=f"forecast_check/{name}", version=FORECAST_CHECK_VERSION, identity=configs["forecast_check"],
                  group_name="scaling", ins=check_ins,
@@ -252,7 +254,8 @@ def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=passed, metadata=metadata)
 
 
-def build_scaling_sweeps_stage(settings: MarinSettings, sweeps_file: str | None = None) -> tuple[dg.Definitions, Catalog]:
+def build_scaling_sweeps_stage(settings: MarinSettings,
+                               sweeps_file: str | None = None) -> tuple[dg.Definitions, Catalog]:
     """One asset set per sweep; registers the sweeps' runs with the training registry as a side effect."""
     store = MarinStore(prefix=settings.prefix).get()
     assets, checks = [], []

@@ -183,7 +183,8 @@ def plan_sweep(config: SweepConfig) -> SweepPlan:
             kept, rejected = [], list(plan.rejected)
             for candidate in plan.candidates:
                 if config.max_steps is not None and candidate.steps > config.max_steps:
-                    rejected.append(Rejection(candidate.hidden_dim, f"{candidate.steps} steps > max_steps {config.max_steps}"))
+                    reason = f"{candidate.steps} steps > max_steps {config.max_steps}"
+                    rejected.append(Rejection(candidate.hidden_dim, reason))
                 else:
                     kept.append(PlannedRun(role, candidate, run_spec(config, candidate)))
             if role == "fit" and len(kept) < 3:
@@ -289,7 +290,8 @@ def validate_sweep(config: SweepConfig) -> None:
         if not ok:
             raise SweepConfigError(config.name, field_path, problem)
 
-    require(len(config.fit_budgets) >= 3, "fit_budgets", f"the envelope fit needs at least 3 budgets, got {len(config.fit_budgets)}")
+    require(len(config.fit_budgets) >= 3, "fit_budgets",
+            f"the envelope fit needs at least 3 budgets, got {len(config.fit_budgets)}")
     require(len(set(config.fit_budgets)) == len(config.fit_budgets), "fit_budgets", "contains duplicates")
     for field_name in ("fit_budgets", "target_budgets"):
         for i, budget in enumerate(getattr(config, field_name)):

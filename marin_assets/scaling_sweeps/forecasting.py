@@ -80,7 +80,8 @@ def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]]) -> SweepFit:
         scored = []
         for run in candidates:
             n = float(fit_params(run.candidate, config.params))
-            point = float(fit.law.loss(run.candidate.flops) + curvature * (np.log(n) - np.log(fit.law.params(run.candidate.flops))) ** 2)
+            flops = run.candidate.flops
+            point = float(fit.law.loss(flops) + curvature * (np.log(n) - np.log(fit.law.params(flops))) ** 2)
             replicates = fit.boot_loss[:, column] + curvature * (np.log(n) - np.log(fit.boot_params[:, column])) ** 2
             column += 1
             low, high = (float(np.percentile(replicates, tail)), float(np.percentile(replicates, 100 - tail))) \
