@@ -5,6 +5,7 @@ from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, load_curation_co
 from marin_assets.tokenization.assets import (MIXTURE_VERSION, REGISTRY_PATH, TOKENIZER_VERSION,
                                               build_tokenization_stage, load_registry, restrict_to_sources)
 from marin_assets.reports.assets import build_reports_stage
+from marin_assets.scaling_sweeps.assets import build_scaling_sweeps_stage
 from marin_assets.training.assets import build_training_stage
 from marin_resources.environments import MarinSettings
 
@@ -23,4 +24,4 @@ def build_training(settings: MarinSettings):
                                 {t: TOKENIZER_VERSION for t in registry.tokenizers}, pool=settings.train_pool)
 
 
-STAGES = [build_curation_stage, build_tokenization, build_training, build_reports_stage]
+STAGES = [build_curation_stage, build_tokenization, build_training, build_reports_stage, build_scaling_sweeps_stage]

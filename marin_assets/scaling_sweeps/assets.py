@@ -23,6 +23,7 @@ from marin_assets.catalog import Catalog
 from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, SweepPlan, load_sweeps, plan_sweep
 from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_target, eval_loss_key, fit_sweep,
                                                      forecast_record, runs_table, score_forecast)
+from marin_assets.tokenization.assets import REGISTRY_PATH, load_registry, restrict_to_sources
 from marin_assets.training.spec import register_run
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset,
                                        materialize_artifact)
@@ -254,13 +255,27 @@ def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=passed, metadata=metadata)
 
 
-def build_scaling_sweeps_stage(settings: MarinSettings,
-                               sweeps_file: str | None = None) -> tuple[dg.Definitions, Catalog]:
-    """One asset set per sweep; registers the sweeps' runs with the training registry as a side effect."""
+def available_mixtures(settings: MarinSettings) -> set[str]:
+    """Mixtures of the tokenization registry whose sources are curated in this deployment."""
+    from marin_assets.stages import curated_source_names  # stages lists this module's builder
+
+    return set(restrict_to_sources(load_registry(REGISTRY_PATH), curated_source_names(settings)).mixtures)
+
+
+def build_scaling_sweeps_stage(settings: MarinSettings, sweeps_file: str | None = None,
+                               mixtures: set[str] | None = None) -> tuple[dg.Definitions, Catalog]:
+    """One asset set per sweep; registers the sweeps' runs with the training registry as a side effect.
+
+    Sweeps on a mixture this deployment does not build are left out, as the training stage leaves
+    out their runs.
+    """
     store = MarinStore(prefix=settings.prefix).get()
+    mixtures = available_mixtures(settings) if mixtures is None else mixtures
     assets, checks = [], []
     catalog = Catalog()
     for config in load_sweeps(sweeps_file or DEFAULT_SWEEPS_YAML).values():
+        if config.mixture not in mixtures:
+            continue
         sweep_assets, sweep_checks, identities = build_sweep_assets(config, store)
         assets += sweep_assets
         checks += sweep_checks

@@ -49,7 +49,7 @@ def env(tmp_path, monkeypatch):
 
 def load(settings, sweeps_file):
     """What the code location does: sweep stage (registers runs) plus training stage."""
-    sweep_defs, sweep_catalog = sweep_assets.build_scaling_sweeps_stage(settings, str(sweeps_file))
+    sweep_defs, sweep_catalog = sweep_assets.build_scaling_sweeps_stage(settings, str(sweeps_file), {"m"})
     training_defs, training_catalog = build_training_stage(settings, {"m": "v1"}, {"t": "v1"})
     defs = dg.Definitions.merge(sweep_defs, training_defs, dg.Definitions(resources=build_resources(settings)))
     return defs, training_catalog.discoverers["runs"](), sweep_catalog
@@ -85,6 +85,12 @@ def test_registration_gives_path_safe_partitions_and_targets_wait_for_the_foreca
     assert not any(name.startswith(f"{SWEEP}-3e14") for name in partitions)
     assert set(spec_module.registered_runs(settings.runs_file)) == set(partitions)
     assert {"sweep/syn", "scaling_fit/syn", "forecast/syn", "forecast_check/syn"} <= set(catalog.identities)
+
+
+def test_a_sweep_on_a_mixture_this_deployment_lacks_is_left_out(env):
+    settings, sweeps_file = env
+    defs, _ = sweep_assets.build_scaling_sweeps_stage(settings, str(sweeps_file), {"other"})
+    assert not list(defs.assets or []) and not spec_module.registered_runs(settings.runs_file)
 
 
 def test_fit_forecast_then_check_inside_and_outside_the_interval(env):
