@@ -30,7 +30,7 @@ class LineageNode:
     # from `data_version` (the recorded one) exactly when a file was changed, removed or added.
     observed_data_version: str | None = None
     problems: list[str] = field(default_factory=list)
-    children: list["LineageNode"] = field(default_factory=list)
+    children: list[LineageNode] = field(default_factory=list)
     manifest: Manifest | None = None
 
     @property
@@ -76,7 +76,7 @@ class LineageNode:
         for child in self.children:
             yield from child.walk()
 
-    def unique(self) -> list["LineageNode"]:
+    def unique(self) -> list[LineageNode]:
         """Every distinct artifact under and including this node, each once."""
         return list({n.node_id: n for n in self.walk()}.values())
 

@@ -23,6 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,12 +86,13 @@ def wait_until(what: str, check, timeout: float, procs: list[subprocess.Popen], 
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-LOCATIONS = "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } }"
+LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus
+    locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
 RUNS = """{ runsOrError { ... on Runs { results { runId status runConfigYaml assetSelection { path } } } } }"""
 
 
 @pytest.fixture
-def dagster_ui(tmp_path):
+def dagster_ui(tmp_path, monkeypatch):
     text = tmp_path / "text"
     text.mkdir()
     (text / "lighthouse.txt").write_text("\n\n".join(f"Night {i}. " + TEXT * 4 for i in range(10)))
@@ -101,6 +103,10 @@ def dagster_ui(tmp_path):
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     env = {**os.environ, "DAGSTER_HOME": str(home), "MARIN_SOURCES": str(sources),
            "MARIN_PREFIX": str(tmp_path / "store"), "MARIN_ENV": "local"}
+    # Create the SQLite storages once, here: processes that first open a fresh DAGSTER_HOME at the
+    # same moment race on its schema migrations (two alembic heads, and the code location fails).
+    monkeypatch.setenv("DAGSTER_HOME", str(home))  # the embedded default reads its base_dir from it
+    dg.DagsterInstance.from_config(str(home)).dispose()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     logs = [tmp_path / "webserver.log", tmp_path / "daemon.log"]
@@ -110,14 +116,15 @@ def dagster_ui(tmp_path):
         # While the webserver loads: the upstream shard, built before the daemon starts so that
         # its automation sensor never races the CLI for the same partition.
         built = subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", "filtered/beacon"], env=env,
-                               capture_output=True, text=True, timeout=180)
+                               capture_output=True, text=True, check=False, timeout=180)
         assert built.returncode == 0, built.stderr
         procs.append(start([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], env, logs[1]))
         wait_until("/server_info", lambda: urllib.request.urlopen(f"{base}/server_info", timeout=5).status == 200,
                    90, procs, logs)
-        wait_until("the marin code location", lambda: [
+        entry = wait_until("the marin code location", lambda: [
             e for e in graphql(base, LOCATIONS)["workspaceOrError"]["locationEntries"]
-            if e["name"] == "marin" and e["loadStatus"] == "LOADED"], 90, procs, logs)
+            if e["name"] == "marin" and e["loadStatus"] == "LOADED"], 90, procs, logs)[0]
+        assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry["locationOrLoadError"]
         yield base, tmp_path / "store", procs, logs
     finally:
         for proc in reversed(procs):
@@ -142,30 +149,34 @@ def test_launch_materialization_from_the_ui(dagster_ui):
             skip = page.get_by_role("button", name="Skip")
             page.add_locator_handler(page.get_by_text("Join the Dagster community"), lambda: skip.click())
 
-            page.goto(f"{base}/locations/marin/asset-groups/curation")
-            page.get_by_text("Never materialized").first.wait_for()  # deduplicated/beacon, not built yet
-            assert page.get_by_text("beacon", exact=True).count() == 4  # raw, documents, filtered, deduplicated
-            page.screenshot(path=str(ARTIFACTS / "browser_ui_graph.png"))
+            try:
+                page.goto(f"{base}/locations/marin/asset-groups/curation")
+                page.get_by_text("Never materialized").first.wait_for()  # deduplicated/beacon, not built yet
+                assert page.get_by_text("beacon", exact=True).count() == 4  # raw, documents, filtered, deduplicated
+                page.screenshot(path=str(ARTIFACTS / "browser_ui_graph.png"))
 
-            # Shift-click opens the launchpad; add the executor config and launch.
-            page.goto(f"{base}/assets/deduplicated/beacon")
-            page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click(modifiers=["Shift"])
-            editor = page.locator(".CodeMirror").first
-            editor.click()
-            page.keyboard.press("Control+End")
-            page.keyboard.insert_text("\n" + IN_PROCESS)
-            page.get_by_text("No errors").wait_for()
-            page.get_by_role("dialog").locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).click()
+                # Shift-click opens the launchpad; add the executor config and launch.
+                page.goto(f"{base}/assets/deduplicated/beacon")
+                page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click(modifiers=["Shift"])
+                editor = page.locator(".CodeMirror").first
+                editor.click()
+                page.keyboard.press("Control+End")
+                page.keyboard.insert_text("\n" + IN_PROCESS)
+                page.get_by_text("No errors").wait_for()
+                page.get_by_role("dialog").locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).click()
 
-            def finished_run():
-                runs = [r for r in graphql(base, RUNS)["runsOrError"]["results"]
-                        if [a["path"] for a in r["assetSelection"] or []] == [["deduplicated", "beacon"]]]
-                return runs[0] if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
+                def finished_run():
+                    runs = [r for r in graphql(base, RUNS)["runsOrError"]["results"]
+                            if [a["path"] for a in r["assetSelection"] or []] == [["deduplicated", "beacon"]]]
+                    return runs[0] if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
 
-            run = wait_until("the launched run to finish", finished_run, 120, procs, logs)
-            page.goto(f"{base}/runs/{run['runId']}")
-            page.get_by_text(re.compile(r"^RUN_(SUCCESS|FAILURE|CANCELED)$")).first.wait_for()
-            page.screenshot(path=str(ARTIFACTS / "browser_ui_run.png"))
+                run = wait_until("the launched run to finish", finished_run, 120, procs, logs)
+                page.goto(f"{base}/runs/{run['runId']}")
+                page.get_by_text(re.compile(r"^RUN_(SUCCESS|FAILURE|CANCELED)$")).first.wait_for()
+                page.screenshot(path=str(ARTIFACTS / "browser_ui_run.png"))
+            except Exception:
+                page.screenshot(path=str(ARTIFACTS / "browser_ui_failure.png"))  # what the UI showed
+                raise
         finally:
             browser.close()
 

@@ -26,7 +26,7 @@ from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore
 from marin_resources.store import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
-PG = dict(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "postgres"}
 DAYS = dg.StaticPartitionsDefinition(["2024-01-01", "2024-01-02"])
 RACE_PARTITION = "2024-01-02"
 
