@@ -15,6 +15,7 @@ from marin_resources.identity import changed_fields, fingerprint
 from marin_resources.store import ArtifactStore
 
 Log = Callable[[str], None]
+CLI_TAG, HOST_TAG, PID_TAG = "marin/cli", "marin/host", "marin/pid"
 
 
 @dataclass(frozen=True)
@@ -176,9 +177,39 @@ class Planner:
             planned.append((keys, parts))
         return planned
 
+    def reap_orphaned_runs(self, log: Log = print) -> list[str]:
+        """Mark runs of this CLI whose process died (kill -9, OOM, power) as failed, and free their
+        pool slots; without a daemon nothing else would, and the next training would wait forever."""
+        import os
+        import socket
+
+        reaped = []
+        active = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.NOT_STARTED]
+        for record in self.instance.get_run_records(dg.RunsFilter(statuses=active, tags={CLI_TAG: "materialize"})):
+            run = record.dagster_run
+            host, pid = run.tags.get(HOST_TAG), run.tags.get(PID_TAG)
+            if host != socket.gethostname() or not pid or int(pid) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid), 0)
+                continue  # still running
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            self.instance.report_run_failed(run, f"the process running it (pid {pid}) is gone")
+            self.instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+            log(f"  marked run {run.run_id[:8]} failed: its process {pid} died; freed its pool slots")
+            reaped.append(run.run_id)
+        return reaped
+
     def materialize(self, target: dg.AssetKey, partition: str | None, *, log: Log = print,
                     run_config: dict | None = None, force: bool = False) -> list[StepResult]:
+        import os
+        import socket
         import time
+
+        self.reap_orphaned_runs(log)
 
         if partition is not None:
             pdef = self.graph.get(target).partitions_def
@@ -206,7 +237,7 @@ class Planner:
                     selection=dg.AssetSelection.assets(*keys),
                     partition_key=part, instance=self.instance, resources=self.defs.resources,
                     run_config=run_config or quiet_run_config(), raise_on_error=False,
-                    tags={"marin/cli": "materialize"})
+                    tags={CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())})
                 step = StepResult([key_str(k) for k in keys], part, True, result.success, result.run_id,
                                   round(time.monotonic() - started, 2))
                 if result.success:

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from marin_assets.training.process import die_with_parent
 from marin_assets.training.reporting import Reporter, open_reporter
 
 DEFAULT_PROMPT_TOKENS = 12
@@ -165,6 +166,7 @@ def evaluate_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the run's Levanter train config YAML")
     parser.add_argument("--checkpoint", help="checkpoint dir (or a parent to search); default: the run's latest")

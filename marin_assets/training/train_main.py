@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from marin_assets.training.process import die_with_parent
 from marin_assets.training.metrics import (
     median,
     mfu,
@@ -383,6 +384,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="Levanter TrainLmConfig YAML (from build_train_config)")
     parser.add_argument("--output-dir", help="run directory; defaults to the config file's directory")
