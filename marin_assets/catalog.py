@@ -13,12 +13,15 @@ from typing import Any
 
 Discoverer = Callable[[], list[str]]
 IdentityFn = Callable[[str | None], Any]
+# partition -> {upstream asset key: current data version} for inputs from outside the graph.
+ExternalFn = Callable[[str | None], dict[str, str]]
 
 
 @dataclass
 class Catalog:
     discoverers: dict[str, Discoverer] = field(default_factory=dict)
     identities: dict[str, IdentityFn] = field(default_factory=dict)
+    externals: dict[str, ExternalFn] = field(default_factory=dict)
 
     def add_discoverer(self, partitions_name: str, fn: Discoverer) -> None:
         self.discoverers[partitions_name] = fn
@@ -26,5 +29,9 @@ class Catalog:
     def add_identity(self, asset_key: str, fn: IdentityFn) -> None:
         self.identities[asset_key] = fn
 
+    def add_external(self, asset_key: str, fn: ExternalFn) -> None:
+        self.externals[asset_key] = fn
+
     def merge(self, other: "Catalog") -> "Catalog":
-        return Catalog({**self.discoverers, **other.discoverers}, {**self.identities, **other.identities})
+        return Catalog({**self.discoverers, **other.discoverers}, {**self.identities, **other.identities},
+                       {**self.externals, **other.externals})

@@ -131,6 +131,12 @@ class Planner:
                                           manifest.uri)
                 if current.data_version != recorded[(pname, p)]:
                     return PartitionState(name, partition, "stale", f"upstream data changed: {where}", manifest.uri)
+        external = self.catalog.externals.get(name)
+        if external is not None:
+            for ext_key, version in external(partition).items():
+                if recorded.get((ext_key, partition)) != version:
+                    return PartitionState(name, partition, "stale", f"source data changed: {ext_key}[{partition}]",
+                                          manifest.uri)
         identity = self.catalog.identities.get(name)
         if identity is not None:
             config = identity(partition)

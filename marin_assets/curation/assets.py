@@ -70,6 +70,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
     source_identity = {k: v for k, v in asdict(source).items() if k not in ("filters", "dedup")}
     catalog.add_discoverer(partitions.name, lambda: [s.key for s in current_shards(source)])
     catalog.add_identity(f"raw/{name}", lambda partition: {"source": source_identity, "shard": partition})
+    catalog.add_external(f"raw/{name}", lambda partition: {f"external/{name}": shard_by_key(source, partition).fingerprint})
     catalog.add_identity(f"documents/{name}", lambda partition: {"source": source_identity})
 
     @marin_asset(key=f"raw/{name}", version=RAW_VERSION, partitions_def=partitions, group_name="curation",

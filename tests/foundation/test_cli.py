@@ -49,6 +49,16 @@ def test_materialize_status_and_noop(env, tmp_path):
     letters = [s for s in status if "letters" in s["asset_key"]]
     assert letters and all(s["state"] == "fresh" for s in letters)
 
+    # A changed source file makes exactly its shard stale, and only that shard is rebuilt.
+    bravo = Path(env["MARIN_SOURCES"]).parent / "letters" / "bravo.txt"
+    bravo.write_text(bravo.read_text() + " A postscript arrived later. " + TEXT)
+    changed = {(s["asset_key"], s["partition"]): s for s in json.loads(marin(env, "status", "--json").stdout)}
+    assert changed[("raw/letters", "bravo.txt")]["state"] == "stale"
+    assert "source data changed" in changed[("raw/letters", "bravo.txt")]["cause"]
+    assert changed[("raw/letters", "alpha.txt")]["state"] == "fresh"
+    rebuilt = json.loads(marin(env, "materialize", "deduplicated/letters", "--json").stdout)
+    assert [s["partition"] for s in rebuilt["steps"] if s["ran"]] == ["bravo.txt", None]
+
     # A config change under the same code version shows as drift, with the field named.
     sources = Path(env["MARIN_SOURCES"])
     sources.write_text(sources.read_text() + "    filters:\n      min_words: 5\n")
