@@ -91,13 +91,18 @@ class Planner:
                 if self.graph.get(k).is_materializable and self.version_of(k) is not None]
 
     # ---- freshness -------------------------------------------------------------------------
-    def expected_upstream_partitions(self, key: dg.AssetKey, partition: str | None, parent: dg.AssetKey) -> set:
+    def parent_partitions(self, key: dg.AssetKey, partition: str | None, parent: dg.AssetKey) -> set:
+        """The parent partitions that `key[partition]` reads, following the declared partition mapping."""
         node, pnode = self.graph.get(key), self.graph.get(parent)
         if pnode.partitions_def is None:
             return {None}
+        mapping = self.graph.get_partition_mapping(key, parent)
+        existing = set(self.partitions_of(parent))
+        if isinstance(mapping, dg.SpecificPartitionsPartitionMapping):
+            return set(mapping.partition_keys) & existing
         if node.partitions_def == pnode.partitions_def and partition is not None:
             return {partition}
-        return set(self.partitions_of(parent))
+        return existing
 
     def state(self, key: dg.AssetKey, partition: str | None) -> PartitionState:
         name, version = key_str(key), self.version_of(key)
@@ -112,7 +117,7 @@ class Planner:
             if self.version_of(parent) is None:
                 continue
             pname = key_str(parent)
-            wanted = self.expected_upstream_partitions(key, partition, parent)
+            wanted = self.parent_partitions(key, partition, parent)
             have = {p for (k, p) in recorded if k == pname}
             if not have and self.graph.get(parent).partitions_def is None:
                 continue  # a declared dependency this partition does not use (e.g. another run's mixture)
@@ -169,18 +174,24 @@ class Planner:
             pdef = self.graph.get(key).partitions_def
             stage[key] = max((stage[p] + (self.graph.get(p).partitions_def != pdef)
                               for p in self.graph.get(key).parent_keys if p in stage), default=0)
+        # Partitions each asset must provide: the target's, then what each child reads, through
+        # the partition mappings (a sweep fit reads only its own runs' evals).
+        needed: dict[dg.AssetKey, set] = {
+            target: {partition} if partition is not None else set(self.partitions_of(target))}
+        for key in reversed(ordered):
+            for parent in self.graph.get(key).parent_keys:
+                if parent in stage:
+                    needed.setdefault(parent, set()).update(
+                        p for child_part in needed.get(key, ()) for p in self.parent_partitions(key, child_part, parent))
         groups: dict[tuple[int, str], list[dg.AssetKey]] = {}
         for key in ordered:
             pdef = self.graph.get(key).partitions_def
             groups.setdefault((stage[key], repr(pdef)), []).append(key)
         planned = []
         for (_, _), keys in sorted(groups.items(), key=lambda kv: kv[0]):
-            pdef = self.graph.get(keys[0]).partitions_def
-            if pdef is not None and pdef == target_pdef and partition is not None:
-                parts: list[str | None] = [partition]
-            else:
-                parts = self.partitions_of(keys[0])
-            planned.append((keys, parts))
+            parts = sorted(set().union(*(needed.get(k, set()) for k in keys)), key=lambda p: (p is not None, str(p)))
+            if parts:
+                planned.append((keys, parts))
         return planned
 
     def reap_orphaned_runs(self, log: Log = print) -> list[str]:

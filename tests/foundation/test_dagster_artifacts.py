@@ -122,3 +122,21 @@ def test_value_io_manager_round_trips_tables_and_json_with_a_manifest(tmp_path, 
     assert [f.path for f in manifest.files] == ["value.parquet"] and manifest.metrics == {"rows": 3, "columns": 1}
     assert (tmp_path / "test/summary/v1/value.json").read_text().strip().startswith("{")
     assert result.output_for_node("test__summary") == {"total": 6}
+
+
+def test_planner_follows_partition_mappings(tmp_path, instance):
+    from marin_assets.catalog import Catalog
+    from marin_assets.planning import Planner, parse_key
+    from marin_resources.store import ArtifactStore
+
+    @dg.asset(key=["test", "fit"], ins={"words": dg.AssetIn(
+        key=dg.AssetKey(["test", "words"]), partition_mapping=dg.SpecificPartitionsPartitionMapping(["a"]))})
+    def fit(words):
+        return 1
+
+    assets, resources = make_defs(tmp_path)
+    defs = dg.Definitions(assets=[*assets, fit], resources=resources)
+    planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
+    plan = {tuple(k.to_user_string() for k in keys): parts for keys, parts in planner.plan(parse_key("test/fit"), None)}
+    assert plan[("test/words",)] == ["a"]  # only the mapped partition, not "b"
+    assert planner.parent_partitions(parse_key("test/joined"), None, parse_key("test/words")) == {"a", "b"}
