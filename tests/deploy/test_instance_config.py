@@ -10,7 +10,6 @@ compute log manager (it checks that the bucket exists).
 import os
 import shutil
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 INSTANCE_YAML = REPO / "deploy" / "dagster.yaml"
 SET_POOLS = REPO / "deploy" / "set_pools.sh"
-PG = dict(host="127.0.0.1", port=5432, user="postgres", dbname="test")
 
 
 def instance_env(db_name: str) -> dict[str, str]:
     return {
-        "DAGSTER_PG_HOST": PG["host"],
-        "DAGSTER_PG_PORT": str(PG["port"]),
-        "DAGSTER_PG_USER": PG["user"],
+        "DAGSTER_PG_HOST": "127.0.0.1",
+        "DAGSTER_PG_PORT": "5432",
+        "DAGSTER_PG_USER": "postgres",
         "DAGSTER_PG_PASSWORD": "unused-with-trust-auth",
         "DAGSTER_PG_DB": db_name,
         "MARIN_COMPUTE_LOG_BUCKET": "marin-test-logs",
@@ -51,25 +49,6 @@ def test_instance_yaml_matches_dagster_instance_schema(tmp_path, monkeypatch):
         result = process_config(klass.config_type(), config[section].get("config", {}))
         assert result.success, (section, [e.message for e in result.errors])
     assert config["telemetry"] == {"enabled": False}
-
-
-@pytest.fixture
-def pg_database():
-    psycopg2 = pytest.importorskip("psycopg2")
-    try:
-        admin = psycopg2.connect(**PG, connect_timeout=3)
-    except psycopg2.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {PG['host']}:{PG['port']}: {exc}")
-    admin.autocommit = True
-    name = f"marin_test_{uuid.uuid4().hex[:12]}"
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield name
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import dagster as dg
@@ -26,7 +25,6 @@ from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore
 from marin_resources.store import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
-PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "postgres"}
 DAYS = dg.StaticPartitionsDefinition(["2024-01-01", "2024-01-02"])
 RACE_PARTITION = "2024-01-02"
 
@@ -59,29 +57,8 @@ def build_assets(prefix: str, gate_dir: Path | None = None):
 
 
 def instance_env(db_name: str) -> dict[str, str]:
-    return {"DAGSTER_PG_HOST": PG["host"], "DAGSTER_PG_PORT": str(PG["port"]), "DAGSTER_PG_USER": PG["user"],
+    return {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": "5432", "DAGSTER_PG_USER": "postgres",
             "DAGSTER_PG_PASSWORD": "unused-with-trust-auth", "DAGSTER_PG_DB": db_name}
-
-
-@pytest.fixture
-def pg_database():
-    import psycopg2
-
-    try:
-        admin = psycopg2.connect(**PG, connect_timeout=5)
-    except psycopg2.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is not reachable at {PG['host']}:{PG['port']} as user {PG['user']} "
-                    f"(CI starts it; locally: service postgresql start): {exc}")
-    admin.autocommit = True
-    name = f"marin_test_{uuid.uuid4().hex[:12]}"
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield name
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 @pytest.fixture
