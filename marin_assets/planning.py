@@ -11,6 +11,7 @@ import dagster as dg
 
 from marin_assets.catalog import Catalog
 from marin_resources.artifacts import VERSION_METADATA_KEY
+from marin_resources.artifacts import asset_key_str as key_str
 from marin_resources.identity import changed_fields, fingerprint
 from marin_resources.store import ArtifactStore
 
@@ -45,10 +46,6 @@ class StepResult:
 
 def parse_key(key: str) -> dg.AssetKey:
     return dg.AssetKey([p for p in key.split("/") if p])
-
-
-def key_str(key: dg.AssetKey) -> str:
-    return "/".join(key.path)
 
 
 class Planner:

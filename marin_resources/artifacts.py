@@ -74,6 +74,12 @@ def asset_key_str(key: dg.AssetKey) -> str:
     return "/".join(key.path)
 
 
+def checked_manifest(context: dg.AssetCheckExecutionContext, store: MarinStore, key: str,
+                     version: str) -> Manifest | None:
+    """The committed artifact an asset check inspects: the run's partition (none when unpartitioned)."""
+    return store.get().find(key, version, context.run.tags.get("dagster/partition"))
+
+
 def store_version(context: dg.AssetExecutionContext) -> str:
     """The code version used in paths: the asset's declared `marin/version` metadata."""
     spec = context.assets_def.specs_by_key[context.asset_key]

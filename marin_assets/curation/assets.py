@@ -19,7 +19,8 @@ from marin_assets.curation.refine import build_quality_classifier, build_refinem
 from marin_assets.curation.sensors import build_new_shard_sensor
 from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, SourceConfig, discover_shards,
                                            load_curation_config, open_binary)
-from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, marin_asset, materialize_artifact
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
+                                       materialize_artifact)
 from marin_resources.environments import MarinSettings
 from marin_resources.store import UpstreamRef
 
@@ -160,12 +161,8 @@ def _as_handle(ref: UpstreamRef) -> ArtifactHandle:
     return ArtifactHandle(ref.asset_key, ref.partition, "external", ref.uri, ref.data_version)
 
 
-def _check_partition(context: dg.AssetCheckExecutionContext) -> str | None:
-    return context.run.tags.get("dagster/partition")
-
-
 def _manifest_for_check(store: MarinStore, key: str, version: str, context):
-    manifest = store.get().find(key, version, _check_partition(context))
+    manifest = checked_manifest(context, store, key, version)
     if manifest is None:
         raise dg.Failure(f"{key} has no committed artifact to check")
     return manifest

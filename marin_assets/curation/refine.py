@@ -24,8 +24,8 @@ from marin_assets.curation.minhash import MinHashConfig, compute_signatures, loa
 from marin_assets.curation.quality import (load_quality_model, quality_threshold, save_quality_model, score,
                                            train_quality_classifier)
 from marin_assets.curation.sources import CurationConfig, SourceConfig
-from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset, \
-    materialize_artifact
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
+                                       marin_asset, materialize_artifact)
 from marin_resources.store import ArtifactStore
 
 CLASSIFIER_KEY = "quality_classifier"
@@ -214,22 +214,19 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             h for _, h in sorted(shards.items())), build=build)
 
     checks = [
-        _bound_check(filtered, f"filtered/{name}", FILTERED_VERSION, "drop_fraction", MAX_FILTER_DROP_FRACTION,
-                     partitioned=True),
-        _bound_check(deduplicated, f"deduplicated/{name}", DEDUP_VERSION, "drop_fraction", MAX_DEDUP_DROP_FRACTION,
-                     partitioned=False),
+        _bound_check(filtered, f"filtered/{name}", FILTERED_VERSION, "drop_fraction", MAX_FILTER_DROP_FRACTION),
+        _bound_check(deduplicated, f"deduplicated/{name}", DEDUP_VERSION, "drop_fraction", MAX_DEDUP_DROP_FRACTION),
         _schema_check(deduplicated, f"deduplicated/{name}", DEDUP_VERSION),
     ]
     return [filtered, deduplicated, *checks]
 
 
-def _bound_check(asset, key: str, version: str, metric: str, bound: float, partitioned: bool):
+def _bound_check(asset, key: str, version: str, metric: str, bound: float):
     @dg.asset_check(asset=asset, name=f"{metric}_bound",
                     description=f"`{metric}` stays at or under {bound}; a filter or dedup that drops most of a "
                                 "corpus is a misconfiguration, not a result.")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        partition = context.run.tags.get("dagster/partition") if partitioned else None
-        manifest = store.get().find(key, version, partition)
+        manifest = checked_manifest(context, store, key, version)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed artifact"})
         value = float(manifest.metrics.get(metric, 0.0))
@@ -244,7 +241,7 @@ def _schema_check(asset, key: str, version: str):
                     description="Every output shard has the document columns with string types and unique ids.")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         artifacts = store.get()
-        manifest = artifacts.find(key, version, None)
+        manifest = checked_manifest(context, store, key, version)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed artifact"})
         problems, ids, rows = [], set(), 0

@@ -13,7 +13,8 @@ from marin_assets.catalog import Catalog
 from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache, iter_parquet_texts
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.tokenizer import TokenizerConfig, adopt_tokenizer, train_bpe_tokenizer
-from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, marin_asset, materialize_artifact
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
+                                       materialize_artifact)
 from marin_resources.environments import MarinSettings
 from marin_resources.store import ArtifactStore
 
@@ -104,12 +105,12 @@ def restrict_to_sources(registry: TokenizationRegistry, sources: set[str]) -> To
     return TokenizationRegistry(tokenizers, tokenized, mixtures)
 
 
-def parquet_files(store: ArtifactStore, handle: ArtifactHandle) -> list[str]:
-    """The deduplicated shards of a source, in shard order, as URIs."""
-    manifest = store.read_manifest(handle.uri)
+def parquet_files(store: ArtifactStore, uri: str) -> list[str]:
+    """The deduplicated shards of the source artifact at `uri`, in shard order, as URIs."""
+    manifest = store.read_manifest(uri)
     if manifest is None:
-        raise dg.Failure(f"{handle.uri} lost its manifest")
-    return [f"{handle.uri}/{f.path}" for f in sorted(manifest.files, key=lambda f: f.path)
+        raise dg.Failure(f"{uri} lost its manifest")
+    return [f"{uri}/{f.path}" for f in sorted(manifest.files, key=lambda f: f.path)
             if f.path.startswith("data/") and f.path.endswith(".parquet")]
 
 
@@ -133,7 +134,7 @@ def build_tokenizer_asset(entry: TokenizerEntry):
             if entry.adopt:
                 art = adopt_tokenizer(entry.adopt, out)
             else:
-                files = [f for _, h in sorted(corpora.items()) for f in parquet_files(artifacts, h)]
+                files = [f for _, h in sorted(corpora.items()) for f in parquet_files(artifacts, h.uri)]
                 art = train_bpe_tokenizer(iter_parquet_texts(files), entry.config, out)
             return Built(metrics={"vocab_size": art.vocab_size, "bos_token_id": art.bos_token_id,
                                   "eos_token_id": art.eos_token_id, "pad_token_id": art.pad_token_id,
@@ -160,7 +161,7 @@ def build_tokenized_asset(entry: TokenizedEntry):
         artifacts = store.get()
 
         def build(writer) -> Built:
-            stats = build_levanter_cache(parquet_files(artifacts, corpus), tokenizer.uri, writer.uri, entry.cache)
+            stats = build_levanter_cache(parquet_files(artifacts, corpus.uri), tokenizer.uri, writer.uri, entry.cache)
             metrics = {"documents": stats.documents, "tokens": stats.tokens, "text_bytes": stats.text_bytes,
                        "bytes_per_token": round(stats.bytes_per_token, 4),
                        "train_documents": stats.train.documents, "train_tokens": stats.train.tokens,
@@ -180,13 +181,11 @@ def build_tokenized_asset(entry: TokenizedEntry):
         from marin_assets.tokenization.cache import decode_roundtrip_check
 
         artifacts = store.get()
-        manifest = artifacts.find(key, TOKENIZED_VERSION, None)
+        manifest = checked_manifest(context, store, key, TOKENIZED_VERSION)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
         refs = {u.asset_key: u for u in manifest.upstream}
-        corpus = artifacts.read_manifest(refs[f"deduplicated/{entry.source}"].uri)
-        files = [f"{corpus.uri}/{f.path}" for f in sorted(corpus.files, key=lambda f: f.path)
-                 if f.path.startswith("data/")]
+        files = parquet_files(artifacts, refs[f"deduplicated/{entry.source}"].uri)
         failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, files,
                                           sample_n=ROUNDTRIP_SAMPLE)
         return dg.AssetCheckResult(passed=not failures, metadata={

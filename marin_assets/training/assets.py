@@ -18,7 +18,8 @@ import dagster as dg
 
 from marin_assets.catalog import Catalog
 from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, registered_runs
-from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, marin_asset, materialize_artifact
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
+                                       materialize_artifact)
 from marin_resources.environments import MarinSettings
 from marin_resources.launchers import EVAL_REPORT_FILE, TRAIN_CONFIG_FILE, LocalPipesLauncher
 
@@ -107,7 +108,7 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
     @dg.asset_check(asset=checkpoint, name="loss_fell",
                     description="The final training loss is finite and lower than the first.")
     def loss_fell(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = store.get().find("checkpoint", CHECKPOINT_VERSION, context.run.tags.get("dagster/partition"))
+        manifest = checked_manifest(context, store, "checkpoint", CHECKPOINT_VERSION)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed checkpoint"})
         first, last = manifest.metrics.get("train_loss_first"), manifest.metrics.get("train_loss_last")
@@ -139,7 +140,7 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
 
     @dg.asset_check(asset=evaluation, name="bpb_finite", description="Every eval set's bits-per-byte is finite.")
     def bpb_finite(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = store.get().find("eval", EVAL_VERSION, context.run.tags.get("dagster/partition"))
+        manifest = checked_manifest(context, store, "eval", EVAL_VERSION)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed eval"})
         bpb = {k: v for k, v in manifest.metrics.items() if k.endswith("/bpb")}

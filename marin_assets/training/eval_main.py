@@ -18,7 +18,6 @@ Reuses Levanter for the model, checkpoint loading, validation datasets and the p
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
