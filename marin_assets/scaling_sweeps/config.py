@@ -52,6 +52,10 @@ class SweepConfig:
     fit_budgets: tuple[float, ...]
     target_budgets: tuple[float, ...]
     recipe_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    target_recipe_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Applied on top of ``recipe_overrides`` for target budgets only, e.g. a wider tokens-per-param
+    window: only the forecast's chosen target candidate trains, so a wide window costs nothing and
+    lets the target be the model nearest the forecast optimum."""
     params: ParamsColumn = "total"
     """Parameter count used as N in the fit: the recipe's total (embeddings counted once when tied) or non-embedding."""
     max_steps: int | None = None
@@ -66,14 +70,18 @@ class SweepConfig:
     error_goal: float = 0.02
     """Relative forecast error the sweep aims for; the forecast check reports against it."""
 
-    def build_recipe(self) -> Recipe:
-        return dataclasses.replace(RECIPES[self.recipe](), **self.recipe_overrides)
+    def build_recipe(self, role: Literal["fit", "target"] = "fit") -> Recipe:
+        overrides = {**self.recipe_overrides, **(self.target_recipe_overrides if role == "target" else {})}
+        return dataclasses.replace(RECIPES[self.recipe](), **overrides)
 
     def identity(self) -> dict[str, Any]:
-        """The sweep's config with the recipe fully resolved (so a changed default changes identity)."""
+        """The sweep's config with the recipes fully resolved (so a changed default changes identity)."""
         data = dataclasses.asdict(self)
         data["recipe_overrides"] = dict(self.recipe_overrides)
-        data["resolved_recipe"] = dataclasses.asdict(self.build_recipe())
+        data["target_recipe_overrides"] = dict(self.target_recipe_overrides)
+        data["resolved_recipe"] = dataclasses.asdict(self.build_recipe("fit"))
+        if self.target_recipe_overrides:
+            data["resolved_target_recipe"] = dataclasses.asdict(self.build_recipe("target"))
         return data
 
 
@@ -175,9 +183,9 @@ def run_spec(config: SweepConfig, candidate: Candidate) -> RunSpec:
 
 
 def plan_sweep(config: SweepConfig) -> SweepPlan:
-    recipe = config.build_recipe()
     budgets = []
     for role, values in (("fit", config.fit_budgets), ("target", config.target_budgets)):
+        recipe = config.build_recipe(role)
         for budget in values:
             plan = recipe.plan(budget)
             kept, rejected = [], list(plan.rejected)
@@ -248,18 +256,19 @@ def _number(sweep: str, name: str, value: Any) -> float:
     return float(value)
 
 
-def _recipe_overrides(sweep: str, recipe: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+def _recipe_overrides(sweep: str, recipe: str, raw: Mapping[str, Any], field_name: str = "recipe_overrides",
+                      base_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     base = RECIPES[recipe]
     fields = {f.name: f for f in dataclasses.fields(base)}
     out = {}
     for key, value in raw.items():
         if key not in fields:
-            raise SweepConfigError(sweep, f"recipe_overrides.{key}", f"unknown recipe field (known: {sorted(fields)})")
+            raise SweepConfigError(sweep, f"{field_name}.{key}", f"unknown recipe field (known: {sorted(fields)})")
         out[key] = tuple(value) if isinstance(value, list) else value
     try:
-        dataclasses.replace(base(), **out)
+        dataclasses.replace(base(), **{**(base_overrides or {}), **out})
     except (TypeError, ValueError) as exc:
-        raise SweepConfigError(sweep, "recipe_overrides", str(exc)) from None
+        raise SweepConfigError(sweep, field_name, str(exc)) from None
     return out
 
 
@@ -280,6 +289,9 @@ def sweep_from_dict(name: str, raw: Any) -> SweepConfig:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise SweepConfigError(name, fname, "required field is missing")
     kwargs["recipe_overrides"] = _recipe_overrides(name, kwargs["recipe"], kwargs.get("recipe_overrides", {}))
+    kwargs["target_recipe_overrides"] = _recipe_overrides(name, kwargs["recipe"],
+                                                          kwargs.get("target_recipe_overrides", {}),
+                                                          "target_recipe_overrides", kwargs["recipe_overrides"])
     config = SweepConfig(**kwargs)
     validate_sweep(config)
     return config

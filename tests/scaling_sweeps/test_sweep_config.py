@@ -65,6 +65,8 @@ def test_max_steps_drops_candidates_with_a_reason():
     ({"target_budgets": [5e12]}, "target_budgets[0]"),
     ({"recipe": "huge"}, "recipe"),
     ({"recipe_overrides": {"vocab": 10}}, "recipe_overrides.vocab"),
+    ({"target_recipe_overrides": {"vocab": 10}}, "target_recipe_overrides.vocab"),
+    ({"target_recipe_overrides": {"min_tokens_per_param": 2000.0}}, "target_recipe_overrides"),
     ({"params": "embedding"}, "params"),
     ({"colour": "red"}, "colour"),
     ({"fit_budgets": [1e12, "lots", 3e12]}, "fit_budgets[1]"),
@@ -85,3 +87,15 @@ def test_yaml_exponents_without_a_dot_are_numbers(tmp_path):
     text = yaml.safe_dump({"sweeps": {"s": {**BASE, "fit_budgets": ["FIT"]}}}).replace("- FIT", "[2e12, 4e12, 1e13]")
     path.write_text(text.replace("fit_budgets:\n", "fit_budgets: "))
     assert load_sweeps(path)["s"].fit_budgets == (2e12, 4e12, 1e13)
+
+
+def test_target_recipe_overrides_widen_only_the_target_budgets():
+    narrow = plan_sweep(sweep_from_dict("s", BASE))
+    wide_config = sweep_from_dict("s", {**BASE, "target_recipe_overrides": {"max_tokens_per_param": 100_000.0}})
+    wide = plan_sweep(wide_config)
+    assert [r.spec.name for r in wide.fit_runs()] == [r.spec.name for r in narrow.fit_runs()]
+    narrow_target = {r.spec.name for r in narrow.target_candidates(1e14)}
+    wide_target = {r.spec.name for r in wide.target_candidates(1e14)}
+    assert narrow_target < wide_target  # smaller models, at more tokens per parameter
+    assert wide_config.identity()["resolved_target_recipe"]["max_tokens_per_param"] == 100_000.0
+    assert wide_config.identity() != sweep_from_dict("s", BASE).identity()
