@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     iso.add_argument("--predict", type=_flops_list, default=[], help="comma-separated budgets to predict, e.g. 1e21,1e22")
     iso.add_argument("--plot", help="write a PNG (isoFLOP profiles + envelope with intervals) here")
     iso.add_argument("--bootstrap", type=int, default=IsoflopOptions.bootstrap_samples, help="bootstrap replicates")
+    iso.add_argument("--resample", choices=("residuals", "runs"), default=IsoflopOptions.resample,
+                     help="bootstrap resampling: valley residuals (default) or whole runs")
     iso.add_argument("--seed", type=int, default=IsoflopOptions.seed)
     iso.add_argument("--interval", type=float, default=IsoflopOptions.interval, help="interval coverage, e.g. 0.95")
     iso.add_argument(
@@ -67,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             options = IsoflopOptions(
                 budget_tolerance=args.budget_tolerance,
                 bootstrap_samples=args.bootstrap,
+                resample=args.resample,
                 seed=args.seed,
                 interval=args.interval,
             )

@@ -349,3 +349,42 @@ def _scipy_loop(objective: HuberLogLossObjective, x0: np.ndarray) -> tuple[np.nd
         values[i] = result.fun
         converged[i] = result.success
     return ends, values, converged
+
+
+def bootstrap_chinchilla(
+    fit: ChinchillaFit,
+    params: np.ndarray,
+    tokens: np.ndarray,
+    loss: np.ndarray,
+    predict_params: np.ndarray,
+    predict_tokens: np.ndarray,
+    *,
+    samples: int = 200,
+    seed: int = 0,
+    starts: int = 32,
+    delta: float = HUBER_DELTA,
+) -> np.ndarray:
+    """Predictions of approach-3 fits to runs resampled with replacement: (used replicates, predictions).
+
+    Each replicate restarts from the original fit's ``starts`` best end points (a full grid per
+    replicate would cost the grid's time again, and the resampled optimum lies near one of
+    them). Replicates with fewer than five distinct runs cannot fit five parameters and are
+    not counted.
+    """
+    columns = [np.asarray(c, dtype=np.float64).reshape(-1) for c in (params, tokens, loss)]
+    at_n, at_d = (np.asarray(c, dtype=np.float64).reshape(-1) for c in (predict_params, predict_tokens))
+    order = np.argsort(np.where(np.isfinite(fit.end_objectives), fit.end_objectives, np.inf))
+    x0 = fit.end_points[order[: max(1, starts)]]
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(samples):
+        draw = rng.integers(0, columns[0].size, size=columns[0].size)
+        if np.unique(draw).size < len(PARAM_NAMES):
+            continue
+        objective = HuberLogLossObjective(*(c[draw] for c in columns), delta)
+        ends, values, _ = batched_bfgs(objective.value_and_grad, x0)
+        values = np.where(np.isfinite(values), values, np.inf)
+        a, b, e, alpha, beta = ends[int(np.argmin(values))]
+        # In log space: a replicate may end with an exponent large enough to overflow N^alpha.
+        rows.append(np.exp(np.logaddexp(np.logaddexp(a - alpha * np.log(at_n), b - beta * np.log(at_d)), e)))
+    return np.array(rows) if rows else np.empty((0, at_n.size))

@@ -4,13 +4,20 @@ For every compute budget the runs trace a valley of loss against model size. A r
 quadratic in log tokens (and, separately, in log params) locates the bottom of each valley:
 D*(C), N*(C) and L*(C). Power laws N* = k_N C^a and D* = k_D C^b are fitted in log space
 through those optima, and the envelope L(C) = E + A C^-alpha through the optimal losses.
-Uncertainty comes from a seeded bootstrap that resamples runs within each budget and redoes
-every fit; intervals are percentiles of the refitted predictions.
+Uncertainty comes from a seeded bootstrap that redoes every fit on resampled valleys;
+intervals are percentiles of the refitted predictions. By default it resamples *residuals*:
+each budget keeps its model sizes and gets the fitted valley plus residuals drawn with
+replacement (inflated by sqrt(n / (n - 3)) for the quadratic's three coefficients). Resampling
+*runs* instead (``resample="runs"``) is the textbook case bootstrap, but with the five or so
+runs of a small sweep most replicates lack three distinct sizes and cannot be fitted.
+A valley of exactly three runs has no residuals: its optimum then does not vary, and the
+interval carries only the other budgets' noise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -26,6 +33,7 @@ class IsoflopOptions:
     # because steps and batch sizes are integers.
     budget_tolerance: float = 0.05
     bootstrap_samples: int = 200
+    resample: Literal["residuals", "runs"] = "residuals"
     seed: int = 0
     interval: float = 0.95
     # Huber threshold of the robust quadratic, in units of the robust residual scale (MAD).
@@ -39,6 +47,8 @@ class IsoflopOptions:
             raise ValueError("bootstrap_samples must be >= 0")
         if self.budget_tolerance < 0:
             raise ValueError("budget_tolerance must be >= 0")
+        if self.resample not in ("residuals", "runs"):
+            raise ValueError(f"resample must be 'residuals' or 'runs', got {self.resample!r}")
 
 
 @dataclass(frozen=True)
@@ -145,6 +155,7 @@ class IsoflopFit:
             "skipped": self.skipped,
             "bootstrap": {
                 "samples": self.options.bootstrap_samples,
+                "resample": self.options.resample,
                 "used": int(self.boot_loss.shape[0]),
                 "seed": self.options.seed,
                 "interval": self.options.interval,
@@ -251,25 +262,23 @@ def _power_law(flops: np.ndarray, values: np.ndarray) -> tuple[float, float]:
     return float(np.exp(intercept)), float(exponent)
 
 
-def _fit_budgets(groups: list[np.ndarray], runs: Runs, options: IsoflopOptions, samples: np.ndarray | None):
-    """Per-budget optima for the original data (samples None) or for bootstrap index sets.
+def _fit_valleys(log_tokens: np.ndarray, log_params: np.ndarray, loss: np.ndarray, options: IsoflopOptions):
+    """Optima of many versions of one budget's valley; arrays of shape (versions, runs in budget).
 
-    samples[k] for budget k has shape (replicates, runs in budget) of indices into runs.
-    Returns arrays (budgets, replicates) of flops, N*, D*, L* and a validity mask.
+    Returns the quadratic centers and coefficients (tokens, params), N*, D*, L* and a validity
+    mask (three distinct sizes and convex in both), each with one entry per version.
     """
-    out = []
-    for k, group in enumerate(groups):
-        index = group[None, :] if samples is None else samples[k]
-        log_tokens = np.log(runs.tokens[index])
-        log_params = np.log(runs.params[index])
-        loss = runs.loss[index]
-        t_center, t_coef, t_ok = robust_quadratic(log_tokens, loss, options)
-        p_center, p_coef, p_ok = robust_quadratic(log_params, loss, options)
-        log_d, loss_min, t_convex = _quadratic_minimum(t_center, t_coef)
-        log_n, _, p_convex = _quadratic_minimum(p_center, p_coef)
-        valid = t_ok & p_ok & t_convex & p_convex
-        out.append((t_center, t_coef, p_center, p_coef, np.exp(log_n), np.exp(log_d), loss_min, valid))
-    return out
+    t_center, t_coef, t_ok = robust_quadratic(log_tokens, loss, options)
+    p_center, p_coef, p_ok = robust_quadratic(log_params, loss, options)
+    log_d, loss_min, t_convex = _quadratic_minimum(t_center, t_coef)
+    log_n, _, p_convex = _quadratic_minimum(p_center, p_coef)
+    valid = t_ok & p_ok & t_convex & p_convex
+    return t_center, t_coef, p_center, p_coef, np.exp(log_n), np.exp(log_d), loss_min, valid
+
+
+def _quadratic_values(center: float, coef: np.ndarray, x: np.ndarray) -> np.ndarray:
+    u = x - center
+    return coef[0] + coef[1] * u + coef[2] * u * u
 
 
 def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray, options: IsoflopOptions = IsoflopOptions()) -> IsoflopFit:
@@ -286,12 +295,11 @@ def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray, options: Iso
     budget_flops = np.array([float(np.median(runs.flops[g])) for g in groups])
 
     budgets: list[BudgetFit] = []
-    used_groups: list[np.ndarray] = []
     skipped: list[dict[str, float | str]] = []
-    for k, (t_center, t_coef, p_center, p_coef, n_opt, d_opt, l_opt, valid) in enumerate(
-        _fit_budgets(groups, runs, options, None)
-    ):
-        group = groups[k]
+    for k, group in enumerate(groups):
+        t_center, t_coef, p_center, p_coef, n_opt, d_opt, l_opt, valid = _fit_valleys(
+            np.log(runs.tokens[group])[None], np.log(runs.params[group])[None], runs.loss[group][None], options
+        )
         if not valid[0]:
             reason = (
                 "fewer than 3 distinct model sizes"
@@ -304,7 +312,6 @@ def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray, options: Iso
         interior = bool(
             log_t.min() <= np.log(d_opt[0]) <= log_t.max() and log_p.min() <= np.log(n_opt[0]) <= log_p.max()
         )
-        used_groups.append(group)
         budgets.append(
             BudgetFit(
                 flops=budget_flops[k],
@@ -333,8 +340,7 @@ def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray, options: Iso
     )
     # Budgets without a usable optimum stay out of the bootstrap too, so that every replicate
     # refits the same set of budgets as the point estimate.
-    used_flops = np.array([b.flops for b in budgets])
-    boot_loss, boot_params, boot_tokens = _bootstrap(used_groups, used_flops, runs, predict_flops, options)
+    boot_loss, boot_params, boot_tokens = _bootstrap(budgets, runs, predict_flops, options)
     return IsoflopFit(budgets, law, predict_flops, boot_loss, boot_params, boot_tokens, skipped, options)
 
 
@@ -345,12 +351,25 @@ def _fit_law(flops: np.ndarray, params: np.ndarray, tokens: np.ndarray, loss: np
     return EnvelopeLaw(e, a, alpha, n_coef, n_exp, d_coef, d_exp)
 
 
-def _bootstrap(groups, budget_flops, runs, predict_flops, options):
+def _bootstrap(budgets: list[BudgetFit], runs: Runs, predict_flops: np.ndarray, options: IsoflopOptions):
     # Intervals exist only for predictions; with none requested there is nothing to resample.
     replicates = options.bootstrap_samples if predict_flops.size else 0
     rng = np.random.default_rng(options.seed)
-    samples = [group[rng.integers(0, group.size, size=(replicates, group.size))] for group in groups]
-    per_budget = _fit_budgets(groups, runs, options, samples) if replicates else []
+    per_budget = []
+    for budget in budgets:
+        group = np.asarray(budget.run_indices)
+        log_tokens, log_params, loss = np.log(runs.tokens[group]), np.log(runs.params[group]), runs.loss[group]
+        draws = rng.integers(0, group.size, size=(replicates, group.size))
+        if options.resample == "runs":
+            versions = (log_tokens[draws], log_params[draws], loss[draws])
+        else:
+            fitted = _quadratic_values(budget.tokens_center, np.asarray(budget.tokens_coef), log_tokens)
+            dof = group.size - 3
+            residuals = (loss - fitted) * np.sqrt(group.size / dof) if dof > 0 else np.zeros_like(loss)
+            versions = (np.tile(log_tokens, (replicates, 1)), np.tile(log_params, (replicates, 1)),
+                        fitted + residuals[draws])
+        per_budget.append(_fit_valleys(*versions, options) if replicates else None)
+    budget_flops = np.array([b.flops for b in budgets])
     loss_rows, params_rows, tokens_rows = [], [], []
     for r in range(replicates):
         usable = [k for k, fit in enumerate(per_budget) if fit[7][r]]
@@ -365,6 +384,7 @@ def _bootstrap(groups, budget_flops, runs, predict_flops, options):
         loss_rows.append(law.loss(predict_flops))
         params_rows.append(law.params(predict_flops))
         tokens_rows.append(law.tokens(predict_flops))
+
     def stacked(rows: list[np.ndarray]) -> np.ndarray:
         return np.array(rows) if rows else np.empty((0, predict_flops.size))
 

@@ -32,9 +32,10 @@ from marin_resources.identity import fingerprint
 from marin_resources.store import ArtifactStore
 
 SWEEP_VERSION = "v1"
-SCALING_FIT_VERSION = "v1"
-FORECAST_VERSION = "v1"
-FORECAST_CHECK_VERSION = "v1"
+# v2: forecasts by both methods (envelope and joint), the primary one named by the config.
+SCALING_FIT_VERSION = "v2"
+FORECAST_VERSION = "v2"
+FORECAST_CHECK_VERSION = "v2"
 EVAL_KEY = dg.AssetKey(["eval"])
 # A fit run's parameter count from Levanter must match the recipe's (else the vocabulary differs).
 PARAMS_TOLERANCE = 0.005
@@ -136,9 +137,9 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
 
     @marin_asset(key=f"scaling_fit/{name}", version=SCALING_FIT_VERSION, identity=configs["scaling_fit"],
                  group_name="scaling", ins={"plan_handle": dg.AssetIn(key=sweep.key), "evals": fit_evals},
-                 description=f"Approach-2 isoFLOP fit of sweep {name!r}'s fit runs (eval loss on "
-                             f"{config.eval_set!r}), the envelope L(C) and bootstrap predictions at the target "
-                             "budgets: fit.json and fit.png.")
+                 description=f"Sweep {name!r}'s fit runs (eval loss on {config.eval_set!r}) fitted two ways: the "
+                             "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
+                             "every target candidate with a bootstrap interval: fit.json and fit.png.")
     def scaling_fit(context: dg.AssetExecutionContext, store: MarinStore, plan_handle: ArtifactHandle,
                     evals: dict[str, ArtifactHandle]):
         artifacts = store.get()
@@ -151,9 +152,10 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
             writer.write_json("fit.json", fitted.result)
             with writer.open("fit.png") as fh:
                 fh.write(fitted.png)
-            law = fitted.result["fit"]["law"]
+            law, joint = fitted.result["fit"]["law"], fitted.result["joint_fit"]
             metrics = {"E": law["E"], "A": law["A"], "alpha": law["alpha"], "params_exponent": law["params_exponent"],
-                       "tokens_exponent": law["tokens_exponent"], "runs": len(fitted.result["runs"])}
+                       "tokens_exponent": law["tokens_exponent"], "runs": len(fitted.result["runs"]),
+                       **{f"joint/{k}": joint[k] for k in ("E", "A", "B", "alpha", "beta")}}
             for target in fitted.result["targets"]:
                 metrics[f"forecast/{target['chosen']}/loss"] = next(
                     c["loss"] for c in target["candidates"] if c["run"] == target["chosen"])
@@ -175,10 +177,11 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
 
         def build(writer) -> Built:
             writer.write_json("forecast.json", record)
-            metrics = {}
+            metrics: dict[str, Any] = {"method": record["method"]}
             for t in record["targets"]:
                 metrics.update({f"{t['run']}/loss": t["loss"], f"{t['run']}/loss_low": t["loss_low"],
                                 f"{t['run']}/loss_high": t["loss_high"]})
+                metrics.update({f"{t['run']}/{m}/loss": f["loss"] for m, f in t["forecasts"].items()})
             return Built(metrics=metrics, metadata={"targets": dg.MetadataValue.json(record["targets"])})
 
         return materialize_artifact(context, store, config=configs["forecast"], upstream=[fit], build=build)
@@ -225,14 +228,16 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
                 metrics.update({f"{s['run']}/{k}": s[k] for k in ("actual", "predicted", "error_pct",
                                                                     "within_interval", "within_goal",
                                                                     "forecast_before_training")})
+                metrics.update({f"{s['run']}/{m}/error_pct": b["error_pct"] for m, b in s["by_method"].items()})
             return Built(metrics=metrics, metadata={"targets": dg.MetadataValue.json(scores)})
 
         upstream = [forecast_in] + [evals[n] for n in sorted(evals)]
         return materialize_artifact(context, store, config=configs["forecast_check"], upstream=upstream, build=build)
 
     @dg.asset_check(asset=forecast_check, name="within_forecast_interval",
-                    description="Every target's actual eval loss lies inside its forecast interval, and the forecast "
-                                "was committed before the target trained. Metadata: signed error % per target.")
+                    description="Every target's actual eval loss lies inside its primary forecast's interval, and the "
+                                "forecast was committed before the target trained. Metadata: signed error % per "
+                                "target, for the primary and every other recorded method.")
     def within_forecast_interval(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         manifest = store.get().find(f"forecast_check/{name}", FORECAST_CHECK_VERSION, None)
         if manifest is None:
@@ -252,6 +257,8 @@ def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:
         metadata[f"{t['run']}/actual"] = float(t["actual"])
         metadata[f"{t['run']}/interval"] = f"[{t['low']}, {t['high']}]"
         metadata[f"{t['run']}/within_goal"] = bool(t["within_goal"])
+        for method, score in t.get("by_method", {}).items():
+            metadata[f"{t['run']}/{method}/error_pct"] = float(score["error_pct"])
     return dg.AssetCheckResult(passed=passed, metadata=metadata)
 
 

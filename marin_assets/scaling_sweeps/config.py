@@ -31,6 +31,7 @@ DEFAULT_SWEEPS_YAML = Path(__file__).with_name("sweeps.yaml")
 RECIPES: dict[str, type[Recipe]] = {"micro": MicroRecipe, "delphi": Recipe}
 RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9._=+-]+$")
 ParamsColumn = Literal["total", "non_embedding"]
+ForecastMethod = Literal["envelope", "joint"]
 
 
 class SweepConfigError(ValueError):
@@ -58,6 +59,9 @@ class SweepConfig:
     lets the target be the model nearest the forecast optimum."""
     params: ParamsColumn = "total"
     """Parameter count used as N in the fit: the recipe's total (embeddings counted once when tied) or non-embedding."""
+    forecast_method: ForecastMethod = "envelope"
+    """Primary forecast: ``envelope`` (approach 2, L*(C) and the valley) or ``joint`` (approach 3,
+    L(N, D) fitted to all fit runs). It picks the target and is what the check scores; both are recorded."""
     max_steps: int | None = None
     """Candidates needing more optimizer steps are dropped (listed in the plan with the reason)."""
     seed: int = 0

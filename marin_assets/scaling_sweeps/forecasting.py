@@ -1,15 +1,23 @@
 """Fit a sweep's finished runs, forecast its target runs, and score a forecast against the result.
 
-The fit is approach 2 (`scaling.fit_isoflop_runs`): per-budget valleys, the envelope
-L*(C) = E + A C^-alpha and N*(C), with seeded bootstrap intervals. A target budget's
-candidates are forecast on the extrapolated valley
+Two forecasts are made for every target candidate, from the same fit runs:
 
-    L(N; C) = L*(C) + k (ln N - ln N*(C))^2
+* ``envelope`` (approach 2, `scaling.fit_isoflop_runs`): per-budget valleys, the envelope
+  L*(C) = E + A C^-alpha and N*(C); a candidate's loss is read off the extrapolated valley
 
-with k the mean curvature in ln N of the fitted budgets' valleys (valleys keep their width in
-ln N across budgets). Intervals come from the same bootstrap replicates of L*(C) and N*(C);
-the uncertainty of k is not propagated. The forecast target of a budget is the candidate with
-the lowest forecast loss, i.e. the recipe's model nearest the forecast compute-optimal size.
+      L(N; C) = L*(C) + k (ln N - ln N*(C))^2
+
+  with k the mean curvature in ln N of the fitted budgets' valleys (valleys keep their width
+  in ln N across budgets). Intervals come from the isoFLOP bootstrap of L*(C) and N*(C); the
+  uncertainty of k is not propagated.
+* ``joint`` (approach 3, `scaling.fit_chinchilla_arrays`): L(N, D) = E + A/N^alpha + B/D^beta
+  fitted to every fit run at once and evaluated at the candidate's own N and D. Intervals
+  come from a bootstrap over runs.
+
+The sweep's ``forecast_method`` names the primary one, fixed in the config before any target
+trains: it picks the target (the candidate with the lowest primary forecast, i.e. the recipe's
+model nearest the forecast compute optimum) and is what the forecast check scores; the other
+method's forecast is recorded beside it and scored too.
 
 Pure: numpy and `scaling` only.
 """
@@ -24,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from marin_assets.scaling_sweeps.config import PlannedRun, SweepPlan, fit_params
-from scaling import IsoflopOptions, fit_isoflop_runs, load_runs
+from scaling import IsoflopOptions, fit_chinchilla_arrays, fit_isoflop_runs, load_runs
+from scaling.chinchilla import bootstrap_chinchilla
 
 
 class SweepFitError(ValueError):
@@ -53,57 +62,77 @@ def runs_table(plan: SweepPlan, losses: Mapping[str, float]) -> list[dict[str, A
 @dataclass(frozen=True)
 class SweepFit:
     result: dict[str, Any]
-    """JSON-ready: runs, the isoFLOP fit (optima, law, predictions, bootstrap) and target forecasts."""
+    """JSON-ready: runs, the isoFLOP and joint fits, and every target candidate's forecasts."""
     png: bytes
+
+
+def _interval(replicates: np.ndarray, coverage: float) -> tuple[float | None, float | None]:
+    if not replicates.size:
+        return None, None
+    tail = 100.0 * (1.0 - coverage) / 2.0
+    return float(np.percentile(replicates, tail)), float(np.percentile(replicates, 100.0 - tail))
 
 
 def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]]) -> SweepFit:
     config = plan.config
     table = load_runs(rows)
     targets = {budget: plan.target_candidates(budget) for budget in config.target_budgets}
+    candidates = [run for runs in targets.values() for run in runs]
+    n = np.array([float(fit_params(r.candidate, config.params)) for r in candidates])
+    d = np.array([float(r.candidate.tokens) for r in candidates])
+    flops = np.array([r.candidate.flops for r in candidates])
     # Predict at each target budget (the envelope) and at every target candidate's realised FLOPs.
-    predict = list(config.target_budgets) + [r.candidate.flops for runs in targets.values() for r in runs]
+    predict = list(config.target_budgets) + flops.tolist()
     options = IsoflopOptions(bootstrap_samples=config.bootstrap_samples, seed=config.seed, interval=config.interval)
     try:
-        fit = fit_isoflop_runs(table, predict, options)
+        iso = fit_isoflop_runs(table, predict, options)
+        joint = fit_chinchilla_arrays(table.params, table.tokens, table.loss)
     except ValueError as exc:  # RunsError is a ValueError
         raise SweepFitError(f"sweep {config.name!r}: {exc}") from exc
     from scaling.plots import plot_isoflop_summary
 
-    png = plot_isoflop_summary(fit, table)
-    curvature = float(np.mean([b.params_coef[2] for b in fit.budgets]))
-    tail = 100.0 * (1.0 - config.interval) / 2.0
-    predictions = fit.predictions()
+    png = plot_isoflop_summary(iso, table)
+    curvature = float(np.mean([b.params_coef[2] for b in iso.budgets]))
+    first = len(config.target_budgets)
+    envelope_point = iso.law.loss(flops) + curvature * (np.log(n) - np.log(iso.law.params(flops))) ** 2
+    envelope_boot = iso.boot_loss[:, first:] + curvature * (np.log(n) - np.log(iso.boot_params[:, first:])) ** 2
+    joint_point = joint.predict(n, d)
+    joint_boot = bootstrap_chinchilla(joint, table.params, table.tokens, table.loss, n, d,
+                                      samples=config.bootstrap_samples, seed=config.seed)
+    by_method = {"envelope": (envelope_point, envelope_boot), "joint": (joint_point, joint_boot)}
+    scored = []
+    for i, run in enumerate(candidates):
+        forecasts = {}
+        for method, (point, boot) in by_method.items():
+            low, high = _interval(boot[:, i], config.interval)
+            forecasts[method] = {"loss": float(point[i]), "loss_low": low, "loss_high": high}
+        scored.append({"run": run.spec.name, "budget": run.candidate.budget, "hidden_dim": run.candidate.hidden_dim,
+                       "params": n[i], "tokens": d[i], "flops": flops[i],
+                       **forecasts[config.forecast_method], "method": config.forecast_method, "forecasts": forecasts})
+    predictions = iso.predictions()
     forecasts = []
-    column = len(config.target_budgets)
-    for i, (budget, candidates) in enumerate(targets.items()):
-        scored = []
-        for run in candidates:
-            n = float(fit_params(run.candidate, config.params))
-            flops = run.candidate.flops
-            point = float(fit.law.loss(flops) + curvature * (np.log(n) - np.log(fit.law.params(flops))) ** 2)
-            replicates = fit.boot_loss[:, column] + curvature * (np.log(n) - np.log(fit.boot_params[:, column])) ** 2
-            column += 1
-            low, high = (float(np.percentile(replicates, tail)), float(np.percentile(replicates, 100 - tail))) \
-                if replicates.size else (None, None)
-            scored.append({"run": run.spec.name, "hidden_dim": run.candidate.hidden_dim, "params": n,
-                           "tokens": run.candidate.tokens, "flops": run.candidate.flops,
-                           "loss": point, "loss_low": low, "loss_high": high})
-        chosen = min(scored, key=lambda s: s["loss"])
-        forecasts.append({"budget": budget, "envelope": predictions[i], "candidates": scored, "chosen": chosen["run"]})
-    result = {"sweep": config.name, "params_column": config.params, "eval_set": config.eval_set, "runs": rows,
-              "fit": fit.to_dict(), "valley_curvature": curvature, "targets": forecasts}
+    for i, budget in enumerate(targets):
+        mine = [s for s in scored if s["budget"] == budget]
+        chosen = min(mine, key=lambda s: s["loss"])
+        forecasts.append({"budget": budget, "envelope": predictions[i], "candidates": mine, "chosen": chosen["run"]})
+    result = {"sweep": config.name, "params_column": config.params, "eval_set": config.eval_set,
+              "forecast_method": config.forecast_method, "runs": rows, "fit": iso.to_dict(),
+              "valley_curvature": curvature,
+              "joint_fit": {**joint.to_dict(), "bootstrap": {"samples": config.bootstrap_samples,
+                                                             "used": int(joint_boot.shape[0]), "resample": "runs"}},
+              "targets": forecasts}
     # Plain JSON types only (numpy scalars would not serialize into Dagster metadata).
     return SweepFit(json.loads(json.dumps(result, default=float)), png)
 
 
 def forecast_record(fit_result: Mapping[str, Any]) -> dict[str, Any]:
-    """What is frozen before training: per target budget, the chosen run and its forecast interval."""
+    """What is frozen before training: per target budget, the chosen run and its forecast intervals."""
     targets = []
     for target in fit_result["targets"]:
         chosen = next(c for c in target["candidates"] if c["run"] == target["chosen"])
-        targets.append({"budget": target["budget"], **chosen, "envelope_loss": target["envelope"]["loss"]})
-    return {"sweep": fit_result["sweep"], "eval_set": fit_result["eval_set"], "targets": targets}
+        targets.append({**chosen, "budget": target["budget"], "envelope_loss": target["envelope"]["loss"]})
+    return {"sweep": fit_result["sweep"], "eval_set": fit_result["eval_set"],
+            "method": fit_result["forecast_method"], "targets": targets}
 
 
 def chosen_target(plan: SweepPlan, forecast: Mapping[str, Any], budget: float) -> PlannedRun:
@@ -117,11 +146,17 @@ def chosen_target(plan: SweepPlan, forecast: Mapping[str, Any], budget: float) -
     raise KeyError(f"forecast chose {wanted!r}, which the current plan of budget {budget:g} does not contain")
 
 
-def score_forecast(target: Mapping[str, Any], actual: float, error_goal: float) -> dict[str, Any]:
-    """Actual loss against one target's forecast: signed relative error and interval membership."""
-    predicted, low, high = float(target["loss"]), target.get("loss_low"), target.get("loss_high")
+def _score(forecast: Mapping[str, Any], actual: float, error_goal: float) -> dict[str, Any]:
+    predicted, low, high = float(forecast["loss"]), forecast.get("loss_low"), forecast.get("loss_high")
     error = (predicted - actual) / actual
     inside = low is not None and high is not None and low <= actual <= high
-    return {"run": target["run"], "budget": target["budget"], "actual": actual, "predicted": predicted,
-            "low": low, "high": high, "error_pct": 100.0 * error, "within_interval": bool(inside),
-            "within_goal": bool(abs(error) <= error_goal)}
+    return {"predicted": predicted, "low": low, "high": high, "error_pct": 100.0 * error,
+            "within_interval": bool(inside), "within_goal": bool(abs(error) <= error_goal)}
+
+
+def score_forecast(target: Mapping[str, Any], actual: float, error_goal: float) -> dict[str, Any]:
+    """Actual loss against one target's primary forecast (signed relative error, interval membership),
+    with every recorded method's score under ``by_method``."""
+    return {"run": target["run"], "budget": target["budget"], "actual": actual,
+            "method": target.get("method", "envelope"), **_score(target, actual, error_goal),
+            "by_method": {m: _score(f, actual, error_goal) for m, f in target.get("forecasts", {}).items()}}

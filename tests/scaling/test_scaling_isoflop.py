@@ -35,9 +35,10 @@ def test_recovers_known_frontier_without_noise(known_law):
         assert prediction["params"] == pytest.approx(known_law.optimal_params(prediction["flops"]), rel=0.08)
 
 
-def test_bootstrap_interval_contains_truth_and_is_deterministic(known_law):
+@pytest.mark.parametrize("resample", ["residuals", "runs"])
+def test_bootstrap_interval_contains_truth_and_is_deterministic(known_law, resample):
     runs = known_law.sweep(BUDGETS, noise=0.005, seed=11)
-    options = IsoflopOptions(bootstrap_samples=200, seed=7)
+    options = IsoflopOptions(bootstrap_samples=200, seed=7, resample=resample)
     first = fit_isoflop(runs, TARGETS, options=options)
     again = fit_isoflop(runs, TARGETS, options=options)
     assert first == again
@@ -49,10 +50,11 @@ def test_bootstrap_interval_contains_truth_and_is_deterministic(known_law):
         assert prediction["params_low"] <= known_law.optimal_params(flops) <= prediction["params_high"]
         assert prediction["tokens_low"] <= known_law.optimal_tokens(flops) <= prediction["tokens_high"]
     # A different seed resamples differently.
-    other = fit_isoflop(runs, TARGETS, options=IsoflopOptions(bootstrap_samples=200, seed=8))
+    other = fit_isoflop(runs, TARGETS, options=IsoflopOptions(bootstrap_samples=200, seed=8, resample=resample))
     assert other["predictions"][0]["loss_low"] != first["predictions"][0]["loss_low"]
     # Wider coverage, wider interval.
-    wide = fit_isoflop(runs, TARGETS, options=IsoflopOptions(bootstrap_samples=200, seed=7, interval=0.99))
+    wide = fit_isoflop(runs, TARGETS, options=IsoflopOptions(bootstrap_samples=200, seed=7, interval=0.99,
+                                                             resample=resample))
     assert wide["predictions"][1]["loss_high"] - wide["predictions"][1]["loss_low"] > (
         first["predictions"][1]["loss_high"] - first["predictions"][1]["loss_low"]
     )
@@ -153,3 +155,24 @@ def test_prediction_budgets_must_be_positive(known_law):
     runs = load_runs(known_law.sweep(BUDGETS[:3]))
     with pytest.raises(ValueError, match="positive finite"):
         fit_isoflop_runs(runs, [1e21, -1.0])
+
+
+def test_residual_bootstrap_keeps_small_sweeps_fittable(known_law):
+    # A micro sweep: three budgets of five runs. Resampling whole runs leaves most replicates
+    # without three distinct sizes (or convex valleys) in every budget; residuals keep them all.
+    runs = known_law.sweep([1e18, 2e18, 4e18], sizes_per_budget=5, noise=0.01, seed=3)
+    by_runs = fit_isoflop(runs, [4e19], options=IsoflopOptions(bootstrap_samples=200, resample="runs"))
+    by_residuals = fit_isoflop(runs, [4e19], options=IsoflopOptions(bootstrap_samples=200))
+    assert by_residuals["bootstrap"]["resample"] == "residuals"
+    assert by_residuals["bootstrap"]["used"] >= 190 > by_runs["bootstrap"]["used"]
+    prediction = by_residuals["predictions"][0]
+    assert prediction["loss_low"] < prediction["loss"] < prediction["loss_high"]
+
+
+def test_three_run_valleys_have_no_residual_noise(known_law):
+    # Exactly three runs per budget: each quadratic interpolates, so no replicate differs.
+    runs = known_law.sweep([1e18, 2e18, 4e18], sizes_per_budget=3, noise=0.01, seed=3)
+    result = fit_isoflop(runs, [4e19], options=IsoflopOptions(bootstrap_samples=50))
+    prediction = result["predictions"][0]
+    assert result["bootstrap"]["used"] == 50
+    assert prediction["loss_low"] == pytest.approx(prediction["loss"]) == pytest.approx(prediction["loss_high"])

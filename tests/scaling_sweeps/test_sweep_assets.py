@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from marin_assets.scaling_sweeps import assets as sweep_assets
-from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep
-from marin_assets.scaling_sweeps.forecasting import score_forecast
+from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep, sweep_from_dict
+from marin_assets.scaling_sweeps.forecasting import fit_sweep, forecast_record, runs_table, score_forecast
 from marin_assets.training import spec as spec_module
 from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION, build_training_stage
 from marin_resources.environments import MarinSettings, build_resources
@@ -105,14 +105,14 @@ def test_fit_forecast_then_check_inside_and_outside_the_interval(env):
 
     result = materialize(defs, instance, "sweep/syn", "scaling_fit/syn", "forecast/syn")
     assert result.success
-    fit_manifest = store.find("scaling_fit/syn", "v1", None)
+    fit_manifest = store.find("scaling_fit/syn", sweep_assets.SCALING_FIT_VERSION, None)
     fit = json.loads(store.local_path(f"{fit_manifest.uri}/fit.json").read_text())
     assert len(fit["runs"]) == len(plan.fit_runs()) and all(o["interior"] for o in fit["fit"]["optima"])
     assert store.local_path(f"{fit_manifest.uri}/fit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     plot = result.asset_materializations_for_node("scaling_fit__syn")[0].metadata["fit_plot"].value
     assert base64.b64decode(plot.split("base64,")[1].rstrip(")"))[:4] == b"\x89PNG"
 
-    forecast_manifest = store.find("forecast/syn", "v1", None)
+    forecast_manifest = store.find("forecast/syn", sweep_assets.FORECAST_VERSION, None)
     target = json.loads(store.local_path(f"{forecast_manifest.uri}/forecast.json").read_text())["targets"][0]
     truth = law(target["params"], target["tokens"])
     assert abs(target["loss"] - truth) / truth < 0.01 and target["loss_low"] <= truth <= target["loss_high"]
@@ -169,6 +169,30 @@ def test_scaling_fit_refuses_a_run_that_is_not_the_planned_one(env, problem):
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert problem in failure.step_failure_data.error.message
+
+
+def test_both_methods_forecast_every_candidate_and_the_primary_one_picks_the_target():
+    plan = plan_sweep(sweep_from_dict(SWEEP, {**SWEEP_CONFIG, "forecast_method": "joint"}))
+    rows = runs_table(plan, {r.spec.name: law(r.candidate.params, r.candidate.tokens) for r in plan.fit_runs()})
+    result = fit_sweep(plan, rows).result
+    assert result["forecast_method"] == "joint" and result["joint_fit"]["bootstrap"]["used"] >= 45
+    (target,) = result["targets"]
+    assert len(target["candidates"]) >= 3
+    for candidate in target["candidates"]:
+        truth = law(candidate["params"], candidate["tokens"])
+        assert set(candidate["forecasts"]) == {"envelope", "joint"}
+        joint = candidate["forecasts"]["joint"]
+        # The runs follow an approach-3 law exactly, so the joint fit recovers it 10x beyond its budgets.
+        assert joint["loss"] == pytest.approx(truth, rel=1e-3)
+        assert joint["loss_low"] - 1e-9 <= joint["loss"] <= joint["loss_high"] + 1e-9
+        assert candidate["loss"] == joint["loss"] and candidate["method"] == "joint"
+    assert target["chosen"] == min(target["candidates"], key=lambda c: c["forecasts"]["joint"]["loss"])["run"]
+    (frozen,) = forecast_record(result)["targets"]
+    assert frozen["run"] == target["chosen"] and forecast_record(result)["method"] == "joint"
+    score = score_forecast(frozen, law(frozen["params"], frozen["tokens"]), 0.02)
+    assert score["method"] == "joint" and score["within_goal"]
+    assert set(score["by_method"]) == {"envelope", "joint"}
+    assert score["by_method"]["joint"]["error_pct"] == pytest.approx(score["error_pct"])
 
 
 @pytest.mark.parametrize("actual, inside", [(4.0, True), (3.9, True), (4.31, False), (3.7, False)])
