@@ -180,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", message=".*is currently in beta.*")
     parser = argparse.ArgumentParser(prog="marin", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--process-output", choices=("file", "console"),
+                        default=os.environ.get("MARIN_PROCESS_OUTPUT", "file"),
+                        help="where training/eval processes print (default: file, in the run's directory; "
+                             "a failure shows the last lines)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="materialize the tutorial graph on the embedded default").set_defaults(fn=cmd_demo)
     m = sub.add_parser("materialize", help="materialize an asset and any missing or stale upstream")
@@ -203,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     fail.add_argument("--json", action="store_true")
     fail.set_defaults(fn=cmd_failures)
     args = parser.parse_args(argv)
+    # Read by MarinSettings when the code location loads, after this point.
+    os.environ["MARIN_PROCESS_OUTPUT"] = args.process_output
     return args.fn(args)
 
 

@@ -18,6 +18,7 @@ import dagster as dg
 
 DEFAULT_PREFIX = "./local_store"
 ENVIRONMENTS = ("local", "prod")
+PROCESS_OUTPUTS = ("console", "file")
 TRAIN_POOLS = ("cpu-train", "gpu", "tpu")
 
 
@@ -35,6 +36,8 @@ class MarinSettings:
     training_namespace: str = "default"
     store_claim: str = "marin-store"
     wandb_online: bool = False
+    process_output: str = "console"
+    """Where local training/eval processes print: ``console`` or ``file`` (their run directory)."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "MarinSettings":
@@ -52,13 +55,16 @@ class MarinSettings:
         pool = e.get("MARIN_TRAIN_POOL", "gpu" if env == "prod" else "cpu-train")
         if pool not in TRAIN_POOLS:
             raise ValueError(f"MARIN_TRAIN_POOL must be one of {', '.join(TRAIN_POOLS)}, got {pool!r}")
+        process_output = e.get("MARIN_PROCESS_OUTPUT", "console")
+        if process_output not in PROCESS_OUTPUTS:
+            raise ValueError(f"MARIN_PROCESS_OUTPUT must be one of {', '.join(PROCESS_OUTPUTS)}, got {process_output!r}")
         return cls(env=env, prefix=prefix, strict_fingerprints=strict, sources_file=e.get("MARIN_SOURCES") or None,
                    runs_file=e.get("MARIN_RUNS") or None, train_pool=pool,
                    training_image=e.get("MARIN_TRAINING_IMAGE") or None,
                    training_namespace=e.get("MARIN_TRAINING_NAMESPACE", "default"),
                    store_claim=e.get("MARIN_STORE_CLAIM", "marin-store"),
                    # Only whether a key exists is read here; the value travels as a Dagster EnvVar/secret ref.
-                   wandb_online=bool(e.get("WANDB_API_KEY")))
+                   wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output)
 
 
 def build_resources(settings: MarinSettings) -> dict[str, Any]:
@@ -83,7 +89,7 @@ def _launcher_resources(settings: MarinSettings) -> dict[str, Any]:
 
     if settings.env != "prod" or not settings.training_image:
         return {"launcher": LocalPipesLauncher(wandb_api_key=dg.EnvVar("WANDB_API_KEY") if settings.wandb_online
-                                               else None)}
+                                               else None, output_to_file=settings.process_output == "file")}
     from marin_resources.k8s import K8sTrainingLauncher, SecretEnvRefConfig
 
     secrets = [SecretEnvRefConfig(env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key")] \

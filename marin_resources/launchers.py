@@ -22,6 +22,8 @@ ENTRY_MODULES: dict[str, str] = {
 }
 TRAIN_CONFIG_FILE = "train_config.yaml"
 EVAL_REPORT_FILE = "eval_report.json"
+OUTPUT_LOG_FILES: dict[str, str] = {"train": "train_output.log", "eval": "eval_output.log"}
+FAILURE_TAIL_LINES = 40
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ class LocalPipesLauncher(dg.ConfigurableResource):
     cpu_peak_flops: float | None = None
     """Peak FLOP/s of the CPU device for MFU (MARIN_CPU_PEAK_FLOPS); default is an estimate from the core count."""
     extra_env: dict[str, str] = {}
+    output_to_file: bool = False
+    """Send the process's stdout/stderr to ``train_output.log``/``eval_output.log`` in its output directory
+    (the CLI's choice, MARIN_PROCESS_OUTPUT=file) instead of the console; a failure quotes the file's tail."""
 
     def wandb_settings(self, tags: Sequence[str] = ()):
         from marin_assets.training.levanter_config import WandbSettings
@@ -133,9 +138,20 @@ class LocalPipesLauncher(dg.ConfigurableResource):
             extra_env=extra_env,
         )
 
-    def _run(self, context, launch: ProcessLaunch, extras: Mapping[str, Any] | None):
+    def _run(self, context, kind: ProcessKind, launch: ProcessLaunch, output_dir: str,
+             extras: Mapping[str, Any] | None):
         client = dg.PipesSubprocessClient()
-        return client.run(context=context, command=launch.command, env=launch.env, extras=dict(extras or {}))
+        if not self.output_to_file:
+            return client.run(context=context, command=launch.command, env=launch.env, extras=dict(extras or {}))
+        log_file = os.path.join(output_dir, OUTPUT_LOG_FILES[kind])
+        context.log.info(f"{kind} process output: {log_file}")
+        try:
+            return client.run(context=context, command=[*launch.command, "--log-file", log_file], env=launch.env,
+                              extras=dict(extras or {}))
+        except dg.DagsterExecutionInterruptedError:
+            raise
+        except Exception as exc:  # a non-zero exit (Dagster's pipes error type is not public) or a pipes failure
+            raise dg.Failure(f"{kind} process failed ({exc}); last lines of {log_file}:\n{log_tail(log_file)}") from exc
 
     def run_training(
         self,
@@ -149,7 +165,7 @@ class LocalPipesLauncher(dg.ConfigurableResource):
         """Train (or resume) into ``output_dir``; the process reports one materialization with the run summary."""
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         launch = self.launch("train", train_config_path=train_config_path, output_dir=output_dir, accelerator=accelerator)
-        return self._run(context, launch, extras)
+        return self._run(context, "train", launch, output_dir, extras)
 
     def run_eval(
         self,
@@ -171,4 +187,16 @@ class LocalPipesLauncher(dg.ConfigurableResource):
         launch = self.launch(
             "eval", train_config_path=train_config_path, output_dir=output_dir, accelerator=accelerator, extra_args=extra_args
         )
-        return self._run(context, launch, extras)
+        return self._run(context, "eval", launch, output_dir, extras)
+
+
+def log_tail(path: str, lines: int = FAILURE_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a process log (reading at most its last 64 KB)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 65536))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return f"(no output log: {exc})"
+    return "\n".join(text.splitlines()[-lines:])

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.process import die_with_parent
+from marin_assets.training.process import die_with_parent, send_output_to
 from marin_assets.training.reporting import Reporter, open_reporter
 
 DEFAULT_PROMPT_TOKENS = 12
@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt", action="append", dest="prompts", help="sampling prompt (repeatable)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--asset-key", help="asset to report the materialization for (multi-asset steps)")
+    parser.add_argument("--log-file", help="append stdout and stderr to this file instead of the terminal")
     args = parser.parse_args(argv)
+    send_output_to(args.log_file)
     reporter: Reporter
     with open_reporter() as reporter:
         report = evaluate_checkpoint(

@@ -1,8 +1,10 @@
 """Process hygiene for the training and eval entry points."""
 
 import ctypes
+import os
 import signal
 import sys
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -17,3 +19,20 @@ def die_with_parent() -> None:
         return
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def send_output_to(log_file: str | None) -> None:
+    """Append this process's stdout and stderr (file descriptors 1 and 2) to ``log_file``.
+
+    Levanter, JAX and W&B log at length; a launcher that prints its own progress (the CLI) keeps
+    their lines in the run's directory instead of the terminal, and shows the tail on failure.
+    """
+    if not log_file:
+        return
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.process import die_with_parent
+from marin_assets.training.process import die_with_parent, send_output_to
 from marin_assets.training.metrics import (
     median,
     mfu,
@@ -390,7 +390,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-dir", help="run directory; defaults to the config file's directory")
     parser.add_argument("--report-every", type=int, help="send a Pipes progress message every N steps")
     parser.add_argument("--asset-key", help="asset to report the materialization for (multi-asset steps)")
+    parser.add_argument("--log-file", help="append stdout and stderr to this file instead of the terminal")
     args = parser.parse_args(argv)
+    send_output_to(args.log_file)
     output_dir = Path(args.output_dir or os.path.dirname(os.path.abspath(args.config)))
     # W&B writes its run directory under WANDB_DIR; keep it with the run's other outputs.
     os.environ.setdefault("WANDB_DIR", str(output_dir))

@@ -33,3 +33,22 @@ def test_resource_key_switches_wandb_online_and_stays_out_of_config(tmp_path, ti
     assert "secret-key" not in text and "mode: online" in text
     assert launcher.launch("train", train_config_path=path, output_dir=str(tmp_path)).env["MARIN_CPU_PEAK_FLOPS"] == "200000000000.0"
     assert LocalPipesLauncher().wandb_settings().mode == "offline"
+
+
+def test_output_to_file_keeps_process_output_in_the_run_and_quotes_it_on_failure(tmp_path):
+    import dagster as dg
+    import pytest
+
+    missing_config = tmp_path / "no_such_config.yaml"
+
+    @dg.asset
+    def train(context: dg.AssetExecutionContext, launcher: LocalPipesLauncher):
+        launcher.run_training(context, train_config_path=str(missing_config), output_dir=str(tmp_path / "run"))
+
+    with pytest.raises(dg.Failure) as info:
+        dg.materialize([train], resources={"launcher": LocalPipesLauncher(output_to_file=True)})
+    log_file = tmp_path / "run" / "train_output.log"
+    logged = log_file.read_text()
+    assert "no_such_config.yaml" in logged and "Traceback" in logged
+    # The failure names the file and quotes its last lines.
+    assert str(log_file) in info.value.description and "no_such_config.yaml" in info.value.description
