@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .chinchilla import ChinchillaFit
 from .isoflop import IsoflopFit
 from .runs import Runs
 
@@ -121,4 +122,37 @@ def plot_isoflop_summary(fit: IsoflopFit, runs: Runs, path: str | Path | None = 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     _draw_isoflops(left, fit, runs)
     _draw_envelope(right, fit)
+    return _finish(fig, path)
+
+
+def plot_joint_forecast(
+    fit: ChinchillaFit, runs: Runs, forecasts: list[dict] = (), path: str | Path | None = None
+) -> bytes:
+    """Approach 3 against tokens: the fitted runs, L(N, D) along each model size, and forecasts.
+
+    ``forecasts``: dicts with ``params``, ``tokens``, ``loss`` and optional ``loss_low``,
+    ``loss_high`` and ``label``; each is drawn with its interval on its own size's curve.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    sizes = sorted({float(n) for n in runs.params} | {float(f["params"]) for f in forecasts})
+    colors = dict(zip(sizes, plt.get_cmap("plasma")(np.linspace(0.0, 0.85, len(sizes)))))
+    tokens = np.concatenate([runs.tokens, [float(f["tokens"]) for f in forecasts]])
+    grid = np.geomspace(tokens.min() / 1.3, tokens.max() * 1.3, 200)
+    for n in sizes:
+        ax.plot(grid, fit.predict(n, grid), color=colors[n], linewidth=0.8, alpha=0.7)
+    for n in sorted(set(runs.params.tolist())):
+        members = runs.params == n
+        ax.scatter(runs.tokens[members], runs.loss[members], s=16, color=colors[float(n)], label=f"N={n:,.0f}")
+    for f in forecasts:
+        low, high = f.get("loss_low"), f.get("loss_high")
+        # A point estimate may sit (just) outside its bootstrap percentiles; draw no negative bar.
+        yerr = None if low is None or high is None else [[max(f["loss"] - low, 0.0)], [max(high - f["loss"], 0.0)]]
+        ax.errorbar([f["tokens"]], [f["loss"]], yerr=yerr, fmt="D", color=colors[float(f["params"])],
+                    markeredgecolor="black", capsize=4, label=f.get("label", f"forecast N={f['params']:,.0f}"))
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("loss")
+    ax.set_title(f"L(N, D) = {fit.E:.3g} + {fit.A:.3g}/N^{fit.alpha:.3g} + {fit.B:.3g}/D^{fit.beta:.3g}")
+    ax.legend(fontsize=6, ncol=2)
     return _finish(fig, path)

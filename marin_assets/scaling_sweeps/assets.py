@@ -139,7 +139,7 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
                  group_name="scaling", ins={"plan_handle": dg.AssetIn(key=sweep.key), "evals": fit_evals},
                  description=f"Sweep {name!r}'s fit runs (eval loss on {config.eval_set!r}) fitted two ways: the "
                              "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
-                             "every target candidate with a bootstrap interval: fit.json and fit.png.")
+                             "every target candidate with a bootstrap interval: fit.json, fit.png and joint.png.")
     def scaling_fit(context: dg.AssetExecutionContext, store: MarinStore, plan_handle: ArtifactHandle,
                     evals: dict[str, ArtifactHandle]):
         artifacts = store.get()
@@ -150,8 +150,9 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
 
         def build(writer) -> Built:
             writer.write_json("fit.json", fitted.result)
-            with writer.open("fit.png") as fh:
-                fh.write(fitted.png)
+            for file_name, png in (("fit.png", fitted.png), ("joint.png", fitted.joint_png)):
+                with writer.open(file_name) as fh:
+                    fh.write(png)
             law, joint = fitted.result["fit"]["law"], fitted.result["joint_fit"]
             metrics = {"E": law["E"], "A": law["A"], "alpha": law["alpha"], "params_exponent": law["params_exponent"],
                        "tokens_exponent": law["tokens_exponent"], "runs": len(fitted.result["runs"]),
@@ -161,6 +162,7 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
                     c["loss"] for c in target["candidates"] if c["run"] == target["chosen"])
             return Built(metrics=metrics, metadata={
                 "fit_plot": png_markdown(fitted.png, f"isoFLOP fit of {name}"),
+                "joint_plot": png_markdown(fitted.joint_png, f"joint L(N, D) fit of {name}"),
                 "optima": dg.MetadataValue.json(fitted.result["fit"]["optima"]),
                 "predictions": dg.MetadataValue.json(fitted.result["fit"]["predictions"])})
 

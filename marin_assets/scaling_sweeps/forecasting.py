@@ -64,6 +64,9 @@ class SweepFit:
     result: dict[str, Any]
     """JSON-ready: runs, the isoFLOP and joint fits, and every target candidate's forecasts."""
     png: bytes
+    """IsoFLOP profiles and the envelope with its predictions."""
+    joint_png: bytes
+    """The joint L(N, D) fit over the runs, with every target candidate's joint forecast."""
 
 
 def _interval(replicates: np.ndarray, coverage: float) -> tuple[float | None, float | None]:
@@ -89,7 +92,7 @@ def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]]) -> SweepFit:
         joint = fit_chinchilla_arrays(table.params, table.tokens, table.loss)
     except ValueError as exc:  # RunsError is a ValueError
         raise SweepFitError(f"sweep {config.name!r}: {exc}") from exc
-    from scaling.plots import plot_isoflop_summary
+    from scaling.plots import plot_isoflop_summary, plot_joint_forecast
 
     png = plot_isoflop_summary(iso, table)
     curvature = float(np.mean([b.params_coef[2] for b in iso.budgets]))
@@ -121,8 +124,10 @@ def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]]) -> SweepFit:
               "joint_fit": {**joint.to_dict(), "bootstrap": {"samples": config.bootstrap_samples,
                                                              "used": int(joint_boot.shape[0]), "resample": "runs"}},
               "targets": forecasts}
+    joint_png = plot_joint_forecast(joint, table, [{**s["forecasts"]["joint"], "params": s["params"],
+                                                    "tokens": s["tokens"], "label": s["run"]} for s in scored])
     # Plain JSON types only (numpy scalars would not serialize into Dagster metadata).
-    return SweepFit(json.loads(json.dumps(result, default=float)), png)
+    return SweepFit(json.loads(json.dumps(result, default=float)), png, joint_png)
 
 
 def forecast_record(fit_result: Mapping[str, Any]) -> dict[str, Any]:

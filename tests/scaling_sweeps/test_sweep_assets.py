@@ -108,7 +108,8 @@ def test_fit_forecast_then_check_inside_and_outside_the_interval(env):
     fit_manifest = store.find("scaling_fit/syn", sweep_assets.SCALING_FIT_VERSION, None)
     fit = json.loads(store.local_path(f"{fit_manifest.uri}/fit.json").read_text())
     assert len(fit["runs"]) == len(plan.fit_runs()) and all(o["interior"] for o in fit["fit"]["optima"])
-    assert store.local_path(f"{fit_manifest.uri}/fit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for png in ("fit.png", "joint.png"):
+        assert store.local_path(f"{fit_manifest.uri}/{png}").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     plot = result.asset_materializations_for_node("scaling_fit__syn")[0].metadata["fit_plot"].value
     assert base64.b64decode(plot.split("base64,")[1].rstrip(")"))[:4] == b"\x89PNG"
 
