@@ -381,9 +381,13 @@ def _bootstrap(budgets: list[BudgetFit], runs: Runs, predict_flops: np.ndarray, 
             np.array([per_budget[k][5][r] for k in usable]),
             np.array([per_budget[k][6][r] for k in usable]),
         )
-        loss_rows.append(law.loss(predict_flops))
-        params_rows.append(law.params(predict_flops))
-        tokens_rows.append(law.tokens(predict_flops))
+        with np.errstate(over="ignore", invalid="ignore"):
+            predicted = law.loss(predict_flops), law.params(predict_flops), law.tokens(predict_flops)
+        if not all(np.all(np.isfinite(p)) for p in predicted):
+            continue  # a replicate whose power laws overflow at the targets is not a usable fit either
+        loss_rows.append(predicted[0])
+        params_rows.append(predicted[1])
+        tokens_rows.append(predicted[2])
 
     def stacked(rows: list[np.ndarray]) -> np.ndarray:
         return np.array(rows) if rows else np.empty((0, predict_flops.size))
