@@ -7,13 +7,19 @@ Kubernetes launcher runs the same command in a pod. JAX/Levanter are never impor
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Iterator, Literal, Mapping, Sequence
 
 import dagster as dg
+from dagster_pipes import PipesDefaultMessageWriter
 
 ProcessKind = Literal["train", "eval"]
 ENTRY_MODULES: dict[str, str] = {
@@ -75,6 +81,62 @@ def build_command_and_env(
         env["WANDB_API_KEY"] = wandb_api_key
     env.update(extra_env or {})
     return ProcessLaunch(command=command, env=env)
+
+
+def whole_lines(path: str, should_stop, poll_seconds: float = 0.01) -> Iterator[str]:
+    """Lines appended to ``path``, each yielded only once its newline is written; after
+    ``should_stop()``, the rest of the file (a last line without newline included)."""
+    pending = ""
+    with open(path, encoding="utf-8") as fh:
+        while True:
+            chunk = fh.readline()
+            if chunk:
+                pending += chunk
+                if pending.endswith("\n"):
+                    yield pending
+                    pending = ""
+            elif should_stop():
+                rest = pending + fh.read()
+                yield from (line for line in rest.splitlines() if line.strip())
+                return
+            else:
+                time.sleep(poll_seconds)
+
+
+class WholeLineMessageReader(dg.PipesMessageReader):
+    """Pipes messages from a temporary file, parsed one complete line at a time.
+
+    Dagster's file readers tail with ``readline()``, which returns half a line when it catches the
+    writer mid-write; ``json.loads`` then fails, the reader thread dies and every later message is
+    lost. That happened to a 233-step sweep run: its final materialization never arrived.
+    """
+
+    @contextmanager
+    def read_messages(self, handler) -> Iterator[dict[str, Any]]:
+        done = threading.Event()
+        with tempfile.TemporaryDirectory() as tempdir:
+            path = os.path.join(tempdir, "messages")
+            open(path, "w", encoding="utf-8").close()
+
+            def read() -> None:
+                try:
+                    for line in whole_lines(path, done.is_set):
+                        handler.handle_message(json.loads(line))
+                except Exception:
+                    handler.report_pipes_framework_exception(f"{type(self).__name__} reader thread", sys.exc_info())
+                    raise
+
+            thread = threading.Thread(target=read, daemon=True)
+            thread.start()
+            try:
+                yield {PipesDefaultMessageWriter.FILE_PATH_KEY: path,
+                       PipesDefaultMessageWriter.INCLUDE_STDIO_IN_MESSAGES_KEY: False}
+            finally:
+                done.set()
+                thread.join()
+
+    def no_messages_debug_text(self) -> str:
+        return "Attempted to read messages from a local temporary file."
 
 
 class LocalPipesLauncher(dg.ConfigurableResource):
@@ -140,7 +202,7 @@ class LocalPipesLauncher(dg.ConfigurableResource):
 
     def _run(self, context, kind: ProcessKind, launch: ProcessLaunch, output_dir: str,
              extras: Mapping[str, Any] | None):
-        client = dg.PipesSubprocessClient()
+        client = dg.PipesSubprocessClient(message_reader=WholeLineMessageReader())
         if not self.output_to_file:
             return client.run(context=context, command=launch.command, env=launch.env, extras=dict(extras or {}))
         log_file = os.path.join(output_dir, OUTPUT_LOG_FILES[kind])

@@ -97,8 +97,11 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
             raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the plan's; "
                                 f"rebuild it (marin materialize eval --partition {name} --force)")
         trained = checkpoint.metrics
-        if trained.get("final_step") != run.spec.num_train_steps:
-            raise SweepFitError(f"checkpoint[{name}] finished {trained.get('final_step')} of "
+        if trained.get("final_step") is None:
+            raise SweepFitError(f"checkpoint[{name}] records no final step (committed without its training "
+                                f"summary); rebuild it: marin materialize checkpoint --partition {name} --force")
+        if trained["final_step"] != run.spec.num_train_steps:
+            raise SweepFitError(f"checkpoint[{name}] finished {trained['final_step']} of "
                                 f"{run.spec.num_train_steps} steps")
         counted = trained.get("parameter_count")
         if counted is None or abs(counted - run.candidate.params) > PARAMS_TOLERANCE * run.candidate.params:

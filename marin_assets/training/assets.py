@@ -18,6 +18,7 @@ import dagster as dg
 
 from marin_assets.catalog import Catalog
 from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, registered_runs
+from marin_assets.training.train_main import SUMMARY_FILE
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
@@ -45,12 +46,6 @@ def find_handle(store: MarinStore, key: str, version: str) -> ArtifactHandle:
 
 def png_markdown(path: Path) -> dg.MetadataValue:
     return dg.MetadataValue.md(f"![loss curve](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})")
-
-
-def pipes_metadata(invocation: dg.PipesClientCompletedInvocation) -> dict[str, Any]:
-    """Plain values of the materialization the process reported."""
-    result = invocation.get_materialize_result()
-    return {k: getattr(v, "value", v) for k, v in (result.metadata or {}).items()}
 
 
 def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, str],
@@ -90,12 +85,17 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
         def build(writer) -> Built:
             out = local_dir(store, writer)
             config_path = launcher.write_train_config(spec, data_config, tokenizer.uri, out)
-            invocation = launcher.run_training(context, train_config_path=config_path, output_dir=out,
-                                               accelerator=spec.resources.accelerator,
-                                               extras={"run": spec.name, "fingerprint": spec.fingerprint()})
-            reported = pipes_metadata(invocation)
-            metrics = {k: reported[k] for k in TRAIN_METRIC_KEYS if k in reported and reported[k] is not None}
-            metadata: dict[str, Any] = {"run": spec.name, "wandb": str(reported.get("wandb_run_dir", ""))}
+            launcher.run_training(context, train_config_path=config_path, output_dir=out,
+                                  accelerator=spec.resources.accelerator,
+                                  extras={"run": spec.name, "fingerprint": spec.fingerprint()})
+            # The summary file, not the Pipes message, is the record: a lost message must not commit
+            # a checkpoint without its metrics.
+            summary_path = Path(out) / SUMMARY_FILE
+            if not summary_path.exists():
+                raise dg.Failure(f"training exited without writing {summary_path}")
+            summary = json.loads(summary_path.read_text())
+            metrics = {k: summary[k] for k in TRAIN_METRIC_KEYS if summary.get(k) is not None}
+            metadata: dict[str, Any] = {"run": spec.name, "wandb": str(summary.get("wandb_run_dir", ""))}
             curve = Path(out) / "loss_curve.png"
             if curve.exists():
                 metadata["loss_curve"] = png_markdown(curve)

@@ -52,3 +52,25 @@ def test_output_to_file_keeps_process_output_in_the_run_and_quotes_it_on_failure
     assert "no_such_config.yaml" in logged and "Traceback" in logged
     # The failure names the file and quotes its last lines.
     assert str(log_file) in info.value.description and "no_such_config.yaml" in info.value.description
+
+
+def test_whole_lines_waits_for_the_newline_of_a_line_written_in_pieces(tmp_path):
+    import threading
+
+    from marin_resources.launchers import whole_lines
+
+    path = tmp_path / "messages"
+    path.write_text("")
+    stop = threading.Event()
+    seen = []
+    reader = threading.Thread(target=lambda: seen.extend(whole_lines(str(path), stop.is_set, poll_seconds=0.001)))
+    reader.start()
+    with open(path, "a") as fh:
+        for piece in ('{"method": "log", ', '"params": {"message": "half', ' and half"}}\n', '{"last": 1}'):
+            fh.write(piece)
+            fh.flush()
+            threading.Event().wait(0.05)  # the reader polls many times between pieces
+    stop.set()
+    reader.join()
+    # Dagster's readline() tail would have yielded '{"method": "log", ' alone and died in json.loads.
+    assert seen == ['{"method": "log", "params": {"message": "half and half"}}\n', '{"last": 1}']
