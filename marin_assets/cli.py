@@ -74,6 +74,8 @@ def cmd_materialize(args: argparse.Namespace) -> int:
             say(f"discovered {len(keys)} new partition(s) of {name}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}")
     started = time.monotonic()
     try:
+        if args.rebuild:
+            plan.retract(parse_key(args.selection), args.partition, log=say)
         steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force)
     except (KeyError, ValueError) as exc:
         print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
@@ -191,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--partition", help="partition key of the selected asset")
     m.add_argument("--json", action="store_true", help="print a JSON summary with manifest URIs")
     m.add_argument("--force", action="store_true", help="run steps even when everything is fresh")
+    m.add_argument("--rebuild", action="store_true",
+                   help="withdraw the selected partition's committed artifact first (its manifest is kept "
+                        "as .artifact.json.retracted-<time>), so it is built again")
     m.set_defaults(fn=cmd_materialize)
     s = sub.add_parser("status", help="list each asset partition as fresh, stale or missing, with the cause")
     s.add_argument("keys", nargs="*")

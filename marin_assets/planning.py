@@ -158,9 +158,7 @@ class Planner:
         An asset's stage is one past its latest parent with a different partitions definition, so
         a run never needs an asset from a later run; groups execute in stage order.
         """
-        if target not in self.graph.get_all_asset_keys():
-            known = ", ".join(sorted(key_str(k) for k in self.artifact_keys()))
-            raise KeyError(f"unknown asset {key_str(target)!r}; known: {known}")
+        self.require_asset(target)
         wanted = dg.AssetSelection.assets(target).upstream().resolve(self.graph)
         ordered = [k for k in self.graph.toposorted_asset_keys if k in wanted and self.graph.get(k).is_materializable]
         target_pdef = self.graph.get(target).partitions_def
@@ -216,6 +214,30 @@ class Planner:
             log(f"  marked run {run.run_id[:8]} failed: its process {pid} died; freed its pool slots")
             reaped.append(run.run_id)
         return reaped
+
+    def require_asset(self, target: dg.AssetKey) -> None:
+        if target not in self.graph.get_all_asset_keys():
+            known = ", ".join(sorted(key_str(k) for k in self.artifact_keys()))
+            raise KeyError(f"unknown asset {key_str(target)!r}; known: {known}")
+
+    def retract(self, target: dg.AssetKey, partition: str | None, log: Log = print) -> str | None:
+        """Withdraw the committed artifact of one asset partition (``marin materialize --rebuild``), e.g.
+        one committed with incomplete metrics; returns where its manifest is kept, or None if none.
+        A training run resumes from the checkpoints in its directory; nothing is deleted."""
+        self.require_asset(target)
+        name, version = key_str(target), self.version_of(target)
+        if version is None:
+            raise ValueError(f"{name} is not a stored artifact; nothing to rebuild")
+        if self.graph.get(target).partitions_def is not None and partition is None:
+            raise ValueError(f"{name} is partitioned: --rebuild needs --partition (it withdraws one partition)")
+        manifest = self.store.find(name, version, partition)
+        label = name + (f" [{partition}]" if partition else "")
+        if manifest is None:
+            log(f"  retract {label}: nothing committed at {version}")
+            return None
+        kept = self.store.retract(manifest)
+        log(f"  retract {label}  (manifest kept as {kept})")
+        return kept
 
     def materialize(self, target: dg.AssetKey, partition: str | None, *, log: Log = print,
                     run_config: dict | None = None, force: bool = False) -> list[StepResult]:

@@ -287,6 +287,15 @@ class ArtifactStore:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(lock)
 
+    def retract(self, manifest: Manifest) -> str:
+        """Withdraw a committed artifact so that it is built again. Its manifest is kept beside the
+        files as ``.artifact.json.retracted-<UTC time>``, the record of what was withdrawn (file
+        listings skip it); returns that URI."""
+        stamp = utc_now().replace(":", "").replace("-", "")
+        path = f"{self._path(manifest.uri)}/{MANIFEST_NAME}"
+        with_retries(lambda: self.fs.mv(path, f"{path}.retracted-{stamp}"))
+        return f"{manifest.uri}/{MANIFEST_NAME}.retracted-{stamp}"
+
     def write_manifest(self, manifest: Manifest) -> None:
         path = f"{self._path(manifest.uri)}/{MANIFEST_NAME}"
         data = manifest.to_json().encode("utf-8")

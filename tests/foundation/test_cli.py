@@ -73,3 +73,23 @@ def test_bad_partition_and_unknown_asset_are_clear_errors(env):
     assert bad.returncode == 2 and "no partition" in bad.stderr
     unknown = marin(env, "materialize", "nope/nothing", check=False)
     assert unknown.returncode == 2 and "unknown asset" in unknown.stderr
+
+
+def test_rebuild_withdraws_one_partition_and_keeps_its_manifest(env, tmp_path):
+    marin(env, "materialize", "documents/letters", "--partition", "alpha.txt")
+    manifest = tmp_path / "store" / "documents" / "letters" / "v1" / "alpha.txt" / ".artifact.json"
+    before = json.loads(manifest.read_text())
+
+    rebuilt = marin(env, "materialize", "documents/letters", "--partition", "alpha.txt", "--rebuild", "--json")
+    summary = json.loads(rebuilt.stdout)
+    assert "retract documents/letters [alpha.txt]" in rebuilt.stderr
+    assert [s["partition"] for s in summary["steps"] if s["ran"] and "documents/letters" in s["asset_keys"]] == ["alpha.txt"]
+    (kept,) = manifest.parent.glob(".artifact.json.retracted-*")
+    assert json.loads(kept.read_text()) == before  # the withdrawn record is kept, not deleted
+    after = json.loads(manifest.read_text())
+    assert after["producer"]["run_id"] != before["producer"]["run_id"]
+    assert after["data_version"] == before["data_version"]  # same input, same content
+    assert ".artifact.json.retracted" not in json.dumps(after["files"])
+
+    whole = marin(env, "materialize", "documents/letters", "--rebuild", check=False)
+    assert whole.returncode == 2 and "needs --partition" in whole.stderr
