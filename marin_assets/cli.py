@@ -159,12 +159,16 @@ def cmd_failures(args: argparse.Namespace) -> int:
     return 0
 
 
+def demo_materialize_args() -> argparse.Namespace:
+    """What `marin materialize eval --partition nano-shakespeare` parses to, every option at its default."""
+    return build_parser().parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION])
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     print(f"marin demo: materializing {DEMO_TARGET}[{DEMO_PARTITION}] and everything upstream of it: "
           "raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval")
-    code = cmd_materialize(argparse.Namespace(selection=DEMO_TARGET, partition=DEMO_PARTITION, json=False,
-                                              force=False))
+    code = cmd_materialize(demo_materialize_args())
     if code != 0:
         return code
     _, settings, instance = planner()
@@ -177,10 +181,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*is currently in beta.*")
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marin", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--process-output", choices=("file", "console"),
                         default=os.environ.get("MARIN_PROCESS_OUTPUT", "file"),
@@ -211,7 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     fail = sub.add_parser("failures", help="every failed materialization recorded by the instance")
     fail.add_argument("--json", action="store_true")
     fail.set_defaults(fn=cmd_failures)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*is currently in beta.*")
+    args = build_parser().parse_args(argv)
     # Read by MarinSettings when the code location loads, after this point.
     os.environ["MARIN_PROCESS_OUTPUT"] = args.process_output
     return args.fn(args)
