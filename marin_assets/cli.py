@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
-    warnings.filterwarnings("ignore", message=".*is currently in beta.*")
+    # Dagster's beta/preview notices about its own APIs (pipes sessions, pools) are not the user's to act on.
+    warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
     args = build_parser().parse_args(argv)
     # Read by MarinSettings when the code location loads, after this point.
     os.environ["MARIN_PROCESS_OUTPUT"] = args.process_output
