@@ -245,19 +245,26 @@ def batched_bfgs(
         curved = sy > 1e-12 * np.linalg.norm(s, axis=1) * np.linalg.norm(y, axis=1)
         if curved.any():
             hc, sc, yc = hess[curved], s[curved], y[curved]
-            rho = 1.0 / sy[curved]
+            old_hc = hc.copy()
+            with np.errstate(over="ignore", divide="ignore"):
+                rho = 1.0 / sy[curved]
             first = fresh[acc[curved]]
             if first.any():
                 # Shanno-Phua scaling of the initial inverse Hessian from the first curvature pair.
                 gamma = sy[curved][first] / np.einsum("si,si->s", yc[first], yc[first])
                 hc[first] = eye * gamma[:, None, None]
-            hy = np.einsum("sij,sj->si", hc, yc)
-            yhy = np.einsum("si,si->s", yc, hy)
-            hc = (
-                hc
-                - rho[:, None, None] * (hy[:, :, None] * sc[:, None, :] + sc[:, :, None] * hy[:, None, :])
-                + ((1.0 + rho * yhy) * rho)[:, None, None] * sc[:, :, None] * sc[:, None, :]
-            )
+            with np.errstate(over="ignore", invalid="ignore"):
+                hy = np.einsum("sij,sj->si", hc, yc)
+                yhy = np.einsum("si,si->s", yc, hy)
+                hc = (
+                    hc
+                    - rho[:, None, None] * (hy[:, :, None] * sc[:, None, :] + sc[:, :, None] * hy[:, None, :])
+                    + ((1.0 + rho * yhy) * rho)[:, None, None] * sc[:, :, None] * sc[:, None, :]
+                )
+            # A curvature pair near the float limits (a vanishing step) can overflow the update; such a
+            # start keeps its previous inverse Hessian.
+            broken = ~np.isfinite(hc).all(axis=(1, 2))
+            hc[broken] = old_hc[broken]
             hess[curved] = hc
             fresh[acc[curved]] = False
         g_new = g_try[accept]
