@@ -94,12 +94,14 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
             raise SweepFitError(f"eval[{name}] does not record its checkpoint")
         if checkpoint.fingerprint != fingerprint(run.spec.identity()):
             # Same name, another spec (the recipe changed): a drift-reused artifact must not be fitted.
-            raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the plan's; "
-                                f"rebuild it (marin materialize eval --partition {name} --force)")
+            # --force would reuse it (drift), and --rebuild alone would resume from its checkpoints.
+            raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the plan's; move its "
+                                f"checkpoints aside ({checkpoint.uri}/checkpoints), then retrain it: "
+                                f"marin materialize checkpoint --partition {name} --rebuild")
         trained = checkpoint.metrics
         if trained.get("final_step") is None:
             raise SweepFitError(f"checkpoint[{name}] records no final step (committed without its training "
-                                f"summary); rebuild it: marin materialize checkpoint --partition {name} --force")
+                                f"summary); rebuild it: marin materialize checkpoint --partition {name} --rebuild")
         if trained["final_step"] != run.spec.num_train_steps:
             raise SweepFitError(f"checkpoint[{name}] finished {trained['final_step']} of "
                                 f"{run.spec.num_train_steps} steps")
