@@ -125,11 +125,7 @@ class IsoflopFit:
     options: IsoflopOptions
 
     def intervals(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if samples.shape[0] == 0:
-            nan = np.full(self.predict_flops.shape, np.nan)
-            return nan, nan
-        tail = 100.0 * (1.0 - self.options.interval) / 2.0
-        return np.percentile(samples, tail, axis=0), np.percentile(samples, 100.0 - tail, axis=0)
+        return percentile_interval(samples, self.options.interval)
 
     def predictions(self) -> list[dict[str, float | None]]:
         rows = []
@@ -142,8 +138,8 @@ class IsoflopFit:
             row: dict[str, float | None] = {"flops": float(flops)}
             for name, (point, (low, high)) in bounds.items():
                 row[name] = float(point[i])
-                row[f"{name}_low"] = _finite_or_none(low[i])
-                row[f"{name}_high"] = _finite_or_none(high[i])
+                row[f"{name}_low"] = finite_or_none(low[i])
+                row[f"{name}_high"] = finite_or_none(high[i])
             rows.append(row)
         return rows
 
@@ -163,7 +159,17 @@ class IsoflopFit:
         }
 
 
-def _finite_or_none(value: float) -> float | None:
+def percentile_interval(samples: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray]:
+    """Central percentile bounds of bootstrap replicates, per column of ``samples`` (replicates,
+    predictions); NaN where there are no replicates."""
+    if samples.shape[0] == 0:
+        nan = np.full(samples.shape[1:], np.nan)
+        return nan, nan
+    tail = 100.0 * (1.0 - coverage) / 2.0
+    return np.percentile(samples, tail, axis=0), np.percentile(samples, 100.0 - tail, axis=0)
+
+
+def finite_or_none(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
@@ -297,8 +303,9 @@ def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray, options: Iso
     budgets: list[BudgetFit] = []
     skipped: list[dict[str, float | str]] = []
     for k, group in enumerate(groups):
+        log_t, log_p = np.log(runs.tokens[group]), np.log(runs.params[group])
         t_center, t_coef, p_center, p_coef, n_opt, d_opt, l_opt, valid = _fit_valleys(
-            np.log(runs.tokens[group])[None], np.log(runs.params[group])[None], runs.loss[group][None], options
+            log_t[None], log_p[None], runs.loss[group][None], options
         )
         if not valid[0]:
             reason = (
@@ -308,7 +315,6 @@ def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray, options: Iso
             )
             skipped.append({"flops": budget_flops[k], "runs": int(group.size), "reason": reason})
             continue
-        log_t, log_p = np.log(runs.tokens[group]), np.log(runs.params[group])
         interior = bool(
             log_t.min() <= np.log(d_opt[0]) <= log_t.max() and log_p.min() <= np.log(n_opt[0]) <= log_p.max()
         )

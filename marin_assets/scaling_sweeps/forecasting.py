@@ -34,6 +34,7 @@ import numpy as np
 from marin_assets.scaling_sweeps.config import PlannedRun, SweepPlan, fit_params
 from scaling import IsoflopOptions, fit_chinchilla_arrays, fit_isoflop_runs, load_runs
 from scaling.chinchilla import bootstrap_chinchilla
+from scaling.isoflop import finite_or_none, percentile_interval
 
 
 class SweepFitError(ValueError):
@@ -69,13 +70,6 @@ class SweepFit:
     """The joint L(N, D) fit over the runs, with every target candidate's joint forecast."""
 
 
-def _interval(replicates: np.ndarray, coverage: float) -> tuple[float | None, float | None]:
-    if not replicates.size:
-        return None, None
-    tail = 100.0 * (1.0 - coverage) / 2.0
-    return float(np.percentile(replicates, tail)), float(np.percentile(replicates, 100.0 - tail))
-
-
 def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]]) -> SweepFit:
     config = plan.config
     table = load_runs(rows)
@@ -102,13 +96,14 @@ def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]]) -> SweepFit:
     joint_point = joint.predict(n, d)
     joint_boot = bootstrap_chinchilla(joint, table.params, table.tokens, table.loss, n, d,
                                       samples=config.bootstrap_samples, seed=config.seed)
-    by_method = {"envelope": (envelope_point, envelope_boot), "joint": (joint_point, joint_boot)}
+    by_method = {method: (point, *percentile_interval(boot, config.interval))
+                 for method, point, boot in (("envelope", envelope_point, envelope_boot),
+                                             ("joint", joint_point, joint_boot))}
     scored = []
     for i, run in enumerate(candidates):
-        forecasts = {}
-        for method, (point, boot) in by_method.items():
-            low, high = _interval(boot[:, i], config.interval)
-            forecasts[method] = {"loss": float(point[i]), "loss_low": low, "loss_high": high}
+        forecasts = {method: {"loss": float(point[i]), "loss_low": finite_or_none(low[i]),
+                              "loss_high": finite_or_none(high[i])}
+                     for method, (point, low, high) in by_method.items()}
         scored.append({"run": run.spec.name, "budget": run.candidate.budget, "hidden_dim": run.candidate.hidden_dim,
                        "params": n[i], "tokens": d[i], "flops": flops[i],
                        **forecasts[config.forecast_method], "method": config.forecast_method, "forecasts": forecasts})
