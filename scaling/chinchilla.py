@@ -47,6 +47,15 @@ class StartGrid:
         return len(self.a) * len(self.b) * len(self.e) * len(self.alpha) * len(self.beta)
 
 
+def predict_loss(theta, params: np.ndarray | float, tokens: np.ndarray | float) -> np.ndarray:
+    """L(N, D) for parameters theta = (a, b, e, alpha, beta), in log space (logsumexp) as the fit
+    itself computes it, so a large exponent cannot overflow N^alpha."""
+    a, b, e, alpha, beta = theta
+    log_n = np.log(np.asarray(params, dtype=np.float64))
+    log_d = np.log(np.asarray(tokens, dtype=np.float64))
+    return np.exp(np.logaddexp(np.logaddexp(a - alpha * log_n, b - beta * log_d), e))
+
+
 @dataclass(frozen=True)
 class ChinchillaFit:
     E: float
@@ -65,9 +74,8 @@ class ChinchillaFit:
     converged: np.ndarray = field(repr=False, compare=False)
 
     def predict(self, params: np.ndarray | float, tokens: np.ndarray | float) -> np.ndarray:
-        n = np.asarray(params, dtype=np.float64)
-        d = np.asarray(tokens, dtype=np.float64)
-        return self.E + self.A / n**self.alpha + self.B / d**self.beta
+        theta = (np.log(self.A), np.log(self.B), np.log(self.E), self.alpha, self.beta)
+        return predict_loss(theta, params, tokens)
 
     def to_dict(self) -> dict[str, float | int]:
         return {
@@ -391,7 +399,5 @@ def bootstrap_chinchilla(
         objective = HuberLogLossObjective(*(c[draw] for c in columns), delta)
         ends, values, _ = batched_bfgs(objective.value_and_grad, x0)
         values = np.where(np.isfinite(values), values, np.inf)
-        a, b, e, alpha, beta = ends[int(np.argmin(values))]
-        # In log space: a replicate may end with an exponent large enough to overflow N^alpha.
-        rows.append(np.exp(np.logaddexp(np.logaddexp(a - alpha * np.log(at_n), b - beta * np.log(at_d)), e)))
+        rows.append(predict_loss(ends[int(np.argmin(values))], at_n, at_d))
     return np.array(rows) if rows else np.empty((0, at_n.size))
