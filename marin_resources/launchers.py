@@ -203,16 +203,18 @@ class LocalPipesLauncher(dg.ConfigurableResource):
     def _run(self, context, kind: ProcessKind, launch: ProcessLaunch, output_dir: str,
              extras: Mapping[str, Any] | None):
         client = dg.PipesSubprocessClient(message_reader=WholeLineMessageReader())
-        if not self.output_to_file:
-            return client.run(context=context, command=launch.command, env=launch.env, extras=dict(extras or {}))
-        log_file = os.path.join(output_dir, OUTPUT_LOG_FILES[kind])
-        context.log.info(f"{kind} process output: {log_file}")
+        command, log_file = list(launch.command), None
+        if self.output_to_file:
+            log_file = os.path.join(output_dir, OUTPUT_LOG_FILES[kind])
+            command += ["--log-file", log_file]
+            context.log.info(f"{kind} process output: {log_file}")
         try:
-            return client.run(context=context, command=[*launch.command, "--log-file", log_file], env=launch.env,
-                              extras=dict(extras or {}))
+            return client.run(context=context, command=command, env=launch.env, extras=dict(extras or {}))
         except dg.DagsterExecutionInterruptedError:
             raise
         except Exception as exc:  # a non-zero exit (Dagster's pipes error type is not public) or a pipes failure
+            if log_file is None:
+                raise  # the output went to the console, where it already is
             raise dg.Failure(f"{kind} process failed ({exc}); last lines of {log_file}:\n{log_tail(log_file)}") from exc
 
     def run_training(
