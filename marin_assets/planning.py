@@ -12,7 +12,7 @@ import dagster as dg
 from marin_assets.catalog import Catalog
 from marin_resources.artifacts import VERSION_METADATA_KEY
 from marin_resources.artifacts import asset_key_str as key_str
-from marin_resources.identity import changed_fields, fingerprint
+from marin_resources.identity import InvalidPartitionKeyError, changed_fields, fingerprint, validate_partition_key
 from marin_resources.store import ArtifactStore
 
 Log = Callable[[str], None]
@@ -52,15 +52,24 @@ class Planner:
     def __init__(self, defs: dg.Definitions, catalog: Catalog, store: ArtifactStore, instance: dg.DagsterInstance):
         self.defs, self.catalog, self.store, self.instance = defs, catalog, store, instance
         self.graph = defs.resolve_asset_graph()
+        self.refused: dict[str, dict[str, str]] = {}
 
     # ---- partitions ------------------------------------------------------------------------
     def discover(self, names: Iterable[str] | None = None) -> dict[str, list[str]]:
-        """Run each registered discoverer and add new keys to the instance. Returns the added keys."""
+        """Run each registered discoverer and add new keys to the instance. Returns the added keys.
+
+        A key the store would refuse is left out and kept in ``self.refused`` (partitions name ->
+        key -> reason), so one bad key costs its own partition only, never its siblings or status."""
         added = {}
         for name, discover in sorted(self.catalog.discoverers.items()):
             if names is not None and name not in names:
                 continue
-            keys = discover()
+            keys = []
+            for key in discover():
+                try:
+                    keys.append(validate_partition_key(key))
+                except InvalidPartitionKeyError as exc:
+                    self.refused.setdefault(name, {})[key] = str(exc)
             known = set(self.instance.get_dynamic_partitions(name))
             new = [k for k in keys if k not in known]
             if new:

@@ -43,6 +43,7 @@ import yaml
 
 from marin_assets.curation.filters import FilterConfig
 from marin_assets.curation.quality import QualityConfig
+from marin_resources.identity import validate_partition_key
 
 FORMATS = ("text", "jsonl", "parquet", "html", "auto")
 PYPI_SDIST_SCHEME = "pypi-sdist"
@@ -708,22 +709,28 @@ def _unit_hash(text: str) -> float:
 
 
 _PLAIN_RELPATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=/-]*$")
+_KEY_DIGEST_CHARS = 8
+_HASHED_KEY_END = re.compile(rf"-[0-9a-f]{{{_KEY_DIGEST_CHARS}}}$")
 
 
 def shard_key(relpath: str) -> str:
     """Readable, path-safe and unique key for the shard starting at ``relpath``.
 
     Ordinary paths map one-to-one by writing ``/`` as ``+`` (``httpx/LICENSE.md`` ->
-    ``httpx+LICENSE.md``), so keys and storage paths carry no hashes. Only a path with other
-    characters (spaces, ``+``, non-ASCII), where sanitising could make two paths collide, gets
-    a short hash of the exact path appended.
+    ``httpx+LICENSE.md``), so keys and storage paths carry no hashes. Any other path (spaces,
+    ``+``, ``..`` as in ``report..final.txt``, non-ASCII, over 80 characters, or one that itself
+    ends like a hashed key) is sanitised to letters, digits and single dots and gets a short hash
+    of the exact path appended: sanitising may map two paths to the same text, the hash keeps
+    them apart, and no ordinary key ends in ``-<8 hex digits>``. Every key passes
+    :func:`validate_partition_key`, so no file name can make the store refuse its shard.
     """
     if _PLAIN_RELPATH.match(relpath) and "//" not in relpath and ".." not in relpath \
-            and len(relpath) <= _KEY_MAX_READABLE:
-        return relpath.rstrip("/").replace("/", "+")
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", relpath).strip("._-") or "file"
-    digest = hashlib.sha256(relpath.encode()).hexdigest()[:8]
-    return f"{readable[:_KEY_MAX_READABLE]}-{digest}"
+            and len(relpath) <= _KEY_MAX_READABLE and not _HASHED_KEY_END.search(relpath):
+        return validate_partition_key(relpath.rstrip("/").replace("/", "+"))
+    readable = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._-]+", "_", relpath))
+    readable = (readable.strip("._-") or "file")[:_KEY_MAX_READABLE]
+    digest = hashlib.sha256(relpath.encode("utf-8", "surrogateescape")).hexdigest()[:_KEY_DIGEST_CHARS]
+    return validate_partition_key(f"{readable}-{digest}")
 
 
 def group_into_shards(

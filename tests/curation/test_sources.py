@@ -17,6 +17,7 @@ from marin_assets.curation.sources import (
     list_source_files,
     load_curation_config,
     parse_curation_config,
+    shard_key,
 )
 
 from .conftest import make_source
@@ -166,6 +167,29 @@ def test_shard_keys_are_path_safe_unique_and_readable(tmp_path):
     assert all(re.fullmatch(r"[A-Za-z0-9._=+-]+", k) for k in keys)
     assert "a_b+c.txt" in keys  # an ordinary path: readable, no hash
     assert any(k.startswith("a_b_c.txt-") for k in keys)  # "a b/c.txt" could collide once sanitised: hashed
+
+
+def test_any_file_name_is_a_valid_stable_and_distinct_key(tmp_path):
+    """Issue #17, defect 3: `report..final.txt` made a key the store refused, and the source stopped."""
+    import random
+
+    from marin_resources.identity import validate_partition_key
+
+    names = ["a.txt", "report..final.txt", "report.final.txt", "..", "...x", "a/../b", "x" * 300, "ü.txt",
+             "u.txt", "\udcff.txt", "-", ".hidden", "hidden", "a/.b", "a b/c.txt", "a_b/c.txt", "a+b", "tab\tname",
+             "build-0123abcd", "=x", "a//b"]
+    rng = random.Random(17)
+    alphabet = "aZ09._-=+/ ~\\:\u00e9\u4e2d\x01\x7f."
+    names += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 120))) for _ in range(3000)]
+    names = sorted(set(names))
+    keys = [shard_key(n) for n in names]
+    for name, key in zip(names, keys):
+        assert validate_partition_key(key) == key, name
+    assert len(set(keys)) == len(names)
+    assert keys == [shard_key(n) for n in names]  # stable
+    assert shard_key("report..final.txt").startswith("report.final.txt-")
+    assert shard_key("report.final.txt") == "report.final.txt"
+    assert shard_key("build-0123abcd") != "build-0123abcd"  # could pass for a hashed key: hashed itself
 
 
 def test_fingerprint_tracks_content_changes(tmp_path):
