@@ -87,6 +87,10 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
             total = 0
             listing = []
             for ref in shard.files:
+                if ref.refused is not None:  # listed with its reason; not one byte of it is read
+                    listing.append({"relpath": ref.relpath, "uri": ref.uri, "bytes": 0, "etag": ref.etag,
+                                    "refused": ref.refused})
+                    continue
                 data = read_original_bytes(ref)
                 with writer.open(f"files/{ref.relpath}") as fh:
                     fh.write(data)
@@ -112,7 +116,8 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
             with artifacts.open(f"{raw.uri}/listing.json") as fh:
                 listing = json.load(fh)
             stored = Shard(source=name, key=context.partition_key, files=tuple(
-                FileRef(uri=f"{raw.uri}/files/{item['relpath']}", relpath=item["relpath"], size=item["bytes"])
+                FileRef(uri=f"{raw.uri}/files/{item['relpath']}", relpath=item["relpath"], size=item["bytes"],
+                        refused=item.get("refused"))
                 for item in listing))
             result = read_shard(source, stored)
             # Readers saw the stored copies; report the original locations as source ids.

@@ -446,6 +446,10 @@ def read_shard(source: SourceConfig, shard: Shard) -> ReadResult:
     except Exception:  # noqa: BLE001 -- fall back to per-member reads, which report per file
         col.prefetched = {}
     for ref in shard.files:
+        if ref.refused is not None:
+            col.n_records += 1
+            col.quarantine(ref.uri, Reason.OUTSIDE_ROOT, ref.refused, b"", raw_size=0)
+            continue
         fmt = resolve_format(source.format, ref.relpath)
         try:
             if fmt in ("text", "html"):
