@@ -95,3 +95,41 @@ def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, monkeypatch):
         for field in ("assets", "failed_assets", "partition", "config", "error", "time", "step"):
             assert listed[run_id][field] == row[field], field
     assert time.time() - parse_time(listed[bad.run_id]["time"]).timestamp() < 600
+
+
+def test_failed_error_check_fails_the_step_and_is_recorded(tmp_path, monkeypatch):
+    """Issue #17: ERROR checks failed (quarantine bound, accounting) while the CLI said ok and
+    `marin failures` listed nothing."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    watched = tmp_path / "in"
+    watched.mkdir()
+    (watched / "good.txt").write_text(f"good. {TEXT}")
+    (watched / "noise.txt").write_bytes(bytes(range(1, 32)) * 50)  # binary: its shard is all quarantine
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(f"sources:\n  - name: noisy\n    uri: {watched}/*.txt\n    format: text\n")
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
+    stage, catalog = build_curation_stage(settings)
+    defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        plan = Planner(defs, catalog, defs.resources["store"].get(), instance)
+        plan.discover()
+        steps = plan.materialize(parse_key("documents/noisy"), "noise.txt", log=lambda m: None)
+        assert steps[-1].ran and not steps[-1].success
+        assert "documents/noisy:documents_quarantine_bound" in steps[-1].error
+        assert "quarantine_fraction=1.0" in steps[-1].error
+        # Reused later, the artifact keeps its verdict: the command still fails.
+        again = plan.materialize(parse_key("documents/noisy"), "noise.txt", log=lambda m: None)
+        assert not again[-1].ran and not again[-1].success and "quarantine_bound" in again[-1].error
+        good = plan.materialize(parse_key("documents/noisy"), "good.txt", log=lambda m: None)
+        assert all(s.success for s in good)
+        rows = [r for r in failed_materializations(instance) if r["run_id"] == steps[-1].run_id]
+    finally:
+        instance.dispose()
+    failed = {r["error"].split(" (")[0] for r in rows}
+    assert "AssetCheckFailed: documents/noisy:documents_quarantine_bound" in failed
+    assert "AssetCheckFailed: documents/noisy:documents_accounted" in failed
+    assert all(r["partition"] == "noise.txt" and r["failed_assets"] == ["documents/noisy"] for r in rows)
