@@ -387,9 +387,8 @@ class ContentHashCache:
         path = path or cache_dir() / "content-sha256.sqlite"
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, timeout=60)
-        self.db.execute("CREATE TABLE IF NOT EXISTS hashes (path TEXT PRIMARY KEY, size INTEGER, "
+        self.db.execute("CREATE TABLE IF NOT EXISTS hashes (path BLOB PRIMARY KEY, size INTEGER, "
                         "mtime_ns INTEGER, ctime_ns INTEGER, inode INTEGER, sha256 TEXT)")
-        self.hashed = 0  # files read in full by this instance
 
     def __enter__(self) -> ContentHashCache:
         return self
@@ -399,15 +398,14 @@ class ContentHashCache:
         self.db.close()
 
     def sha256(self, path: str) -> str:
-        stamp = _stat_stamp(path)
+        stamp, key = _stat_stamp(path), os.fsencode(path)  # bytes: a file name need not be UTF-8
         row = self.db.execute("SELECT size, mtime_ns, ctime_ns, inode, sha256 FROM hashes WHERE path = ?",
-                              (path,)).fetchone()
+                              (key,)).fetchone()
         if row is not None and tuple(row[:4]) == stamp:
             return row[4]
         digest = sha256_file(path)
-        self.hashed += 1
         if _stat_stamp(path) == stamp:  # not rewritten while we read it
-            self.db.execute("INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?, ?)", (path, *stamp, digest))
+            self.db.execute("INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?, ?)", (key, *stamp, digest))
         return digest
 
 
@@ -777,7 +775,8 @@ def _outside_root(path: str, root: str) -> str | None:
 
 def _unit_hash(text: str) -> float:
     """Stable uniform value in [0, 1) derived from ``text``."""
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+    # surrogateescape: a file name that is not valid UTF-8 arrives with lone surrogates.
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()[:8], "big") / 2**64
 
 
 _PLAIN_RELPATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=/-]*$")

@@ -266,6 +266,19 @@ def test_local_files_have_content_identity_cached_by_stat(tmp_path, monkeypatch)
     assert all(r.etag.startswith("sha256:") for r in list_source_files(src))
 
 
+def test_a_file_name_that_is_not_utf8_is_listed_hashed_and_keyed(tmp_path, monkeypatch):
+    import os
+
+    from marin_resources.identity import validate_partition_key
+
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "d").mkdir()
+    with open(os.path.join(os.fsencode(tmp_path / "d"), b"caf\xe9.txt"), "wb") as fh:
+        fh.write(b"latin-1 name\n")
+    (shard,) = discover_shards(make_source(tmp_path, uri="d"))
+    assert validate_partition_key(shard.key) == shard.key and shard.files[0].etag.startswith("sha256:")
+
+
 def test_archives_are_expanded_into_members(tmp_path):
     d = tmp_path / "d"
     d.mkdir()
