@@ -79,7 +79,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                  kinds={"files"}, description=f"Raw bytes of source `{name}` ({source.uri}), one shard per partition.")
     def raw(context: dg.AssetExecutionContext, store: MarinStore) -> dg.Output[ArtifactHandle]:
         shard = shard_by_key(source, context.partition_key)
-        # The listing (paths, sizes, mtimes, etags) stands in for the outside world's data version.
+        # The listing (paths, sizes, content checksums) stands in for the outside world's data version.
         external = UpstreamRef(asset_key=f"external/{name}", partition=shard.key, data_version=shard.fingerprint,
                                uri=source.uri)
 
