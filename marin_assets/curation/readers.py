@@ -16,6 +16,7 @@ import hashlib
 import json
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -385,22 +386,46 @@ def _record_document(col: _Collector, record: Any, default_id: str, raw: bytes, 
     col.document(source_id, repair_text(text, force="repaired_encoding" in extra), raw, metadata)
 
 
+def _bounded_lines(f, keep: int) -> Iterator[tuple[bytes, int]]:
+    """Each line of ``f`` without its newline as (first ``keep`` bytes, full size), so a line of any
+    length (a gzip bomb without newlines) costs at most ``keep`` bytes of memory."""
+    head, size = bytearray(), 0
+    # Small reads: a stream that breaks (truncated gzip) loses only the chunk it breaks in.
+    while chunk := f.read(64 * 1024):
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            piece = chunk[start:] if newline < 0 else chunk[start:newline]
+            size += len(piece)
+            if len(head) < keep:
+                head += piece[: keep - len(head)]
+            if newline < 0:
+                break
+            yield bytes(head), size
+            head, size, start = bytearray(), 0, newline + 1
+    if size:
+        yield bytes(head), size
+
+
 def _read_jsonl(col: _Collector, ref: FileRef):
+    limit = col.source.max_doc_bytes
     with col.open(ref) as f:
-        for line_no, line in enumerate(f, start=1):
-            raw = line.rstrip(b"\r\n")
+        for line_no, (head, size) in enumerate(_bounded_lines(f, limit + 2), start=1):
+            raw = head.rstrip(b"\r")
             if not raw.strip():
                 continue  # blank lines are separators, not records
             default_id = f"{ref.uri}:{line_no}"
+            if len(raw) > limit or size > len(head):
+                col.n_records += 1
+                col.quarantine(default_id, Reason.TOO_LARGE, f"{size} bytes > max_doc_bytes {limit}; payload "
+                               f"truncated to {_OVERSIZE_PAYLOAD_BYTES} bytes", raw[:_OVERSIZE_PAYLOAD_BYTES],
+                               raw_size=size)
+                continue
             with col.record(default_id, raw):
                 _jsonl_record(col, ref, raw, line_no, default_id)
 
 
 def _jsonl_record(col: _Collector, ref: FileRef, raw: bytes, line_no: int, default_id: str):
-    limit = col.source.max_doc_bytes
-    if len(raw) > limit:
-        col.quarantine(default_id, Reason.TOO_LARGE, f"{len(raw)} bytes > max_doc_bytes {limit}", raw)
-        return
     # JSON syntax must survive decoding, so ftfy runs on the text field later.
     decoded = decode_bytes(raw, repair=False)
     if decoded.text is None:

@@ -158,6 +158,17 @@ def test_records_count_what_was_read_when_a_file_breaks_part_way(tmp_path):
     assert docs.height + quarantine.height == n
 
 
+def test_an_endless_jsonl_line_is_quarantined_in_bounded_memory(tmp_path):
+    # A gzip bomb: 50 MB of one line between two good ones; only its head is kept.
+    body = (json.dumps({"text": NORMAL_TEXT}) + "\n" + "x" * (50 * 2**20) + "\r\n"
+            + json.dumps({"text": NORMAL_TEXT + " Again."}) + "\n")
+    (tmp_path / "bomb.jsonl.gz").write_bytes(gzip.compress(body.encode()))
+    docs, quarantine, n, counts = _read_all(make_source(tmp_path, uri="bomb.jsonl.gz", max_doc_bytes=2**20))
+    assert (docs.height, quarantine.height, n, counts["too_large"]) == (2, 1, 3, 1)
+    assert quarantine["raw_bytes"][0] == 50 * 2**20 + 1 and len(quarantine["raw"][0]) == 64 * 1024
+    assert quarantine["source_id"][0].endswith("bomb.jsonl.gz:2")
+
+
 def test_whole_file_quarantine_reasons(tmp_path):
     d = tmp_path / "d"
     d.mkdir()
