@@ -72,6 +72,7 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     for name, keys in added.items():
         if keys:
             say(f"discovered {len(keys)} new partition(s) of {name}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}")
+    report_refused(plan)
     started = time.monotonic()
     try:
         if args.rebuild:
@@ -91,11 +92,18 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def report_refused(plan) -> None:
+    for name, refused in sorted(plan.refused.items()):
+        for key, reason in sorted(refused.items()):
+            print(f"marin: skipped partition {key!r} of {name}: {reason}", file=sys.stderr)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from marin_assets.planning import parse_key
 
     plan, settings, _ = planner()
     plan.discover()
+    report_refused(plan)
     keys = [parse_key(k) for k in args.keys] if args.keys else None
     states = plan.status(keys)
     if args.json:

@@ -12,7 +12,8 @@ import dagster as dg
 from marin_assets.catalog import Catalog
 from marin_resources.artifacts import VERSION_METADATA_KEY
 from marin_resources.artifacts import asset_key_str as key_str
-from marin_resources.identity import changed_fields, fingerprint
+from marin_resources.failures import describe_check
+from marin_resources.identity import InvalidPartitionKeyError, changed_fields, fingerprint, validate_partition_key
 from marin_resources.store import ArtifactStore
 
 Log = Callable[[str], None]
@@ -52,15 +53,24 @@ class Planner:
     def __init__(self, defs: dg.Definitions, catalog: Catalog, store: ArtifactStore, instance: dg.DagsterInstance):
         self.defs, self.catalog, self.store, self.instance = defs, catalog, store, instance
         self.graph = defs.resolve_asset_graph()
+        self.refused: dict[str, dict[str, str]] = {}
 
     # ---- partitions ------------------------------------------------------------------------
     def discover(self, names: Iterable[str] | None = None) -> dict[str, list[str]]:
-        """Run each registered discoverer and add new keys to the instance. Returns the added keys."""
+        """Run each registered discoverer and add new keys to the instance. Returns the added keys.
+
+        A key the store would refuse is left out and kept in ``self.refused`` (partitions name ->
+        key -> reason), so one bad key costs its own partition only, never its siblings or status."""
         added = {}
         for name, discover in sorted(self.catalog.discoverers.items()):
             if names is not None and name not in names:
                 continue
-            keys = discover()
+            keys = []
+            for key in discover():
+                try:
+                    keys.append(validate_partition_key(key))
+                except InvalidPartitionKeyError as exc:
+                    self.refused.setdefault(name, {})[key] = str(exc)
             known = set(self.instance.get_dynamic_partitions(name))
             new = [k for k in keys if k not in known]
             if new:
@@ -215,6 +225,21 @@ class Planner:
             reaped.append(run.run_id)
         return reaped
 
+    def failed_checks_of_producers(self, keys: list[dg.AssetKey], partition: str | None) -> list[str]:
+        """Failed ERROR checks of the runs that built the committed artifacts of ``keys[partition]``."""
+        runs = set()
+        for key in keys:
+            if self.version_of(key) is not None:
+                manifest = self.store.find(key_str(key), self.version_of(key), partition)
+                if manifest is not None and manifest.producer.get("run_id"):
+                    runs.add(manifest.producer["run_id"])
+        wanted = {key_str(k) for k in keys}
+        evaluations = [entry.dagster_event.event_specific_data
+                       for run_id in sorted(runs)
+                       for entry in self.instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+                       if entry.dagster_event is not None]
+        return failed_error_checks([e for e in evaluations if e.asset_key.to_user_string() in wanted])
+
     def require_asset(self, target: dg.AssetKey) -> None:
         if target not in self.graph.get_all_asset_keys():
             known = ", ".join(sorted(key_str(k) for k in self.artifact_keys()))
@@ -261,9 +286,17 @@ class Planner:
                 label = f"{', '.join(key_str(k) for k in keys)}" + (f" [{part}]" if part else "")
                 states = [self.state(k, part) for k in keys if self.version_of(k) is not None]
                 if not force and states and all(s.state == "fresh" for s in states):
+                    step = StepResult([key_str(k) for k in keys], part, False, True,
+                                      manifests=[f"{s.uri}/.artifact.json" for s in states])
+                    # A reused artifact keeps the verdict of the checks that ran when it was built.
+                    failed = self.failed_checks_of_producers(keys, part)
+                    if failed:
+                        step.success, step.error = False, f"ERROR check(s) failed when built: {'; '.join(failed)}"
+                        log(f"  fresh   {label}, but {step.error}")
+                        results.append(step)
+                        return results
                     log(f"  fresh   {label}")
-                    results.append(StepResult([key_str(k) for k in keys], part, False, True,
-                                              manifests=[f"{s.uri}/.artifact.json" for s in states]))
+                    results.append(step)
                     continue
                 causes = "; ".join(f"{s.asset_key}: {s.cause}" for s in states if s.state != "fresh")
                 log(f"  build   {label}  ({causes or 'forced'})")
@@ -274,19 +307,26 @@ class Planner:
                     partition_key=part, instance=self.instance, resources=self.defs.resources,
                     run_config=run_config or quiet_run_config(), raise_on_error=False,
                     tags={CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())})
-                step = StepResult([key_str(k) for k in keys], part, True, result.success, result.run_id,
-                                  round(time.monotonic() - started, 2))
-                if result.success:
+                failed = failed_error_checks(result.get_asset_check_evaluations())
+                step = StepResult([key_str(k) for k in keys], part, True, result.success and not failed,
+                                  result.run_id, round(time.monotonic() - started, 2))
+                if step.success:
                     step.manifests = [f"{self.store.find(key_str(k), self.version_of(k), part).uri}/.artifact.json"
                                       for k in keys if self.version_of(k) is not None]
                     log(f"          done in {step.seconds:.1f}s (run {result.run_id[:8]})")
                 else:
-                    step.error = failure_message(result)
+                    step.error = failure_message(result) if not result.success else \
+                        f"ERROR check(s) failed: {'; '.join(failed)}"
                     log(f"          FAILED (run {result.run_id}): {step.error}")
                     results.append(step)
                     return results
                 results.append(step)
         return results
+
+
+def failed_error_checks(evaluations) -> list[str]:
+    """`asset:check (metadata)` for each failed ERROR-severity check evaluation: they fail the command."""
+    return [describe_check(e) for e in evaluations if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR]
 
 
 def quiet_run_config() -> dict:

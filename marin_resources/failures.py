@@ -1,4 +1,7 @@
-"""Failed materializations are part of the record: read them back from the Dagster instance."""
+"""Failed materializations are part of the record: read them back from the Dagster instance.
+
+A failed ERROR-severity asset check is a failure too, even in a run Dagster counts as a success
+(the step that built the asset succeeded): it gets its own row."""
 
 from __future__ import annotations
 
@@ -9,12 +12,16 @@ import dagster as dg
 
 
 def failed_materializations(instance: dg.DagsterInstance, limit: int = 200) -> list[dict[str, Any]]:
-    """One row per failed step of a failed run: run id, the run's assets and the failed step's
-    assets, partition, config, error, time."""
-    records = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]), limit=limit)
+    """One row per failed step of a failed run, and per failed ERROR check of any finished run: run
+    id, the run's assets and the failed step's assets, partition, config, error, time."""
+    records = [record for status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.SUCCESS)
+               for record in instance.get_run_records(dg.RunsFilter(statuses=[status]), limit=limit)]
     rows = []
-    for record in records:
+    for record in sorted(records, key=lambda r: r.create_timestamp, reverse=True):
         run = record.dagster_run
+        failures = _failed_error_checks(instance, run.run_id)
+        if run.status != dg.DagsterRunStatus.FAILURE and not failures:
+            continue
         # In-process runs (dg.materialize, the marin CLI) leave asset_selection empty; the planned
         # materializations name every asset of the run and the step that was to produce it.
         planned: dict[str | None, list[str]] = {}
@@ -24,7 +31,6 @@ def failed_materializations(instance: dg.DagsterInstance, limit: int = 200) -> l
                 planned.setdefault(event.step_key, []).append(event.asset_key.to_user_string())
         assets = sorted({"/".join(k.path) for k in (run.asset_selection or [])}
                         | {k for keys in planned.values() for k in keys})
-        failures = []
         for entry in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
             event = entry.dagster_event
             err = event.step_failure_data.error if event and event.step_failure_data else None
@@ -34,7 +40,7 @@ def failed_materializations(instance: dg.DagsterInstance, limit: int = 200) -> l
             failures.append({"step": step, "failed_assets": sorted(planned.get(step, [])),
                              "error": _describe(err) if err else "unknown",
                              "time": _iso(entry.timestamp)})
-        if not failures:
+        if run.status == dg.DagsterRunStatus.FAILURE and not failures:
             failures.append({"step": None, "failed_assets": [],
                              "error": "run failed before any step (see the run's event log)",
                              "time": _iso(record.end_time or record.create_timestamp.timestamp())})
@@ -43,6 +49,24 @@ def failed_materializations(instance: dg.DagsterInstance, limit: int = 200) -> l
                          "partition": run.tags.get("dagster/partition"), "config": run.run_config,
                          "tags": {k: v for k, v in run.tags.items() if not k.startswith(".dagster")}, **failure})
     return rows
+
+
+def _failed_error_checks(instance: dg.DagsterInstance, run_id: str) -> list[dict[str, Any]]:
+    rows = []
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
+        event = entry.dagster_event
+        evaluation = event.event_specific_data if event is not None else None
+        if evaluation is None or evaluation.passed or evaluation.severity != dg.AssetCheckSeverity.ERROR:
+            continue
+        rows.append({"step": event.step_key, "failed_assets": [evaluation.asset_key.to_user_string()],
+                     "error": f"AssetCheckFailed: {describe_check(evaluation)}", "time": _iso(entry.timestamp)})
+    return rows
+
+
+def describe_check(evaluation) -> str:
+    """`asset:check (key=value, ...)` of one check evaluation."""
+    details = ", ".join(f"{k}={getattr(v, 'value', v)}" for k, v in sorted((evaluation.metadata or {}).items()))
+    return f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name} ({details})"
 
 
 def _describe(err) -> str:

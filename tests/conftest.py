@@ -29,3 +29,35 @@ def pg_database():
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture
+def curation_planner(tmp_path, monkeypatch):
+    """`make(sources_yaml_text) -> Planner` over the curation stage of that YAML, with its store under
+    tmp_path and a fresh embedded instance (disposed afterwards); `plan.catalog` can be adjusted."""
+    from pathlib import Path
+
+    import dagster as dg
+
+    from marin_assets.curation.assets import build_curation_stage
+    from marin_assets.planning import Planner
+    from marin_resources.environments import MarinSettings, build_resources
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))  # the embedded default keeps its SQLite files there
+    (home / "dagster.yaml").write_text((Path(__file__).resolve().parents[1] / "dagster.yaml").read_text())
+    instances = []
+
+    def make(sources_yaml: str) -> Planner:
+        sources = tmp_path / "sources.yaml"
+        sources.write_text(sources_yaml)
+        settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
+        stage, catalog = build_curation_stage(settings)
+        defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
+        instances.append(dg.DagsterInstance.from_config(str(home)))
+        return Planner(defs, catalog, defs.resources["store"].get(), instances[-1])
+
+    yield make
+    for instance in instances:
+        instance.dispose()

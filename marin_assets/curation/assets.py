@@ -79,7 +79,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                  kinds={"files"}, description=f"Raw bytes of source `{name}` ({source.uri}), one shard per partition.")
     def raw(context: dg.AssetExecutionContext, store: MarinStore) -> dg.Output[ArtifactHandle]:
         shard = shard_by_key(source, context.partition_key)
-        # The listing (paths, sizes, mtimes, etags) stands in for the outside world's data version.
+        # The listing (paths, sizes, content checksums) stands in for the outside world's data version.
         external = UpstreamRef(asset_key=f"external/{name}", partition=shard.key, data_version=shard.fingerprint,
                                uri=source.uri)
 
@@ -87,6 +87,10 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
             total = 0
             listing = []
             for ref in shard.files:
+                if ref.refused is not None:  # listed with its reason; not one byte of it is read
+                    listing.append({"relpath": ref.relpath, "uri": ref.uri, "bytes": 0, "etag": ref.etag,
+                                    "refused": ref.refused})
+                    continue
                 data = read_original_bytes(ref)
                 with writer.open(f"files/{ref.relpath}") as fh:
                     fh.write(data)
@@ -112,7 +116,8 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
             with artifacts.open(f"{raw.uri}/listing.json") as fh:
                 listing = json.load(fh)
             stored = Shard(source=name, key=context.partition_key, files=tuple(
-                FileRef(uri=f"{raw.uri}/files/{item['relpath']}", relpath=item["relpath"], size=item["bytes"])
+                FileRef(uri=f"{raw.uri}/files/{item['relpath']}", relpath=item["relpath"], size=item["bytes"],
+                        refused=item.get("refused"))
                 for item in listing))
             result = read_shard(source, stored)
             # Readers saw the stored copies; report the original locations as source ids.

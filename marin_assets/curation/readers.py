@@ -2,16 +2,21 @@
 
 Every input record (a file for text/html, a non-blank line for jsonl, a row
 for parquet) ends up either as one document or as one quarantine row; a bad
-record never fails the shard. ``ReadResult.n_records`` lets callers check
-``documents.height + quarantine.height == n_records``.
+record never fails the shard, whatever exception processing it raises.
+``ReadResult.n_records`` counts records as they are *read* (plus one per file
+that failed part-way, standing for its unread rest), independently of what
+became of them, so ``documents.height + quarantine.height == n_records`` is a
+real check that nothing was dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +35,8 @@ class Reason:
     EMPTY = "empty"
     TOO_LARGE = "too_large"
     UNREADABLE = "unreadable"  # the file itself could not be opened or parsed
+    RECORD_ERROR = "record_error"  # processing one record raised; the rest of its file is read on
+    OUTSIDE_ROOT = "outside_root"  # a symlink resolving outside the source root; its target is not read
 
 
 QUARANTINE_REASONS = (
@@ -40,6 +47,8 @@ QUARANTINE_REASONS = (
     Reason.EMPTY,
     Reason.TOO_LARGE,
     Reason.UNREADABLE,
+    Reason.RECORD_ERROR,
+    Reason.OUTSIDE_ROOT,
 )
 
 DOCUMENT_SCHEMA = {
@@ -262,7 +271,6 @@ class _Collector:
         return open_binary(ref.uri, self.source.sha256, self.prefetched)
 
     def quarantine(self, source_id: str, reason: str, detail: str, raw: bytes, raw_size: int | None = None):
-        self.n_records += 1
         self.bad["source"].append(self.source.name)
         self.bad["source_id"].append(source_id)
         self.bad["reason"].append(reason)
@@ -281,12 +289,22 @@ class _Collector:
         if not text:
             self.quarantine(source_id, Reason.EMPTY, "no text after normalisation", raw)
             return
+        # Everything that can raise happens before the first append, so columns never go out of step.
+        row = {"id": hashlib.sha256(text.encode("utf-8")).hexdigest(), "text": text, "source": self.source.name,
+               "source_id": source_id, "metadata": json.dumps(metadata, sort_keys=True, default=str)}
+        for column, value in row.items():
+            self.docs[column].append(value)
+
+    @contextlib.contextmanager
+    def record(self, source_id: str, raw: bytes):
+        """Count one record as read; if processing it raises, quarantine it alone and carry on."""
         self.n_records += 1
-        self.docs["id"].append(hashlib.sha256(text.encode("utf-8")).hexdigest())
-        self.docs["text"].append(text)
-        self.docs["source"].append(self.source.name)
-        self.docs["source_id"].append(source_id)
-        self.docs["metadata"].append(json.dumps(metadata, sort_keys=True, default=str))
+        try:
+            yield
+        except RecursionError:
+            self.quarantine(source_id, Reason.MALFORMED_JSON, "nested too deeply to parse", raw)
+        except Exception as exc:  # noqa: BLE001 -- one bad record must not end its file
+            self.quarantine(source_id, Reason.RECORD_ERROR, f"{type(exc).__name__}: {exc}", raw)
 
     def decoded_document(self, source_id: str, raw: bytes, metadata: dict[str, Any], fmt: str):
         if len(raw) > self.source.max_doc_bytes:
@@ -317,7 +335,8 @@ class _Collector:
 
 
 def _read_whole_file(col: _Collector, ref: FileRef, fmt: str):
-    """text / html: the whole file is one record."""
+    """text / html: the whole file is one record, counted once its bytes are read (a read error is
+    the file-level ``unreadable`` record of :func:`read_shard`)."""
     limit = col.source.max_doc_bytes
     with col.open(ref) as f:
         raw = f.read(limit + 1)
@@ -327,6 +346,7 @@ def _read_whole_file(col: _Collector, ref: FileRef, fmt: str):
             while chunk := f.read(1 << 20):
                 rest += len(chunk)
             size = len(raw) + rest
+            col.n_records += 1
             col.quarantine(
                 ref.uri, Reason.TOO_LARGE,
                 f"{size} bytes > max_doc_bytes {limit}; payload truncated to {_OVERSIZE_PAYLOAD_BYTES} bytes, "
@@ -334,7 +354,8 @@ def _read_whole_file(col: _Collector, ref: FileRef, fmt: str):
                 raw[:_OVERSIZE_PAYLOAD_BYTES], raw_size=size,
             )  # fmt: skip
             return
-    col.decoded_document(ref.uri, raw, {"path": ref.relpath}, fmt)
+    with col.record(ref.uri, raw):
+        col.decoded_document(ref.uri, raw, {"path": ref.relpath}, fmt)
 
 
 def _record_metadata(record: dict[str, Any], text_field: str, id_field: str | None) -> dict[str, Any]:
@@ -365,32 +386,61 @@ def _record_document(col: _Collector, record: Any, default_id: str, raw: bytes, 
     col.document(source_id, repair_text(text, force="repaired_encoding" in extra), raw, metadata)
 
 
+def _bounded_lines(f, keep: int) -> Iterator[tuple[bytes, int]]:
+    """Each line of ``f`` without its newline as (first ``keep`` bytes, full size), so a line of any
+    length (a gzip bomb without newlines) costs at most ``keep`` bytes of memory."""
+    head, size = bytearray(), 0
+    # Small reads: a stream that breaks (truncated gzip) loses only the chunk it breaks in.
+    while chunk := f.read(64 * 1024):
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            piece = chunk[start:] if newline < 0 else chunk[start:newline]
+            size += len(piece)
+            if len(head) < keep:
+                head += piece[: keep - len(head)]
+            if newline < 0:
+                break
+            yield bytes(head), size
+            head, size, start = bytearray(), 0, newline + 1
+    if size:
+        yield bytes(head), size
+
+
 def _read_jsonl(col: _Collector, ref: FileRef):
     limit = col.source.max_doc_bytes
     with col.open(ref) as f:
-        for line_no, line in enumerate(f, start=1):
-            raw = line.rstrip(b"\r\n")
+        for line_no, (head, size) in enumerate(_bounded_lines(f, limit + 2), start=1):
+            raw = head.rstrip(b"\r")
             if not raw.strip():
                 continue  # blank lines are separators, not records
             default_id = f"{ref.uri}:{line_no}"
-            if len(raw) > limit:
-                col.quarantine(default_id, Reason.TOO_LARGE, f"{len(raw)} bytes > max_doc_bytes {limit}", raw)
+            if len(raw) > limit or size > len(head):
+                col.n_records += 1
+                col.quarantine(default_id, Reason.TOO_LARGE, f"{size} bytes > max_doc_bytes {limit}; payload "
+                               f"truncated to {_OVERSIZE_PAYLOAD_BYTES} bytes", raw[:_OVERSIZE_PAYLOAD_BYTES],
+                               raw_size=size)
                 continue
-            # JSON syntax must survive decoding, so ftfy runs on the text field later.
-            decoded = decode_bytes(raw, repair=False)
-            if decoded.text is None:
-                col.quarantine(default_id, decoded.reason or Reason.BINARY, decoded.detail, raw)
-                continue
-            try:
-                record = json.loads(decoded.text)
-            except json.JSONDecodeError as exc:
-                col.quarantine(default_id, Reason.MALFORMED_JSON, f"{exc.msg} at column {exc.colno}", raw)
-                continue
-            extra: dict[str, Any] = {"path": ref.relpath, "line": line_no}
-            if decoded.encoding != "utf-8":
-                extra["repaired_encoding"] = decoded.encoding
-                col.n_repaired += 1
-            _record_document(col, record, default_id, raw, extra)
+            with col.record(default_id, raw):
+                _jsonl_record(col, ref, raw, line_no, default_id)
+
+
+def _jsonl_record(col: _Collector, ref: FileRef, raw: bytes, line_no: int, default_id: str):
+    # JSON syntax must survive decoding, so ftfy runs on the text field later.
+    decoded = decode_bytes(raw, repair=False)
+    if decoded.text is None:
+        col.quarantine(default_id, decoded.reason or Reason.BINARY, decoded.detail, raw)
+        return
+    try:
+        record = json.loads(decoded.text)
+    except json.JSONDecodeError as exc:
+        col.quarantine(default_id, Reason.MALFORMED_JSON, f"{exc.msg} at column {exc.colno}", raw)
+        return
+    extra: dict[str, Any] = {"path": ref.relpath, "line": line_no}
+    if decoded.encoding != "utf-8":
+        extra["repaired_encoding"] = decoded.encoding
+        col.n_repaired += 1
+    _record_document(col, record, default_id, raw, extra)
 
 
 def _read_parquet(col: _Collector, ref: FileRef):
@@ -403,7 +453,8 @@ def _read_parquet(col: _Collector, ref: FileRef):
             for record in batch.to_pylist():
                 default_id = f"{ref.uri}:{row}"
                 raw = json.dumps(record, default=str, ensure_ascii=False).encode("utf-8")
-                _record_document(col, record, default_id, raw, {"path": ref.relpath, "row": row})
+                with col.record(default_id, raw):
+                    _record_document(col, record, default_id, raw, {"path": ref.relpath, "row": row})
                 row += 1
 
 
@@ -420,6 +471,10 @@ def read_shard(source: SourceConfig, shard: Shard) -> ReadResult:
     except Exception:  # noqa: BLE001 -- fall back to per-member reads, which report per file
         col.prefetched = {}
     for ref in shard.files:
+        if ref.refused is not None:
+            col.n_records += 1
+            col.quarantine(ref.uri, Reason.OUTSIDE_ROOT, ref.refused, b"", raw_size=0)
+            continue
         fmt = resolve_format(source.format, ref.relpath)
         try:
             if fmt in ("text", "html"):
@@ -431,5 +486,6 @@ def read_shard(source: SourceConfig, shard: Shard) -> ReadResult:
             else:
                 raise ValueError(f"unknown format {fmt!r}")
         except Exception as exc:  # noqa: BLE001 -- one bad file must not fail the shard
+            col.n_records += 1  # the unread rest of the file, reported as one record
             col.quarantine(ref.uri, Reason.UNREADABLE, f"{type(exc).__name__}: {exc}", b"", raw_size=ref.size or 0)
     return col.result()

@@ -1,7 +1,7 @@
 """New data flows in by itself: one sensor per source lists its URI, adds a dynamic partition
 for every new shard, and requests a run for new or changed shards only.
 
-The cursor maps shard key -> shard fingerprint (paths, sizes, mtimes, etags). Run keys are
+The cursor maps shard key -> shard fingerprint (paths, sizes, content checksums). Run keys are
 `{shard}:{fingerprint}`, so a repeated tick or a restarted daemon never launches a shard twice,
 while a shard whose files change gets exactly one new run.
 """

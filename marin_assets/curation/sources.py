@@ -43,6 +43,7 @@ import yaml
 
 from marin_assets.curation.filters import FilterConfig
 from marin_assets.curation.quality import QualityConfig
+from marin_resources.identity import validate_partition_key
 
 FORMATS = ("text", "jsonl", "parquet", "html", "auto")
 PYPI_SDIST_SCHEME = "pypi-sdist"
@@ -84,6 +85,9 @@ class SourceConfig:
     strip_gutenberg: bool = True
     # A matched .tar/.tgz/.zip file is read as its members, one file each.
     expand_archives: bool = True
+    # Read symlinks that resolve outside the source root. Off: such a link is quarantined
+    # (reason outside_root) and not one byte of its target is read.
+    follow_symlinks: bool = False
     # Expected sha256 of a pypi-sdist download; a mismatch is an error.
     sha256: str | None = None
     filters: FilterConfig = field(default_factory=FilterConfig)
@@ -113,7 +117,10 @@ class FileRef:
     relpath: str  # relative to the source root; sort order and shard key
     size: int | None = None
     mtime: str | None = None
+    # Content checksum: "sha256:<hex>" for local files, the store's ETag / crc32c / md5 otherwise.
     etag: str | None = None
+    # Why the file is not read (a symlink out of the source root); it becomes one quarantine row.
+    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,7 @@ class Shard:
 
     @property
     def fingerprint(self) -> str:
-        """Changes when any member file's uri, size, mtime or etag changes."""
+        """Changes when any member file's uri, size, mtime, checksum or refusal changes."""
         payload = json.dumps([dataclasses.astuple(f) for f in self.files], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -367,6 +374,44 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+class ContentHashCache:
+    """sha256 of local files, kept in SQLite under :func:`cache_dir` and keyed by path and
+    (size, mtime_ns, ctime_ns, inode): an unchanged file costs one ``stat``, and a rewrite that
+    keeps size and mtime still changes ctime (which no user call can set back), so it is re-hashed."""
+
+    def __init__(self, path: Path | None = None):
+        import sqlite3
+
+        path = path or cache_dir() / "content-sha256.sqlite"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, timeout=60)
+        self.db.execute("CREATE TABLE IF NOT EXISTS hashes (path BLOB PRIMARY KEY, size INTEGER, "
+                        "mtime_ns INTEGER, ctime_ns INTEGER, inode INTEGER, sha256 TEXT)")
+
+    def __enter__(self) -> ContentHashCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.db.commit()
+        self.db.close()
+
+    def sha256(self, path: str) -> str:
+        stamp, key = _stat_stamp(path), os.fsencode(path)  # bytes: a file name need not be UTF-8
+        row = self.db.execute("SELECT size, mtime_ns, ctime_ns, inode, sha256 FROM hashes WHERE path = ?",
+                              (key,)).fetchone()
+        if row is not None and tuple(row[:4]) == stamp:
+            return row[4]
+        digest = sha256_file(path)
+        if _stat_stamp(path) == stamp:  # not rewritten while we read it
+            self.db.execute("INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?, ?)", (key, *stamp, digest))
+        return digest
+
+
+def _stat_stamp(path: str) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
 def fetch_pypi_sdist(name: str, version: str, dest: str | Path, timeout_s: float = 300) -> tuple[Path, str]:
@@ -660,6 +705,7 @@ def _expand_archive(archive_uri: str, archive_relpath: str) -> list[FileRef]:
 def list_source_files(source: SourceConfig) -> list[FileRef]:
     """Every file (or archive member, or virtual file) of a source, sorted by relpath."""
     import fsspec
+    from fsspec.implementations.local import LocalFileSystem
 
     uri = source.uri
     if uri.startswith(INSTALLED_DISTS_SCHEME + "://"):
@@ -680,6 +726,7 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
         ]
     else:
         fs, path = fsspec.core.url_to_fs(uri)
+        local = isinstance(fs, LocalFileSystem) and "::" not in uri
         if "::" in uri:
             protocol, target = uri.split("://", 1)[0], uri.split("::", 1)[1]
 
@@ -693,37 +740,68 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
             raise FileNotFoundError(f"source {source.name!r}: {uri} does not exist") from None
         root = path.rstrip("/") if not _GLOB_CHARS.search(path) and fs.isdir(path) else _glob_root(path)
         refs = []
-        for p, info in matches.items():
-            rel = _relative(p, root)
-            if source.expand_archives and "::" not in uri and _archive_protocol(p):
-                refs.extend(_expand_archive(rebuild(p), rel))
-            else:
-                refs.append(_file_ref(rebuild(p), rel, info))
+        with contextlib.ExitStack() as stack:
+            hashes = stack.enter_context(ContentHashCache()) if local else None
+            for p, info in matches.items():
+                rel = _relative(p, root)
+                refused = None if not local or source.follow_symlinks else _outside_root(p, root)
+                if refused is None and local and os.path.isdir(p):
+                    continue  # a link to a directory: fsspec does not descend into it, nor do we
+                if refused is not None:
+                    refs.append(FileRef(uri=rebuild(p), relpath=rel, etag=f"symlink:{os.readlink(p)}"
+                                        if os.path.islink(p) else None, refused=refused))
+                elif source.expand_archives and "::" not in uri and _archive_protocol(p):
+                    refs.extend(_expand_archive(rebuild(p), rel))
+                elif hashes is not None:
+                    # Content identity: a touched file is the same file, a same-size rewrite is not.
+                    try:
+                        etag = f"sha256:{hashes.sha256(p)}"
+                    except OSError:  # a dangling link or a vanished file: reading it reports the error
+                        etag = None
+                    refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=etag))
+                else:
+                    refs.append(_file_ref(rebuild(p), rel, info))
     return sorted(refs, key=lambda r: r.relpath)
+
+
+def _outside_root(path: str, root: str) -> str | None:
+    """Why ``path`` may not be read: it (or a directory link on its way) resolves outside ``root``."""
+    real, real_root = os.path.realpath(path), os.path.realpath(root or ".")
+    if real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
+        return None
+    return (f"symlink resolves outside the source root {real_root} (to {real}); "
+            "set follow_symlinks: true on the source to read it")
 
 
 def _unit_hash(text: str) -> float:
     """Stable uniform value in [0, 1) derived from ``text``."""
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+    # surrogateescape: a file name that is not valid UTF-8 arrives with lone surrogates.
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()[:8], "big") / 2**64
 
 
 _PLAIN_RELPATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=/-]*$")
+_KEY_DIGEST_CHARS = 8
+_HASHED_KEY_END = re.compile(rf"-[0-9a-f]{{{_KEY_DIGEST_CHARS}}}$")
 
 
 def shard_key(relpath: str) -> str:
     """Readable, path-safe and unique key for the shard starting at ``relpath``.
 
     Ordinary paths map one-to-one by writing ``/`` as ``+`` (``httpx/LICENSE.md`` ->
-    ``httpx+LICENSE.md``), so keys and storage paths carry no hashes. Only a path with other
-    characters (spaces, ``+``, non-ASCII), where sanitising could make two paths collide, gets
-    a short hash of the exact path appended.
+    ``httpx+LICENSE.md``), so keys and storage paths carry no hashes. Any other path (spaces,
+    ``+``, ``..`` as in ``report..final.txt``, non-ASCII, over 80 characters, or one that itself
+    ends like a hashed key) is sanitised to letters, digits and single dots and gets a short hash
+    of the exact path appended: sanitising may map two paths to the same text, the hash keeps
+    them apart, and no ordinary key ends in ``-<8 hex digits>``. Every key passes
+    :func:`validate_partition_key`, so no file name can make the store refuse its shard.
     """
     if _PLAIN_RELPATH.match(relpath) and "//" not in relpath and ".." not in relpath \
-            and len(relpath) <= _KEY_MAX_READABLE:
-        return relpath.rstrip("/").replace("/", "+")
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", relpath).strip("._-") or "file"
-    digest = hashlib.sha256(relpath.encode()).hexdigest()[:8]
-    return f"{readable[:_KEY_MAX_READABLE]}-{digest}"
+            and len(relpath) <= _KEY_MAX_READABLE and not _HASHED_KEY_END.search(relpath):
+        return validate_partition_key(relpath.rstrip("/").replace("/", "+"))
+    readable = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._-]+", "_", relpath))
+    readable = (readable.strip("._-") or "file")[:_KEY_MAX_READABLE]
+    digest = hashlib.sha256(relpath.encode("utf-8", "surrogateescape")).hexdigest()[:_KEY_DIGEST_CHARS]
+    return validate_partition_key(f"{readable}-{digest}")
 
 
 def group_into_shards(

@@ -113,6 +113,8 @@ def test_jsonl_bad_records_are_quarantined_with_reasons_and_nothing_is_lost(tmp_
         "empty": 1,
         "too_large": 1,
         "unreadable": 0,
+        "record_error": 0,
+        "outside_root": 0,
     }
     assert quarantine.schema == pl.Schema(QUARANTINE_SCHEMA)
     # The raw record is kept verbatim, so nothing is lost.
@@ -120,6 +122,51 @@ def test_jsonl_bad_records_are_quarantined_with_reasons_and_nothing_is_lost(tmp_
     assert raw_by_reason["binary"] == lines[4]
     assert raw_by_reason["invalid_encoding"] == lines[3]
     assert quarantine.filter(pl.col("reason") == "malformed_json")["source_id"][0].endswith("data.jsonl:2")
+
+
+def test_deeply_nested_line_is_quarantined_alone_and_reading_goes_on(tmp_path):
+    """Issue #17, defect 1: a RecursionError used to end the file (5 documents of 99) unnoticed."""
+    lines = [json.dumps({"text": f"Document {i}. {NORMAL_TEXT}"}) for i in range(100)]
+    lines[5] = '{"text": ' + "[" * 5000 + "]" * 5000
+    (tmp_path / "nested.jsonl").write_text("\n".join(lines) + "\n")
+    docs, quarantine, n, counts = _read_all(make_source(tmp_path, uri="nested.jsonl", format="jsonl"))
+    assert (docs.height, quarantine.height, n) == (99, 1, 100)
+    assert counts["malformed_json"] == 1 and "nested too deeply" in quarantine["detail"][0]
+    assert quarantine["source_id"][0].endswith("nested.jsonl:6")
+    assert docs["text"][-1].startswith("Document 99.")
+
+
+def test_any_per_record_exception_quarantines_that_record_alone(tmp_path):
+    # A lone surrogate is valid JSON but cannot be encoded as UTF-8 when the document id is hashed.
+    lines = [json.dumps({"text": f"Line {i}. {NORMAL_TEXT}"}) for i in range(4)]
+    lines[1] = '{"text": "broken \\ud800 surrogate in an otherwise ordinary sentence"}'
+    (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
+    docs, quarantine, n, counts = _read_all(make_source(tmp_path, uri="s.jsonl", format="jsonl"))
+    assert (docs.height, quarantine.height, n) == (3, 1, 4)
+    assert counts["record_error"] == 1 and "UnicodeEncodeError" in quarantine["detail"][0]
+    assert quarantine["source_id"][0].endswith("s.jsonl:2")
+
+
+def test_records_count_what_was_read_when_a_file_breaks_part_way(tmp_path):
+    # A gzip cut short: the lines before the cut are read, the rest is one unreadable record.
+    body = "\n".join(json.dumps({"text": f"Entry {hashlib.sha256(bytes(i)).hexdigest()}. {NORMAL_TEXT}"})
+                     for i in range(200)).encode()
+    packed = gzip.compress(body)
+    (tmp_path / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    docs, quarantine, n, counts = _read_all(make_source(tmp_path, uri="cut.jsonl.gz", format="jsonl"))
+    assert docs.height > 0 and counts["unreadable"] == 1
+    assert docs.height + quarantine.height == n
+
+
+def test_an_endless_jsonl_line_is_quarantined_in_bounded_memory(tmp_path):
+    # A gzip bomb: 50 MB of one line between two good ones; only its head is kept.
+    body = (json.dumps({"text": NORMAL_TEXT}) + "\n" + "x" * (50 * 2**20) + "\r\n"
+            + json.dumps({"text": NORMAL_TEXT + " Again."}) + "\n")
+    (tmp_path / "bomb.jsonl.gz").write_bytes(gzip.compress(body.encode()))
+    docs, quarantine, n, counts = _read_all(make_source(tmp_path, uri="bomb.jsonl.gz", max_doc_bytes=2**20))
+    assert (docs.height, quarantine.height, n, counts["too_large"]) == (2, 1, 3, 1)
+    assert quarantine["raw_bytes"][0] == 50 * 2**20 + 1 and len(quarantine["raw"][0]) == 64 * 1024
+    assert quarantine["source_id"][0].endswith("bomb.jsonl.gz:2")
 
 
 def test_whole_file_quarantine_reasons(tmp_path):

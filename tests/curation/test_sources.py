@@ -17,6 +17,7 @@ from marin_assets.curation.sources import (
     list_source_files,
     load_curation_config,
     parse_curation_config,
+    shard_key,
 )
 
 from .conftest import make_source
@@ -168,6 +169,29 @@ def test_shard_keys_are_path_safe_unique_and_readable(tmp_path):
     assert any(k.startswith("a_b_c.txt-") for k in keys)  # "a b/c.txt" could collide once sanitised: hashed
 
 
+def test_any_file_name_is_a_valid_stable_and_distinct_key(tmp_path):
+    """Issue #17, defect 3: `report..final.txt` made a key the store refused, and the source stopped."""
+    import random
+
+    from marin_resources.identity import validate_partition_key
+
+    names = ["a.txt", "report..final.txt", "report.final.txt", "..", "...x", "a/../b", "x" * 300, "ü.txt",
+             "u.txt", "\udcff.txt", "-", ".hidden", "hidden", "a/.b", "a b/c.txt", "a_b/c.txt", "a+b", "tab\tname",
+             "build-0123abcd", "=x", "a//b"]
+    rng = random.Random(17)
+    alphabet = "aZ09._-=+/ ~\\:\u00e9\u4e2d\x01\x7f."
+    names += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 120))) for _ in range(3000)]
+    names = sorted(set(names))
+    keys = [shard_key(n) for n in names]
+    for name, key in zip(names, keys):
+        assert validate_partition_key(key) == key, name
+    assert len(set(keys)) == len(names)
+    assert keys == [shard_key(n) for n in names]  # stable
+    assert shard_key("report..final.txt").startswith("report.final.txt-")
+    assert shard_key("report.final.txt") == "report.final.txt"
+    assert shard_key("build-0123abcd") != "build-0123abcd"  # could pass for a hashed key: hashed itself
+
+
 def test_fingerprint_tracks_content_changes(tmp_path):
     _make_files(tmp_path / "d", ["one.txt", "two.txt"])
     src = make_source(tmp_path, uri="d/*.txt")
@@ -177,6 +201,82 @@ def test_fingerprint_tracks_content_changes(tmp_path):
     assert before.keys() == after.keys()
     changed = [k for k in before if before[k] != after[k]]
     assert len(changed) == 1 and changed[0].startswith("two.txt")
+
+
+def test_symlinks_out_of_the_root_are_refused_unless_followed(tmp_path):
+    """Issue #17, defect 4: `ln -s /etc/passwd <dir>/p.txt` used to be read as a document."""
+    from marin_assets.curation.readers import read_shard
+
+    secret = tmp_path / "outside" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("TOP-SECRET-MARKER " * 40)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "deep.txt").write_text("TOP-SECRET-MARKER in a linked directory. " * 20)
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "sub_link").symlink_to(tmp_path / "d" / "sub", target_is_directory=True)
+    _make_files(tmp_path / "d", ["good.txt", "sub/real.txt"])
+    d = tmp_path / "d"
+    (d / "out.txt").symlink_to(secret)
+    (d / "linked_dir").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (d / "in.txt").symlink_to(d / "sub" / "real.txt")
+    src = make_source(tmp_path, uri="d", format="text", strip_gutenberg=False)
+    refs = {r.relpath: r for r in list_source_files(src)}
+    assert refs["out.txt"].refused and "outside the source root" in refs["out.txt"].refused
+    assert refs["linked_dir"].refused  # a directory link is listed as one entry, not descended
+    assert "sub_link" not in refs  # a directory link inside the root: its files are listed where they are
+    assert refs["in.txt"].refused is None and refs["in.txt"].etag == refs["sub/real.txt"].etag
+    texts, reasons = [], []
+    for shard in discover_shards(src):
+        result = read_shard(src, shard)
+        texts += result.documents["text"].to_list()
+        reasons += result.quarantine["reason"].to_list()
+        assert result.documents.height + result.quarantine.height == result.n_records
+    assert sorted(reasons) == ["outside_root", "outside_root"]
+    assert len(texts) == 3 and not any("TOP-SECRET" in t for t in texts)
+
+    followed = make_source(tmp_path, uri="d", format="text", follow_symlinks=True)
+    assert not any(r.refused for r in list_source_files(followed))
+
+
+def test_local_files_have_content_identity_cached_by_stat(tmp_path, monkeypatch):
+    """A same-size rewrite with its mtime put back changes the fingerprint; an unchanged tree is not re-read."""
+    import os
+
+    from marin_assets.curation import sources
+
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
+    _make_files(tmp_path / "d", ["one.txt", "two.txt"])
+    src = make_source(tmp_path, uri="d/*.txt")
+    hashed = []
+    real_sha256_file = sources.sha256_file
+    monkeypatch.setattr(sources, "sha256_file", lambda p: hashed.append(p) or real_sha256_file(p))
+    before = {s.key: s.fingerprint for s in discover_shards(src)}
+    assert len(hashed) == 2
+    assert {s.key: s.fingerprint for s in discover_shards(src)} == before and len(hashed) == 2  # stat only
+
+    two = tmp_path / "d" / "two.txt"
+    stat = two.stat()
+    two.write_bytes(two.read_bytes().replace(b"content", b"CONTENT"))
+    os.utime(two, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert two.stat().st_size == stat.st_size and two.stat().st_mtime_ns == stat.st_mtime_ns
+    after = {s.key: s.fingerprint for s in discover_shards(src)}
+    assert [k for k in before if before[k] != after[k]] == ["two.txt"]
+    (tmp_path / "d" / "one.txt").touch()  # same bytes, new mtime: the same content
+    assert {s.key: s.fingerprint for s in discover_shards(src)} == after
+    assert all(r.etag.startswith("sha256:") for r in list_source_files(src))
+
+
+def test_a_file_name_that_is_not_utf8_is_listed_hashed_and_keyed(tmp_path, monkeypatch):
+    import os
+
+    from marin_resources.identity import validate_partition_key
+
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "d").mkdir()
+    with open(os.path.join(os.fsencode(tmp_path / "d"), b"caf\xe9.txt"), "wb") as fh:
+        fh.write(b"latin-1 name\n")
+    (shard,) = discover_shards(make_source(tmp_path, uri="d"))
+    assert validate_partition_key(shard.key) == shard.key and shard.files[0].etag.startswith("sha256:")
 
 
 def test_archives_are_expanded_into_members(tmp_path):

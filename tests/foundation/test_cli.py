@@ -10,6 +10,15 @@ import pytest
 
 TEXT = ("It was a bright cold day in April and the clocks were striking thirteen while the wind blew "
         "dust along the street and the people hurried home before the rain began to fall again. ")
+# Distinct bodies: near-duplicate letters would be deduplicated past the drop-fraction ERROR check.
+BODIES = {
+    "alpha": "The harbour master counted the boats at dawn and wrote each name in a heavy green ledger. "
+             "Gulls argued over the nets while the tide turned slowly against the stone wall of the pier. ",
+    "bravo": "In the mountain village the school bell rang twice, and the children climbed the steep path "
+             "with their satchels, stopping to watch a hawk circle above the pine trees near the old mill. ",
+    "charlie": "A travelling clockmaker arrived with a cart full of gears, springs and tiny brass hammers, "
+               "offering to mend every broken timepiece in the province for the price of a warm supper. ",
+}
 
 
 @pytest.fixture
@@ -17,7 +26,7 @@ def env(tmp_path):
     data = tmp_path / "letters"
     data.mkdir()
     for i, word in enumerate(["alpha", "bravo", "charlie"]):
-        (data / f"{word}.txt").write_text(f"Letter {word}. " + TEXT * (5 + i))
+        (data / f"{word}.txt").write_text(f"Letter {word}. " + BODIES[word] * (5 + i))
     sources = tmp_path / "sources.yaml"
     sources.write_text(f"sources:\n  - name: letters\n    uri: {data}/*.txt\n    format: text\n")
     return {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(tmp_path / "store"),

@@ -6,16 +6,12 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import dagster as dg
 
-from marin_assets.curation.assets import build_curation_stage
-from marin_assets.planning import Planner, parse_key
-from marin_resources.environments import MarinSettings, build_resources
+from marin_assets.planning import parse_key
 from marin_resources.failures import failed_materializations
 
-REPO = Path(__file__).resolve().parents[2]
 TEXT = "Grey clouds gathered over the valley as the farmers brought the last of the hay into the barns. " * 20
 
 
@@ -34,39 +30,28 @@ def parse_time(value: str) -> datetime:
     return stamp
 
 
-def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("DAGSTER_HOME", str(home))  # the embedded default keeps its SQLite files there
-    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, curation_planner):
     watched = tmp_path / "in"
     watched.mkdir()
     for name in ("kept", "vanishing"):
         (watched / f"{name}.txt").write_text(f"{name}. {TEXT}")
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(f"sources:\n  - name: valley\n    uri: {watched}/*.txt\n    format: text\n")
-    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-    stage, catalog = build_curation_stage(settings)
-    defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
+    plan = curation_planner(f"sources:\n  - name: valley\n    uri: {watched}/*.txt\n    format: text\n")
+    instance = plan.instance
+    home, sources = tmp_path / "home", tmp_path / "sources.yaml"
 
     started = datetime.now(UTC).replace(microsecond=0)
-    instance = dg.DagsterInstance.from_config(str(home))
-    try:
-        plan = Planner(defs, catalog, defs.resources["store"].get(), instance)
-        plan.discover()
-        vanishing = next(k for k in plan.partitions_of(parse_key("raw/valley")) if k.startswith("vanishing"))
-        # The shard was listed, then its file went away before the run read it.
-        (watched / "vanishing.txt").unlink()
-        steps = plan.materialize(parse_key("raw/valley"), vanishing, log=lambda m: None)
-        assert [s.success for s in steps] == [False]
+    plan.discover()
+    vanishing = next(k for k in plan.partitions_of(parse_key("raw/valley")) if k.startswith("vanishing"))
+    # The shard was listed, then its file went away before the run read it.
+    (watched / "vanishing.txt").unlink()
+    steps = plan.materialize(parse_key("raw/valley"), vanishing, log=lambda m: None)
+    assert [s.success for s in steps] == [False]
 
-        bad = dg.materialize([strict_table], partition_key="2025", instance=instance, raise_on_error=False,
-                             run_config={"ops": {"ops__strict_table": {"config": {"min_rows": 10}}}})
-        assert not bad.success
+    bad = dg.materialize([strict_table], partition_key="2025", instance=instance, raise_on_error=False,
+                         run_config={"ops": {"ops__strict_table": {"config": {"min_rows": 10}}}})
+    assert not bad.success
 
-        rows = {row["run_id"]: row for row in failed_materializations(instance)}
-    finally:
-        instance.dispose()
+    rows = {row["run_id"]: row for row in failed_materializations(instance)}
 
     shard_row = rows[steps[0].run_id]
     assert shard_row["assets"] == shard_row["failed_assets"] == ["raw/valley"]
@@ -95,3 +80,29 @@ def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, monkeypatch):
         for field in ("assets", "failed_assets", "partition", "config", "error", "time", "step"):
             assert listed[run_id][field] == row[field], field
     assert time.time() - parse_time(listed[bad.run_id]["time"]).timestamp() < 600
+
+
+def test_failed_error_check_fails_the_step_and_is_recorded(tmp_path, curation_planner):
+    """Issue #17: ERROR checks failed (quarantine bound, accounting) while the CLI said ok and
+    `marin failures` listed nothing."""
+    watched = tmp_path / "in"
+    watched.mkdir()
+    (watched / "good.txt").write_text(f"good. {TEXT}")
+    (watched / "noise.txt").write_bytes(bytes(range(1, 32)) * 50)  # binary: its shard is all quarantine
+    plan = curation_planner(f"sources:\n  - name: noisy\n    uri: {watched}/*.txt\n    format: text\n")
+    plan.discover()
+    steps = plan.materialize(parse_key("documents/noisy"), "noise.txt", log=lambda m: None)
+    assert steps[-1].ran and not steps[-1].success
+    assert "documents/noisy:documents_quarantine_bound" in steps[-1].error
+    assert "quarantine_fraction=1.0" in steps[-1].error
+    # Reused later, the artifact keeps its verdict: the command still fails.
+    again = plan.materialize(parse_key("documents/noisy"), "noise.txt", log=lambda m: None)
+    assert not again[-1].ran and not again[-1].success and "quarantine_bound" in again[-1].error
+    good = plan.materialize(parse_key("documents/noisy"), "good.txt", log=lambda m: None)
+    assert all(s.success for s in good)
+
+    rows = [r for r in failed_materializations(plan.instance) if r["run_id"] == steps[-1].run_id]
+    failed = {r["error"].split(" (")[0] for r in rows}
+    assert "AssetCheckFailed: documents/noisy:documents_quarantine_bound" in failed
+    assert "AssetCheckFailed: documents/noisy:documents_accounted" in failed
+    assert all(r["partition"] == "noise.txt" and r["failed_assets"] == ["documents/noisy"] for r in rows)

@@ -46,7 +46,10 @@ print(json.dumps(results))
 def write_source(root: Path, names: list[str]) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for i, name in enumerate(names):
-        body = "\n\n".join(" ".join(SENTENCES[(i + j + k) % len(SENTENCES)] for k in range(4)) for j in range(8))
+        # One paragraph per starting sentence: a repeated paragraph would filter the document out,
+        # failing filtered's drop-fraction ERROR check (and so the command).
+        body = "\n\n".join(" ".join(SENTENCES[(i + j + k) % len(SENTENCES)] for k in range(4))
+                             for j in range(len(SENTENCES)))
         (root / f"{name}.txt").write_text(f"{name.title()}.\n\n{body}\n")
 
 
