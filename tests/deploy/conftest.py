@@ -9,6 +9,9 @@ JOB_COMPLETION_INDEX for Indexed Job pods). Pod logs are the process's stdout+st
 kubelet-style timestamps, which is what PipesK8sPodLogsMessageReader parses.
 
 Pods run synchronously at creation time, so by the time Dagster polls they have terminated.
+``programs`` swaps a ``python -m MODULE`` container command for a stand-in (so an asset's
+training pod can run without real training), and ``pod_watchers`` see each pod as it starts,
+while the launching step still holds whatever it holds (e.g. its pool slot).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -89,6 +93,15 @@ class FakeCluster:
     base_env: dict[str, str] = field(
         default_factory=lambda: {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")}
     )
+    # module -> argv that replaces "<python> -m module" in a container command
+    programs: dict[str, list[str]] = field(default_factory=dict)
+    pod_watchers: list[Callable[[V1Pod], None]] = field(default_factory=list)
+
+    def _program(self, argv: list[str]) -> list[str]:
+        for i in range(1, len(argv) - 1):
+            if argv[i] == "-m" and argv[i + 1] in self.programs:
+                return argv[: i - 1] + self.programs[argv[i + 1]] + argv[i + 2 :]
+        return argv
 
     # -- kubelet ------------------------------------------------------------------------------
 
@@ -111,8 +124,10 @@ class FakeCluster:
 
     def _run(self, pod: V1Pod, extra_env: dict[str, str] | None = None) -> None:
         container = pod.spec.containers[0]
+        for watch in self.pod_watchers:
+            watch(pod)
         proc = subprocess.run(
-            container.command + (container.args or []),
+            self._program(container.command + (container.args or [])),
             env=self._resolve_env(pod, extra_env or {}),
             capture_output=True,
             text=True,
