@@ -281,3 +281,19 @@ def cluster(monkeypatch) -> FakeCluster:
     )
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     return fake
+
+
+def _ops_fixtures():
+    """tests/ops/conftest.py's moto_server / GCS emulator fixtures (started and stopped by PID)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "ops" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("ops_fixtures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ops = _ops_fixtures()
+s3_server, s3_prefix, gcs_server, gcs_prefix = _ops.s3_server, _ops.s3_prefix, _ops.gcs_server, _ops.gcs_prefix
