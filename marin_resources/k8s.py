@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import re
 import shlex
@@ -775,6 +776,14 @@ def bucket_pipes(store_uri: str, *, s3=None, gcs=None, interval_s: float = 10.0)
 
 # ----------------------------------------------------------------------------- training launcher
 
+# Run directories travel through the store under this folder while a bucket-mode pod runs.
+LAUNCH_DIR = ".launches"
+
+
+def _is_under(path: str, root: str) -> bool:
+    root = root.rstrip("/")
+    return path == root or path.startswith(root + "/")
+
 
 class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
     """The prod ``launcher`` (a ``TrainingLauncher``): the command ``LocalPipesLauncher`` would run,
@@ -783,7 +792,8 @@ class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
     The store is either a volume (``store_prefix`` is a path, ``store_claim`` the PVC mounted
     there, so the pod and the run worker see the same files) or a bucket (``store_prefix`` is
     ``s3://`` or ``gs://``): then nothing is mounted, Pipes context and messages go through the
-    bucket, and the pod needs the bucket and nothing else.
+    bucket, the run directory travels through it (``marin_resources.mirrored_run``), and the pod
+    needs the bucket and nothing else.
     """
 
     store_prefix: str = Field(description="MARIN_PREFIX: where the store volume is mounted, or an s3:// / gs:// URI")
@@ -801,15 +811,11 @@ class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
 
     def _store_placement(self, output_dir: str) -> tuple[CacheVolume | None, BucketPipes | None]:
         prefix = self.store_prefix.rstrip("/")
-        inside = output_dir == prefix or output_dir.startswith(prefix + "/")
         if "://" in prefix:
-            if not inside:
-                raise K8sSpecError(f"{output_dir} is not under the store {prefix}; a training pod shares no disk "
-                                   "with the run worker, so its run directory must be in the bucket")
             return None, bucket_pipes(prefix, s3=self.s3, gcs=self.gcs, interval_s=self.pipes_interval_s)
         if not self.store_claim:
             raise K8sSpecError(f"store {prefix} is a path: set store_claim to the PersistentVolumeClaim mounted there")
-        if not inside:
+        if not _is_under(output_dir, prefix):
             raise K8sSpecError(f"{output_dir} is not under the shared store mount {prefix}; "
                                "set MARIN_PREFIX to the mount path in prod")
         return CacheVolume(mount_path=prefix, claim_name=self.store_claim), None
@@ -822,9 +828,38 @@ class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
                                        accelerator=resources.accelerator, python_executable="python",
                                        extra_args=extra_args)
         run_name = f"{kind}-{context.partition_key if context.has_partition_key else 'run'}"
-        return self.run(context, run_name=run_name[:63].lower().replace("_", "-"), command=launch.command,
-                        env=launch.env, accelerator=accelerator, cache_volume=cache_volume, extras=extras,
-                        pool=resources.pool, pipes=pipes)
+
+        def run(command: Sequence[str]):
+            return self.run(context, run_name=run_name[:63].lower().replace("_", "-"), command=command,
+                            env=launch.env, accelerator=accelerator, cache_volume=cache_volume, extras=extras,
+                            pool=resources.pool, pipes=pipes)
+
+        if pipes is None:
+            return run(launch.command)
+        return self._run_mirrored(context, kind, run, launch.command, output_dir, train_config_path)
+
+    def _run_mirrored(self, context, kind: str, run, command: Sequence[str], output_dir: str,
+                      train_config_path: str):
+        """Carry the run directory (and a config file outside it) through the bucket: up before the
+        pod starts, back down after it ends, whatever its outcome, so logs and partial results of a
+        failed attempt reach the run worker too."""
+        from marin_resources import mirrored_run
+
+        remote = f"{self.store_prefix.rstrip('/')}/{LAUNCH_DIR}/{context.run.run_id}/{kind}"
+        flags: list[str] = []
+        if "://" not in output_dir:
+            mirrored_run.upload(output_dir, f"{remote}/run")
+            flags += ["--output", f"{output_dir}={remote}/run"]
+        if "://" not in train_config_path and not _is_under(train_config_path, output_dir):
+            config_uri = f"{remote}/{os.path.basename(train_config_path)}"
+            mirrored_run.upload(train_config_path, config_uri)
+            flags += ["--input", f"{train_config_path}={config_uri}"]
+        try:
+            return run(["python", "-m", "marin_resources.mirrored_run", *flags, "--", *command])
+        finally:
+            if "://" not in output_dir:
+                mirrored_run.download(f"{remote}/run", output_dir)
+            mirrored_run.remove(remote)
 
     def run_training(self, context, *, train_config_path: str, output_dir: str,
                      resources: ResourceSpec = ResourceSpec(), extras: Mapping[str, Any] | None = None):

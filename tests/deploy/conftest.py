@@ -10,8 +10,10 @@ kubelet-style timestamps, which is what PipesK8sPodLogsMessageReader parses.
 
 Pods run synchronously at creation time, so by the time Dagster polls they have terminated.
 ``programs`` swaps a ``python -m MODULE`` container command for a stand-in (so an asset's
-training pod can run without real training), and ``pod_watchers`` see each pod as it starts,
-while the launching step still holds whatever it holds (e.g. its pool slot).
+training pod can run without real training). ``on_pod_start`` callbacks see each pod as it
+starts, while the launching step still holds whatever it holds (e.g. its pool slot);
+``on_pod_exit`` callbacks run when its process has ended (e.g. to drop what the pod's own disk
+held, which a real pod takes with it).
 """
 
 from __future__ import annotations
@@ -95,13 +97,20 @@ class FakeCluster:
     )
     # module -> argv that replaces "<python> -m module" in a container command
     programs: dict[str, list[str]] = field(default_factory=dict)
-    pod_watchers: list[Callable[[V1Pod], None]] = field(default_factory=list)
+    on_pod_start: list[Callable[[V1Pod], None]] = field(default_factory=list)
+    on_pod_exit: list[Callable[[V1Pod], None]] = field(default_factory=list)
 
     def _program(self, argv: list[str]) -> list[str]:
-        for i in range(1, len(argv) - 1):
-            if argv[i] == "-m" and argv[i + 1] in self.programs:
-                return argv[: i - 1] + self.programs[argv[i + 1]] + argv[i + 2 :]
-        return argv
+        out: list[str] = []
+        i = 0
+        while i < len(argv):
+            if argv[i + 1 : i + 2] == ["-m"] and argv[i + 2 : i + 3] and argv[i + 2] in self.programs:
+                out += self.programs[argv[i + 2]]
+                i += 3
+            else:
+                out.append(argv[i])
+                i += 1
+        return out
 
     # -- kubelet ------------------------------------------------------------------------------
 
@@ -124,8 +133,8 @@ class FakeCluster:
 
     def _run(self, pod: V1Pod, extra_env: dict[str, str] | None = None) -> None:
         container = pod.spec.containers[0]
-        for watch in self.pod_watchers:
-            watch(pod)
+        for callback in self.on_pod_start:
+            callback(pod)
         proc = subprocess.run(
             self._program(container.command + (container.args or [])),
             env=self._resolve_env(pod, extra_env or {}),
@@ -133,6 +142,8 @@ class FakeCluster:
             text=True,
             timeout=120,
         )
+        for callback in self.on_pod_exit:
+            callback(pod)
         lines = proc.stdout.splitlines() + proc.stderr.splitlines()
         pod.status = V1PodStatus(
             phase="Succeeded" if proc.returncode == 0 else "Failed",

@@ -97,12 +97,11 @@ def test_gcs_pod_reports_through_the_bucket(gcs_server, gcs_prefix, monkeypatch,
     assert only_materialization(result).metadata["final_step"].value == 12
 
 
-def test_training_launcher_on_a_bucket_mounts_nothing_and_wants_the_run_directory_there(s3_env):
+def test_training_launcher_mounts_nothing_on_a_bucket_and_needs_the_claim_on_a_path(s3_env):
     store_uri, _ = s3_env
-    launcher = K8sTrainingLauncher(image="i", store_prefix=store_uri)
-    volume, pipes = launcher._store_placement(f"{store_uri}/checkpoint/v1/run/.staging")
+    volume, pipes = K8sTrainingLauncher(image="i", store_prefix=store_uri)._store_placement("/tmp/staging/run")
     assert volume is None and pipes.pod_env == {"MARIN_PIPES_BUCKET": "s3"}
-    with pytest.raises(K8sSpecError, match="shares no disk"):
-        launcher._store_placement("/tmp/staging/run")
     with pytest.raises(K8sSpecError, match="set store_claim"):
         K8sTrainingLauncher(image="i", store_prefix="/mnt/marin")._store_placement("/mnt/marin/x")
+    with pytest.raises(K8sSpecError, match="not under the shared store mount"):
+        K8sTrainingLauncher(image="i", store_prefix="/mnt/marin", store_claim="c")._store_placement("/tmp/run")

@@ -14,9 +14,10 @@ import pytest
 import yaml
 
 from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stage
+from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.k8s import K8sSpecError, K8sTrainingLauncher, SecretEnvRefConfig, tpu_slice
-from marin_resources.store import ArtifactStore, producer_info, writing
+from marin_resources.store import producer_info, writing
 
 to_dict = kubernetes.client.ApiClient().sanitize_for_serialization
 FAKE_TRAIN_MAIN = str(Path(__file__).with_name("fake_train_main.py"))
@@ -34,7 +35,7 @@ def run_entry(resources: dict) -> dict:
             "train_batch_size": 16, "num_train_steps": 7, "resources": resources}
 
 
-def commit_inputs(store: ArtifactStore) -> None:
+def commit_inputs(store) -> None:
     """Committed mixture and tokenizer artifacts, as the tokenization stage leaves them (the caches
     they point at are never read: the fake pod does not train)."""
     mixture = {"cache_dir": None, "train_weights": {"m": 1.0},
@@ -45,23 +46,37 @@ def commit_inputs(store: ArtifactStore) -> None:
             writer.commit(fingerprint=key, config={"name": key}, upstream=[], producer=producer_info("test"))
 
 
-@pytest.fixture
-def deployment(tmp_path, cluster):
+def make_deployment(tmp_path, cluster, prefix: str, storage_options: dict | None = None, **launcher_kwargs):
     runs_file = tmp_path / "runs.yaml"
     runs_file.write_text(yaml.safe_dump({"runs": {name: run_entry(r) for name, r in RUNS.items()}}))
-    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_RUNS": str(runs_file)})
-    commit_inputs(ArtifactStore(settings.prefix))
+    settings = MarinSettings.from_env({"MARIN_PREFIX": prefix, "MARIN_RUNS": str(runs_file)})
+    resources = build_resources(settings)
+    if storage_options:
+        resources["store"] = MarinStore(prefix=settings.prefix, storage_options=storage_options)
+        resources["artifact_io_manager"] = ArtifactHandleIOManager(store=resources["store"])
+    commit_inputs(resources["store"].get())
     cluster.programs["marin_assets.training.train_main"] = [sys.executable, FAKE_TRAIN_MAIN]
-    launcher = K8sTrainingLauncher(
+    resources["launcher"] = K8sTrainingLauncher(
         image="registry.example/marin:1", namespace="training", store_prefix=settings.prefix,
-        store_claim="marin-store", kubeconfig_file="/etc/marin/kubeconfig", poll_interval_s=0.01,
-        secret_env=[SecretEnvRefConfig(env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key")])
-    resources = {**build_resources(settings), "launcher": launcher}
+        kubeconfig_file="/etc/marin/kubeconfig", poll_interval_s=0.01,
+        secret_env=[SecretEnvRefConfig(env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key")],
+        **launcher_kwargs)
+    return settings, resources
+
+
+@pytest.fixture
+def instance():
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("runs", sorted(RUNS))
         for pool in ("gpu", "tpu"):
             instance.event_log_storage.set_concurrency_slots(pool, 1)
-        yield settings, resources, instance
+        yield instance
+
+
+@pytest.fixture
+def deployment(tmp_path, cluster, instance):
+    """The store on a volume mounted at MARIN_PREFIX in the run worker and in every pod."""
+    return (*make_deployment(tmp_path, cluster, str(tmp_path / "store"), store_claim="marin-store"), instance)
 
 
 def materialize_checkpoint(deployment, run: str, pool: str, cluster):
@@ -69,7 +84,7 @@ def materialize_checkpoint(deployment, run: str, pool: str, cluster):
     defs, _ = build_training_stage(settings, {"m": "v1"}, {"t": "v1"}, pool=pool)
     [checkpoint] = [a for a in defs.assets if a.key == dg.AssetKey("checkpoint")]
     slots_while_running = []
-    cluster.pod_watchers.append(
+    cluster.on_pod_start.append(
         lambda pod: slots_while_running.append(
             [(s.run_id, s.step_key) for s in instance.event_log_storage.get_concurrency_info(pool).claimed_slots]))
     result = dg.materialize([checkpoint], partition_key=run, instance=instance, resources=resources,
@@ -94,8 +109,7 @@ def test_8_h100_run_gets_a_pod_with_8_gpus_on_h100_nodes_holding_the_gpu_slot(de
     # The step held the gpu pool's one slot while its pod ran.
     assert slots == [[(result.run_id, "checkpoint")]]
 
-    settings = deployment[0]
-    manifest = ArtifactStore(settings.prefix).find("checkpoint", CHECKPOINT_VERSION, "h100x8")
+    manifest = deployment[1]["store"].get().find("checkpoint", CHECKPOINT_VERSION, "h100x8")
     assert manifest is not None and manifest.metrics["final_step"] == 7
 
 
@@ -117,7 +131,7 @@ def test_v5litepod_16_run_is_a_4_host_indexed_job_with_a_4x4_topology(deployment
     assert len(cluster.pods) == 4 and all(p.exit_code == 0 for p in cluster.pods.values())
     assert slots == [[(result.run_id, "checkpoint")]] * 4
 
-    manifest = ArtifactStore(deployment[0].prefix).find("checkpoint", CHECKPOINT_VERSION, "v5e16")
+    manifest = deployment[1]["store"].get().find("checkpoint", CHECKPOINT_VERSION, "v5e16")
     assert manifest is not None
 
 
@@ -147,3 +161,60 @@ def test_unknown_or_odd_tpu_types_and_device_count_mismatches_are_refused(tmp_pa
         tpu_slice("v5litepod-12")
     with pytest.raises(K8sSpecError, match="device_count=8 but v5litepod-16 has 16 chips"):
         accelerator_for(ResourceSpec(accelerator="tpu", device_count=8, tpu_type="v5litepod-16"), "unused")
+
+
+def test_on_a_bucket_the_training_pod_mounts_nothing_and_its_run_directory_travels_through_the_bucket(
+        tmp_path, cluster, instance, s3_server, s3_prefix, monkeypatch):
+    """A pod with only the bucket: its disk starts without the run worker's files and loses its own
+    when it ends, so the config it reads and the summary the asset commits both went through S3."""
+    import shutil
+
+    import s3fs
+
+    prefix, options = s3_prefix
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)  # the run worker's clients, from the standard variable
+    cluster.base_env.update({"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing",
+                             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    settings, resources = make_deployment(tmp_path, cluster, prefix, options, pipes_interval_s=0.05)
+    cluster.programs["marin_resources.mirrored_run"] = [sys.executable, "-m", "marin_resources.mirrored_run"]
+    run_dirs = []
+
+    def pod_disk_is_its_own(pod):
+        command = pod.spec.containers[0].command
+        run_dir = command[command.index("--output") + 1].split("=", 1)[0]
+        run_dirs.append(run_dir)
+        shutil.rmtree(run_dir)
+
+    cluster.on_pod_start.append(pod_disk_is_its_own)
+    cluster.on_pod_exit.append(pod_disk_is_its_own)
+
+    result = materialize_checkpoint((settings, resources, instance), "h100x8", "gpu", cluster)[0]
+    assert result.success, [str(e.event_specific_data.error) for e in result.all_events if e.is_step_failure]
+
+    [ran] = cluster.pods.values()
+    pod = to_dict(ran.pod)
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["dshm"]  # NCCL's tmpfs; no store volume
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    manifest = resources["store"].get().find("checkpoint", CHECKPOINT_VERSION, "h100x8")
+    assert manifest.uri.startswith(prefix) and manifest.metrics["final_step"] == 7
+    fs = s3fs.S3FileSystem(**options, skip_instance_cache=True)
+    assert not fs.exists(f"{prefix}/.launches/{result.run_id}")  # the carried run directory is cleaned up
+    assert len(run_dirs) == 2
+
+
+def test_prod_environment_picks_the_k8s_launcher_with_the_bucket_client_or_the_volume():
+    from dagster_aws.s3 import S3Resource
+
+    from marin_resources.launchers import LocalPipesLauncher, TrainingLauncher
+
+    prod = {"MARIN_ENV": "prod", "MARIN_TRAINING_IMAGE": "registry.example/marin:1", "MARIN_GPU_TYPE": "nvidia-h200-141gb"}
+    on_bucket = build_resources(MarinSettings.from_env({**prod, "MARIN_PREFIX": "s3://bucket/marin"}))
+    launcher = on_bucket["launcher"]
+    assert isinstance(launcher, K8sTrainingLauncher) and isinstance(launcher, TrainingLauncher)
+    assert launcher.store_claim is None and isinstance(launcher.s3, S3Resource) and launcher.s3 is on_bucket["s3"]
+    assert launcher.gpu_type == "nvidia-h200-141gb"
+    on_volume = build_resources(MarinSettings.from_env({**prod, "MARIN_PREFIX": "/mnt/marin",
+                                                        "MARIN_STORE_CLAIM": "marin-pvc"}))["launcher"]
+    assert (on_volume.store_prefix, on_volume.store_claim) == ("/mnt/marin", "marin-pvc")
+    local = build_resources(MarinSettings.from_env({"MARIN_PREFIX": "/tmp/x"}))["launcher"]
+    assert isinstance(local, LocalPipesLauncher) and isinstance(local, TrainingLauncher)
