@@ -6,8 +6,11 @@ The launcher uploads what the process reads from its run worker's disk (the run 
 its ``train_config.yaml`` and any checkpoints of an earlier attempt, or an eval's config file)
 to ``URI``; here each ``--input`` and ``--output`` is downloaded to the same absolute ``LOCAL``
 path, so every path in the config means the same file in the pod. After ``CMD`` exits (or is
-stopped with SIGTERM), each ``--output`` directory goes back up, and the launcher copies it
-into the run directory. The exit status is ``CMD``'s.
+stopped with SIGTERM), each ``--output`` directory goes back up (from host 0 only, on a
+multi-host slice), and the launcher copies it into the run directory. The exit status is ``CMD``'s.
+
+Checkpoints of a multi-host slice are written by every host, so they must go straight to the
+bucket (the run config's checkpointer path), not through this copy.
 
 Only fsspec is used: credentials and endpoints come from the standard environment
 (``AWS_ENDPOINT_URL``, ``STORAGE_EMULATOR_HOST``, workload identity).
@@ -88,9 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     # Kubernetes stops a pod with SIGTERM: pass it on, then still upload what the process left.
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
     status = child.wait()
-    for local, uri in args.output:
-        if os.path.isdir(local):
-            upload(local, uri)
+    # Every host of a multi-host TPU slice runs the same program; host 0 owns the run's record
+    # (as it owns the Pipes channel), so the others upload nothing over it.
+    if os.environ.get("JOB_COMPLETION_INDEX", "0") == "0":
+        for local, uri in args.output:
+            if os.path.isdir(local):
+                upload(local, uri)
     return status if status >= 0 else 128 - status  # killed by signal N: the shell's 128 + N
 
 
