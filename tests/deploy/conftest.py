@@ -308,3 +308,13 @@ def _ops_fixtures():
 
 _ops = _ops_fixtures()
 s3_server, s3_prefix, gcs_server, gcs_prefix = _ops.s3_server, _ops.s3_prefix, _ops.gcs_server, _ops.gcs_prefix
+
+
+@pytest.fixture
+def s3_env(s3_server, s3_prefix, monkeypatch, cluster):
+    """(store URI, s3fs options) of a fresh moto bucket; the run worker's clients and the fake pods
+    reach it through the standard variables only (AWS_ENDPOINT_URL and credentials)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    cluster.base_env.update({"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing",
+                             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    return s3_prefix

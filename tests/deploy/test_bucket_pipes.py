@@ -47,15 +47,6 @@ def only_materialization(result):
     return mat
 
 
-@pytest.fixture
-def s3_env(s3_server, s3_prefix, monkeypatch, cluster):
-    # The run worker's and the pod's credentials and endpoint, from the standard variables only.
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
-    cluster.base_env.update({"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing",
-                             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
-    return s3_prefix
-
-
 def test_gpu_pod_reports_through_s3_with_no_volume(s3_env, cluster):
     import s3fs
 

@@ -165,17 +165,14 @@ def test_unknown_or_odd_tpu_types_and_device_count_mismatches_are_refused(tmp_pa
 
 @pytest.mark.parametrize("run, pool, hosts", [("h100x8", "gpu", 1), ("v5e16", "tpu", 4)])
 def test_on_a_bucket_the_training_pod_mounts_nothing_and_its_run_directory_travels_through_the_bucket(
-        tmp_path, cluster, instance, s3_server, s3_prefix, monkeypatch, run, pool, hosts):
+        tmp_path, cluster, instance, s3_env, run, pool, hosts):
     """A pod with only the bucket: its disk starts without the run worker's files and loses its own
     when it ends, so the config it reads and the summary the asset commits both went through S3."""
     import shutil
 
     import s3fs
 
-    prefix, options = s3_prefix
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)  # the run worker's clients, from the standard variable
-    cluster.base_env.update({"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing",
-                             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    prefix, options = s3_env
     settings, resources = make_deployment(tmp_path, cluster, prefix, options, pipes_interval_s=0.05)
     cluster.programs["marin_resources.mirrored_run"] = [sys.executable, "-m", "marin_resources.mirrored_run"]
     run_dirs = []
