@@ -765,7 +765,12 @@ def bucket_pipes(store_uri: str, *, s3=None, gcs=None, interval_s: float = 10.0)
         reader = keyed(PipesS3MessageReader)(bucket=bucket, client=client, interval=interval_s)
     else:
         from dagster_gcp import GCSResource
-        from dagster_gcp.pipes import PipesGCSContextInjector, PipesGCSMessageReader
+
+        try:
+            from dagster_gcp.pipes import PipesGCSContextInjector, PipesGCSMessageReader
+        except ImportError as exc:  # dagster_gcp.pipes imports its Dataproc client first
+            raise ImportError(f"Pipes through {store_uri} need dagster-gcp's dataproc extra "
+                              f"(google-cloud-dataproc): {exc}") from exc
 
         client = (gcs or GCSResource()).get_client()
         injector = PipesGCSContextInjector(bucket=bucket, client=client, key_prefix=key_dir)
