@@ -3,7 +3,9 @@
 Trains hidden 512 / intermediate 1792 / 8 heads / 6 layers / seq 1024 for a fixed number of
 steps through ``marin_assets.training.train_main`` (the process the ``checkpoint`` asset
 launches, running Levanter's ``train_lm`` unchanged) on a Levanter token cache built from
-stdlib docstrings with a byte-level BPE tokenizer of ``--vocab-size`` entries.
+stdlib docstrings. The vocabulary has Marin's Llama 3 tokenizer size, 128,256 entries (untied
+embeddings: 154M parameters, hence the name): a byte-level BPE trained on the docstrings,
+padded with entries the data never uses, so the embedding and output layers have their real size.
 
 The figures are Levanter's own. Its performance hook logs, per step, ``throughput/tokens_per_second``
 and ``throughput/gflops_per_second`` (model FLOPs from Levanter's flop counter: 3 x forward,
@@ -14,7 +16,7 @@ peak times the device count; the peak comes from the explicit table below. Levan
 entry that H200's device kind maps to, so on H200 it is null).
 
 Sizes:
-  llama_150m  the shape above, batch 128 x 1024 tokens, 50 steps, bf16 compute (default; needs a GPU/TPU)
+  llama_150m  the shape above, batch 64 x 1024 tokens, 50 steps, bf16 compute (default; needs a GPU/TPU)
   tiny        CPU-sized: hidden 64, 2 layers, seq 128, batch 8, 8 steps, f32 (the test suite runs it)
 
 Usage: python benchmarks/gpu_train.py [--size llama_150m|tiny] [--steps N] [--batch-size B]
@@ -68,7 +70,7 @@ class Size:
 SIZES = {
     "llama_150m": Size(ModelSpec(hidden_dim=512, intermediate_dim=1792, num_layers=6, num_heads=8, num_kv_heads=8,
                                  seq_len=1024),
-                       batch_size=128, steps=50, vocab_size=32768, accelerator="gpu"),
+                       batch_size=64, steps=50, vocab_size=128256, accelerator="gpu"),
     "tiny": Size(ModelSpec(hidden_dim=64, intermediate_dim=224, num_layers=2, num_heads=2, num_kv_heads=2,
                            seq_len=128),
                  batch_size=8, steps=8, vocab_size=512, accelerator="cpu"),
@@ -100,12 +102,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--size", choices=sorted(SIZES), default="llama_150m")
     parser.add_argument("--steps", type=int, help="training steps (the first two are warm-up and not measured)")
     parser.add_argument("--batch-size", type=int, help="sequences per step")
-    parser.add_argument("--vocab-size", type=int, help="BPE tokenizer size (Marin's Llama 3 tokenizer has 128,256)")
+    parser.add_argument("--vocab-size", type=int, help="tokenizer size (default: Marin's Llama 3 tokenizer's 128,256)")
     parser.add_argument("--accelerator", choices=("gpu", "tpu", "cpu"))
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute activations (off: a 150M model fits easily, and recompute is not "
                              "counted in model FLOPs, so it lowers MFU)")
     parser.add_argument("--attn-backend", help="Levanter attention backend (default: Levanter's for the device)")
+    parser.add_argument("--cross-entropy-block-size", type=int,
+                        help="compute the loss over vocabulary blocks of this size (Levanter's option; saves the "
+                             "memory of full batch x seq x vocab logits)")
     parser.add_argument("--peak-flops", type=float, help="override the per-device peak FLOP/s")
     parser.add_argument("--workdir")
     parser.add_argument("--peaks", action="store_true", help="print the peak table and exit")
@@ -126,9 +131,10 @@ def main(argv: list[str] | None = None) -> dict:
     fixtures = load_fixtures()
     data_started = time.time()
     needed_tokens = int((steps + 1) * batch * size.model.seq_len * 1.05)
+    vocab_size = args.vocab_size or size.vocab_size
     cache_root, tokenizer_dir = fixtures.build_tokenized_artifact(
-        fixtures.stdlib_docstrings(), work / "data", vocab_size=args.vocab_size or size.vocab_size,
-        min_train_tokens=needed_tokens)
+        fixtures.stdlib_docstrings(), work / "data", vocab_size=vocab_size, min_train_tokens=needed_tokens)
+    vocab_size = pad_vocabulary(tokenizer_dir, vocab_size)
     data_seconds = time.time() - data_started
 
     spec = RunSpec(
@@ -143,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
     config["model"]["gradient_checkpointing"] = args.gradient_checkpointing
     if args.attn_backend:
         config["model"]["attn_backend"] = args.attn_backend
+    if args.cross_entropy_block_size:
+        config["model"]["cross_entropy_block_size"] = args.cross_entropy_block_size
     config["trainer"]["tracker"] = [config["trainer"]["tracker"], {"type": "json_logger"}]
     config_path = write_train_config(config, run_dir / "train_config.yaml")
 
@@ -177,12 +185,14 @@ def main(argv: list[str] | None = None) -> dict:
         "device_count": device_count,
         "peak_flops_per_device": peak,
         "parameter_count": summary.get("parameter_count"),
-        "vocab_size": _vocab_size(tokenizer_dir),
+        "vocab_size": vocab_size,
         "batch_size": batch,
         "steps": steps,
         "final_step": summary["final_step"],
         "gradient_checkpointing": args.gradient_checkpointing,
         "mixed_precision": config["trainer"]["mp"],
+        "attn_backend": args.attn_backend,
+        "cross_entropy_block_size": args.cross_entropy_block_size,
         **figures,
         "mfu": None if flops is None else flops / (peak * device_count),
         "train_wall_seconds": wall,
@@ -199,10 +209,21 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def _vocab_size(tokenizer_dir: str) -> int:
+def pad_vocabulary(tokenizer_dir: str, size: int) -> int:
+    """Grow the tokenizer to ``size`` entries; returns its final size.
+
+    Stdlib docstrings support only about 11,000 BPE entries. The rest never occur in the data, but
+    they size the embedding and output layers, and those layers are what the vocabulary
+    contributes to step time, memory and model FLOPs.
+    """
     from transformers import AutoTokenizer
 
-    return len(AutoTokenizer.from_pretrained(tokenizer_dir))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    missing = size - len(tokenizer)
+    if missing > 0:
+        tokenizer.add_tokens([f"<|unused_{i}|>" for i in range(missing)], special_tokens=True)
+        tokenizer.save_pretrained(tokenizer_dir)
+    return len(tokenizer)
 
 
 def _fmt(value: float | None, spec: str) -> str:
