@@ -851,14 +851,20 @@ class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
         from marin_resources import mirrored_run
 
         remote = f"{self.store_prefix.rstrip('/')}/{LAUNCH_DIR}/{context.run.run_id}/{kind}"
-        flags: list[str] = []
+        uploads: list[tuple[str, str, str]] = []  # (flag, local, uri)
         if "://" not in output_dir:
-            mirrored_run.upload(output_dir, f"{remote}/run")
-            flags += ["--output", f"{output_dir}={remote}/run"]
+            uploads.append(("--output", output_dir, f"{remote}/run"))
         if "://" not in train_config_path and not _is_under(train_config_path, output_dir):
-            config_uri = f"{remote}/{os.path.basename(train_config_path)}"
-            mirrored_run.upload(train_config_path, config_uri)
-            flags += ["--input", f"{train_config_path}={config_uri}"]
+            uploads.append(("--input", train_config_path, f"{remote}/{os.path.basename(train_config_path)}"))
+        flags: list[str] = []
+        for flag, local, uri in uploads:
+            try:
+                mirrored_run.upload(local, uri)
+            except Exception as exc:  # the SDKs raise their own types for a missing bucket or bad credentials
+                mirrored_run.remove_quietly(remote)
+                raise dg.Failure(f"cannot stage {local} for the training pod at {uri}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            flags += [flag, f"{local}={uri}"]
         try:
             return run(["python", "-m", "marin_resources.mirrored_run", *flags, "--", *command])
         finally:

@@ -68,6 +68,14 @@ def remove(uri: str) -> None:
         fs.rm(root, recursive=True)
 
 
+def remove_quietly(uri: str) -> None:
+    """``remove`` on a path that may be unreachable: cleanup after a failure must not mask it."""
+    try:
+        remove(uri)
+    except Exception:
+        pass
+
+
 def _pair(text: str) -> tuple[str, str]:
     local, sep, uri = text.partition("=")
     if not (sep and os.path.isabs(local) and "://" in uri):

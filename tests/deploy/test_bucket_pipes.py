@@ -96,3 +96,23 @@ def test_training_launcher_mounts_nothing_on_a_bucket_and_needs_the_claim_on_a_p
         K8sTrainingLauncher(image="i", store_prefix="/mnt/marin")._store_placement("/mnt/marin/x")
     with pytest.raises(K8sSpecError, match="not under the shared store mount"):
         K8sTrainingLauncher(image="i", store_prefix="/mnt/marin", store_claim="c")._store_placement("/tmp/run")
+
+
+def test_a_missing_bucket_fails_the_launch_with_one_line_naming_the_uri(s3_env, cluster, tmp_path):
+    store_uri, _ = s3_env
+    missing = "s3://no-such-bucket-7c1d/store"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "train_config.yaml").write_text("trainer: {}\n")
+    launcher = K8sTrainingLauncher(image="i", store_prefix=missing, load_incluster_config=False, poll_interval_s=0.01)
+
+    @dg.asset
+    def trained(context: dg.AssetExecutionContext):
+        launcher.run_training(context, train_config_path=str(run_dir / "train_config.yaml"), output_dir=str(run_dir))
+
+    result = dg.materialize([trained], raise_on_error=False)
+    assert not result.success and not cluster.pods
+    [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    message = str(failure.event_specific_data.error.message)
+    assert f"cannot stage {run_dir} for the training pod at {missing}/.launches/" in message
+    assert "NoSuchBucket" in message or "not exist" in message.lower()
