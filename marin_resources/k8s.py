@@ -18,15 +18,23 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import random
 import re
 import shlex
+import string
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from pydantic import Field
+
+from marin_assets.training.reporting import PIPES_BUCKET_ENV
+from marin_assets.training.spec import ResourceSpec
+from marin_resources.launchers import TrainingLauncher, build_command_and_env, eval_args
 
 if TYPE_CHECKING:
     from dagster._core.pipes.client import PipesClientCompletedInvocation
@@ -40,6 +48,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 TPU_RESOURCE = "google.com/tpu"
 
 RUN_NAME_LABEL = "marin.dev/run-name"
+POOL_LABEL = "marin.dev/pool"
 DAGSTER_RUN_ID_LABEL = "dagster/run-id"
 JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
@@ -158,6 +167,48 @@ class TpuRequest:
 
 AcceleratorRequest = CpuRequest | GpuRequest | TpuRequest
 
+# GKE's topology for a whole slice of each size (chips -> ICI shape): v5e/v6e slices are 2D,
+# v4/v5p slices 3D. Single-host machine types carry up to 8 (v5e/v6e) or 4 (v4/v5p) chips;
+# multi-host slices use 4-chip hosts.
+_SLICE_TOPOLOGIES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
+                        256: "16x16"}
+_SLICE_TOPOLOGIES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
+                        256: "4x8x8", 512: "8x8x8"}
+_MULTI_HOST_CHIPS_PER_HOST = 4
+
+
+def tpu_slice(tpu_type: str) -> TpuRequest:
+    """The whole slice a Cloud TPU type names: ``v5litepod-16`` is 16 chips, 4x4, on 4 hosts."""
+    generation, _, size = tpu_type.rpartition("-")
+    if generation not in _TPU_GENERATIONS or not size.isdigit():
+        known = ", ".join(f"{g}-N" for g in _TPU_GENERATIONS)
+        raise K8sSpecError(f"unknown TPU type {tpu_type!r}; expected one of {known}")
+    gen = _TPU_GENERATIONS[generation]
+    chips = int(size) // gen.cores_per_chip
+    topologies = _SLICE_TOPOLOGIES_3D if gen.cores_per_chip == 2 else _SLICE_TOPOLOGIES_2D
+    if chips not in topologies:
+        raise K8sSpecError(f"{tpu_type} ({chips} chips) is not a slice size GKE offers: {sorted(topologies)} chips")
+    hosts = 1 if chips <= max(gen.chips_per_host) else chips // _MULTI_HOST_CHIPS_PER_HOST
+    return TpuRequest(tpu_type=tpu_type, topology=topologies[chips], hosts=hosts)
+
+
+def accelerator_for(resources, gpu_type: str) -> AcceleratorRequest:
+    """The pod-level request for a run spec's ``ResourceSpec`` (``gpu_type`` is the cluster's GPU label).
+
+    A TPU run's ``device_count`` must be the slice's chip count (one JAX device per chip on v4 and
+    later), so a spec cannot ask for 16 devices and quietly get a 4-chip slice.
+    """
+    if resources.accelerator == "gpu":
+        return GpuRequest(count=resources.device_count, gpu_type=gpu_type)
+    if resources.accelerator == "tpu":
+        request = tpu_slice(resources.tpu_type or "")
+        chips = request.chips_per_host * request.hosts
+        if resources.device_count != chips:
+            raise K8sSpecError(f"resources.device_count={resources.device_count} but {request.tpu_type} has "
+                               f"{chips} chips (one JAX device each)")
+        return request
+    return CpuRequest()
+
 
 def parse_accelerator(text: str) -> AcceleratorRequest:
     """Parse ``cpu``, ``gpu:<type>:<count>`` or ``tpu:<type>:<topology>:<hosts>``."""
@@ -215,6 +266,8 @@ class PodSpecConfig:
     service_account: str | None = None
     cache_volume: CacheVolume | None = None
     dagster_run_id: str | None = None
+    pool: str | None = None
+    """The Dagster pool whose slot the launching step holds; a label, for quotas and dashboards."""
     # Size of the tmpfs mounted at /dev/shm on GPU pods; NCCL's intra-node transport needs more
     # than the container runtime's 64 MiB default.
     gpu_shared_memory: str = "16Gi"
@@ -229,6 +282,7 @@ class PodSpecConfig:
         for label, value in (
             (RUN_NAME_LABEL, self.run_name),
             (DAGSTER_RUN_ID_LABEL, self.dagster_run_id or ""),
+            (POOL_LABEL, self.pool or ""),
         ):
             if len(value) > 63 or not _LABEL_VALUE_RE.match(value):
                 raise K8sSpecError(f"{label} value {value!r} is not a valid Kubernetes label value")
@@ -259,6 +313,8 @@ class PodSpecConfig:
         labels = {"app.kubernetes.io/part-of": "marin", RUN_NAME_LABEL: self.run_name}
         if self.dagster_run_id:
             labels[DAGSTER_RUN_ID_LABEL] = self.dagster_run_id
+        if self.pool:
+            labels[POOL_LABEL] = self.pool
         return labels
 
 
@@ -484,6 +540,7 @@ class K8sPipesLauncher(dg.ConfigurableResource):
         accelerator: AcceleratorRequest,
         dagster_run_id: str | None = None,
         cache_volume: CacheVolume | None = None,
+        pool: str | None = None,
     ) -> PodSpecConfig:
         return PodSpecConfig(
             run_name=run_name,
@@ -501,6 +558,7 @@ class K8sPipesLauncher(dg.ConfigurableResource):
             service_account=self.service_account,
             cache_volume=cache_volume,
             dagster_run_id=dagster_run_id,
+            pool=pool,
         )
 
     def run(
@@ -513,20 +571,28 @@ class K8sPipesLauncher(dg.ConfigurableResource):
         accelerator: AcceleratorRequest,
         cache_volume: CacheVolume | None = None,
         extras: Mapping[str, Any] | None = None,
+        pool: str | None = None,
+        pipes: "BucketPipes | None" = None,
     ) -> PipesClientCompletedInvocation:
+        """Run ``command`` in a pod (an Indexed Job for a multi-host TPU slice).
+
+        Pipes context and messages travel in the pod's env and logs, or through ``pipes`` (a
+        bucket) when given: then the pod needs no volume and no log access to report.
+        """
         cfg = self.pod_config(
             run_name=run_name,
             command=command,
-            env=env,
+            env={**env, **(pipes.pod_env if pipes else {})},
             accelerator=accelerator,
             dagster_run_id=context.run.run_id,
             cache_volume=cache_volume,
+            pool=pool,
         )
         if isinstance(accelerator, TpuRequest) and accelerator.multi_host:
-            return self._run_indexed_job(context, cfg, extras)
-        return self._run_pod(context, cfg, extras)
+            return self._run_indexed_job(context, cfg, extras, pipes)
+        return self._run_pod(context, cfg, extras, pipes)
 
-    def _run_pod(self, context, cfg: PodSpecConfig, extras) -> PipesClientCompletedInvocation:
+    def _run_pod(self, context, cfg: PodSpecConfig, extras, pipes: "BucketPipes | None") -> PipesClientCompletedInvocation:
         from dagster_k8s import PipesK8sClient
 
         manifest = build_training_pod_spec(cfg)
@@ -535,6 +601,8 @@ class K8sPipesLauncher(dg.ConfigurableResource):
             kubeconfig_file=self.kubeconfig_file,
             kube_context=self.kube_context,
             poll_interval=self.poll_interval_s,
+            context_injector=pipes.context_injector if pipes else None,
+            message_reader=pipes.message_reader if pipes else None,
         )
         # PipesK8sClient names the pod itself and appends the Pipes bootstrap env vars to the
         # first container; everything else (resources, selectors, secret refs) is ours.
@@ -558,7 +626,7 @@ class K8sPipesLauncher(dg.ConfigurableResource):
             )
 
     def _run_indexed_job(
-        self, context, cfg: PodSpecConfig, extras
+        self, context, cfg: PodSpecConfig, extras, pipes: "BucketPipes | None"
     ) -> PipesClientCompletedInvocation:
         from dagster._core.pipes.client import PipesClientCompletedInvocation
         from dagster._core.pipes.utils import PipesEnvContextInjector, open_pipes_session
@@ -567,11 +635,11 @@ class K8sPipesLauncher(dg.ConfigurableResource):
 
         self._load_kube_config()
         client = DagsterKubernetesClient.production_client()
-        reader = PipesK8sPodLogsMessageReader()
+        reader = pipes.message_reader if pipes else PipesK8sPodLogsMessageReader()
         with open_pipes_session(
             context=context,
             extras=extras,
-            context_injector=PipesEnvContextInjector(),
+            context_injector=pipes.context_injector if pipes else PipesEnvContextInjector(),
             message_reader=reader,
         ) as session:
             cfg = replace(cfg, env={**cfg.env, **session.get_bootstrap_env_vars()})
@@ -589,9 +657,10 @@ class K8sPipesLauncher(dg.ConfigurableResource):
                     wait_time_between_attempts=self.poll_interval_s,
                     wait_timeout=self.pod_wait_timeout_s,
                 )
-                reader.consume_pod_logs(
-                    context=context, core_api=client.core_api, pod_name=leader, namespace=namespace
-                )
+                if isinstance(reader, PipesK8sPodLogsMessageReader):
+                    reader.consume_pod_logs(
+                        context=context, core_api=client.core_api, pod_name=leader, namespace=namespace
+                    )
                 client.wait_for_job_success(
                     job_name,
                     namespace,
@@ -643,6 +712,176 @@ def _delete_if_present(delete, *args, **kwargs) -> None:
     except kubernetes.client.ApiException as exc:
         if exc.status != 404:
             raise
+
+
+# ----------------------------------------------------------------------------- Pipes through a bucket
+
+PIPES_KEY_DIR = ".pipes"
+
+
+@dataclass(frozen=True)
+class BucketPipes:
+    """Dagster Pipes context and messages exchanged through an object store, so a pod needs
+    neither a volume shared with the run worker nor readable logs to report back."""
+
+    context_injector: Any
+    message_reader: Any
+    pod_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def split_bucket_uri(uri: str) -> tuple[str, str, str]:
+    """``s3://bucket/a/b`` -> (``s3``, ``bucket``, ``a/b``)."""
+    scheme, sep, rest = uri.partition("://")
+    bucket, _, path = rest.partition("/")
+    if not sep or scheme not in ("s3", "gs") or not bucket:
+        raise K8sSpecError(f"{uri!r} is not an s3:// or gs:// URI")
+    return scheme, bucket, path.strip("/")
+
+
+def bucket_pipes(store_uri: str, *, s3=None, gcs=None, interval_s: float = 10.0) -> BucketPipes:
+    """Pipes channels under ``{store_uri}/.pipes/`` with dagster-aws / dagster-gcp's own injector
+    and reader; ``s3``/``gcs`` are their resources (clients and credentials)."""
+    scheme, bucket, path = split_bucket_uri(store_uri)
+    key_dir = f"{path}/{PIPES_KEY_DIR}/" if path else f"{PIPES_KEY_DIR}/"
+
+    def keyed(reader_class):
+        class KeyedReader(reader_class):
+            """Messages under the store's ``.pipes/`` folder rather than at the bucket root."""
+
+            @contextmanager
+            def get_params(self):
+                with super().get_params() as params:
+                    name = "".join(random.choices(string.ascii_letters, k=30))
+                    yield {**params, "key_prefix": f"{key_dir}{name}"}
+
+        return KeyedReader
+
+    if scheme == "s3":
+        from dagster_aws.pipes import PipesS3ContextInjector, PipesS3MessageReader
+        from dagster_aws.s3 import S3Resource
+
+        client = (s3 or S3Resource()).get_client()
+        injector = PipesS3ContextInjector(bucket=bucket, client=client, key_prefix=key_dir)
+        reader = keyed(PipesS3MessageReader)(bucket=bucket, client=client, interval=interval_s)
+    else:
+        from dagster_gcp import GCSResource
+
+        try:
+            from dagster_gcp.pipes import PipesGCSContextInjector, PipesGCSMessageReader
+        except ImportError as exc:  # dagster_gcp.pipes imports its Dataproc client first
+            raise ImportError(f"Pipes through {store_uri} need dagster-gcp's dataproc extra "
+                              f"(google-cloud-dataproc): {exc}") from exc
+
+        client = (gcs or GCSResource()).get_client()
+        injector = PipesGCSContextInjector(bucket=bucket, client=client, key_prefix=key_dir)
+        reader = keyed(PipesGCSMessageReader)(bucket=bucket, client=client, interval=interval_s)
+    return BucketPipes(context_injector=injector, message_reader=reader,
+                       pod_env={PIPES_BUCKET_ENV: scheme})
+
+
+# ----------------------------------------------------------------------------- training launcher
+
+# Run directories travel through the store under this folder while a bucket-mode pod runs.
+LAUNCH_DIR = ".launches"
+
+
+def _is_under(path: str, root: str) -> bool:
+    root = root.rstrip("/")
+    return path == root or path.startswith(root + "/")
+
+
+class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
+    """The prod ``launcher`` (a ``TrainingLauncher``): the command ``LocalPipesLauncher`` would run,
+    in a pod sized by the run spec's ``resources``.
+
+    The store is either a volume (``store_prefix`` is a path, ``store_claim`` the PVC mounted
+    there, so the pod and the run worker see the same files) or a bucket (``store_prefix`` is
+    ``s3://`` or ``gs://``): then nothing is mounted, Pipes context and messages go through the
+    bucket, the run directory travels through it (``marin_resources.mirrored_run``), and the pod
+    needs the bucket and nothing else.
+    """
+
+    store_prefix: str = Field(description="MARIN_PREFIX: where the store volume is mounted, or an s3:// / gs:// URI")
+    store_claim: str | None = Field(default=None, description="PVC holding the store when store_prefix is a path")
+    gpu_type: str = Field(default="nvidia-h100-80gb", description="GKE accelerator label of the cluster's GPU nodes")
+    s3: dg.ConfigurableResource | None = None
+    """dagster_aws.s3.S3Resource for an s3:// store (default: S3Resource(), credentials from the environment)."""
+    gcs: dg.ConfigurableResource | None = None
+    """dagster_gcp.GCSResource for a gs:// store (default: GCSResource(), credentials from the environment)."""
+    pipes_interval_s: float = 10.0
+
+    def wandb_online(self) -> bool:
+        # The API key reaches the pod through secret_env (a secretKeyRef), never as a value here.
+        return any(s.env_name == "WANDB_API_KEY" for s in self.secret_env)
+
+    def _store_placement(self, output_dir: str) -> tuple[CacheVolume | None, BucketPipes | None]:
+        prefix = self.store_prefix.rstrip("/")
+        if "://" in prefix:
+            return None, bucket_pipes(prefix, s3=self.s3, gcs=self.gcs, interval_s=self.pipes_interval_s)
+        if not self.store_claim:
+            raise K8sSpecError(f"store {prefix} is a path: set store_claim to the PersistentVolumeClaim mounted there")
+        if not _is_under(output_dir, prefix):
+            raise K8sSpecError(f"{output_dir} is not under the shared store mount {prefix}; "
+                               "set MARIN_PREFIX to the mount path in prod")
+        return CacheVolume(mount_path=prefix, claim_name=self.store_claim), None
+
+    def _launch(self, context, kind, *, train_config_path: str, output_dir: str, resources,
+                extra_args: Sequence[str], extras: Mapping[str, Any] | None):
+        accelerator = accelerator_for(resources, self.gpu_type)
+        cache_volume, pipes = self._store_placement(output_dir)
+        launch = build_command_and_env(kind, train_config_path=train_config_path, output_dir=output_dir,
+                                       accelerator=resources.accelerator, python_executable="python",
+                                       extra_args=extra_args)
+        run_name = f"{kind}-{context.partition_key if context.has_partition_key else 'run'}"
+
+        def run(command: Sequence[str]):
+            return self.run(context, run_name=run_name[:63].lower().replace("_", "-"), command=command,
+                            env=launch.env, accelerator=accelerator, cache_volume=cache_volume, extras=extras,
+                            pool=resources.pool, pipes=pipes)
+
+        if pipes is None:
+            return run(launch.command)
+        return self._run_mirrored(context, kind, run, launch.command, output_dir, train_config_path)
+
+    def _run_mirrored(self, context, kind: str, run, command: Sequence[str], output_dir: str,
+                      train_config_path: str):
+        """Carry the run directory (and a config file outside it) through the bucket: up before the
+        pod starts, back down after it ends, whatever its outcome, so logs and partial results of a
+        failed attempt reach the run worker too."""
+        from marin_resources import mirrored_run
+
+        remote = f"{self.store_prefix.rstrip('/')}/{LAUNCH_DIR}/{context.run.run_id}/{kind}"
+        uploads: list[tuple[str, str, str]] = []  # (flag, local, uri)
+        if "://" not in output_dir:
+            uploads.append(("--output", output_dir, f"{remote}/run"))
+        if "://" not in train_config_path and not _is_under(train_config_path, output_dir):
+            uploads.append(("--input", train_config_path, f"{remote}/{os.path.basename(train_config_path)}"))
+        flags: list[str] = []
+        for flag, local, uri in uploads:
+            try:
+                mirrored_run.upload(local, uri)
+            except Exception as exc:  # the SDKs raise their own types for a missing bucket or bad credentials
+                mirrored_run.remove_quietly(remote)
+                raise dg.Failure(f"cannot stage {local} for the training pod at {uri}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            flags += [flag, f"{local}={uri}"]
+        try:
+            return run(["python", "-m", "marin_resources.mirrored_run", *flags, "--", *command])
+        finally:
+            if "://" not in output_dir:
+                mirrored_run.download(f"{remote}/run", output_dir)
+            mirrored_run.remove(remote)
+
+    def run_training(self, context, *, train_config_path: str, output_dir: str,
+                     resources: ResourceSpec = ResourceSpec(), extras: Mapping[str, Any] | None = None):
+        return self._launch(context, "train", train_config_path=train_config_path, output_dir=output_dir,
+                            resources=resources, extra_args=(), extras=extras)
+
+    def run_eval(self, context, *, train_config_path: str, output_dir: str, resources: ResourceSpec = ResourceSpec(),
+                 checkpoint_path: str | None = None, extra_args: Sequence[str] = (),
+                 extras: Mapping[str, Any] | None = None):
+        return self._launch(context, "eval", train_config_path=train_config_path, output_dir=output_dir,
+                            resources=resources, extra_args=eval_args(checkpoint_path, extra_args), extras=extras)
 
 
 # ----------------------------------------------------------------------------- render CLI
@@ -728,72 +967,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-class K8sTrainingLauncher(K8sPipesLauncher):
-    """The `launcher` resource in prod: the same interface as `LocalPipesLauncher`
-    (`write_train_config`, `run_training`, `run_eval`), running the same command in a pod.
-
-    The training pod and the Dagster run worker must see the store at the same path: the store
-    is a shared volume (`store_claim`, mounted at `store_mount_path`, which is also MARIN_PREFIX),
-    so Levanter writes checkpoints straight into the artifact directory and resume works as locally.
-    """
-
-    store_claim: str = Field(description="PersistentVolumeClaim holding the artifact store")
-    store_mount_path: str = "/mnt/marin"
-    gpu_type: str = "nvidia-h100-80gb"
-    tpu_type: str | None = None
-    tpu_topology: str | None = None
-    tpu_hosts: int = 1
-    wandb_project: str = "marin"
-    wandb_entity: str | None = None
-
-    def _accelerator(self, kind: str, device_count: int) -> AcceleratorRequest:
-        if kind == "gpu":
-            return GpuRequest(count=device_count, gpu_type=self.gpu_type)
-        if kind == "tpu":
-            if not (self.tpu_type and self.tpu_topology):
-                raise K8sSpecError("TPU runs need tpu_type and tpu_topology on the launcher resource")
-            return TpuRequest(tpu_type=self.tpu_type, topology=self.tpu_topology, hosts=self.tpu_hosts)
-        return CpuRequest()
-
-    def write_train_config(self, spec, data_config: Mapping[str, Any], tokenizer_dir: str, output_dir: str) -> str:
-        from pathlib import Path
-
-        from marin_assets.training.levanter_config import WandbSettings, build_train_config, write_train_config
-        from marin_resources.launchers import TRAIN_CONFIG_FILE
-
-        wandb = WandbSettings(project=self.wandb_project, entity=self.wandb_entity,
-                              mode="online" if any(s.env_name == "WANDB_API_KEY" for s in self.secret_env)
-                              else "offline", tags=(spec.mixture,))
-        config = build_train_config(spec, data_config, tokenizer_dir, output_dir, wandb=wandb)
-        return write_train_config(config, Path(output_dir) / TRAIN_CONFIG_FILE)
-
-    def _launch(self, context, kind: str, *, train_config_path: str, output_dir: str, accelerator: str,
-                device_count: int, extra_args: Sequence[str], extras: Mapping[str, Any] | None):
-        from marin_resources.launchers import build_command_and_env
-
-        if not output_dir.startswith(self.store_mount_path):
-            raise K8sSpecError(f"{output_dir} is not under the shared store mount {self.store_mount_path}; "
-                               "set MARIN_PREFIX to the mount path in prod")
-        # The API key reaches the pod through secret_env (a secretKeyRef), never as a value here.
-        launch = build_command_and_env(kind, train_config_path=train_config_path, output_dir=output_dir,
-                                       accelerator=accelerator, python_executable="python",
-                                       extra_args=extra_args)
-        run_name = f"{kind}-{context.partition_key if context.has_partition_key else 'run'}"
-        return self.run(context, run_name=run_name[:63].lower().replace("_", "-"), command=launch.command,
-                        env=launch.env, accelerator=self._accelerator(accelerator, device_count),
-                        cache_volume=CacheVolume(mount_path=self.store_mount_path, claim_name=self.store_claim),
-                        extras=extras)
-
-    def run_training(self, context, *, train_config_path: str, output_dir: str, accelerator: str = "cpu",
-                     device_count: int = 1, extras: Mapping[str, Any] | None = None):
-        return self._launch(context, "train", train_config_path=train_config_path, output_dir=output_dir,
-                            accelerator=accelerator, device_count=device_count, extra_args=(), extras=extras)
-
-    def run_eval(self, context, *, train_config_path: str, output_dir: str, accelerator: str = "cpu",
-                 device_count: int = 1, checkpoint_path: str | None = None, extra_args: Sequence[str] = (),
-                 extras: Mapping[str, Any] | None = None):
-        args = (["--checkpoint", checkpoint_path] if checkpoint_path else []) + list(extra_args)
-        return self._launch(context, "eval", train_config_path=train_config_path, output_dir=output_dir,
-                            accelerator=accelerator, device_count=device_count, extra_args=args, extras=extras)

@@ -1,8 +1,11 @@
 """Launch training/eval processes under Dagster Pipes.
 
 ``build_command_and_env`` is the single definition of how a training or eval process is started
-(command line and environment); ``LocalPipesLauncher`` runs it as a local subprocess and the
-Kubernetes launcher runs the same command in a pod. JAX/Levanter are never imported here.
+(command line and environment). ``TrainingLauncher`` is the one interface the ``checkpoint`` and
+``eval`` assets use: ``LocalPipesLauncher`` runs the command as a local subprocess and
+``marin_resources.k8s.K8sTrainingLauncher`` runs it in a pod (or one pod per TPU host). Both get
+the run's ``ResourceSpec`` (accelerator kind, device count, TPU type, pool) on every launch.
+JAX/Levanter are never imported here.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any, Iterator, Literal, Mapping, Sequence
 
 import dagster as dg
 from dagster_pipes import PipesDefaultMessageWriter
+
+from marin_assets.training.spec import ResourceSpec
 
 ProcessKind = Literal["train", "eval"]
 ENTRY_MODULES: dict[str, str] = {
@@ -139,32 +144,26 @@ class WholeLineMessageReader(dg.PipesMessageReader):
         return "Attempted to read messages from a local temporary file."
 
 
-class LocalPipesLauncher(dg.ConfigurableResource):
-    """Runs training/eval as local subprocesses through ``dg.PipesSubprocessClient``.
+class TrainingLauncher(dg.ConfigurableResource):
+    """What the training assets need from a launcher; the resource key is ``launcher``.
 
-    Configure ``wandb_api_key=dg.EnvVar("WANDB_API_KEY")`` to log online; without it W&B runs offline.
+    ``resources`` is the run spec's placement (never part of its identity). A launcher honours
+    what it can express and refuses what it cannot, with a message naming the field; it never
+    silently runs a smaller job than the spec asked for.
     """
 
-    wandb_api_key: str | None = None
     wandb_project: str = "marin"
     wandb_entity: str | None = None
-    python_executable: str | None = None
-    cpu_peak_flops: float | None = None
-    """Peak FLOP/s of the CPU device for MFU (MARIN_CPU_PEAK_FLOPS); default is an estimate from the core count."""
-    extra_env: dict[str, str] = {}
-    output_to_file: bool = False
-    """Send the process's stdout/stderr to ``train_output.log``/``eval_output.log`` in its output directory
-    (the CLI's choice, MARIN_PROCESS_OUTPUT=file) instead of the console; a failure quotes the file's tail."""
+
+    def wandb_online(self) -> bool:
+        """Whether the process gets a W&B API key (and so logs online)."""
+        raise NotImplementedError
 
     def wandb_settings(self, tags: Sequence[str] = ()):
         from marin_assets.training.levanter_config import WandbSettings
 
-        return WandbSettings(
-            project=self.wandb_project,
-            entity=self.wandb_entity,
-            mode="online" if self.wandb_api_key else "offline",
-            tags=tuple(tags),
-        )
+        return WandbSettings(project=self.wandb_project, entity=self.wandb_entity,
+                             mode="online" if self.wandb_online() else "offline", tags=tuple(tags))
 
     def write_train_config(
         self, spec, data_config: Mapping[str, Any], tokenizer_dir: str, output_dir: str
@@ -176,6 +175,60 @@ class LocalPipesLauncher(dg.ConfigurableResource):
             spec, data_config, tokenizer_dir, output_dir, wandb=self.wandb_settings(tags=(spec.mixture,))
         )
         return write_train_config(config, Path(output_dir) / TRAIN_CONFIG_FILE)
+
+    def run_training(
+        self,
+        context,
+        *,
+        train_config_path: str,
+        output_dir: str,
+        resources: ResourceSpec = ResourceSpec(),
+        extras: Mapping[str, Any] | None = None,
+    ) -> dg.PipesClientCompletedInvocation:
+        """Train (or resume) into ``output_dir``; the process reports one materialization with the run summary."""
+        raise NotImplementedError
+
+    def run_eval(
+        self,
+        context,
+        *,
+        train_config_path: str,
+        output_dir: str,
+        resources: ResourceSpec = ResourceSpec(),
+        checkpoint_path: str | None = None,
+        extra_args: Sequence[str] = (),
+        extras: Mapping[str, Any] | None = None,
+    ) -> dg.PipesClientCompletedInvocation:
+        """Evaluate the run's latest (or the given) checkpoint; writes ``{output_dir}/eval_report.json``.
+
+        ``extra_args`` go to eval_main (e.g. ``--max-examples N``, ``--prompt TEXT``, ``--eval-set NAME``).
+        """
+        raise NotImplementedError
+
+
+def eval_args(checkpoint_path: str | None, extra_args: Sequence[str]) -> list[str]:
+    return (["--checkpoint", checkpoint_path] if checkpoint_path else []) + list(extra_args)
+
+
+class LocalPipesLauncher(TrainingLauncher):
+    """Runs training/eval as local subprocesses through ``dg.PipesSubprocessClient``.
+
+    The process sees this machine's devices: ``resources.accelerator`` picks the JAX platform;
+    a device count, TPU type or pool beyond that is the cluster launcher's business.
+    Configure ``wandb_api_key=dg.EnvVar("WANDB_API_KEY")`` to log online; without it W&B runs offline.
+    """
+
+    wandb_api_key: str | None = None
+    python_executable: str | None = None
+    cpu_peak_flops: float | None = None
+    """Peak FLOP/s of the CPU device for MFU (MARIN_CPU_PEAK_FLOPS); default is an estimate from the core count."""
+    extra_env: dict[str, str] = {}
+    output_to_file: bool = False
+    """Send the process's stdout/stderr to ``train_output.log``/``eval_output.log`` in its output directory
+    (the CLI's choice, MARIN_PROCESS_OUTPUT=file) instead of the console; a failure quotes the file's tail."""
+
+    def wandb_online(self) -> bool:
+        return bool(self.wandb_api_key)
 
     def launch(
         self,
@@ -217,40 +270,19 @@ class LocalPipesLauncher(dg.ConfigurableResource):
                 raise  # the output went to the console, where it already is
             raise dg.Failure(f"{kind} process failed ({exc}); last lines of {log_file}:\n{log_tail(log_file)}") from exc
 
-    def run_training(
-        self,
-        context,
-        *,
-        train_config_path: str,
-        output_dir: str,
-        accelerator: Literal["cpu", "gpu", "tpu"] = "cpu",
-        extras: Mapping[str, Any] | None = None,
-    ) -> dg.PipesClientCompletedInvocation:
-        """Train (or resume) into ``output_dir``; the process reports one materialization with the run summary."""
+    def run_training(self, context, *, train_config_path: str, output_dir: str,
+                     resources: ResourceSpec = ResourceSpec(), extras: Mapping[str, Any] | None = None):
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        launch = self.launch("train", train_config_path=train_config_path, output_dir=output_dir, accelerator=accelerator)
+        launch = self.launch("train", train_config_path=train_config_path, output_dir=output_dir,
+                             accelerator=resources.accelerator)
         return self._run(context, "train", launch, output_dir, extras)
 
-    def run_eval(
-        self,
-        context,
-        *,
-        train_config_path: str,
-        output_dir: str,
-        accelerator: Literal["cpu", "gpu", "tpu"] = "cpu",
-        checkpoint_path: str | None = None,
-        extra_args: Sequence[str] = (),
-        extras: Mapping[str, Any] | None = None,
-    ) -> dg.PipesClientCompletedInvocation:
-        """Evaluate the run's latest (or the given) checkpoint; writes ``{output_dir}/eval_report.json``.
-
-        ``extra_args`` go to eval_main (e.g. ``--max-examples N``, ``--prompt TEXT``, ``--eval-set NAME``).
-        """
+    def run_eval(self, context, *, train_config_path: str, output_dir: str, resources: ResourceSpec = ResourceSpec(),
+                 checkpoint_path: str | None = None, extra_args: Sequence[str] = (),
+                 extras: Mapping[str, Any] | None = None):
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        extra_args = (["--checkpoint", checkpoint_path] if checkpoint_path else []) + list(extra_args)
-        launch = self.launch(
-            "eval", train_config_path=train_config_path, output_dir=output_dir, accelerator=accelerator, extra_args=extra_args
-        )
+        launch = self.launch("eval", train_config_path=train_config_path, output_dir=output_dir,
+                             accelerator=resources.accelerator, extra_args=eval_args(checkpoint_path, extra_args))
         return self._run(context, "eval", launch, output_dir, extras)
 
 

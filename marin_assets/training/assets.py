@@ -22,7 +22,7 @@ from marin_assets.training.train_main import SUMMARY_FILE
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
-from marin_resources.launchers import EVAL_REPORT_FILE, TRAIN_CONFIG_FILE, LocalPipesLauncher
+from marin_resources.launchers import EVAL_REPORT_FILE, TRAIN_CONFIG_FILE, TrainingLauncher
 
 CHECKPOINT_VERSION = "v1"
 EVAL_VERSION = "v1"
@@ -42,6 +42,19 @@ def find_handle(store: MarinStore, key: str, version: str) -> ArtifactHandle:
     if manifest is None:
         raise dg.Failure(f"{key} has no committed artifact at {version}; materialize it first (marin materialize {key})")
     return ArtifactHandle.from_manifest(manifest)
+
+
+def check_pool(spec: RunSpec, asset_pool: str) -> None:
+    """A run that names a pool runs only in a step holding that pool's slot.
+
+    Dagster claims pool slots per asset (``pool=`` on the definition), not per partition, so the
+    training assets hold the deployment's training pool; a run asking for another one is refused
+    before anything is launched instead of running outside its pool's limit.
+    """
+    wanted = spec.resources.pool
+    if wanted is not None and wanted != asset_pool:
+        raise dg.Failure(f"run {spec.name!r} asks for pool {wanted!r}, but this deployment's training assets hold "
+                         f"pool {asset_pool!r}; set MARIN_TRAIN_POOL={wanted} where such runs are launched")
 
 
 def png_markdown(path: Path) -> dg.MetadataValue:
@@ -74,8 +87,9 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
                  description="A Levanter training run: `checkpoints/step-N/` in Levanter's layout, the generated "
                              "`train_config.yaml`, per-step `metrics.jsonl` and a loss curve. Re-materializing a "
                              "killed or failed run resumes from its latest checkpoint; a finished run is a cache hit.")
-    def checkpoint(context: dg.AssetExecutionContext, store: MarinStore, launcher: LocalPipesLauncher):
+    def checkpoint(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher):
         spec = spec_for(context.partition_key)
+        check_pool(spec, pool)
         artifacts = store.get()
         mixture = find_handle(store, f"mixture/{spec.mixture}", mixture_versions[spec.mixture])
         tokenizer = find_handle(store, f"tokenizer/{spec.tokenizer}", tokenizer_versions[spec.tokenizer])
@@ -85,8 +99,7 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
         def build(writer) -> Built:
             out = local_dir(store, writer)
             config_path = launcher.write_train_config(spec, data_config, tokenizer.uri, out)
-            launcher.run_training(context, train_config_path=config_path, output_dir=out,
-                                  accelerator=spec.resources.accelerator,
+            launcher.run_training(context, train_config_path=config_path, output_dir=out, resources=spec.resources,
                                   extras={"run": spec.name, "fingerprint": spec.fingerprint()})
             # The summary file, not the Pipes message, is the record: a lost message must not commit
             # a checkpoint without its metrics.
@@ -119,17 +132,18 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
                  ins={"checkpoint": dg.AssetIn(key=checkpoint.key)}, kinds={"levanter"},
                  description="Evaluation of a run's final checkpoint with Levanter: loss and bits-per-byte on each "
                              "validation set, greedy samples, and a JSON report (`eval_report.json`).")
-    def evaluation(context: dg.AssetExecutionContext, store: MarinStore, launcher: LocalPipesLauncher,
+    def evaluation(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher,
                    checkpoint: ArtifactHandle):
         spec = spec_for(context.partition_key)
+        check_pool(spec, pool)
         if not store.get().is_local:
             raise dg.Failure("eval reads the checkpoint from a local path; run it where the store is mounted")
         config_path = str(store.get().local_path(checkpoint.uri) / TRAIN_CONFIG_FILE)
 
         def build(writer) -> Built:
             out = local_dir(store, writer)
-            launcher.run_eval(context, train_config_path=config_path, output_dir=out,
-                              accelerator=spec.resources.accelerator, extras={"run": spec.name})
+            launcher.run_eval(context, train_config_path=config_path, output_dir=out, resources=spec.resources,
+                              extras={"run": spec.name})
             report = json.loads((Path(out) / EVAL_REPORT_FILE).read_text())
             metrics = {k: v for k, v in report.items() if k.startswith("eval/") and isinstance(v, (int, float))}
             samples = report.get("samples", [])

@@ -2,6 +2,10 @@
 
 ``dagster_pipes.open_dagster_pipes`` returns a MagicMock outside Pipes (and warns); we detect
 that case explicitly and print to stderr instead, so the same entry points run as plain CLIs.
+
+A pod that shares no volume with its launcher gets its Pipes context and message channel in a
+bucket (``MARIN_PIPES_BUCKET=s3|gs``, set by ``marin_resources.k8s.bucket_pipes``); any channel
+whose params name no bucket (host 0's /dev/null sink on the other TPU hosts) keeps the default.
 """
 
 from __future__ import annotations
@@ -9,10 +13,19 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 from typing import Any, Iterator, Mapping, Protocol
 
-from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
+from dagster_pipes import (
+    DAGSTER_PIPES_CONTEXT_ENV_VAR,
+    DAGSTER_PIPES_MESSAGES_ENV_VAR,
+    PipesEnvVarParamsLoader,
+    decode_param,
+    open_dagster_pipes,
+)
+
+PIPES_BUCKET_ENV = "MARIN_PIPES_BUCKET"
 
 PATH_KEYS_SUFFIX = ("_path", "_dir", "_png")
 
@@ -67,10 +80,36 @@ class ConsoleReporter:
         print(json.dumps({"materialization": dict(metadata)}, default=str), file=sys.stderr, flush=True)
 
 
+def bucket_channels(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """``open_dagster_pipes`` loader/writer arguments for channels that live in a bucket."""
+    scheme = environ.get(PIPES_BUCKET_ENV)
+    if not scheme:
+        return {}
+    if scheme == "s3":
+        import boto3
+        from dagster_pipes import PipesS3ContextLoader as Loader, PipesS3MessageWriter as Writer
+
+        client = boto3.client("s3")
+    elif scheme == "gs":
+        from dagster_pipes import PipesGCSContextLoader as Loader, PipesGCSMessageWriter as Writer
+        from google.cloud import storage
+
+        client = storage.Client()
+    else:
+        raise ValueError(f"{PIPES_BUCKET_ENV}={scheme!r}: expected s3 or gs")
+    channels: dict[str, Any] = {}
+    if "bucket" in decode_param(environ[DAGSTER_PIPES_CONTEXT_ENV_VAR]):
+        channels["context_loader"] = Loader(client)
+    if "bucket" in decode_param(environ[DAGSTER_PIPES_MESSAGES_ENV_VAR]):
+        # Flush every few seconds: a training step report should not wait the default 10 s.
+        channels["message_writer"] = Writer(client, interval=2)
+    return channels
+
+
 @contextlib.contextmanager
 def open_reporter() -> Iterator[Reporter]:
     if PipesEnvVarParamsLoader().is_dagster_pipes_process():
-        with open_dagster_pipes() as context:
+        with open_dagster_pipes(**bucket_channels()) as context:
             yield PipesReporter(context)
     else:
         yield ConsoleReporter()

@@ -9,6 +9,11 @@ JOB_COMPLETION_INDEX for Indexed Job pods). Pod logs are the process's stdout+st
 kubelet-style timestamps, which is what PipesK8sPodLogsMessageReader parses.
 
 Pods run synchronously at creation time, so by the time Dagster polls they have terminated.
+``programs`` swaps a ``python -m MODULE`` container command for a stand-in (so an asset's
+training pod can run without real training). ``on_pod_start`` callbacks see each pod as it
+starts, while the launching step still holds whatever it holds (e.g. its pool slot);
+``on_pod_exit`` callbacks run when its process has ended (e.g. to drop what the pod's own disk
+held, which a real pod takes with it).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -89,6 +95,22 @@ class FakeCluster:
     base_env: dict[str, str] = field(
         default_factory=lambda: {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")}
     )
+    # module -> argv that replaces "<python> -m module" in a container command
+    programs: dict[str, list[str]] = field(default_factory=dict)
+    on_pod_start: list[Callable[[V1Pod], None]] = field(default_factory=list)
+    on_pod_exit: list[Callable[[V1Pod], None]] = field(default_factory=list)
+
+    def _program(self, argv: list[str]) -> list[str]:
+        out: list[str] = []
+        i = 0
+        while i < len(argv):
+            if argv[i + 1 : i + 2] == ["-m"] and argv[i + 2 : i + 3] and argv[i + 2] in self.programs:
+                out += self.programs[argv[i + 2]]
+                i += 3
+            else:
+                out.append(argv[i])
+                i += 1
+        return out
 
     # -- kubelet ------------------------------------------------------------------------------
 
@@ -111,13 +133,17 @@ class FakeCluster:
 
     def _run(self, pod: V1Pod, extra_env: dict[str, str] | None = None) -> None:
         container = pod.spec.containers[0]
+        for callback in self.on_pod_start:
+            callback(pod)
         proc = subprocess.run(
-            container.command + (container.args or []),
+            self._program(container.command + (container.args or [])),
             env=self._resolve_env(pod, extra_env or {}),
             capture_output=True,
             text=True,
             timeout=120,
         )
+        for callback in self.on_pod_exit:
+            callback(pod)
         lines = proc.stdout.splitlines() + proc.stderr.splitlines()
         pod.status = V1PodStatus(
             phase="Succeeded" if proc.returncode == 0 else "Failed",
@@ -266,3 +292,29 @@ def cluster(monkeypatch) -> FakeCluster:
     )
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     return fake
+
+
+def _ops_fixtures():
+    """tests/ops/conftest.py's moto_server / GCS emulator fixtures (started and stopped by PID)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "ops" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("ops_fixtures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ops = _ops_fixtures()
+s3_server, s3_prefix, gcs_server, gcs_prefix = _ops.s3_server, _ops.s3_prefix, _ops.gcs_server, _ops.gcs_prefix
+
+
+@pytest.fixture
+def s3_env(s3_server, s3_prefix, monkeypatch, cluster):
+    """(store URI, s3fs options) of a fresh moto bucket; the run worker's clients and the fake pods
+    reach it through the standard variables only (AWS_ENDPOINT_URL and credentials)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    cluster.base_env.update({"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing",
+                             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    return s3_prefix

@@ -131,7 +131,7 @@ def test_training_env_reaches_run_workers():
     [deployment] = VALUES["dagster-user-deployments"]["deployments"]
     assert deployment["includeConfigInLaunchedRuns"]["enabled"] is True
     forwarded = set(INSTANCE["run_launcher"]["config"]["env_vars"])
-    assert {"MARIN_TRAINING_IMAGE", "MARIN_TRAINING_NAMESPACE"} <= set(
+    assert {"MARIN_TRAINING_IMAGE", "MARIN_TRAINING_NAMESPACE", "MARIN_GPU_TYPE"} <= set(
         deployment["env"]
     ) & forwarded
 

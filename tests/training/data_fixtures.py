@@ -100,8 +100,14 @@ def train_byte_bpe_tokenizer(texts: list[str], out_dir: str | os.PathLike, vocab
     return str(out_dir)
 
 
-def write_tokenized_cache(texts: list[str], tokenizer_dir: str, cache_dir: str | os.PathLike) -> int:
-    """Tokenize ``texts`` (BOS + ids + EOS per document) into a finished Levanter TreeCache; returns token count."""
+def write_tokenized_cache(
+    texts: list[str], tokenizer_dir: str, cache_dir: str | os.PathLike, *, min_tokens: int = 0
+) -> int:
+    """Tokenize ``texts`` (BOS + ids + EOS per document) into a finished Levanter TreeCache; returns token count.
+
+    With ``min_tokens``, the documents are written again (tokenized once) until the cache holds that
+    many tokens, so a fixed-step benchmark never runs out of data.
+    """
     from levanter.store.cache import SerialCacheWriter
     from transformers import AutoTokenizer
 
@@ -111,26 +117,31 @@ def write_tokenized_cache(texts: list[str], tokenizer_dir: str, cache_dir: str |
         {"input_ids": np.asarray([tokenizer.bos_token_id, *ids, tokenizer.eos_token_id], dtype=np.int32)}
         for ids in encoded
     ]
+    per_pass = sum(len(r["input_ids"]) for r in rows)
+    passes = max(1, -(-min_tokens // per_pass))
     exemplar = {"input_ids": np.zeros((0,), dtype=np.int32)}
     with SerialCacheWriter(str(cache_dir), exemplar) as writer:
-        for start in range(0, len(rows), 256):
-            writer.write_batch(rows[start : start + 256])
-    return sum(len(r["input_ids"]) for r in rows)
+        for _ in range(passes):
+            for start in range(0, len(rows), 256):
+                writer.write_batch(rows[start : start + 256])
+    return per_pass * passes
 
 
 def build_tokenized_artifact(
-    texts: list[str], out_dir: str | os.PathLike, *, vocab_size: int, validation_every: int = 10
+    texts: list[str], out_dir: str | os.PathLike, *, vocab_size: int, validation_every: int = 10,
+    min_train_tokens: int = 0,
 ) -> tuple[str, str]:
     """Build ``{out_dir}/tokenizer`` and the cache root ``{out_dir}/cache``; returns (cache_root, tokenizer_dir).
 
-    Every ``validation_every``-th document goes to the validation split.
+    Every ``validation_every``-th document goes to the validation split; the train split is
+    repeated up to ``min_train_tokens``.
     """
     out = Path(out_dir)
     tokenizer_dir = train_byte_bpe_tokenizer(texts, out / "tokenizer", vocab_size)
     train = [t for i, t in enumerate(texts) if i % validation_every != 0]
     validation = [t for i, t in enumerate(texts) if i % validation_every == 0]
     root = out / "cache"
-    write_tokenized_cache(train, tokenizer_dir, root / "train")
+    write_tokenized_cache(train, tokenizer_dir, root / "train", min_tokens=min_train_tokens)
     write_tokenized_cache(validation, tokenizer_dir, root / "validation")
     return str(root), tokenizer_dir
 
