@@ -1,8 +1,8 @@
 """`marin`: drive the asset graph from a terminal.
 
     marin demo                       materialize the tutorial graph on the embedded default
-    marin materialize KEY [--partition P] [--json] [--force]
-    marin status [KEY ...] [--json]
+    marin materialize KEY [--partition P] [--json] [--force] [--verify] [--rebuild]
+    marin status [KEY ...] [--json] [--verify]
     marin lineage KEY [--partition P] [--verify] [--json] [--bom]
     marin failures [--json]
 """
@@ -76,7 +76,9 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     try:
         if args.rebuild:
             plan.retract(parse_key(args.selection), args.partition, log=say)
-        steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force)
+        # A rebuild reads its inputs again, so it re-hashes them: tampered bytes are never carried downstream.
+        steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force,
+                                 verify=args.verify or args.rebuild)
     except (KeyError, ValueError) as exc:
         print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
@@ -97,7 +99,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     plan, settings, _ = planner()
     plan.discover()
     keys = [parse_key(k) for k in args.keys] if args.keys else None
-    states = plan.status(keys)
+    states = plan.status(keys, verify=args.verify)
     if args.json:
         print(json.dumps([s.to_dict() for s in states], indent=2))
         return 0
@@ -105,8 +107,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in states:
         part = f"[{s.partition}]" if s.partition else ""
         print(f"{s.state:8} {s.asset_key + part:<{width + 24}} {s.cause}")
-    counts = {st: sum(s.state == st for s in states) for st in ("fresh", "stale", "missing")}
-    print(f"{counts['fresh']} fresh, {counts['stale']} stale, {counts['missing']} missing  (prefix {settings.prefix})")
+    counts = {st: sum(s.state == st for s in states) for st in ("fresh", "stale", "missing", "damaged")}
+    print(f"{counts['fresh']} fresh, {counts['stale']} stale, {counts['missing']} missing, {counts['damaged']} damaged  "
+          f"(prefix {settings.prefix})")
     return 0
 
 
@@ -196,11 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--force", action="store_true", help="run steps even when everything is fresh")
     m.add_argument("--rebuild", action="store_true",
                    help="withdraw the selected partition's committed artifact first (its manifest is kept "
-                        "as .artifact.json.retracted-<time>), so it is built again")
+                        "as .artifact.json.retracted-<time>), so it is built again; implies --verify")
+    m.add_argument("--verify", action="store_true",
+                   help="re-hash every committed artifact in the plan and every input a build reads, instead of "
+                        "the cheap check (listed files present with their recorded sizes); damaged ones are rebuilt")
     m.set_defaults(fn=cmd_materialize)
     s = sub.add_parser("status", help="list each asset partition as fresh, stale or missing, with the cause")
     s.add_argument("keys", nargs="*")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--verify", action="store_true", help="re-hash every file instead of checking sizes")
     s.set_defaults(fn=cmd_status)
     lin = sub.add_parser("lineage", help="walk manifests upstream to the raw bytes")
     lin.add_argument("key")

@@ -10,8 +10,9 @@ from typing import Any
 import dagster as dg
 
 from marin_assets.catalog import Catalog
-from marin_resources.artifacts import VERSION_METADATA_KEY
+from marin_resources.artifacts import VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.artifacts import asset_key_str as key_str
+from marin_resources.freshness import damage_summary
 from marin_resources.identity import changed_fields, fingerprint
 from marin_resources.store import ArtifactStore
 
@@ -23,7 +24,7 @@ CLI_TAG, HOST_TAG, PID_TAG = "marin/cli", "marin/host", "marin/pid"
 class PartitionState:
     asset_key: str
     partition: str | None
-    state: str  # fresh | stale | missing
+    state: str  # fresh | stale | missing | damaged
     cause: str
     uri: str | None = None
 
@@ -101,7 +102,9 @@ class Planner:
             return {partition}
         return existing
 
-    def state(self, key: dg.AssetKey, partition: str | None) -> PartitionState:
+    def state(self, key: dg.AssetKey, partition: str | None, *, verify: bool = False) -> PartitionState:
+        """Freshness of one partition. Its files get the cheap check (listed files present with their
+        recorded sizes), or with `verify` a full re-hash; a damaged artifact is never fresh."""
         name, version = key_str(key), self.version_of(key)
         manifest = self.store.find(name, version, partition)
         if manifest is None:
@@ -109,6 +112,9 @@ class Planner:
                      if v != version and self.store.find(name, v, partition) is not None]
             cause = f"code version changed: {older[-1]} -> {version}" if older else "never materialized"
             return PartitionState(name, partition, "missing", cause)
+        damage = self.store.verify(manifest) if verify else self.store.check_files(manifest)
+        if damage:
+            return PartitionState(name, partition, "damaged", damage_summary(damage), manifest.uri)
         recorded = manifest.upstream_versions()
         for parent in sorted(self.graph.get(key).parent_keys):
             if self.version_of(parent) is None:
@@ -148,8 +154,8 @@ class Planner:
                                       manifest.uri)
         return PartitionState(name, partition, "fresh", "up to date", manifest.uri)
 
-    def status(self, keys: Iterable[dg.AssetKey] | None = None) -> list[PartitionState]:
-        return [self.state(k, p) for k in (keys or self.artifact_keys()) for p in self.partitions_of(k)]
+    def status(self, keys: Iterable[dg.AssetKey] | None = None, *, verify: bool = False) -> list[PartitionState]:
+        return [self.state(k, p, verify=verify) for k in (keys or self.artifact_keys()) for p in self.partitions_of(k)]
 
     # ---- execution -------------------------------------------------------------------------
     def plan(self, target: dg.AssetKey, partition: str | None) -> list[tuple[list[dg.AssetKey], list[str | None]]]:
@@ -240,7 +246,10 @@ class Planner:
         return kept
 
     def materialize(self, target: dg.AssetKey, partition: str | None, *, log: Log = print,
-                    run_config: dict | None = None, force: bool = False) -> list[StepResult]:
+                    run_config: dict | None = None, force: bool = False, verify: bool = False) -> list[StepResult]:
+        """Run the stale, missing or damaged steps of the target's plan. With `verify`, every
+        committed artifact in the plan is re-hashed before it counts as fresh, and every build
+        re-hashes the inputs it reads."""
         import os
         import socket
         import time
@@ -259,7 +268,7 @@ class Planner:
                 log(f"  {', '.join(key_str(k) for k in keys)}: no partitions discovered, nothing to do")
             for part in parts:
                 label = f"{', '.join(key_str(k) for k in keys)}" + (f" [{part}]" if part else "")
-                states = [self.state(k, part) for k in keys if self.version_of(k) is not None]
+                states = [self.state(k, part, verify=verify) for k in keys if self.version_of(k) is not None]
                 if not force and states and all(s.state == "fresh" for s in states):
                     log(f"  fresh   {label}")
                     results.append(StepResult([key_str(k) for k in keys], part, False, True,
@@ -273,7 +282,8 @@ class Planner:
                     selection=dg.AssetSelection.assets(*keys),
                     partition_key=part, instance=self.instance, resources=self.defs.resources,
                     run_config=run_config or quiet_run_config(), raise_on_error=False,
-                    tags={CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())})
+                    tags={CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()),
+                          **({VERIFY_TAG: "true"} if verify else {})})
                 step = StepResult([key_str(k) for k in keys], part, True, result.success, result.run_id,
                                   round(time.monotonic() - started, 2))
                 if result.success:

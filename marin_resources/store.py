@@ -108,6 +108,21 @@ def content_data_version(files: list[FileEntry]) -> str:
     return h.hexdigest()
 
 
+def _data_version_problems(manifest: Manifest) -> list[str]:
+    """A recorded data version must be the content hash of the listed files; anything else (a
+    forged or hand-edited version) would let a consumer adopt bytes it never saw."""
+    listed = content_data_version(manifest.files)
+    if manifest.data_version == listed:
+        return []
+    return [f"{manifest.uri}/{MANIFEST_NAME}: data_version {manifest.data_version[:12]} is not the content hash "
+            f"{listed[:12]} of its listed files"]
+
+
+def _is_bookkeeping(rel: str) -> bool:
+    """The manifest, kept (retracted) manifests and the lease are not artifact content."""
+    return rel in (MANIFEST_NAME, LOCK_NAME) or rel.startswith((MANIFEST_NAME + ".", LOCK_NAME + "."))
+
+
 class ArtifactStore:
     """Artifacts under one fsspec prefix (a local path, `gs://bucket/x`, `s3://bucket/x`)."""
 
@@ -165,19 +180,23 @@ class ArtifactStore:
 
     def list_files(self, uri: str) -> list[str]:
         """Relative paths of every file under an artifact directory, manifest and lease excluded."""
+        return sorted(self.file_sizes(uri))
+
+    def file_sizes(self, uri: str) -> dict[str, int]:
+        """`{relative path: bytes}` of every file under an artifact directory, from one listing."""
         base = self._path(uri)
         try:
-            found = self.fs.find(base, withdirs=False)
+            found = self.fs.find(base, withdirs=False, detail=True)
         except FileNotFoundError:
-            return []
-        rels = []
-        for p in found:
+            return {}
+        sizes = {}
+        for p, info in found.items():
             if self.is_local and os.path.islink(p):
                 continue  # links (e.g. wandb's latest-run pointers) are not content and may dangle
             rel = p[len(base):].lstrip("/")
-            if rel and rel not in (MANIFEST_NAME, LOCK_NAME) and not rel.startswith(MANIFEST_NAME + "."):
-                rels.append(rel)
-        return sorted(rels)
+            if rel and not _is_bookkeeping(rel):
+                sizes[rel] = int(info.get("size") or 0)
+        return sizes
 
     def hash_file(self, uri: str, rel: str) -> FileEntry:
         h = hashlib.sha256()
@@ -188,9 +207,24 @@ class ArtifactStore:
                 size += len(chunk)
         return FileEntry(path=rel, bytes=size, sha256=h.hexdigest())
 
+    def check_files(self, manifest: Manifest) -> list[str]:
+        """The cheap check run before an artifact is reused: its data version is the content hash of
+        its listed files, and every listed file exists with its recorded size. One listing, no
+        reading; `verify` is the full check."""
+        problems = _data_version_problems(manifest)
+        sizes = self.file_sizes(manifest.uri)
+        for entry in manifest.files:
+            size = sizes.get(entry.path)
+            if size is None:
+                problems.append(f"{manifest.uri}/{entry.path}: missing")
+            elif size != entry.bytes:
+                problems.append(f"{manifest.uri}/{entry.path}: {size} bytes, recorded {entry.bytes}")
+        return problems
+
     def verify(self, manifest: Manifest) -> list[str]:
-        """Files whose bytes no longer match the manifest (changed, missing, or added)."""
-        problems = []
+        """Files whose bytes no longer match the manifest (changed, missing, or added), and a data
+        version that is not the content hash of the listed files."""
+        problems = _data_version_problems(manifest)
         present = set(self.list_files(manifest.uri))
         for entry in manifest.files:
             if entry.path not in present:

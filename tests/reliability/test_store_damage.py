@@ -1,0 +1,196 @@
+"""Damaged artifacts are never reused (issue 17, defects 2 and 5).
+
+A small curated source is built once by the CLI; each test damages a private copy of the store
+(a deleted file, a flipped byte, a forged data version) and runs the CLI on it in a fresh process,
+as a user's shell would. The Dagster-level tests drive `materialize_artifact` directly, the path
+that runs launched from the UI or a sensor take.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from marin_resources.artifacts import (ArtifactHandle, ArtifactHandleIOManager, Built, MarinStore, all_partitions_in,
+                                       marin_asset, materialize_artifact)
+from marin_resources.store import MANIFEST_NAME, ArtifactStore
+
+FORGED = "0" * 64
+LINES = ["The ferry left the harbour before dawn with a cargo of salt, rope and letters for the island.",
+         "An old keeper trimmed the lamp each evening and wrote the weather into a narrow ledger.",
+         "Children on the quay counted the gulls and argued about which boat would come home first."]
+
+
+def marin(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "marin_assets.cli", *argv], env=env, capture_output=True, text=True,
+                          check=False, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("damage-base")
+    (tmp / "text").mkdir()
+    for name in ("north", "south"):
+        (tmp / "text" / f"{name}.txt").write_text("\n\n".join(f"{name.title()}: {line}" for line in LINES * 3))
+    sources = tmp / "sources.yaml"
+    sources.write_text(f"sources:\n  - name: harbour\n    uri: {tmp / 'text'}/*.txt\n    format: text\n")
+    env = {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(tmp / "store"),
+           "DAGSTER_HOME": str(tmp / "home"), "MARIN_ENV": "local"}
+    proc = marin(env, "materialize", "documents/harbour")
+    assert proc.returncode == 0, proc.stderr
+    return tmp, env
+
+
+@pytest.fixture
+def copy(base, tmp_path):
+    """A private copy of the built store and instance; manifests record absolute URIs, so they are rewritten."""
+    src, env = base
+    for name in ("store", "home"):
+        shutil.copytree(src / name, tmp_path / name)
+    for manifest in (tmp_path / "store").rglob(MANIFEST_NAME):
+        manifest.write_text(manifest.read_text().replace(str(src / "store"), str(tmp_path / "store")))
+    return tmp_path / "store", {**env, "MARIN_PREFIX": str(tmp_path / "store"), "DAGSTER_HOME": str(tmp_path / "home")}
+
+
+def raw_south(store: Path) -> Path:
+    return store / "raw/harbour/v1/south.txt/files/south.txt"
+
+
+def flip_byte(path: Path) -> bytes:
+    original = path.read_bytes()
+    data = bytearray(original)
+    data[3] ^= 0x20  # "South" -> "SoUth": same size, other bytes
+    path.write_bytes(bytes(data))
+    return original
+
+
+def documents_text(store: Path) -> str:
+    return "\n".join(pl.read_parquet(store / "documents/harbour/v1/south.txt/documents.parquet")["text"].to_list())
+
+
+def test_deleted_file_is_reported_and_rebuilt(copy):
+    store, env = copy
+    original = raw_south(store).read_bytes()
+    raw_south(store).unlink()
+
+    status = marin(env, "status", "raw/harbour")
+    assert status.returncode == 0, status.stderr
+    assert f"damaged  raw/harbour[south.txt]" in status.stdout and f"{raw_south(store)}: missing" in status.stdout
+
+    proc = marin(env, "materialize", "documents/harbour", "--partition", "south.txt")
+    assert proc.returncode == 0, proc.stderr
+    assert f"raw/harbour: damaged: {raw_south(store)}: missing" in proc.stdout
+    assert "ok: 1 run(s)" in proc.stdout
+    assert raw_south(store).read_bytes() == original
+    artifacts = ArtifactStore(str(store))
+    assert artifacts.verify(artifacts.find("raw/harbour", "v1", "south.txt")) == []
+
+
+def test_flipped_byte_is_found_by_verify_and_never_carried_downstream(copy):
+    store, env = copy
+    original = flip_byte(raw_south(store))
+    # Same size: the cheap check cannot see it, the full one does.
+    assert "fresh    raw/harbour[south.txt]" in marin(env, "status", "raw/harbour").stdout
+    verified = marin(env, "status", "raw/harbour", "--verify")
+    assert f"damaged  raw/harbour[south.txt]" in verified.stdout and f"{raw_south(store)}: sha256" in verified.stdout
+
+    proc = marin(env, "materialize", "documents/harbour", "--partition", "south.txt", "--verify")
+    assert proc.returncode == 0, proc.stderr
+    assert f"raw/harbour: damaged: {raw_south(store)}: sha256" in proc.stdout
+    assert raw_south(store).read_bytes() == original  # rebuilt from the source
+
+    # --rebuild of the documents reads the raw copy again, so it re-hashes it first.
+    flip_byte(raw_south(store))
+    rebuilt = marin(env, "materialize", "documents/harbour", "--partition", "south.txt", "--rebuild")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert raw_south(store).read_bytes() == original
+    text = documents_text(store)
+    assert "South:" in text and "SoUth" not in text
+
+
+def test_forged_data_version_is_rebuilt_not_adopted(copy):
+    store, env = copy
+    manifest_path = store / "raw/harbour/v1/south.txt" / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text())
+    real = manifest["data_version"]
+    manifest["data_version"] = FORGED
+    manifest_path.write_text(json.dumps(manifest))
+
+    proc = marin(env, "materialize", "documents/harbour", "--partition", "south.txt", "--rebuild")
+    assert proc.returncode == 0, proc.stderr
+    assert "is not the content hash" in proc.stdout
+    artifacts = ArtifactStore(str(store))
+    assert artifacts.find("raw/harbour", "v1", "south.txt").data_version == real
+    docs = artifacts.find("documents/harbour", "v1", "south.txt")
+    assert docs.upstream_versions()[("raw/harbour", "south.txt")] == real
+
+
+# ---- the same guarantees on the Dagster path (UI launches, sensors), without the planner ----------
+
+SHARDS = dg.DynamicPartitionsDefinition(name="damage_shards")
+
+
+def make_defs(prefix):
+    @marin_asset(key="test/words", version="v1", partitions_def=SHARDS)
+    def words(context: dg.AssetExecutionContext, store: MarinStore):
+        def build(w):
+            with w.open("words.txt") as fh:
+                fh.write(f"hello {context.partition_key}".encode())
+            return Built()
+        return materialize_artifact(context, store, config={}, upstream=[], build=build)
+
+    @marin_asset(key="test/joined", version="v1", ins={"shards": all_partitions_in("test/words")})
+    def joined(context: dg.AssetExecutionContext, store: MarinStore, shards: dict[str, ArtifactHandle]):
+        def build(w):
+            text = " ".join(store.get().open(f"{h.uri}/words.txt").read().decode() for h in shards.values())
+            with w.open("joined.txt") as fh:
+                fh.write(text.encode())
+            return Built()
+        return materialize_artifact(context, store, config={}, upstream=list(shards.values()), build=build)
+
+    store = MarinStore(prefix=str(prefix))
+    return [words, joined], {"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store)}
+
+
+@pytest.fixture
+def words_built(tmp_path):
+    assets, resources = make_defs(tmp_path)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("damage_shards", ["a", "b"])
+        for part in ("a", "b"):
+            assert dg.materialize(assets, selection=["test/words"], partition_key=part, resources=resources,
+                                  instance=instance).success
+        yield assets, resources, instance
+
+
+def reused(result, key):
+    return result.asset_materializations_for_node(key.replace("/", "__"))[0].metadata["marin/reused"].value
+
+
+def test_damaged_target_is_rebuilt_by_materialize_artifact(tmp_path, words_built):
+    assets, resources, instance = words_built
+    (tmp_path / "test/words/v1/a/words.txt").unlink()
+    again = dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    assert again.success and reused(again, "test/words") is False
+    assert (tmp_path / "test/words/v1/a/words.txt").read_text() == "hello a"
+
+
+def test_forged_input_is_refused(tmp_path, words_built):
+    assets, resources, instance = words_built
+    manifest_path = tmp_path / "test/words/v1/b" / MANIFEST_NAME
+    manifest_path.write_text(manifest_path.read_text().replace(
+        json.loads(manifest_path.read_text())["data_version"], FORGED))
+    result = dg.materialize(assets, selection=["test/joined"], resources=resources, instance=instance,
+                            raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    message = failure.step_failure_data.error.message
+    assert "refusing damaged input test/words" in message and "is not the content hash" in message
+    assert "marin materialize test/words --partition b" in message
+    assert ArtifactStore(str(tmp_path)).find("test/joined", "v1", None) is None
