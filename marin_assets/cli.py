@@ -65,6 +65,7 @@ def planner():
 
 def cmd_materialize(args: argparse.Namespace) -> int:
     from marin_assets.planning import parse_key
+    from marin_resources.store import ArtifactLockedError
 
     plan, settings, _ = planner()
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
@@ -82,6 +83,9 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     except (KeyError, ValueError) as exc:
         print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
+    except ArtifactLockedError as exc:
+        print(f"marin: {exc}", file=sys.stderr)
+        return 1
     ok = all(s.success for s in steps)
     ran = sum(s.ran for s in steps)
     say(f"{'ok' if ok else 'FAILED'}: {ran} run(s), {len(steps) - ran} fresh step(s) skipped, "

@@ -3,6 +3,7 @@ upstream. Shared by the `marin` CLI and the sensors, so both see the same partit
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,7 +230,8 @@ class Planner:
     def retract(self, target: dg.AssetKey, partition: str | None, log: Log = print) -> str | None:
         """Withdraw the committed artifact of one asset partition (``marin materialize --rebuild``), e.g.
         one committed with incomplete metrics; returns where its manifest is kept, or None if none.
-        A training run resumes from the checkpoints in its directory; nothing is deleted."""
+        A training run resumes from the checkpoints in its directory; nothing is deleted. A
+        partition another writer holds raises ArtifactLockedError and stays as it is."""
         self.require_asset(target)
         name, version = key_str(target), self.version_of(target)
         if version is None:
@@ -241,7 +243,7 @@ class Planner:
         if manifest is None:
             log(f"  retract {label}: nothing committed at {version}")
             return None
-        kept = self.store.retract(manifest)
+        kept = self.store.retract(manifest, run_id=f"rebuild-{uuid.uuid4().hex[:8]}")
         log(f"  retract {label}  (manifest kept as {kept})")
         return kept
 
