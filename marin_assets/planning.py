@@ -227,6 +227,18 @@ class Planner:
             known = ", ".join(sorted(key_str(k) for k in self.artifact_keys()))
             raise KeyError(f"unknown asset {key_str(target)!r}; known: {known}")
 
+    def require_partition(self, target: dg.AssetKey, partition: str | None) -> None:
+        """Refuse a partition the asset does not have (ValueError naming the known ones), before any
+        path is built from it."""
+        if partition is None:
+            return
+        pdef = self.graph.get(target).partitions_def
+        if pdef is None:
+            raise ValueError(f"{key_str(target)} is not partitioned; drop --partition")
+        if partition not in self.partitions_of(target):
+            known = ", ".join(str(p) for p in self.partitions_of(target)) or "none"
+            raise ValueError(f"{key_str(target)} has no partition {partition!r}; known: {known}")
+
     def retract(self, target: dg.AssetKey, partition: str | None, log: Log = print) -> str | None:
         """Withdraw the committed artifact of one asset partition (``marin materialize --rebuild``), e.g.
         one committed with incomplete metrics; returns where its manifest is kept, or None if none.
@@ -238,6 +250,7 @@ class Planner:
             raise ValueError(f"{name} is not a stored artifact; nothing to rebuild")
         if self.graph.get(target).partitions_def is not None and partition is None:
             raise ValueError(f"{name} is partitioned: --rebuild needs --partition (it withdraws one partition)")
+        self.require_partition(target, partition)
         manifest = self.store.find(name, version, partition)
         label = name + (f" [{partition}]" if partition else "")
         if manifest is None:
@@ -258,12 +271,7 @@ class Planner:
 
         self.reap_orphaned_runs(log)
 
-        if partition is not None:
-            pdef = self.graph.get(target).partitions_def
-            if isinstance(pdef, dg.DynamicPartitionsDefinition) and not self.instance.has_dynamic_partition(
-                    pdef.name, partition):
-                known = ", ".join(self.partitions_of(target)) or "none"
-                raise ValueError(f"{key_str(target)} has no partition {partition!r}; known: {known}")
+        self.require_partition(target, partition)
         results = []
         for keys, parts in self.plan(target, partition):
             if not parts:

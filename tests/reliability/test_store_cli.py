@@ -1,4 +1,6 @@
-"""Damaged artifacts are never reused (issue 17, defects 2 and 5).
+"""The store through the CLI (issue 17): damaged artifacts are never reused (defects 2 and 5),
+`--rebuild` takes the lease before it withdraws anything, and `lineage` refuses a path as a
+partition cleanly.
 
 A small curated source is built once by the CLI; each test damages a private copy of the store
 (a deleted file, a flipped byte, a forged data version) and runs the CLI on it in a fresh process,
@@ -9,8 +11,10 @@ that runs launched from the UI or a sensor take.
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -129,6 +133,35 @@ def test_forged_data_version_is_rebuilt_not_adopted(copy):
     assert artifacts.find("raw/harbour", "v1", "south.txt").data_version == real
     docs = artifacts.find("documents/harbour", "v1", "south.txt")
     assert docs.upstream_versions()[("raw/harbour", "south.txt")] == real
+
+
+def test_rebuild_of_a_partition_another_writer_holds_withdraws_nothing(copy):
+    store, env = copy
+    partition_dir = store / "documents/harbour/v1/south.txt"
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (partition_dir / ".lock").write_text(json.dumps({
+            "run_id": "other-run", "host": socket.gethostname(), "pid": writer.pid, "created": time.time(),
+            "renewed": time.time(), "token": "t"}))
+        proc = marin(env, "materialize", "documents/harbour", "--partition", "south.txt", "--rebuild")
+    finally:
+        writer.kill()
+        writer.wait()
+    assert proc.returncode == 1
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("marin: ") and "being written by run other-run" in errors[0], \
+        proc.stderr
+    assert (partition_dir / MANIFEST_NAME).is_file()
+    assert not list(partition_dir.glob(f"{MANIFEST_NAME}.retracted-*"))
+
+
+def test_lineage_refuses_a_path_as_partition_in_one_line(copy):
+    _, env = copy
+    proc = marin(env, "lineage", "raw/harbour", "--partition", "../../etc")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "marin: raw/harbour has no partition '../../etc': invalid partition key '../../etc': contains a path "
+        "separator, contains '..'"]
 
 
 # ---- the same guarantees on the Dagster path (UI launches, sensors), without the planner ----------
