@@ -151,22 +151,27 @@ class LocalLeaseObjects(LeaseObjects):
         return True
 
 
-class S3LeaseObjects(LeaseObjects):
-    """S3 through the store's own s3fs client (its endpoint and credentials): `If-None-Match: *`
-    to create, `If-Match: <ETag>` to renew and delete."""
+class _ObjectStoreLeaseObjects(LeaseObjects):
+    """Requests through the store's own filesystem client, so endpoint and credentials are the store's."""
 
     def __init__(self, fs: Any):
         self.fs = fs
 
-    def _conditional(self, path: str, call: Callable[[], Any]) -> Any | None:
+    def _conditional(self, path: str, call: Callable[[], Any], *, absent_ok: bool = False) -> Any | None:
+        """`call()`'s answer, or None when the store refused its precondition (or, with
+        `absent_ok`, found no object)."""
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - classified below
-            if _precondition_failed(exc):
+            if _precondition_failed(exc) or (absent_ok and _not_found(exc)):
                 return None
             raise
         finally:
             self.fs.invalidate_cache(path)
+
+
+class S3LeaseObjects(_ObjectStoreLeaseObjects):
+    """S3: `If-None-Match: *` to create, `If-Match: <ETag>` to renew and delete."""
 
     def read(self, path: str) -> tuple[bytes, str] | None:
         bucket, key, _ = self.fs.split_path(path)
@@ -204,13 +209,10 @@ class S3LeaseObjects(LeaseObjects):
                                                           IfMatch=tag)) is not None
 
 
-class GCSLeaseObjects(LeaseObjects):
-    """GCS through the store's own gcsfs client: `ifGenerationMatch=0` to create, the generation
-    to renew and delete. The Python GCS emulator ignores these preconditions, so there only the
-    read-and-compare step protects; see docs/identity.md."""
-
-    def __init__(self, fs: Any):
-        self.fs = fs
+class GCSLeaseObjects(_ObjectStoreLeaseObjects):
+    """GCS: `ifGenerationMatch=0` to create, the generation to renew and delete. The Python GCS
+    emulator ignores these preconditions, so there only the read-and-compare step protects; see
+    docs/identity.md."""
 
     def read(self, path: str) -> tuple[bytes, str] | None:
         for _ in range(5):
@@ -230,17 +232,11 @@ class GCSLeaseObjects(LeaseObjects):
         from urllib.parse import quote
 
         bucket, key, _ = self.fs.split_path(path)
-        try:
-            out = self.fs.call("POST", f"{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
-                               uploadType="media", name=key, ifGenerationMatch=generation, data=data,
-                               headers={"Content-Type": "application/octet-stream"}, json_out=True)
-        except Exception as exc:  # noqa: BLE001 - classified below
-            if _precondition_failed(exc):
-                return None
-            raise
-        finally:
-            self.fs.invalidate_cache(path)
-        return str(out["generation"])
+        out = self._conditional(path, lambda: self.fs.call(
+            "POST", f"{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o", uploadType="media", name=key,
+            ifGenerationMatch=generation, data=data, headers={"Content-Type": "application/octet-stream"},
+            json_out=True))
+        return None if out is None else str(out["generation"])
 
     def create(self, path: str, data: bytes) -> str | None:
         if self.read(path) is not None:  # what the emulator needs; real GCS refuses by precondition
@@ -252,15 +248,8 @@ class GCSLeaseObjects(LeaseObjects):
 
     def _delete(self, path: str, tag: str) -> bool:
         bucket, key, _ = self.fs.split_path(path)
-        try:
-            self.fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=tag)
-        except Exception as exc:  # noqa: BLE001 - classified below
-            if _precondition_failed(exc) or _not_found(exc):
-                return False
-            raise
-        finally:
-            self.fs.invalidate_cache(path)
-        return True
+        return self._conditional(path, lambda: self.fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=tag),
+                                 absent_ok=True) is not None
 
 
 def lease_objects_for(fs: Any) -> LeaseObjects:

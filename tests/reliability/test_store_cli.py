@@ -21,9 +21,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from marin_resources.artifacts import (ArtifactHandle, ArtifactHandleIOManager, Built, MarinStore, all_partitions_in,
-                                       marin_asset, materialize_artifact)
 from marin_resources.store import MANIFEST_NAME, ArtifactStore
+from tests.foundation.test_dagster_artifacts import make_defs
 
 FORGED = "0" * 64
 LINES = ["The ferry left the harbour before dawn with a cargo of salt, rope and letters for the island.",
@@ -166,36 +165,11 @@ def test_lineage_refuses_a_path_as_partition_in_one_line(copy):
 
 # ---- the same guarantees on the Dagster path (UI launches, sensors), without the planner ----------
 
-SHARDS = dg.DynamicPartitionsDefinition(name="damage_shards")
-
-
-def make_defs(prefix):
-    @marin_asset(key="test/words", version="v1", partitions_def=SHARDS)
-    def words(context: dg.AssetExecutionContext, store: MarinStore):
-        def build(w):
-            with w.open("words.txt") as fh:
-                fh.write(f"hello {context.partition_key}".encode())
-            return Built()
-        return materialize_artifact(context, store, config={}, upstream=[], build=build)
-
-    @marin_asset(key="test/joined", version="v1", ins={"shards": all_partitions_in("test/words")})
-    def joined(context: dg.AssetExecutionContext, store: MarinStore, shards: dict[str, ArtifactHandle]):
-        def build(w):
-            text = " ".join(store.get().open(f"{h.uri}/words.txt").read().decode() for h in shards.values())
-            with w.open("joined.txt") as fh:
-                fh.write(text.encode())
-            return Built()
-        return materialize_artifact(context, store, config={}, upstream=list(shards.values()), build=build)
-
-    store = MarinStore(prefix=str(prefix))
-    return [words, joined], {"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store)}
-
-
 @pytest.fixture
 def words_built(tmp_path):
     assets, resources = make_defs(tmp_path)
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("damage_shards", ["a", "b"])
+        instance.add_dynamic_partitions("test_shards", ["a", "b"])
         for part in ("a", "b"):
             assert dg.materialize(assets, selection=["test/words"], partition_key=part, resources=resources,
                                   instance=instance).success
