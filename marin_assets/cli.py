@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-hash every committed artifact in the plan and every input a build reads, instead of "
                         "the cheap check (listed files present with their recorded sizes); damaged ones are rebuilt")
     m.set_defaults(fn=cmd_materialize)
-    s = sub.add_parser("status", help="list each asset partition as fresh, stale or missing, with the cause")
+    s = sub.add_parser("status", help="list each asset partition as fresh, stale, missing or damaged, with the cause")
     s.add_argument("keys", nargs="*")
     s.add_argument("--json", action="store_true")
     s.add_argument("--verify", action="store_true", help="re-hash every file instead of checking sizes")
