@@ -157,3 +157,25 @@ def test_eight_racers_one_commits(where, tmp_path, request):
     assert store.verify(manifest) == []
     assert [p for n in build_lineage(store, manifest, verify=True).unique() for p in n.problems] == []
     assert read_lease(store, manifest.uri) is None
+
+
+def test_gcs_lease_writes_carry_generation_preconditions(gcs_prefix, monkeypatch):
+    """The GCS emulator ignores preconditions, so check that each lease write sends the right one:
+    0 to create, then the generation this writer last saw to renew and to delete."""
+    store = ArtifactStore(*gcs_prefix)
+    sent = []
+    real_call = store.fs.call
+
+    def recording_call(method, path, *args, **kwargs):
+        out = real_call(method, path, *args, **kwargs)
+        if "ifGenerationMatch" in kwargs:
+            sent.append((method, kwargs["ifGenerationMatch"], str(out["generation"]) if method == "POST" else None))
+        return out
+
+    monkeypatch.setattr(store.fs, "call", recording_call)
+    with writing(store, "raw/x", "v1", "p", run_id="me") as w:
+        commit(w)
+    (create, renew, delete) = sent
+    assert create[:2] == ("POST", "0")
+    assert renew[:2] == ("POST", create[2])  # the commit's renewal names the created generation
+    assert delete[:2] == ("DELETE", renew[2])  # the release names the renewed one
