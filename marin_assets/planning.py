@@ -242,8 +242,9 @@ class Planner:
     def retract(self, target: dg.AssetKey, partition: str | None, log: Log = print) -> str | None:
         """Withdraw the committed artifact of one asset partition (``marin materialize --rebuild``), e.g.
         one committed with incomplete metrics; returns where its manifest is kept, or None if none.
-        A training run resumes from the checkpoints in its directory; nothing is deleted. A
-        partition another writer holds raises ArtifactLockedError and stays as it is."""
+        A training run resumes from the checkpoints in its directory and nothing is deleted, unless
+        the artifact fails verification: then its files are cleared. A partition another writer
+        holds raises ArtifactLockedError and stays as it is."""
         self.require_asset(target)
         name, version = key_str(target), self.version_of(target)
         if version is None:
@@ -256,8 +257,12 @@ class Planner:
         if manifest is None:
             log(f"  retract {label}: nothing committed at {version}")
             return None
-        kept = self.store.retract(manifest, run_id=f"rebuild-{uuid.uuid4().hex[:8]}")
+        # A damaged artifact's files cannot be resumed from: clear them so it is built from scratch.
+        damage = self.store.verify(manifest)
+        kept = self.store.retract(manifest, run_id=f"rebuild-{uuid.uuid4().hex[:8]}", clear=bool(damage))
         log(f"  retract {label}  (manifest kept as {kept})")
+        if damage:
+            log(f"  retract {label}: {damage_summary(damage)}; its files are cleared, it is built from scratch")
         return kept
 
     def materialize(self, target: dg.AssetKey, partition: str | None, *, log: Log = print,

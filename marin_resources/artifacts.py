@@ -128,6 +128,9 @@ def materialize_artifact(
         log(f"building {key}[{partition}]: {decision.reason}")
         refuse_damaged_inputs(artifacts, upstream, check)
         started = time.monotonic()
+        # Files of a damaged artifact cannot be trusted to resume from (an incremental builder would
+        # see its own ledger and skip the missing part): it is built from scratch.
+        resume = resume and decision.state != "damaged"
         with writing(artifacts, key, version, partition, run_id=context.run.run_id, resume=resume) as writer:
             built = build(writer) or Built()
             manifest = writer.commit(fingerprint=fp, config=config, upstream=refs,

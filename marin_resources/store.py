@@ -261,17 +261,22 @@ class ArtifactStore:
                        where=f"{self.prefix}{path[len(self.root):]}", heartbeat_s=self.lease_heartbeat_s,
                        timeout_s=self.lease_timeout_s)
 
-    def retract(self, manifest: Manifest, *, run_id: str) -> str:
+    def retract(self, manifest: Manifest, *, run_id: str, clear: bool = False) -> str:
         """Withdraw a committed artifact so that it is built again. Its manifest is kept beside the
         files as ``.artifact.json.retracted-<UTC time>``, the record of what was withdrawn (file
-        listings skip it); returns that URI. The lease is taken first: while another writer holds
-        it, this raises ArtifactLockedError and nothing is withdrawn."""
+        listings skip it); returns that URI. With `clear` its files are removed too, so that a
+        builder that resumes (a token cache, training) starts from scratch. The lease is taken
+        first: while another writer holds it, this raises ArtifactLockedError and nothing is
+        withdrawn."""
         stamp = utc_now().replace(":", "").replace("-", "")
         directory = self._path(manifest.uri)
         path = f"{directory}/{MANIFEST_NAME}"
         lease = self._lease(directory, run_id)
         try:
             with_retries(lambda: self.fs.mv(path, f"{path}.retracted-{stamp}"))
+            if clear:
+                for rel in self.list_files(manifest.uri):
+                    self.fs.rm_file(f"{directory}/{rel}")
         finally:
             lease.release()
         return f"{manifest.uri}/{MANIFEST_NAME}.retracted-{stamp}"

@@ -21,6 +21,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
 from marin_resources.store import MANIFEST_NAME, ArtifactStore
 from tests.foundation.test_dagster_artifacts import make_defs
 
@@ -201,3 +202,49 @@ def test_forged_input_is_refused(tmp_path, words_built):
     assert "refusing damaged input test/words" in message and "is not the content hash" in message
     assert "marin materialize test/words --partition b" in message
     assert ArtifactStore(str(tmp_path)).find("test/joined", "v1", None) is None
+
+
+def incremental_defs(prefix):
+    """Like the token cache: a builder that resumes and skips what its own ledger says is done."""
+    @marin_asset(key="test/incremental", version="v1")
+    def incremental(context: dg.AssetExecutionContext, store: MarinStore):
+        def build(w):
+            if not store.get().fs.exists(store.get()._path(w.path("ledger.json"))):
+                with w.open("data/chunk-0") as fh:
+                    fh.write(b"rows")
+                w.write_json("ledger.json", {"done": ["chunk-0"]})
+            return Built()
+        return materialize_artifact(context, store, config={}, upstream=[], build=build, resume=True)
+
+    store = MarinStore(prefix=str(prefix))
+    return incremental, {"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store)}
+
+
+def test_damaged_artifact_of_a_resuming_builder_is_built_from_scratch(tmp_path):
+    incremental, resources = incremental_defs(tmp_path)
+    with dg.instance_for_test() as instance:
+        assert dg.materialize([incremental], resources=resources, instance=instance).success
+        (tmp_path / "test/incremental/v1/data/chunk-0").unlink()
+        again = dg.materialize([incremental], resources=resources, instance=instance)
+    assert again.success and reused(again, "test/incremental") is False
+    assert (tmp_path / "test/incremental/v1/data/chunk-0").read_bytes() == b"rows"
+    artifacts = ArtifactStore(str(tmp_path))
+    assert artifacts.verify(artifacts.find("test/incremental", "v1", None)) == []
+
+
+def test_rebuild_of_a_damaged_resuming_artifact_starts_from_scratch(tmp_path):
+    from marin_assets.catalog import Catalog
+    from marin_assets.planning import Planner
+
+    incremental, resources = incremental_defs(tmp_path)
+    defs = dg.Definitions(assets=[incremental], resources=resources)
+    with dg.instance_for_test() as instance:
+        planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
+        assert all(s.success for s in planner.materialize(dg.AssetKey(["test", "incremental"]), None, log=lambda m: None))
+        (tmp_path / "test/incremental/v1/data/chunk-0").unlink()
+        said = []
+        planner.retract(dg.AssetKey(["test", "incremental"]), None, log=said.append)
+        assert any("missing; its files are cleared, it is built from scratch" in line for line in said), said
+        assert all(s.success for s in planner.materialize(dg.AssetKey(["test", "incremental"]), None,
+                                                          log=said.append, verify=True))
+    assert (tmp_path / "test/incremental/v1/data/chunk-0").read_bytes() == b"rows"
