@@ -1,8 +1,8 @@
 """`marin`: drive the asset graph from a terminal.
 
     marin demo                       materialize the tutorial graph on the embedded default
-    marin materialize KEY [--partition P] [--json] [--force]
-    marin status [KEY ...] [--json]
+    marin materialize KEY [--partition P] [--json] [--force] [--verify] [--rebuild]
+    marin status [KEY ...] [--json] [--verify]
     marin lineage KEY [--partition P] [--verify] [--json] [--bom]
     marin failures [--json]
 """
@@ -65,6 +65,7 @@ def planner():
 
 def cmd_materialize(args: argparse.Namespace) -> int:
     from marin_assets.planning import parse_key
+    from marin_resources.store import ArtifactLockedError
 
     plan, settings, _ = planner()
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
@@ -77,10 +78,15 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     try:
         if args.rebuild:
             plan.retract(parse_key(args.selection), args.partition, log=say)
-        steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force)
+        # A rebuild reads its inputs again, so it re-hashes them: tampered bytes are never carried downstream.
+        steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force,
+                                 verify=args.verify or args.rebuild)
     except (KeyError, ValueError) as exc:
         print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
+    except ArtifactLockedError as exc:
+        print(f"marin: {exc}", file=sys.stderr)
+        return 1
     ok = all(s.success for s in steps)
     ran = sum(s.ran for s in steps)
     say(f"{'ok' if ok else 'FAILED'}: {ran} run(s), {len(steps) - ran} fresh step(s) skipped, "
@@ -105,7 +111,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     plan.discover()
     report_refused(plan)
     keys = [parse_key(k) for k in args.keys] if args.keys else None
-    states = plan.status(keys)
+    states = plan.status(keys, verify=args.verify)
     if args.json:
         print(json.dumps([s.to_dict() for s in states], indent=2))
         return 0
@@ -113,13 +119,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in states:
         part = f"[{s.partition}]" if s.partition else ""
         print(f"{s.state:8} {s.asset_key + part:<{width + 24}} {s.cause}")
-    counts = {st: sum(s.state == st for s in states) for st in ("fresh", "stale", "missing")}
-    print(f"{counts['fresh']} fresh, {counts['stale']} stale, {counts['missing']} missing  (prefix {settings.prefix})")
+    counts = {st: sum(s.state == st for s in states) for st in ("fresh", "stale", "missing", "damaged")}
+    print(f"{counts['fresh']} fresh, {counts['stale']} stale, {counts['missing']} missing, {counts['damaged']} damaged  "
+          f"(prefix {settings.prefix})")
     return 0
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     from marin_assets.planning import parse_key
+    from marin_resources.identity import InvalidPartitionKeyError
     from marin_resources.lineage import bill_of_materials, build_lineage, render_tree
 
     plan, _, _ = planner()
@@ -127,7 +135,11 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     if key not in plan.graph.get_all_asset_keys():
         print(f"marin: unknown asset {args.key!r}", file=sys.stderr)
         return 2
-    manifest = plan.store.find(args.key, plan.version_of(key), args.partition)
+    try:
+        manifest = plan.store.find(args.key, plan.version_of(key), args.partition)
+    except InvalidPartitionKeyError as exc:  # e.g. '../../etc': no path is built from it
+        print(f"marin: {args.key} has no partition {args.partition!r}: {exc}", file=sys.stderr)
+        return 2
     if manifest is None:
         where = f"[{args.partition}]" if args.partition else ""
         hint = " (partitioned: pass --partition)" if plan.graph.get(key).partitions_def and not args.partition else ""
@@ -204,11 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--force", action="store_true", help="run steps even when everything is fresh")
     m.add_argument("--rebuild", action="store_true",
                    help="withdraw the selected partition's committed artifact first (its manifest is kept "
-                        "as .artifact.json.retracted-<time>), so it is built again")
+                        "as .artifact.json.retracted-<time>), so it is built again; implies --verify")
+    m.add_argument("--verify", action="store_true",
+                   help="re-hash every committed artifact in the plan and every input a build reads, instead of "
+                        "the cheap check (listed files present with their recorded sizes); damaged ones are rebuilt")
     m.set_defaults(fn=cmd_materialize)
-    s = sub.add_parser("status", help="list each asset partition as fresh, stale or missing, with the cause")
+    s = sub.add_parser("status", help="list each asset partition as fresh, stale, missing or damaged, with the cause")
     s.add_argument("keys", nargs="*")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--verify", action="store_true", help="re-hash every file instead of checking sizes")
     s.set_defaults(fn=cmd_status)
     lin = sub.add_parser("lineage", help="walk manifests upstream to the raw bytes")
     lin.add_argument("key")

@@ -3,6 +3,7 @@ upstream. Shared by the `marin` CLI and the sensors, so both see the same partit
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,9 +11,10 @@ from typing import Any
 import dagster as dg
 
 from marin_assets.catalog import Catalog
-from marin_resources.artifacts import VERSION_METADATA_KEY
+from marin_resources.artifacts import VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.artifacts import asset_key_str as key_str
 from marin_resources.failures import describe_check
+from marin_resources.freshness import damage_summary
 from marin_resources.identity import InvalidPartitionKeyError, changed_fields, fingerprint, validate_partition_key
 from marin_resources.store import ArtifactStore
 
@@ -24,7 +26,7 @@ CLI_TAG, HOST_TAG, PID_TAG = "marin/cli", "marin/host", "marin/pid"
 class PartitionState:
     asset_key: str
     partition: str | None
-    state: str  # fresh | stale | missing
+    state: str  # fresh | stale | missing | damaged
     cause: str
     uri: str | None = None
 
@@ -111,7 +113,9 @@ class Planner:
             return {partition}
         return existing
 
-    def state(self, key: dg.AssetKey, partition: str | None) -> PartitionState:
+    def state(self, key: dg.AssetKey, partition: str | None, *, verify: bool = False) -> PartitionState:
+        """Freshness of one partition. Its files get the cheap check (listed files present with their
+        recorded sizes), or with `verify` a full re-hash; a damaged artifact is never fresh."""
         name, version = key_str(key), self.version_of(key)
         manifest = self.store.find(name, version, partition)
         if manifest is None:
@@ -119,6 +123,9 @@ class Planner:
                      if v != version and self.store.find(name, v, partition) is not None]
             cause = f"code version changed: {older[-1]} -> {version}" if older else "never materialized"
             return PartitionState(name, partition, "missing", cause)
+        damage = self.store.verify(manifest) if verify else self.store.check_files(manifest)
+        if damage:
+            return PartitionState(name, partition, "damaged", damage_summary(damage), manifest.uri)
         recorded = manifest.upstream_versions()
         for parent in sorted(self.graph.get(key).parent_keys):
             if self.version_of(parent) is None:
@@ -158,8 +165,8 @@ class Planner:
                                       manifest.uri)
         return PartitionState(name, partition, "fresh", "up to date", manifest.uri)
 
-    def status(self, keys: Iterable[dg.AssetKey] | None = None) -> list[PartitionState]:
-        return [self.state(k, p) for k in (keys or self.artifact_keys()) for p in self.partitions_of(k)]
+    def status(self, keys: Iterable[dg.AssetKey] | None = None, *, verify: bool = False) -> list[PartitionState]:
+        return [self.state(k, p, verify=verify) for k in (keys or self.artifact_keys()) for p in self.partitions_of(k)]
 
     # ---- execution -------------------------------------------------------------------------
     def plan(self, target: dg.AssetKey, partition: str | None) -> list[tuple[list[dg.AssetKey], list[str | None]]]:
@@ -245,46 +252,63 @@ class Planner:
             known = ", ".join(sorted(key_str(k) for k in self.artifact_keys()))
             raise KeyError(f"unknown asset {key_str(target)!r}; known: {known}")
 
+    def require_partition(self, target: dg.AssetKey, partition: str | None) -> None:
+        """Refuse a partition the asset does not have (ValueError naming the known ones), before any
+        path is built from it."""
+        if partition is None:
+            return
+        pdef = self.graph.get(target).partitions_def
+        if pdef is None:
+            raise ValueError(f"{key_str(target)} is not partitioned; drop --partition")
+        if partition not in self.partitions_of(target):
+            known = ", ".join(str(p) for p in self.partitions_of(target)) or "none"
+            raise ValueError(f"{key_str(target)} has no partition {partition!r}; known: {known}")
+
     def retract(self, target: dg.AssetKey, partition: str | None, log: Log = print) -> str | None:
         """Withdraw the committed artifact of one asset partition (``marin materialize --rebuild``), e.g.
         one committed with incomplete metrics; returns where its manifest is kept, or None if none.
-        A training run resumes from the checkpoints in its directory; nothing is deleted."""
+        A training run resumes from the checkpoints in its directory and nothing is deleted, unless
+        the artifact fails verification: then its files are cleared. A partition another writer
+        holds raises ArtifactLockedError and stays as it is."""
         self.require_asset(target)
         name, version = key_str(target), self.version_of(target)
         if version is None:
             raise ValueError(f"{name} is not a stored artifact; nothing to rebuild")
         if self.graph.get(target).partitions_def is not None and partition is None:
             raise ValueError(f"{name} is partitioned: --rebuild needs --partition (it withdraws one partition)")
+        self.require_partition(target, partition)
         manifest = self.store.find(name, version, partition)
         label = name + (f" [{partition}]" if partition else "")
         if manifest is None:
             log(f"  retract {label}: nothing committed at {version}")
             return None
-        kept = self.store.retract(manifest)
+        # A damaged artifact's files cannot be resumed from: clear them so it is built from scratch.
+        damage = self.store.verify(manifest)
+        kept = self.store.retract(manifest, run_id=f"rebuild-{uuid.uuid4().hex[:8]}", clear=bool(damage))
         log(f"  retract {label}  (manifest kept as {kept})")
+        if damage:
+            log(f"  retract {label}: {damage_summary(damage)}; its files are cleared, it is built from scratch")
         return kept
 
     def materialize(self, target: dg.AssetKey, partition: str | None, *, log: Log = print,
-                    run_config: dict | None = None, force: bool = False) -> list[StepResult]:
+                    run_config: dict | None = None, force: bool = False, verify: bool = False) -> list[StepResult]:
+        """Run the stale, missing or damaged steps of the target's plan. With `verify`, every
+        committed artifact in the plan is re-hashed before it counts as fresh, and every build
+        re-hashes the inputs it reads."""
         import os
         import socket
         import time
 
         self.reap_orphaned_runs(log)
 
-        if partition is not None:
-            pdef = self.graph.get(target).partitions_def
-            if isinstance(pdef, dg.DynamicPartitionsDefinition) and not self.instance.has_dynamic_partition(
-                    pdef.name, partition):
-                known = ", ".join(self.partitions_of(target)) or "none"
-                raise ValueError(f"{key_str(target)} has no partition {partition!r}; known: {known}")
+        self.require_partition(target, partition)
         results = []
         for keys, parts in self.plan(target, partition):
             if not parts:
                 log(f"  {', '.join(key_str(k) for k in keys)}: no partitions discovered, nothing to do")
             for part in parts:
                 label = f"{', '.join(key_str(k) for k in keys)}" + (f" [{part}]" if part else "")
-                states = [self.state(k, part) for k in keys if self.version_of(k) is not None]
+                states = [self.state(k, part, verify=verify) for k in keys if self.version_of(k) is not None]
                 if not force and states and all(s.state == "fresh" for s in states):
                     step = StepResult([key_str(k) for k in keys], part, False, True,
                                       manifests=[f"{s.uri}/.artifact.json" for s in states])
@@ -306,7 +330,8 @@ class Planner:
                     selection=dg.AssetSelection.assets(*keys),
                     partition_key=part, instance=self.instance, resources=self.defs.resources,
                     run_config=run_config or quiet_run_config(), raise_on_error=False,
-                    tags={CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())})
+                    tags={CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()),
+                          **({VERIFY_TAG: "true"} if verify else {})})
                 failed = failed_error_checks(result.get_asset_check_evaluations())
                 step = StepResult([key_str(k) for k in keys], part, True, result.success and not failed,
                                   result.run_id, round(time.monotonic() - started, 2))

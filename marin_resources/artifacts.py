@@ -17,13 +17,15 @@ from typing import Any
 
 import dagster as dg
 
-from marin_resources.freshness import decide
+from marin_resources.freshness import damage_summary, decide
 from marin_resources.identity import fingerprint as compute_fingerprint
 from marin_resources.secrets import scrub
 from marin_resources.store import ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info, writing
 
 VERSION_METADATA_KEY = "marin/version"
 ALL_PARTITIONS_METADATA_KEY = "marin/all_partitions"
+# Run tag: re-hash every file of the artifact and of its inputs instead of the cheap size check.
+VERIFY_TAG = "marin/verify"
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,11 @@ def materialize_artifact(
     version = store_version(context)
     fp = compute_fingerprint(config)
     refs = [h.ref() for h in upstream]
+    full = context.run.tags.get(VERIFY_TAG) == "true"
+    check = artifacts.verify if full else artifacts.check_files
     existing = artifacts.find(key, version, partition)
-    decision = decide(existing, fingerprint=fp, config=config, upstream=refs, strict=store.strict_fingerprints)
+    decision = decide(existing, fingerprint=fp, config=config, upstream=refs, strict=store.strict_fingerprints,
+                      damage=check(existing) if existing is not None else None)
 
     extra: dict[str, Any] = {}
     if decision.action == "reuse":
@@ -119,8 +124,13 @@ def materialize_artifact(
         else:
             context.log.info(f"{key}[{partition}] is fresh: {decision.reason}")
     else:
-        context.log.info(f"building {key}[{partition}]: {decision.reason}")
+        log = context.log.warning if decision.state == "damaged" else context.log.info
+        log(f"building {key}[{partition}]: {decision.reason}")
+        refuse_damaged_inputs(artifacts, upstream, check)
         started = time.monotonic()
+        # Files of a damaged artifact cannot be trusted to resume from (an incremental builder would
+        # see its own ledger and skip the missing part): it is built from scratch.
+        resume = resume and decision.state != "damaged"
         with writing(artifacts, key, version, partition, run_id=context.run.run_id, resume=resume) as writer:
             built = build(writer) or Built()
             manifest = writer.commit(fingerprint=fp, config=config, upstream=refs,
@@ -143,6 +153,27 @@ def materialize_artifact(
         **extra,
     }
     return dg.Output(handle, metadata=scrub(metadata), data_version=dg.DataVersion(manifest.data_version))
+
+
+def refuse_damaged_inputs(artifacts: ArtifactStore, upstream: Sequence[ArtifactHandle],
+                          check: Callable[[Manifest], list[str]]) -> None:
+    """Fail before reading any input whose stored files or data version do not match its manifest.
+    Inputs outside the store (a source's listing) are checked by their own asset."""
+    for handle in upstream:
+        if not handle.uri.startswith(artifacts.prefix + "/"):
+            continue
+        label = handle.asset_key + (f" --partition {handle.partition}" if handle.partition else "")
+        manifest = artifacts.read_manifest(handle.uri)
+        if manifest is None:
+            raise dg.Failure(f"input {handle.uri} was withdrawn while this run waited; "
+                             f"materialize it again: marin materialize {label}")
+        problems = check(manifest)
+        if manifest.data_version != handle.data_version:
+            problems.append(f"{handle.uri}: data_version {manifest.data_version[:12]} != "
+                            f"{handle.data_version[:12]} handed to this run")
+        if problems:
+            raise dg.Failure(f"refusing damaged input {handle.asset_key}: {damage_summary(problems)}; "
+                             f"rebuild it: marin materialize {label}")
 
 
 def _metadata_value(value: Any) -> Any:

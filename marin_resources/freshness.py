@@ -16,14 +16,15 @@ class FingerprintDriftError(RuntimeError):
 @dataclass(frozen=True)
 class Decision:
     action: Literal["build", "reuse"]
-    state: Literal["missing", "fresh", "stale", "drift"]
+    state: Literal["missing", "fresh", "stale", "drift", "damaged"]
     reason: str
     drift_fields: list[str] = field(default_factory=list)
 
 
 def decide(existing: Manifest | None, *, fingerprint: str, config: Any, upstream: list[UpstreamRef],
-           strict: bool = False) -> Decision:
-    """Reuse when artifact, code version, fingerprint and upstream data versions all match.
+           strict: bool = False, damage: list[str] | None = None) -> Decision:
+    """Reuse when artifact, code version, fingerprint and upstream data versions all match, and the
+    stored files passed their check (`damage` lists what the store's check found wrong).
 
     Code version is part of the location, so `existing` is already the manifest for the
     current code version. Same code version with another fingerprint is drift: Marin's
@@ -31,6 +32,8 @@ def decide(existing: Manifest | None, *, fingerprint: str, config: Any, upstream
     """
     if existing is None:
         return Decision("build", "missing", "no committed artifact at this code version")
+    if damage:
+        return Decision("build", "damaged", damage_summary(damage))
     wanted = {(u.asset_key, u.partition): u.data_version for u in upstream}
     have = existing.upstream_versions()
     if wanted != have:
@@ -44,3 +47,8 @@ def decide(existing: Manifest | None, *, fingerprint: str, config: Any, upstream
             raise FingerprintDriftError(message + " (strict fingerprints: bump the code version or revert)")
         return Decision("reuse", "drift", message, fields)
     return Decision("reuse", "fresh", "artifact, code version, fingerprint and upstream data versions match")
+
+
+def damage_summary(problems: list[str], shown: int = 3) -> str:
+    more = f" (and {len(problems) - shown} more)" if len(problems) > shown else ""
+    return "damaged: " + "; ".join(problems[:shown]) + more

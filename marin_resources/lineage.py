@@ -41,14 +41,24 @@ class LineageNode:
             return f"{self.uri}#{self.asset_key}[{self.partition}]@{self.data_version}"
         return self.uri
 
+    def content_hash(self) -> str:
+        """The content this node stands for: the hash of the bytes found in the store after a
+        verifying walk, else the hash recomputed from the file hashes its manifest lists (an
+        external input has only its listing hash)."""
+        if self.observed_data_version is not None:
+            return self.observed_data_version
+        return content_data_version(self.manifest.files) if self.manifest is not None else self.data_version
+
     def chain_hash(self, _memo: dict[int, str] | None = None) -> str:
-        """Merkle hash: this node's content hash (observed when verified, else recorded) and
-        fingerprint, then its children's chain hashes. Shared upstream is hashed once."""
+        """Merkle hash: this node's recorded data version, its content hash (from the file hashes,
+        never the recorded version alone) and fingerprint, then its children's chain hashes. A
+        change to content, or to content and manifest together, changes it. Shared upstream is
+        hashed once."""
         memo = {} if _memo is None else _memo
         if id(self) not in memo:
-            content = self.observed_data_version or self.data_version
             h = hashlib.sha256()
-            h.update(f"{self.asset_key}\0{self.partition}\0{content}\0{self.fingerprint}\n".encode())
+            h.update(f"{self.asset_key}\0{self.partition}\0{self.data_version}\0{self.content_hash()}\0"
+                     f"{self.fingerprint}\n".encode())
             for child in sorted(self.children, key=lambda c: (c.asset_key, str(c.partition), c.data_version)):
                 h.update(child.chain_hash(memo).encode())
             memo[id(self)] = h.hexdigest()
@@ -159,7 +169,8 @@ def bill_of_materials(node: LineageNode) -> dict[str, Any]:
         "root": {"asset_key": node.asset_key, "partition": node.partition, "uri": node.uri},
         "chain_hash": node.chain_hash(memo),
         "verified": node.observed_data_version is not None,
-        "algorithm": "sha256 merkle over (asset_key, partition, data_version, fingerprint) and upstream chain "
-                     "hashes; data_version is the content hash observed in the store when verified",
+        "algorithm": "sha256 merkle over (asset_key, partition, recorded data_version, content hash, fingerprint) "
+                     "and upstream chain hashes; the content hash is recomputed from the listed file hashes, or "
+                     "from the bytes found in the store when verified",
         "artifacts": artifacts,
     }

@@ -1,12 +1,13 @@
-"""The artifact store: `{prefix}/{asset key}/{code_version}/{partition}/` on any fsspec filesystem.
+"""The artifact store: `{prefix}/{asset key}/{code_version}/{partition}/` on local disk, S3 or GCS (fsspec).
 
 Commit protocol, the same on local disk and on object stores:
 
-1. `begin()` takes a lease (`.lock`), then clears any leftovers of an earlier
+1. `begin()` takes a lease (`.lock`, see `leases.py`: conditional writes, renewed by a heartbeat
+   while the writer works), then clears any leftovers of an earlier
    attempt that never committed (unless the writer resumes, as training does).
 2. The producer writes its files.
-3. `commit()` hashes every file and writes `.artifact.json` last, as one atomic
-   operation (rename on local disk, a single PUT on object stores).
+3. `commit()` hashes every file, confirms the lease is still its own, and writes `.artifact.json`
+   last, as one atomic operation (rename on local disk, a single PUT on object stores).
 
 An artifact without a manifest does not exist, so a process killed at any point
 leaves nothing that looks complete. Before an artifact is rebuilt in place, its
@@ -24,7 +25,6 @@ import os
 import shutil
 import socket
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,16 +36,13 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from marin_resources.identity import canonical_json, validate_partition_key
+from marin_resources.leases import HEARTBEAT_S, TIMEOUT_S, ArtifactLockedError, Lease, acquire, lease_objects_for
 from marin_resources.retry import with_retries
 from marin_resources.secrets import scrub
 
 MANIFEST_NAME = ".artifact.json"
 LOCK_NAME = ".lock"
 _HASH_CHUNK = 4 * 1024 * 1024
-
-
-class ArtifactLockedError(RuntimeError):
-    """Another live writer holds the lease on this artifact."""
 
 
 def utc_now() -> str:
@@ -108,15 +105,32 @@ def content_data_version(files: list[FileEntry]) -> str:
     return h.hexdigest()
 
 
+def _data_version_problems(manifest: Manifest) -> list[str]:
+    """A recorded data version must be the content hash of the listed files; anything else (a
+    forged or hand-edited version) would let a consumer adopt bytes it never saw."""
+    listed = content_data_version(manifest.files)
+    if manifest.data_version == listed:
+        return []
+    return [f"{manifest.uri}/{MANIFEST_NAME}: data_version {manifest.data_version[:12]} is not the content hash "
+            f"{listed[:12]} of its listed files"]
+
+
+def _is_bookkeeping(rel: str) -> bool:
+    """The manifest, kept (retracted) manifests and the lease are not artifact content."""
+    return rel in (MANIFEST_NAME, LOCK_NAME) or rel.startswith((MANIFEST_NAME + ".", LOCK_NAME + "."))
+
+
 class ArtifactStore:
     """Artifacts under one fsspec prefix (a local path, `gs://bucket/x`, `s3://bucket/x`)."""
 
-    def __init__(self, prefix: str, storage_options: dict[str, Any] | None = None, lock_ttl_s: float = 6 * 3600):
+    def __init__(self, prefix: str, storage_options: dict[str, Any] | None = None, *,
+                 lease_heartbeat_s: float = HEARTBEAT_S, lease_timeout_s: float = TIMEOUT_S):
         self.prefix = prefix.rstrip("/") if "://" in prefix else str(Path(prefix).expanduser().resolve())
         self.fs, root = url_to_fs(self.prefix, **(storage_options or {}))
         self.root = root.rstrip("/")
         self.is_local = isinstance(self.fs, fsspec.implementations.local.LocalFileSystem)
-        self.lock_ttl_s = lock_ttl_s
+        self.lease_heartbeat_s, self.lease_timeout_s = lease_heartbeat_s, lease_timeout_s
+        self._lease_objects = lease_objects_for(self.fs)
 
     # ---- locations -------------------------------------------------------------------------
     def artifact_uri(self, asset_key: str, code_version: str, partition: str | None) -> str:
@@ -165,19 +179,23 @@ class ArtifactStore:
 
     def list_files(self, uri: str) -> list[str]:
         """Relative paths of every file under an artifact directory, manifest and lease excluded."""
+        return sorted(self.file_sizes(uri))
+
+    def file_sizes(self, uri: str) -> dict[str, int]:
+        """`{relative path: bytes}` of every file under an artifact directory, from one listing."""
         base = self._path(uri)
         try:
-            found = self.fs.find(base, withdirs=False)
+            found = self.fs.find(base, withdirs=False, detail=True)
         except FileNotFoundError:
-            return []
-        rels = []
-        for p in found:
+            return {}
+        sizes = {}
+        for p, info in found.items():
             if self.is_local and os.path.islink(p):
                 continue  # links (e.g. wandb's latest-run pointers) are not content and may dangle
             rel = p[len(base):].lstrip("/")
-            if rel and rel not in (MANIFEST_NAME, LOCK_NAME) and not rel.startswith(MANIFEST_NAME + "."):
-                rels.append(rel)
-        return sorted(rels)
+            if rel and not _is_bookkeeping(rel):
+                sizes[rel] = int(info.get("size") or 0)
+        return sizes
 
     def hash_file(self, uri: str, rel: str) -> FileEntry:
         h = hashlib.sha256()
@@ -188,9 +206,24 @@ class ArtifactStore:
                 size += len(chunk)
         return FileEntry(path=rel, bytes=size, sha256=h.hexdigest())
 
+    def check_files(self, manifest: Manifest) -> list[str]:
+        """The cheap check run before an artifact is reused: its data version is the content hash of
+        its listed files, and every listed file exists with its recorded size. One listing, no
+        reading; `verify` is the full check."""
+        problems = _data_version_problems(manifest)
+        sizes = self.file_sizes(manifest.uri)
+        for entry in manifest.files:
+            size = sizes.get(entry.path)
+            if size is None:
+                problems.append(f"{manifest.uri}/{entry.path}: missing")
+            elif size != entry.bytes:
+                problems.append(f"{manifest.uri}/{entry.path}: {size} bytes, recorded {entry.bytes}")
+        return problems
+
     def verify(self, manifest: Manifest) -> list[str]:
-        """Files whose bytes no longer match the manifest (changed, missing, or added)."""
-        problems = []
+        """Files whose bytes no longer match the manifest (changed, missing, or added), and a data
+        version that is not the content hash of the listed files."""
+        problems = _data_version_problems(manifest)
         present = set(self.list_files(manifest.uri))
         for entry in manifest.files:
             if entry.path not in present:
@@ -208,7 +241,8 @@ class ArtifactStore:
               resume: bool = False) -> "ArtifactWriter":
         uri = self.artifact_uri(asset_key, code_version, partition)
         path = self._path(uri)
-        self._acquire_lock(path, run_id)
+        self.fs.makedirs(path, exist_ok=True)
+        lease = self._lease(path, run_id)
         try:
             # A rebuilt artifact must stop looking complete before its files change.
             if self.fs.exists(f"{path}/{MANIFEST_NAME}"):
@@ -218,82 +252,33 @@ class ArtifactStore:
                     self.fs.rm_file(f"{path}/{rel}")
             self.fs.makedirs(path, exist_ok=True)
         except BaseException:
-            self._release_lock(path, run_id)
+            lease.release()
             raise
-        return ArtifactWriter(self, asset_key, code_version, partition, uri, run_id)
+        return ArtifactWriter(self, asset_key, code_version, partition, uri, run_id, lease)
 
-    def _lock_body(self, run_id: str) -> dict[str, Any]:
-        return {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "created": time.time(),
-                "token": uuid.uuid4().hex}
+    def _lease(self, path: str, run_id: str) -> Lease:
+        return acquire(self._lease_objects, f"{path}/{LOCK_NAME}", run_id,
+                       where=f"{self.prefix}{path[len(self.root):]}", heartbeat_s=self.lease_heartbeat_s,
+                       timeout_s=self.lease_timeout_s)
 
-    def _lock_is_stale(self, body: dict[str, Any]) -> bool:
-        if time.time() - float(body.get("created", 0)) > self.lock_ttl_s:
-            return True
-        if body.get("host") == socket.gethostname():
-            try:
-                os.kill(int(body["pid"]), 0)
-            except ProcessLookupError:
-                return True
-            except (PermissionError, KeyError, ValueError):
-                return False
-        return False
-
-    def _acquire_lock(self, path: str, run_id: str) -> None:
-        lock = f"{path}/{LOCK_NAME}"
-        body = self._lock_body(run_id)
-        payload = json.dumps(body).encode()
-        self.fs.makedirs(path, exist_ok=True)
-        for _ in range(2):
-            if self.is_local:
-                try:
-                    fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                except FileExistsError:
-                    holder = self._read_lock(lock)
-                else:
-                    with os.fdopen(fd, "wb") as fh:
-                        fh.write(payload)
-                    return
-            else:
-                holder = self._read_lock(lock)
-                if holder is None:
-                    # Object stores have no O_EXCL through fsspec: write, then read back to see who won.
-                    self.fs.pipe_file(lock, payload)
-                    time.sleep(0.05)
-                    holder = self._read_lock(lock)
-                    if holder and holder.get("token") == body["token"]:
-                        return
-            if holder is None:
-                continue
-            if holder.get("run_id") == run_id and holder.get("pid") == os.getpid():
-                return
-            if self._lock_is_stale(holder):
-                self.fs.rm_file(lock)
-                continue
-            raise ArtifactLockedError(
-                f"{self.prefix}{path[len(self.root):]} is being written by run {holder.get('run_id')} "
-                f"(host {holder.get('host')}, pid {holder.get('pid')}); retry when it finishes")
-        raise ArtifactLockedError(f"could not take the lease on {path}")
-
-    def _read_lock(self, lock: str) -> dict[str, Any] | None:
-        try:
-            return json.loads(self.fs.cat_file(lock))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-
-    def _release_lock(self, path: str, run_id: str) -> None:
-        lock = f"{path}/{LOCK_NAME}"
-        holder = self._read_lock(lock)
-        if holder and holder.get("run_id") == run_id:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(lock)
-
-    def retract(self, manifest: Manifest) -> str:
+    def retract(self, manifest: Manifest, *, run_id: str, clear: bool = False) -> str:
         """Withdraw a committed artifact so that it is built again. Its manifest is kept beside the
         files as ``.artifact.json.retracted-<UTC time>``, the record of what was withdrawn (file
-        listings skip it); returns that URI."""
+        listings skip it); returns that URI. With `clear` its files are removed too, so that a
+        builder that resumes (a token cache, training) starts from scratch. The lease is taken
+        first: while another writer holds it, this raises ArtifactLockedError and nothing is
+        withdrawn."""
         stamp = utc_now().replace(":", "").replace("-", "")
-        path = f"{self._path(manifest.uri)}/{MANIFEST_NAME}"
-        with_retries(lambda: self.fs.mv(path, f"{path}.retracted-{stamp}"))
+        directory = self._path(manifest.uri)
+        path = f"{directory}/{MANIFEST_NAME}"
+        lease = self._lease(directory, run_id)
+        try:
+            with_retries(lambda: self.fs.mv(path, f"{path}.retracted-{stamp}"))
+            if clear:
+                for rel in self.list_files(manifest.uri):
+                    self.fs.rm_file(f"{directory}/{rel}")
+        finally:
+            lease.release()
         return f"{manifest.uri}/{MANIFEST_NAME}.retracted-{stamp}"
 
     def write_manifest(self, manifest: Manifest) -> None:
@@ -315,9 +300,9 @@ class ArtifactWriter:
     `staging_dir()` for tools that need a local directory (uploaded at commit on object stores)."""
 
     def __init__(self, store: ArtifactStore, asset_key: str, code_version: str, partition: str | None,
-                 uri: str, run_id: str):
+                 uri: str, run_id: str, lease: Lease):
         self.store, self.asset_key, self.code_version, self.partition = store, asset_key, code_version, partition
-        self.uri, self.run_id = uri, run_id
+        self.uri, self.run_id, self.lease = uri, run_id, lease
         self.started_at = utc_now()
         self._staging: Path | None = None
         self.committed = False
@@ -358,6 +343,7 @@ class ArtifactWriter:
             fingerprint=fingerprint, config=json.loads(canonical_json(config)),
             data_version=content_data_version(files), files=files, upstream=list(upstream), producer=producer,
             started_at=self.started_at, finished_at=utc_now(), metrics=dict(metrics or {}), uri=self.uri)
+        self.lease.confirm(self.uri)  # a writer whose lease was taken over must not publish
         self.store.write_manifest(manifest)
         self.committed = True
         self.release()
@@ -368,7 +354,7 @@ class ArtifactWriter:
         if self._staging is not None:
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
-        self.store._release_lock(self.store._path(self.uri), self.run_id)
+        self.lease.release()
 
 
 def producer_info(run_id: str | None) -> dict[str, Any]:
