@@ -75,7 +75,8 @@ def _known(cls, raw: dict, where: str, extra: set[str] = frozenset()) -> dict:
     return raw
 
 
-def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, TokenizerEntry], where: str) -> TokenizedEntry:
+def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, TokenizerEntry],
+                     where: str) -> TokenizedEntry:
     body = dict(body or {})
     tok = body.pop("tokenizer", None)
     if tok not in tokenizers:
@@ -111,11 +112,12 @@ def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
     mixtures = {}
     for name, body in (raw.get("mixtures") or {}).items():
         comps = {c: float((v or {}).get("weight", 1.0)) for c, v in (body.get("components") or {}).items()}
-        missing = [c for c in comps if c not in tokenized]
+        entries = {c: tokenized.get(c, default) for c in comps}
+        missing = [c for c, e in entries.items() if e is None]
         if missing:
-            raise RegistryError(f"mixture {name!r}: components {missing} have no tokenized entry")
+            raise RegistryError(f"mixture {name!r}: components {missing} have no tokenized entry and no default")
         tok = body.get("tokenizer")
-        if any(tokenized[c].tokenizer != tok for c in comps):
+        if any(e.tokenizer != tok for e in entries.values()):
             raise RegistryError(f"mixture {name!r}: every component must use tokenizer {tok!r}")
         mixtures[name] = MixtureEntry(name, tok, comps)
     return TokenizationRegistry(tokenizers, tokenized, mixtures, default)

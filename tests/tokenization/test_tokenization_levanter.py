@@ -104,7 +104,8 @@ def test_cache_rows_are_bos_text_eos_in_document_order(built, corpus, tokenizer_
     assert stats.text_bytes == sum(len(t.encode("utf-8")) for t in corpus)
     assert stats.bytes_per_token == pytest.approx(stats.text_bytes / stats.text_tokens)
     assert (stats.shards, stats.shards_encoded, stats.shards_reused) == (3, 3, 0)
-    assert read_cache_stats(root).to_dict() | {"shards_reused": 0, "shards_encoded": 3} == stats.to_dict()
+    assert read_cache_stats(root).to_dict() | {"shards_reused": 0, "shards_encoded": 3,
+                                               "documents_encoded": stats.documents} == stats.to_dict()
 
 
 def test_ledger_is_finished_and_names_each_shard(built, shards):
