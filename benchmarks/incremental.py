@@ -69,6 +69,7 @@ class Measured:
     wall_s: float
     in_run_s: float
     discovered: str
+    step_s: dict[str, float]  # Dagster step (one per asset) -> seconds, summed over its runs
 
 
 def extract_plays(dest: Path, count: int) -> list[Path]:
@@ -117,7 +118,23 @@ def materialize(env: dict[str, str], target: str, scenario: str) -> Measured:
     discovered = next((line.strip() for line in proc.stderr.splitlines() if line.startswith("discovered")), "-")
     return Measured(scenario, len(ran), sorted(s["partition"] for s in ran if s["partition"]),
                     sum(not s["ran"] for s in summary["steps"]), round(wall, 2),
-                    round(sum(s["seconds"] for s in ran), 2), discovered)
+                    round(sum(s["seconds"] for s in ran), 2), discovered,
+                    step_seconds(env["DAGSTER_HOME"], [s["run_id"] for s in ran]))
+
+
+def step_seconds(home: str, run_ids: list[str]) -> dict[str, float]:
+    """Seconds per asset step over the given runs, from the instance's step stats."""
+    import dagster as dg
+
+    os.environ["DAGSTER_HOME"] = home  # the instance's dagster.yaml reads its storage path from it
+    instance = dg.DagsterInstance.from_config(home)
+    totals: dict[str, float] = {}
+    for run_id in run_ids:
+        for stat in instance.get_run_step_stats(run_id):
+            if stat.start_time is not None and stat.end_time is not None:
+                name = stat.step_key.split("__")[0]  # raw__plays -> raw
+                totals[name] = round(totals.get(name, 0.0) + stat.end_time - stat.start_time, 2)
+    return totals
 
 
 def snapshot(prefix: str, stage: str) -> dict[str, tuple[str, str]]:
@@ -207,6 +224,10 @@ def main() -> None:
     for m in (initial, added, full):
         print(f"{m.scenario:<28} {m.runs:>5} {len(m.shards_built):>13} {m.fresh_skipped:>6} {m.wall_s:>8.1f} "
               f"{m.in_run_s:>9.1f}")
+    steps = [k for k in (*PER_SHARD, "deduplicated", "tokenizer", "tokenized") if k in {**added.step_s, **full.step_s}]
+    print(f"\nseconds per asset step (summed over partitions):\n{'step':<14} {'+1 file':>8} {'full':>8}")
+    for step in steps:
+        print(f"{step:<14} {added.step_s.get(step, 0.0):>8.1f} {full.step_s.get(step, 0.0):>8.1f}")
     print(f"\nincremental: {added.discovered}; built {', '.join(added.shards_built) or 'nothing'}")
     print(f"old {per_shard} shards untouched (same manifest and finish time): {untouched}")
     print(f"every {per_shard} shard's data version equals the full rebuild's: {same_data}")
@@ -232,7 +253,8 @@ def main() -> None:
                       "incremental_s": added.wall_s, "incremental_in_run_s": added.in_run_s,
                       "full_runs": full.runs, "full_shards_built": len(full.shards_built), "full_s": full.wall_s,
                       "full_in_run_s": full.in_run_s, "old_shards_untouched": untouched,
-                      "data_versions_equal_full": same_data, **cache, "ok": ok}))
+                      "data_versions_equal_full": same_data, "incremental_step_s": added.step_s,
+                      "full_step_s": full.step_s, **cache, "ok": ok}))
     if not ok:
         raise SystemExit("incremental result differs from what one new shard should cost")
 

@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from marin_assets.catalog import Catalog
 from marin_assets.planning import Planner, parse_key
 from marin_assets.tokenization.assets import (TOKENIZED_VERSION, TokenizedEntry, TokenizerEntry, build_tokenized_asset,
                                               build_tokenizer_asset, pin_note)
 from marin_assets.tokenization.cache import CacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
-from marin_assets.catalog import Catalog
 from marin_resources.artifacts import VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.store import ArtifactStore
@@ -67,8 +67,8 @@ class Pipeline:
         writer.commit(fingerprint="dedup", config={}, upstream=[], producer={})
 
     def assets(self, tokenizer: TokenizerEntry = TOKENIZER):
-        dedup = dg.SourceAsset(key=dg.AssetKey(["deduplicated", SOURCE]), io_manager_key="artifact_io_manager",
-                               metadata={VERSION_METADATA_KEY: DEDUP_VERSION})
+        dedup = dg.AssetSpec(key=dg.AssetKey(["deduplicated", SOURCE]), metadata={
+            VERSION_METADATA_KEY: DEDUP_VERSION}).with_io_manager_key("artifact_io_manager")
         tokenized, roundtrip = build_tokenized_asset(TOKENIZED)
         return [dedup, build_tokenizer_asset(tokenizer), tokenized, roundtrip]
 
