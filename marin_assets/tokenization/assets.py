@@ -179,7 +179,7 @@ def pin_note(manifest: Manifest, store: ArtifactStore) -> str | None:
         return None
     parts = []
     for source, pin in sorted(pinned.items()):
-        current = store.read_manifest(pin["uri"])
+        current = store.find(f"deduplicated/{source}", pin["code_version"], None)
         now = "gone" if current is None else (
             "unchanged" if current.data_version == pin["data_version"] else f"now {current.data_version[:12]}")
         parts.append(f"deduplicated/{source}@{pin['data_version'][:12]} ({now})")
@@ -205,6 +205,9 @@ def build_tokenizer_asset(entry: TokenizerEntry):
         pin = tokenizer_pin(artifacts.find(key, entry.version, None), current)
 
         def build(writer) -> Built:
+            trained_on = {src: h.data_version for src, h in current.items()}
+            if pin != trained_on:  # only a missing tokenizer is built, and it pins today's corpora
+                raise dg.Failure(f"{key}: pinned to {pin} but would train on {trained_on}")
             out = str(writer.staging_dir())
             if entry.adopt:
                 art = adopt_tokenizer(entry.adopt, out)
@@ -214,7 +217,8 @@ def build_tokenizer_asset(entry: TokenizerEntry):
             return Built(metrics={"vocab_size": art.vocab_size, "bos_token_id": art.bos_token_id,
                                   "eos_token_id": art.eos_token_id, "pad_token_id": art.pad_token_id,
                                   "tokenizer_json_sha256": art.tokenizer_json_sha256,
-                                  "pinned_corpus": {src: {"data_version": h.data_version, "uri": h.uri}
+                                  "pinned_corpus": {src: {"data_version": h.data_version, "uri": h.uri,
+                                                          "code_version": h.code_version}
                                                     for src, h in current.items()}})
 
         # No upstream refs: the corpora are a pin (in the identity), so a grown corpus is not "stale".
