@@ -132,7 +132,8 @@ def step_seconds(home: str, run_ids: list[str]) -> dict[str, float]:
     for run_id in run_ids:
         for stat in instance.get_run_step_stats(run_id):
             if stat.start_time is not None and stat.end_time is not None:
-                name = stat.step_key.split("__")[0]  # raw__plays -> raw
+                asset, rest = stat.step_key.split("__", 1)  # raw__plays -> raw; checks get their own row
+                name = asset if rest in (SOURCE, f"{SOURCE}_bpe") else f"{asset} checks"
                 totals[name] = round(totals.get(name, 0.0) + stat.end_time - stat.start_time, 2)
     return totals
 
@@ -224,10 +225,11 @@ def main() -> None:
     for m in (initial, added, full):
         print(f"{m.scenario:<28} {m.runs:>5} {len(m.shards_built):>13} {m.fresh_skipped:>6} {m.wall_s:>8.1f} "
               f"{m.in_run_s:>9.1f}")
-    steps = [k for k in (*PER_SHARD, "deduplicated", "tokenizer", "tokenized") if k in {**added.step_s, **full.step_s}]
-    print(f"\nseconds per asset step (summed over partitions):\n{'step':<14} {'+1 file':>8} {'full':>8}")
+    ran = {**added.step_s, **full.step_s}
+    steps = [k for a in (*PER_SHARD, "deduplicated", "tokenizer", "tokenized") for k in (a, f"{a} checks") if k in ran]
+    print(f"\nseconds per asset step (summed over partitions):\n{'step':<20} {'+1 file':>8} {'full':>8}")
     for step in steps:
-        print(f"{step:<14} {added.step_s.get(step, 0.0):>8.1f} {full.step_s.get(step, 0.0):>8.1f}")
+        print(f"{step:<20} {added.step_s.get(step, 0.0):>8.1f} {full.step_s.get(step, 0.0):>8.1f}")
     print(f"\nincremental: {added.discovered}; built {', '.join(added.shards_built) or 'nothing'}")
     print(f"old {per_shard} shards untouched (same manifest and finish time): {untouched}")
     print(f"every {per_shard} shard's data version equals the full rebuild's: {same_data}")
