@@ -236,7 +236,18 @@ def test_build_from_in_memory_documents(corpus, tokenizer_dir, tmp_path):
     assert len(_rows(str(tmp_path / "mem" / "train"))) == 40
 
 
-def test_levanter_trains_from_the_rendered_mixture(built, tokenizer_dir, caplog):
+@pytest.fixture(scope="module")
+def appended(shards, tokenizer_dir, cfg, tmp_path_factory):
+    """The same documents as `built`, the last shard appended to a cache of the first two."""
+    root = str(tmp_path_factory.mktemp("appended") / "root")
+    build_levanter_cache(shards[:2], tokenizer_dir, root, cfg)
+    stats = build_levanter_cache(shards, tokenizer_dir, root, cfg)
+    assert (stats.shards_encoded, stats.shards_reused) == (1, 2)
+    return root, stats
+
+
+@pytest.mark.parametrize("cache", ["built", "appended"])
+def test_levanter_trains_from_the_rendered_mixture(cache, request, tokenizer_dir, caplog):
     import draccus
     import haliax as hax
     import jax
@@ -244,7 +255,7 @@ def test_levanter_trains_from_the_rendered_mixture(built, tokenizer_dir, caplog)
     from levanter.main.train_lm import TrainLmConfig
     from levanter.schedule import BatchSchedule
 
-    root, stats = built
+    root, stats = request.getfixturevalue(cache)
     spec = MixtureSpec(
         name="test-mix",
         components={
