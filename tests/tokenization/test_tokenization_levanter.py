@@ -307,3 +307,37 @@ def test_fsspec_uris_for_documents_and_tokenizer(corpus, tokenizer_dir, write_do
     stats = build_levanter_cache(docs, remote_tok, str(tmp_path / "c"), CacheConfig(validation_fraction=0.2))
     assert stats.documents == 30 and art.vocab_size == 512
     assert decode_roundtrip_check(str(tmp_path / "c"), remote_tok, docs, sample_n=30) == []
+
+
+def test_append_rewrites_only_the_tail_of_levanters_zarr_shards(shards, tokenizer_dir, cfg, built, monkeypatch,
+                                                                 tmp_path):
+    """Levanter stores 128 Mi tokens per zarr shard file (`data/c/<k>`). With that size scaled down
+    (the same code path writes and reads), an append leaves every data shard file before the old
+    tail byte-identical: what a cache larger than 128 Mi tokens gets at full size."""
+    import levanter.store.jagged_array as jagged
+
+    full_root, _ = built
+    expected = {split: _rows(f"{full_root}/{split}") for split in ("train", "validation")}  # read at full size
+    monkeypatch.setattr(jagged, "DEFAULT_CHUNK_SIZE", 1024)
+    monkeypatch.setattr(jagged, "DEFAULT_WRITE_CHUNK_SIZE", 4096)
+    root = tmp_path / "small-shards"
+
+    def files() -> dict[str, str]:
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in root.rglob("*") if p.is_file()}
+
+    build_levanter_cache(shards[:2], tokenizer_dir, str(root), cfg)
+    before = files()
+    grown = build_levanter_cache(shards, tokenizer_dir, str(root), cfg)
+    assert (grown.shards_encoded, grown.shards_reused) == (1, 2)
+    after = files()
+
+    data = sorted((p for p in before if p.startswith("train/input_ids/data/c/")),
+                  key=lambda p: int(p.rsplit("/", 1)[1]))
+    assert len(data) > 3
+    changed = {p for p in before if after[p] != before[p]}
+    assert changed & set(data) <= {data[-1]}
+    assert len([p for p in after if p.startswith("train/input_ids/data/c/")]) > len(data)
+    for split in ("train", "validation"):
+        for a, b in zip(_rows(str(root / split)), expected[split], strict=True):
+            assert np.array_equal(a, b)
