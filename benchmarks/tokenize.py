@@ -12,6 +12,10 @@ documents of --lines-per-doc lines and repeated --repeat times (each copy tagged
 Writing the Parquet files and training the tokenizer are not timed; the one-time Levanter import is
 done before timing.
 
+Append (one new shard): a cache of the first --files - 1 files gets the last file appended
+(`documents_encoded` must equal that file's documents), against a fresh cache of the last file alone
+(one shard's work) and a full build of all files; medians over --append-trials.
+
     python benchmarks/tokenize.py --repeat 4
 """
 
@@ -89,6 +93,34 @@ def write_parquet(docs: list[str], out_dir: str, n_files: int) -> list[str]:
     return paths
 
 
+def measure_append(files: list[str], tok_dir: str, work: str, batch_rows: int, trials: int) -> dict:
+    """Median seconds to append the last file to a cache of the others, to encode that file alone,
+    and to build all files; the append must encode exactly the last file's documents."""
+    from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache
+
+    cfg = CacheConfig(validation_fraction=0.01, batch_rows=batch_rows)
+    new_docs = pq.ParquetFile(files[-1]).metadata.num_rows
+
+    def timed(doc_files: list[str], root: str):
+        t0 = time.perf_counter()
+        stats = build_levanter_cache(doc_files, tok_dir, root, cfg)
+        return time.perf_counter() - t0, stats
+
+    append_s, one_s, full_s = [], [], []
+    for trial in range(trials):
+        root = os.path.join(work, f"append-{trial}")
+        timed(files[:-1], root)
+        seconds, stats = timed(files, root)
+        if (stats.shards_encoded, stats.documents_encoded) != (1, new_docs):
+            raise RuntimeError(f"append encoded {stats.shards_encoded} shards, {stats.documents_encoded} documents")
+        append_s.append(seconds)
+        one_s.append(timed(files[-1:], os.path.join(work, f"one-{trial}"))[0])
+        full_s.append(timed(files, os.path.join(work, f"full-{trial}"))[0])
+    append, one = statistics.median(append_s), statistics.median(one_s)
+    return {"append_s": round(append, 3), "one_file_s": round(one, 3), "full_s": round(statistics.median(full_s), 3),
+            "append_to_one_file": round(append / one, 3), "append_documents_encoded": new_docs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default=os.path.expanduser("~/.cache/marin-bench/shakespeare"))
@@ -98,6 +130,7 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--batch-rows", type=int, default=1024)
     ap.add_argument("--trials", type=int, default=5, help="paired runs (alternating order); medians reported")
+    ap.add_argument("--append-trials", type=int, default=3, help="runs of the one-new-shard measurement")
     args = ap.parse_args()
 
     from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache
@@ -159,6 +192,10 @@ def main() -> None:
             f"ratio (median of paired wall-clock ratios) {ratio:.3f}; CPU-time ratio {cpu_ratio:.3f}",
             file=sys.stderr,
         )
+        append = measure_append(files, tok_dir, work, args.batch_rows, args.append_trials)
+        print(f"append one file to {len(files) - 1}: {append['append_s']:.2f}s; that file alone "
+              f"{append['one_file_s']:.2f}s; all {len(files)} files {append['full_s']:.2f}s "
+              f"(append / one file {append['append_to_one_file']:.2f})", file=sys.stderr)
         size = sum(os.path.getsize(p) for p in files)
         print(
             json.dumps(
@@ -176,6 +213,7 @@ def main() -> None:
                     "ours_seconds": [round(s, 3) for s in ours_s],
                     "raw_cpu_seconds": [round(s, 2) for s in raw_cpu],
                     "ours_cpu_seconds": [round(s, 2) for s in ours_cpu],
+                    **append,
                 }
             )
         )

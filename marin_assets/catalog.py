@@ -15,6 +15,8 @@ Discoverer = Callable[[], list[str]]
 IdentityFn = Callable[[str | None], Any]
 # partition -> {upstream asset key: current data version} for inputs from outside the graph.
 ExternalFn = Callable[[str | None], dict[str, str]]
+# (manifest, store) -> what `marin status` adds about a fresh artifact (e.g. what a pinned input is pinned to).
+NoteFn = Callable[[Any, Any], str | None]
 
 
 @dataclass
@@ -22,6 +24,7 @@ class Catalog:
     discoverers: dict[str, Discoverer] = field(default_factory=dict)
     identities: dict[str, IdentityFn] = field(default_factory=dict)
     externals: dict[str, ExternalFn] = field(default_factory=dict)
+    notes: dict[str, NoteFn] = field(default_factory=dict)
 
     def add_discoverer(self, partitions_name: str, fn: Discoverer) -> None:
         self.discoverers[partitions_name] = fn
@@ -32,6 +35,9 @@ class Catalog:
     def add_external(self, asset_key: str, fn: ExternalFn) -> None:
         self.externals[asset_key] = fn
 
+    def add_note(self, asset_key: str, fn: NoteFn) -> None:
+        self.notes[asset_key] = fn
+
     def merge(self, other: "Catalog") -> "Catalog":
         return Catalog({**self.discoverers, **other.discoverers}, {**self.identities, **other.identities},
-                       {**self.externals, **other.externals})
+                       {**self.externals, **other.externals}, {**self.notes, **other.notes})

@@ -163,7 +163,9 @@ class Planner:
                 fields = changed_fields(manifest.config, config)
                 return PartitionState(name, partition, "stale", f"config drift: {', '.join(fields) or 'config'}",
                                       manifest.uri)
-        return PartitionState(name, partition, "fresh", "up to date", manifest.uri)
+        note = self.catalog.notes.get(name)
+        return PartitionState(name, partition, "fresh", (note and note(manifest, self.store)) or "up to date",
+                              manifest.uri)
 
     def status(self, keys: Iterable[dg.AssetKey] | None = None, *, verify: bool = False) -> list[PartitionState]:
         return [self.state(k, p, verify=verify) for k in (keys or self.artifact_keys()) for p in self.partitions_of(k)]

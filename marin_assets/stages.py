@@ -2,8 +2,7 @@
 
 from marin_assets.curation.assets import build_curation_stage
 from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, load_curation_config
-from marin_assets.tokenization.assets import (MIXTURE_VERSION, REGISTRY_PATH, TOKENIZER_VERSION,
-                                              build_tokenization_stage, load_registry, restrict_to_sources)
+from marin_assets.tokenization.assets import MIXTURE_VERSION, build_tokenization_stage, deployment_registry
 from marin_assets.reports.assets import build_reports_stage
 from marin_assets.scaling_sweeps.assets import build_scaling_sweeps_stage
 from marin_assets.training.assets import build_training_stage
@@ -19,9 +18,9 @@ def build_tokenization(settings: MarinSettings):
 
 
 def build_training(settings: MarinSettings):
-    registry = restrict_to_sources(load_registry(REGISTRY_PATH), curated_source_names(settings))
+    registry = deployment_registry(settings, curated_source_names(settings))
     return build_training_stage(settings, {m: MIXTURE_VERSION for m in registry.mixtures},
-                                {t: TOKENIZER_VERSION for t in registry.tokenizers}, pool=settings.train_pool)
+                                {t: e.version for t, e in registry.tokenizers.items()}, pool=settings.train_pool)
 
 
 STAGES = [build_curation_stage, build_tokenization, build_training, build_reports_stage, build_scaling_sweeps_stage]

@@ -20,7 +20,8 @@ import dagster as dg
 from marin_resources.freshness import damage_summary, decide
 from marin_resources.identity import fingerprint as compute_fingerprint
 from marin_resources.secrets import scrub
-from marin_resources.store import ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info, writing
+from marin_resources.store import (ArtifactStore, ArtifactWriter, FileEntry, Manifest, UpstreamRef, producer_info,
+                                   writing)
 
 VERSION_METADATA_KEY = "marin/version"
 ALL_PARTITIONS_METADATA_KEY = "marin/all_partitions"
@@ -54,6 +55,8 @@ class Built:
 
     metrics: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Entries of files the build left untouched since the last commit: the commit does not hash them again.
+    known_files: dict[str, FileEntry] = field(default_factory=dict)
 
 
 class MarinStore(dg.ConfigurableResource):
@@ -134,7 +137,8 @@ def materialize_artifact(
         with writing(artifacts, key, version, partition, run_id=context.run.run_id, resume=resume) as writer:
             built = build(writer) or Built()
             manifest = writer.commit(fingerprint=fp, config=config, upstream=refs,
-                                     producer=producer_info(context.run.run_id), metrics=built.metrics)
+                                     producer=producer_info(context.run.run_id), metrics=built.metrics,
+                                     known_files=built.known_files)
         extra.update(built.metadata)
         extra["marin/build_seconds"] = round(time.monotonic() - started, 3)
 

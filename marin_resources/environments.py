@@ -36,6 +36,8 @@ class MarinSettings:
     strict_fingerprints: bool
     sources_file: str | None
     runs_file: str | None
+    registry_file: str | None = None
+    """The tokenization registry (MARIN_REGISTRY); None: the bundled registry.yaml."""
     train_pool: str = "cpu-train"
     training_image: str | None = None
     training_namespace: str = "default"
@@ -65,7 +67,8 @@ class MarinSettings:
         if process_output not in PROCESS_OUTPUTS:
             raise ValueError(f"MARIN_PROCESS_OUTPUT must be one of {', '.join(PROCESS_OUTPUTS)}, got {process_output!r}")
         return cls(env=env, prefix=prefix, strict_fingerprints=strict, sources_file=e.get("MARIN_SOURCES") or None,
-                   runs_file=e.get("MARIN_RUNS") or None, train_pool=pool,
+                   runs_file=e.get("MARIN_RUNS") or None, registry_file=e.get("MARIN_REGISTRY") or None,
+                   train_pool=pool,
                    training_image=e.get("MARIN_TRAINING_IMAGE") or None,
                    training_namespace=e.get("MARIN_TRAINING_NAMESPACE", "default"),
                    store_claim=e.get("MARIN_STORE_CLAIM", "marin-store"),

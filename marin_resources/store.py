@@ -331,13 +331,16 @@ class ArtifactWriter:
         return self._staging
 
     def commit(self, *, fingerprint: str, config: Any, upstream: list[UpstreamRef], producer: dict[str, Any],
-               metrics: dict[str, Any] | None = None) -> Manifest:
+               metrics: dict[str, Any] | None = None, known_files: dict[str, FileEntry] | None = None) -> Manifest:
+        """`known_files`: entries the producer vouches for (files it left untouched since they were
+        last hashed, e.g. an append-only cache's old files); those are not hashed again."""
         if self._staging is not None:
             with_retries(lambda: self.store.fs.put(str(self._staging) + "/", self.store._path(self.uri) + "/",
                                                    recursive=True))
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
-        files = [self.store.hash_file(self.uri, rel) for rel in self.store.list_files(self.uri)]
+        known = known_files or {}
+        files = [known.get(rel) or self.store.hash_file(self.uri, rel) for rel in self.store.list_files(self.uri)]
         manifest = Manifest(
             asset_key=self.asset_key, partition=self.partition, code_version=self.code_version,
             fingerprint=fingerprint, config=json.loads(canonical_json(config)),

@@ -23,7 +23,7 @@ from marin_assets.catalog import Catalog
 from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, SweepPlan, load_sweeps, plan_sweep
 from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_target, eval_loss_key, fit_sweep,
                                                      forecast_record, runs_table, score_forecast)
-from marin_assets.tokenization.assets import REGISTRY_PATH, load_registry, restrict_to_sources
+from marin_assets.tokenization.assets import deployment_registry
 from marin_assets.training.spec import register_run
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset,
                                        materialize_artifact)
@@ -273,7 +273,7 @@ def available_mixtures(settings: MarinSettings) -> set[str]:
     """Mixtures of the tokenization registry whose sources are curated in this deployment."""
     from marin_assets.stages import curated_source_names  # stages lists this module's builder
 
-    return set(restrict_to_sources(load_registry(REGISTRY_PATH), curated_source_names(settings)).mixtures)
+    return set(deployment_registry(settings, curated_source_names(settings)).mixtures)
 
 
 def build_scaling_sweeps_stage(settings: MarinSettings, sweeps_file: str | None = None,

@@ -1,8 +1,10 @@
 """Tokenization assets: tokenizer/<name>, tokenized/<source> (a Levanter cache root) and
-mixture/<name> (Levanter's mixture data config). Declared in `registry.yaml`."""
+mixture/<name> (Levanter's mixture data config). Declared in `registry.yaml` (or the file named by
+MARIN_REGISTRY, read into `MarinSettings.registry_file`)."""
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -10,16 +12,19 @@ import dagster as dg
 import yaml
 
 from marin_assets.catalog import Catalog
-from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache, iter_parquet_texts
+from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache, cache_shard_order, iter_parquet_texts
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.tokenizer import TokenizerConfig, adopt_tokenizer, train_bpe_tokenizer
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
-from marin_resources.store import ArtifactStore
+from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
+from marin_resources.store import MANIFEST_NAME, ArtifactStore, FileEntry, Manifest
 
 REGISTRY_PATH = Path(__file__).with_name("registry.yaml")
-TOKENIZER_VERSION = "v1"
+# v2: a trained tokenizer is pinned to the corpus it was first trained on (recorded in its identity,
+# not in its upstream), so new shards no longer retrain it.
+TOKENIZER_VERSION = "v2"
 TOKENIZED_VERSION = "v1"
 MIXTURE_VERSION = "v1"
 ROUNDTRIP_SAMPLE = 32
@@ -35,6 +40,8 @@ class TokenizerEntry:
     config: TokenizerConfig
     train_on: tuple[str, ...] = ()
     adopt: str | None = None
+    # The store version; a new one retrains (or re-adopts). The only way a pinned tokenizer changes.
+    version: str = TOKENIZER_VERSION
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ class TokenizationRegistry:
     tokenizers: dict[str, TokenizerEntry]
     tokenized: dict[str, TokenizedEntry]
     mixtures: dict[str, MixtureEntry]
+    # What a curated source without a `tokenized:` entry gets (source "*"); None: nothing.
+    default: TokenizedEntry | None = None
 
 
 def _known(cls, raw: dict, where: str, extra: set[str] = frozenset()) -> dict:
@@ -66,84 +75,211 @@ def _known(cls, raw: dict, where: str, extra: set[str] = frozenset()) -> dict:
     return raw
 
 
+def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, TokenizerEntry],
+                     where: str) -> TokenizedEntry:
+    body = dict(body or {})
+    tok = body.pop("tokenizer", None)
+    if tok not in tokenizers:
+        raise RegistryError(f"{where}: tokenizer {tok!r} is not declared")
+    return TokenizedEntry(source, tok, CacheConfig(**_known(CacheConfig, body, where)))
+
+
 def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    path = Path(path)
+    if not path.is_file():
+        raise RegistryError(f"tokenization registry not found: {path} (MARIN_REGISTRY names another file)")
+    raw = yaml.safe_load(path.read_text()) or {}
+    unknown = set(raw) - {"tokenizers", "tokenized", "default", "mixtures"}
+    if unknown:
+        raise RegistryError(f"{path}: unknown section(s) {sorted(unknown)}; allowed: default, mixtures, tokenized, "
+                            "tokenizers")
     tokenizers = {}
     for name, body in (raw.get("tokenizers") or {}).items():
         body = dict(body or {})
         train_on, adopt = tuple(body.pop("train_on", ())), body.pop("adopt", None)
+        version = str(body.pop("version", TOKENIZER_VERSION))
         if bool(train_on) == bool(adopt):
             raise RegistryError(f"tokenizer {name!r}: give exactly one of train_on or adopt")
+        try:
+            validate_partition_key(version)
+        except InvalidPartitionKeyError as e:
+            raise RegistryError(f"tokenizer {name!r}: version {version!r} is not a valid path segment: {e}") from e
         _known(TokenizerConfig, body, f"tokenizer {name!r}")
-        tokenizers[name] = TokenizerEntry(name, TokenizerConfig(**body), train_on, adopt)
-    tokenized = {}
-    for source, body in (raw.get("tokenized") or {}).items():
-        body = dict(body or {})
-        tok = body.pop("tokenizer", None)
-        if tok not in tokenizers:
-            raise RegistryError(f"tokenized {source!r}: tokenizer {tok!r} is not declared")
-        tokenized[source] = TokenizedEntry(source, tok, CacheConfig(**_known(CacheConfig, body, f"tokenized {source!r}")))
+        tokenizers[name] = TokenizerEntry(name, TokenizerConfig(**body), train_on, adopt, version)
+    tokenized = {source: _tokenized_entry(source, body, tokenizers, f"tokenized {source!r}")
+                 for source, body in (raw.get("tokenized") or {}).items()}
+    default = _tokenized_entry("*", raw["default"], tokenizers, "default") if raw.get("default") else None
     mixtures = {}
     for name, body in (raw.get("mixtures") or {}).items():
         comps = {c: float((v or {}).get("weight", 1.0)) for c, v in (body.get("components") or {}).items()}
-        missing = [c for c in comps if c not in tokenized]
+        entries = {c: tokenized.get(c, default) for c in comps}
+        missing = [c for c, e in entries.items() if e is None]
         if missing:
-            raise RegistryError(f"mixture {name!r}: components {missing} have no tokenized entry")
+            raise RegistryError(f"mixture {name!r}: components {missing} have no tokenized entry and no default")
         tok = body.get("tokenizer")
-        if any(tokenized[c].tokenizer != tok for c in comps):
+        if any(e.tokenizer != tok for e in entries.values()):
             raise RegistryError(f"mixture {name!r}: every component must use tokenizer {tok!r}")
         mixtures[name] = MixtureEntry(name, tok, comps)
-    return TokenizationRegistry(tokenizers, tokenized, mixtures)
+    return TokenizationRegistry(tokenizers, tokenized, mixtures, default)
 
 
-def restrict_to_sources(registry: TokenizationRegistry, sources: set[str]) -> TokenizationRegistry:
-    """Drop entries that need a curated source this deployment does not declare (MARIN_SOURCES may
-    name a different set), and everything that depends on them."""
+def registry_for_sources(registry: TokenizationRegistry, sources: set[str]) -> TokenizationRegistry:
+    """The entries this deployment can build: every curated source gets `tokenized/<source>`, from its
+    own entry or the default one; entries that need a source this deployment does not declare
+    (MARIN_SOURCES may name a different set) are dropped, with everything that depends on them.
+    The default applies only where its tokenizer can be built here."""
     tokenizers = {n: e for n, e in registry.tokenizers.items() if set(e.train_on) <= sources}
     tokenized = {n: e for n, e in registry.tokenized.items() if n in sources and e.tokenizer in tokenizers}
+    if registry.default is not None and registry.default.tokenizer in tokenizers:
+        for source in sorted(sources - set(registry.tokenized)):
+            tokenized[source] = replace(registry.default, source=source)
     mixtures = {n: e for n, e in registry.mixtures.items() if set(e.weights) <= set(tokenized)}
-    return TokenizationRegistry(tokenizers, tokenized, mixtures)
+    return TokenizationRegistry(tokenizers, tokenized, mixtures, registry.default)
 
 
-def parquet_files(store: ArtifactStore, uri: str) -> list[str]:
-    """The deduplicated shards of the source artifact at `uri`, in shard order, as URIs."""
+def deployment_registry(settings: MarinSettings, sources: set[str]) -> TokenizationRegistry:
+    return registry_for_sources(load_registry(settings.registry_file or REGISTRY_PATH), sources)
+
+
+def corpus_files(store: ArtifactStore, uri: str) -> dict[str, str]:
+    """The deduplicated shards of the source artifact at `uri`, in shard order: URI -> the sha256
+    its manifest records (committed shards keep their bytes, so this recognises them)."""
     manifest = store.read_manifest(uri)
     if manifest is None:
         raise dg.Failure(f"{uri} lost its manifest")
-    return [f"{uri}/{f.path}" for f in sorted(manifest.files, key=lambda f: f.path)
-            if f.path.startswith("data/") and f.path.endswith(".parquet")]
+    return {f"{uri}/{f.path}": f"sha256={f.sha256}" for f in sorted(manifest.files, key=lambda f: f.path)
+            if f.path.startswith("data/") and f.path.endswith(".parquet")}
+
+
+def parquet_files(store: ArtifactStore, uri: str) -> list[str]:
+    return list(corpus_files(store, uri))
+
+
+# ---- pinned tokenizers ---------------------------------------------------------------------------
+
+
+def tokenizer_identity(entry: TokenizerEntry, corpora: dict[str, str]) -> dict[str, Any]:
+    """A tokenizer's identity: its settings and the data versions of the corpora it was trained on
+    (the pin). The corpora are not upstream dependencies of the artifact: once trained it stays."""
+    return {"tokenizer": asdict(entry.config), "adopt": entry.adopt, "corpora": dict(sorted(corpora.items()))}
+
+
+def tokenizer_pin(previous: Manifest | None, current: dict[str, ArtifactHandle]) -> dict[str, str]:
+    """source -> corpus data version the tokenizer is pinned to: the committed one's, else today's."""
+    if previous is not None:
+        return dict(previous.config.get("corpora") or {})
+    return {source: handle.data_version for source, handle in current.items()}
+
+
+def pin_note(manifest: Manifest, store: ArtifactStore) -> str | None:
+    """What `marin status` says about a fresh tokenizer: the corpus it is pinned to, and whether the
+    corpus has grown since."""
+    pinned = manifest.metrics.get("pinned_corpus") or {}
+    if not pinned:
+        return None
+    parts = []
+    for source, pin in sorted(pinned.items()):
+        current = store.find(f"deduplicated/{source}", pin["code_version"], None)
+        now = "gone" if current is None else (
+            "unchanged" if current.data_version == pin["data_version"] else f"now {current.data_version[:12]}")
+        parts.append(f"deduplicated/{source}@{pin['data_version'][:12]} ({now})")
+    return (f"pinned to {', '.join(parts)}; new shards do not retrain it "
+            f"(retrain: a new `version:` in the registry)")
 
 
 def build_tokenizer_asset(entry: TokenizerEntry):
+    key = f"tokenizer/{entry.name}"
     ins = {f"corpus_{src}": dg.AssetIn(key=dg.AssetKey(["deduplicated", src])) for src in entry.train_on}
     description = (f"Byte-level BPE tokenizer (vocab {entry.config.vocab_size}) trained on "
                    f"{', '.join(entry.train_on)}; a Hugging Face tokenizer directory that AutoTokenizer and "
-                   "Levanter load offline." if entry.train_on else f"Tokenizer adopted from {entry.adopt}.")
+                   "Levanter load offline. Pinned: trained once on the corpus as it was then; new shards do not "
+                   "retrain it (a new `version:` in the registry does)." if entry.train_on
+                   else f"Tokenizer adopted from {entry.adopt}.")
 
-    @marin_asset(key=f"tokenizer/{entry.name}", version=TOKENIZER_VERSION, ins=ins, group_name="tokenization",
-                 identity={"tokenizer": asdict(entry.config), "adopt": entry.adopt},
+    @marin_asset(key=key, version=entry.version, ins=ins, group_name="tokenization",
+                 identity={"tokenizer": asdict(entry.config), "adopt": entry.adopt, "train_on": list(entry.train_on)},
                  kinds={"huggingface"}, description=description)
     def tokenizer(context: dg.AssetExecutionContext, store: MarinStore, **corpora: ArtifactHandle):
         artifacts = store.get()
-        # The corpora's data versions are part of the identity: new data means a new tokenizer.
-        identity = {"tokenizer": asdict(entry.config), "adopt": entry.adopt,
-                    "corpora": {name.removeprefix("corpus_"): h.data_version for name, h in sorted(corpora.items())}}
+        current = {name.removeprefix("corpus_"): h for name, h in sorted(corpora.items())}
+        pin = tokenizer_pin(artifacts.find(key, entry.version, None), current)
 
         def build(writer) -> Built:
+            trained_on = {src: h.data_version for src, h in current.items()}
+            if pin != trained_on:  # only a missing tokenizer is built, and it pins today's corpora
+                raise dg.Failure(f"{key}: pinned to {pin} but would train on {trained_on}")
             out = str(writer.staging_dir())
             if entry.adopt:
                 art = adopt_tokenizer(entry.adopt, out)
             else:
-                files = [f for _, h in sorted(corpora.items()) for f in parquet_files(artifacts, h.uri)]
+                files = [f for _, h in sorted(current.items()) for f in parquet_files(artifacts, h.uri)]
                 art = train_bpe_tokenizer(iter_parquet_texts(files), entry.config, out)
             return Built(metrics={"vocab_size": art.vocab_size, "bos_token_id": art.bos_token_id,
                                   "eos_token_id": art.eos_token_id, "pad_token_id": art.pad_token_id,
-                                  "tokenizer_json_sha256": art.tokenizer_json_sha256})
+                                  "tokenizer_json_sha256": art.tokenizer_json_sha256,
+                                  "pinned_corpus": {src: {"data_version": h.data_version, "uri": h.uri,
+                                                          "code_version": h.code_version}
+                                                    for src, h in current.items()}})
 
-        return materialize_artifact(context, store, config=identity,
-                                    upstream=[h for _, h in sorted(corpora.items())], build=build)
+        # No upstream refs: the corpora are a pin (in the identity), so a grown corpus is not "stale".
+        return materialize_artifact(context, store, config=tokenizer_identity(entry, pin), upstream=[], build=build)
 
     return tokenizer
+
+
+# ---- append-only token caches --------------------------------------------------------------------
+
+
+def _modified_at(info: dict[str, Any]) -> float | None:
+    """A file's modification time in epoch seconds from fsspec's info (local, GCS or S3 spelling)."""
+    for key in ("mtime", "LastModified", "updated"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+@dataclass(frozen=True)
+class CommittedFiles:
+    """A committed artifact's file entries and when its manifest was written, by the store's clock.
+
+    A file whose size matches its entry and whose mtime is older than the manifest has not been
+    written since it was hashed, so its entry can be reused instead of hashing it again."""
+
+    entries: dict[str, FileEntry]
+    committed_at: float
+
+    @classmethod
+    def of(cls, store: ArtifactStore, manifest: Manifest | None) -> "CommittedFiles | None":
+        if manifest is None:
+            return None
+        try:
+            committed_at = _modified_at(store.fs.info(f"{store._path(manifest.uri)}/{MANIFEST_NAME}"))
+        except FileNotFoundError:
+            return None
+        return None if committed_at is None else cls({f.path: f for f in manifest.files}, committed_at)
+
+    def untouched(self, store: ArtifactStore, uri: str) -> dict[str, FileEntry]:
+        base = store._path(uri).rstrip("/")
+        try:
+            found = store.fs.find(base, withdirs=False, detail=True)
+        except FileNotFoundError:
+            return {}
+        kept = {}
+        for path, info in found.items():
+            entry = self.entries.get(path[len(base):].lstrip("/"))
+            modified = _modified_at(info)
+            if entry is not None and info.get("size") == entry.bytes and modified is not None \
+                    and modified < self.committed_at:
+                kept[entry.path] = entry
+        return kept
 
 
 def build_tokenized_asset(entry: TokenizedEntry):
@@ -155,20 +291,29 @@ def build_tokenized_asset(entry: TokenizedEntry):
                       "tokenizer": dg.AssetIn(key=dg.AssetKey(["tokenizer", entry.tokenizer]))},
                  description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "
                              "a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
-                             "(BOS + text + EOS per document), validation chosen by a hash of the document id.")
+                             "(BOS + text + EOS per document), validation chosen by a hash of the document id. "
+                             "Append-only: each deduplicated shard is one ledger shard, encoded once; a new shard "
+                             "is appended.")
     def tokenized(context: dg.AssetExecutionContext, store: MarinStore, corpus: ArtifactHandle,
                   tokenizer: ArtifactHandle):
         artifacts = store.get()
+        # Read before the rebuild withdraws it: entries of files the append leaves alone are reused.
+        committed = CommittedFiles.of(artifacts, artifacts.find(key, TOKENIZED_VERSION, None))
 
         def build(writer) -> Built:
-            stats = build_levanter_cache(parquet_files(artifacts, corpus.uri), tokenizer.uri, writer.uri, entry.cache)
+            files = corpus_files(artifacts, corpus.uri)
+            stats = build_levanter_cache(list(files), tokenizer.uri, writer.uri, entry.cache, fingerprints=files)
             metrics = {"documents": stats.documents, "tokens": stats.tokens, "text_bytes": stats.text_bytes,
                        "bytes_per_token": round(stats.bytes_per_token, 4),
                        "train_documents": stats.train.documents, "train_tokens": stats.train.tokens,
                        "validation_documents": stats.validation.documents,
                        "validation_tokens": stats.validation.tokens, "skipped_documents": stats.skipped_documents,
-                       "shards_reused": stats.shards_reused, "shards_encoded": stats.shards_encoded}
-            return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents})
+                       "shards": stats.shards, "shards_reused": stats.shards_reused,
+                       "shards_encoded": stats.shards_encoded, "documents_encoded": stats.documents_encoded}
+            known = committed.untouched(artifacts, writer.uri) if committed is not None else {}
+            return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents,
+                                                    "marin/files_rehash_skipped": len(known)},
+                         known_files=known)
 
         # Resume keeps the previous cache so that unchanged upstream shards are reused, not re-encoded.
         return materialize_artifact(context, store, config={"cache": asdict(entry.cache)},
@@ -186,6 +331,9 @@ def build_tokenized_asset(entry: TokenizedEntry):
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
         refs = {u.asset_key: u for u in manifest.upstream}
         files = parquet_files(artifacts, refs[f"deduplicated/{entry.source}"].uri)
+        # Rows follow the ledger (append) order; a file the ledger lacks goes last and fails the row count.
+        ledger = {uri: i for i, uri in enumerate(cache_shard_order(manifest.uri))}
+        files.sort(key=lambda uri: ledger.get(uri, len(ledger)))
         failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, files,
                                           sample_n=ROUNDTRIP_SAMPLE)
         return dg.AssetCheckResult(passed=not failures, metadata={
@@ -234,11 +382,12 @@ def read_mixture_config(store: ArtifactStore, handle: ArtifactHandle) -> dict[st
 
 
 def build_tokenization_stage(settings: MarinSettings, sources: set[str]) -> tuple[dg.Definitions, Catalog]:
-    registry = restrict_to_sources(load_registry(REGISTRY_PATH), sources)
+    registry = deployment_registry(settings, sources)
     catalog = Catalog()
     assets, checks = [], []
     for entry in registry.tokenizers.values():
         assets.append(build_tokenizer_asset(entry))
+        catalog.add_note(f"tokenizer/{entry.name}", pin_note)
     for entry in registry.tokenized.values():
         asset, check = build_tokenized_asset(entry)
         catalog.add_identity(f"tokenized/{entry.source}", lambda p, e=entry: {"cache": asdict(e.cache)})

@@ -11,9 +11,10 @@ Each split is a TreeCache whose single field is `input_ids` (int32), one row per
 
 Incremental builds: the ledger of a Levanter cache records rows per named shard, and the jagged
 arrays can be appended to and trimmed at a row boundary, but rows cannot be removed from the middle.
-So each upstream Parquet file is a ledger shard, and a rebuild reuses the longest prefix of the file
-list whose files are unchanged, trims anything after it, and encodes the rest. The result is
-row-for-row identical to a build from scratch. A manifest next to the splits
+So each upstream Parquet file is a ledger shard, kept in the order it was first committed: a rebuild
+keeps the longest run of committed ledger shards (in ledger order) whose files are still wanted and
+unchanged, trims anything after it, and appends the remaining files, encoded once. A new file is
+therefore always appended, wherever its name sorts. A manifest next to the splits
 (`marin_tokenize_manifest.json`) is the record of which shards are committed; see docs/tokenization.md.
 """
 
@@ -26,7 +27,7 @@ import os
 import queue
 import random
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -104,6 +105,8 @@ class CacheStats:
     shards: int
     shards_reused: int
     shards_encoded: int
+    # Documents encoded by this build (0 when everything was reused): one new shard's documents on an append.
+    documents_encoded: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,7 +154,9 @@ def _file_fingerprint(fs, path: str) -> str:
     return f"size={info.get('size')}"
 
 
-def _parquet_shard(uri: str, cfg: CacheConfig) -> _Shard:
+def _parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None) -> _Shard:
+    """A Parquet document file; `fingerprint` (e.g. the sha256 its producer recorded) replaces the
+    size/mtime fingerprint, so a file rewritten with the same bytes is still recognised."""
     fs, path = fsspec.core.url_to_fs(uri)
     if not fs.exists(path):
         raise FileNotFoundError(f"document file not found: {uri}")
@@ -165,7 +170,7 @@ def _parquet_shard(uri: str, cfg: CacheConfig) -> _Shard:
                 raise ValueError(f"{uri}: missing column(s) {sorted(missing)}; has {sorted(names)}")
             yield from pf.iter_batches(batch_size=cfg.batch_rows, columns=[cfg.id_column, cfg.text_column])
 
-    return _Shard(key=uri, fingerprint=_file_fingerprint(fs, path), open_batches=open_batches)
+    return _Shard(key=uri, fingerprint=fingerprint or _file_fingerprint(fs, path), open_batches=open_batches)
 
 
 def _iterator_shard(documents: Iterable[tuple[str, str]], name: str, cfg: CacheConfig) -> _Shard:
@@ -275,8 +280,10 @@ def _manifest_identity(tokenizer_sha: str, bos: int, eos: int, cfg: CacheConfig)
     }
 
 
-def _stats_from_manifest(cache_root: str, manifest: dict, reused: int, encoded: int) -> CacheStats:
+def _stats_from_manifest(cache_root: str, manifest: dict, reused: int) -> CacheStats:
+    """Totals of a cache root whose first `reused` ledger shards were kept and the rest encoded."""
     shards = manifest["shards"]
+    encoded = shards[reused:]
 
     def total(field_name: str) -> int:
         return sum(s[field_name] for s in shards)
@@ -299,7 +306,8 @@ def _stats_from_manifest(cache_root: str, manifest: dict, reused: int, encoded: 
         skipped_documents=total("skipped_documents"),
         shards=len(shards),
         shards_reused=reused,
-        shards_encoded=encoded,
+        shards_encoded=len(encoded),
+        documents_encoded=sum(s["train_documents"] + s["validation_documents"] for s in encoded),
     )
 
 
@@ -308,7 +316,15 @@ def read_cache_stats(cache_root: str) -> CacheStats:
     manifest = _read_json(f"{cache_root.rstrip('/')}/{MANIFEST_NAME}")
     if manifest is None or not manifest.get("finished"):
         raise FileNotFoundError(f"no finished tokenized cache at {cache_root}")
-    return _stats_from_manifest(cache_root, manifest, reused=len(manifest["shards"]), encoded=0)
+    return _stats_from_manifest(cache_root, manifest, reused=len(manifest["shards"]))
+
+
+def cache_shard_order(cache_root: str) -> list[str]:
+    """Keys (document file URIs) of the ledger shards of a finished cache root, in row order."""
+    manifest = _read_json(f"{cache_root.rstrip('/')}/{MANIFEST_NAME}")
+    if manifest is None or not manifest.get("finished"):
+        raise FileNotFoundError(f"no finished tokenized cache at {cache_root}")
+    return [s["key"] for s in manifest["shards"]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,15 +505,24 @@ def _shard_entry(shard: _Shard) -> dict:
     }
 
 
-def _reusable_prefix(manifest: dict | None, identity: dict, shards: Sequence[_Shard]) -> int:
+def _reuse_plan(manifest: dict | None, identity: dict, shards: Sequence[_Shard]) -> tuple[int, list[_Shard]]:
+    """(committed ledger shards to keep, shards to encode after them, in order).
+
+    Kept: the longest run of committed shards, in ledger order, that are still wanted with the same
+    fingerprint. Rows cannot leave the middle of a Levanter store, so a removed or changed file
+    re-encodes every shard committed after it; a new file is appended whatever its position in
+    `shards`, so an append-only corpus encodes each file exactly once."""
     if manifest is None or manifest.get("identity") != identity:
-        return 0
-    n = 0
-    for old, new in zip(manifest["shards"], shards):
-        if new.fingerprint is None or old["key"] != new.key or old["fingerprint"] != new.fingerprint:
+        return 0, list(shards)
+    wanted = {s.key: s for s in shards}
+    keep = 0
+    for old in manifest["shards"]:
+        new = wanted.get(old["key"])
+        if new is None or new.fingerprint is None or new.fingerprint != old["fingerprint"]:
             break
-        n += 1
-    return n
+        keep += 1
+    kept = {e["key"] for e in manifest["shards"][:keep]}
+    return keep, [s for s in shards if s.key not in kept]
 
 
 def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: CacheConfig) -> CacheStats:
@@ -519,9 +544,9 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
         identity = _manifest_identity(tok_sha, bos, eos, cfg)
 
         old = _read_json(manifest_uri) if cfg.incremental else None
-        reuse = _reusable_prefix(old, identity, shards)
-        if old is not None and reuse == len(shards) == len(old["shards"]) and old.get("finished"):
-            return _stats_from_manifest(out_root, old, reused=reuse, encoded=0)
+        reuse, todo = _reuse_plan(old, identity, shards)
+        if old is not None and not todo and reuse == len(old["shards"]) and old.get("finished"):
+            return _stats_from_manifest(out_root, old, reused=reuse)
 
         if reuse == 0:
             for name in (*SPLITS, MANIFEST_NAME):
@@ -570,7 +595,6 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
                 pending = pool.submit(write_and_commit, batches, completed)
                 completed = []
 
-            todo = shards[reuse:]
             todo_entries = [_shard_entry(shard) for shard in todo]
             stream = _prefetch(_batches_with_shard_ends(todo, cfg))
             for shard_index, batch, encodings in _encode_ahead(encoder, stream):
@@ -595,18 +619,24 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
             writers[split].flush_ledger(finished=True)
         manifest["finished"] = True
         _write_json(manifest_uri, manifest)
-    return _stats_from_manifest(out_root, manifest, reused=reuse, encoded=len(shards) - reuse)
+    return _stats_from_manifest(out_root, manifest, reused=reuse)
 
 
-def build_levanter_cache(doc_files: Sequence[str], tokenizer_dir: str, out_root: str, cfg: CacheConfig) -> CacheStats:
+def build_levanter_cache(doc_files: Sequence[str], tokenizer_dir: str, out_root: str, cfg: CacheConfig,
+                         fingerprints: Mapping[str, str] | None = None) -> CacheStats:
     """Tokenize Parquet document files into the Levanter cache root `out_root`.
 
-    `doc_files` order is the row order. With `cfg.incremental`, the longest unchanged prefix of
-    `doc_files` already in `out_root` is kept and only the rest is encoded.
+    On a fresh build `doc_files` order is the row order. With `cfg.incremental`, ledger shards already
+    in `out_root` whose files are unchanged stay where they are (see `_reuse_plan`) and only the other
+    files are encoded, appended in `doc_files` order. `fingerprints` maps a file to a content
+    fingerprint (the sha256 its producer recorded); files without one are fingerprinted by size and
+    mtime/ETag.
     """
     if isinstance(doc_files, str):
         raise TypeError("doc_files must be a list of Parquet paths/URIs, not a single string")
-    return _build([_parquet_shard(os.fspath(u), cfg) for u in doc_files], tokenizer_dir, out_root, cfg)
+    fingerprints = fingerprints or {}
+    shards = [_parquet_shard(os.fspath(u), cfg, fingerprints.get(os.fspath(u))) for u in doc_files]
+    return _build(shards, tokenizer_dir, out_root, cfg)
 
 
 def build_levanter_cache_from_documents(

@@ -104,7 +104,8 @@ def test_cache_rows_are_bos_text_eos_in_document_order(built, corpus, tokenizer_
     assert stats.text_bytes == sum(len(t.encode("utf-8")) for t in corpus)
     assert stats.bytes_per_token == pytest.approx(stats.text_bytes / stats.text_tokens)
     assert (stats.shards, stats.shards_encoded, stats.shards_reused) == (3, 3, 0)
-    assert read_cache_stats(root).to_dict() | {"shards_reused": 0, "shards_encoded": 3} == stats.to_dict()
+    assert read_cache_stats(root).to_dict() | {"shards_reused": 0, "shards_encoded": 3,
+                                               "documents_encoded": stats.documents} == stats.to_dict()
 
 
 def test_ledger_is_finished_and_names_each_shard(built, shards):
@@ -235,7 +236,18 @@ def test_build_from_in_memory_documents(corpus, tokenizer_dir, tmp_path):
     assert len(_rows(str(tmp_path / "mem" / "train"))) == 40
 
 
-def test_levanter_trains_from_the_rendered_mixture(built, tokenizer_dir, caplog):
+@pytest.fixture(scope="module")
+def appended(shards, tokenizer_dir, cfg, tmp_path_factory):
+    """The same documents as `built`, the last shard appended to a cache of the first two."""
+    root = str(tmp_path_factory.mktemp("appended") / "root")
+    build_levanter_cache(shards[:2], tokenizer_dir, root, cfg)
+    stats = build_levanter_cache(shards, tokenizer_dir, root, cfg)
+    assert (stats.shards_encoded, stats.shards_reused) == (1, 2)
+    return root, stats
+
+
+@pytest.mark.parametrize("cache", ["built", "appended"])
+def test_levanter_trains_from_the_rendered_mixture(cache, request, tokenizer_dir, caplog):
     import draccus
     import haliax as hax
     import jax
@@ -243,7 +255,7 @@ def test_levanter_trains_from_the_rendered_mixture(built, tokenizer_dir, caplog)
     from levanter.main.train_lm import TrainLmConfig
     from levanter.schedule import BatchSchedule
 
-    root, stats = built
+    root, stats = request.getfixturevalue(cache)
     spec = MixtureSpec(
         name="test-mix",
         components={
@@ -295,3 +307,37 @@ def test_fsspec_uris_for_documents_and_tokenizer(corpus, tokenizer_dir, write_do
     stats = build_levanter_cache(docs, remote_tok, str(tmp_path / "c"), CacheConfig(validation_fraction=0.2))
     assert stats.documents == 30 and art.vocab_size == 512
     assert decode_roundtrip_check(str(tmp_path / "c"), remote_tok, docs, sample_n=30) == []
+
+
+def test_append_rewrites_only_the_tail_of_levanters_zarr_shards(shards, tokenizer_dir, cfg, built, monkeypatch,
+                                                                 tmp_path):
+    """Levanter stores 128 Mi tokens per zarr shard file (`data/c/<k>`). With that size scaled down
+    (the same code path writes and reads), an append leaves every data shard file before the old
+    tail byte-identical: what a cache larger than 128 Mi tokens gets at full size."""
+    import levanter.store.jagged_array as jagged
+
+    full_root, _ = built
+    expected = {split: _rows(f"{full_root}/{split}") for split in ("train", "validation")}  # read at full size
+    monkeypatch.setattr(jagged, "DEFAULT_CHUNK_SIZE", 1024)
+    monkeypatch.setattr(jagged, "DEFAULT_WRITE_CHUNK_SIZE", 4096)
+    root = tmp_path / "small-shards"
+
+    def files() -> dict[str, str]:
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in root.rglob("*") if p.is_file()}
+
+    build_levanter_cache(shards[:2], tokenizer_dir, str(root), cfg)
+    before = files()
+    grown = build_levanter_cache(shards, tokenizer_dir, str(root), cfg)
+    assert (grown.shards_encoded, grown.shards_reused) == (1, 2)
+    after = files()
+
+    data = sorted((p for p in before if p.startswith("train/input_ids/data/c/")),
+                  key=lambda p: int(p.rsplit("/", 1)[1]))
+    assert len(data) > 3
+    changed = {p for p in before if after[p] != before[p]}
+    assert changed & set(data) <= {data[-1]}
+    assert len([p for p in after if p.startswith("train/input_ids/data/c/")]) > len(data)
+    for split in ("train", "validation"):
+        for a, b in zip(_rows(str(root / split)), expected[split], strict=True):
+            assert np.array_equal(a, b)

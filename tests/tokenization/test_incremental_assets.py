@@ -1,0 +1,221 @@
+"""Append-only token caches and pinned tokenizers, through the Dagster assets and the store.
+
+The upstream `deduplicated/<source>` artifact is committed directly, following dedup's rule: a
+committed data file keeps its bytes, and a new shard only adds a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from marin_assets.catalog import Catalog
+from marin_assets.planning import Planner, parse_key
+from marin_assets.tokenization.assets import (TOKENIZED_VERSION, TokenizedEntry, TokenizerEntry, build_tokenized_asset,
+                                              build_tokenizer_asset, pin_note)
+from marin_assets.tokenization.cache import CacheConfig
+from marin_assets.tokenization.tokenizer import TokenizerConfig
+from marin_resources.artifacts import VERSION_METADATA_KEY
+from marin_resources.environments import MarinSettings, build_resources
+from marin_resources.store import ArtifactStore
+
+SOURCE = "letters"
+DEDUP_VERSION = "v1"
+EXEMPLAR = {"input_ids": np.zeros((0,), dtype=np.int32)}
+TOKENIZER = TokenizerEntry("letters_bpe", TokenizerConfig(vocab_size=400), train_on=(SOURCE,))
+TOKENIZED = TokenizedEntry(SOURCE, TOKENIZER.name, CacheConfig(validation_fraction=0.2, batch_rows=64))
+# The files an append may rewrite: Levanter keeps the row count in offsets[0] and packs the first
+# 128 Mi tokens of a split into one zarr shard file, so both live in c/0 for a cache this small.
+APPEND_REWRITES = {f"{split}/{name}" for split in ("train", "validation")
+                   for name in ("shard_ledger.json", "shard_ledger.json.bak", "input_ids/offsets/c/0",
+                                "input_ids/data/c/0")} \
+    | {"marin_tokenize_manifest.json"}
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): _sha(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")}
+
+
+class Pipeline:
+    """A store holding `deduplicated/letters`, and the tokenizer and tokenized assets over it."""
+
+    def __init__(self, tmp_path: Path, corpus: list[str], write_docs):
+        self.tmp, self.corpus, self.write_docs = tmp_path, corpus, write_docs
+        self.settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store")})
+        self.store = ArtifactStore(self.settings.prefix)
+        self.instance = dg.DagsterInstance.ephemeral()
+        self.dedup_uri = self.store.artifact_uri(f"deduplicated/{SOURCE}", DEDUP_VERSION, None)
+
+    def commit_corpus(self, shards: dict[str, list[str]]) -> None:
+        """Commit deduplicated/letters with these new shard files; files already there stay as they are."""
+        writer = self.store.begin(f"deduplicated/{SOURCE}", DEDUP_VERSION, None, run_id="dedup", resume=True)
+        data = self.store.local_path(self.dedup_uri) / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        for key, texts in shards.items():
+            self.write_docs(str(data / f"{key}.parquet"), texts)
+        writer.commit(fingerprint="dedup", config={}, upstream=[], producer={})
+
+    def assets(self, tokenizer: TokenizerEntry = TOKENIZER):
+        dedup = dg.AssetSpec(key=dg.AssetKey(["deduplicated", SOURCE]), metadata={
+            VERSION_METADATA_KEY: DEDUP_VERSION}).with_io_manager_key("artifact_io_manager")
+        tokenized, roundtrip = build_tokenized_asset(TOKENIZED)
+        return [dedup, build_tokenizer_asset(tokenizer), tokenized, roundtrip]
+
+    def materialize(self, tokenizer: TokenizerEntry = TOKENIZER) -> dg.ExecuteInProcessResult:
+        result = dg.materialize(self.assets(tokenizer), instance=self.instance,
+                                resources=build_resources(self.settings))
+        assert result.success
+        return result
+
+    def planner(self) -> Planner:
+        catalog = Catalog()
+        catalog.add_note(f"tokenizer/{TOKENIZER.name}", pin_note)
+        defs = dg.Definitions(assets=self.assets(), resources=build_resources(self.settings))
+        return Planner(defs, catalog, self.store, self.instance)
+
+    def cache_root(self) -> Path:
+        return self.store.local_path(self.store.artifact_uri(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None))
+
+
+def _metadata(result: dg.ExecuteInProcessResult, key: str) -> dict:
+    event = next(e for e in result.get_asset_materialization_events() if e.asset_key == dg.AssetKey(key.split("/")))
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def _rows(split_dir: Path) -> list[np.ndarray]:
+    from levanter.store.cache import TreeCache
+
+    cache = TreeCache.load(str(split_dir), EXEMPLAR)
+    return [np.asarray(r["input_ids"]) for r in cache.get_batch_sync(list(range(len(cache))))] if len(cache) else []
+
+
+@pytest.fixture
+def pipeline(tmp_path, corpus, write_docs) -> Pipeline:
+    p = Pipeline(tmp_path, corpus, write_docs)
+    third = len(corpus) // 3
+    # The shard added later ("b-new") sorts first by name: append order is not name order.
+    p.commit_corpus({"m-first": corpus[:third], "p-second": corpus[third:2 * third]})
+    return p
+
+
+def test_new_shard_is_encoded_once_and_appended(pipeline, corpus, monkeypatch):
+    first = pipeline.materialize()
+    assert _metadata(first, f"tokenized/{SOURCE}")["shards_encoded"] == 2
+    root = pipeline.cache_root()
+    before_files = _snapshot(root)
+    before_rows = {split: _rows(root / split) for split in ("train", "validation")}
+    tokenizer_before = pipeline.store.find(f"tokenizer/{TOKENIZER.name}", TOKENIZER.version, None)
+
+    third = len(corpus) // 3
+    new_docs = corpus[2 * third:]
+    pipeline.commit_corpus({"b-new": new_docs})
+
+    hashed: list[str] = []
+    real_hash = ArtifactStore.hash_file
+
+    def counting_hash(self, uri, rel):
+        if uri.endswith(f"tokenized/{SOURCE}/{TOKENIZED_VERSION}"):
+            hashed.append(rel)
+        return real_hash(self, uri, rel)
+
+    monkeypatch.setattr(ArtifactStore, "hash_file", counting_hash)
+    second = pipeline.materialize()
+    monkeypatch.setattr(ArtifactStore, "hash_file", real_hash)
+
+    # The tokenizer is pinned: reused, not retrained, though its corpus grew.
+    tok_meta = _metadata(second, f"tokenizer/{TOKENIZER.name}")
+    assert tok_meta["marin/reused"] is True
+    tokenizer_after = pipeline.store.find(f"tokenizer/{TOKENIZER.name}", TOKENIZER.version, None)
+    assert (tokenizer_after.data_version, tokenizer_after.finished_at) == \
+        (tokenizer_before.data_version, tokenizer_before.finished_at)
+
+    # Exactly the new shard's documents were encoded, appended as one ledger shard.
+    meta = _metadata(second, f"tokenized/{SOURCE}")
+    assert (meta["shards_encoded"], meta["shards_reused"], meta["shards"]) == (1, 2, 3)
+    assert meta["documents_encoded"] == len(new_docs)
+    assert meta["documents"] == len(corpus)
+
+    from levanter.store.cache import CacheLedger
+
+    ledger = CacheLedger.load(str(root / "train"))
+    assert [Path(k).name for k in ledger.finished_shards] == ["m-first.parquet", "p-second.parquet", "b-new.parquet"]
+
+    # Levanter opens the grown cache unchanged; old rows are the same, the new shard's rows follow.
+    after_rows = {split: _rows(root / split) for split in ("train", "validation")}
+    assert sum(len(r) for r in after_rows.values()) == len(corpus)
+    for split in ("train", "validation"):
+        old = before_rows[split]
+        assert all(np.array_equal(a, b) for a, b in zip(old, after_rows[split][:len(old)], strict=True))
+
+    # Only the files Levanter's layout forces to change were written; everything else kept its bytes.
+    after_files = _snapshot(root)
+    changed = {rel for rel, sha in before_files.items() if after_files.get(rel) != sha}
+    assert set(before_files) <= set(after_files)
+    assert changed <= APPEND_REWRITES, changed - APPEND_REWRITES
+    assert {"train/input_ids/data/zarr.json", "train/input_ids/offsets/zarr.json"} <= set(before_files) - changed
+
+    # The commit hashed only files the append wrote; the reused entries are right.
+    manifest = pipeline.store.find(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None)
+    assert set(hashed) <= APPEND_REWRITES | (set(after_files) - set(before_files))
+    assert len(hashed) < len(after_files)
+    assert pipeline.store.verify(manifest) == []
+    assert meta["marin/files_rehash_skipped"] == len(after_files) - len(hashed)
+
+    # The decode round-trip check reads rows in ledger (append) order.
+    checks = second.get_asset_check_evaluations()
+    assert checks and all(c.passed for c in checks)
+
+
+def test_pinned_tokenizer_status_and_explicit_retrain(pipeline, corpus):
+    pipeline.materialize()
+    tok_key = parse_key(f"tokenizer/{TOKENIZER.name}")
+    cache_key = parse_key(f"tokenized/{SOURCE}")
+    fresh = pipeline.planner().state(tok_key, None)
+    assert fresh.state == "fresh" and "pinned to deduplicated/letters@" in fresh.cause and "(unchanged)" in fresh.cause
+
+    pipeline.commit_corpus({"z-new": corpus[-20:]})
+    grown = pipeline.store.find(f"deduplicated/{SOURCE}", DEDUP_VERSION, None)
+    planner = pipeline.planner()
+    pinned = planner.state(tok_key, None)
+    assert pinned.state == "fresh", pinned
+    assert f"now {grown.data_version[:12]}" in pinned.cause and "retrain" in pinned.cause
+    assert planner.state(cache_key, None).state == "stale"  # the cache does follow its corpus
+
+    pipeline.materialize()
+    assert pipeline.planner().state(cache_key, None).state == "fresh"
+    trained = pipeline.store.find(f"tokenizer/{TOKENIZER.name}", TOKENIZER.version, None)
+    assert trained.config["corpora"][SOURCE] != grown.data_version
+    assert trained.upstream == []
+
+    # Retraining is an explicit new version: it trains on today's corpus and pins that.
+    retrained = TokenizerEntry(TOKENIZER.name, TOKENIZER.config, TOKENIZER.train_on, version="v3")
+    result = dg.materialize(pipeline.assets(retrained)[:2], instance=pipeline.instance,
+                            resources=build_resources(pipeline.settings))
+    assert result.success
+    v3 = pipeline.store.find(f"tokenizer/{TOKENIZER.name}", "v3", None)
+    assert v3.config["corpora"] == {SOURCE: grown.data_version}
+    assert v3.metrics["pinned_corpus"][SOURCE]["data_version"] == grown.data_version
+
+
+def test_changed_committed_shard_reencodes_from_it(pipeline, corpus):
+    """Dedup's rule broken (a committed file rewritten with other bytes): that shard and every shard
+    committed after it are encoded again; the ones before it are kept."""
+    pipeline.materialize()
+    path = pipeline.store.local_path(pipeline.dedup_uri) / "data" / "p-second.parquet"
+    texts = pq.read_table(path).column("text").to_pylist()[:-3]
+    os.remove(path)
+    pipeline.commit_corpus({"p-second": texts})
+    meta = _metadata(pipeline.materialize(), f"tokenized/{SOURCE}")
+    assert (meta["shards_encoded"], meta["shards_reused"]) == (1, 1)
+    assert meta["documents_encoded"] == len(texts)
