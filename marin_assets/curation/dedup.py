@@ -427,7 +427,7 @@ def _assign_centres(
         if exact_match is not None:
             if involved.texts[exact_match] != involved.texts[doc]:
                 raise ValueError(
-                    f"two documents share id {involved.ids[doc]} with different texts "
+                    f"two documents share an id with a different text: {involved.ids[doc]} "
                     "(id must be the sha256 of the text)"
                 )
             drops.append((doc, exact_match, 1.0, "exact"))
