@@ -522,3 +522,25 @@ def test_index_starts_over_when_its_inputs_change_and_drops_uncommitted_batches(
     assert "config" in update_index(index, shard_inputs(shards), other_config).reset_reason
     gone = update_index(index, shard_inputs(shards[1:]), other_config)
     assert "no longer an input" in gone.reset_reason and [s.seq for s in gone.new_shards] == [0, 1]
+
+
+def test_band_buckets_propose_exactly_the_pairs_datasketch_lsh_proposes(planted_corpus):
+    from datasketch import LeanMinHash, MinHashLSH
+
+    config = DedupConfig(bands=32, rows=4)  # loose, so there are many pairs to compare
+    docs = frame(planted_corpus["texts"], [str(i) for i in range(len(planted_corpus["texts"]))])
+    hashvalues = compute_signatures(docs, config.minhash).hashvalues
+    buckets = minhash.band_hashes(hashvalues, config.bands, config.rows)
+    ours = set()
+    for band in range(config.bands):
+        by_bucket: dict[int, list[int]] = {}
+        for row, bucket in enumerate(buckets[:, band].tolist()):
+            by_bucket.setdefault(bucket, []).append(row)
+        ours.update(pair for rows in by_bucket.values() for pair in combinations(rows, 2))
+    lsh = MinHashLSH(num_perm=config.minhash.num_perm, params=(config.bands, config.rows))
+    sketches = [LeanMinHash(seed=config.minhash.seed, hashvalues=row, scheme="affine32") for row in hashvalues]
+    for row, sketch in enumerate(sketches):
+        lsh.insert(row, sketch, check_duplication=False)
+    theirs = {(min(row, other), max(row, other)) for row, sketch in enumerate(sketches)
+              for other in lsh.query(sketch) if other != row}
+    assert len(theirs) > 100 and ours == theirs
