@@ -260,23 +260,26 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
         return materialize_artifact(context, store, config=filtered_identity, upstream=upstream, build=build)
 
     @marin_asset(key=f"deduplicated/{name}", version=DEDUP_VERSION,
-                 ins={"index": dg.AssetIn(key=dedup_index_key(group)), "shards": all_partitions_in(filtered.key)},
+                 ins={"index": dg.AssetIn(key=dedup_index_key(group))},
                  identity=dedup_identity,
                  group_name="curation", kinds={"parquet"},
                  description=f"`{name}` after exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication against "
                              f"dedup group `{group}`. `data/<shard>.parquet` holds each shard's kept documents and "
                              "`duplicates/<shard>.parquet` its dropped ids, with the kept id that replaced each and "
                              "their exact Jaccard. Files of earlier shards are never rewritten.")
-    def deduplicated(context: dg.AssetExecutionContext, store: MarinStore, index: ArtifactHandle,
-                     shards: dict[str, ArtifactHandle]) -> dg.Output[ArtifactHandle]:
+    def deduplicated(context: dg.AssetExecutionContext, store: MarinStore,
+                     index: ArtifactHandle) -> dg.Output[ArtifactHandle]:
         artifacts = store.get()
         index_dir = IndexDir(artifacts.fs, artifacts._path(index.uri))
-        registered = {shard.shard_key: shard for shard in read_registry(index_dir) if shard.source == name}
-        missing = sorted(set(shards) - set(registered))
-        if missing:
-            raise dg.Failure(f"{dedup_index_key(group).to_user_string()} has not indexed {name} shard(s) "
-                             f"{missing[:5]}; materialize it first")
         index_manifest = artifacts.read_manifest(index.uri)
+        # The index pins the filtered shards it decided on; reading them through it keeps one lineage path.
+        shards = {str(ref.partition): ref for ref in index_manifest.upstream if ref.asset_key == f"filtered/{name}"}
+        registered = {shard.shard_key: shard for shard in read_registry(index_dir) if shard.source == name}
+        stale = sorted(key for key in shards if key not in registered or registered[key].version !=
+                       shards[key].data_version)
+        if stale:
+            raise dg.Failure(f"{dedup_index_key(group).to_user_string()} does not match its manifest for {name} "
+                             f"shard(s) {stale[:5]}; materialize it again")
         decision_sha = {entry.path: entry.sha256 for entry in index_manifest.files}
 
         def digest_entry(shard_key: str) -> tuple[str, str, str]:
@@ -313,8 +316,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                                   "decisions_digest": decisions_digest(map(digest_entry, shards))},
                          metadata={"dagster/row_count": documents, "shards": len(shards)})
 
-        return materialize_artifact(context, store, config=dedup_identity,
-                                    upstream=[index, *(h for _, h in sorted(shards.items()))], build=build,
+        return materialize_artifact(context, store, config=dedup_identity, upstream=[index], build=build,
                                     resume=True)
 
     checks = [
