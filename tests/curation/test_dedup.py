@@ -357,6 +357,9 @@ def test_bad_inputs_are_rejected():
     forged = docs.with_columns(pl.Series("id", [docs["id"][0], docs["id"][0]]))
     with pytest.raises(ValueError, match="share an id with a different text"):
         dedup_source([Shard("k", forged, compute_signatures(forged, config.minhash))], config)
+    not_hex = docs.with_columns(pl.Series("id", ["not a hash", docs["id"][1]]))
+    with pytest.raises(ValueError, match="not a hex sha256"):
+        dedup_source([Shard("k", not_hex, compute_signatures(not_hex, config.minhash))], config)
     with pytest.raises(ValueError, match="exceeds num_perm"):
         DedupConfig(bands=20, rows=10)
 
