@@ -131,7 +131,7 @@ def measure_ours(folder: Path, keys: list[str], index_dir: Path, previous: list[
     planted = sum(pl.read_parquet(folder / f"{key}.docs.parquet", columns=["source_id"])["source_id"]
                   .str.starts_with("planted-").sum() for key in keys)
     planted_dropped = int(dropped["dropped_source_id"].str.starts_with("planted-").sum())
-    return {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "rss_after_imports_mb": baseline,
+    return {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "rss_before_mb": baseline,
             "docs": update.stats["input_docs"], "planted": int(planted), "planted_dropped": planted_dropped,
             "unplanted_dropped": len(dropped) - planted_dropped,
             "max_partition_keys": update.stats["max_partition_keys"],
@@ -156,7 +156,7 @@ def measure_datasketch(folder: Path, keys: list[str]) -> dict:
         for number, sketch in enumerate(sketches):
             session.insert(number, sketch, check_duplication=False)
     pairs = sum(len(lsh.query(sketch)) - 1 for sketch in sketches) // 2
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(), "rss_after_imports_mb": baseline,
+    return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(), "rss_before_mb": baseline,
             "docs": len(sketches), "candidate_pairs": pairs}
 
 
@@ -334,8 +334,8 @@ def main() -> None:
               f"{ours['peak_rss_mb']:8.0f} {ours['max_partition_keys']:10d} {recall:7.3f} "
               f"{ours['unplanted_dropped']:5d} | {theirs['seconds']:12.1f} {theirs['peak_rss_mb']:13.0f} "
               f"{theirs['candidate_pairs']:7d}")
-    print(f"rss after imports: ours {rows[0]['ours']['rss_after_imports_mb']:.0f} MB, "
-          f"datasketch {rows[0]['datasketch']['rss_after_imports_mb']:.0f} MB")
+    print(f"peak RSS before the timed step (imports, warm-up): ours {rows[0]['ours']['rss_before_mb']:.0f} MB, "
+          f"datasketch {rows[0]['datasketch']['rss_before_mb']:.0f} MB")
     print(f"one new shard after {len(keys) - 1}: {added['seconds']:.1f} s, {added['peak_rss_mb']:.0f} MB; "
           f"that shard alone into an empty index: {alone['seconds']:.1f} s, {alone['peak_rss_mb']:.0f} MB "
           f"(ratio {added['seconds'] / alone['seconds']:.2f})")
