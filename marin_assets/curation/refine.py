@@ -98,12 +98,15 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
         handles = [(name[len("shards_"):], key, handle) for name, shards in sorted(inputs.items())
                    for key, handle in sorted(shards.items())]
 
+        def signatures_of(handle: ArtifactHandle):
+            with artifacts.open(f"{handle.uri}/signatures.parquet") as fh:
+                return load_signatures(fh.read(), expected=dedup_cfg.minhash)
+
         def shard_input(source: str, shard_key: str, handle: ArtifactHandle) -> ShardInput:
             return ShardInput(
                 source, shard_key, handle.data_version,
                 load_docs=lambda: read_parquet(artifacts, f"{handle.uri}/documents.parquet").select(DOCUMENT_COLUMNS),
-                load_signatures=lambda: load_signatures(artifacts.open(f"{handle.uri}/signatures.parquet").read(),
-                                                        expected=dedup_cfg.minhash))
+                load_signatures=lambda: signatures_of(handle))
 
         def build(writer) -> Built:
             index = IndexDir(artifacts.fs, artifacts._path(writer.uri))
