@@ -547,3 +547,34 @@ def test_band_buckets_propose_exactly_the_pairs_datasketch_lsh_proposes(planted_
     theirs = {(min(row, other), max(row, other)) for row, sketch in enumerate(sketches)
               for other in lsh.query(sketch) if other != row}
     assert len(theirs) > 100 and ours == theirs
+
+
+def test_dedup_groups_from_the_sources_yaml(tmp_path):
+    from marin_assets.curation.refine import dedup_config_from, dedup_group_members, dedup_group_of
+    from marin_assets.curation.sources import parse_curation_config
+
+    def sources(*entries):
+        return parse_curation_config({"sources": [{"uri": str(tmp_path / "*.txt"), "format": "text", **entry}
+                                                  for entry in entries]}, tmp_path)
+
+    config = sources({"name": "web", "dedup": {"group": "corpus", "jaccard_threshold": 0.85}},
+                     {"name": "books", "dedup": {"group": "corpus", "jaccard_threshold": 0.85}},
+                     {"name": "code"})
+    web, books, code = config.sources
+    assert [dedup_group_of(source) for source in config.sources] == ["corpus", "corpus", "code"]
+    assert dedup_group_members(books, config) == [web, books]
+    assert dedup_group_members(code, config) == [code]
+    assert dedup_config_from(web).jaccard_threshold == 0.85  # `group` is not a DedupConfig field
+
+    mixed = sources({"name": "web", "dedup": {"group": "corpus"}},
+                    {"name": "books", "dedup": {"group": "corpus", "bands": 16, "rows": 8}})
+    with pytest.raises(ValueError, match="differ in their dedup settings"):
+        dedup_group_members(mixed.sources[0], mixed)
+    # Naming a source's default group joins it; naming a source that is in another group is an error.
+    joined = sources({"name": "web", "dedup": {"group": "books"}}, {"name": "books"})
+    assert dedup_group_members(joined.sources[0], joined) == list(joined.sources)
+    clash = sources({"name": "web", "dedup": {"group": "books"}}, {"name": "books", "dedup": {"group": "other"}})
+    with pytest.raises(ValueError, match="has the name of source 'books'"):
+        dedup_group_members(clash.sources[0], clash)
+    with pytest.raises(ValueError, match="must be a non-empty string"):
+        dedup_group_of(sources({"name": "web", "dedup": {"group": ""}}).sources[0])
