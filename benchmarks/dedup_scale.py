@@ -136,6 +136,8 @@ def measure_ours(folder: Path, keys: list[str], index_dir: Path, previous: list[
             "unplanted_dropped": len(dropped) - planted_dropped,
             "max_partition_keys": update.stats["max_partition_keys"],
             "colliding_keys": update.stats["colliding_keys"],
+            "index_row_groups": update.stats["index_row_groups"],
+            "index_row_groups_read": update.stats["index_row_groups_read"],
             "below_threshold": update.stats["dropped_below_threshold_via_chain"]}
 
 
@@ -338,7 +340,8 @@ def main() -> None:
           f"datasketch {rows[0]['datasketch']['rss_before_mb']:.0f} MB")
     print(f"one new shard after {len(keys) - 1}: {added['seconds']:.1f} s, {added['peak_rss_mb']:.0f} MB; "
           f"that shard alone into an empty index: {alone['seconds']:.1f} s, {alone['peak_rss_mb']:.0f} MB "
-          f"(ratio {added['seconds'] / alone['seconds']:.2f})")
+          f"(ratio {added['seconds'] / alone['seconds']:.2f}); index row groups read: "
+          f"{added['index_row_groups_read']} of {added['index_row_groups']}")
     summary = {
         "debian": {k: debian[k] for k in ("documents", "precision", "recall", "below_threshold", "truth_dropped")},
         "sizes": [row["docs"] for row in rows],

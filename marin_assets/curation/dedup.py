@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import fsspec
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 from marin_assets.curation.minhash import (
     MinHashConfig,
@@ -67,6 +68,8 @@ DUPLICATES_SCHEMA = {
 # A shard's decisions: its dropped rows (by position in the shard) and what replaced each.
 DECISION_SCHEMA = {"dropped_row": pl.UInt32, **DUPLICATES_SCHEMA}
 KEY_SCHEMA = {"band": pl.UInt16, "bucket": pl.UInt64, "doc": pl.UInt64}
+# Keys per row group of an index run: small enough that a lookup of a few keys reads little.
+RUN_ROW_GROUP_KEYS = 8192
 
 
 def lsh_threshold(bands: int, rows: int) -> float:
@@ -199,8 +202,8 @@ class IndexDir:
         with self.fs.open(path, "wb") as handle:
             handle.write(data)
 
-    def write_parquet(self, rel: str, frame: pl.DataFrame) -> None:
-        self.write_bytes(rel, parquet_bytes(frame))
+    def write_parquet(self, rel: str, frame: pl.DataFrame, row_group_size: int | None = None) -> None:
+        self.write_bytes(rel, parquet_bytes(frame, row_group_size))
 
     def files(self, under: str = "") -> list[str]:
         base = f"{self.root}/{under}".rstrip("/")
@@ -215,10 +218,10 @@ class IndexDir:
         self.fs.rm_file(f"{self.root}/{rel}")
 
 
-def parquet_bytes(frame: pl.DataFrame) -> bytes:
+def parquet_bytes(frame: pl.DataFrame, row_group_size: int | None = None) -> bytes:
     """Parquet bytes of ``frame``; the same frame always gives the same bytes (no timestamps)."""
     buffer = io.BytesIO()
-    frame.write_parquet(buffer, compression="zstd")
+    frame.write_parquet(buffer, compression="zstd", row_group_size=row_group_size)
     return buffer.getvalue()
 
 
@@ -336,18 +339,48 @@ def split_by_partition(keys: pl.DataFrame, partitions: int) -> dict[int, pl.Data
     }
 
 
-def partition_collisions(old_runs: Iterable[Callable[[], pl.DataFrame]], new_keys: pl.DataFrame) -> pl.DataFrame:
+def partition_collisions(
+    old_runs: Iterable[Callable[[np.ndarray], pl.DataFrame]], new_keys: pl.DataFrame
+) -> pl.DataFrame:
     """Keys of one partition whose (band, bucket) holds two or more documents, one of them new.
 
-    ``old_runs`` load the partition's runs of kept documents one at a time; each is cut down to
-    the buckets the new keys touch before the next is read, so memory is the new keys plus one run.
+    ``old_runs`` load the partition's runs of kept documents one at a time, given the sorted new
+    bucket hashes (a loader may skip the parts of a run that hold none of them); each run is cut
+    down to the buckets the new keys touch before the next is read, so memory is the new keys
+    plus one run.
     """
     if new_keys.is_empty():
         return pl.DataFrame(schema=KEY_SCHEMA)
     new_buckets = new_keys.select("band", "bucket").unique()
-    matched = [run().join(new_buckets, on=["band", "bucket"], how="semi") for run in old_runs]
+    sorted_buckets = np.unique(new_buckets["bucket"].to_numpy())
+    matched = [run(sorted_buckets).join(new_buckets, on=["band", "bucket"], how="semi") for run in old_runs]
     members = pl.concat([*matched, new_keys], how="vertical")
     return members.filter(pl.len().over("band", "bucket") >= 2)
+
+
+def read_run(index: IndexDir, rel: str, buckets: np.ndarray, stats: dict[str, int | float]) -> pl.DataFrame:
+    """The row groups of a key run whose bucket range holds one of ``buckets`` (sorted uint64).
+
+    Runs are sorted by bucket and written in small row groups, so a few new keys against a large
+    index read a fraction of it; the Parquet min/max statistics say which groups to read.
+    """
+    with index.fs.open(f"{index.root}/{rel}", "rb") as handle:
+        run = pq.ParquetFile(handle)
+        column = run.schema_arrow.get_field_index("bucket")
+        wanted = []
+        for group in range(run.num_row_groups):
+            statistics = run.metadata.row_group(group).column(column).statistics
+            if statistics is None or not statistics.has_min_max:
+                wanted.append(group)
+                continue
+            first = np.searchsorted(buckets, np.uint64(statistics.min))
+            if first < buckets.size and buckets[first] <= np.uint64(statistics.max):
+                wanted.append(group)
+        stats["index_row_groups"] += run.num_row_groups
+        stats["index_row_groups_read"] += len(wanted)
+        if not wanted:
+            return pl.DataFrame(schema=KEY_SCHEMA)
+        return pl.from_arrow(run.read_row_groups(wanted)).cast(KEY_SCHEMA)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,6 +490,8 @@ def _zero_counts() -> dict[str, int]:
         "docs_without_tokens": 0,
         "colliding_keys": 0,
         "max_partition_keys": 0,
+        "index_row_groups": 0,
+        "index_row_groups_read": 0,
         "lsh_candidate_pairs": 0,
         "verified_pairs": 0,
         "rejected_pairs": 0,
@@ -522,7 +557,8 @@ def _index_batch(
     for partition in range(partitions):
         keys = new_keys(partition)
         old_runs = [
-            (lambda rel=_key_run_path(partition, number): index.read_parquet(rel)) for number in range(batch_number)
+            (lambda buckets, rel=_key_run_path(partition, number): read_run(index, rel, buckets, stats))
+            for number in range(batch_number)
         ]
         found = partition_collisions(old_runs, keys)
         stats["max_partition_keys"] = max(stats["max_partition_keys"], len(keys) + len(found))
@@ -562,8 +598,9 @@ def _index_batch(
         stats["kept_docs"] += shard.kept
     dropped_docs = pl.Series("doc", [dropped for dropped, *_ in drops], dtype=pl.UInt64)
     for partition in range(partitions):
-        kept_keys = new_keys(partition).filter(~pl.col("doc").is_in(dropped_docs.implode())).sort("band", "bucket", "doc")
-        index.write_parquet(_key_run_path(partition, batch_number), kept_keys)
+        kept_keys = new_keys(partition).filter(~pl.col("doc").is_in(dropped_docs.implode()))
+        index.write_parquet(_key_run_path(partition, batch_number), kept_keys.sort("bucket", "band", "doc"),
+                            row_group_size=RUN_ROW_GROUP_KEYS)
     # Written last: the batch exists from here on.
     body = {"batch": batch_number, "config": config.to_json(), "shards": [asdict(shard) for shard in batch]}
     index.write_bytes(_registry_path(batch_number), json.dumps(body, indent=1, sort_keys=True).encode())

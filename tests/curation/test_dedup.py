@@ -470,11 +470,11 @@ def test_candidate_step_holds_one_bucket_range_at_a_time(planted_corpus, tmp_pat
     original = dedup.partition_collisions
 
     def spy(old_runs, new_keys):
-        loaded = [run() for run in old_runs]
+        loaded = [run(np.unique(new_keys["bucket"].to_numpy())) for run in old_runs]
         seen = {int(p) for frame in [new_keys, *loaded]
                 for p in key_partition(frame["bucket"].to_numpy(), config.index_partitions)}
         calls.append((seen, len(loaded)))
-        return original([lambda frame=frame: frame for frame in loaded], new_keys)
+        return original([lambda buckets, frame=frame: frame for frame in loaded], new_keys)
 
     monkeypatch.setattr(dedup, "partition_collisions", spy)
     update = update_index(index, shard_inputs(shards), config, batch_shards=1)
@@ -485,6 +485,27 @@ def test_candidate_step_holds_one_bucket_range_at_a_time(planted_corpus, tmp_pat
     assert [runs for _, runs in calls] == [1] * 4 + [2] * 4
     total_keys = sum(len(index.read_parquet(rel)) for rel in index.files("keys"))
     assert update.stats["max_partition_keys"] < total_keys / 2
+
+
+def test_a_small_new_shard_reads_only_the_row_groups_it_needs(planted_corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(dedup, "RUN_ROW_GROUP_KEYS", 16)
+    config = DedupConfig()
+    texts = planted_corpus["texts"]
+    old_shards = make_shards(texts[:150], 3, config.minhash)
+    index = IndexDir.local(tmp_path / "index")
+    update_index(index, shard_inputs(old_shards), config)
+    # Two new documents: a close variant of base 0 and an exact copy of base 119, both in the index.
+    new_docs = frame([texts[planted_corpus["num_bases"]], texts[-1]], ["new-0", "new-1"])
+    new_shard = Shard("shard-new", new_docs, compute_signatures(new_docs, config.minhash))
+    update = update_index(index, shard_inputs([*old_shards, new_shard]), config)
+    # At most one row group per new key (2 documents x 13 keys), out of about a hundred.
+    assert update.stats["index_row_groups_read"] <= 2 * (config.bands + 1)
+    assert update.stats["index_row_groups"] > 3 * update.stats["index_row_groups_read"]
+    decisions = index.read_parquet(decision_path(3))
+    assert decisions["reason"].to_list() == ["fuzzy", "exact"]
+    at_once = dedup_source([*old_shards, Shard("shard-zzz", new_docs, new_shard.signatures)], config)
+    expected = at_once.duplicates.filter(pl.col("dropped_shard") == "shard-zzz")
+    assert decisions.drop("dropped_row", "dropped_shard").equals(expected.drop("dropped_shard"))
 
 
 def test_cross_source_group_keeps_the_first_seen_copy():
