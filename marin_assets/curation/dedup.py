@@ -1,34 +1,48 @@
-"""Exact and fuzzy (MinHash LSH, verified) deduplication of one source's shards.
+"""Exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication: incremental, out of core.
 
-Pure logic: polars frames in, polars frames out, no Dagster. See docs/dedup.md for the design.
+Pure logic over polars, numpy and an fsspec directory (the index); no Dagster. See docs/dedup.md.
 
-Order of operations in ``dedup_source``:
+One ``update_index`` call adds shards that the index has not seen:
 
-1. Exact: documents with the same ``id`` (hex sha256 of the text) are copies; the copy that comes
-   first by (shard_key, row position within the shard) is kept.
-2. Fuzzy, on the exact-unique documents that have at least one token: datasketch ``MinHashLSH``
-   with ``bands x rows`` proposes candidate pairs from the cached signatures; each candidate pair
-   is verified by exact Jaccard of the two shingle sets (threshold ``jaccard_threshold``);
-   verified pairs are edges of a union-find; each connected component keeps one representative:
-   the longest text (in characters), ties broken by the smallest id.
-3. Every dropped row points at the kept document that replaced it, with the exact Jaccard between
-   the two shingle sets (1.0 for identical text) and the reason (``exact`` when the text is
-   identical to the kept one, else ``fuzzy``).
+1. Order. New shards get sequence numbers after every registered one, sorted by
+   ``(shard_key, source)``; a document's order is ``(seq, row)``, packed as ``seq << 32 | row``.
+   Earlier documents win ("first seen is kept"), so decisions about registered shards never change.
+2. Keys (per new shard): one exact key (the first 64 bits of the hex sha256 ``id``) and, for
+   documents with tokens, one LSH key per band of the cached MinHash signature. Keys are split by
+   bucket-hash range into ``index_partitions`` partitions.
+3. Collisions (per partition, one at a time): the new keys of the partition are matched against
+   that partition's runs of kept documents on disk, one run file at a time; groups of two or more
+   documents with at least one new document survive. Peak memory is one partition, not the corpus.
+4. Centre assignment (new documents in order): a document is dropped if it is an exact copy of a
+   kept document (a "centre"), or else if its exact Jaccard with a colliding centre reaches the
+   threshold (the earliest such centre is kept in its place); otherwise it becomes a centre. Only
+   centres are ever candidates, so every dropped document is verified against the very document
+   kept in its place: no drops by chaining.
+5. Commit (per batch of shards): decisions per new shard, the kept documents' keys as one sorted
+   run per partition, then the registry entry last. A batch without its registry entry does not
+   exist; its files are removed by the next update, which redoes it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+import hashlib
+import io
+import json
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
 
+import fsspec
 import numpy as np
 import polars as pl
-from datasketch import LeanMinHash, MinHashLSH
+import pyarrow.parquet as pq
 
 from marin_assets.curation.minhash import (
     MinHashConfig,
     SignatureTable,
+    band_hashes,
     empty_signature_mask,
     exact_jaccard,
     shingle_sets,
@@ -36,19 +50,26 @@ from marin_assets.curation.minhash import (
 
 REQUIRED_COLUMNS = ("id", "text", "source", "source_id", "metadata")
 SHARD_KEY_COLUMN = "shard_key"
-# datasketch's own scheme name for the permutations minhash.py reproduces.
-_DATASKETCH_SCHEME = "affine32"
+_ROW_BITS = 32
+_ROW_MASK = (1 << _ROW_BITS) - 1
 
 DUPLICATES_SCHEMA = {
     "dropped_id": pl.Utf8,
+    "dropped_source": pl.Utf8,
     "dropped_shard": pl.Utf8,
     "dropped_source_id": pl.Utf8,
     "kept_id": pl.Utf8,
+    "kept_source": pl.Utf8,
     "kept_shard": pl.Utf8,
     "kept_source_id": pl.Utf8,
     "jaccard": pl.Float64,
     "reason": pl.Utf8,
 }
+# A shard's decisions: its dropped rows (by position in the shard) and what replaced each.
+DECISION_SCHEMA = {"dropped_row": pl.UInt32, **DUPLICATES_SCHEMA}
+KEY_SCHEMA = {"band": pl.UInt16, "bucket": pl.UInt64, "doc": pl.UInt64}
+# Keys per row group of an index run: small enough that a lookup of a few keys reads little.
+RUN_ROW_GROUP_KEYS = 8192
 
 
 def lsh_threshold(bands: int, rows: int) -> float:
@@ -63,11 +84,13 @@ def candidate_probability(similarity: float, bands: int, rows: int) -> float:
 
 @dataclass(frozen=True)
 class DedupConfig:
-    """Deduplication of one source. ``bands * rows`` must not exceed ``minhash.num_perm``.
+    """Deduplication of one dedup group. ``bands * rows`` must not exceed ``minhash.num_perm``.
 
     The default 12 bands x 10 rows puts the S-curve midpoint at 0.78, a little under the 0.8
     verification threshold, so pairs right at the threshold are still proposed with probability
     0.75 and pairs at 0.9 with 0.994; verification removes the extra candidates below 0.8.
+    ``index_partitions`` is the number of bucket-hash ranges the index is split into: the
+    candidate step holds one range at a time.
     """
 
     minhash: MinHashConfig = field(default_factory=MinHashConfig)
@@ -75,6 +98,7 @@ class DedupConfig:
     rows: int = 10
     jaccard_threshold: float = 0.8
     fuzzy: bool = True
+    index_partitions: int = 16
 
     def __post_init__(self) -> None:
         if self.bands < 2 or self.rows < 1:
@@ -85,217 +109,597 @@ class DedupConfig:
             )
         if not 0.0 < self.jaccard_threshold <= 1.0:
             raise ValueError(f"jaccard_threshold must be in (0, 1], got {self.jaccard_threshold}")
+        if not 1 <= self.index_partitions <= 4096:
+            raise ValueError(f"index_partitions must be in [1, 4096], got {self.index_partitions}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @property
+    def exact_band(self) -> int:
+        """The band number of exact keys, after the LSH bands."""
+        return self.bands
 
 
 class Shard(NamedTuple):
-    """One shard of a source: its key (sorts in ingestion order), documents and signatures."""
+    """One shard held in memory: its key (sorts in ingestion order), documents and signatures."""
 
     shard_key: str
     docs: pl.DataFrame
     signatures: SignatureTable
+    source: str = ""
+
+
+class ShardInput(NamedTuple):
+    """One shard as the index sees it: loaded on demand, so a run never holds the corpus.
+
+    ``version`` is the content version of the shard (its upstream data version); when a registered
+    shard's version changes or it disappears, earlier decisions no longer hold and the index starts over.
+    """
+
+    source: str
+    shard_key: str
+    version: str
+    load_docs: Callable[[], pl.DataFrame]
+    load_signatures: Callable[[], SignatureTable]
+
+
+@dataclass
+class RegisteredShard:
+    seq: int
+    source: str
+    shard_key: str
+    version: str
+    docs: int = 0
+    kept: int = 0
+
+
+@dataclass(frozen=True)
+class IndexUpdate:
+    new_shards: list[RegisteredShard]
+    stats: dict[str, int | float]
+    reset_reason: str | None  # why the index started over, or None
 
 
 @dataclass(frozen=True)
 class DedupResult:
-    kept: pl.DataFrame  # input columns plus shard_key, ordered by (shard_key, row position)
+    kept: pl.DataFrame  # input columns plus shard_key, ordered by (shard order, row position)
     duplicates: pl.DataFrame  # DUPLICATES_SCHEMA, one row per dropped input row
     stats: dict[str, int | float]
 
 
-class _UnionFind:
-    def __init__(self, size: int) -> None:
-        self.parent = list(range(size))
-
-    def find(self, node: int) -> int:
-        parent = self.parent
-        while parent[node] != node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-
-    def union(self, a: int, b: int) -> None:
-        root_a, root_b = self.find(a), self.find(b)
-        if root_a != root_b:
-            # Smaller root wins so the structure does not depend on edge order.
-            self.parent[max(root_a, root_b)] = min(root_a, root_b)
+def decision_path(seq: int) -> str:
+    return f"decisions/{seq:06d}.parquet"
 
 
-def _validate_shards(shards: Sequence[Shard], config: DedupConfig) -> list[Shard]:
-    shards = [Shard(*shard) for shard in shards]
-    keys = [shard.shard_key for shard in shards]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"shard keys must be unique, got duplicates in {sorted(keys)}")
-    for shard in shards:
-        missing = [column for column in REQUIRED_COLUMNS if column not in shard.docs.columns]
-        if missing:
-            raise ValueError(f"shard {shard.shard_key!r} lacks columns {missing}")
-        if SHARD_KEY_COLUMN in shard.docs.columns:
-            raise ValueError(f"shard {shard.shard_key!r} already has a {SHARD_KEY_COLUMN!r} column")
-        for column in ("id", "text"):
-            # Null dtype is what polars infers for an empty column; it casts to String losslessly.
-            if shard.docs.schema[column] not in (pl.Utf8, pl.Null):
-                raise ValueError(
-                    f"shard {shard.shard_key!r} column {column!r} must be String, got {shard.docs.schema[column]}"
-                )
-        if shard.docs["id"].null_count() or shard.docs["text"].null_count():
-            raise ValueError(f"shard {shard.shard_key!r} has null id or text values")
-        if shard.signatures.config != config.minhash:
-            raise ValueError(
-                f"shard {shard.shard_key!r} signatures were computed with {shard.signatures.config}, "
-                f"expected {config.minhash}"
-            )
-        if len(shard.signatures) != len(shard.docs) or not np.array_equal(
-            shard.signatures.ids, shard.docs["id"].to_numpy().astype(object)
-        ):
-            raise ValueError(
-                f"shard {shard.shard_key!r} signatures are not row-aligned with its documents "
-                "(stale cache?): recompute them with compute_signatures"
-            )
-    return sorted(shards, key=lambda shard: shard.shard_key)
+def _registry_path(batch: int) -> str:
+    return f"registry/{batch:06d}.json"
 
 
-def _combine(shards: list[Shard]) -> tuple[pl.DataFrame, np.ndarray]:
-    """All rows in (shard_key, row) order with shard_key and position; signatures stacked alike."""
-    frames = [
-        shard.docs.with_columns(
-            pl.col("id", "text").cast(pl.Utf8), pl.lit(shard.shard_key, dtype=pl.Utf8).alias(SHARD_KEY_COLUMN)
+def _key_run_path(partition: int, batch: int) -> str:
+    return f"keys/p{partition:04d}/{batch:06d}.parquet"
+
+
+class IndexDir:
+    """An index directory on any fsspec filesystem (the `dedup_index` artifact, or a temp dir)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        self.fs, self.root = fs, root.rstrip("/")
+
+    @classmethod
+    def local(cls, path: str | Path) -> IndexDir:
+        return cls(fsspec.filesystem("file"), str(Path(path).resolve()))
+
+    def read_bytes(self, rel: str) -> bytes:
+        return self.fs.cat_file(f"{self.root}/{rel}")
+
+    def read_parquet(self, rel: str) -> pl.DataFrame:
+        return pl.read_parquet(io.BytesIO(self.read_bytes(rel)))
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        path = f"{self.root}/{rel}"
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with self.fs.open(path, "wb") as handle:
+            handle.write(data)
+
+    def write_parquet(self, rel: str, frame: pl.DataFrame, row_group_size: int | None = None) -> None:
+        self.write_bytes(rel, parquet_bytes(frame, row_group_size))
+
+    def files(self, under: str = "") -> list[str]:
+        base = f"{self.root}/{under}".rstrip("/")
+        try:
+            found = self.fs.find(base, withdirs=False)
+        except FileNotFoundError:
+            return []
+        # Dot files belong to whoever hosts the directory (the store's lease and manifest).
+        return sorted(rel for rel in (path[len(self.root) + 1 :] for path in found) if not rel.startswith("."))
+
+    def remove(self, rel: str) -> None:
+        self.fs.rm_file(f"{self.root}/{rel}")
+
+
+def parquet_bytes(frame: pl.DataFrame, row_group_size: int | None = None) -> bytes:
+    """Parquet bytes of ``frame``; the same frame always gives the same bytes (no timestamps)."""
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer, compression="zstd", row_group_size=row_group_size)
+    return buffer.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry: which shards the index holds, in order
+# ---------------------------------------------------------------------------------------------
+
+
+def read_registry(index: IndexDir) -> list[RegisteredShard]:
+    """Registered shards in order; only committed batches (those with a registry entry) count."""
+    return [shard for body in _registry_bodies(index) for shard in body["shards"]]
+
+
+def _registry_bodies(index: IndexDir) -> list[dict[str, Any]]:
+    bodies = []
+    for expected, rel in enumerate(index.files("registry")):
+        if rel != _registry_path(expected):
+            raise ValueError(f"index registry is not contiguous: found {rel}, expected {_registry_path(expected)}")
+        body = json.loads(index.read_bytes(rel))
+        body["shards"] = [RegisteredShard(**shard) for shard in body["shards"]]
+        bodies.append(body)
+    return bodies
+
+
+def _open_index(
+    index: IndexDir, config: DedupConfig, inputs: dict[tuple[str, str], ShardInput]
+) -> tuple[list[RegisteredShard], int, str | None]:
+    """(registered shards, committed batches, reset reason), after removing uncommitted leftovers."""
+    bodies = _registry_bodies(index)
+    reason = None
+    if bodies and bodies[0]["config"] != config.to_json():
+        reason = "the dedup config changed"
+    registered = [shard for body in bodies for shard in body["shards"]]
+    for shard in registered if reason is None else []:
+        current = inputs.get((shard.source, shard.shard_key))
+        if current is None:
+            reason = f"registered shard {shard.source}/{shard.shard_key} is no longer an input"
+        elif current.version != shard.version:
+            reason = f"registered shard {shard.source}/{shard.shard_key} changed (version {current.version})"
+        if reason:
+            break
+    if reason is not None:
+        for rel in index.files():
+            index.remove(rel)
+        return [], 0, reason
+    batches, next_seq = len(bodies), len(registered)
+    for rel in index.files():
+        # A batch interrupted before its registry entry left files that do not count: remove them.
+        folder, name = rel.split("/", 1)[0], rel.rsplit("/", 1)[-1]
+        number = int(name.split(".")[0]) if name.split(".")[0].isdigit() else None
+        stale = (folder == "keys" and (number is None or number >= batches)) or (
+            folder == "decisions" and (number is None or number >= next_seq)
         )
+        if stale:
+            index.remove(rel)
+        elif folder not in ("keys", "decisions", "registry"):
+            raise ValueError(f"unexpected file {rel} in the dedup index")
+    return registered, batches, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys and the partitioned candidate step
+# ---------------------------------------------------------------------------------------------
+
+
+def _id_prefixes(ids: Sequence[str]) -> np.ndarray:
+    """First 64 bits of each hex sha256 id, as uint64."""
+    try:
+        return np.fromiter((int(doc_id[:16], 16) for doc_id in ids), dtype=np.uint64, count=len(ids))
+    except ValueError:
+        bad = next(doc_id for doc_id in ids if not _is_hex_id(doc_id))
+        raise ValueError(f"document id {bad!r} is not a hex sha256 of the text") from None
+
+
+def _is_hex_id(doc_id: str) -> bool:
+    try:
+        int(doc_id[:16], 16)
+    except ValueError:
+        return False
+    return len(doc_id) >= 16
+
+
+def shard_keys(signatures: SignatureTable, seq: int, config: DedupConfig) -> tuple[pl.DataFrame, int]:
+    """(KEY_SCHEMA frame of one shard's exact and LSH band keys, documents without tokens)."""
+    count = len(signatures)
+    docs = (np.uint64(seq) << np.uint64(_ROW_BITS)) | np.arange(count, dtype=np.uint64)
+    bands = [np.full(count, config.exact_band, dtype=np.uint16)]
+    buckets = [_id_prefixes(signatures.ids)]
+    owners = [docs]
+    without_tokens = empty_signature_mask(signatures.hashvalues)
+    if config.fuzzy:
+        eligible = ~without_tokens
+        hashes = band_hashes(signatures.hashvalues[eligible], config.bands, config.rows)
+        bands.append(np.tile(np.arange(config.bands, dtype=np.uint16), int(eligible.sum())))
+        buckets.append(hashes.reshape(-1))
+        owners.append(np.repeat(docs[eligible], config.bands))
+    keys = pl.DataFrame(
+        {"band": np.concatenate(bands), "bucket": np.concatenate(buckets), "doc": np.concatenate(owners)},
+        schema=KEY_SCHEMA,
+    )
+    return keys, int(without_tokens.sum())
+
+
+def key_partition(buckets: np.ndarray, partitions: int) -> np.ndarray:
+    """Partition of each bucket hash: its range among ``partitions`` equal ranges of the top 32 bits."""
+    return ((buckets >> np.uint64(32)) * np.uint64(partitions)) >> np.uint64(32)
+
+
+def split_by_partition(keys: pl.DataFrame, partitions: int) -> dict[int, pl.DataFrame]:
+    """Non-empty partitions of a key frame, each sorted by (band, bucket, doc)."""
+    part = key_partition(keys["bucket"].to_numpy(), partitions)
+    return {
+        int(index): frame.drop("_partition").sort("band", "bucket", "doc")
+        for (index,), frame in keys.with_columns(pl.Series("_partition", part)).group_by("_partition")
+    }
+
+
+def partition_collisions(
+    old_runs: Iterable[Callable[[np.ndarray], pl.DataFrame]], new_keys: pl.DataFrame
+) -> pl.DataFrame:
+    """Keys of one partition whose (band, bucket) holds two or more documents, one of them new.
+
+    ``old_runs`` load the partition's runs of kept documents one at a time, given the sorted new
+    bucket hashes (a loader may skip the parts of a run that hold none of them); each run is cut
+    down to the buckets the new keys touch before the next is read, so memory is the new keys
+    plus one run.
+    """
+    if new_keys.is_empty():
+        return pl.DataFrame(schema=KEY_SCHEMA)
+    new_buckets = new_keys.select("band", "bucket").unique()
+    sorted_buckets = np.unique(new_buckets["bucket"].to_numpy())
+    matched = [run(sorted_buckets).join(new_buckets, on=["band", "bucket"], how="semi") for run in old_runs]
+    members = pl.concat([*matched, new_keys], how="vertical")
+    return members.filter(pl.len().over("band", "bucket") >= 2)
+
+
+def read_run(index: IndexDir, rel: str, buckets: np.ndarray, stats: dict[str, int | float]) -> pl.DataFrame:
+    """The row groups of a key run whose bucket range holds one of ``buckets`` (sorted uint64).
+
+    Runs are sorted by bucket and written in small row groups, so a few new keys against a large
+    index read a fraction of it; the Parquet min/max statistics say which groups to read.
+    """
+    with index.fs.open(f"{index.root}/{rel}", "rb") as handle:
+        run = pq.ParquetFile(handle)
+        column = run.schema_arrow.get_field_index("bucket")
+        wanted = []
+        for group in range(run.num_row_groups):
+            statistics = run.metadata.row_group(group).column(column).statistics
+            if statistics is None or not statistics.has_min_max:
+                wanted.append(group)
+                continue
+            first = np.searchsorted(buckets, np.uint64(statistics.min))
+            if first < buckets.size and buckets[first] <= np.uint64(statistics.max):
+                wanted.append(group)
+        stats["index_row_groups"] += run.num_row_groups
+        stats["index_row_groups_read"] += len(wanted)
+        if not wanted:
+            return pl.DataFrame(schema=KEY_SCHEMA)
+        return pl.from_arrow(run.read_row_groups(wanted)).cast(KEY_SCHEMA)
+
+
+# ---------------------------------------------------------------------------------------------
+# Centre assignment over verified edges
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Involved:
+    """What verification and the duplicates table need about documents that collide."""
+
+    ids: dict[int, str] = field(default_factory=dict)
+    source_ids: dict[int, str] = field(default_factory=dict)
+    texts: dict[int, str] = field(default_factory=dict)  # only for exact-key collisions
+    sets: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def _load_involved(
+    docs: set[int], exact_docs: set[int], shard_by_seq: dict[int, ShardInput], shingle_size: int
+) -> _Involved:
+    involved = _Involved()
+    by_seq: dict[int, list[int]] = {}
+    for doc in sorted(docs):
+        by_seq.setdefault(doc >> _ROW_BITS, []).append(doc)
+    for seq, members in by_seq.items():
+        # One shard's columns at a time; only the colliding rows are kept.
+        frame = shard_by_seq[seq].load_docs().select("id", "text", "source_id")
+        rows = frame[[doc & _ROW_MASK for doc in members]]
+        texts = rows["text"].to_list()
+        for doc, doc_id, source_id, text, shingles in zip(
+            members, rows["id"], rows["source_id"].cast(pl.Utf8), texts, shingle_sets(texts, shingle_size)
+        ):
+            involved.ids[doc] = doc_id
+            involved.source_ids[doc] = source_id
+            involved.sets[doc] = shingles
+            if doc in exact_docs:
+                involved.texts[doc] = text
+    return involved
+
+
+def _assign_centres(
+    collisions: pl.DataFrame,
+    first_new_doc: int,
+    shard_by_seq: dict[int, ShardInput],
+    config: DedupConfig,
+    stats: dict[str, int | float],
+) -> tuple[list[tuple[int, int, float, str]], _Involved]:
+    """(dropped doc, kept doc, jaccard, reason) for every new document that is dropped, in order,
+    and the ids of the documents involved."""
+    if collisions.is_empty():
+        return [], _Involved()
+    groups = collisions.group_by("band", "bucket").agg(pl.col("doc").sort())
+    group_is_exact = (groups["band"] == config.exact_band).to_list()
+    centres: list[list[int]] = []  # per group: its centres so far, in order
+    groups_of: dict[int, list[int]] = {}  # new document -> its groups
+    exact_docs: set[int] = set()
+    for group, members in enumerate(groups["doc"].to_list()):
+        centres.append([doc for doc in members if doc < first_new_doc])  # indexed documents are centres
+        for doc in members:
+            if doc >= first_new_doc:
+                groups_of.setdefault(doc, []).append(group)
+        if group_is_exact[group]:
+            exact_docs.update(members)
+    involved = _load_involved(
+        set(collisions["doc"].unique().to_list()), exact_docs, shard_by_seq, config.minhash.shingle_size
+    )
+    drops = []
+    for doc in sorted(groups_of):
+        exact_match = None
+        candidates: set[int] = set()
+        for group in groups_of[doc]:
+            if group_is_exact[group]:
+                same_id = [centre for centre in centres[group] if involved.ids[centre] == involved.ids[doc]]
+                exact_match = min(same_id, default=exact_match)
+            else:
+                candidates.update(centres[group])
+        if exact_match is not None:
+            if involved.texts[exact_match] != involved.texts[doc]:
+                raise ValueError(
+                    f"two documents share an id with a different text: {involved.ids[doc]} "
+                    "(id must be the sha256 of the text)"
+                )
+            drops.append((doc, exact_match, 1.0, "exact"))
+            continue
+        for centre in sorted(candidates):
+            stats["lsh_candidate_pairs"] += 1
+            similarity = exact_jaccard(involved.sets[doc], involved.sets[centre])
+            if similarity >= config.jaccard_threshold:
+                stats["verified_pairs"] += 1
+                drops.append((doc, centre, similarity, "fuzzy"))
+                break
+            stats["rejected_pairs"] += 1
+        else:
+            for group in groups_of[doc]:
+                centres[group].append(doc)
+    return drops, involved
+
+
+# ---------------------------------------------------------------------------------------------
+# One update of the index
+# ---------------------------------------------------------------------------------------------
+
+
+def _zero_counts() -> dict[str, int]:
+    return {
+        "input_docs": 0,
+        "docs_without_tokens": 0,
+        "colliding_keys": 0,
+        "max_partition_keys": 0,
+        "index_row_groups": 0,
+        "index_row_groups_read": 0,
+        "lsh_candidate_pairs": 0,
+        "verified_pairs": 0,
+        "rejected_pairs": 0,
+        "exact_duplicates": 0,
+        "fuzzy_duplicates": 0,
+        "dropped_below_threshold_via_chain": 0,
+        "kept_docs": 0,
+    }
+
+
+def _validated(shard: ShardInput, config: DedupConfig) -> tuple[pl.DataFrame, SignatureTable]:
+    docs, signatures = shard.load_docs(), shard.load_signatures()
+    where = f"shard {shard.source}/{shard.shard_key}"
+    missing = [column for column in REQUIRED_COLUMNS if column not in docs.columns]
+    if missing:
+        raise ValueError(f"{where} lacks columns {missing}")
+    for column in ("id", "text"):
+        # Null dtype is what polars infers for an empty column; it casts to String losslessly.
+        if docs.schema[column] not in (pl.Utf8, pl.Null):
+            raise ValueError(f"{where} column {column!r} must be String, got {docs.schema[column]}")
+    if docs["id"].null_count() or docs["text"].null_count():
+        raise ValueError(f"{where} has null id or text values")
+    if len(docs) > _ROW_MASK:
+        raise ValueError(f"{where} has {len(docs)} rows; at most {_ROW_MASK} per shard")
+    if signatures.config != config.minhash:
+        raise ValueError(f"{where} signatures were computed with {signatures.config}, expected {config.minhash}")
+    if len(signatures) != len(docs) or not np.array_equal(signatures.ids, docs["id"].to_numpy().astype(object)):
+        raise ValueError(
+            f"{where} signatures are not row-aligned with its documents (stale cache?): "
+            "recompute them with compute_signatures"
+        )
+    return docs, signatures
+
+
+def _index_batch(
+    index: IndexDir,
+    batch: list[RegisteredShard],
+    batch_number: int,
+    shard_by_seq: dict[int, ShardInput],
+    config: DedupConfig,
+    stats: dict[str, int | float],
+    work: Path,
+) -> None:
+    partitions = config.index_partitions
+    # Keys of every new shard, one shard at a time, spilled to local disk by partition.
+    for shard in batch:
+        docs, signatures = _validated(shard_by_seq[shard.seq], config)
+        keys, without_tokens = shard_keys(signatures, shard.seq, config)
+        shard.docs = len(docs)
+        stats["input_docs"] += len(docs)
+        stats["docs_without_tokens"] += without_tokens
+        for partition, frame in split_by_partition(keys, partitions).items():
+            path = work / f"p{partition:04d}" / f"{shard.seq:06d}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            frame.write_parquet(path)
+
+    def new_keys(partition: int) -> pl.DataFrame:
+        runs = sorted((work / f"p{partition:04d}").glob("*.parquet"))
+        return pl.concat([pl.read_parquet(run) for run in runs]) if runs else pl.DataFrame(schema=KEY_SCHEMA)
+
+    # Candidate step: one bucket range at a time.
+    collisions = []
+    for partition in range(partitions):
+        keys = new_keys(partition)
+        old_runs = [
+            (lambda buckets, rel=_key_run_path(partition, number): read_run(index, rel, buckets, stats))
+            for number in range(batch_number)
+        ]
+        found = partition_collisions(old_runs, keys)
+        stats["max_partition_keys"] = max(stats["max_partition_keys"], len(keys) + len(found))
+        collisions.append(found)
+    colliding = pl.concat(collisions)
+    stats["colliding_keys"] += len(colliding)
+
+    first_new_doc = batch[0].seq << _ROW_BITS
+    drops, involved = _assign_centres(colliding, first_new_doc, shard_by_seq, config, stats)
+
+    def where(doc: int) -> tuple[str, str]:
+        owner = shard_by_seq[doc >> _ROW_BITS]
+        return owner.source, owner.shard_key
+
+    rows_by_seq: dict[int, list[dict[str, Any]]] = {shard.seq: [] for shard in batch}
+    for dropped, kept, similarity, reason in drops:
+        dropped_source, dropped_shard = where(dropped)
+        kept_source, kept_shard = where(kept)
+        rows_by_seq[dropped >> _ROW_BITS].append({
+            "dropped_row": dropped & _ROW_MASK,
+            "dropped_id": involved.ids[dropped],
+            "dropped_source": dropped_source,
+            "dropped_shard": dropped_shard,
+            "dropped_source_id": involved.source_ids[dropped],
+            "kept_id": involved.ids[kept],
+            "kept_source": kept_source,
+            "kept_shard": kept_shard,
+            "kept_source_id": involved.source_ids[kept],
+            "jaccard": similarity,
+            "reason": reason,
+        })
+        stats["exact_duplicates" if reason == "exact" else "fuzzy_duplicates"] += 1
+        stats["dropped_below_threshold_via_chain"] += int(similarity < config.jaccard_threshold)
+    for shard in batch:
+        index.write_parquet(decision_path(shard.seq), pl.DataFrame(rows_by_seq[shard.seq], schema=DECISION_SCHEMA))
+        shard.kept = shard.docs - len(rows_by_seq[shard.seq])
+        stats["kept_docs"] += shard.kept
+    dropped_docs = pl.Series("doc", [dropped for dropped, *_ in drops], dtype=pl.UInt64)
+    for partition in range(partitions):
+        kept_keys = new_keys(partition).filter(~pl.col("doc").is_in(dropped_docs.implode()))
+        index.write_parquet(_key_run_path(partition, batch_number), kept_keys.sort("bucket", "band", "doc"),
+                            row_group_size=RUN_ROW_GROUP_KEYS)
+    # Written last: the batch exists from here on.
+    body = {"batch": batch_number, "config": config.to_json(), "shards": [asdict(shard) for shard in batch]}
+    index.write_bytes(_registry_path(batch_number), json.dumps(body, indent=1, sort_keys=True).encode())
+
+
+def update_index(
+    index: IndexDir, shards: Sequence[ShardInput], config: DedupConfig, *, batch_shards: int = 8
+) -> IndexUpdate:
+    """Add every shard the index has not registered; decisions about registered shards stay fixed.
+
+    ``shards`` are all current shards of the dedup group (registered ones are read only when a new
+    document collides with one of their kept documents). ``batch_shards`` bounds how many new shards
+    are decided together (memory); the decisions do not depend on it.
+    """
+    if batch_shards < 1:
+        raise ValueError(f"batch_shards must be >= 1, got {batch_shards}")
+    inputs: dict[tuple[str, str], ShardInput] = {}
+    for shard in shards:
+        shard = ShardInput(*shard)
+        if (shard.source, shard.shard_key) in inputs:
+            raise ValueError(f"shard keys must be unique within a source, got {shard.source}/{shard.shard_key} twice")
+        inputs[(shard.source, shard.shard_key)] = shard
+    registered, batches, reset_reason = _open_index(index, config, inputs)
+    known = {(shard.source, shard.shard_key) for shard in registered}
+    new = sorted((key for key in inputs if key not in known), key=lambda key: (key[1], key[0]))
+    shard_by_seq = {shard.seq: inputs[(shard.source, shard.shard_key)] for shard in registered}
+    stats: dict[str, int | float] = _zero_counts()
+    added: list[RegisteredShard] = []
+    next_seq = len(registered)
+    with tempfile.TemporaryDirectory(prefix="marin-dedup-") as tmp:
+        for start in range(0, len(new), batch_shards):
+            batch = []
+            for source, shard_key in new[start : start + batch_shards]:
+                batch.append(RegisteredShard(next_seq, source, shard_key, inputs[(source, shard_key)].version))
+                shard_by_seq[next_seq] = inputs[(source, shard_key)]
+                next_seq += 1
+            work = Path(tmp, f"batch-{batches:06d}")
+            _index_batch(index, batch, batches, shard_by_seq, config, stats, work)
+            added.extend(batch)
+            batches += 1
+    return IndexUpdate(new_shards=added, stats=stats, reset_reason=reset_reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# Applying decisions; the in-memory entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def apply_decisions(docs: pl.DataFrame, decisions: pl.DataFrame) -> pl.DataFrame:
+    """The shard's documents without its dropped rows, in their original order."""
+    keep = np.ones(len(docs), dtype=bool)
+    keep[decisions["dropped_row"].to_numpy()] = False
+    return docs.filter(pl.Series(keep))
+
+
+def duplicates_table(decisions: pl.DataFrame) -> pl.DataFrame:
+    return decisions.select(list(DUPLICATES_SCHEMA))
+
+
+def decisions_digest(entries: Iterable[tuple[str, str, str]]) -> str:
+    """sha256 over (shard key, shard version, decision file sha256): equal digests, equal outputs."""
+    digest = hashlib.sha256()
+    for entry in sorted(entries):
+        digest.update("\0".join(entry).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def dedup_source(shards: Sequence[Shard | tuple], config: DedupConfig, *, batch_shards: int = 8) -> DedupResult:
+    """Deduplicate in-memory shards in one update of a fresh index in a temp dir.
+
+    Shard order is ``(shard_key, source)``, so the result does not depend on the order of ``shards``.
+    """
+    shards = [Shard(*shard) for shard in shards]
+    inputs = [
+        ShardInput(shard.source, shard.shard_key, "", lambda docs=shard.docs: docs, lambda sigs=shard.signatures: sigs)
         for shard in shards
     ]
-    combined = pl.concat(frames, how="diagonal_relaxed").with_row_index("_position")
-    hashvalues = np.concatenate([shard.signatures.hashvalues for shard in shards], axis=0)
-    return combined, hashvalues
-
-
-def _verified_components(
-    hashvalues: np.ndarray, eligible: np.ndarray, texts: pl.Series, config: DedupConfig, stats: dict
-) -> tuple[_UnionFind, dict[int, np.ndarray]]:
-    """Union-find over LSH candidate pairs (i < j, in sorted order) that pass exact Jaccard, and the
-    shingle sets of every row that has a candidate."""
-    lsh = MinHashLSH(num_perm=config.minhash.num_perm, params=(config.bands, config.rows))
-    sketches = {
-        int(row): LeanMinHash(seed=config.minhash.seed, hashvalues=hashvalues[row], scheme=_DATASKETCH_SCHEME)
-        for row in eligible
-    }
-    with lsh.insertion_session() as session:
-        for row, sketch in sketches.items():
-            session.insert(row, sketch, check_duplication=False)
-    # Two query passes instead of materializing all pairs: a cluster of k near-copies has k**2/2
-    # pairs, too many to hold, but only k rows whose shingle sets are needed.
-    involved = [row for row, sketch in sketches.items() if len(lsh.query(sketch)) > 1]
-    sets = dict(zip(involved, shingle_sets(texts.gather(involved).to_list(), config.minhash.shingle_size)))
-    union_find = _UnionFind(len(texts))
-    for row in involved:
-        for other in sorted(other for other in lsh.query(sketches[row]) if other > row):
-            stats["lsh_candidate_pairs"] += 1
-            if union_find.find(row) == union_find.find(other):
-                # The edge cannot change the components; skipping it keeps big clusters linear.
-                stats["pairs_already_connected"] += 1
-            elif exact_jaccard(sets[row], sets[other]) >= config.jaccard_threshold:
-                stats["verified_pairs"] += 1
-                union_find.union(row, other)
-            else:
-                stats["rejected_pairs"] += 1
-    return union_find, sets
-
-
-def dedup_source(
-    shards: Sequence[Shard | tuple[str, pl.DataFrame, SignatureTable]], config: DedupConfig
-) -> DedupResult:
-    """Deduplicate all shards of one source; the result does not depend on the order of ``shards``."""
-    ordered = _validate_shards(shards, config)
-    stats: dict[str, int | float] = {
-        "input_docs": sum(len(shard.docs) for shard in ordered),
+    with tempfile.TemporaryDirectory(prefix="marin-dedup-index-") as tmp:
+        index = IndexDir.local(tmp)
+        update = update_index(index, inputs, config, batch_shards=batch_shards)
+        by_key = {(shard.source, shard.shard_key): shard for shard in shards}
+        kept, duplicates = [], []
+        for registered in update.new_shards:
+            shard = by_key[(registered.source, registered.shard_key)]
+            decisions = index.read_parquet(decision_path(registered.seq))
+            kept.append(
+                apply_decisions(shard.docs, decisions).with_columns(
+                    pl.col("id", "text").cast(pl.Utf8), pl.lit(shard.shard_key, pl.Utf8).alias(SHARD_KEY_COLUMN)
+                )
+            )
+            duplicates.append(duplicates_table(decisions))
+    stats = {
+        **update.stats,
         "lsh_bands": config.bands,
         "lsh_rows": config.rows,
         "lsh_threshold": lsh_threshold(config.bands, config.rows),
         "jaccard_threshold": config.jaccard_threshold,
     }
-    stats.update(_zero_counts())
-    if not ordered:
+    if not kept:
         empty = pl.DataFrame(schema={column: pl.Utf8 for column in (*REQUIRED_COLUMNS, SHARD_KEY_COLUMN)})
         return DedupResult(empty, pl.DataFrame(schema=DUPLICATES_SCHEMA), stats)
-
-    combined, hashvalues = _combine(ordered)
-    ids = combined["id"].to_numpy().astype(object)
-    texts = combined["text"]
-
-    # Exact: the first row (in shard_key, row order) of every id is the unique copy.
-    unique_rows = combined.group_by("id", maintain_order=True).agg(pl.col("_position").first())["_position"]
-    unique_rows = np.sort(unique_rows.to_numpy())
-    first_row_of_id = dict(zip(ids[unique_rows], unique_rows.tolist()))
-    exact_rep = np.array([first_row_of_id[doc_id] for doc_id in ids], dtype=np.int64)
-    mismatched = combined.filter(texts != texts.gather(exact_rep))
-    if len(mismatched):
-        raise ValueError(
-            f"{len(mismatched)} rows share an id with a different text (id must be the sha256 of the text), "
-            f"e.g. id {mismatched['id'][0]}"
-        )
-
-    # Fuzzy: candidates from LSH, verified edges, components over exact-unique rows.
-    final_rep = {row: row for row in unique_rows.tolist()}  # unique row -> kept unique row
-    jaccard_to_kept: dict[int, float] = {}
-    if config.fuzzy:
-        eligible = unique_rows[~empty_signature_mask(hashvalues[unique_rows])]
-        stats["docs_without_tokens"] = int(len(unique_rows) - len(eligible))
-        union_find, sets = _verified_components(hashvalues, eligible, texts, config, stats)
-        components: dict[int, list[int]] = {}
-        for row in sets:
-            components.setdefault(union_find.find(row), []).append(row)
-        lengths = texts.str.len_chars().cast(pl.Int64).to_numpy()
-        for members in components.values():
-            if len(members) < 2:
-                continue
-            stats["fuzzy_components"] += 1
-            representative = min(members, key=lambda row: (-lengths[row], ids[row]))
-            for row in members:
-                if row != representative:
-                    final_rep[row] = representative
-                    jaccard_to_kept[row] = exact_jaccard(sets[row], sets[representative])
-                    if jaccard_to_kept[row] < config.jaccard_threshold:
-                        stats["dropped_below_threshold_via_chain"] += 1
-
-    kept_row = np.array([final_rep[int(rep)] for rep in exact_rep], dtype=np.int64)
-    is_kept = kept_row == np.arange(len(combined))
-    dropped = np.flatnonzero(~is_kept)
-    dropped_unique = exact_rep[dropped]  # the exact-unique copy of each dropped row
-    same_text = dropped_unique == kept_row[dropped]
-    jaccard = np.array(
-        [1.0 if same else jaccard_to_kept[int(unique)] for same, unique in zip(same_text, dropped_unique)],
-        dtype=np.float64,
-    )
-    shard_keys = combined[SHARD_KEY_COLUMN]
-    source_ids = combined["source_id"].cast(pl.Utf8)
-    duplicates = pl.DataFrame(
-        {
-            "dropped_id": ids[dropped].tolist(),
-            "dropped_shard": shard_keys.gather(dropped),
-            "dropped_source_id": source_ids.gather(dropped),
-            "kept_id": ids[kept_row[dropped]].tolist(),
-            "kept_shard": shard_keys.gather(kept_row[dropped]),
-            "kept_source_id": source_ids.gather(kept_row[dropped]),
-            "jaccard": jaccard,
-            "reason": np.where(same_text, "exact", "fuzzy").tolist(),
-        },
-        schema=DUPLICATES_SCHEMA,
-    )
-    kept = combined.filter(pl.Series(is_kept)).drop("_position")
-    stats["exact_duplicates"] = int(same_text.sum())
-    stats["fuzzy_duplicates"] = int((~same_text).sum())
-    stats["kept_docs"] = len(kept)
-    return DedupResult(kept=kept, duplicates=duplicates, stats=stats)
-
-
-def _zero_counts() -> dict[str, int]:
-    return {
-        "docs_without_tokens": 0,
-        "lsh_candidate_pairs": 0,
-        "pairs_already_connected": 0,
-        "verified_pairs": 0,
-        "rejected_pairs": 0,
-        "fuzzy_components": 0,
-        "dropped_below_threshold_via_chain": 0,
-        "exact_duplicates": 0,
-        "fuzzy_duplicates": 0,
-        "kept_docs": 0,
-    }
+    return DedupResult(pl.concat(kept, how="diagonal_relaxed"), pl.concat(duplicates), stats)

@@ -405,6 +405,25 @@ def empty_signature_mask(hashvalues: np.ndarray) -> np.ndarray:
     return np.all(hashvalues == _UINT32_MAX, axis=1)
 
 
+def band_hashes(hashvalues: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(num_docs, bands) uint64: one hash per LSH band of ``rows`` consecutive signature values.
+
+    Two documents share a bucket in band ``b`` exactly when their band values are equal (up to a
+    2**-64 hash collision, which only adds a candidate that verification rejects). The band index
+    seeds the hash, so equal values in different bands land in different buckets.
+    """
+    if bands * rows > hashvalues.shape[1]:
+        raise ValueError(f"bands * rows = {bands * rows} exceeds the signature length {hashvalues.shape[1]}")
+    values = hashvalues[:, : bands * rows].astype(np.uint64).reshape(len(hashvalues), bands, rows)
+    hashes = np.broadcast_to(
+        _fmix64(np.arange(1, bands + 1, dtype=np.uint64) * np.uint64(_TOKEN_POLY_BASE)), (len(hashvalues), bands)
+    ).copy()
+    for row in range(rows):
+        hashes ^= values[:, :, row]
+        hashes = _fmix64(hashes * np.uint64(_TOKEN_POLY_BASE))
+    return hashes
+
+
 def estimate_jaccard(signature_a: np.ndarray, signature_b: np.ndarray) -> float:
     """MinHash estimate: the fraction of equal positions (datasketch's ``MinHash.jaccard``)."""
     return float(np.count_nonzero(signature_a == signature_b)) / signature_a.size

@@ -18,7 +18,8 @@ import numpy as np
 import polars as pl
 
 from marin_assets.catalog import Catalog
-from marin_assets.curation.dedup import DedupConfig, dedup_source
+from marin_assets.curation.dedup import (DedupConfig, IndexDir, ShardInput, apply_decisions, decision_path,
+                                         decisions_digest, duplicates_table, read_registry, update_index)
 from marin_assets.curation.filters import apply_filters
 from marin_assets.curation.minhash import MinHashConfig, compute_signatures, load_signatures, save_signatures
 from marin_assets.curation.quality import (load_quality_model, quality_threshold, save_quality_model, score,
@@ -26,28 +27,105 @@ from marin_assets.curation.quality import (load_quality_model, quality_threshold
 from marin_assets.curation.sources import CurationConfig, SourceConfig
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
                                        marin_asset, materialize_artifact)
+from marin_resources.identity import fingerprint
 from marin_resources.store import ArtifactStore
 
 CLASSIFIER_KEY = "quality_classifier"
 CLASSIFIER_VERSION = "v1"
 FILTERED_VERSION = "v1"
 DEDUP_VERSION = "v1"
+DEDUP_INDEX_VERSION = "v1"
+# New shards decided together in one pass over the index; bounds memory, never changes decisions.
+DEDUP_BATCH_SHARDS = 8
 MAX_FILTER_DROP_FRACTION = 0.5
 MAX_DEDUP_DROP_FRACTION = 0.5
 DOCUMENT_COLUMNS = ("id", "text", "source", "source_id", "metadata")
 
 
+def dedup_group_of(source: SourceConfig) -> str:
+    """The dedup group a source belongs to: `dedup: {group: <name>}` in the YAML, else its own name."""
+    group = source.dedup.get("group", source.name)
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"source {source.name!r}: dedup.group must be a non-empty string, got {group!r}")
+    return group
+
+
 def dedup_config_from(source: SourceConfig) -> DedupConfig:
     """`dedup:` overrides from the sources YAML; MinHash fields may be given flat."""
-    overrides = dict(source.dedup)
+    overrides = {k: v for k, v in source.dedup.items() if k != "group"}
     minhash_fields = {f.name for f in fields(MinHashConfig)}
     dedup_fields = {f.name for f in fields(DedupConfig)} - {"minhash"}
     unknown = set(overrides) - minhash_fields - dedup_fields
     if unknown:
         raise ValueError(f"source {source.name!r}: unknown dedup field(s) {sorted(unknown)}; "
-                         f"known: {sorted(minhash_fields | dedup_fields)}")
+                         f"known: {sorted(minhash_fields | dedup_fields | {'group'})}")
     minhash = MinHashConfig(**{k: v for k, v in overrides.items() if k in minhash_fields})
     return DedupConfig(minhash=minhash, **{k: v for k, v in overrides.items() if k in dedup_fields})
+
+
+def dedup_group_members(source: SourceConfig, config: CurationConfig) -> list[SourceConfig]:
+    """The sources deduplicated together with `source`, in YAML order; they must agree on the dedup config."""
+    group = dedup_group_of(source)
+    members = [other for other in config.sources if dedup_group_of(other) == group]
+    for other in members:
+        if dedup_config_from(other) != dedup_config_from(source):
+            raise ValueError(f"sources {source.name!r} and {other.name!r} share dedup group {group!r} but differ "
+                             "in their dedup settings; a group has one config")
+    clash = [other.name for other in config.sources if other.name == group and other not in members]
+    if clash:
+        raise ValueError(f"dedup group {group!r} has the name of source {clash[0]!r}, which is not in it")
+    return members
+
+
+def dedup_index_key(group: str) -> dg.AssetKey:
+    return dg.AssetKey(["dedup_index", group])
+
+
+def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupConfig, catalog: Catalog):
+    """`dedup_index/<group>`: the incremental, partitioned dedup index over every filtered shard of the group."""
+    identity = {"dedup": asdict(dedup_cfg), "sources": [member.name for member in members]}
+    catalog.add_identity(f"dedup_index/{group}", lambda partition: identity)
+    ins = {f"shards_{member.name}": all_partitions_in(f"filtered/{member.name}") for member in members}
+
+    @marin_asset(key=f"dedup_index/{group}", version=DEDUP_INDEX_VERSION, identity=identity, ins=ins,
+                 group_name="curation", kinds={"parquet"},
+                 description=f"Dedup index of group `{group}` ({', '.join(m.name for m in members)}): shard order, "
+                             "each shard's keep/drop decisions, and the LSH and exact keys of kept documents as "
+                             f"sorted runs in {dedup_cfg.index_partitions} bucket-hash ranges. Append-only: a new "
+                             "shard is checked against the kept documents and earlier decisions stay fixed.")
+    def dedup_index(context: dg.AssetExecutionContext, store: MarinStore, **inputs: dict[str, ArtifactHandle]):
+        artifacts = store.get()
+        handles = [(name[len("shards_"):], key, handle) for name, shards in sorted(inputs.items())
+                   for key, handle in sorted(shards.items())]
+
+        def signatures_of(handle: ArtifactHandle):
+            with artifacts.open(f"{handle.uri}/signatures.parquet") as fh:
+                return load_signatures(fh.read(), expected=dedup_cfg.minhash)
+
+        def shard_input(source: str, shard_key: str, handle: ArtifactHandle) -> ShardInput:
+            return ShardInput(
+                source, shard_key, handle.data_version,
+                load_docs=lambda: read_parquet(artifacts, f"{handle.uri}/documents.parquet").select(DOCUMENT_COLUMNS),
+                load_signatures=lambda: signatures_of(handle))
+
+        def build(writer) -> Built:
+            index = IndexDir(artifacts.fs, artifacts._path(writer.uri))
+            update = update_index(index, [shard_input(*h) for h in handles], dedup_cfg,
+                                  batch_shards=DEDUP_BATCH_SHARDS)
+            if update.reset_reason:
+                context.log.warning(f"dedup_index/{group} started over: {update.reset_reason}")
+            registry = read_registry(index)
+            totals = {"shards": len(registry), "input_docs": sum(s.docs for s in registry),
+                      "kept_docs": sum(s.kept for s in registry)}
+            return Built(metrics={**totals, **{f"update/{k}": v for k, v in update.stats.items()},
+                                  "update/new_shards": len(update.new_shards),
+                                  "update/reset": update.reset_reason or ""},
+                         metadata={"new_shards": len(update.new_shards)})
+
+        return materialize_artifact(context, store, config=identity, upstream=[h for *_, h in handles],
+                                    build=build, resume=True)
+
+    return dedup_index
 
 
 def read_parquet(store: ArtifactStore, uri: str) -> pl.DataFrame:
@@ -121,11 +199,13 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                             documents_key: dg.AssetKey, catalog: Catalog, has_classifier: bool) -> list:
     name = source.name
     dedup_cfg = dedup_config_from(source)
+    group = dedup_group_of(source)
+    members = dedup_group_members(source, config)
     # A source that is the classifier's negative class is its reference for "low quality": not scored.
     use_classifier = has_classifier and name not in config.quality_negative_sources
     filtered_identity = {"filters": asdict(source.filters), "minhash": asdict(dedup_cfg.minhash),
                          "quality_classifier": use_classifier}
-    dedup_identity = asdict(dedup_cfg)
+    dedup_identity = {"dedup": asdict(dedup_cfg), "group": group}
     catalog.add_identity(f"filtered/{name}", lambda partition: filtered_identity)
     catalog.add_identity(f"deduplicated/{name}", lambda partition: dedup_identity)
 
@@ -182,43 +262,74 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
         upstream = [documents] + ([classifier] if classifier is not None else [])
         return materialize_artifact(context, store, config=filtered_identity, upstream=upstream, build=build)
 
-    @marin_asset(key=f"deduplicated/{name}", version=DEDUP_VERSION, ins={"shards": all_partitions_in(filtered.key)},
+    @marin_asset(key=f"deduplicated/{name}", version=DEDUP_VERSION,
+                 ins={"index": dg.AssetIn(key=dedup_index_key(group))},
                  identity=dedup_identity,
                  group_name="curation", kinds={"parquet"},
-                 description=f"`{name}` after exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication across "
-                             "all shards. `data/<shard>.parquet` holds the kept documents; `duplicates.parquet` "
-                             "records every dropped id with the id that replaced it and their exact Jaccard.")
+                 description=f"`{name}` after exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication against "
+                             f"dedup group `{group}`. `data/<shard>.parquet` holds each shard's kept documents and "
+                             "`duplicates/<shard>.parquet` its dropped ids, with the kept id that replaced each and "
+                             "their exact Jaccard. Files of earlier shards are never rewritten.")
     def deduplicated(context: dg.AssetExecutionContext, store: MarinStore,
-                     shards: dict[str, ArtifactHandle]) -> dg.Output[ArtifactHandle]:
+                     index: ArtifactHandle) -> dg.Output[ArtifactHandle]:
         artifacts = store.get()
+        index_dir = IndexDir(artifacts.fs, artifacts._path(index.uri))
+        index_manifest = artifacts.read_manifest(index.uri)
+        # The index pins the filtered shards it decided on; reading them through it keeps one lineage path.
+        shards = {str(ref.partition): ref for ref in index_manifest.upstream if ref.asset_key == f"filtered/{name}"}
+        registered = {shard.shard_key: shard for shard in read_registry(index_dir) if shard.source == name}
+        stale = sorted(key for key in shards if key not in registered or registered[key].version !=
+                       shards[key].data_version)
+        if stale:
+            raise dg.Failure(f"{dedup_index_key(group).to_user_string()} does not match its manifest for {name} "
+                             f"shard(s) {stale[:5]}; materialize it again")
+        decision_sha = {entry.path: entry.sha256 for entry in index_manifest.files}
+
+        def digest_entry(shard_key: str) -> tuple[str, str, str]:
+            return shard_key, shards[shard_key].data_version, decision_sha[decision_path(registered[shard_key].seq)]
+
+        # Shards already written stay byte-identical; the previous commit vouches for them only if
+        # their inputs and decisions are unchanged (an index that started over changes them).
+        previous = artifacts.find(f"deduplicated/{name}", DEDUP_VERSION, None)
+        written = sorted(entry.path[len("data/"):-len(".parquet")] for entry in previous.files
+                         if entry.path.startswith("data/")) if previous else []
+        reusable = (previous is not None and previous.fingerprint == fingerprint(dedup_identity)
+                    and set(written) <= set(shards)
+                    and previous.metrics.get("decisions_digest") == decisions_digest(map(digest_entry, written)))
 
         def build(writer) -> Built:
-            inputs = []
-            for key, handle in sorted(shards.items()):
-                docs = read_parquet(artifacts, f"{handle.uri}/documents.parquet")
-                with artifacts.open(f"{handle.uri}/signatures.parquet") as fh:
-                    sigs = load_signatures(fh.read(), expected=dedup_cfg.minhash)
-                inputs.append((key, docs.select(DOCUMENT_COLUMNS), sigs))
-            result = dedup_source(inputs, dedup_cfg)
-            for (shard_key,), part in result.kept.group_by("shard_key", maintain_order=True):
-                write_parquet(writer, f"data/{shard_key}.parquet", part.drop("shard_key"))
-            write_parquet(writer, "duplicates.parquet", result.duplicates)
-            stats = {k: (float(v) if isinstance(v, float) else int(v)) for k, v in result.stats.items()}
-            total = stats.get("input_docs", 0)
-            stats["drop_fraction"] = round(1 - stats.get("kept_docs", 0) / total, 6) if total else 0.0
-            stats["documents"] = stats.get("kept_docs", 0)
-            return Built(metrics=stats, metadata={"dagster/row_count": stats["documents"],
-                                                  "shards": len(shards)})
+            kept_shards = set(written) if reusable else set()
+            if not reusable:
+                for rel in artifacts.list_files(writer.uri):
+                    artifacts.fs.rm_file(artifacts._path(f"{writer.uri}/{rel}"))
+            stats = {"shards_written": 0, "documents_written": 0, "dropped_written": 0}
+            for shard_key in sorted(set(shards) - kept_shards):
+                docs = read_parquet(artifacts, f"{shards[shard_key].uri}/documents.parquet")
+                decisions = index_dir.read_parquet(decision_path(registered[shard_key].seq))
+                kept = apply_decisions(docs.select(DOCUMENT_COLUMNS), decisions)
+                write_parquet(writer, f"data/{shard_key}.parquet", kept)
+                write_parquet(writer, f"duplicates/{shard_key}.parquet", duplicates_table(decisions))
+                stats["shards_written"] += 1
+                stats["documents_written"] += kept.height
+                stats["dropped_written"] += decisions.height
+            entries = [registered[key] for key in shards]
+            total, documents = sum(e.docs for e in entries), sum(e.kept for e in entries)
+            return Built(metrics={**stats, "input_docs": total, "documents": documents, "kept_docs": documents,
+                                  "drop_fraction": round(1 - documents / total, 6) if total else 0.0,
+                                  "decisions_digest": decisions_digest(map(digest_entry, shards))},
+                         metadata={"dagster/row_count": documents, "shards": len(shards)})
 
-        return materialize_artifact(context, store, config=dedup_identity, upstream=list(
-            h for _, h in sorted(shards.items())), build=build)
+        return materialize_artifact(context, store, config=dedup_identity, upstream=[index], build=build,
+                                    resume=True)
 
     checks = [
         _bound_check(filtered, f"filtered/{name}", FILTERED_VERSION, "drop_fraction", MAX_FILTER_DROP_FRACTION),
         _bound_check(deduplicated, f"deduplicated/{name}", DEDUP_VERSION, "drop_fraction", MAX_DEDUP_DROP_FRACTION),
         _schema_check(deduplicated, f"deduplicated/{name}", DEDUP_VERSION),
     ]
-    return [filtered, deduplicated, *checks]
+    # The group's first source (in YAML order) carries the group's index asset.
+    index_assets = [build_dedup_index(group, members, dedup_cfg, catalog)] if members[0] is source else []
+    return [filtered, *index_assets, deduplicated, *checks]
 
 
 def _bound_check(asset, key: str, version: str, metric: str, bound: float):
@@ -248,12 +359,16 @@ def _schema_check(asset, key: str, version: str):
         for entry in manifest.files:
             if not entry.path.startswith("data/"):
                 continue
-            frame = read_parquet(artifacts, f"{manifest.uri}/{entry.path}")
-            missing = [c for c in DOCUMENT_COLUMNS if c not in frame.columns or frame.schema[c] != pl.String]
+            # The schema and the id column only: the texts are most of the bytes and not needed here.
+            with artifacts.open(f"{manifest.uri}/{entry.path}") as fh:
+                data = fh.read()
+            schema = pl.read_parquet_schema(io.BytesIO(data))
+            missing = [c for c in DOCUMENT_COLUMNS if schema.get(c) != pl.String]
             if missing:
                 problems.append(f"{entry.path}: missing or non-string {missing}")
-            rows += frame.height
-            ids.update(frame["id"].to_list())
+            shard_ids = pl.read_parquet(io.BytesIO(data), columns=["id"])["id"] if "id" in schema else []
+            rows += len(shard_ids)
+            ids.update(shard_ids)
         if len(ids) != rows:
             problems.append(f"{rows - len(ids)} duplicate ids after dedup")
         return dg.AssetCheckResult(passed=not problems and rows > 0,

@@ -13,14 +13,21 @@ import numpy as np
 import polars as pl
 import pytest
 
-from marin_assets.curation import minhash
+from marin_assets.curation import dedup, minhash
 from marin_assets.curation.dedup import (
+    DECISION_SCHEMA,
     DUPLICATES_SCHEMA,
     DedupConfig,
+    IndexDir,
     Shard,
+    ShardInput,
     candidate_probability,
+    decision_path,
     dedup_source,
+    key_partition,
     lsh_threshold,
+    read_registry,
+    update_index,
 )
 from marin_assets.curation.minhash import (
     MinHashConfig,
@@ -199,9 +206,7 @@ def test_verification_rejects_lsh_false_positives(planted_corpus):
     assert lsh_threshold(32, 4) < 0.45
     result = dedup_source(make_shards(texts, 2, config.minhash), config)
     assert result.stats["rejected_pairs"] > 0
-    assert result.stats["lsh_candidate_pairs"] == (
-        result.stats["rejected_pairs"] + result.stats["verified_pairs"] + result.stats["pairs_already_connected"]
-    )
+    assert result.stats["lsh_candidate_pairs"] == result.stats["rejected_pairs"] + result.stats["verified_pairs"]
     dropped = set(result.duplicates.filter(pl.col("reason") == "fuzzy")["dropped_source_id"])
     for i, j in planted_corpus["far_pairs"]:
         assert f"doc-{i}" not in dropped and f"doc-{j}" not in dropped
@@ -274,18 +279,42 @@ def test_exact_duplicates_keep_first_by_shard_key_then_row():
     assert result.stats["exact_duplicates"] == 2 and result.stats["fuzzy_duplicates"] == 0
 
 
-def test_fuzzy_keeps_longest_text_and_redirects_its_exact_copies():
+def test_fuzzy_keeps_first_seen_and_redirects_exact_copies_of_dropped_documents():
     config = DedupConfig()
     words = [f"w{i}" for i in range(200)]
     longest = " ".join(words + ["extra", "tail"])
     shorter = " ".join(words)
-    docs = frame([shorter, longest, shorter], ["s0", "s1", "s2"])
+    docs = frame([shorter, longest, longest], ["s0", "s1", "s2"])
     result = dedup_source([Shard("k", docs, compute_signatures(docs, config.minhash))], config)
-    assert result.kept["source_id"].to_list() == ["s1"]
+    # First seen wins even though a later copy is longer: earlier decisions never depend on later shards.
+    assert result.kept["source_id"].to_list() == ["s0"]
     rows = result.duplicates.select("dropped_source_id", "kept_source_id", "reason").rows()
-    # s2 is an exact copy of s0, but s0 itself was dropped: both point at the kept s1.
-    assert rows == [("s0", "s1", "fuzzy"), ("s2", "s1", "fuzzy")]
+    # s2 is an exact copy of s1, but s1 itself was dropped: both point at the kept s0.
+    assert rows == [("s1", "s0", "fuzzy"), ("s2", "s0", "fuzzy")]
     assert result.duplicates["jaccard"].to_list() == [pytest.approx(true_jaccard(shorter, longest))] * 2
+
+
+def test_centre_assignment_never_drops_through_a_chain():
+    # A ~ B and B ~ C pass the threshold, A ~ C does not. Connected components would drop one end
+    # in favour of the other (or of B); centres keep A, drop B to A, and keep C.
+    config = DedupConfig(bands=32, rows=4)  # loose LSH: every pair here is proposed
+    words = [f"w{i}" for i in range(200)]
+    a = list(words)
+    b = list(a)
+    for position in (20, 60, 100, 140):
+        b[position] = f"b{position}"
+    c = list(b)
+    for position in (40, 80, 120, 160):
+        c[position] = f"c{position}"
+    texts = [" ".join(a), " ".join(b), " ".join(c)]
+    assert true_jaccard(texts[0], texts[1]) >= 0.8 and true_jaccard(texts[1], texts[2]) >= 0.8
+    assert true_jaccard(texts[0], texts[2]) < 0.8
+    docs = frame(texts, ["a", "b", "c"])
+    result = dedup_source([Shard("k", docs, compute_signatures(docs, config.minhash))], config)
+    assert result.kept["source_id"].to_list() == ["a", "c"]
+    assert result.duplicates.select("dropped_source_id", "kept_source_id").rows() == [("b", "a")]
+    assert result.stats["rejected_pairs"] >= 1  # c was checked against the centre a and rejected
+    assert result.stats["dropped_below_threshold_via_chain"] == 0
 
 
 def test_short_and_tokenless_documents():
@@ -328,6 +357,9 @@ def test_bad_inputs_are_rejected():
     forged = docs.with_columns(pl.Series("id", [docs["id"][0], docs["id"][0]]))
     with pytest.raises(ValueError, match="share an id with a different text"):
         dedup_source([Shard("k", forged, compute_signatures(forged, config.minhash))], config)
+    not_hex = docs.with_columns(pl.Series("id", ["not a hash", docs["id"][1]]))
+    with pytest.raises(ValueError, match="not a hex sha256"):
+        dedup_source([Shard("k", not_hex, compute_signatures(not_hex, config.minhash))], config)
     with pytest.raises(ValueError, match="exceeds num_perm"):
         DedupConfig(bands=20, rows=10)
 
@@ -340,9 +372,10 @@ def test_default_lsh_parameters_target_the_verification_threshold():
     assert np.isclose(candidate_probability(lsh_threshold(12, 10), 12, 10), 1 - (1 - 1 / 12) ** 12)
 
 
-def test_large_cluster_is_one_component_with_linear_verification(planted_corpus):
+def test_large_cluster_is_verified_against_centres_only(planted_corpus):
     # 150 variants of one document, each with one different word substituted: every pair is a
-    # near-duplicate, and only the edges that join components are verified (k - 1 of them).
+    # near-duplicate (Jaccard about 0.87). Only centres are candidates, so verification is linear
+    # in the cluster, not quadratic, and every drop is verified against its kept document.
     rng = random.Random(5)
     base = planted_corpus["texts"][0]
     words = base.split()
@@ -353,7 +386,216 @@ def test_large_cluster_is_one_component_with_linear_verification(planted_corpus)
     config = DedupConfig()
     docs = frame(sorted(variants), [f"v{i}" for i in range(len(variants))])
     result = dedup_source([Shard("k", docs, compute_signatures(docs, config.minhash))], config)
-    assert len(result.kept) == 1
-    assert result.stats["fuzzy_components"] == 1
-    assert result.stats["verified_pairs"] == len(variants) - 1
-    assert result.stats["pairs_already_connected"] > 10 * len(variants)
+    assert len(result.kept) <= 3  # a variant whose pair with the first centre LSH missed becomes one
+    assert result.stats["verified_pairs"] == len(variants) - len(result.kept)
+    assert result.stats["lsh_candidate_pairs"] <= 3 * len(variants)
+    assert result.duplicates["jaccard"].min() >= config.jaccard_threshold
+
+
+# ---------------------------------------------------------------------------------------------
+# The incremental, partitioned index
+# ---------------------------------------------------------------------------------------------
+
+
+def shard_inputs(shards: list[Shard], versions: dict[str, str] | None = None) -> list[ShardInput]:
+    return [
+        ShardInput(shard.source, shard.shard_key, (versions or {}).get(shard.shard_key, "v"),
+                   lambda docs=shard.docs: docs, lambda sigs=shard.signatures: sigs)
+        for shard in shards
+    ]
+
+
+def file_hashes(index: IndexDir) -> dict[str, str]:
+    return {rel: hashlib.sha256(index.read_bytes(rel)).hexdigest() for rel in index.files()}
+
+
+def test_new_shard_leaves_earlier_decisions_and_files_byte_identical(planted_corpus, tmp_path):
+    config = DedupConfig()
+    texts = planted_corpus["texts"]
+    split = planted_corpus["num_bases"]
+    old_shards = make_shards(texts[:split], 3, config.minhash)
+    index = IndexDir.local(tmp_path / "index")
+    first = update_index(index, shard_inputs(old_shards), config)
+    assert [shard.seq for shard in first.new_shards] == [0, 1, 2]
+    before = file_hashes(index)
+
+    # The new shard's key sorts first, and its variants are longer or equal: it is still seen last.
+    new_docs = frame(texts[split:], [f"doc-{i}" for i in range(split, len(texts))])
+    new_shard = Shard("shard-000-early-name", new_docs, compute_signatures(new_docs, config.minhash))
+    second = update_index(index, shard_inputs([*old_shards, new_shard]), config)
+    after = file_hashes(index)
+    assert {rel: after[rel] for rel in before} == before, "files of earlier shards changed"
+    assert sorted(set(after) - set(before)) == [
+        decision_path(3), *(f"keys/p{p:04d}/000001.parquet" for p in range(config.index_partitions)),
+        "registry/000001.json"]
+    assert [(shard.seq, shard.shard_key) for shard in second.new_shards] == [(3, "shard-000-early-name")]
+
+    decisions = index.read_parquet(decision_path(3))
+    # Every planted copy and close variant in the new shard is dropped in favour of an old document.
+    assert len(decisions) >= 75 and set(decisions["kept_shard"]) <= {s.shard_key for s in old_shards}
+    assert decisions["jaccard"].min() >= config.jaccard_threshold
+    assert second.stats["input_docs"] == len(new_docs) and second.stats["dropped_below_threshold_via_chain"] == 0
+    # Same decisions as deciding everything at once with the new shard ordered last.
+    renamed = Shard("shard-999", new_docs, new_shard.signatures)
+    at_once = dedup_source([*old_shards, renamed], config)
+    expected = at_once.duplicates.filter(pl.col("dropped_shard") == "shard-999")
+    assert decisions.drop("dropped_row", "dropped_shard").equals(expected.drop("dropped_shard"))
+    assert read_registry(index)[3].kept == len(new_docs) - len(decisions)
+
+    # Nothing new: nothing changes.
+    third = update_index(index, shard_inputs([*old_shards, new_shard]), config)
+    assert third.new_shards == [] and file_hashes(index) == after
+
+
+def test_batching_does_not_change_decisions(planted_corpus):
+    config = DedupConfig()
+    shards = make_shards(planted_corpus["texts"], 5, config.minhash)
+    one_by_one = dedup_source(shards, config, batch_shards=1)
+    all_at_once = dedup_source(shards, config, batch_shards=8)
+    assert one_by_one.kept.equals(all_at_once.kept)
+    assert one_by_one.duplicates.equals(all_at_once.duplicates)
+
+
+def test_candidate_step_holds_one_bucket_range_at_a_time(planted_corpus, tmp_path, monkeypatch):
+    config = DedupConfig(index_partitions=4)
+    shards = make_shards(planted_corpus["texts"], 4, config.minhash)
+    index = IndexDir.local(tmp_path / "index")
+    update_index(index, shard_inputs(shards[:2]), config)
+    for rel in index.files("keys"):
+        partition = int(rel.split("/")[1][1:])
+        buckets = index.read_parquet(rel)["bucket"].to_numpy()
+        assert set(key_partition(buckets, config.index_partitions).tolist()) <= {partition}, rel
+
+    calls = []
+    original = dedup.partition_collisions
+
+    def spy(old_runs, new_keys):
+        loaded = [run(np.unique(new_keys["bucket"].to_numpy())) for run in old_runs]
+        seen = {int(p) for frame in [new_keys, *loaded]
+                for p in key_partition(frame["bucket"].to_numpy(), config.index_partitions)}
+        calls.append((seen, len(loaded)))
+        return original([lambda buckets, frame=frame: frame for frame in loaded], new_keys)
+
+    monkeypatch.setattr(dedup, "partition_collisions", spy)
+    update = update_index(index, shard_inputs(shards), config, batch_shards=1)
+    # Two batches (one new shard each), each four passes: one bucket range per pass, over that
+    # range's runs only (one per earlier batch).
+    assert len(calls) == 2 * config.index_partitions
+    assert all(len(seen) == 1 for seen, _ in calls)
+    assert [runs for _, runs in calls] == [1] * 4 + [2] * 4
+    total_keys = sum(len(index.read_parquet(rel)) for rel in index.files("keys"))
+    assert update.stats["max_partition_keys"] < total_keys / 2
+
+
+def test_a_small_new_shard_reads_only_the_row_groups_it_needs(planted_corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(dedup, "RUN_ROW_GROUP_KEYS", 16)
+    config = DedupConfig()
+    texts = planted_corpus["texts"]
+    old_shards = make_shards(texts[:150], 3, config.minhash)
+    index = IndexDir.local(tmp_path / "index")
+    update_index(index, shard_inputs(old_shards), config)
+    # Two new documents: a close variant of base 0 and an exact copy of base 119, both in the index.
+    new_docs = frame([texts[planted_corpus["num_bases"]], texts[-1]], ["new-0", "new-1"])
+    new_shard = Shard("shard-new", new_docs, compute_signatures(new_docs, config.minhash))
+    update = update_index(index, shard_inputs([*old_shards, new_shard]), config)
+    # At most one row group per new key (2 documents x 13 keys), out of about a hundred.
+    assert update.stats["index_row_groups_read"] <= 2 * (config.bands + 1)
+    assert update.stats["index_row_groups"] > 3 * update.stats["index_row_groups_read"]
+    decisions = index.read_parquet(decision_path(3))
+    assert decisions["reason"].to_list() == ["fuzzy", "exact"]
+    at_once = dedup_source([*old_shards, Shard("shard-zzz", new_docs, new_shard.signatures)], config)
+    expected = at_once.duplicates.filter(pl.col("dropped_shard") == "shard-zzz")
+    assert decisions.drop("dropped_row", "dropped_shard").equals(expected.drop("dropped_shard"))
+
+
+def test_cross_source_group_keeps_the_first_seen_copy():
+    config = DedupConfig()
+    shared = "The same licence text appears in two sources with a few words more here and there " * 6
+    web = frame([shared, "only in web " * 20], ["w0", "w1"]).with_columns(pl.lit("web").alias("source"))
+    books = frame([shared, "only in books " * 20], ["b0", "b1"]).with_columns(pl.lit("books").alias("source"))
+    shards = [
+        Shard("2024-02", web, compute_signatures(web, config.minhash), "web"),
+        Shard("2024-01", books, compute_signatures(books, config.minhash), "books"),
+    ]
+    result = dedup_source(shards, config)
+    assert result.duplicates.select("dropped_source", "dropped_source_id", "kept_source", "kept_source_id",
+                                     "reason").rows() == [("web", "w0", "books", "b0", "exact")]
+    assert sorted(result.kept["source_id"]) == ["b0", "b1", "w1"]
+    # The same shard key in two sources is two shards.
+    same_key = [Shard("k", web, shards[0].signatures, "web"), Shard("k", books, shards[1].signatures, "books")]
+    assert len(dedup_source(same_key, config).duplicates) == 1
+
+
+def test_index_starts_over_when_its_inputs_change_and_drops_uncommitted_batches(planted_corpus, tmp_path):
+    config = DedupConfig()
+    shards = make_shards(planted_corpus["texts"], 3, config.minhash)
+    index = IndexDir.local(tmp_path / "index")
+    update_index(index, shard_inputs(shards[:2]), config)
+    committed = file_hashes(index)
+    # A run killed before its registry entry left a batch's files: they do not count and are redone.
+    index.write_bytes(decision_path(2), b"partial")
+    index.write_bytes("keys/p0003/000001.parquet", b"partial")
+    redo = update_index(index, shard_inputs(shards), config)
+    assert redo.reset_reason is None and [s.seq for s in redo.new_shards] == [2]
+    assert index.read_parquet(decision_path(2)).schema == pl.Schema(DECISION_SCHEMA)
+    assert {rel: h for rel, h in file_hashes(index).items() if rel in committed} == committed
+
+    changed = update_index(index, shard_inputs(shards, versions={shards[0].shard_key: "v2"}), config)
+    assert "changed" in changed.reset_reason and len(changed.new_shards) == 3
+    other_config = DedupConfig(jaccard_threshold=0.9)
+    assert "config" in update_index(index, shard_inputs(shards), other_config).reset_reason
+    gone = update_index(index, shard_inputs(shards[1:]), other_config)
+    assert "no longer an input" in gone.reset_reason and [s.seq for s in gone.new_shards] == [0, 1]
+
+
+def test_band_buckets_propose_exactly_the_pairs_datasketch_lsh_proposes(planted_corpus):
+    from datasketch import LeanMinHash, MinHashLSH
+
+    config = DedupConfig(bands=32, rows=4)  # loose, so there are many pairs to compare
+    docs = frame(planted_corpus["texts"], [str(i) for i in range(len(planted_corpus["texts"]))])
+    hashvalues = compute_signatures(docs, config.minhash).hashvalues
+    buckets = minhash.band_hashes(hashvalues, config.bands, config.rows)
+    ours = set()
+    for band in range(config.bands):
+        by_bucket: dict[int, list[int]] = {}
+        for row, bucket in enumerate(buckets[:, band].tolist()):
+            by_bucket.setdefault(bucket, []).append(row)
+        ours.update(pair for rows in by_bucket.values() for pair in combinations(rows, 2))
+    lsh = MinHashLSH(num_perm=config.minhash.num_perm, params=(config.bands, config.rows))
+    sketches = [LeanMinHash(seed=config.minhash.seed, hashvalues=row, scheme="affine32") for row in hashvalues]
+    for row, sketch in enumerate(sketches):
+        lsh.insert(row, sketch, check_duplication=False)
+    theirs = {(min(row, other), max(row, other)) for row, sketch in enumerate(sketches)
+              for other in lsh.query(sketch) if other != row}
+    assert len(theirs) > 100 and ours == theirs
+
+
+def test_dedup_groups_from_the_sources_yaml(tmp_path):
+    from marin_assets.curation.refine import dedup_config_from, dedup_group_members, dedup_group_of
+    from marin_assets.curation.sources import parse_curation_config
+
+    def sources(*entries):
+        return parse_curation_config({"sources": [{"uri": str(tmp_path / "*.txt"), "format": "text", **entry}
+                                                  for entry in entries]}, tmp_path)
+
+    config = sources({"name": "web", "dedup": {"group": "corpus", "jaccard_threshold": 0.85}},
+                     {"name": "books", "dedup": {"group": "corpus", "jaccard_threshold": 0.85}},
+                     {"name": "code"})
+    web, books, code = config.sources
+    assert [dedup_group_of(source) for source in config.sources] == ["corpus", "corpus", "code"]
+    assert dedup_group_members(books, config) == [web, books]
+    assert dedup_group_members(code, config) == [code]
+    assert dedup_config_from(web).jaccard_threshold == 0.85  # `group` is not a DedupConfig field
+
+    mixed = sources({"name": "web", "dedup": {"group": "corpus"}},
+                    {"name": "books", "dedup": {"group": "corpus", "bands": 16, "rows": 8}})
+    with pytest.raises(ValueError, match="differ in their dedup settings"):
+        dedup_group_members(mixed.sources[0], mixed)
+    # Naming a source's default group joins it; naming a source that is in another group is an error.
+    joined = sources({"name": "web", "dedup": {"group": "books"}}, {"name": "books"})
+    assert dedup_group_members(joined.sources[0], joined) == list(joined.sources)
+    clash = sources({"name": "web", "dedup": {"group": "books"}}, {"name": "books", "dedup": {"group": "other"}})
+    with pytest.raises(ValueError, match="has the name of source 'books'"):
+        dedup_group_members(clash.sources[0], clash)
+    with pytest.raises(ValueError, match="must be a non-empty string"):
+        dedup_group_of(sources({"name": "web", "dedup": {"group": ""}}).sources[0])

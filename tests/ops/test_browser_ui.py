@@ -3,7 +3,7 @@ materialization launched from the UI is queued, dequeued by the daemon and succe
 
 `dagster-webserver` and `dagster-daemon` run against a temporary DAGSTER_HOME (the embedded
 default: SQLite, queued runs) on 127.0.0.1, each started and stopped by its process group.
-The upstream shard is built first with `marin materialize`, so the UI launches
+The upstream shard and its dedup index are built first with `marin materialize`, so the UI launches
 `deduplicated/<source>`, an unpartitioned asset. Its run uses the in-process executor (set in
 the launchpad), which keeps the run to one Python process on a 2-core CI machine.
 
@@ -113,9 +113,9 @@ def dagster_ui(tmp_path, monkeypatch):
     procs = [start([str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
                    env, logs[0])]
     try:
-        # While the webserver loads: the upstream shard, built before the daemon starts so that
-        # its automation sensor never races the CLI for the same partition.
-        built = subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", "filtered/beacon"], env=env,
+        # While the webserver loads: the upstream shard and the dedup index over it, built before the
+        # daemon starts so that its automation sensor never races the CLI for the same partition.
+        built = subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", "dedup_index/beacon"], env=env,
                                capture_output=True, text=True, check=False, timeout=180)
         assert built.returncode == 0, built.stderr
         procs.append(start([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], env, logs[1]))
@@ -152,7 +152,8 @@ def test_launch_materialization_from_the_ui(dagster_ui):
             try:
                 page.goto(f"{base}/locations/marin/asset-groups/curation")
                 page.get_by_text("Never materialized").first.wait_for()  # deduplicated/beacon, not built yet
-                assert page.get_by_text("beacon", exact=True).count() == 4  # raw, documents, filtered, deduplicated
+                # raw, documents, filtered, dedup_index, deduplicated
+                assert page.get_by_text("beacon", exact=True).count() == 5
                 page.screenshot(path=str(ARTIFACTS / "browser_ui_graph.png"))
 
                 # Shift-click opens the launchpad; add the executor config and launch.

@@ -103,23 +103,23 @@ def test_lineage_tree_json_and_bill_of_materials(built):
         nodes.append(node)
         stack.extend(node["upstream"])
     internal = [n for n in nodes if not n["external"]]
-    assert {n["asset_key"] for n in internal} == {"deduplicated/harbour", "filtered/harbour", "documents/harbour",
-                                                  "raw/harbour"}
+    assert {n["asset_key"] for n in internal} == {"deduplicated/harbour", "dedup_index/harbour", "filtered/harbour",
+                                                  "documents/harbour", "raw/harbour"}
     for node in internal:
         assert node["code_version"] == "v1"
         assert re.fullmatch(r"[0-9a-f]{64}", node["fingerprint"]) and re.fullmatch(r"[0-9a-f]{64}",
                                                                                    node["data_version"])
         assert node["run_id"] in run_ids
         assert HEX40.match(node["git_sha"] or ""), node["git_sha"]
-        assert (node["partition"] is None) == (node["asset_key"] == "deduplicated/harbour")
+        assert (node["partition"] is None) == (node["asset_key"] in ("deduplicated/harbour", "dedup_index/harbour"))
         assert Path(node["uri"], ".artifact.json").is_file()
     raws = [n for n in internal if n["asset_key"] == "raw/harbour"]
     assert all(n["upstream"][0]["external"] and n["upstream"][0]["partition"] == n["partition"] for n in raws)
 
     doc = json.loads(bom["stdout"])
     assert re.fullmatch(r"[0-9a-f]{64}", doc["chain_hash"]) and doc["verified"] is False
-    # 1 dedup + 2 x (filtered, documents, raw, external listing)
-    assert len(doc["artifacts"]) == 9
+    # deduplicated, dedup_index + 2 x (filtered, documents, raw, external listing)
+    assert len(doc["artifacts"]) == 10
     assert all(a["files"] for a in doc["artifacts"] if not a["external"])
 
 
