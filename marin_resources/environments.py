@@ -72,7 +72,10 @@ def build_resources(settings: MarinSettings) -> dict[str, Any]:
     from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
     from marin_resources.io_managers import ValueIOManagerFactory
 
-    store = MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints)
+    from marin_resources.object_stores import storage_options
+
+    store = MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints,
+                       storage_options=storage_options(settings.prefix))
     resources: dict[str, Any] = {
         "store": store,
         "artifact_io_manager": ArtifactHandleIOManager(store=store),
@@ -86,10 +89,13 @@ def build_resources(settings: MarinSettings) -> dict[str, Any]:
 
 def _launcher_resources(settings: MarinSettings) -> dict[str, Any]:
     from marin_resources.launchers import LocalPipesLauncher
+    from marin_resources.object_stores import store_process_env
 
     if settings.env != "prod" or not settings.training_image:
+        # The store's endpoints and credentials, named for the process (a local one would also inherit them).
         return {"launcher": LocalPipesLauncher(wandb_api_key=dg.EnvVar("WANDB_API_KEY") if settings.wandb_online
-                                               else None, output_to_file=settings.process_output == "file")}
+                                               else None, output_to_file=settings.process_output == "file",
+                                               extra_env=store_process_env())}
     from marin_resources.k8s import K8sTrainingLauncher, SecretEnvRefConfig
 
     secrets = [SecretEnvRefConfig(env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key")] \

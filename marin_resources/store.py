@@ -36,7 +36,7 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from marin_resources.identity import canonical_json, validate_partition_key
-from marin_resources.retry import with_retries
+from marin_resources.retry import SDK_ATTEMPTS, STORAGE_RETRY, attempts_around, with_retries
 from marin_resources.secrets import scrub
 
 MANIFEST_NAME = ".artifact.json"
@@ -117,6 +117,12 @@ class ArtifactStore:
         self.root = root.rstrip("/")
         self.is_local = isinstance(self.fs, fsspec.implementations.local.LocalFileSystem)
         self.lock_ttl_s = lock_ttl_s
+        # Object-store SDKs retry each call themselves; their tries count against the one policy.
+        self.retry_attempts = STORAGE_RETRY.attempts if self.is_local else attempts_around(SDK_ATTEMPTS)
+
+    def retrying(self, fn):
+        """``fn()`` retried on transient errors, within the storage retry policy (see marin_resources.retry)."""
+        return with_retries(fn, attempts=self.retry_attempts)
 
     # ---- locations -------------------------------------------------------------------------
     def artifact_uri(self, asset_key: str, code_version: str, partition: str | None) -> str:
@@ -142,7 +148,7 @@ class ArtifactStore:
     def read_manifest(self, uri: str) -> Manifest | None:
         path = f"{self._path(uri)}/{MANIFEST_NAME}"
         try:
-            text = with_retries(lambda: self.fs.cat_file(path).decode("utf-8"))
+            text = self.retrying(lambda: self.fs.cat_file(path).decode("utf-8"))
         except FileNotFoundError:
             return None
         return Manifest.from_json(text, uri=uri)
@@ -293,7 +299,7 @@ class ArtifactStore:
         listings skip it); returns that URI."""
         stamp = utc_now().replace(":", "").replace("-", "")
         path = f"{self._path(manifest.uri)}/{MANIFEST_NAME}"
-        with_retries(lambda: self.fs.mv(path, f"{path}.retracted-{stamp}"))
+        self.retrying(lambda: self.fs.mv(path, f"{path}.retracted-{stamp}"))
         return f"{manifest.uri}/{MANIFEST_NAME}.retracted-{stamp}"
 
     def write_manifest(self, manifest: Manifest) -> None:
@@ -307,7 +313,7 @@ class ArtifactStore:
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
         else:
-            with_retries(lambda: self.fs.pipe_file(path, data))
+            self.retrying(lambda: self.fs.pipe_file(path, data))
 
 
 class ArtifactWriter:
@@ -348,8 +354,11 @@ class ArtifactWriter:
     def commit(self, *, fingerprint: str, config: Any, upstream: list[UpstreamRef], producer: dict[str, Any],
                metrics: dict[str, Any] | None = None) -> Manifest:
         if self._staging is not None:
-            with_retries(lambda: self.store.fs.put(str(self._staging) + "/", self.store._path(self.uri) + "/",
-                                                   recursive=True))
+            # Regular files only, as list_files counts them: tools leave links behind (W&B's
+            # latest-run and log links), some dangling once their target is gone.
+            local = [p for p in sorted(self._staging.rglob("*")) if p.is_file() and not p.is_symlink()]
+            remote = [f"{self.store._path(self.uri)}/{p.relative_to(self._staging).as_posix()}" for p in local]
+            self.store.retrying(lambda: self.store.fs.put([str(p) for p in local], remote))
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
         files = [self.store.hash_file(self.uri, rel) for rel in self.store.list_files(self.uri)]
