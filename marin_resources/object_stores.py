@@ -60,6 +60,17 @@ def storage_options(prefix: str) -> dict[str, Any]:
     return {}
 
 
+def sdk_attempts(fs) -> int:
+    """Tries the store's SDK makes per call by itself: botocore as configured by `storage_options`;
+    gcsfs its fixed class-level count."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("s3", "s3a"):
+        return SDK_ATTEMPTS
+    if protocol in ("gs", "gcs"):
+        return int(getattr(fs, "retries", 1))
+    return 1
+
+
 def tensorstore_retry_context(driver: str) -> dict[str, Any]:
     """Tensorstore's request retries for ``driver`` (``s3`` or ``gcs``): nothing wraps tensorstore,
     so it gets the policy's whole budget."""

@@ -36,7 +36,8 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from marin_resources.identity import canonical_json, validate_partition_key
-from marin_resources.retry import SDK_ATTEMPTS, STORAGE_RETRY, attempts_around, with_retries
+from marin_resources.object_stores import sdk_attempts
+from marin_resources.retry import STORAGE_RETRY, attempts_around, with_retries
 from marin_resources.secrets import scrub
 
 MANIFEST_NAME = ".artifact.json"
@@ -118,7 +119,7 @@ class ArtifactStore:
         self.is_local = isinstance(self.fs, fsspec.implementations.local.LocalFileSystem)
         self.lock_ttl_s = lock_ttl_s
         # Object-store SDKs retry each call themselves; their tries count against the one policy.
-        self.retry_attempts = STORAGE_RETRY.attempts if self.is_local else attempts_around(SDK_ATTEMPTS)
+        self.retry_attempts = STORAGE_RETRY.attempts if self.is_local else attempts_around(sdk_attempts(self.fs))
 
     def retrying(self, fn):
         """``fn()`` retried on transient errors, within the storage retry policy (see marin_resources.retry)."""
