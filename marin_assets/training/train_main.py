@@ -18,13 +18,11 @@ to the bucket); Levanter loads the latest ``step-N`` on start, so relaunching af
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
-import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -197,14 +195,15 @@ def _metrics_tracker_config_class() -> type:
     return StepMetricsTrackerConfig
 
 
-def _final_checkpoint_trainer_class() -> type:
+def _final_checkpoint_trainer_class(before_save: Callable[[], None] | None = None) -> type:
     """Levanter's Trainer, plus a guaranteed checkpoint of the final step.
 
     ``Trainer.train`` ends with ``run_hooks(force=True)``, but plain-function hooks drop ``force``,
     so the checkpointer only saves the last step if it happens to fall on the ``keep`` cadence or
     the time interval; and ``train_lm.main`` does not wait for the async write before exiting.
     Eval and downstream stages need the final weights, so after training we save (if needed)
-    and wait with the same checkpointer instance Levanter created.
+    and wait with the same checkpointer instance Levanter created. ``before_save`` runs as each
+    checkpoint save begins.
     """
     from levanter.checkpoint import Checkpointer
     from levanter.trainer import Trainer
@@ -214,7 +213,15 @@ def _final_checkpoint_trainer_class() -> type:
 
         def add_hook(self, fn=None, *, every: int = 1):
             if isinstance(getattr(fn, "__self__", None), Checkpointer):
-                self._marin_checkpointer = fn.__self__
+                self._marin_checkpointer = checkpointer = fn.__self__
+                if before_save is not None:
+                    save = checkpointer.save_checkpoint
+
+                    def save_checkpoint(*args, **kwargs):
+                        before_save()
+                        return save(*args, **kwargs)
+
+                    checkpointer.save_checkpoint = save_checkpoint
             return super().add_hook(fn, every=every)
 
         def train(self, state, train_loader):
@@ -331,19 +338,16 @@ def _finished_summary(output_dir: Path, steps: int) -> dict[str, Any] | None:
 class StoreMirror:
     """The run's record files (metrics, summary) kept in the store beside checkpoints that Levanter
     writes there directly, so that a run resumed on a fresh machine continues its attempt count and
-    loss history. ``metrics.jsonl`` is copied every ``interval_s`` by a background thread while
-    training goes on; a kill loses at most that interval of records, which the resumed attempt
-    logs again from its checkpoint."""
+    loss history. ``metrics.jsonl`` is copied as each checkpoint save begins (so the bucket's copy
+    covers every step before that checkpoint) and when training ends."""
 
     FILES = (METRICS_FILE, SUMMARY_FILE)
 
-    def __init__(self, local_dir: Path, store_dir: str, interval_s: float = 10.0):
+    def __init__(self, local_dir: Path, store_dir: str):
         import fsspec
 
-        self.local_dir, self.store_dir, self.interval_s = local_dir, store_dir.rstrip("/"), interval_s
+        self.local_dir, self.store_dir = local_dir, store_dir.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.store_dir)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @classmethod
     def for_checkpoints(cls, checkpoint_base: str, output_dir: Path) -> "StoreMirror | None":
@@ -367,24 +371,6 @@ class StoreMirror:
             local = self.local_dir / name
             if local.exists():
                 self.fs.put_file(str(local), f"{self.root}/{name}")
-
-    def __enter__(self) -> "StoreMirror":
-        def loop() -> None:
-            while not self._stop.wait(self.interval_s):
-                try:
-                    self.push(METRICS_FILE)
-                except Exception as exc:  # noqa: BLE001 - a missed copy is retried next interval
-                    print(f"metrics copy to {self.store_dir} failed: {exc}", file=sys.stderr)
-
-        self._thread = threading.Thread(target=loop, name="metrics-mirror", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.push(METRICS_FILE)
 
 
 def next_attempt(metrics_path: Path) -> int:
@@ -435,10 +421,10 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     started = time.time()
     # train_lm.main constructs `Trainer` by module-global name; swap in the subclass for this call only.
     original_trainer = train_lm.Trainer
-    train_lm.Trainer = _final_checkpoint_trainer_class()
+    train_lm.Trainer = _final_checkpoint_trainer_class(
+        before_save=None if mirror is None else lambda: mirror.push(METRICS_FILE))
     try:
-        with mirror or contextlib.nullcontext():
-            train_lm.main(config)
+        train_lm.main(config)
     finally:
         train_lm.Trainer = original_trainer
         sink.close()
@@ -468,7 +454,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     with open(output_dir / SUMMARY_FILE, "w") as f:
         json.dump(summary, f, indent=2)
     if mirror is not None:
-        mirror.push(SUMMARY_FILE)
+        mirror.push(METRICS_FILE, SUMMARY_FILE)
     return summary
 
 

@@ -67,6 +67,16 @@ def gcs_server(tmp_path_factory):
     stop(proc)
 
 
+@pytest.fixture(scope="session")
+def gcs_tensorstore_server(gcs_server, tmp_path_factory):
+    """The GCS emulator behind a proxy that gives tensorstore what real GCS does (see gcs_tensorstore_proxy.py)."""
+    port = free_port()
+    proc = start([sys.executable, str(Path(__file__).parent / "gcs_tensorstore_proxy.py"), str(port), gcs_server],
+                 port, tmp_path_factory)
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
+
+
 @pytest.fixture
 def s3_prefix(s3_server, monkeypatch):
     import s3fs

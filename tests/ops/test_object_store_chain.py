@@ -1,7 +1,7 @@
-"""The demo chain on an s3:// prefix (moto_server), through `marin` as a user runs it: curation,
-tokenizer, a Levanter cache Levanter reads from the bucket, training whose checkpoints land in the
-bucket as they are saved, a kill -9 and a wiped scratch, resume from the bucket, and eval. Plus the
-one-line errors for a store that cannot be used, on both S3 and GCS."""
+"""The demo chain on s3:// (moto_server) and gs:// (gcp-storage-emulator) prefixes, through `marin`
+as a user runs it: curation, tokenizer, a Levanter cache Levanter reads from the bucket, training
+whose checkpoints land in the bucket as they are saved, eval. On S3 also a kill -9 and a wiped
+scratch, then resume from the bucket. Plus the one-line errors for a store that cannot be used."""
 
 import json
 import math
@@ -50,12 +50,8 @@ def marin(env, cwd, *args, check=True, timeout=900):
     return proc.returncode, out, err
 
 
-@pytest.fixture(scope="module")
-def s3_chain(s3_server, tmp_path_factory):
-    """A bucket on moto and the environment a user would set: standard AWS variables, no marin flags."""
-    import s3fs
-
-    root = tmp_path_factory.mktemp("s3chain")
+def chain_env(root: Path, prefix: str, store_vars: dict) -> dict:
+    """What a user sets: the store's standard variables and a prefix, no marin-specific flags."""
     texts = root / "texts"
     texts.mkdir()
     sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
@@ -67,15 +63,23 @@ def s3_chain(s3_server, tmp_path_factory):
         (texts / f"part{i // 40:03d}.txt").write_text("\n\n".join(docs[i:i + 40]))
     (root / "sources.yaml").write_text(f"sources:\n  - name: shakespeare\n    uri: {texts}/*.txt\n    format: text\n")
     (root / "runs.yaml").write_text(RUNS_YAML)
-    bucket = f"chain-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_server,
-           "MARIN_ENV": "local", "MARIN_PREFIX": f"s3://{bucket}/store", "MARIN_SOURCES": str(root / "sources.yaml"),
-           "MARIN_RUNS": str(root / "runs.yaml"), "DAGSTER_HOME": str(root / "home"),
-           # Scratch: where staging directories go. Wiping it stands for moving to a fresh machine.
-           "TMPDIR": str(root / "scratch"), "JAX_PLATFORMS": "cpu"}
     (root / "scratch").mkdir()
     (root / "cwd").mkdir()
+    return {**os.environ, **store_vars, "MARIN_ENV": "local", "MARIN_PREFIX": prefix,
+            "MARIN_SOURCES": str(root / "sources.yaml"), "MARIN_RUNS": str(root / "runs.yaml"),
+            "DAGSTER_HOME": str(root / "home"),
+            # Scratch: where staging directories go. Wiping it stands for moving to a fresh machine.
+            "TMPDIR": str(root / "scratch"), "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def s3_chain(s3_server, tmp_path_factory):
+    import s3fs
+
+    root = tmp_path_factory.mktemp("s3chain")
+    bucket = f"chain-{uuid.uuid4().hex[:8]}"
+    env = chain_env(root, f"s3://{bucket}/store", {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                                                   "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_server})
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server}, key="testing", secret="testing",
                            skip_instance_cache=True)
     fs.mkdir(bucket)
@@ -130,6 +134,24 @@ def test_s3_chain_killed_mid_training_resumes_from_the_bucket_on_a_fresh_scratch
     # Nothing reached local disk outside scratch (JAX once turned s3://b/x into ./s3:/b/x).
     assert list(cwd.iterdir()) == []
     assert not any(Path(env["TMPDIR"]).iterdir())
+
+
+def test_gcs_chain_trains_in_the_bucket_and_evals(gcs_tensorstore_server, tmp_path):
+    import gcsfs
+
+    bucket = f"chain-{uuid.uuid4().hex[:8]}"
+    env = chain_env(tmp_path, f"gs://{bucket}/store", {"STORAGE_EMULATOR_HOST": gcs_tensorstore_server})
+    fs = gcsfs.GCSFileSystem(endpoint_url=gcs_tensorstore_server, token="anon", skip_instance_cache=True)
+    fs.mkdir(bucket)
+    store = f"{bucket}/store"
+    marin(env, tmp_path / "cwd", "materialize", "eval", "--partition", RUN)
+    metrics = json.loads(fs.cat(f"{store}/checkpoint/v1/{RUN}/.artifact.json"))["metrics"]
+    assert metrics["resumed_from_step"] == 0 and metrics["attempt"] == 0 and metrics["final_step"] == STEPS
+    assert complete_steps(fs, f"{store}/checkpoint/v1/{RUN}/checkpoints")[-1] == STEPS - 1
+    assert fs.exists(f"{store}/tokenized/shakespeare/v1/train/input_ids/offsets/zarr.json")
+    evaluation = json.loads(fs.cat(f"{store}/eval/v1/{RUN}/.artifact.json"))["metrics"]
+    assert math.isfinite(evaluation["eval/shakespeare/bpb"])
+    assert list((tmp_path / "cwd").iterdir()) == []
 
 
 def test_the_s3_kvstore_gets_the_bucket_path_and_endpoint():
