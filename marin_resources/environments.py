@@ -92,7 +92,7 @@ def _launcher_resources(settings: MarinSettings) -> dict[str, Any]:
     from marin_resources.object_stores import store_process_env
 
     if settings.env != "prod" or not settings.training_image:
-        # The store's endpoints and credentials, named for the process (a local one would also inherit them).
+        # The store's endpoints and region, named for the process (a local one would also inherit them).
         return {"launcher": LocalPipesLauncher(wandb_api_key=dg.EnvVar("WANDB_API_KEY") if settings.wandb_online
                                                else None, output_to_file=settings.process_output == "file",
                                                extra_env=store_process_env())}

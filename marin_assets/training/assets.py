@@ -12,6 +12,7 @@ import base64
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,8 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
                 # The run's config names its checkpoints by URI (a local path, or the bucket), so
                 # eval only needs a local copy of the config file itself.
                 config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
-                artifacts.fs.get_file(artifacts._path(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}"), config_path)
+                with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src, open(config_path, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
                 launcher.run_eval(context, train_config_path=config_path, output_dir=out,
                                   accelerator=spec.resources.accelerator, extras={"run": spec.name})
             report = json.loads((Path(out) / EVAL_REPORT_FILE).read_text())
