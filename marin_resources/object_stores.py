@@ -8,7 +8,8 @@ come from the standard variables only:
 - GCS: ``STORAGE_EMULATOR_HOST`` (gcsfs reads it itself; tensorstore's name for it is
   ``TENSORSTORE_GCS_HTTP_URL``, derived here).
 
-``install_tensorstore_paths`` fixes two faults of JAX 0.7's ``get_tensorstore_spec`` on ``s3://``:
+``install_tensorstore_paths`` adds the storage retry policy to tensorstore's S3 and GCS specs and
+fixes two faults of JAX 0.7's ``get_tensorstore_spec`` on ``s3://``:
 its scheme regex ``[a-z]+`` does not match ``s3``, so ``s3://b/x`` became the local relative path
 ``s3:/b/x`` (Levanter then wrote token caches into ``./s3:/`` and the bucket held only ledgers),
 and its S3 kvstore carries no ``endpoint``. JAX/Levanter are imported only when it is called, in
@@ -79,20 +80,21 @@ def tensorstore_retry_context(driver: str) -> dict[str, Any]:
                                           "max_delay": f"{STORAGE_RETRY.max_delay_s}s"}}
 
 
-def fix_s3_kvstore(spec: dict[str, Any], url: str, endpoint: str | None) -> dict[str, Any]:
-    """``spec`` as JAX built it for ``url``, with a correct S3 kvstore when ``url`` is ``s3://``.
+def fix_kvstore(spec: dict[str, Any], url: str, endpoint: str | None) -> dict[str, Any]:
+    """``spec`` as JAX built it for ``url``, with the retry policy, and a correct S3 kvstore for ``s3://``.
 
-    JAX built it for the ``gs://`` spelling of the same path (see the module docstring), so the
-    kvstore (or an OCDBT store's base) is GCS-shaped: bucket and path are right, the driver is not.
+    For ``s3://`` JAX was given the ``gs://`` spelling of the same path (see the module docstring),
+    so the kvstore (or an OCDBT store's base) is GCS-shaped: bucket and path are right, the
+    driver is not.
     """
-    if not url.startswith("s3://"):
-        return spec
     kvstore = spec["kvstore"]
     base = kvstore["base"] if kvstore.get("driver") == "ocdbt" else kvstore
-    base["driver"] = "s3"
-    if endpoint:
-        base["endpoint"] = endpoint
-    base["context"] = tensorstore_retry_context("s3")
+    if url.startswith("s3://"):
+        base["driver"] = "s3"
+        if endpoint:
+            base["endpoint"] = endpoint
+    if base.get("driver") in ("s3", "gcs"):
+        base["context"] = tensorstore_retry_context(base["driver"])
     return spec
 
 
@@ -112,10 +114,8 @@ def install_tensorstore_paths() -> None:
 
     def get_tensorstore_spec(ckpt_path, *args, **kwargs):
         url = str(ckpt_path)
-        if url.startswith("s3://"):
-            spec = original("gs://" + url[len("s3://"):], *args, **kwargs)
-            return fix_s3_kvstore(spec, url, s3_endpoint())
-        return original(ckpt_path, *args, **kwargs)
+        spec = original("gs://" + url[len("s3://"):] if url.startswith("s3://") else ckpt_path, *args, **kwargs)
+        return fix_kvstore(spec, url, s3_endpoint())
 
     # Levanter's caches call `serialization.get_tensorstore_spec`, and JAX's own checkpoint
     # serializer looks the name up in that module, so this one attribute covers both.

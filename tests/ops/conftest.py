@@ -32,9 +32,10 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> N
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
-def start(cmd: list[str], port: int, tmp_path_factory) -> subprocess.Popen:
+def start(cmd: list[str], port: int, tmp_path_factory, env: dict | None = None) -> subprocess.Popen:
     log = open(tmp_path_factory.mktemp("svc") / "server.log", "w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=None if env is None else {**os.environ, **env})
     wait_for_port(port, proc)
     return proc
 
@@ -54,6 +55,16 @@ def stop(proc: subprocess.Popen) -> None:
 def s3_server(tmp_path_factory):
     port = free_port()
     proc = start([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, tmp_path_factory)
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
+
+
+@pytest.fixture(scope="session")
+def s3_server_checking_credentials(tmp_path_factory):
+    """A moto_server that authenticates every request (unknown access keys are refused)."""
+    port = free_port()
+    proc = start([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, tmp_path_factory,
+                 env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"})
     yield f"http://127.0.0.1:{port}"
     stop(proc)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from marin_resources.object_stores import fix_s3_kvstore, store_process_env
+from marin_resources.object_stores import fix_kvstore, store_process_env
 
 pytestmark = pytest.mark.slow
 
@@ -156,15 +156,29 @@ def test_gcs_chain_trains_in_the_bucket_and_evals(gcs_tensorstore_server, tmp_pa
 
 def test_the_s3_kvstore_gets_the_bucket_path_and_endpoint():
     spec = {"driver": "zarr3", "kvstore": {"driver": "gcs", "bucket": "b", "path": "x/y"}}
-    fixed = fix_s3_kvstore(spec, "s3://b/x/y", "http://127.0.0.1:9000")
+    fixed = fix_kvstore(spec, "s3://b/x/y", "http://127.0.0.1:9000")
     assert fixed["kvstore"]["driver"] == "s3" and fixed["kvstore"]["bucket"] == "b"
     assert fixed["kvstore"]["path"] == "x/y" and fixed["kvstore"]["endpoint"] == "http://127.0.0.1:9000"
     assert fixed["kvstore"]["context"]["s3_request_retries"]["max_retries"] >= 1
     ocdbt = {"driver": "zarr", "kvstore": {"driver": "ocdbt", "path": "y", "base": {"driver": "gcs", "bucket": "b",
                                                                                    "path": "x"}}}
-    assert fix_s3_kvstore(ocdbt, "s3://b/x/y", None)["kvstore"]["base"]["driver"] == "s3"
-    gs = {"driver": "zarr3", "kvstore": {"driver": "gcs", "bucket": "b", "path": "x"}}
-    assert fix_s3_kvstore(gs, "gs://b/x", "http://ignored")["kvstore"] == {"driver": "gcs", "bucket": "b", "path": "x"}
+    assert fix_kvstore(ocdbt, "s3://b/x/y", None)["kvstore"]["base"]["driver"] == "s3"
+    gs = fix_kvstore({"driver": "zarr3", "kvstore": {"driver": "gcs", "bucket": "b", "path": "x"}}, "gs://b/x",
+                     "http://ignored")["kvstore"]
+    assert gs["driver"] == "gcs" and "endpoint" not in gs and "gcs_request_retries" in gs["context"]
+    local = {"driver": "zarr3", "kvstore": {"driver": "file", "path": "/x"}}
+    assert fix_kvstore(local, "/x", None)["kvstore"] == {"driver": "file", "path": "/x"}
+
+
+def test_jax_s3_specs_go_to_the_bucket_not_a_local_path():
+    """JAX 0.7 alone turns s3://b/x into the local file path s3:/b/x."""
+    from marin_resources.object_stores import install_tensorstore_paths
+
+    install_tensorstore_paths()
+    import jax.experimental.array_serialization.serialization as serialization
+
+    kvstore = serialization.get_tensorstore_spec("s3://bucket/a/b", ocdbt=False)["kvstore"]
+    assert kvstore["driver"] == "s3" and kvstore["bucket"] == "bucket" and kvstore["path"] == "a/b"
 
 
 def test_processes_get_the_store_location_and_tensorstore_the_gcs_emulator():
@@ -175,23 +189,30 @@ def test_processes_get_the_store_location_and_tensorstore_the_gcs_emulator():
 
 
 # (gcs-unreachable takes gcsfs's own six tries, about 30 s, through the same code path as s3-unreachable.)
-@pytest.mark.parametrize("case", ["s3-missing-bucket", "s3-unreachable", "gcs-missing-bucket"])
-def test_a_store_that_cannot_be_used_is_one_line_naming_it(case, s3_server, gcs_server, tmp_path):
+@pytest.mark.parametrize("case", ["s3-missing-bucket", "s3-unreachable", "s3-wrong-credentials", "gcs-missing-bucket"])
+def test_a_store_that_cannot_be_used_is_one_line_naming_it(case, request, tmp_path):
     kind, fault = case.split("-", 1)
     env = {k: v for k, v in os.environ.items() if k not in ("AWS_ENDPOINT_URL", "STORAGE_EMULATOR_HOST")}
     env.update({"MARIN_ENV": "local", "DAGSTER_HOME": str(tmp_path / "home"), "AWS_ACCESS_KEY_ID": "testing",
                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
-    endpoint = "http://127.0.0.1:9" if fault == "unreachable" else (s3_server if kind == "s3" else gcs_server)
+    if fault == "unreachable":
+        endpoint = "http://127.0.0.1:9"
+    elif fault == "wrong-credentials":
+        endpoint = request.getfixturevalue("s3_server_checking_credentials")
+    else:
+        endpoint = request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server")
     env["AWS_ENDPOINT_URL" if kind == "s3" else "STORAGE_EMULATOR_HOST"] = endpoint
     prefix = f"{'s3' if kind == 's3' else 'gs'}://absent-{uuid.uuid4().hex[:8]}/store"
     env["MARIN_PREFIX"] = prefix
     code, out, err = marin(env, tmp_path, "status", check=False, timeout=300)
     assert code == 2, (out, err)
     assert err.count("\n") == 1 and err.startswith(f"marin: store {prefix}: ") and endpoint in err, err
-    assert ("does not exist" if fault == "missing-bucket" else "cannot reach") in err
+    expected = {"missing-bucket": "does not exist", "unreachable": "cannot reach",
+                "wrong-credentials": "refused; check the credentials"}[fault]
+    assert expected in err, err
     if kind == "s3" and fault == "missing-bucket":
         import s3fs
 
-        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server}, key="testing", secret="testing",
+        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, key="testing", secret="testing",
                                skip_instance_cache=True)
         assert not fs.exists(prefix.split("://")[1].split("/")[0])  # not created behind the user's back
