@@ -247,7 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Read by MarinSettings when the code location loads, after this point.
     os.environ["MARIN_PROCESS_OUTPUT"] = args.process_output
-    return args.fn(args)
+    from marin_resources.object_stores import StoreUnavailableError
+
+    try:
+        return args.fn(args)
+    except StoreUnavailableError as exc:
+        print(f"marin: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

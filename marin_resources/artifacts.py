@@ -19,6 +19,7 @@ import dagster as dg
 
 from marin_resources.freshness import damage_summary, decide
 from marin_resources.identity import fingerprint as compute_fingerprint
+from marin_resources.object_stores import check_store_reachable
 from marin_resources.secrets import scrub
 from marin_resources.store import (ArtifactStore, ArtifactWriter, FileEntry, Manifest, UpstreamRef, producer_info,
                                    writing)
@@ -72,7 +73,10 @@ class MarinStore(dg.ConfigurableResource):
 
 @functools.lru_cache(maxsize=16)
 def _store_for(prefix: str, storage_options_json: str) -> ArtifactStore:
-    return ArtifactStore(prefix, json.loads(storage_options_json))
+    store = ArtifactStore(prefix, json.loads(storage_options_json))
+    if not store.is_local:
+        check_store_reachable(store.fs, store.prefix)  # once per process, before anything is written
+    return store
 
 
 def asset_key_str(key: dg.AssetKey) -> str:

@@ -82,7 +82,10 @@ def build_resources(settings: MarinSettings) -> dict[str, Any]:
     from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
     from marin_resources.io_managers import ValueIOManagerFactory
 
-    store = MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints)
+    from marin_resources.object_stores import storage_options
+
+    store = MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints,
+                       storage_options=storage_options(settings.prefix))
     resources: dict[str, Any] = {
         "store": store,
         "artifact_io_manager": ArtifactHandleIOManager(store=store),
@@ -96,10 +99,13 @@ def build_resources(settings: MarinSettings) -> dict[str, Any]:
 
 def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[str, Any]:
     from marin_resources.launchers import LocalPipesLauncher
+    from marin_resources.object_stores import store_process_env
 
     if settings.env != "prod" or not settings.training_image:
+        # The store's endpoints and region, named for the process (a local one would also inherit them).
         return {"launcher": LocalPipesLauncher(wandb_api_key=dg.EnvVar("WANDB_API_KEY") if settings.wandb_online
-                                               else None, output_to_file=settings.process_output == "file")}
+                                               else None, output_to_file=settings.process_output == "file",
+                                               extra_env=store_process_env())}
     from marin_resources.k8s import K8sTrainingLauncher, SecretEnvRefConfig
 
     secrets = [SecretEnvRefConfig(env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key")] \
@@ -109,7 +115,7 @@ def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[
                                             store_prefix=settings.prefix,
                                             store_claim=None if on_bucket else settings.store_claim,
                                             gpu_type=settings.gpu_type, secret_env=secrets,
-                                            s3=cloud.get("s3"), gcs=cloud.get("gcs"))}
+                                            s3=cloud.get("s3"), gcs=cloud.get("gcs"), extra_env=store_process_env())}
 
 
 def _cloud_resources(settings: MarinSettings) -> dict[str, Any]:

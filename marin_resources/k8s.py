@@ -831,7 +831,7 @@ class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
         cache_volume, pipes = self._store_placement(output_dir)
         launch = build_command_and_env(kind, train_config_path=train_config_path, output_dir=output_dir,
                                        accelerator=resources.accelerator, python_executable="python",
-                                       extra_args=extra_args)
+                                       extra_args=extra_args, extra_env=self.extra_env)
         run_name = f"{kind}-{context.partition_key if context.has_partition_key else 'run'}"
 
         def run(command: Sequence[str]):

@@ -154,6 +154,9 @@ class TrainingLauncher(dg.ConfigurableResource):
 
     wandb_project: str = "marin"
     wandb_entity: str | None = None
+    extra_env: dict[str, str] = {}
+    """Variables added to the process's environment: the store's endpoints and region, which a pod
+    does not inherit (marin_resources.object_stores.store_process_env)."""
 
     def wandb_online(self) -> bool:
         """Whether the process gets a W&B API key (and so logs online)."""
@@ -222,7 +225,6 @@ class LocalPipesLauncher(TrainingLauncher):
     python_executable: str | None = None
     cpu_peak_flops: float | None = None
     """Peak FLOP/s of the CPU device for MFU (MARIN_CPU_PEAK_FLOPS); default is an estimate from the core count."""
-    extra_env: dict[str, str] = {}
     output_to_file: bool = False
     """Send the process's stdout/stderr to ``train_output.log``/``eval_output.log`` in its output directory
     (the CLI's choice, MARIN_PROCESS_OUTPUT=file) instead of the console; a failure quotes the file's tail."""

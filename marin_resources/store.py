@@ -37,7 +37,8 @@ from fsspec.core import url_to_fs
 
 from marin_resources.identity import canonical_json, validate_partition_key
 from marin_resources.leases import HEARTBEAT_S, TIMEOUT_S, ArtifactLockedError, Lease, acquire, lease_objects_for
-from marin_resources.retry import with_retries
+from marin_resources.object_stores import sdk_attempts
+from marin_resources.retry import STORAGE_RETRY, attempts_around, with_retries
 from marin_resources.secrets import scrub
 
 MANIFEST_NAME = ".artifact.json"
@@ -131,6 +132,12 @@ class ArtifactStore:
         self.is_local = isinstance(self.fs, fsspec.implementations.local.LocalFileSystem)
         self.lease_heartbeat_s, self.lease_timeout_s = lease_heartbeat_s, lease_timeout_s
         self._lease_objects = lease_objects_for(self.fs)
+        # Object-store SDKs retry each call themselves; their tries count against the one policy.
+        self.retry_attempts = STORAGE_RETRY.attempts if self.is_local else attempts_around(sdk_attempts(self.fs))
+
+    def retrying(self, fn):
+        """``fn()`` retried on transient errors, within the storage retry policy (see marin_resources.retry)."""
+        return with_retries(fn, attempts=self.retry_attempts)
 
     # ---- locations -------------------------------------------------------------------------
     def artifact_uri(self, asset_key: str, code_version: str, partition: str | None) -> str:
@@ -156,7 +163,7 @@ class ArtifactStore:
     def read_manifest(self, uri: str) -> Manifest | None:
         path = f"{self._path(uri)}/{MANIFEST_NAME}"
         try:
-            text = with_retries(lambda: self.fs.cat_file(path).decode("utf-8"))
+            text = self.retrying(lambda: self.fs.cat_file(path).decode("utf-8"))
         except FileNotFoundError:
             return None
         return Manifest.from_json(text, uri=uri)
@@ -273,7 +280,7 @@ class ArtifactStore:
         path = f"{directory}/{MANIFEST_NAME}"
         lease = self._lease(directory, run_id)
         try:
-            with_retries(lambda: self.fs.mv(path, f"{path}.retracted-{stamp}"))
+            self.retrying(lambda: self.fs.mv(path, f"{path}.retracted-{stamp}"))
             if clear:
                 for rel in self.list_files(manifest.uri):
                     self.fs.rm_file(f"{directory}/{rel}")
@@ -292,7 +299,7 @@ class ArtifactStore:
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
         else:
-            with_retries(lambda: self.fs.pipe_file(path, data))
+            self.retrying(lambda: self.fs.pipe_file(path, data))
 
 
 class ArtifactWriter:
@@ -335,8 +342,11 @@ class ArtifactWriter:
         """`known_files`: entries the producer vouches for (files it left untouched since they were
         last hashed, e.g. an append-only cache's old files); those are not hashed again."""
         if self._staging is not None:
-            with_retries(lambda: self.store.fs.put(str(self._staging) + "/", self.store._path(self.uri) + "/",
-                                                   recursive=True))
+            # Regular files only, as list_files counts them: tools leave links behind (W&B's
+            # latest-run and log links), some dangling once their target is gone.
+            local = [p for p in sorted(self._staging.rglob("*")) if p.is_file() and not p.is_symlink()]
+            remote = [f"{self.store._path(self.uri)}/{p.relative_to(self._staging).as_posix()}" for p in local]
+            self.store.retrying(lambda: self.store.fs.put([str(p) for p in local], remote))
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
         known = known_files or {}

@@ -461,6 +461,9 @@ class _LevanterSplitWriter:
         from levanter.store.cache import CacheLedger, CacheMetadata
         from levanter.store.tree_store import TreeStore
 
+        from marin_resources.object_stores import install_tensorstore_paths
+
+        install_tensorstore_paths()
         self.split_dir = split_dir
         exemplar = {INPUT_IDS: np.zeros((0,), dtype=TOKEN_DTYPE)}
         self.store = TreeStore.open(exemplar, split_dir, mode="w" if fresh else "a", cache_metadata=True)
@@ -616,6 +619,13 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
             pending.result()
 
         for split in SPLITS:
+            # The ledger goes through fsspec, the arrays through tensorstore: a tensorstore path
+            # that resolves elsewhere (as s3:// once did, to ./s3:/) must not leave a finished
+            # ledger over no data.
+            arrays = f"{root_path}/{split}/{INPUT_IDS}/offsets/zarr.json"
+            if not fs.exists(arrays):
+                raise RuntimeError(f"cache {out_root}/{split}: Levanter wrote its rows, but {fs.unstrip_protocol(arrays)} "
+                                   "is not in the store; tensorstore wrote them elsewhere")
             writers[split].flush_ledger(finished=True)
         manifest["finished"] = True
         _write_json(manifest_uri, manifest)
@@ -673,6 +683,9 @@ def decode_roundtrip_check(
     from levanter.store.cache import TreeCache
     from tokenizers import Tokenizer
 
+    from marin_resources.object_stores import install_tensorstore_paths
+
+    install_tensorstore_paths()
     cache_root = cache_root.rstrip("/")
     manifest = _read_json(f"{cache_root}/{MANIFEST_NAME}")
     if manifest is None or not manifest.get("finished"):

@@ -11,12 +11,16 @@ imported here); a killed or failed run resumes from Levanter's latest checkpoint
 import base64
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from marin_assets.catalog import Catalog
+from marin_assets.training.levanter_config import set_checkpoint_base
 from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, registered_runs
 from marin_assets.training.train_main import SUMMARY_FILE
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
@@ -99,6 +103,10 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
         def build(writer) -> Built:
             out = local_dir(store, writer)
             config_path = launcher.write_train_config(spec, data_config, tokenizer.uri, out)
+            if not artifacts.is_local:
+                # Levanter (tensorstore) saves each checkpoint straight into the bucket, where a re-run
+                # on any machine resumes from it; `out` is scratch for logs, uploaded at commit.
+                set_checkpoint_base(config_path, writer.path("checkpoints"))
             launcher.run_training(context, train_config_path=config_path, output_dir=out, resources=spec.resources,
                                   extras={"run": spec.name, "fingerprint": spec.fingerprint()})
             # The summary file, not the Pipes message, is the record: a lost message must not commit
@@ -136,14 +144,18 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
                    checkpoint: ArtifactHandle):
         spec = spec_for(context.partition_key)
         check_pool(spec, pool)
-        if not store.get().is_local:
-            raise dg.Failure("eval reads the checkpoint from a local path; run it where the store is mounted")
-        config_path = str(store.get().local_path(checkpoint.uri) / TRAIN_CONFIG_FILE)
+        artifacts = store.get()
 
         def build(writer) -> Built:
             out = local_dir(store, writer)
-            launcher.run_eval(context, train_config_path=config_path, output_dir=out, resources=spec.resources,
-                              extras={"run": spec.name})
+            with tempfile.TemporaryDirectory(prefix="marin-eval-") as scratch:
+                # The run's config names its checkpoints by URI (a local path, or the bucket), so
+                # eval only needs a local copy of the config file itself.
+                config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
+                with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src, open(config_path, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                launcher.run_eval(context, train_config_path=config_path, output_dir=out, resources=spec.resources,
+                                  extras={"run": spec.name})
             report = json.loads((Path(out) / EVAL_REPORT_FILE).read_text())
             metrics = {k: v for k, v in report.items() if k.startswith("eval/") and isinstance(v, (int, float))}
             samples = report.get("samples", [])

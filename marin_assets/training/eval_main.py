@@ -64,7 +64,9 @@ def evaluate_checkpoint(
     from levanter.utils.jax_utils import use_cpu_device
 
     from marin_assets.training.levanter_config import parse_train_config
+    from marin_resources.object_stores import install_tensorstore_paths
 
+    install_tensorstore_paths()
     config = parse_train_config(config_path)
     tokenizer = config.data.the_tokenizer
     trainer = config.trainer

@@ -168,6 +168,14 @@ def build_train_config(
     }
 
 
+def set_checkpoint_base(config_path: str | os.PathLike, base_path: str) -> None:
+    """Point a written config's checkpointer at ``base_path`` (e.g. the artifact's directory in a bucket)."""
+    with open(config_path) as f:
+        config = yaml.safe_load(f)
+    config["trainer"]["checkpointer"]["base_path"] = base_path
+    write_train_config(config, config_path)
+
+
 def write_train_config(config: Mapping[str, Any], path: str | os.PathLike) -> str:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:

@@ -9,8 +9,10 @@ small Levanter ``Tracker`` that groups each step's values into one record, appen
 ``{output_dir}/metrics.jsonl``, adds an MFU estimate and forwards it through Dagster Pipes.
 So Levanter's training loop runs verbatim; there is no copy of ``train_lm.main`` to keep in sync.
 
-Resume: the config points Levanter's checkpointer at ``{output_dir}/checkpoints``; Levanter
-loads the latest ``step-N`` there on start, so relaunching after a crash or ``kill -9`` continues.
+Resume: the config points Levanter's checkpointer at ``{output_dir}/checkpoints``, or, when the
+store is a bucket, at the artifact's ``checkpoints/`` there (tensorstore writes each step straight
+to the bucket); Levanter loads the latest ``step-N`` on start, so relaunching after a crash or
+``kill -9``, on this machine or a fresh one, continues.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,14 +195,15 @@ def _metrics_tracker_config_class() -> type:
     return StepMetricsTrackerConfig
 
 
-def _final_checkpoint_trainer_class() -> type:
+def _final_checkpoint_trainer_class(before_save: Callable[[], None] | None = None) -> type:
     """Levanter's Trainer, plus a guaranteed checkpoint of the final step.
 
     ``Trainer.train`` ends with ``run_hooks(force=True)``, but plain-function hooks drop ``force``,
     so the checkpointer only saves the last step if it happens to fall on the ``keep`` cadence or
     the time interval; and ``train_lm.main`` does not wait for the async write before exiting.
     Eval and downstream stages need the final weights, so after training we save (if needed)
-    and wait with the same checkpointer instance Levanter created.
+    and wait with the same checkpointer instance Levanter created. ``before_save`` runs as each
+    checkpoint save begins.
     """
     from levanter.checkpoint import Checkpointer
     from levanter.trainer import Trainer
@@ -209,7 +213,15 @@ def _final_checkpoint_trainer_class() -> type:
 
         def add_hook(self, fn=None, *, every: int = 1):
             if isinstance(getattr(fn, "__self__", None), Checkpointer):
-                self._marin_checkpointer = fn.__self__
+                self._marin_checkpointer = checkpointer = fn.__self__
+                if before_save is not None:
+                    save = checkpointer.save_checkpoint
+
+                    def save_checkpoint(*args, **kwargs):
+                        before_save()
+                        return save(*args, **kwargs)
+
+                    checkpointer.save_checkpoint = save_checkpoint
             return super().add_hook(fn, every=every)
 
         def train(self, state, train_loader):
@@ -246,12 +258,16 @@ def model_spec_from_levanter(model_config) -> ModelSpec:
 
 
 def check_caches_readable(data_config) -> None:
-    """Fail early, with a clear message, if a cache lacks a field Levanter will ask for.
+    """Fail early, with a clear message, if a cache cannot be read or lacks a field Levanter will ask for.
 
     Levanter opens caches with the fields the tokenizer returns (e.g. ``token_type_ids`` for some
-    HF tokenizers); a mismatch otherwise surfaces as a bare AssertionError deep in the loader.
+    HF tokenizers); a mismatch otherwise surfaces as a bare AssertionError deep in the loader. A
+    cache whose ledger is there but whose arrays are not (tensorstore could not see them) is a
+    store problem, and is reported as one.
     """
     import fsspec
+    import numpy as np
+    from levanter.store.cache import TreeCache
 
     fields = sorted(data_config.the_tokenizer("hi there", return_attention_mask=False).keys())
     for name, component in data_config.configs.items():
@@ -263,12 +279,23 @@ def check_caches_readable(data_config) -> None:
                 if split == "train" and data_config.train_weights.get(name, 0) > 0:
                     raise FileNotFoundError(f"mixture component {name!r}: no finished cache at {split_dir}")
                 continue
+            arrays = [f for f in fs.ls(path, detail=True) if f["type"] == "directory"]
+            if not arrays:
+                raise FileNotFoundError(
+                    f"cache {split_dir} has a ledger but no arrays in the store; it was written somewhere else "
+                    "(or only half-copied): rebuild it with `marin materialize tokenized/... --rebuild`"
+                )
             missing = [f for f in fields if not fs.isdir(os.path.join(path, f))]
             if missing:
                 raise ValueError(
                     f"cache {split_dir} lacks fields {missing} that tokenizer {data_config.tokenizer!r} returns; "
                     "save the tokenizer with model_input_names=['input_ids', 'attention_mask']"
                 )
+            try:
+                # Levanter's own loader, through tensorstore: what training will do next.
+                len(TreeCache.load(split_dir, {f: np.zeros((0,), dtype=np.int32) for f in fields}).store)
+            except Exception as exc:
+                raise OSError(f"cannot read cache {split_dir} through tensorstore: {type(exc).__name__}: {exc}") from exc
 
 
 def _latest_checkpoint(checkpoint_dir: str) -> str | None:
@@ -308,6 +335,44 @@ def _finished_summary(output_dir: Path, steps: int) -> dict[str, Any] | None:
     return None
 
 
+class StoreMirror:
+    """The run's record files (metrics, summary) kept in the store beside checkpoints that Levanter
+    writes there directly, so that a run resumed on a fresh machine continues its attempt count and
+    loss history. ``metrics.jsonl`` is copied as each checkpoint save begins (so the bucket's copy
+    covers every step before that checkpoint) and when training ends."""
+
+    FILES = (METRICS_FILE, SUMMARY_FILE)
+
+    def __init__(self, local_dir: Path, store_dir: str):
+        import fsspec
+
+        self.local_dir, self.store_dir = local_dir, store_dir.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.store_dir)
+
+    @classmethod
+    def for_checkpoints(cls, checkpoint_base: str, output_dir: Path) -> "StoreMirror | None":
+        """A mirror when checkpoints go to an object store (their parent is the run's store directory)."""
+        if "://" not in checkpoint_base or checkpoint_base.startswith("file://"):
+            return None
+        return cls(output_dir, os.path.dirname(checkpoint_base.rstrip("/")))
+
+    def restore(self) -> list[str]:
+        """Fetch record files this machine lacks (a wiped scratch); returns their names."""
+        fetched = []
+        for name in self.FILES:
+            local, remote = self.local_dir / name, f"{self.root}/{name}"
+            if not local.exists() and self.fs.exists(remote):
+                self.fs.get_file(remote, str(local))
+                fetched.append(name)
+        return fetched
+
+    def push(self, *names: str) -> None:
+        for name in names:
+            local = self.local_dir / name
+            if local.exists():
+                self.fs.put_file(str(local), f"{self.root}/{name}")
+
+
 def next_attempt(metrics_path: Path) -> int:
     return max((r.get("attempt", 0) for r in read_metrics(metrics_path)), default=-1) + 1
 
@@ -317,9 +382,17 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     from levanter.main import train_lm
 
     from marin_assets.training.levanter_config import parse_train_config
+    from marin_resources.object_stores import install_tensorstore_paths
 
+    install_tensorstore_paths()
     output_dir.mkdir(parents=True, exist_ok=True)
     config = parse_train_config(config_path)
+    checkpoints = config.trainer.checkpointer.expanded_path(config.trainer.id)
+    mirror = StoreMirror.for_checkpoints(checkpoints, output_dir)
+    if mirror is not None:
+        restored = mirror.restore()
+        if restored:
+            reporter.log(f"restored {', '.join(restored)} from {mirror.store_dir}")
     check_caches_readable(config.data)
     vocab_size = len(config.data.the_tokenizer)
     flops_per_token = training_flops_per_token(model_spec_from_levanter(config.model), vocab_size)
@@ -348,7 +421,8 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     started = time.time()
     # train_lm.main constructs `Trainer` by module-global name; swap in the subclass for this call only.
     original_trainer = train_lm.Trainer
-    train_lm.Trainer = _final_checkpoint_trainer_class()
+    train_lm.Trainer = _final_checkpoint_trainer_class(
+        before_save=None if mirror is None else lambda: mirror.push(METRICS_FILE))
     try:
         train_lm.main(config)
     finally:
@@ -358,7 +432,6 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     elapsed = time.time() - started
 
     summary = summarize(metrics_path, attempt)
-    checkpoints = os.path.join(str(output_dir), "checkpoints")
     summary.update(
         {
             "run_id": config.trainer.id,
@@ -380,6 +453,8 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
         raise RuntimeError(f"training stopped at step {summary['final_step']} of {steps}; the data may be exhausted")
     with open(output_dir / SUMMARY_FILE, "w") as f:
         json.dump(summary, f, indent=2)
+    if mirror is not None:
+        mirror.push(METRICS_FILE, SUMMARY_FILE)
     return summary
 
 

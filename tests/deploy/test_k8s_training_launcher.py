@@ -60,7 +60,7 @@ def make_deployment(tmp_path, cluster, prefix: str, storage_options: dict | None
         image="registry.example/marin:1", namespace="training", store_prefix=settings.prefix,
         kubeconfig_file="/etc/marin/kubeconfig", poll_interval_s=0.01,
         secret_env=[SecretEnvRefConfig(env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key")],
-        **launcher_kwargs)
+        **{"extra_env": {"AWS_ENDPOINT_URL": "http://s3.internal:9000"}, **launcher_kwargs})
     return settings, resources
 
 
@@ -106,6 +106,7 @@ def test_8_h100_run_gets_a_pod_with_8_gpus_on_h100_nodes_holding_the_gpu_slot(de
     assert container["command"][1:3] == ["-m", "marin_assets.training.train_main"]
     env = {e["name"]: e for e in container["env"]}
     assert env["JAX_PLATFORMS"]["value"] == ""  # JAX finds the GPUs, not an inherited "cpu"
+    assert env["AWS_ENDPOINT_URL"]["value"] == "http://s3.internal:9000"  # the store's endpoint reaches the pod
     # The step held the gpu pool's one slot while its pod ran.
     assert slots == [[(result.run_id, "checkpoint")]]
 
@@ -173,7 +174,10 @@ def test_on_a_bucket_the_training_pod_mounts_nothing_and_its_run_directory_trave
     import s3fs
 
     prefix, options = s3_env
-    settings, resources = make_deployment(tmp_path, cluster, prefix, options, pipes_interval_s=0.05)
+    from marin_resources.object_stores import store_process_env
+
+    settings, resources = make_deployment(tmp_path, cluster, prefix, options, pipes_interval_s=0.05,
+                                          extra_env=store_process_env())
     cluster.programs["marin_resources.mirrored_run"] = [sys.executable, "-m", "marin_resources.mirrored_run"]
     run_dirs = []
 
@@ -200,7 +204,7 @@ def test_on_a_bucket_the_training_pod_mounts_nothing_and_its_run_directory_trave
     assert len(run_dirs) == 2 * hosts
 
 
-def test_prod_environment_picks_the_k8s_launcher_with_the_bucket_client_or_the_volume():
+def test_prod_environment_picks_the_k8s_launcher_with_the_bucket_client_or_the_volume(monkeypatch):
     from dagster_aws.s3 import S3Resource
 
     from marin_resources.launchers import LocalPipesLauncher, TrainingLauncher
@@ -211,6 +215,9 @@ def test_prod_environment_picks_the_k8s_launcher_with_the_bucket_client_or_the_v
     assert isinstance(launcher, K8sTrainingLauncher) and isinstance(launcher, TrainingLauncher)
     assert launcher.store_claim is None and isinstance(launcher.s3, S3Resource) and launcher.s3 is on_bucket["s3"]
     assert launcher.gpu_type == "nvidia-h200-141gb"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio.internal:9000")
+    with_endpoint = build_resources(MarinSettings.from_env({**prod, "MARIN_PREFIX": "s3://bucket/marin"}))["launcher"]
+    assert with_endpoint.extra_env == {"AWS_ENDPOINT_URL": "http://minio.internal:9000"}
     on_volume = build_resources(MarinSettings.from_env({**prod, "MARIN_PREFIX": "/mnt/marin",
                                                         "MARIN_STORE_CLAIM": "marin-pvc"}))["launcher"]
     assert (on_volume.store_prefix, on_volume.store_claim) == ("/mnt/marin", "marin-pvc")

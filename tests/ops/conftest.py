@@ -32,9 +32,10 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> N
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
-def start(cmd: list[str], port: int, tmp_path_factory) -> subprocess.Popen:
+def start(cmd: list[str], port: int, tmp_path_factory, env: dict | None = None) -> subprocess.Popen:
     log = open(tmp_path_factory.mktemp("svc") / "server.log", "w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=None if env is None else {**os.environ, **env})
     wait_for_port(port, proc)
     return proc
 
@@ -59,10 +60,30 @@ def s3_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def s3_server_checking_credentials(tmp_path_factory):
+    """A moto_server that authenticates every request (unknown access keys are refused)."""
+    port = free_port()
+    proc = start([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, tmp_path_factory,
+                 env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"})
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
+
+
+@pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory):
     port = free_port()
     proc = start([str(BIN / "gcp-storage-emulator"), "start", "--host", "127.0.0.1", "--port", str(port),
                   "--in-memory"], port, tmp_path_factory)
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
+
+
+@pytest.fixture(scope="session")
+def gcs_tensorstore_server(gcs_server, tmp_path_factory):
+    """The GCS emulator behind a proxy that gives tensorstore what real GCS does (see gcs_tensorstore_proxy.py)."""
+    port = free_port()
+    proc = start([sys.executable, str(Path(__file__).parent / "gcs_tensorstore_proxy.py"), str(port), gcs_server],
+                 port, tmp_path_factory)
     yield f"http://127.0.0.1:{port}"
     stop(proc)
 
