@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from marin_resources.object_stores import fix_kvstore, store_process_env
@@ -57,10 +58,18 @@ def chain_env(root: Path, prefix: str, store_vars: dict) -> dict:
     sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
     import data_fixtures
 
+    from marin_assets.curation.filters import FilterConfig, apply_filters
+
     docs = data_fixtures.stdlib_docstrings()
-    # A text file is one document; validation takes about one in ten (by a hash of the id), so 12.
-    for i in range(0, len(docs), 40):
-        (texts / f"part{i // 40:03d}.txt").write_text("\n\n".join(docs[i:i + 40]))
+    # A text file is one document; validation takes about one in ten (by a hash of the id). Which
+    # docstrings exist depends on what the process imported, so a group the source's filters would
+    # drop (failing filtered's drop-fraction ERROR check for its one-document shard) is left out.
+    groups = [pl.DataFrame({"id": [str(i)], "text": ["\n\n".join(docs[i:i + 40])], "source": ["s"],
+                            "source_id": [str(i)], "metadata": ["{}"]}) for i in range(0, len(docs), 40)]
+    kept = [g["text"][0] for g in groups if apply_filters(g, FilterConfig()).kept.height == 1]
+    assert len(kept) >= 8, f"only {len(kept)} of {len(groups)} docstring groups pass the filters"
+    for n, text in enumerate(kept):
+        (texts / f"part{n:03d}.txt").write_text(text)
     (root / "sources.yaml").write_text(f"sources:\n  - name: shakespeare\n    uri: {texts}/*.txt\n    format: text\n")
     (root / "runs.yaml").write_text(RUNS_YAML)
     (root / "scratch").mkdir()
