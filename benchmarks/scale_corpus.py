@@ -93,10 +93,11 @@ def jaccard(a: str, b: str) -> float:
 
 @dataclass
 class CorpusWriter:
-    """Writes `shard-NNNNN.jsonl` files of ~SHARD_BYTES; remembers documents that may be copied."""
+    """Writes `shard-NNNNN.jsonl` files of ~shard_bytes; remembers documents that may be copied."""
 
     out: Path
     seed: int = 0
+    shard_bytes: int = SHARD_BYTES
     duplicate_fraction: float = 0.03
     changed_word_fraction: float = 0.01
     pool: list[str] = field(default_factory=paragraph_pool)
@@ -140,7 +141,7 @@ class CorpusWriter:
         path = self.out / f"shard-{index:05d}.jsonl"
         size, n = 0, 0
         with path.open("w", encoding="utf-8") as fh:
-            while size < SHARD_BYTES:
+            while size < self.shard_bytes:
                 doc_id = f"s{index:05d}-{n:06d}"
                 if self._originals and self._rng.random() < self.duplicate_fraction:
                     original_id, original = self._rng.choice(self._originals)

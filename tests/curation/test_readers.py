@@ -4,7 +4,9 @@ import bz2
 import gzip
 import hashlib
 import io
+import glob
 import json
+import random
 import tarfile
 import zipfile
 
@@ -13,12 +15,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from ftfy.badness import BADNESS_RE, is_bad
 
 from marin_assets.curation.filters import FilterConfig, apply_filters
 from marin_assets.curation.readers import (
     DOCUMENT_SCHEMA,
     QUARANTINE_SCHEMA,
     decode_bytes,
+    looks_like_mojibake,
     read_shard,
     resolve_format,
     strip_gutenberg,
@@ -195,6 +199,29 @@ def test_decode_bytes_repairs_mojibake_and_rejects_garbage():
     mojibake = "naïve café".encode().decode("cp1252").encode()
     assert decode_bytes(mojibake).text == "naïve café"
     assert decode_bytes(bytes([1, 2, 3, 4, 5, 6, 7, 8]) * 10).reason == "binary"
+
+
+def test_windowed_mojibake_check_equals_ftfy_is_bad():
+    """Searching only near non-ASCII runs gives ftfy's answer: on real licence texts, on those texts
+    with mojibake spliced in at the start, the end and in between, and on random strings built
+    from the characters ftfy's pattern names (matches of every shape, at window edges)."""
+    real = [open(p, encoding="utf-8", errors="replace").read() for p in sorted(glob.glob("/usr/share/doc/*/copyright"))[:300]]
+    real = [t for t in real if not t.isascii()] + [NORMAL_TEXT + "Straße ünd café"]
+    rng = random.Random(0)
+    mojibake = ["cafÃ©", "Ã ", "â€™", "ГўВЂВ™s", "Ã\xa0", "Â»", "Ã©tÃ©"]
+    spliced = []
+    for text in real[:100]:
+        for piece in mojibake:
+            at = rng.randrange(len(text) + 1)
+            spliced += [piece + text, text + piece, text[:at] + piece + text[at:]]
+    named = sorted({c for c in BADNESS_RE.pattern if ord(c) > 127})
+    alphabet = named + list("abcXYZ .,?!-\n\t") * 3
+    generated = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(5000)]
+    generated += [" " * rng.randint(0, 12) + g for g in generated[:1000]]
+    cases = real + spliced + generated
+    expected = [is_bad(t) for t in cases]
+    assert [looks_like_mojibake(t) for t in cases] == expected
+    assert 100 < sum(expected) < len(cases)  # both answers are exercised
 
 
 def test_html_is_extracted_with_trafilatura(tmp_path):
