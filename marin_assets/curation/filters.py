@@ -198,14 +198,14 @@ class _FeatureTables:
     """langid's byte n-gram features as lookup tables, for counting them with numpy.
 
     ``short[n - 1]`` maps the big-endian code of an n-byte sequence (n = 1..3) to its
-    feature index or -1. Four-byte features are a sorted code array searched only at
-    positions whose first three bytes start one (``four_prefix``).
+    feature index or -1. A four-byte feature is found in two steps: ``four_prefix`` maps
+    its first three bytes to a row of ``four``, and that row's entry for the fourth byte
+    is the feature index or -1.
     """
 
     short: tuple[np.ndarray, ...]
-    four_codes: np.ndarray
-    four_index: np.ndarray
     four_prefix: np.ndarray
+    four: np.ndarray
     n_features: int
 
 
@@ -254,12 +254,16 @@ def _feature_tables() -> _FeatureTables:
             if len(gram) == n:
                 table[int.from_bytes(gram, "big")] = index
         short.append(table)
-    four = sorted((int.from_bytes(g, "big"), i) for i, g in ngrams.items() if len(g) == 4)
-    four_codes = np.array([c for c, _ in four], dtype=np.uint32)
-    four_prefix = np.zeros(256**3, dtype=bool)
-    four_prefix[four_codes >> 8] = True
-    return _FeatureTables(tuple(short), four_codes, np.array([i for _, i in four], dtype=np.int64), four_prefix,
-                          identifier.nb_numfeats)
+    four_prefix = np.full(256**3, -1, dtype=np.int16)
+    fours = [(gram, index) for index, gram in ngrams.items() if len(gram) == 4]
+    prefixes = sorted({gram[:3] for gram, _ in fours})
+    four = np.full((len(prefixes), 256), -1, dtype=np.int16)
+    for row, prefix in enumerate(prefixes):
+        four_prefix[int.from_bytes(prefix, "big")] = row
+    rows = {prefix: row for row, prefix in enumerate(prefixes)}
+    for gram, index in fours:
+        four[rows[gram[:3]], gram[3]] = index
+    return _FeatureTables(tuple(short), four_prefix, four, identifier.nb_numfeats)
 
 
 def language_features(texts: list[str], sample_chars: int = 5000) -> np.ndarray:
@@ -268,35 +272,32 @@ def language_features(texts: list[str], sample_chars: int = 5000) -> np.ndarray:
     The same counts langid's automaton produces, computed per n-gram order over all texts'
     bytes at once instead of a Python step per byte: each position's 1- to 4-byte code is
     looked up in the feature tables, n-grams crossing into the next text are skipped, and
-    hits are summed per (text, feature) with one ``bincount``.
+    hits are summed per (text, feature) with one ``bincount`` (one per order would zero
+    and add a texts x features array four times).
     """
     tables = _feature_tables()
     n_feats = tables.n_features
     encoded = [t[:sample_chars].encode("utf-8") for t in texts]
     lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
-    data = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.uint32)
+    data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
     row_offset = np.repeat(np.arange(len(encoded), dtype=np.int64) * n_feats, lengths)
     # Bytes left in its own text from each position on: an n-gram fits when this is >= n.
     left = np.repeat(np.cumsum(lengths), lengths) - np.arange(data.size)
-    counts = np.zeros(len(encoded) * n_feats, dtype=np.int64)
-    code = data
-    for n in (1, 2, 3, 4):
-        starts = data.size - n + 1
-        if starts <= 0:
-            break
+    keys = []  # row * n_feats + feature, one per occurrence
+    code = data.astype(np.uint32)
+    for n in (1, 2, 3):
         if n > 1:
-            code = (code[:starts] << 8) | data[n - 1 :]
-        fits = left[:starts] >= n
-        if n < 4:
-            feature = tables.short[n - 1][code]
-            at = np.flatnonzero((feature >= 0) & fits)
-            feature = feature[at].astype(np.int64)
-        else:
-            candidates = np.flatnonzero(tables.four_prefix[code >> 8] & fits)
-            slot = np.minimum(np.searchsorted(tables.four_codes, code[candidates]), tables.four_codes.size - 1)
-            found = tables.four_codes[slot] == code[candidates]
-            at, feature = candidates[found], tables.four_index[slot[found]]
-        counts += np.bincount(row_offset[at] + feature, minlength=counts.size)
+            code = (code[:-1] << 8) | data[n - 1 :]
+        feature = tables.short[n - 1][code]
+        at = np.flatnonzero((feature >= 0) & (left[: code.size] >= n))
+        keys.append(row_offset[at] + feature[at])
+    # Four-byte n-grams: the first three bytes (``code`` now) pick a row, the fourth the entry.
+    row = tables.four_prefix[code[:-1]]
+    at = np.flatnonzero((row >= 0) & (left[: row.size] >= 4))
+    feature = tables.four[row[at], data[at + 3]]
+    found = feature >= 0
+    keys.append(row_offset[at[found]] + feature[found])
+    counts = np.bincount(np.concatenate(keys), minlength=len(encoded) * n_feats)
     return counts.reshape(len(encoded), n_feats)
 
 
