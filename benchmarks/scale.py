@@ -225,6 +225,11 @@ def run_size(megabytes: int, workdir: Path, source: str, shard_mb: float) -> dic
         "mb_per_s_wall": round(corpus_mb / first.wall_s, 2),
         "stage_mb_per_s": {stage: round(corpus_mb / s, 2) for stage, s in sorted(seconds.items()) if s > 0},
         "per_shard_stages_mb_per_s": round(corpus_mb / per_shard_s, 2) if per_shard_s else None,
+        # On a shared machine a step's wall seconds include waiting for a core; scaling them by the
+        # command's CPU share (CPU s / wall s of the whole tree) estimates its CPU seconds.
+        "cpu_share": round(first.cpu_s / first.wall_s, 3),
+        "per_shard_stages_mb_per_cpu_s_est": (round(corpus_mb / (per_shard_s * first.cpu_s / first.wall_s), 2)
+                                              if per_shard_s else None),
         "peak_rss_mb": first.peak_rss_mb,
         "stage_seconds": {k: round(v, 1) for k, v in sorted(seconds.items())},
         "new_shard": {"megabytes": round(new_mb, 1), "runs": len(added.ran), "rebuilt": added.rebuilt(),
@@ -263,11 +268,12 @@ def debian_copyright(workdir: Path) -> dict:
 def report(results: list[dict], debian: dict | None) -> dict:
     print(f"\nmachine: {os.cpu_count()} cores; load average {os.getloadavg()}")
     head = f"{'MB':>6} {'shards':>6} {'wall s':>7} {'CPU s':>7} {'MB/s wall':>9} {'per-shard MB/s':>14} " \
-           f"{'peak RSS MB':>11} {'load 1m':>11}"
+           f"{'(per CPU s, est.)':>17} {'peak RSS MB':>11} {'load 1m':>11}"
     print(head)
     for r in results:
         print(f"{r['megabytes']:>6} {r['shards']:>6} {r['wall_s']:>7} {r['cpu_s']:>7} {r['mb_per_s_wall']:>9} "
-              f"{r['per_shard_stages_mb_per_s']!s:>14} {r['peak_rss_mb']:>11} {str(r['load_average_1m']):>11}")
+              f"{r['per_shard_stages_mb_per_s']!s:>14} {r['per_shard_stages_mb_per_cpu_s_est']!s:>17} "
+              f"{r['peak_rss_mb']:>11} {str(r['load_average_1m']):>11}")
     for r in results:
         stages = ", ".join(f"{k} {v}" for k, v in r["stage_mb_per_s"].items())
         print(f"  {r['megabytes']} MB, MB/s per step-second by stage: {stages}")
@@ -314,6 +320,10 @@ def main() -> None:
     parser.add_argument("--shard-mb", type=float, default=25.0, help="JSONL shard size (the issue's is 25)")
     parser.add_argument("--skip-debian", action="store_true")
     args = parser.parse_args()
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not any((REPO / ".venv").glob("lib/python*/site-packages/dagster/__pycache__")):
+        print("warning: PYTHONDONTWRITEBYTECODE is set and the venv has no bytecode, so every marin process compiles "
+              "~3,000 modules (seconds of CPU per run); the image compiles it (UV_COMPILE_BYTECODE=1). "
+              "`python -m compileall -q .venv/lib` first for comparable figures.", flush=True)
     results = []
     for size in args.sizes:
         print(f"--- {size} MB", flush=True)
