@@ -8,6 +8,8 @@ loop per document. Each threshold in :class:`FilterConfig` can be set to
 
 from __future__ import annotations
 
+import os
+import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -241,11 +243,8 @@ def feature_ngrams(identifier) -> dict[int, bytes]:
     return ngrams
 
 
-@lru_cache(maxsize=1)
-def _feature_tables() -> _FeatureTables:
-    identifier = _language_identifier()
-    ngrams = feature_ngrams(identifier)
-    if max(len(g) for g in ngrams.values()) > 4 or len(ngrams) != identifier.nb_numfeats:
+def _feature_tables(ngrams: dict[int, bytes], n_features: int) -> _FeatureTables:
+    if max(len(g) for g in ngrams.values()) > 4 or len(ngrams) != n_features:
         raise ValueError("langid model has features this counter does not handle (longer than 4 bytes)")
     short = []
     for n in (1, 2, 3):
@@ -263,7 +262,58 @@ def _feature_tables() -> _FeatureTables:
     rows = {prefix: row for row, prefix in enumerate(prefixes)}
     for gram, index in fours:
         four[rows[gram[:3]], gram[3]] = index
-    return _FeatureTables(tuple(short), four_prefix, four, identifier.nb_numfeats)
+    return _FeatureTables(tuple(short), four_prefix, four, n_features)
+
+
+@dataclass(frozen=True)
+class _LanguageModel:
+    weights: np.ndarray  # features x languages, log P(feature | language)
+    priors: np.ndarray  # log P(language)
+    classes: np.ndarray  # language codes
+    tables: _FeatureTables
+
+
+@lru_cache(maxsize=1)
+def _language_model() -> _LanguageModel:
+    """langid's naive-Bayes model and feature tables, from a local cache file when there is one.
+
+    Unpacking langid's model string (bz2 + pickle) costs about 1.5 s of CPU in every process
+    that filters, which a pod building one shard pays for each shard; the arrays it yields
+    load from an ``.npz`` in a few milliseconds. The file is named by the model string's
+    digest, so another langid model never reads it; a file that cannot be read or written
+    is ignored and the model is unpacked as before.
+    """
+    import hashlib
+
+    from langid.langid import model as model_string
+
+    from marin_assets.curation.sources import cache_dir
+
+    digest = hashlib.sha256(model_string.encode() if isinstance(model_string, str) else model_string).hexdigest()
+    path = cache_dir() / "langid" / f"{digest[:16]}.npz"
+    try:
+        with np.load(path) as cached:
+            ngrams = {int(i): bytes(g[:n]) for i, g, n in zip(cached["feature"], cached["gram"], cached["gram_len"])}
+            return _LanguageModel(cached["weights"], cached["priors"], cached["classes"],
+                                  _feature_tables(ngrams, int(cached["weights"].shape[0])))
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):  # absent, truncated or foreign
+        pass
+    identifier = _language_identifier()
+    ngrams = feature_ngrams(identifier)
+    built = _LanguageModel(np.ascontiguousarray(identifier.nb_ptc, dtype=np.float64),
+                           np.asarray(identifier.nb_pc, dtype=np.float64), np.asarray(identifier.nb_classes),
+                           _feature_tables(ngrams, identifier.nb_numfeats))
+    features = sorted(ngrams)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(staged, weights=built.weights, priors=built.priors, classes=built.classes,
+                 feature=np.array(features), gram=np.array([ngrams[i].ljust(4, b"\0") for i in features], dtype="S4"),
+                 gram_len=np.array([len(ngrams[i]) for i in features]))
+        os.replace(staged, path)  # readers see a whole file or none
+    except OSError:
+        pass
+    return built
 
 
 def language_features(texts: list[str], sample_chars: int = 5000) -> np.ndarray:
@@ -275,7 +325,7 @@ def language_features(texts: list[str], sample_chars: int = 5000) -> np.ndarray:
     hits are summed per (text, feature) with one ``bincount`` (one per order would zero
     and add a texts x features array four times).
     """
-    tables = _feature_tables()
+    tables = _language_model().tables
     n_feats = tables.n_features
     encoded = [t[:sample_chars].encode("utf-8") for t in texts]
     lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
@@ -311,10 +361,8 @@ def identify_language(
     and the naive-Bayes scoring of a batch is one float64 matrix product (langid multiplies
     a uint32 vector by the float matrix per document, which numpy cannot hand to BLAS).
     """
-    identifier = _language_identifier()
-    weights = np.ascontiguousarray(identifier.nb_ptc, dtype=np.float64)
-    priors = np.asarray(identifier.nb_pc, dtype=np.float64)
-    classes = np.asarray(identifier.nb_classes)
+    model = _language_model()
+    weights, priors, classes = model.weights, model.priors, model.classes
     langs: list[str] = []
     scores: list[float] = []
     for start in range(0, len(texts), batch_size):

