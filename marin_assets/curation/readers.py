@@ -495,6 +495,29 @@ def _read_parquet(col: _Collector, ref: FileRef):
                 row += 1
 
 
+def with_original_source_ids(frame: pl.DataFrame, originals: dict[str, str]) -> pl.DataFrame:
+    """``frame`` with ``source_id`` naming the original files instead of the copies the reader saw.
+
+    ``originals`` maps a copy's URI to its original location. The readers' source ids are a
+    file's URI, or its URI followed by ``:<line>`` / ``:<row>``, or a record's own id (which is
+    left alone). One vectorised lookup for the whole frame: a replacement per file would cost
+    files x records, and would also rewrite ``a.jsonl.gz:3`` through the copy ``a.jsonl``.
+    """
+    if frame.height == 0 or not originals:
+        return frame
+    source_id = pl.col("source_id")
+    copy = pl.when(source_id.is_in(list(originals))).then(source_id).otherwise(
+        source_id.str.replace(r":[0-9]+$", "")
+    )
+    original = copy.replace_strict(originals, default=None, return_dtype=pl.String)
+    return frame.with_columns(
+        pl.when(original.is_not_null())
+        .then(original + source_id.str.slice(copy.str.len_chars()))
+        .otherwise(source_id)
+        .alias("source_id")
+    )
+
+
 def read_shard(source: SourceConfig, shard: Shard) -> ReadResult:
     """Read every file of ``shard`` into documents and quarantined records.
 

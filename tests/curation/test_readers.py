@@ -26,6 +26,7 @@ from marin_assets.curation.readers import (
     read_shard,
     resolve_format,
     strip_gutenberg,
+    with_original_source_ids,
 )
 from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, Shard, discover_shards, load_curation_config
 
@@ -222,6 +223,26 @@ def test_windowed_mojibake_check_equals_ftfy_is_bad():
     expected = [is_bad(t) for t in cases]
     assert [looks_like_mojibake(t) for t in cases] == expected
     assert 100 < sum(expected) < len(cases)  # both answers are exercised
+
+
+def test_source_ids_name_the_original_files_not_the_copies():
+    store = "file:///store/raw/src/v1/shard-0/files"
+    originals = {f"{store}/a.jsonl": "s3://bucket/a.jsonl", f"{store}/a.jsonl.gz": "s3://bucket/a.jsonl.gz",
+                 f"{store}/notes:12": "s3://bucket/notes:12"}
+    frame = pl.DataFrame({"source_id": [f"{store}/a.jsonl:3", f"{store}/a.jsonl.gz:3", f"{store}/a.jsonl.gz",
+                                        f"{store}/notes:12", "record-17", f"{store}/unlisted.txt:4"],
+                          "text": ["x"] * 6})
+    renamed = with_original_source_ids(frame, originals)
+    assert renamed["source_id"].to_list() == [
+        "s3://bucket/a.jsonl:3",
+        "s3://bucket/a.jsonl.gz:3",  # not rewritten through its prefix a.jsonl
+        "s3://bucket/a.jsonl.gz",
+        "s3://bucket/notes:12",  # a whole file whose name ends in :digits
+        "record-17",
+        f"{store}/unlisted.txt:4",
+    ]
+    assert renamed["text"].to_list() == ["x"] * 6
+    assert with_original_source_ids(frame.clear(), originals).height == 0
 
 
 def test_html_is_extracted_with_trafilatura(tmp_path):
