@@ -53,6 +53,7 @@ from benchmarks.scale_corpus import CorpusWriter  # noqa: E402
 from marin_resources.store import MANIFEST_NAME, Manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+CODE_DIR = REPO  # --code: another checkout's graph, for before/after comparisons
 PER_SHARD_STAGES = ("raw", "documents", "filtered")
 GOALS = {
     "per_shard_mb_per_s_per_core": 8.0,
@@ -114,8 +115,9 @@ def materialize(env: dict[str, str], selection: str) -> Command:
     """`marin materialize SELECTION --json` in a subprocess, sampling the tree's RSS."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
+    # `python -m` puts its working directory first on sys.path: the CLI runs the code of CODE_DIR.
     proc = subprocess.Popen([sys.executable, "-m", "marin_assets.cli", "materialize", selection, "--json"], env=env,
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=CODE_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
     done = threading.Event()
 
@@ -323,7 +325,11 @@ def main() -> None:
     parser.add_argument("--source-name", default="scale")
     parser.add_argument("--shard-mb", type=float, default=25.0, help="JSONL shard size (the issue's is 25)")
     parser.add_argument("--skip-debian", action="store_true")
+    parser.add_argument("--code", type=Path, default=REPO,
+                        help="checkout whose marin CLI and graph to run (e.g. a worktree of an older commit)")
     args = parser.parse_args()
+    global CODE_DIR
+    CODE_DIR = args.code.resolve()
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and not any((REPO / ".venv").glob("lib/python*/site-packages/dagster/__pycache__")):
         print("warning: PYTHONDONTWRITEBYTECODE is set and the venv has no bytecode, so every marin process compiles "
               "~3,000 modules (seconds of CPU per run); the image compiles it (UV_COMPILE_BYTECODE=1). "
