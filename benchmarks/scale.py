@@ -1,6 +1,7 @@
 """Scale: MB/s per stage, peak RSS, one new shard, dedup quality, many small files (issue #12).
 
     python -m benchmarks.scale [--sizes 50 200 800] [--workdir DIR] [--source-name scale]
+                               [--shard-mb 25] [--skip-debian] [--code OTHER_CHECKOUT]
 
 Per size (MB of JSONL), on a fresh store, instance and sources file, a seeded corpus of
 real paragraphs (`benchmarks/scale_corpus.py`: 1-5 KB documents, 25 MB shards, 3% planted
