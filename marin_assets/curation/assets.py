@@ -11,10 +11,9 @@ import time
 from dataclasses import asdict
 
 import dagster as dg
-import polars as pl
 
 from marin_assets.catalog import Catalog
-from marin_assets.curation.readers import read_shard
+from marin_assets.curation.readers import read_shard, with_original_source_ids
 from marin_assets.curation.refine import build_quality_classifier, build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
 from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, SourceConfig, discover_shards,
@@ -121,11 +120,9 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                 for item in listing))
             result = read_shard(source, stored)
             # Readers saw the stored copies; report the original locations as source ids.
-            docs, quarantine = result.documents, result.quarantine
-            for item in listing:
-                copy = f"{raw.uri}/files/{item['relpath']}"
-                docs = docs.with_columns(pl.col("source_id").str.replace(copy, item["uri"], literal=True))
-                quarantine = quarantine.with_columns(pl.col("source_id").str.replace(copy, item["uri"], literal=True))
+            originals = {f"{raw.uri}/files/{item['relpath']}": item["uri"] for item in listing}
+            docs = with_original_source_ids(result.documents, originals)
+            quarantine = with_original_source_ids(result.quarantine, originals)
             doc_bytes = write_parquet(writer, "documents.parquet", docs)
             write_parquet(writer, "quarantine.parquet", quarantine)
             fraction = quarantine.height / max(1, result.n_records)

@@ -8,11 +8,14 @@ loop per document. Each threshold in :class:`FilterConfig` can be set to
 
 from __future__ import annotations
 
+import os
+import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import polars as pl
+from scipy import sparse
 
 # Gopher's stop-word rule: a real English document uses a few of these.
 STOP_WORDS: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
@@ -146,30 +149,35 @@ def _duplicate_stats(df: pl.DataFrame, unit: str) -> pl.DataFrame:
 def text_stats(df: pl.DataFrame) -> pl.DataFrame:
     """Per-document statistics the rules read, one row per row of ``df``."""
     text = pl.col("text")
-    n_words = text.str.count_matches(WORD_PATTERN).cast(pl.Float64)
-    n_lines = text.str.count_matches(NONEMPTY_LINE_PATTERN).cast(pl.Float64)
-    nonspace = (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64)
-    stats = df.select(
+    # Each pattern is matched once; the ratios are derived from the counts afterwards
+    # (an eager select does not share a count used by several expressions).
+    counts = df.select(
         pl.int_range(pl.len(), dtype=pl.UInt32).alias("_doc"),
-        n_words.alias("n_words"),
-        pl.when(n_words > 0).then(nonspace / n_words).otherwise(0.0).alias("mean_word_length"),
+        text.str.count_matches(WORD_PATTERN).cast(pl.Float64).alias("n_words"),
+        text.str.count_matches(NONEMPTY_LINE_PATTERN).cast(pl.Float64).alias("_lines"),
+        (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64).alias("_nonspace"),
+        text.str.count_matches(SYMBOL_PATTERN).alias("_symbols"),
+        text.str.count_matches(ALPHA_WORD_PATTERN).alias("_alpha_words"),
+        text.str.count_matches(BULLET_LINE_PATTERN).alias("_bullet_lines"),
+        text.str.count_matches(ELLIPSIS_LINE_PATTERN).alias("_ellipsis_lines"),
+        text.str.count_matches(STOP_WORD_PATTERN).cast(pl.Float64).alias("n_stop_words"),
+    )
+    n_words, n_lines = pl.col("n_words"), pl.col("_lines")
+    stats = counts.select(
+        "_doc",
+        "n_words",
+        pl.when(n_words > 0).then(pl.col("_nonspace") / n_words).otherwise(0.0).alias("mean_word_length"),
+        pl.when(n_words > 0).then(pl.col("_symbols") / n_words).otherwise(0.0).alias("symbol_word_ratio"),
         pl.when(n_words > 0)
-        .then(text.str.count_matches(SYMBOL_PATTERN) / n_words)
-        .otherwise(0.0)
-        .alias("symbol_word_ratio"),
-        pl.when(n_words > 0)
-        .then(1.0 - text.str.count_matches(ALPHA_WORD_PATTERN) / n_words)
+        .then(1.0 - pl.col("_alpha_words") / n_words)
         .otherwise(1.0)
         .alias("non_alpha_word_fraction"),
+        pl.when(n_lines > 0).then(pl.col("_bullet_lines") / n_lines).otherwise(0.0).alias("bullet_line_fraction"),
         pl.when(n_lines > 0)
-        .then(text.str.count_matches(BULLET_LINE_PATTERN) / n_lines)
-        .otherwise(0.0)
-        .alias("bullet_line_fraction"),
-        pl.when(n_lines > 0)
-        .then(text.str.count_matches(ELLIPSIS_LINE_PATTERN) / n_lines)
+        .then(pl.col("_ellipsis_lines") / n_lines)
         .otherwise(0.0)
         .alias("ellipsis_line_fraction"),
-        text.str.count_matches(STOP_WORD_PATTERN).cast(pl.Float64).alias("n_stop_words"),
+        "n_stop_words",
     )
     for unit in ("line", "paragraph"):
         col = f"duplicate_{unit}_fraction"
@@ -187,26 +195,181 @@ def _language_identifier():
     return LanguageIdentifier.from_modelstring(model, norm_probs=True)
 
 
+@dataclass(frozen=True)
+class _FeatureTables:
+    """langid's byte n-gram features as lookup tables, for counting them with numpy.
+
+    ``short[n - 1]`` maps the big-endian code of an n-byte sequence (n = 1..3) to its
+    feature index or -1. A four-byte feature is found in two steps: ``four_prefix`` maps
+    its first three bytes to a row of ``four``, and that row's entry for the fourth byte
+    is the feature index or -1.
+    """
+
+    short: tuple[np.ndarray, ...]
+    four_prefix: np.ndarray
+    four: np.ndarray
+    n_features: int
+
+
+def feature_ngrams(identifier) -> dict[int, bytes]:
+    """Feature index -> the byte n-gram it counts, recovered from langid's tokenizer automaton.
+
+    langid counts features with an Aho-Corasick automaton (``tk_nextmove``, ``tk_output``):
+    entering a state emits every feature that is a suffix of the bytes read so far. A
+    breadth-first walk gives each state its trie label (the shortest byte path to it); a
+    feature is the shortest label among the states that emit it.
+    """
+    moves = np.asarray(identifier.tk_nextmove).reshape(-1, 256)
+    labels: dict[int, bytes] = {0: b""}
+    seen = np.zeros(moves.shape[0], dtype=bool)
+    seen[0] = True
+    frontier = [0]
+    while frontier:
+        following = []
+        for state in frontier:
+            targets = moves[state]
+            for byte in np.flatnonzero(~seen[targets]).tolist():
+                target = int(targets[byte])
+                if not seen[target]:  # two bytes may lead to the same new state
+                    seen[target] = True
+                    labels[target] = labels[state] + bytes([byte])
+                    following.append(target)
+        frontier = following
+    ngrams: dict[int, bytes] = {}
+    for state, emitted in identifier.tk_output.items():
+        for index in emitted:
+            if index not in ngrams or len(labels[state]) < len(ngrams[index]):
+                ngrams[index] = labels[state]
+    return ngrams
+
+
+def _feature_tables(ngrams: dict[int, bytes], n_features: int) -> _FeatureTables:
+    if max(len(g) for g in ngrams.values()) > 4 or len(ngrams) != n_features:
+        raise ValueError("langid model has features this counter does not handle (longer than 4 bytes)")
+    short = []
+    for n in (1, 2, 3):
+        table = np.full(256**n, -1, dtype=np.int16)
+        for index, gram in ngrams.items():
+            if len(gram) == n:
+                table[int.from_bytes(gram, "big")] = index
+        short.append(table)
+    four_prefix = np.full(256**3, -1, dtype=np.int16)
+    fours = [(gram, index) for index, gram in ngrams.items() if len(gram) == 4]
+    prefixes = sorted({gram[:3] for gram, _ in fours})
+    four = np.full((len(prefixes), 256), -1, dtype=np.int16)
+    for row, prefix in enumerate(prefixes):
+        four_prefix[int.from_bytes(prefix, "big")] = row
+    rows = {prefix: row for row, prefix in enumerate(prefixes)}
+    for gram, index in fours:
+        four[rows[gram[:3]], gram[3]] = index
+    return _FeatureTables(tuple(short), four_prefix, four, n_features)
+
+
+@dataclass(frozen=True)
+class _LanguageModel:
+    weights: np.ndarray  # features x languages, log P(feature | language)
+    priors: np.ndarray  # log P(language)
+    classes: np.ndarray  # language codes
+    tables: _FeatureTables
+
+
+@lru_cache(maxsize=1)
+def _language_model() -> _LanguageModel:
+    """langid's naive-Bayes model and feature tables, from a local cache file when there is one.
+
+    Unpacking langid's model string (bz2 + pickle) costs about 1.5 s of CPU in every process
+    that filters, which a pod building one shard pays for each shard; the arrays it yields
+    load from an ``.npz`` in a few milliseconds. The file is named by the model string's
+    digest, so another langid model never reads it; a file that cannot be read or written
+    is ignored and the model is unpacked as before.
+    """
+    import hashlib
+
+    from langid.langid import model as model_string
+
+    from marin_assets.curation.sources import cache_dir
+
+    digest = hashlib.sha256(model_string.encode() if isinstance(model_string, str) else model_string).hexdigest()
+    path = cache_dir() / "langid" / f"{digest[:16]}.npz"
+    try:
+        with np.load(path) as cached:
+            ngrams = {int(i): bytes(g[:n]) for i, g, n in zip(cached["feature"], cached["gram"], cached["gram_len"])}
+            return _LanguageModel(cached["weights"], cached["priors"], cached["classes"],
+                                  _feature_tables(ngrams, int(cached["weights"].shape[0])))
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):  # absent, truncated or foreign
+        pass
+    identifier = _language_identifier()
+    ngrams = feature_ngrams(identifier)
+    built = _LanguageModel(np.ascontiguousarray(identifier.nb_ptc, dtype=np.float64),
+                           np.asarray(identifier.nb_pc, dtype=np.float64), np.asarray(identifier.nb_classes),
+                           _feature_tables(ngrams, identifier.nb_numfeats))
+    features = sorted(ngrams)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(staged, weights=built.weights, priors=built.priors, classes=built.classes,
+                 feature=np.array(features), gram=np.array([ngrams[i].ljust(4, b"\0") for i in features], dtype="S4"),
+                 gram_len=np.array([len(ngrams[i]) for i in features]))
+        os.replace(staged, path)  # readers see a whole file or none
+    except OSError:
+        pass
+    return built
+
+
+def language_features(texts: list[str], sample_chars: int = 5000) -> np.ndarray:
+    """langid's feature counts (``instance2fv`` of ``text[:sample_chars]``), one row per text.
+
+    The same counts langid's automaton produces, computed per n-gram order over all texts'
+    bytes at once instead of a Python step per byte: each position's 1- to 4-byte code is
+    looked up in the feature tables, n-grams crossing into the next text are skipped, and
+    hits are summed per (text, feature) with one ``bincount`` (one per order would zero
+    and add a texts x features array four times).
+    """
+    tables = _language_model().tables
+    n_feats = tables.n_features
+    encoded = [t[:sample_chars].encode("utf-8") for t in texts]
+    lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
+    data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    row_offset = np.repeat(np.arange(len(encoded), dtype=np.int64) * n_feats, lengths)
+    # Bytes left in its own text from each position on: an n-gram fits when this is >= n.
+    left = np.repeat(np.cumsum(lengths), lengths) - np.arange(data.size)
+    keys = []  # row * n_feats + feature, one per occurrence
+    code = data.astype(np.uint32)
+    for n in (1, 2, 3):
+        if n > 1:
+            code = (code[:-1] << 8) | data[n - 1 :]
+        feature = tables.short[n - 1][code]
+        at = np.flatnonzero((feature >= 0) & (left[: code.size] >= n))
+        keys.append(row_offset[at] + feature[at])
+    # Four-byte n-grams: the first three bytes (``code`` now) pick a row, the fourth the entry.
+    row = tables.four_prefix[code[:-1]]
+    at = np.flatnonzero((row >= 0) & (left[: row.size] >= 4))
+    feature = tables.four[row[at], data[at + 3]]
+    found = feature >= 0
+    keys.append(row_offset[at[found]] + feature[found])
+    counts = np.bincount(np.concatenate(keys), minlength=len(encoded) * n_feats)
+    return counts.reshape(len(encoded), n_feats)
+
+
 def identify_language(
     texts: list[str], sample_chars: int = 5000, batch_size: int = 256
 ) -> tuple[list[str], list[float]]:
     """langid.py language code and normalised probability for each text.
 
-    Same model and features as ``langid.classify``, but the naive-Bayes scoring
-    of a batch is one float64 matrix product: langid multiplies a uint32
-    vector by the float matrix per document, which numpy cannot hand to BLAS
-    and which dominated the cost (~10 ms per document).
+    Same model, features and scores as ``langid.classify``, but vectorised: the feature
+    counts come from :func:`language_features` rather than langid's per-byte Python loop,
+    and the naive-Bayes scoring of a batch is one float64 matrix product (langid multiplies
+    a uint32 vector by the float matrix per document, which numpy cannot hand to BLAS).
     """
-    identifier = _language_identifier()
-    weights = np.ascontiguousarray(identifier.nb_ptc, dtype=np.float64)
-    priors = np.asarray(identifier.nb_pc, dtype=np.float64)
-    classes = np.asarray(identifier.nb_classes)
+    model = _language_model()
+    weights, priors, classes = model.weights, model.priors, model.classes
     langs: list[str] = []
     scores: list[float] = []
     for start in range(0, len(texts), batch_size):
         batch = texts[start : start + batch_size]
-        features = np.stack([identifier.instance2fv(t[:sample_chars]) for t in batch]).astype(np.float64)
-        log_probs = features @ weights + priors
+        # Most features are absent from a document: a sparse product skips their zero rows.
+        log_probs = np.asarray(sparse.csr_matrix(language_features(batch, sample_chars), dtype=np.float64) @ weights)
+        log_probs += priors
         best = log_probs.argmax(axis=1)
         # Probability of the best class: 1 / sum_j exp(lp_j - lp_best), stable since lp_j <= lp_best.
         confidence = 1.0 / np.exp(log_probs - log_probs[np.arange(len(batch)), best][:, None]).sum(axis=1)

@@ -12,6 +12,7 @@ real check that nothing was dropped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import re
@@ -143,9 +144,45 @@ def repair_text(text: str, force: bool = False) -> str:
     """
     import ftfy
 
-    if force or (not text.isascii() and ftfy.is_bad(text)):
+    if force or (not text.isascii() and looks_like_mojibake(text)):
         return ftfy.fix_text(text, ftfy.TextFixerConfig(uncurl_quotes=False))
     return text
+
+
+_NON_ASCII_RUN_RE = re.compile(r"[^\x00-\x7f]+")
+
+
+@functools.lru_cache(maxsize=1)
+def _badness_pattern() -> tuple[re.Pattern, int | None]:
+    """ftfy's mojibake pattern and the longest text one match can span (None if unbounded)."""
+    from ftfy.badness import BADNESS_RE
+
+    widest = re._parser.parse(BADNESS_RE.pattern, BADNESS_RE.flags).getwidth()[1]  # type: ignore[attr-defined]
+    return BADNESS_RE, (widest if widest < re._constants.MAXREPEAT else None)  # type: ignore[attr-defined]
+
+
+def looks_like_mojibake(text: str) -> bool:
+    """``ftfy.is_bad(text)``, searching only around non-ASCII characters.
+
+    Every alternative of ftfy's pattern needs a non-ASCII character (so pure ASCII is
+    never bad) and a match spans at most a few characters, so a match lies within that
+    many characters of a non-ASCII run. Searching those windows alone gives the same
+    answer without scanning the ASCII bulk of a mostly-English document, where
+    ``is_bad`` spent most of the reader's time. ``^`` still means the start of the
+    text: ``Pattern.search(text, pos, endpos)`` does not move it.
+    """
+    pattern, widest = _badness_pattern()
+    if widest is None:
+        return bool(pattern.search(text))
+    low = high = -1
+    for run in _NON_ASCII_RUN_RE.finditer(text):
+        start, end = max(0, run.start() - widest), min(len(text), run.end() + widest)
+        if start > high:
+            if high >= 0 and pattern.search(text, low, high):
+                return True
+            low = start
+        high = end
+    return high >= 0 and bool(pattern.search(text, low, high))
 
 
 def decode_bytes(raw: bytes, repair: bool = True) -> Decoded:
@@ -456,6 +493,29 @@ def _read_parquet(col: _Collector, ref: FileRef):
                 with col.record(default_id, raw):
                     _record_document(col, record, default_id, raw, {"path": ref.relpath, "row": row})
                 row += 1
+
+
+def with_original_source_ids(frame: pl.DataFrame, originals: dict[str, str]) -> pl.DataFrame:
+    """``frame`` with ``source_id`` naming the original files instead of the copies the reader saw.
+
+    ``originals`` maps a copy's URI to its original location. The readers' source ids are a
+    file's URI, or its URI followed by ``:<line>`` / ``:<row>``, or a record's own id (which is
+    left alone). One vectorised lookup for the whole frame: a replacement per file would cost
+    files x records, and would also rewrite ``a.jsonl.gz:3`` through the copy ``a.jsonl``.
+    """
+    if frame.height == 0 or not originals:
+        return frame
+    source_id = pl.col("source_id")
+    copy = pl.when(source_id.is_in(list(originals))).then(source_id).otherwise(
+        source_id.str.replace(r":[0-9]+$", "")
+    )
+    original = copy.replace_strict(originals, default=None, return_dtype=pl.String)
+    return frame.with_columns(
+        pl.when(original.is_not_null())
+        .then(original + source_id.str.slice(copy.str.len_chars()))
+        .otherwise(source_id)
+        .alias("source_id")
+    )
 
 
 def read_shard(source: SourceConfig, shard: Shard) -> ReadResult:

