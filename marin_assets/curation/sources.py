@@ -60,6 +60,10 @@ _ARCHIVE_SUFFIXES = {
 }
 _LICENSE_FILE_RE = re.compile(r"^(?:LICEN[CS]E|COPYING|NOTICE)", re.IGNORECASE)
 _KEY_MAX_READABLE = 80
+# About 128 MB of input per partition: 100k small files make a few hundred partitions, not 100k runs.
+DEFAULT_BYTES_PER_SHARD = 128 * 2**20
+# A shard may grow to this many times bytes_per_shard before a file is forced to start the next one.
+MAX_SHARD_FACTOR = 2
 
 
 class SourceConfigError(ValueError):
@@ -76,10 +80,10 @@ class SourceConfig:
     text_field: str = "text"
     # Record field used as ``source_id``; default is ``path:line`` / ``path:row``.
     id_field: str | None = None
-    # Expected files per shard (1: one shard per file). See group_into_shards.
-    files_per_shard: int = 1
-    # Alternative to files_per_shard: expected bytes per shard, by listed file size.
-    bytes_per_shard: int | None = None
+    # Expected bytes of input per shard, by listed file size (the default). See group_into_shards.
+    bytes_per_shard: int | None = DEFAULT_BYTES_PER_SHARD
+    # Alternative to bytes_per_shard: expected files per shard (1: one shard per file).
+    files_per_shard: int | None = None
     # Records (files, lines, rows) larger than this are quarantined.
     max_doc_bytes: int = 16 * 2**20
     strip_gutenberg: bool = True
@@ -241,12 +245,14 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
         raise SourceConfigError(f"{where}.dedup: expected a mapping, got {dedup!r}")
     scalar = {k: v for k, v in raw.items() if k not in ("filters", "dedup")}
     cfg = _build(SourceConfig, scalar, where)
-    if cfg.files_per_shard < 1:
-        raise SourceConfigError(f"{where}.files_per_shard: must be >= 1, got {cfg.files_per_shard}")
-    if cfg.bytes_per_shard is not None and cfg.bytes_per_shard < 1:
-        raise SourceConfigError(f"{where}.bytes_per_shard: must be >= 1, got {cfg.bytes_per_shard}")
-    if cfg.bytes_per_shard is not None and "files_per_shard" in raw:
+    if "files_per_shard" in raw and "bytes_per_shard" in raw:
         raise SourceConfigError(f"{where}: set files_per_shard or bytes_per_shard, not both")
+    if "files_per_shard" in raw:
+        if cfg.files_per_shard is None or cfg.files_per_shard < 1:
+            raise SourceConfigError(f"{where}.files_per_shard: must be >= 1, got {cfg.files_per_shard}")
+        cfg = dataclasses.replace(cfg, bytes_per_shard=None)
+    elif cfg.bytes_per_shard is None or cfg.bytes_per_shard < 1:
+        raise SourceConfigError(f"{where}.bytes_per_shard: must be >= 1, got {cfg.bytes_per_shard}")
     if cfg.max_doc_bytes < 1:
         raise SourceConfigError(f"{where}.max_doc_bytes: must be >= 1, got {cfg.max_doc_bytes}")
     if not cfg.uri.strip():
@@ -804,28 +810,40 @@ def shard_key(relpath: str) -> str:
     return validate_partition_key(f"{readable}-{digest}")
 
 
-def group_into_shards(
-    source_name: str, files: list[FileRef], files_per_shard: int = 1, bytes_per_shard: int | None = None
-) -> list[Shard]:
+def group_into_shards(source_name: str, files: list[FileRef], files_per_shard: int | None = None,
+                      bytes_per_shard: int | None = DEFAULT_BYTES_PER_SHARD) -> list[Shard]:
     """Group sorted files into shards with content-defined boundaries.
 
-    A file *starts* a new shard when a stable hash of its relative path falls
-    below ``1 / files_per_shard`` (or below ``size / bytes_per_shard``), so
-    boundaries depend only on each file itself, never on its position or on
-    how many files exist. Adding a file therefore either joins the shard that
-    precedes it in sorted order or splits that one shard in two; every other
-    shard keeps exactly its files and its key (the first file's path).
+    A file *starts* a new shard when a stable hash of its relative path falls below
+    ``size / bytes_per_shard`` (or ``1 / files_per_shard``), so boundaries depend only on each
+    file itself, never on its position or on how many files exist, and shards hold about
+    ``bytes_per_shard`` bytes on average. Adding a file therefore either joins the shard that
+    precedes it in sorted order or splits that one shard; every other shard keeps exactly its
+    files and its key (the first file's path).
+
+    By bytes, a shard is also cut where the next file would take it past ``MAX_SHARD_FACTOR``
+    times the target, so no partition's input is unbounded by chance (a file bigger than the
+    target stands alone). Such a cut depends on
+    the files since the last content-defined boundary only, so an insertion still changes only
+    the shards between its two neighbouring boundaries.
     """
+    if files_per_shard is None and bytes_per_shard is None:
+        raise ValueError("group_into_shards needs files_per_shard or bytes_per_shard")
     shards: list[list[FileRef]] = []
+    shard_bytes = 0
     for ref in files:
-        if bytes_per_shard is not None:
-            p_start = min(1.0, (ref.size or 0) / bytes_per_shard)
+        size = ref.size or 0
+        if files_per_shard is not None:
+            starts = _unit_hash(ref.relpath) < 1.0 / files_per_shard
         else:
-            p_start = 1.0 / files_per_shard
-        if not shards or _unit_hash(ref.relpath) < p_start:
+            starts = (_unit_hash(ref.relpath) < size / bytes_per_shard
+                      or (shard_bytes > 0 and shard_bytes + size > MAX_SHARD_FACTOR * bytes_per_shard))
+        if not shards or starts:
             shards.append([ref])
+            shard_bytes = size
         else:
             shards[-1].append(ref)
+            shard_bytes += size
     return [Shard(source=source_name, key=shard_key(group[0].relpath), files=tuple(group)) for group in shards]
 
 

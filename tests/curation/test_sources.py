@@ -159,9 +159,62 @@ def test_shard_grouping_is_local_for_many_insertions():
     assert all(s.files for s in by_bytes) and sum(len(s.files) for s in by_bytes) == len(files)
 
 
+def _sized_refs(names_and_sizes):
+    from marin_assets.curation.sources import FileRef
+
+    return sorted((FileRef(uri=f"file:///d/{n}", relpath=n, size=size) for n, size in names_and_sizes),
+                  key=lambda r: r.relpath)
+
+
+def test_default_shards_are_sized_by_bytes(tmp_path):
+    """800 small files (about 17 MB, like the Debian copyright files) make a handful of shards."""
+    import random
+
+    from marin_assets.curation.sources import DEFAULT_BYTES_PER_SHARD, MAX_SHARD_FACTOR
+
+    src = make_source(tmp_path, uri="d/*")
+    assert src.bytes_per_shard == DEFAULT_BYTES_PER_SHARD and src.files_per_shard is None
+    rng = random.Random(7)
+    files = _sized_refs((f"pkg{i:04d}/copyright", rng.randint(2_000, 40_000)) for i in range(800))
+    shards = group_into_shards("s", files, src.files_per_shard, src.bytes_per_shard)
+    assert 1 <= len(shards) <= 3
+    assert [f for s in shards for f in s.files] == files
+    # 1 MB shards over the same files: about 17, none past the cap.
+    small = group_into_shards("s", files, bytes_per_shard=2**20)
+    assert 8 <= len(small) <= 40
+    assert all(sum(f.size for f in s.files) <= MAX_SHARD_FACTOR * 2**20 for s in small)
+
+
+def test_one_file_past_the_cap_stands_alone():
+    files = _sized_refs([("a", 10), ("b", 10), ("c", 5000), ("d", 10), ("e", 10)])
+    shards = group_into_shards("s", files, bytes_per_shard=1000)
+    assert ["c"] in [[f.relpath for f in s.files] for s in shards]  # d and e do not pile onto it
+    assert all(sum(f.size for f in s.files) <= 2000 for s in shards if len(s.files) > 1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_byte_shards_change_only_next_to_an_added_file(seed):
+    """Adding a file regroups only the shards between its neighbouring content-defined boundaries:
+    every changed old shard is contiguous with the one holding the new file's predecessor."""
+    import random
+
+    rng = random.Random(seed)
+    files = _sized_refs((f"{i:05d}", rng.randint(100, 5_000)) for i in range(0, 4000, 2))
+    before = group_into_shards("s", files, bytes_per_shard=50_000)
+    assert 50 < len(before) < 150
+    new = _sized_refs([(f"{rng.randrange(1, 4000, 2):05d}", rng.randint(100, 5_000))])[0]
+    after = {s.key: s for s in group_into_shards("s", sorted([*files, new], key=lambda f: f.relpath),
+                                                   bytes_per_shard=50_000)}
+    changed = [i for i, s in enumerate(before) if after.get(s.key) != s]
+    home = max(i for i, s in enumerate(before) if s.files[0].relpath < new.relpath)
+    assert changed and changed[0] == home and changed == list(range(home, home + len(changed)))
+    assert len(changed) <= 3
+    assert sum(len(s.files) for s in after.values()) == len(files) + 1
+
+
 def test_shard_keys_are_path_safe_unique_and_readable(tmp_path):
     _make_files(tmp_path / "d", ["a b/c.txt", "a_b/c.txt", "ümlaut?.txt", "x/../y.txt".replace("..", "dots")])
-    shards = discover_shards(make_source(tmp_path, uri="d"))
+    shards = discover_shards(make_source(tmp_path, uri="d", files_per_shard=1))
     keys = [s.key for s in shards]
     assert len(set(keys)) == len(keys) == 4
     assert all(re.fullmatch(r"[A-Za-z0-9._=+-]+", k) for k in keys)
@@ -194,7 +247,7 @@ def test_any_file_name_is_a_valid_stable_and_distinct_key(tmp_path):
 
 def test_fingerprint_tracks_content_changes(tmp_path):
     _make_files(tmp_path / "d", ["one.txt", "two.txt"])
-    src = make_source(tmp_path, uri="d/*.txt")
+    src = make_source(tmp_path, uri="d/*.txt", files_per_shard=1)
     before = {s.key: s.fingerprint for s in discover_shards(src)}
     (tmp_path / "d" / "two.txt").write_text("different and longer content\n")
     after = {s.key: s.fingerprint for s in discover_shards(src)}
@@ -246,7 +299,7 @@ def test_local_files_have_content_identity_cached_by_stat(tmp_path, monkeypatch)
 
     monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
     _make_files(tmp_path / "d", ["one.txt", "two.txt"])
-    src = make_source(tmp_path, uri="d/*.txt")
+    src = make_source(tmp_path, uri="d/*.txt", files_per_shard=1)
     hashed = []
     real_sha256_file = sources.sha256_file
     monkeypatch.setattr(sources, "sha256_file", lambda p: hashed.append(p) or real_sha256_file(p))
