@@ -28,7 +28,7 @@ def env(tmp_path):
     for i, word in enumerate(["alpha", "bravo", "charlie"]):
         (data / f"{word}.txt").write_text(f"Letter {word}. " + BODIES[word] * (5 + i))
     sources = tmp_path / "sources.yaml"
-    sources.write_text(f"sources:\n  - name: letters\n    uri: {data}/*.txt\n    format: text\n")
+    sources.write_text(f"sources:\n  - name: letters\n    uri: {data}/*.txt\n    format: text\n    files_per_shard: 1\n")
     return {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(tmp_path / "store"),
             "DAGSTER_HOME": str(tmp_path / "home"), "MARIN_ENV": "local"}
 
