@@ -113,3 +113,36 @@ def test_demo_materializes_with_every_materialize_option_at_its_default():
     # Every option of `marin materialize` exists on the demo's arguments (a new flag cannot break the demo).
     materialize = build_parser()._subparsers._group_actions[0].choices["materialize"]
     assert {a.dest for a in materialize._actions if a.dest != "help"} <= set(vars(args))
+
+
+def test_partitions_run_in_parallel_and_a_failure_spares_its_siblings(env, tmp_path):
+    """Each partition is a real run launched by the instance's run launcher, in its own worker
+    process; sibling runs overlap in time, one failing partition does not stop the others, and
+    the rerun builds only the failed one."""
+    import dagster as dg
+
+    from marin_assets.planning import CLI_TAG, Planner
+
+    # Listed, then unreadable when its run opens it: that partition's run fails.
+    (tmp_path / "letters" / "broken.txt").symlink_to(tmp_path / "letters" / "gone.txt")
+    first = marin(env, "materialize", "filtered/letters", "--max-parallel", "4", "--json", check=False)
+    assert first.returncode == 1, first.stderr
+    steps = {s["partition"]: s for s in json.loads(first.stdout)["steps"]}
+    assert sorted(steps) == ["alpha.txt", "broken.txt", "bravo.txt", "charlie.txt"]
+    assert not steps["broken.txt"]["success"] and "gone.txt" in steps["broken.txt"]["error"]
+    assert all(steps[p]["success"] and steps[p]["ran"] for p in ("alpha.txt", "bravo.txt", "charlie.txt"))
+
+    with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        records = {r.dagster_run.run_id: r for r in instance.get_run_records(
+            dg.RunsFilter(tags={CLI_TAG: "materialize"}))}
+        runs = [records[s["run_id"]] for s in steps.values()]
+        assert all(r.dagster_run.tags.get("dagster/grpc_info") for r in runs)  # launched, not in-process
+        planner = Planner(dg.Definitions(), None, None, instance)
+        pids = {planner.run_worker_pid(r.dagster_run.run_id) for r in runs}
+        assert None not in pids and len(pids) == len(runs) and str(os.getpid()) not in pids
+        good = [records[steps[p]["run_id"]] for p in ("alpha.txt", "bravo.txt", "charlie.txt")]
+        # Every good run started before every other good run ended: their windows overlap.
+        assert max(r.start_time for r in good) < min(r.end_time for r in good)
+
+    again = json.loads(marin(env, "materialize", "filtered/letters", "--json", check=False).stdout)
+    assert [s["partition"] for s in again["steps"] if s["ran"]] == ["broken.txt"]
