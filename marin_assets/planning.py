@@ -359,8 +359,9 @@ class Planner:
             while pending and len(in_flight) < limit:
                 part, label, cause = pending.pop(0)
                 log(f"  build   {label}  ({cause})")
+                started = time.monotonic()
                 run_id = runs.submit(keys, checks, part, run_config, tags)
-                in_flight[run_id] = (part, label, time.monotonic())
+                in_flight[run_id] = (part, label, started)
             finished = [(run_id, run) for run_id in in_flight
                         if (run := self.instance.get_run_by_id(run_id)) is not None and run.is_finished]
             if not finished:

