@@ -4,6 +4,7 @@ upstream. Shared by the `marin` CLI and the sensors, so both see the same partit
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -438,24 +439,29 @@ class WorkspaceRuns:
     def __init__(self, instance: dg.DagsterInstance, workspace_file: str):
         self.instance, self.workspace_file = instance, workspace_file
         self._stack = contextlib.ExitStack()
+        self._plans: dict = {}
 
     def __enter__(self) -> WorkspaceRuns:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    @functools.cached_property
+    def workspace(self):
+        """The workspace's request context; its code server starts on the first run, so a plan
+        with nothing to build starts none."""
         from dagster._core.workspace.context import WorkspaceProcessContext
         from dagster._core.workspace.load_target import WorkspaceFileTarget
 
         context = self._stack.enter_context(
             WorkspaceProcessContext(self.instance, WorkspaceFileTarget(paths=[self.workspace_file])))
-        self.workspace = context.create_request_context()
-        errors = [e for e in self.workspace.get_code_location_entries().values() if e.load_error is not None]
+        workspace = context.create_request_context()
+        errors = [e for e in workspace.get_code_location_entries().values() if e.load_error is not None]
         if errors:
-            self._stack.close()
             raise RuntimeError(f"code location {errors[0].origin.location_name} failed to load: "
                                f"{errors[0].load_error.message.strip()}")
-        self._plans: dict = {}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stack.close()
+        return workspace
 
     def submit(self, keys, checks, partition, run_config, tags) -> str:
         import asyncio
