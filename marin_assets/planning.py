@@ -3,6 +3,7 @@ upstream. Shared by the `marin` CLI and the sensors, so both see the same partit
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import uuid
@@ -440,6 +441,8 @@ class WorkspaceRuns:
         self.instance, self.workspace_file = instance, workspace_file
         self._stack = contextlib.ExitStack()
         self._plans: dict = {}
+        self._loop = asyncio.new_event_loop()
+        self._stack.callback(self._loop.close)
 
     def __enter__(self) -> WorkspaceRuns:
         return self
@@ -464,15 +467,14 @@ class WorkspaceRuns:
         return workspace
 
     def submit(self, keys, checks, partition, run_config, tags) -> str:
-        import asyncio
-
         from dagster._core.execution.submit_asset_runs import get_job_execution_data_from_run_request
         from dagster._core.storage.tags import PARTITION_NAME_TAG
 
         run_tags = {**tags, **({PARTITION_NAME_TAG: partition} if partition is not None else {})}
         config = {**run_config, "execution": {"config": {"in_process": {}}}}
         request = dg.RunRequest(asset_selection=keys, asset_check_keys=checks, run_config=config, tags=run_tags)
-        data = asyncio.run(get_job_execution_data_from_run_request(
+        # One event loop for the workspace's life: its data loaders are bound to the loop they first ran on.
+        data = self._loop.run_until_complete(get_job_execution_data_from_run_request(
             self.workspace.asset_graph, request, self.instance, self.workspace, self._plans))
         job = data.remote_job
         run = self.instance.create_run(
