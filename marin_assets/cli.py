@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -79,7 +80,7 @@ def cmd_materialize(args: argparse.Namespace) -> int:
         if args.rebuild:
             plan.retract(parse_key(args.selection), args.partition, log=say)
         # A rebuild reads its inputs again, so it re-hashes them: tampered bytes are never carried downstream.
-        with WorkspaceRuns(plan.instance, str(REPO_ROOT / "workspace.yaml")) as runs:
+        with stdout_to_stderr(args.json), WorkspaceRuns(plan.instance, str(REPO_ROOT / "workspace.yaml")) as runs:
             steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force,
                                      verify=args.verify or args.rebuild, runs=runs, max_parallel=args.max_parallel)
     except (KeyError, ValueError) as exc:
@@ -97,6 +98,24 @@ def cmd_materialize(args: argparse.Namespace) -> int:
                           "steps": [s.__dict__ for s in steps],
                           "manifests": sorted({m for s in steps for m in s.manifests})}, indent=2))
     return 0 if ok else 1
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(enabled: bool):
+    """Point file descriptor 1 at stderr while ``enabled``: the code server and run workers inherit
+    it and log there, so with --json stdout carries the JSON summary alone."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def report_refused(plan) -> None:
