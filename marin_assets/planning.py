@@ -4,6 +4,7 @@ upstream. Shared by the `marin` CLI and the sensors, so both see the same partit
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import uuid
@@ -443,6 +444,8 @@ class WorkspaceRuns:
         self._plans: dict = {}
         self._loop = asyncio.new_event_loop()
         self._stack.callback(self._loop.close)
+        self._launches = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="marin-launch")
+        self._stack.callback(self._launches.shutdown)
 
     def __enter__(self) -> WorkspaceRuns:
         return self
@@ -485,8 +488,18 @@ class WorkspaceRuns:
             parent_job_snapshot=job.parent_job_snapshot, remote_job_origin=job.get_remote_origin(),
             job_code_origin=job.get_python_origin(), asset_selection=frozenset(keys),
             asset_check_selection=frozenset(checks), asset_graph=self.workspace.asset_graph)
-        self.instance.launch_run(run.run_id, self.workspace)
+        # Launching waits for the worker to load the code location (seconds): do it off this thread,
+        # so the next partition's run is created and launched meanwhile.
+        self._launches.submit(self._launch, run)
         return run.run_id
+
+    def _launch(self, run: dg.DagsterRun) -> None:
+        try:
+            self.instance.launch_run(run.run_id, self.workspace)
+        except Exception as exc:  # noqa: BLE001 -- recorded on the run, which the planner then reports
+            current = self.instance.get_run_by_id(run.run_id)
+            if current is not None and not current.is_finished:
+                self.instance.report_run_failed(current, f"launch failed: {type(exc).__name__}: {exc}")
 
 
 def failed_error_checks(evaluations) -> list[str]:
