@@ -861,11 +861,12 @@ def group_into_shards(source_name: str, files: list[FileRef], files_per_shard: i
 
 
 def split_large_files(source: SourceConfig, files: list[FileRef]) -> list[FileRef]:
-    """Each uncompressed JSONL file over twice ``bytes_per_shard`` becomes ranges of that many bytes.
+    """Each JSONL or Parquet file over twice ``bytes_per_shard`` becomes byte ranges of about that size.
 
-    A range holds the lines that *start* inside it (:func:`read_line_range`), so ranges need no
-    scan at listing time and together read every line exactly once. Boundaries sit at fixed
-    offsets, so a file that grows keeps its earlier ranges' keys and adds new ones; a changed
+    A range holds the records that *start* inside it: the lines of uncompressed JSONL
+    (:func:`read_line_range`; ranges at fixed offsets, so listing needs no scan and a file that
+    grows keeps its earlier ranges' keys), or the row groups of Parquet (ranges cut at row-group
+    starts read from the footer). Together the ranges read every record exactly once. A changed
     file changes every range's fingerprint (they share its checksum) and all are read again.
     """
     from fsspec.utils import infer_compression
@@ -877,15 +878,53 @@ def split_large_files(source: SourceConfig, files: list[FileRef]) -> list[FileRe
         return files
     split = []
     for ref in files:
-        if (ref.refused is None and ref.size and ref.size > MAX_SHARD_FACTOR * target and "::" not in ref.uri
+        fmt = resolve_format(source.format, ref.relpath)
+        if not (ref.refused is None and ref.size and ref.size > MAX_SHARD_FACTOR * target and "::" not in ref.uri
                 and "://" in ref.uri and ref.uri.split("://", 1)[0] not in (PYPI_SDIST_SCHEME, INSTALLED_DISTS_SCHEME)
-                and infer_compression(ref.relpath) is None
-                and resolve_format(source.format, ref.relpath) == "jsonl"):
-            split.extend(dataclasses.replace(ref, byte_range=(start, min(start + target, ref.size)))
-                         for start in range(0, ref.size, target))
-        else:
+                and infer_compression(ref.relpath) is None and fmt in ("jsonl", "parquet")):
             split.append(ref)
+            continue
+        if fmt == "jsonl":
+            cuts = list(range(0, ref.size, target))
+        else:
+            cuts = []
+            for offset in _row_group_starts(ref.uri):
+                if not cuts or offset - cuts[-1] >= target:
+                    cuts.append(offset)
+            cuts[0] = 0  # the leading magic bytes belong to the first range
+        bounds = [*cuts, ref.size]
+        split.extend(dataclasses.replace(ref, byte_range=(a, b)) for a, b in zip(bounds, bounds[1:]))
     return split
+
+
+def _row_group_starts(uri: str) -> list[int]:
+    """Byte offset of each row group's first column chunk, from the Parquet footer."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    with fsspec.open(uri, "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+        starts = []
+        for i in range(meta.num_row_groups):
+            col = meta.row_group(i).column(0)
+            starts.append(col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset)
+        return starts
+
+
+def read_byte_range(uri: str, fmt: str, start: int, end: int) -> bytes:
+    """A stand-alone file of the records that start in bytes ``[start, end)`` (see split_large_files)."""
+    if fmt == "jsonl":
+        return read_line_range(uri, start, end)
+    import fsspec
+    import pyarrow.parquet as pq
+
+    starts = _row_group_starts(uri)
+    wanted = [i for i, offset in enumerate(starts) if start <= offset < end]
+    with fsspec.open(uri, "rb") as f:
+        table = pq.ParquetFile(f).read_row_groups(wanted)
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    return out.getvalue()
 
 
 def read_line_range(uri: str, start: int, end: int) -> bytes:

@@ -427,3 +427,26 @@ def test_a_big_jsonl_file_is_split_into_ranges_that_read_every_line_once(tmp_pat
         fh.write("\n".join(lines[:500]) + "\n")
     grown = [s.key for s in discover_shards(src) if s.files[0].byte_range is not None]
     assert grown[:len(ranges)] == [s.key for s in ranges] and len(grown) > len(ranges)
+
+
+def test_a_big_parquet_file_is_split_by_row_groups_that_read_every_row_once(tmp_path):
+    import io as _io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from marin_assets.curation.sources import read_byte_range
+
+    data = tmp_path / "d"
+    data.mkdir()
+    texts = [f"row {i} " + "y" * (i * 53 % 400) for i in range(4000)]
+    pq.write_table(pa.table({"text": texts}), data / "big.parquet", row_group_size=250, compression="none")
+    shards = discover_shards(make_source(tmp_path, uri="d/*", bytes_per_shard=60_000))
+    assert len(shards) > 3 and all(len(s.files) == 1 and s.files[0].byte_range for s in shards)
+    assert shards[0].files[0].byte_range[0] == 0
+    assert shards[-1].files[0].byte_range[1] == (data / "big.parquet").stat().st_size
+    read = []
+    for s in shards:
+        piece = read_byte_range(s.files[0].uri, "parquet", *s.files[0].byte_range)
+        read += pq.read_table(_io.BytesIO(piece))["text"].to_pylist()
+    assert read == texts  # every row, once, in order
