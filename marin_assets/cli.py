@@ -1,7 +1,7 @@
 """`marin`: drive the asset graph from a terminal.
 
     marin demo                       materialize the tutorial graph on the embedded default
-    marin materialize KEY [--partition P] [--json] [--force] [--verify] [--rebuild]
+    marin materialize KEY [--partition P] [--json] [--force] [--verify] [--rebuild] [--max-parallel N]
     marin status [KEY ...] [--json] [--verify]
     marin lineage KEY [--partition P] [--verify] [--json] [--bom]
     marin failures [--json]
@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -64,7 +65,7 @@ def planner():
 
 
 def cmd_materialize(args: argparse.Namespace) -> int:
-    from marin_assets.planning import parse_key
+    from marin_assets.planning import WorkspaceRuns, parse_key
     from marin_resources.store import ArtifactLockedError
 
     plan, settings, _ = planner()
@@ -79,8 +80,9 @@ def cmd_materialize(args: argparse.Namespace) -> int:
         if args.rebuild:
             plan.retract(parse_key(args.selection), args.partition, log=say)
         # A rebuild reads its inputs again, so it re-hashes them: tampered bytes are never carried downstream.
-        steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force,
-                                 verify=args.verify or args.rebuild)
+        with stdout_to_stderr(args.json), WorkspaceRuns(plan.instance, str(REPO_ROOT / "workspace.yaml")) as runs:
+            steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force,
+                                     verify=args.verify or args.rebuild, runs=runs, max_parallel=args.max_parallel)
     except (KeyError, ValueError) as exc:
         print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
@@ -96,6 +98,24 @@ def cmd_materialize(args: argparse.Namespace) -> int:
                           "steps": [s.__dict__ for s in steps],
                           "manifests": sorted({m for s in steps for m in s.manifests})}, indent=2))
     return 0 if ok else 1
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(enabled: bool):
+    """Point file descriptor 1 at stderr while ``enabled``: the code server and run workers inherit
+    it and log there, so with --json stdout carries the JSON summary alone."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def report_refused(plan) -> None:
@@ -201,6 +221,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marin", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--process-output", choices=("file", "console"),
@@ -214,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--partition", help="partition key of the selected asset")
     m.add_argument("--json", action="store_true", help="print a JSON summary with manifest URIs")
     m.add_argument("--force", action="store_true", help="run steps even when everything is fresh")
+    m.add_argument("--max-parallel", type=positive_int, default=os.cpu_count() or 1, metavar="N",
+                   help="partitions of a stage run at once, each its own Dagster run and process "
+                        "(default: the CPU count, %(default)s here); pools still bound each step")
     m.add_argument("--rebuild", action="store_true",
                    help="withdraw the selected partition's committed artifact first (its manifest is kept "
                         "as .artifact.json.retracted-<time>), so it is built again; implies --verify")

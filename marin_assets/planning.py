@@ -3,10 +3,14 @@ upstream. Shared by the `marin` CLI and the sensors, so both see the same partit
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import dagster as dg
 
@@ -218,7 +222,9 @@ class Planner:
         active = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.NOT_STARTED]
         for record in self.instance.get_run_records(dg.RunsFilter(statuses=active, tags={CLI_TAG: "materialize"})):
             run = record.dagster_run
-            host, pid = run.tags.get(HOST_TAG), run.tags.get(PID_TAG)
+            host = run.tags.get(HOST_TAG)
+            # A launched run lives in its own worker process, which outlives a killed CLI.
+            pid = self.run_worker_pid(run.run_id) or run.tags.get(PID_TAG)
             if host != socket.gethostname() or not pid or int(pid) == os.getpid():
                 continue
             try:
@@ -233,6 +239,15 @@ class Planner:
             log(f"  marked run {run.run_id[:8]} failed: its process {pid} died; freed its pool slots")
             reaped.append(run.run_id)
         return reaped
+
+    def run_worker_pid(self, run_id: str) -> str | None:
+        """The pid a run worker reported when it started (its engine event), if it was launched."""
+        for entry in self.instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
+            data = entry.dagster_event.event_specific_data if entry.dagster_event else None
+            pid = getattr(data, "metadata", {}).get("pid") if data is not None else None
+            if pid is not None and entry.dagster_event.message.startswith("Started process for run"):
+                return str(pid.value)
+        return None
 
     def failed_checks_of_producers(self, keys: list[dg.AssetKey], partition: str | None) -> list[str]:
         """Failed ERROR checks of the runs that built the committed artifacts of ``keys[partition]``."""
@@ -293,62 +308,200 @@ class Planner:
         return kept
 
     def materialize(self, target: dg.AssetKey, partition: str | None, *, log: Log = print,
-                    run_config: dict | None = None, force: bool = False, verify: bool = False) -> list[StepResult]:
+                    run_config: dict | None = None, force: bool = False, verify: bool = False,
+                    runs: RunSubmitter | None = None, max_parallel: int | None = None) -> list[StepResult]:
         """Run the stale, missing or damaged steps of the target's plan. With `verify`, every
         committed artifact in the plan is re-hashed before it counts as fresh, and every build
-        re-hashes the inputs it reads."""
+        re-hashes the inputs it reads.
+
+        Stages run in order; within a stage every partition is its own Dagster run, submitted
+        through ``runs`` with at most ``max_parallel`` in flight (default: the CPU count). A failed
+        partition does not stop its siblings: the stage finishes, and the plan stops before the
+        next stage, whose inputs would be incomplete."""
         import os
         import socket
-        import time
 
         self.reap_orphaned_runs(log)
-
         self.require_partition(target, partition)
-        results = []
+        runs = runs or InProcessRuns(self.defs, self.instance)
+        limit = max(1, min(max_parallel or os.cpu_count() or 1, runs.max_parallel))
+        tags = {CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()),
+                **({VERIFY_TAG: "true"} if verify else {})}
+        results: list[StepResult] = []
         for keys, parts in self.plan(target, partition):
-            if not parts:
-                log(f"  {', '.join(key_str(k) for k in keys)}: no partitions discovered, nothing to do")
+            names = [key_str(k) for k in keys]
+            to_build = []
             for part in parts:
-                label = f"{', '.join(key_str(k) for k in keys)}" + (f" [{part}]" if part else "")
+                label = ", ".join(names) + (f" [{part}]" if part else "")
                 states = [self.state(k, part, verify=verify) for k in keys if self.version_of(k) is not None]
                 if not force and states and all(s.state == "fresh" for s in states):
-                    step = StepResult([key_str(k) for k in keys], part, False, True,
-                                      manifests=[f"{s.uri}/.artifact.json" for s in states])
+                    step = StepResult(names, part, False, True, manifests=[f"{s.uri}/.artifact.json" for s in states])
                     # A reused artifact keeps the verdict of the checks that ran when it was built.
                     failed = self.failed_checks_of_producers(keys, part)
                     if failed:
                         step.success, step.error = False, f"ERROR check(s) failed when built: {'; '.join(failed)}"
                         log(f"  fresh   {label}, but {step.error}")
-                        results.append(step)
-                        return results
-                    log(f"  fresh   {label}")
+                    else:
+                        log(f"  fresh   {label}")
                     results.append(step)
                     continue
                 causes = "; ".join(f"{s.asset_key}: {s.cause}" for s in states if s.state != "fresh")
-                log(f"  build   {label}  ({causes or 'forced'})")
-                started = time.monotonic()
-                result = dg.materialize(
-                    assets=list(self.defs.assets or []) + list(self.defs.asset_checks or []),
-                    selection=dg.AssetSelection.assets(*keys),
-                    partition_key=part, instance=self.instance, resources=self.defs.resources,
-                    run_config=run_config or quiet_run_config(), raise_on_error=False,
-                    tags={CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()),
-                          **({VERIFY_TAG: "true"} if verify else {})})
-                failed = failed_error_checks(result.get_asset_check_evaluations())
-                step = StepResult([key_str(k) for k in keys], part, True, result.success and not failed,
-                                  result.run_id, round(time.monotonic() - started, 2))
-                if step.success:
-                    step.manifests = [f"{self.store.find(key_str(k), self.version_of(k), part).uri}/.artifact.json"
-                                      for k in keys if self.version_of(k) is not None]
-                    log(f"          done in {step.seconds:.1f}s (run {result.run_id[:8]})")
-                else:
-                    step.error = failure_message(result) if not result.success else \
-                        f"ERROR check(s) failed: {'; '.join(failed)}"
-                    log(f"          FAILED (run {result.run_id}): {step.error}")
-                    results.append(step)
-                    return results
-                results.append(step)
+                to_build.append((part, label, causes or "forced"))
+            results.extend(self._run_stage(keys, to_build, runs, limit, run_config or quiet_run_config(), tags, log))
+            if not all(r.success for r in results):
+                return results
         return results
+
+    def _run_stage(self, keys: list[dg.AssetKey], to_build: list, runs: RunSubmitter, limit: int,
+                   run_config: dict, tags: dict, log: Log) -> list[StepResult]:
+        """One run per partition, at most ``limit`` in flight; results in submission order."""
+        import time
+
+        names = [key_str(k) for k in keys]
+        checks = [c for c in self.graph.asset_check_keys if c.asset_key in keys]
+        pending, in_flight, done = list(to_build), {}, {}
+        while pending or in_flight:
+            while pending and len(in_flight) < limit:
+                part, label, cause = pending.pop(0)
+                log(f"  build   {label}  ({cause})")
+                started = time.monotonic()
+                run_id = runs.submit(keys, checks, part, run_config, tags)
+                in_flight[run_id] = (part, label, started)
+            finished = [(run_id, run) for run_id in in_flight
+                        if (run := self.instance.get_run_by_id(run_id)) is not None and run.is_finished]
+            if not finished:
+                time.sleep(0.2)
+                continue
+            for run_id, run in finished:
+                part, label, started = in_flight.pop(run_id)
+                step = self._run_result(names, keys, part, run, round(time.monotonic() - started, 2))
+                if step.success:
+                    log(f"          {label}: done in {step.seconds:.1f}s (run {run_id[:8]})")
+                else:
+                    log(f"          {label}: FAILED (run {run_id}): {step.error}")
+                done[run_id] = step
+        order = {part: i for i, (part, _, _) in enumerate(to_build)}
+        return sorted(done.values(), key=lambda s: order[s.partition])
+
+    def _run_result(self, names: list[str], keys: list[dg.AssetKey], part: str | None, run: dg.DagsterRun,
+                    seconds: float) -> StepResult:
+        """What a finished run did, from its record and event log in the instance."""
+        evaluations = [e.dagster_event.event_specific_data for e in
+                       self.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+                       if e.dagster_event is not None]
+        failed = failed_error_checks(evaluations)
+        ok = run.status == dg.DagsterRunStatus.SUCCESS
+        step = StepResult(names, part, True, ok and not failed, run.run_id, seconds)
+        if step.success:
+            step.manifests = [f"{self.store.find(key_str(k), self.version_of(k), part).uri}/.artifact.json"
+                              for k in keys if self.version_of(k) is not None]
+        else:
+            step.error = failure_message(self.instance, run.run_id) if not ok else \
+                f"ERROR check(s) failed: {'; '.join(failed)}"
+        return step
+
+
+class RunSubmitter(Protocol):
+    """Starts one Dagster run of some assets for one partition and returns its run id; the
+    planner follows the run through the instance's run records."""
+
+    max_parallel: int
+
+    def submit(self, keys: list[dg.AssetKey], checks: list[dg.AssetCheckKey], partition: str | None,
+               run_config: dict, tags: dict[str, str]) -> str: ...
+
+
+class InProcessRuns:
+    """Runs in this process, one at a time, for Definitions that no workspace can load (tests,
+    notebooks); the run is recorded in the instance like any other."""
+
+    max_parallel = 1
+
+    def __init__(self, defs: dg.Definitions, instance: dg.DagsterInstance):
+        self.defs, self.instance = defs, instance
+
+    def submit(self, keys, checks, partition, run_config, tags) -> str:
+        result = dg.materialize(
+            assets=list(self.defs.assets or []) + list(self.defs.asset_checks or []),
+            selection=dg.AssetSelection.assets(*keys), partition_key=partition, instance=self.instance,
+            resources=self.defs.resources, run_config=run_config, raise_on_error=False, tags=tags)
+        return result.run_id
+
+
+class WorkspaceRuns:
+    """Real runs of the code location's asset job, started by the instance's run launcher.
+
+    On the embedded default that is the DefaultRunLauncher: each run is a worker subprocess of the
+    workspace's code server, so partitions run in parallel processes sharing the instance (runs,
+    events, pool slots). On Kubernetes the same call through K8sRunLauncher starts one Job (pod)
+    per run. Runs are launched directly, not queued: the CLI bounds how many are in flight, and
+    no daemon is needed to dequeue them. Each run executes its steps in-process, so a partition
+    costs one worker process, not one per step; pools are still claimed per step."""
+
+    max_parallel = 1 << 16
+
+    def __init__(self, instance: dg.DagsterInstance, workspace_file: str):
+        self.instance, self.workspace_file = instance, workspace_file
+        self._stack = contextlib.ExitStack()
+        self._plans: dict = {}
+        self._loop = asyncio.new_event_loop()
+        self._stack.callback(self._loop.close)
+        self._launches = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="marin-launch")
+        self._stack.callback(self._launches.shutdown)
+
+    def __enter__(self) -> WorkspaceRuns:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    @functools.cached_property
+    def workspace(self):
+        """The workspace's request context; its code server starts on the first run, so a plan
+        with nothing to build starts none."""
+        from dagster._core.workspace.context import WorkspaceProcessContext
+        from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+        context = self._stack.enter_context(
+            WorkspaceProcessContext(self.instance, WorkspaceFileTarget(paths=[self.workspace_file])))
+        workspace = context.create_request_context()
+        errors = [e for e in workspace.get_code_location_entries().values() if e.load_error is not None]
+        if errors:
+            raise RuntimeError(f"code location {errors[0].origin.location_name} failed to load: "
+                               f"{errors[0].load_error.message.strip()}")
+        return workspace
+
+    def submit(self, keys, checks, partition, run_config, tags) -> str:
+        from dagster._core.execution.submit_asset_runs import get_job_execution_data_from_run_request
+        from dagster._core.storage.tags import PARTITION_NAME_TAG
+
+        run_tags = {**tags, **({PARTITION_NAME_TAG: partition} if partition is not None else {})}
+        config = {**run_config, "execution": {"config": {"in_process": {}}}}
+        request = dg.RunRequest(asset_selection=keys, asset_check_keys=checks, run_config=config, tags=run_tags)
+        # One event loop for the workspace's life: its data loaders are bound to the loop they first ran on.
+        data = self._loop.run_until_complete(get_job_execution_data_from_run_request(
+            self.workspace.asset_graph, request, self.instance, self.workspace, self._plans))
+        job = data.remote_job
+        run = self.instance.create_run(
+            job_name=job.name, run_id=None, run_config=config, resolved_op_selection=None, op_selection=None,
+            step_keys_to_execute=None, status=dg.DagsterRunStatus.NOT_STARTED, tags=run_tags,
+            root_run_id=None, parent_run_id=None, job_snapshot=job.job_snapshot,
+            execution_plan_snapshot=data.remote_execution_plan.execution_plan_snapshot,
+            parent_job_snapshot=job.parent_job_snapshot, remote_job_origin=job.get_remote_origin(),
+            job_code_origin=job.get_python_origin(), asset_selection=frozenset(keys),
+            asset_check_selection=frozenset(checks), asset_graph=self.workspace.asset_graph)
+        # Launching waits for the worker to load the code location (seconds): do it off this thread,
+        # so the next partition's run is created and launched meanwhile.
+        self._launches.submit(self._launch, run)
+        return run.run_id
+
+    def _launch(self, run: dg.DagsterRun) -> None:
+        try:
+            self.instance.launch_run(run.run_id, self.workspace)
+        except Exception as exc:  # noqa: BLE001 -- recorded on the run, which the planner then reports
+            current = self.instance.get_run_by_id(run.run_id)
+            if current is not None and not current.is_finished:
+                self.instance.report_run_failed(current, f"launch failed: {type(exc).__name__}: {exc}")
 
 
 def failed_error_checks(evaluations) -> list[str]:
@@ -361,11 +514,17 @@ def quiet_run_config() -> dict:
     return {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
-def failure_message(result: dg.ExecuteInProcessResult) -> str:
-    for event in result.all_events:
-        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
+def failure_message(instance: dg.DagsterInstance, run_id: str) -> str:
+    """The first step failure of a run, unwrapped to the user's error; else why the run failed."""
+    for entry in instance.all_logs(run_id, of_type={dg.DagsterEventType.STEP_FAILURE,
+                                                     dg.DagsterEventType.RUN_FAILURE}):
+        event = entry.dagster_event
+        if event is not None and event.is_step_failure and event.step_failure_data.error:
             err = event.step_failure_data.error
             while err.cause is not None and "DagsterExecutionStepExecutionError" in err.cls_name:
                 err = err.cause
             return f"{event.step_key}: {err.message.strip()}"
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
+        if entry.dagster_event is not None and entry.dagster_event.message:
+            return entry.dagster_event.message.strip()
     return "run failed"

@@ -13,11 +13,11 @@ from dataclasses import asdict
 import dagster as dg
 
 from marin_assets.catalog import Catalog
-from marin_assets.curation.readers import read_shard, with_original_source_ids
+from marin_assets.curation.readers import read_shard, resolve_format, with_original_source_ids
 from marin_assets.curation.refine import build_quality_classifier, build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
 from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, SourceConfig, discover_shards,
-                                           load_curation_config, open_binary)
+                                           load_curation_config, open_binary, read_byte_range)
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
@@ -53,10 +53,13 @@ def shard_by_key(source: SourceConfig, key: str) -> Shard:
     raise dg.Failure(f"source {source.name!r} has no shard {key!r} any more (files moved or removed?)")
 
 
-def read_original_bytes(ref: FileRef) -> bytes:
-    """The file exactly as stored at the source: archives are opened, compression is kept."""
+def read_original_bytes(ref: FileRef, source: SourceConfig) -> bytes:
+    """The file exactly as stored at the source: archives are opened, compression is kept. A range
+    of a split file is its records as a file of the same format."""
     import fsspec
 
+    if ref.byte_range is not None:
+        return read_byte_range(ref.uri, resolve_format(source.format, ref.relpath), *ref.byte_range)
     if "://" in ref.uri.split("::", 1)[0] and ref.uri.split("://", 1)[0] in ("pypi-sdist", "installed-dists"):
         with open_binary(ref.uri, decompress=False) as fh:
             return fh.read()
@@ -90,11 +93,13 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                     listing.append({"relpath": ref.relpath, "uri": ref.uri, "bytes": 0, "etag": ref.etag,
                                     "refused": ref.refused})
                     continue
-                data = read_original_bytes(ref)
+                data = read_original_bytes(ref, source)
                 with writer.open(f"files/{ref.relpath}") as fh:
                     fh.write(data)
                 total += len(data)
-                listing.append({"relpath": ref.relpath, "uri": ref.uri, "bytes": len(data), "etag": ref.etag})
+                # A range of a split file: documents' source ids say which range their line numbers count in.
+                uri = ref.uri if ref.byte_range is None else f"{ref.uri}#bytes={ref.byte_range[0]}-{ref.byte_range[1]}"
+                listing.append({"relpath": ref.relpath, "uri": uri, "bytes": len(data), "etag": ref.etag})
             writer.write_json("listing.json", listing)
             return Built(metrics={"files": len(shard.files), "raw_bytes": total},
                          metadata={"source_uri": source.uri})

@@ -60,6 +60,10 @@ _ARCHIVE_SUFFIXES = {
 }
 _LICENSE_FILE_RE = re.compile(r"^(?:LICEN[CS]E|COPYING|NOTICE)", re.IGNORECASE)
 _KEY_MAX_READABLE = 80
+# About 128 MB of input per partition: 100k small files make a few hundred partitions, not 100k runs.
+DEFAULT_BYTES_PER_SHARD = 128 * 2**20
+# A shard may grow to this many times bytes_per_shard before a file is forced to start the next one.
+MAX_SHARD_FACTOR = 2
 
 
 class SourceConfigError(ValueError):
@@ -76,10 +80,10 @@ class SourceConfig:
     text_field: str = "text"
     # Record field used as ``source_id``; default is ``path:line`` / ``path:row``.
     id_field: str | None = None
-    # Expected files per shard (1: one shard per file). See group_into_shards.
-    files_per_shard: int = 1
-    # Alternative to files_per_shard: expected bytes per shard, by listed file size.
-    bytes_per_shard: int | None = None
+    # Expected bytes of input per shard, by listed file size (the default). See group_into_shards.
+    bytes_per_shard: int | None = DEFAULT_BYTES_PER_SHARD
+    # Alternative to bytes_per_shard: expected files per shard (1: one shard per file).
+    files_per_shard: int | None = None
     # Records (files, lines, rows) larger than this are quarantined.
     max_doc_bytes: int = 16 * 2**20
     strip_gutenberg: bool = True
@@ -121,6 +125,13 @@ class FileRef:
     etag: str | None = None
     # Why the file is not read (a symlink out of the source root); it becomes one quarantine row.
     refused: str | None = None
+    # Part of a big JSONL file: the lines that start in bytes [start, end). See split_large_files.
+    byte_range: tuple[int, int] | None = None
+
+    @property
+    def shard_path(self) -> str:
+        """The path a shard starting at this file is keyed by: one per range of a split file."""
+        return self.relpath if self.byte_range is None else f"{self.relpath}/bytes={self.byte_range[0]:012d}"
 
 
 @dataclass(frozen=True)
@@ -132,7 +143,9 @@ class Shard:
     @property
     def fingerprint(self) -> str:
         """Changes when any member file's uri, size, mtime, checksum or refusal changes."""
-        payload = json.dumps([dataclasses.astuple(f) for f in self.files], sort_keys=True)
+        # A whole file's entry leaves out its (absent) range, so whole-file shards keep their fingerprints.
+        payload = json.dumps([dataclasses.astuple(f)[:-1] if f.byte_range is None else dataclasses.astuple(f)
+                              for f in self.files], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -241,12 +254,14 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
         raise SourceConfigError(f"{where}.dedup: expected a mapping, got {dedup!r}")
     scalar = {k: v for k, v in raw.items() if k not in ("filters", "dedup")}
     cfg = _build(SourceConfig, scalar, where)
-    if cfg.files_per_shard < 1:
-        raise SourceConfigError(f"{where}.files_per_shard: must be >= 1, got {cfg.files_per_shard}")
-    if cfg.bytes_per_shard is not None and cfg.bytes_per_shard < 1:
-        raise SourceConfigError(f"{where}.bytes_per_shard: must be >= 1, got {cfg.bytes_per_shard}")
-    if cfg.bytes_per_shard is not None and "files_per_shard" in raw:
+    if "files_per_shard" in raw and "bytes_per_shard" in raw:
         raise SourceConfigError(f"{where}: set files_per_shard or bytes_per_shard, not both")
+    if "files_per_shard" in raw:
+        if cfg.files_per_shard is None or cfg.files_per_shard < 1:
+            raise SourceConfigError(f"{where}.files_per_shard: must be >= 1, got {cfg.files_per_shard}")
+        cfg = dataclasses.replace(cfg, bytes_per_shard=None)
+    elif cfg.bytes_per_shard is None or cfg.bytes_per_shard < 1:
+        raise SourceConfigError(f"{where}.bytes_per_shard: must be >= 1, got {cfg.bytes_per_shard}")
     if cfg.max_doc_bytes < 1:
         raise SourceConfigError(f"{where}.max_doc_bytes: must be >= 1, got {cfg.max_doc_bytes}")
     if not cfg.uri.strip():
@@ -804,32 +819,132 @@ def shard_key(relpath: str) -> str:
     return validate_partition_key(f"{readable}-{digest}")
 
 
-def group_into_shards(
-    source_name: str, files: list[FileRef], files_per_shard: int = 1, bytes_per_shard: int | None = None
-) -> list[Shard]:
+def group_into_shards(source_name: str, files: list[FileRef], files_per_shard: int | None = None,
+                      bytes_per_shard: int | None = DEFAULT_BYTES_PER_SHARD) -> list[Shard]:
     """Group sorted files into shards with content-defined boundaries.
 
-    A file *starts* a new shard when a stable hash of its relative path falls
-    below ``1 / files_per_shard`` (or below ``size / bytes_per_shard``), so
-    boundaries depend only on each file itself, never on its position or on
-    how many files exist. Adding a file therefore either joins the shard that
-    precedes it in sorted order or splits that one shard in two; every other
-    shard keeps exactly its files and its key (the first file's path).
+    A file *starts* a new shard when a stable hash of its relative path falls below
+    ``size / bytes_per_shard`` (or ``1 / files_per_shard``), so boundaries depend only on each
+    file itself, never on its position or on how many files exist, and shards hold about
+    ``bytes_per_shard`` bytes on average. Adding a file therefore either joins the shard that
+    precedes it in sorted order or splits that one shard; every other shard keeps exactly its
+    files and its key (the first file's path).
+
+    By bytes, a shard is also cut where the next file would take it past ``MAX_SHARD_FACTOR``
+    times the target, so no partition's input is unbounded by chance (a file bigger than the
+    target stands alone). Such a cut depends on
+    the files since the last content-defined boundary only, so an insertion still changes only
+    the shards between its two neighbouring boundaries.
     """
+    if files_per_shard is None and bytes_per_shard is None:
+        raise ValueError("group_into_shards needs files_per_shard or bytes_per_shard")
     shards: list[list[FileRef]] = []
+    shard_bytes = 0
+    after_range = False
     for ref in files:
-        if bytes_per_shard is not None:
-            p_start = min(1.0, (ref.size or 0) / bytes_per_shard)
+        size = ref.size or 0
+        if ref.byte_range is not None or after_range:  # a range of a split file is a shard of its own
+            starts = True
+        elif files_per_shard is not None:
+            starts = _unit_hash(ref.relpath) < 1.0 / files_per_shard
         else:
-            p_start = 1.0 / files_per_shard
-        if not shards or _unit_hash(ref.relpath) < p_start:
+            starts = (_unit_hash(ref.relpath) < size / bytes_per_shard
+                      or (shard_bytes > 0 and shard_bytes + size > MAX_SHARD_FACTOR * bytes_per_shard))
+        if not shards or starts:
             shards.append([ref])
+            shard_bytes = size
         else:
             shards[-1].append(ref)
-    return [Shard(source=source_name, key=shard_key(group[0].relpath), files=tuple(group)) for group in shards]
+            shard_bytes += size
+        after_range = ref.byte_range is not None
+    return [Shard(source=source_name, key=shard_key(group[0].shard_path), files=tuple(group)) for group in shards]
+
+
+def split_large_files(source: SourceConfig, files: list[FileRef]) -> list[FileRef]:
+    """Each JSONL or Parquet file over twice ``bytes_per_shard`` becomes byte ranges of about that size.
+
+    A range holds the records that *start* inside it: the lines of uncompressed JSONL
+    (:func:`read_line_range`; ranges at fixed offsets, so listing needs no scan and a file that
+    grows keeps its earlier ranges' keys), or the row groups of Parquet (ranges cut at row-group
+    starts read from the footer). Together the ranges read every record exactly once. A changed
+    file changes every range's fingerprint (they share its checksum) and all are read again.
+    """
+    from fsspec.utils import infer_compression
+
+    from marin_assets.curation.readers import resolve_format
+
+    target = source.bytes_per_shard
+    if target is None:
+        return files
+    split = []
+    for ref in files:
+        fmt = resolve_format(source.format, ref.relpath)
+        if not (ref.refused is None and ref.size and ref.size > MAX_SHARD_FACTOR * target and "::" not in ref.uri
+                and "://" in ref.uri and ref.uri.split("://", 1)[0] not in (PYPI_SDIST_SCHEME, INSTALLED_DISTS_SCHEME)
+                and infer_compression(ref.relpath) is None and fmt in ("jsonl", "parquet")):
+            split.append(ref)
+            continue
+        if fmt == "jsonl":
+            cuts = list(range(0, ref.size, target))
+        else:
+            cuts = []
+            for offset in _row_group_starts(ref.uri):
+                if not cuts or offset - cuts[-1] >= target:
+                    cuts.append(offset)
+            cuts[0] = 0  # the leading magic bytes belong to the first range
+        bounds = [*cuts, ref.size]
+        split.extend(dataclasses.replace(ref, byte_range=(a, b)) for a, b in zip(bounds, bounds[1:]))
+    return split
+
+
+def _row_group_starts(uri: str) -> list[int]:
+    """Byte offset of each row group's first column chunk, from the Parquet footer."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    with fsspec.open(uri, "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+        starts = []
+        for i in range(meta.num_row_groups):
+            col = meta.row_group(i).column(0)
+            starts.append(col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset)
+        return starts
+
+
+def read_byte_range(uri: str, fmt: str, start: int, end: int) -> bytes:
+    """A stand-alone file of the records that start in bytes ``[start, end)`` (see split_large_files)."""
+    if fmt == "jsonl":
+        return read_line_range(uri, start, end)
+    import fsspec
+    import pyarrow.parquet as pq
+
+    starts = _row_group_starts(uri)
+    wanted = [i for i, offset in enumerate(starts) if start <= offset < end]
+    with fsspec.open(uri, "rb") as f:
+        table = pq.ParquetFile(f).read_row_groups(wanted)
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    return out.getvalue()
+
+
+def read_line_range(uri: str, start: int, end: int) -> bytes:
+    """The lines of a file that start in bytes ``[start, end)``, each whole (the last may run past end)."""
+    import fsspec
+
+    with fsspec.open(uri, "rb") as f:
+        if start > 0:
+            f.seek(start - 1)
+            f.readline()  # the rest of the line that started before ``start`` belongs to the range before
+        out = io.BytesIO()
+        while f.tell() < end:
+            line = f.readline()
+            if not line:
+                break
+            out.write(line)
+        return out.getvalue()
 
 
 def discover_shards(source: SourceConfig) -> list[Shard]:
     """List a source's files deterministically and group them into shards."""
-    files = list_source_files(source)
+    files = split_large_files(source, list_source_files(source))
     return group_into_shards(source.name, files, source.files_per_shard, source.bytes_per_shard)

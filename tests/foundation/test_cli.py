@@ -28,7 +28,7 @@ def env(tmp_path):
     for i, word in enumerate(["alpha", "bravo", "charlie"]):
         (data / f"{word}.txt").write_text(f"Letter {word}. " + BODIES[word] * (5 + i))
     sources = tmp_path / "sources.yaml"
-    sources.write_text(f"sources:\n  - name: letters\n    uri: {data}/*.txt\n    format: text\n")
+    sources.write_text(f"sources:\n  - name: letters\n    uri: {data}/*.txt\n    format: text\n    files_per_shard: 1\n")
     return {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(tmp_path / "store"),
             "DAGSTER_HOME": str(tmp_path / "home"), "MARIN_ENV": "local"}
 
@@ -113,3 +113,39 @@ def test_demo_materializes_with_every_materialize_option_at_its_default():
     # Every option of `marin materialize` exists on the demo's arguments (a new flag cannot break the demo).
     materialize = build_parser()._subparsers._group_actions[0].choices["materialize"]
     assert {a.dest for a in materialize._actions if a.dest != "help"} <= set(vars(args))
+
+
+def test_partitions_run_in_parallel_and_a_failure_spares_its_siblings(env, tmp_path, monkeypatch):
+    """Each partition is a real run launched by the instance's run launcher, in its own worker
+    process; sibling runs overlap in time, one failing partition does not stop the others, and
+    the rerun builds only the failed one."""
+    import dagster as dg
+    from dagster._core.storage.tags import GRPC_INFO_TAG
+
+    from marin_assets.planning import CLI_TAG, Planner
+
+    # Listed, then unreadable when its run opens it: that partition's run fails.
+    (tmp_path / "letters" / "broken.txt").symlink_to(tmp_path / "letters" / "gone.txt")
+    first = marin(env, "materialize", "filtered/letters", "--max-parallel", "4", "--json", check=False)
+    assert first.returncode == 1, first.stderr
+    steps = {s["partition"]: s for s in json.loads(first.stdout)["steps"]}
+    assert sorted(steps) == ["alpha.txt", "bravo.txt", "broken.txt", "charlie.txt"]
+    assert not steps["broken.txt"]["success"] and "FileNotFoundError" in steps["broken.txt"]["error"]
+    assert all(steps[p]["success"] and steps[p]["ran"] for p in ("alpha.txt", "bravo.txt", "charlie.txt"))
+
+    monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])  # the instance's SQLite paths name it
+    with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        records = {r.dagster_run.run_id: r for r in instance.get_run_records(
+            dg.RunsFilter(tags={CLI_TAG: "materialize"}))}
+        runs = [records[s["run_id"]] for s in steps.values()]
+        assert all(r.dagster_run.tags.get(GRPC_INFO_TAG) for r in runs)  # launched, not in-process
+        planner = Planner(dg.Definitions(), None, None, instance)
+        pids = {planner.run_worker_pid(r.dagster_run.run_id) for r in runs}
+        assert None not in pids and len(pids) == len(runs) and str(os.getpid()) not in pids
+        good = [records[steps[p]["run_id"]] for p in ("alpha.txt", "bravo.txt", "charlie.txt")]
+        # Some two good runs were executing at once: one started before the other ended.
+        assert any(a.start_time < b.end_time and b.start_time < a.end_time
+                   for i, a in enumerate(good) for b in good[i + 1:])
+
+    again = json.loads(marin(env, "materialize", "filtered/letters", "--json", check=False).stdout)
+    assert [s["partition"] for s in again["steps"] if s["ran"]] == ["broken.txt"]

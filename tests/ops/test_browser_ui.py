@@ -97,7 +97,7 @@ def dagster_ui(tmp_path, monkeypatch):
     text.mkdir()
     (text / "lighthouse.txt").write_text("\n\n".join(f"Night {i}. " + TEXT * 4 for i in range(10)))
     sources = tmp_path / "sources.yaml"
-    sources.write_text(f"sources:\n  - name: beacon\n    uri: {text}/*.txt\n    format: text\n")
+    sources.write_text(f"sources:\n  - name: beacon\n    uri: {text}/*.txt\n    format: text\n    files_per_shard: 1\n")
     home = tmp_path / "home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")

@@ -35,7 +35,7 @@ def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, curation_planne
     watched.mkdir()
     for name in ("kept", "vanishing"):
         (watched / f"{name}.txt").write_text(f"{name}. {TEXT}")
-    plan = curation_planner(f"sources:\n  - name: valley\n    uri: {watched}/*.txt\n    format: text\n")
+    plan = curation_planner(f"sources:\n  - name: valley\n    uri: {watched}/*.txt\n    format: text\n    files_per_shard: 1\n")
     instance = plan.instance
     home, sources = tmp_path / "home", tmp_path / "sources.yaml"
 
@@ -89,7 +89,7 @@ def test_failed_error_check_fails_the_step_and_is_recorded(tmp_path, curation_pl
     watched.mkdir()
     (watched / "good.txt").write_text(f"good. {TEXT}")
     (watched / "noise.txt").write_bytes(bytes(range(1, 32)) * 50)  # binary: its shard is all quarantine
-    plan = curation_planner(f"sources:\n  - name: noisy\n    uri: {watched}/*.txt\n    format: text\n")
+    plan = curation_planner(f"sources:\n  - name: noisy\n    uri: {watched}/*.txt\n    format: text\n    files_per_shard: 1\n")
     plan.discover()
     steps = plan.materialize(parse_key("documents/noisy"), "noise.txt", log=lambda m: None)
     assert steps[-1].ran and not steps[-1].success

@@ -129,7 +129,7 @@ def built(tmp_path_factory):
         "sources:\n"
         f"  - {{name: corpus, uri: '{root}/corpus/*', max_doc_bytes: {MAX_DOC_BYTES},"
         " bytes_per_shard: 1000000000000}\n"
-        f"  - {{name: names, uri: '{root}/names/*.txt', format: text}}\n"
+        f"  - {{name: names, uri: '{root}/names/*.txt', format: text, files_per_shard: 1}}\n"
         f"  - {{name: allbad, uri: '{root}/allbad/*.txt', format: text}}\n")
     env = {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(root / "store"),
            "DAGSTER_HOME": str(root / "home"), "MARIN_CACHE_DIR": str(root / "cache"), "MARIN_ENV": "local"}

@@ -43,7 +43,7 @@ def base(tmp_path_factory):
     for name in ("north", "south"):
         (tmp / "text" / f"{name}.txt").write_text("\n\n".join(f"{name.title()}: {line}" for line in LINES * 3))
     sources = tmp / "sources.yaml"
-    sources.write_text(f"sources:\n  - name: harbour\n    uri: {tmp / 'text'}/*.txt\n    format: text\n")
+    sources.write_text(f"sources:\n  - name: harbour\n    uri: {tmp / 'text'}/*.txt\n    format: text\n    files_per_shard: 1\n")
     env = {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(tmp / "store"),
            "DAGSTER_HOME": str(tmp / "home"), "MARIN_ENV": "local"}
     proc = marin(env, "materialize", "documents/harbour")
