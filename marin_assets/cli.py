@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from marin_assets import hide_dagster_notices
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_TARGET = "eval"
 DEMO_PARTITION = "nano-shakespeare"
@@ -270,10 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import warnings
-
-    # Dagster's beta/preview notices about its own APIs (pipes sessions, pools) are not the user's to act on.
-    warnings.filterwarnings("ignore", message=".*is currently in (beta|preview).*")
+    hide_dagster_notices()
     args = build_parser().parse_args(argv)
     # Read by MarinSettings when the code location loads, after this point.
     os.environ["MARIN_PROCESS_OUTPUT"] = args.process_output

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from marin_assets import hide_dagster_notices
 from marin_assets.catalog import Catalog
 from marin_resources.environments import MarinSettings, build_resources
 
@@ -23,5 +24,6 @@ def build_definitions(settings: MarinSettings) -> tuple[dg.Definitions, Catalog]
     return defs, catalog
 
 
+hide_dagster_notices()
 settings = MarinSettings.from_env()
 defs, catalog = build_definitions(settings)
