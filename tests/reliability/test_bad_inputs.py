@@ -202,7 +202,8 @@ def test_a_dotted_file_name_builds_with_its_siblings(built):
 def test_status_lists_every_partition_without_a_traceback(built):
     states = _ok(built["runs"]["status"])
     names = {(s["asset_key"], s["partition"]): s["state"] for s in states if s["asset_key"].endswith("/names")}
-    assert len(names) == 3 * 3 + 1 and set(names.values()) == {"fresh"}
+    # raw, documents and filtered per shard, then dedup_index and deduplicated
+    assert len(names) == 3 * 3 + 2 and set(names.values()) == {"fresh"}
 
 
 def test_a_failed_error_check_fails_the_command_and_is_recorded(built):

@@ -20,4 +20,4 @@ def test_refused_key_is_reported_alone_and_status_does_not_crash(tmp_path, curat
     states = plan.status([parse_key("documents/ferry")])
     assert [(s.partition, s.state) for s in states] == [("a.txt", "missing"), ("z.txt", "missing")]
     steps = plan.materialize(parse_key("deduplicated/ferry"), None, log=lambda m: None)
-    assert all(s.success for s in steps) and steps[-1].asset_keys == ["deduplicated/ferry"]
+    assert all(s.success for s in steps) and "deduplicated/ferry" in steps[-1].asset_keys
