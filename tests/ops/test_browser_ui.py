@@ -132,7 +132,7 @@ def dagster_ui(tmp_path, monkeypatch):
 
 
 def test_launch_materialization_from_the_ui(dagster_ui):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     from marin_resources.store import ArtifactStore
 
@@ -162,9 +162,12 @@ def test_launch_materialization_from_the_ui(dagster_ui):
                 page.goto(f"{base}/assets/deduplicated/beacon")
                 page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click(modifiers=["Shift"])
                 editor = page.locator(".CodeMirror").first
+                # The launchpad scaffolds its config after it opens; text typed before that is replaced.
+                expect(editor).to_contain_text("strict_fingerprints")
                 editor.click()
                 page.keyboard.press("Control+End")
                 page.keyboard.insert_text("\n" + IN_PROCESS)
+                expect(editor).to_contain_text("in_process")
                 page.get_by_text("No errors").wait_for()
                 page.get_by_role("dialog").locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).click()
 
