@@ -243,9 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--partition", help="partition key of the selected asset")
     m.add_argument("--json", action="store_true", help="print a JSON summary with manifest URIs")
     m.add_argument("--force", action="store_true", help="run steps even when everything is fresh")
-    m.add_argument("--max-parallel", type=positive_int, default=os.cpu_count() or 1, metavar="N",
-                   help="partitions of a stage run at once, each its own Dagster run and process "
-                        "(default: the CPU count, %(default)s here); pools still bound each step")
+    m.add_argument("--max-parallel", type=positive_int, metavar="N",
+                   help="partitions of a stage run at once, each its own Dagster run and process (default: "
+                        f"the CPU count, {os.cpu_count() or 1} here, capped by the instance's max_concurrent_runs); "
+                        "pools still bound each step")
     m.add_argument("--rebuild", action="store_true",
                    help="withdraw the selected partition's committed artifact first (its manifest is kept "
                         "as .artifact.json.retracted-<time>), so it is built again; implies --verify")

@@ -7,6 +7,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import os
+import socket
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from marin_resources.store import ArtifactStore
 
 Log = Callable[[str], None]
 CLI_TAG, HOST_TAG, PID_TAG = "marin/cli", "marin/host", "marin/pid"
+WORKER_CHECK_S = 2.0  # how often in-flight runs' worker processes are checked for a silent death
 
 
 @dataclass(frozen=True)
@@ -215,9 +219,6 @@ class Planner:
     def reap_orphaned_runs(self, log: Log = print) -> list[str]:
         """Mark runs of this CLI whose process died (kill -9, OOM, power) as failed, and free their
         pool slots; without a daemon nothing else would, and the next training would wait forever."""
-        import os
-        import socket
-
         reaped = []
         active = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.NOT_STARTED]
         for record in self.instance.get_run_records(dg.RunsFilter(statuses=active, tags={CLI_TAG: "materialize"})):
@@ -225,20 +226,33 @@ class Planner:
             host = run.tags.get(HOST_TAG)
             # A launched run lives in its own worker process, which outlives a killed CLI.
             pid = self.run_worker_pid(run.run_id) or run.tags.get(PID_TAG)
-            if host != socket.gethostname() or not pid or int(pid) == os.getpid():
+            if host != socket.gethostname() or not pid or int(pid) == os.getpid() or not process_gone(pid):
                 continue
-            try:
-                os.kill(int(pid), 0)
-                continue  # still running
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
-            self.instance.report_run_failed(run, f"the process running it (pid {pid}) is gone")
-            self.instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+            self.fail_orphaned_run(run, f"the process running it (pid {pid}) is gone")
             log(f"  marked run {run.run_id[:8]} failed: its process {pid} died; freed its pool slots")
             reaped.append(run.run_id)
         return reaped
+
+    def fail_orphaned_run(self, run: dg.DagsterRun, why: str) -> None:
+        self.instance.report_run_failed(run, why)
+        self.instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+
+    def lost_worker(self, run_id: str) -> str | None:
+        """Why a launched, unfinished run will never finish: its worker process on this host is gone
+        (killed, out of memory) without reporting an end. None while it may still be working.
+
+        Only runs of the DefaultRunLauncher have a local worker; on a cluster Dagster's run
+        monitoring (the daemon) fails the run of a lost pod."""
+        pid = self.run_worker_pid(run_id)
+        if pid is None or not process_gone(pid):
+            return None
+        # The worker writes the run's end before it exits: read the record after seeing it gone.
+        run = self.instance.get_run_by_id(run_id)
+        if run is None or run.is_finished:
+            return None
+        why = f"its worker process (pid {pid}) died without reporting an end"
+        self.fail_orphaned_run(run, why)
+        return why
 
     def run_worker_pid(self, run_id: str) -> str | None:
         """The pid a run worker reported when it started (its engine event), if it was launched."""
@@ -315,16 +329,13 @@ class Planner:
         re-hashes the inputs it reads.
 
         Stages run in order; within a stage every partition is its own Dagster run, submitted
-        through ``runs`` with at most ``max_parallel`` in flight (default: the CPU count). A failed
-        partition does not stop its siblings: the stage finishes, and the plan stops before the
-        next stage, whose inputs would be incomplete."""
-        import os
-        import socket
-
+        through ``runs`` with at most ``max_parallel`` in flight (default: `default_parallelism`). A
+        failed partition does not stop its siblings: the stage finishes, and the plan stops before
+        the next stage, whose inputs would be incomplete."""
         self.reap_orphaned_runs(log)
         self.require_partition(target, partition)
         runs = runs or InProcessRuns(self.defs, self.instance)
-        limit = max(1, min(max_parallel or os.cpu_count() or 1, runs.max_parallel))
+        limit = max(1, min(max_parallel or default_parallelism(self.instance), runs.max_parallel))
         tags = {CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()),
                 **({VERIFY_TAG: "true"} if verify else {})}
         results: list[StepResult] = []
@@ -355,11 +366,10 @@ class Planner:
     def _run_stage(self, keys: list[dg.AssetKey], to_build: list, runs: RunSubmitter, limit: int,
                    run_config: dict, tags: dict, log: Log) -> list[StepResult]:
         """One run per partition, at most ``limit`` in flight; results in submission order."""
-        import time
-
         names = [key_str(k) for k in keys]
         checks = [c for c in self.graph.asset_check_keys if c.asset_key in keys]
         pending, in_flight, done = list(to_build), {}, {}
+        next_health_check = time.monotonic() + WORKER_CHECK_S
         while pending or in_flight:
             while pending and len(in_flight) < limit:
                 part, label, cause = pending.pop(0)
@@ -370,6 +380,12 @@ class Planner:
             finished = [(run_id, run) for run_id in in_flight
                         if (run := self.instance.get_run_by_id(run_id)) is not None and run.is_finished]
             if not finished:
+                if time.monotonic() >= next_health_check:
+                    next_health_check = time.monotonic() + WORKER_CHECK_S
+                    for run_id in list(in_flight):
+                        why = self.lost_worker(run_id)
+                        if why:
+                            log(f"          {in_flight[run_id][1]}: {why}")
                 time.sleep(0.2)
                 continue
             for run_id, run in finished:
@@ -502,6 +518,26 @@ class WorkspaceRuns:
             current = self.instance.get_run_by_id(run.run_id)
             if current is not None and not current.is_finished:
                 self.instance.report_run_failed(current, f"launch failed: {type(exc).__name__}: {exc}")
+
+
+def default_parallelism(instance: dg.DagsterInstance) -> int:
+    """Runs in flight at once by default: one per core, and no more than the instance's run limit
+    (`concurrency.runs.max_concurrent_runs`, which the webserver's and sensors' queued runs obey)."""
+    cores = os.cpu_count() or 1
+    queue = instance.get_concurrency_config().run_queue_config
+    limit = queue.max_concurrent_runs if queue is not None else -1
+    return max(1, min(cores, limit) if limit > 0 else cores)
+
+
+def process_gone(pid: str | int) -> bool:
+    """True when no process with this pid exists on this host (one of another user's counts as alive)."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def failed_error_checks(evaluations) -> list[str]:
