@@ -10,6 +10,10 @@ assets receive everything through resources.
 
 Both launchers implement `marin_resources.launchers.TrainingLauncher`, the type the training
 assets ask for under the resource key `launcher`.
+
+In either environment `MARIN_RAY=local` spreads the chunks of one huge shard over a local Ray
+(`marin_resources.ray_parallel`): at most MARIN_RAY_CPUS workers (default: the cores), chunks of
+MARIN_RAY_CHUNK_MB (default 32). Unset or `off`: a shard is filtered in one piece.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import dagster as dg
 
 DEFAULT_PREFIX = "./local_store"
 ENVIRONMENTS = ("local", "prod")
+RAY_MODES = ("off", "local")
 PROCESS_OUTPUTS = ("console", "file")
 TRAIN_POOLS = ("cpu-train", "gpu", "tpu")
 
@@ -46,6 +51,10 @@ class MarinSettings:
     wandb_online: bool = False
     process_output: str = "console"
     """Where local training/eval processes print: ``console`` or ``file`` (their run directory)."""
+    ray: str = "off"
+    """Data parallelism inside a run: ``off`` (one piece) or ``local`` (Ray in the run's process)."""
+    ray_cpus: int = 1
+    ray_chunk_mb: int = 32
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "MarinSettings":
@@ -66,6 +75,11 @@ class MarinSettings:
         process_output = e.get("MARIN_PROCESS_OUTPUT", "console")
         if process_output not in PROCESS_OUTPUTS:
             raise ValueError(f"MARIN_PROCESS_OUTPUT must be one of {', '.join(PROCESS_OUTPUTS)}, got {process_output!r}")
+        ray = e.get("MARIN_RAY") or "off"
+        if ray not in RAY_MODES:
+            raise ValueError(f"MARIN_RAY must be one of {', '.join(RAY_MODES)}, got {ray!r}")
+        ray_cpus = _positive_int(e, "MARIN_RAY_CPUS", os.cpu_count() or 1)
+        ray_chunk_mb = _positive_int(e, "MARIN_RAY_CHUNK_MB", 32)
         return cls(env=env, prefix=prefix, strict_fingerprints=strict, sources_file=e.get("MARIN_SOURCES") or None,
                    runs_file=e.get("MARIN_RUNS") or None, registry_file=e.get("MARIN_REGISTRY") or None,
                    train_pool=pool,
@@ -74,7 +88,17 @@ class MarinSettings:
                    store_claim=e.get("MARIN_STORE_CLAIM", "marin-store"),
                    gpu_type=e.get("MARIN_GPU_TYPE", "nvidia-h100-80gb"),
                    # Only whether a key exists is read here; the value travels as a Dagster EnvVar/secret ref.
-                   wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output)
+                   wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output,
+                   ray=ray, ray_cpus=ray_cpus, ray_chunk_mb=ray_chunk_mb)
+
+
+def _positive_int(environ, name: str, default: int) -> int:
+    value = environ.get(name)
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def build_resources(settings: MarinSettings) -> dict[str, Any]:
@@ -91,6 +115,7 @@ def build_resources(settings: MarinSettings) -> dict[str, Any]:
         "artifact_io_manager": ArtifactHandleIOManager(store=store),
         "io_manager": ValueIOManagerFactory(store=store),
     }
+    resources["data_parallel"] = _data_parallel(settings)
     cloud = _cloud_resources(settings) if settings.env == "prod" else {}
     resources.update(cloud)
     resources.update(_launcher_resources(settings, cloud))
@@ -116,6 +141,16 @@ def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[
                                             store_claim=None if on_bucket else settings.store_claim,
                                             gpu_type=settings.gpu_type, secret_env=secrets,
                                             s3=cloud.get("s3"), gcs=cloud.get("gcs"), extra_env=store_process_env())}
+
+
+def _data_parallel(settings: MarinSettings):
+    if settings.ray == "local":
+        from marin_resources.ray_parallel import local_ray_parallel
+
+        return local_ray_parallel(num_cpus=settings.ray_cpus, chunk_bytes=settings.ray_chunk_mb * 1024 * 1024)
+    from marin_resources.data_parallel import DataParallel
+
+    return DataParallel()
 
 
 def _cloud_resources(settings: MarinSettings) -> dict[str, Any]:

@@ -20,13 +20,14 @@ import polars as pl
 from marin_assets.catalog import Catalog
 from marin_assets.curation.dedup import (DedupConfig, IndexDir, ShardInput, apply_decisions, decision_path,
                                          decisions_digest, duplicates_table, read_registry, update_index)
-from marin_assets.curation.filters import apply_filters
-from marin_assets.curation.minhash import MinHashConfig, compute_signatures, load_signatures, save_signatures
+from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
+from marin_assets.curation.minhash import MinHashConfig, load_signatures, save_signatures
 from marin_assets.curation.quality import (load_quality_model, quality_threshold, save_quality_model, score,
                                            train_quality_classifier)
 from marin_assets.curation.sources import CurationConfig, SourceConfig
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
                                        marin_asset, materialize_artifact)
+from marin_resources.data_parallel import DataParallel
 from marin_resources.identity import fingerprint
 from marin_resources.store import ArtifactStore
 
@@ -221,34 +222,26 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                              + (", model quality score" if use_classifier else "")
                              + ". Dropped documents are kept in `dropped.parquet` with their reason; MinHash "
                                "signatures of the kept documents are cached per shard for dedup.")
-    def filtered(context: dg.AssetExecutionContext, store: MarinStore, documents: ArtifactHandle,
-                 **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
+    def filtered(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
+                 documents: ArtifactHandle, **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
         artifacts = store.get()
         classifier = optional.get("classifier")
 
         def build(writer) -> Built:
             docs = read_parquet(artifacts, f"{documents.uri}/documents.parquet")
-            result = apply_filters(docs, source.filters)
-            kept, dropped = result.kept, result.dropped
-            counts = dict(result.per_rule_drop_counts)
+            task = FilterTask(source.filters, dedup_cfg.minhash)
             metrics: dict[str, Any] = {}
             if classifier is not None:
-                model = load_model_from(artifacts, classifier)
                 with artifacts.open(f"{classifier.uri}/threshold.json") as fh:
                     threshold = json.load(fh)["threshold"]
-                scored = kept.with_columns(pl.Series("quality_score", score(model, kept["text"].to_list()) if
-                                                     kept.height else np.zeros(0), dtype=pl.Float64))
-                low = scored.filter(pl.col("quality_score") < threshold)
-                kept = scored.filter(pl.col("quality_score") >= threshold)
-                dropped = pl.concat([dropped.with_columns(pl.lit(None, pl.Float64).alias("quality_score")),
-                                     low.with_columns(pl.lit("quality").alias("reason"),
-                                                      pl.lit(["quality"]).alias("failed_rules"))
-                                     .select(dropped.columns + ["quality_score"])], how="diagonal_relaxed")
-                counts["quality"] = low.height
+                task = FilterTask(source.filters, dedup_cfg.minhash, load_model_from(artifacts, classifier), threshold)
                 metrics["quality_threshold"] = threshold
-            signatures = compute_signatures(kept, dedup_cfg.minhash)
+            # One piece by default; row ranges of about MARIN_RAY_CHUNK_MB on Ray when chosen. Same bytes either way.
+            ranges = data_parallel.ranges(docs["text"].str.len_bytes().to_list())
+            result = merge_chunks(data_parallel.map(context, filter_chunk, [docs.slice(a, b - a) for a, b in ranges], task), task)
+            kept, dropped = result.kept, result.dropped
             buf = io.BytesIO()
-            save_signatures(signatures, buf)
+            save_signatures(result.signatures, buf)
             with writer.open("signatures.parquet") as fh:
                 fh.write(buf.getvalue())
             write_parquet(writer, "documents.parquet", kept)
@@ -256,8 +249,8 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             total = docs.height
             metrics |= {"input_documents": total, "documents": kept.height, "dropped": dropped.height,
                         "drop_fraction": round(dropped.height / total, 6) if total else 0.0,
-                        **{f"dropped/{rule}": n for rule, n in sorted(counts.items())}}
-            return Built(metrics=metrics, metadata={"dagster/row_count": kept.height})
+                        **{f"dropped/{rule}": n for rule, n in sorted(result.counts.items())}}
+            return Built(metrics=metrics, metadata={"dagster/row_count": kept.height, "chunks": len(ranges)})
 
         upstream = [documents] + ([classifier] if classifier is not None else [])
         return materialize_artifact(context, store, config=filtered_identity, upstream=upstream, build=build)
