@@ -149,3 +149,67 @@ def test_partitions_run_in_parallel_and_a_failure_spares_its_siblings(env, tmp_p
 
     again = json.loads(marin(env, "materialize", "filtered/letters", "--json", check=False).stdout)
     assert [s["partition"] for s in again["steps"] if s["ran"]] == ["broken.txt"]
+
+
+def test_a_run_killed_mid_partition_loses_nothing_and_the_rerun_redoes_only_it(tmp_path, monkeypatch):
+    """kill -9 of one partition's run worker while it builds: the CLI reports that run failed and
+    finishes its siblings; what the run had committed stays, nothing half-written is committed,
+    and the rerun builds that partition alone."""
+    import signal
+    import time
+
+    import dagster as dg
+
+    from marin_assets.planning import Planner
+    from marin_resources.store import ArtifactStore
+
+    data = tmp_path / "shards"
+    data.mkdir()
+    lines = [json.dumps({"id": f"{name}-{i}", "text": f"Note {i} of {name}. {BODIES[name] * 3}"}) + "\n"
+             for name in BODIES for i in range(3)]
+    (data / "small.jsonl").write_text("".join(lines))
+    # Big enough that its documents and filtered steps take seconds: the kill lands inside them.
+    (data / "big.jsonl").write_text("".join(lines * 2000))
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(f"sources:\n  - name: notes\n    uri: {data}/*.jsonl\n    format: jsonl\n"
+                       "    id_field: id\n    files_per_shard: 1\n    filters: {languages: []}\n")
+    home, store = tmp_path / "home", tmp_path / "store"
+    env = {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(store), "DAGSTER_HOME": str(home),
+           "MARIN_ENV": "local"}
+    cli = subprocess.Popen([sys.executable, "-m", "marin_assets.cli", "materialize", "filtered/notes", "--json"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    raw_committed = store / "raw" / "notes" / "v1" / "big.jsonl" / ".artifact.json"
+    filtered_committed = store / "filtered" / "notes" / "v1" / "big.jsonl" / ".artifact.json"
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    killed = None
+    try:
+        deadline = time.monotonic() + 300
+        while killed is None and time.monotonic() < deadline and cli.poll() is None:
+            time.sleep(0.1)
+            if not raw_committed.exists():
+                continue
+            with dg.DagsterInstance.from_config(str(home)) as instance:
+                (run,) = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "big.jsonl"}))
+                pid = Planner(dg.Definitions(), None, None, instance).run_worker_pid(run.run_id)
+            assert not filtered_committed.exists(), "the big partition finished before it could be killed"
+            os.kill(int(pid), signal.SIGKILL)
+            killed = run.run_id
+        out, err = cli.communicate(timeout=600)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert killed, f"the big partition's run never committed raw/notes\n{cli.stderr}"
+    assert cli.returncode == 1, err
+    steps = {s["partition"]: s for s in json.loads(out)["steps"]}
+    assert steps["small.jsonl"]["success"] and not steps["big.jsonl"]["success"], steps
+    assert steps["big.jsonl"]["run_id"] == killed and "died without reporting an end" in steps["big.jsonl"]["error"]
+    # What the killed run committed is whole (raw, perhaps documents); filtered was never committed.
+    artifacts = ArtifactStore(str(store))
+    committed = [m for key in ("raw/notes", "documents/notes", "filtered/notes")
+                 if (m := artifacts.find(key, "v1", "big.jsonl")) is not None]
+    assert [m.asset_key for m in committed][:1] == ["raw/notes"] and not filtered_committed.exists()
+    assert all(artifacts.verify(m) == [] for m in committed)
+
+    again = json.loads(marin(env, "materialize", "filtered/notes", "--json").stdout)
+    assert again["success"] and [s["partition"] for s in again["steps"] if s["ran"]] == ["big.jsonl"]
+    assert json.loads(filtered_committed.read_text())["metrics"]["input_documents"] == len(lines) * 2000
