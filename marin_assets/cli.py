@@ -91,10 +91,13 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     except ArtifactLockedError as exc:
         print(f"marin: {exc}", file=sys.stderr)
         return 1
-    ok = all(s.success for s in steps)
+    failed = [s for s in steps if not s.success]
     ran = sum(s.ran for s in steps)
-    say(f"{'ok' if ok else 'FAILED'}: {ran} run(s), {len(steps) - ran} fresh step(s) skipped, "
+    failures = f" ({len(failed)} failed: {', '.join(str(s.partition or s.asset_keys[0]) for s in failed)})" \
+        if failed else ""
+    say(f"{'FAILED' if failed else 'ok'}: {ran} run(s){failures}, {len(steps) - ran} fresh step(s) skipped, "
         f"{time.monotonic() - started:.1f}s, prefix {settings.prefix}")
+    ok = not failed
     if args.json:
         print(json.dumps({"success": ok, "prefix": settings.prefix,
                           "steps": [s.__dict__ for s in steps],

@@ -132,6 +132,7 @@ def test_partitions_run_in_parallel_and_a_failure_spares_its_siblings(env, tmp_p
     assert sorted(steps) == ["alpha.txt", "bravo.txt", "broken.txt", "charlie.txt"]
     assert not steps["broken.txt"]["success"] and "FileNotFoundError" in steps["broken.txt"]["error"]
     assert all(steps[p]["success"] and steps[p]["ran"] for p in ("alpha.txt", "bravo.txt", "charlie.txt"))
+    assert "FAILED: 4 run(s) (1 failed: broken.txt)" in first.stderr
 
     monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])  # the instance's SQLite paths name it
     with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
