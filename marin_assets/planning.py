@@ -243,6 +243,8 @@ class Planner:
 
         Only runs of the DefaultRunLauncher have a local worker; on a cluster Dagster's run
         monitoring (the daemon) fails the run of a lost pod."""
+        if not isinstance(self.instance.run_launcher, dg.DefaultRunLauncher):
+            return None
         pid = self.run_worker_pid(run_id)
         if pid is None or not process_gone(pid):
             return None
