@@ -25,6 +25,7 @@ import numpy as np
 Chunk = TypeVar("Chunk")
 Result = TypeVar("Result")
 
+
 def byte_ranges(sizes: Sequence[int], target_bytes: int | None) -> list[tuple[int, int]]:
     """Consecutive row ranges ``[start, end)`` covering every row in order: a row belongs to the
     range of ``target_bytes`` its first byte falls in (counting every row's bytes before it), so

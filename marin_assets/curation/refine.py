@@ -237,8 +237,9 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                 task = FilterTask(source.filters, dedup_cfg.minhash, load_model_from(artifacts, classifier), threshold)
                 metrics["quality_threshold"] = threshold
             # One piece by default; row ranges of about MARIN_RAY_CHUNK_MB on Ray when chosen. Same bytes either way.
-            ranges = data_parallel.ranges(docs["text"].str.len_bytes().to_list())
-            result = merge_chunks(data_parallel.map(context, filter_chunk, [docs.slice(a, b - a) for a, b in ranges], task), task)
+            ranges = data_parallel.ranges(docs["text"].str.len_bytes().to_numpy())
+            chunks = [docs.slice(start, end - start) for start, end in ranges]
+            result = merge_chunks(data_parallel.map(context, filter_chunk, chunks, task), task)
             kept, dropped = result.kept, result.dropped
             buf = io.BytesIO()
             save_signatures(result.signatures, buf)
