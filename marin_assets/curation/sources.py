@@ -45,7 +45,7 @@ from marin_assets.curation.filters import FilterConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_resources.identity import validate_partition_key
 
-FORMATS = ("text", "jsonl", "parquet", "html", "auto")
+FORMATS = ("text", "jsonl", "parquet", "html", "warc", "auto")
 PYPI_SDIST_SCHEME = "pypi-sdist"
 INSTALLED_DISTS_SCHEME = "installed-dists"
 SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
