@@ -187,8 +187,13 @@ def iter_warc(stream: BinaryIO, gzipped: bool, max_payload_bytes: int) -> Iterat
                                           f"{length} bytes: the file ends inside it"))
                 return
             last_end = offset + length
-            yield _warc_record(offset, base, kind, headers.get("Content-Type"), block, length, max_payload_bytes,
-                               HeaderMap)
+            try:
+                parsed = _warc_record(offset, base, kind, headers.get("Content-Type"), block, length,
+                                      max_payload_bytes, HeaderMap)
+            except Exception as exc:  # noqa: BLE001 -- a malformed HTTP head costs its record, not the file
+                parsed = WarcRecord(offset, **base, payload=block[:65536], payload_size=received,
+                                    problem=("record_error", f"{type(exc).__name__}: {exc}"))
+            yield parsed
     except BaseException as exc:  # noqa: BLE001 -- FastWARC's Rust panics are BaseExceptions
         if not isinstance(exc, (OSError, EOFError, ValueError)) and type(exc).__name__ != "PanicException":
             raise
@@ -213,6 +218,9 @@ def _warc_record(offset: int, base: dict[str, str], kind: str, warc_content_type
         http = header_map()
         head_len = http.parse(io.BytesIO(block))
         status = http.status_code
+        if status is None:
+            return WarcRecord(offset, **base, payload=block[:65536], payload_size=length,
+                              problem=("record_error", "the HTTP response has no status line"))
         content_type, charset = _content_type(http.get("Content-Type"))
         payload = block[head_len:]
         size = length - head_len

@@ -222,3 +222,18 @@ def test_a_file_that_is_not_a_warc_is_one_unreadable_row(tmp_path):
     assert result.documents.height == 0 and result.n_records == 1
     assert result.quarantine["reason"].to_list() == ["unreadable"]
     assert "no WARC record" in result.quarantine["detail"][0]
+
+
+def test_a_response_without_an_http_head_costs_that_record_only(pages, tmp_path):
+    crawl = write_crawl(tmp_path / "crawl.warc", pages[:1], gzipped=False)
+    body = b"this response lost its HTTP status line"
+    with open(crawl.path, "ab") as f:
+        f.write(b"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: https://docs.example.org/broken\r\n"
+                b"Content-Type: application/http; msgtype=response\r\nContent-Length: %d\r\n\r\n%s\r\n\r\n"
+                % (len(body), body))
+        writer = WARCWriter(f, gzip=False)
+        writer.write_record(_response(writer, "https://docs.example.org/after", pages[1].html, "text/html"))
+    result = _read(crawl.path)
+    assert result.documents.height == 2  # the page before and the page after
+    broken = result.quarantine.filter(result.quarantine["reason"] == "record_error")
+    assert broken["raw"].to_list() == [body] and "status line" in broken["detail"][0]
