@@ -20,7 +20,8 @@ thread), as documents per second per core:
 Agreement, per Gopher rule: each rule decided alone by each side (DataTrove's filter with only
 that rule's threshold set; its word lists are memoised for these passes only, after the timing),
 as the share of documents on which the two decisions are equal, with the counts of the two kinds
-of disagreement. C4QualityFilter's rules (terminal punctuation, lines of 3+ words, 5+ sentences,
+of disagreement; and once more with DataTrove given whitespace-separated words instead of spaCy
+tokens, which separates what the tokenizer decides from what the rule decides. C4QualityFilter's rules (terminal punctuation, lines of 3+ words, 5+ sentences,
 curly brackets, lorem ipsum, javascript/policy lines) have no counterpart in our rules; its
 decisions are reported by reason, and against our overall decision.
 
@@ -105,6 +106,13 @@ WORKER = textwrap.dedent('''
     for rule, args in rules.items():
         filt = GopherQualityFilter(**{**off, **args})
         out["rules"][rule] = [decide(filt, t) != "kept" for t in texts]
+    # The same rules on whitespace-separated words instead of spaCy tokens: what is left of a
+    # disagreement then is the rule, not the tokenizer.
+    gopher_module.split_into_words = lambda text, language: text.split()
+    out["rules_whitespace"] = {}
+    for rule, args in rules.items():
+        filt = GopherQualityFilter(**{**off, **args})
+        out["rules_whitespace"][rule] = [decide(filt, t) != "kept" for t in texts]
     print(json.dumps(out))
 ''')
 
@@ -197,15 +205,19 @@ def main() -> None:
 
     mine = our_rule_failures(docs, ours_gopher)
     agreement = {}
-    print(f"{'rule':<30} {'agree':>7} {'ours only':>10} {'DT only':>8} {'ours drops':>11} {'DT drops':>9}")
+    print(f"{'rule':<30} {'agree':>7} {'ours only':>10} {'DT only':>8} {'ours drops':>11} {'DT drops':>9}"
+          f" {'agree, DT on whitespace words':>30}")
     for rule in GOPHER_RULES:
-        a, b = mine[rule], peer["rules"][rule]
+        a, b, w = mine[rule], peer["rules"][rule], peer["rules_whitespace"][rule]
         same = sum(x == y for x, y in zip(a, b))
         only_ours = sum(x and not y for x, y in zip(a, b))
         only_peer = sum(y and not x for x, y in zip(a, b))
+        same_ws = sum(x == y for x, y in zip(a, w))
         agreement[rule] = {"agreement": round(same / n, 4), "ours_only": only_ours, "datatrove_only": only_peer,
-                           "ours_drops": sum(a), "datatrove_drops": sum(b)}
-        print(f"{rule:<30} {same / n:>7.1%} {only_ours:>10} {only_peer:>8} {sum(a):>11} {sum(b):>9}")
+                           "ours_drops": sum(a), "datatrove_drops": sum(b),
+                           "agreement_whitespace_words": round(same_ws / n, 4)}
+        print(f"{rule:<30} {same / n:>7.1%} {only_ours:>10} {only_peer:>8} {sum(a):>11} {sum(b):>9}"
+              f" {same_ws / n:>30.1%}")
     ours_kept = [True] * n
     for i in ours_gopher.dropped["id"].cast(pl.Int64).to_list():
         ours_kept[i] = False
