@@ -22,9 +22,10 @@ STOP_WORDS: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "
 
 WORD_PATTERN = r"\S+"
 ALPHA_WORD_PATTERN = r"\S*\p{L}\S*"
-# A word with a character that is not punctuation or a symbol: Gopher's mean word length leaves out
-# "words" such as "-", "|" or "***" (as DataTrove's GopherQualityFilter does).
-REAL_WORD_PATTERN = r"\S*[^\s\p{P}\p{S}]\S*"
+# The core of a word: from its first to its last character that is not punctuation or a symbol.
+# Gopher's mean word length is over these, so "end." counts 3 and "-", "|" or "***" are not words
+# (as in DataTrove's GopherQualityFilter, whose tokenizer splits such punctuation off).
+WORD_CORE_PATTERN = r"[^\s\p{P}\p{S}](?:\S*[^\s\p{P}\p{S}])?"
 SYMBOL_PATTERN = r"#|\.\.\.|…"
 BULLET_LINE_PATTERN = r"(?m)^[ \t]*(?:[•‣◦▪▫●○■□–—*\-+])(?:[ \t]|$)"
 ELLIPSIS_LINE_PATTERN = r"(?m)(?:\.\.\.|…)[ \t]*$"
@@ -159,9 +160,9 @@ def text_stats(df: pl.DataFrame) -> pl.DataFrame:
         text.str.count_matches(WORD_PATTERN).cast(pl.Float64).alias("n_words"),
         text.str.count_matches(NONEMPTY_LINE_PATTERN).cast(pl.Float64).alias("_lines"),
         (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64).alias("_nonspace"),
-        text.str.count_matches(REAL_WORD_PATTERN).cast(pl.Float64).alias("_real_words"),
-        # Characters of punctuation/symbol-only words: what is left once the real words are removed.
-        text.str.replace_all(REAL_WORD_PATTERN, "").str.count_matches(r"\S").alias("_symbol_word_chars"),
+        text.str.count_matches(WORD_CORE_PATTERN).cast(pl.Float64).alias("_word_cores"),
+        # Characters outside the word cores: what is left once the cores are removed.
+        text.str.replace_all(WORD_CORE_PATTERN, "").str.count_matches(r"\S").alias("_non_core_chars"),
         text.str.count_matches(SYMBOL_PATTERN).alias("_symbols"),
         text.str.count_matches(ALPHA_WORD_PATTERN).alias("_alpha_words"),
         text.str.count_matches(BULLET_LINE_PATTERN).alias("_bullet_lines"),
@@ -172,8 +173,8 @@ def text_stats(df: pl.DataFrame) -> pl.DataFrame:
     stats = counts.select(
         "_doc",
         "n_words",
-        pl.when(pl.col("_real_words") > 0)
-        .then((pl.col("_nonspace") - pl.col("_symbol_word_chars")) / pl.col("_real_words"))
+        pl.when(pl.col("_word_cores") > 0)
+        .then((pl.col("_nonspace") - pl.col("_non_core_chars")) / pl.col("_word_cores"))
         .otherwise(0.0)
         .alias("mean_word_length"),
         pl.when(n_words > 0).then(pl.col("_symbols") / n_words).otherwise(0.0).alias("symbol_word_ratio"),
