@@ -157,7 +157,9 @@ def iter_warc(stream: BinaryIO, gzipped: bool, max_payload_bytes: int) -> Iterat
 
     gunzip = _Gunzip(stream) if gzipped else None
     source = gunzip or stream
-    last_end, seen = 0, False
+    # Where the last complete record starts, and a position inside it past its header (distinct from
+    # every record's offset, so a row for a cut after it has an id of its own).
+    last_start, last_end, seen = 0, 0, False
     try:
         for record in ArchiveIterator(source, parse_http=False, stream_detect=False, verify_digests=False):
             offset, seen = record.stream_pos, True
@@ -186,7 +188,7 @@ def iter_warc(stream: BinaryIO, gzipped: bool, max_payload_bytes: int) -> Iterat
                                  problem=("truncated", f"the record at byte {offset} has {received} of its "
                                           f"{length} bytes: the file ends inside it"))
                 return
-            last_end = offset + length
+            last_start, last_end = offset, offset + length
             try:
                 parsed = _warc_record(offset, base, kind, headers.get("Content-Type"), block, length,
                                       max_payload_bytes, HeaderMap)
@@ -200,12 +202,12 @@ def iter_warc(stream: BinaryIO, gzipped: bool, max_payload_bytes: int) -> Iterat
         if not seen:
             yield WarcRecord(0, problem=("unreadable", f"no WARC record could be parsed: {type(exc).__name__}: {exc}"))
         else:
-            yield WarcRecord(last_end, problem=("truncated", f"the file ends (or is corrupt) inside a record header "
-                                                 f"after byte {last_end}: {type(exc).__name__}: {exc}"))
+            yield WarcRecord(last_end, problem=("truncated", f"the file ends (or is corrupt) inside the record header "
+                                                 f"after the record at byte {last_start}: {type(exc).__name__}: {exc}"))
         return
     if gunzip is not None and gunzip.cut:
         yield WarcRecord(last_end, problem=("truncated", f"{gunzip.cut}, after the last whole record "
-                                             f"(byte {last_end})"))
+                                             f"(at byte {last_start})"))
 
 
 def _warc_record(offset: int, base: dict[str, str], kind: str, warc_content_type: str | None, block: bytes,
