@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 from collections import Counter
 from pathlib import Path
 
@@ -78,15 +79,21 @@ def _duplicate_fraction(pieces: list[str]) -> float:
     return dup / total if total else 0.0
 
 
+_PUNCTUATION_OR_SYMBOL = "".join(c for c in map(chr, range(sys.maxunicode + 1))
+                                 if unicodedata.category(c).startswith(("P", "S")))
+
+
 def baseline_failed_rules(text: str, cfg: FilterConfig) -> list[str]:
     """The heuristic rules, one document at a time, in plain Python."""
     words = text.split()
     n_words = len(words)
+    cores = [w.strip(_PUNCTUATION_OR_SYMBOL) for w in words]
+    cores = [c for c in cores if c]
     lines = [line for line in text.split("\n") if line.strip()]
     n_lines = len(lines)
     stats = {
         "n_words": n_words,
-        "mean_word_length": sum(len(w) for w in words) / n_words if n_words else 0.0,
+        "mean_word_length": sum(len(c) for c in cores) / len(cores) if cores else 0.0,
         "symbol_word_ratio": (text.count("#") + text.count("...") + text.count("…")) / n_words if n_words else 0.0,
         "non_alpha_word_fraction": (
             sum(1 for w in words if not any(c.isalpha() for c in w)) / n_words if n_words else 1.0

@@ -22,6 +22,10 @@ STOP_WORDS: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "
 
 WORD_PATTERN = r"\S+"
 ALPHA_WORD_PATTERN = r"\S*\p{L}\S*"
+# The core of a word: from its first to its last character that is not punctuation or a symbol.
+# Gopher's mean word length is over these, so "end." counts 3 and "-", "|" or "***" are not words
+# (as in DataTrove's GopherQualityFilter, whose tokenizer splits such punctuation off).
+WORD_CORE_PATTERN = r"[^\s\p{P}\p{S}](?:\S*[^\s\p{P}\p{S}])?"
 SYMBOL_PATTERN = r"#|\.\.\.|…"
 BULLET_LINE_PATTERN = r"(?m)^[ \t]*(?:[•‣◦▪▫●○■□–—*\-+])(?:[ \t]|$)"
 ELLIPSIS_LINE_PATTERN = r"(?m)(?:\.\.\.|…)[ \t]*$"
@@ -156,6 +160,9 @@ def text_stats(df: pl.DataFrame) -> pl.DataFrame:
         text.str.count_matches(WORD_PATTERN).cast(pl.Float64).alias("n_words"),
         text.str.count_matches(NONEMPTY_LINE_PATTERN).cast(pl.Float64).alias("_lines"),
         (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64).alias("_nonspace"),
+        text.str.count_matches(WORD_CORE_PATTERN).cast(pl.Float64).alias("_word_cores"),
+        # Characters outside the word cores: what is left once the cores are removed.
+        text.str.replace_all(WORD_CORE_PATTERN, "").str.count_matches(r"\S").alias("_non_core_chars"),
         text.str.count_matches(SYMBOL_PATTERN).alias("_symbols"),
         text.str.count_matches(ALPHA_WORD_PATTERN).alias("_alpha_words"),
         text.str.count_matches(BULLET_LINE_PATTERN).alias("_bullet_lines"),
@@ -166,7 +173,10 @@ def text_stats(df: pl.DataFrame) -> pl.DataFrame:
     stats = counts.select(
         "_doc",
         "n_words",
-        pl.when(n_words > 0).then(pl.col("_nonspace") / n_words).otherwise(0.0).alias("mean_word_length"),
+        pl.when(pl.col("_word_cores") > 0)
+        .then((pl.col("_nonspace") - pl.col("_non_core_chars")) / pl.col("_word_cores"))
+        .otherwise(0.0)
+        .alias("mean_word_length"),
         pl.when(n_words > 0).then(pl.col("_symbols") / n_words).otherwise(0.0).alias("symbol_word_ratio"),
         pl.when(n_words > 0)
         .then(1.0 - pl.col("_alpha_words") / n_words)

@@ -11,6 +11,9 @@ of two special schemes resolved here:
     the long descriptions and licence files of the Python distributions
     installed in the running interpreter, sorted by name.
 
+``hf://datasets/ORG/NAME[@REVISION][/GLOB]`` is read through huggingface_hub's
+``HfFileSystem``, with the revision pinned per file at listing time (:func:`list_hf_files`).
+
 Discovery (:func:`discover_shards`) is deterministic and incremental: see
 :func:`group_into_shards` for why adding a file never changes which files
 an existing shard holds, beyond the single shard the new file lands in.
@@ -45,8 +48,9 @@ from marin_assets.curation.filters import FilterConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_resources.identity import validate_partition_key
 
-FORMATS = ("text", "jsonl", "parquet", "html", "auto")
+FORMATS = ("text", "jsonl", "parquet", "html", "warc", "auto")
 PYPI_SDIST_SCHEME = "pypi-sdist"
+HF_SCHEME = "hf"
 INSTALLED_DISTS_SCHEME = "installed-dists"
 SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -581,6 +585,8 @@ def _resolve_sdist_uri(uri: str, expected_sha256: str | None) -> str:
 
 
 def _resolved_url(uri: str, expected_sha256: str | None) -> str:
+    if HF_SCHEME + "://" in uri:
+        use_hf_endpoint()
     if uri.startswith(PYPI_SDIST_SCHEME + "://"):
         return _resolve_sdist_uri(uri, expected_sha256)
     return uri
@@ -723,7 +729,10 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
     from fsspec.implementations.local import LocalFileSystem
 
     uri = source.uri
-    if uri.startswith(INSTALLED_DISTS_SCHEME + "://"):
+    use_hf_endpoint()
+    if uri.startswith(HF_SCHEME + "://"):
+        refs = list_hf_files(source)
+    elif uri.startswith(INSTALLED_DISTS_SCHEME + "://"):
         limit = _parse_special_uri(uri, f"source {source.name!r}.uri")
         refs = _list_installed_dists(limit if isinstance(limit, int) else None)
     elif uri.startswith(PYPI_SDIST_SCHEME + "://"):
@@ -777,6 +786,76 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
                 else:
                     refs.append(_file_ref(rebuild(p), rel, info))
     return sorted(refs, key=lambda r: r.relpath)
+
+
+_HF_PATH_RE = re.compile(r"^(?P<kind>datasets/|spaces/|models/)?(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?(?:/(?P<path>.*))?$")
+
+
+def use_hf_endpoint() -> None:
+    """Point fsspec's ``hf://`` filesystem at ``$HF_ENDPOINT`` (a mirror, or a test's stand-in) when it
+    is set. Like the token (``$HF_TOKEN``, which huggingface_hub reads itself), the endpoint is a
+    runtime choice: URIs, and so shard fingerprints, never carry it. huggingface_hub reads
+    ``HF_ENDPOINT`` once at import; this reads it whenever a source is listed or opened."""
+    import fsspec.config
+
+    hf = {k: v for k, v in fsspec.config.conf.get(HF_SCHEME, {}).items() if k != "endpoint"}
+    if os.environ.get("HF_ENDPOINT"):
+        hf["endpoint"] = os.environ["HF_ENDPOINT"].rstrip("/")
+    fsspec.config.conf[HF_SCHEME] = hf
+
+
+def list_hf_files(source: SourceConfig) -> list[FileRef]:
+    """The files of ``hf://datasets/ORG/NAME[@REVISION][/GLOB]``, each pinned to a commit.
+
+    The revision (default ``main``; a branch, tag or sha) is resolved to its commit once, the glob
+    is listed at that commit, and each file's URI names the last commit that changed the file
+    (``hf://datasets/ORG/NAME@<sha>/path``): reading it later gives the same bytes whatever the
+    branch has become, and a new commit that leaves a file alone leaves its URI, and so its shard's
+    fingerprint, alone. The etag is the file's git blob id. A missing repository, revision or path
+    is a ``FileNotFoundError`` with one line saying which.
+    """
+    import fsspec
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
+
+    where = f"source {source.name!r}"
+    match = _HF_PATH_RE.match(source.uri[len(HF_SCHEME) + 3:])
+    if match is None:
+        raise SourceConfigError(f"{where}.uri: expected hf://datasets/ORG/NAME[@REVISION][/GLOB], got {source.uri!r}")
+    kind, repo_id, glob = match["kind"] or "", match["repo"], (match["path"] or "").strip("/")
+    revision = urllib.parse.unquote(match["rev"]) if match["rev"] else None
+    repo_type = {"datasets/": "dataset", "spaces/": "space"}.get(kind, "model")
+    fs = fsspec.filesystem(HF_SCHEME)
+    try:
+        sha = HfApi(endpoint=fs.endpoint, token=fs.token).repo_info(repo_id, repo_type=repo_type,
+                                                                    revision=revision).sha
+    except (RepositoryNotFoundError, HFValidationError):
+        raise FileNotFoundError(f"{where}: no {repo_type} repository {repo_id!r} at {fs.endpoint} (or it is "
+                                "private or gated and HF_TOKEN does not grant access)") from None
+    except RevisionNotFoundError:
+        raise FileNotFoundError(f"{where}: {repo_type} repository {repo_id!r} has no revision {revision!r}") from None
+    root = f"{kind}{repo_id}@{sha}"
+    target = f"{root}/{glob}".rstrip("/")
+    is_dir = not _GLOB_CHARS.search(glob) and fs.isdir(target)
+    try:
+        if is_dir:
+            found = fs.find(target, detail=True, expand_info=True)
+        elif _GLOB_CHARS.search(glob):
+            found = fs.glob(target, detail=True, expand_info=True)
+        else:
+            found = {target: fs.info(target, expand_info=True)}
+    except FileNotFoundError:
+        found = {}
+    files = {p: info for p, info in found.items() if info.get("type") == "file"}
+    if not files:
+        raise FileNotFoundError(f"{where}: {glob or '/'} matches no file in {repo_type} {repo_id} at {sha}")
+    base = target if is_dir else _glob_root(target)
+    refs = []
+    for path, info in files.items():
+        in_repo = path[len(root) + 1:]
+        commit = (info.get("last_commit") or {}).get("oid") or sha
+        refs.append(_file_ref(f"{HF_SCHEME}://{kind}{repo_id}@{commit}/{in_repo}", _relative(path, base), info))
+    return refs
 
 
 def _outside_root(path: str, root: str) -> str | None:
@@ -913,6 +992,7 @@ def _row_group_starts(uri: str) -> list[int]:
 
 def read_byte_range(uri: str, fmt: str, start: int, end: int) -> bytes:
     """A stand-alone file of the records that start in bytes ``[start, end)`` (see split_large_files)."""
+    use_hf_endpoint()
     if fmt == "jsonl":
         return read_line_range(uri, start, end)
     import fsspec

@@ -107,7 +107,8 @@ def write_corpus(root: Path) -> list[str]:
 
 
 EXPECTED_QUARANTINE = {"malformed_json": 2, "invalid_encoding": 1, "binary": 2, "empty": 1, "too_large": 3,
-                       "unreadable": 1, "outside_root": 1, "missing_text_field": 0, "record_error": 0}
+                       "unreadable": 1, "outside_root": 1, "missing_text_field": 0, "record_error": 0,
+                       "truncated": 0, "not_html": 0, "http_status": 0}
 
 
 def marin(env: dict, *args: str) -> subprocess.CompletedProcess:
