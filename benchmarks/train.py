@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
-from marin_assets.training.spec import get_run  # noqa: E402
+from marin_assets.training.spec import load_run_registry  # noqa: E402
 from marin_resources.launchers import LocalPipesLauncher, build_command_and_env  # noqa: E402
 
 WARMUP_STEPS = 2
@@ -86,7 +86,7 @@ def main() -> None:
     env = build_command_and_env("train", train_config_path="", output_dir=str(work)).env
     os.environ.update({k: v for k, v in env.items() if k in ("JAX_PLATFORMS", "RAY_USAGE_STATS_ENABLED", "HF_HUB_OFFLINE")})
     cache_root, tokenizer_dir = fixtures.build_tokenized_artifact(texts, work / "data", vocab_size=1024)
-    spec = dataclasses.replace(get_run(args.run), num_train_steps=args.steps, checkpoint_every=10 * args.steps)
+    spec = dataclasses.replace(load_run_registry()[args.run], num_train_steps=args.steps, checkpoint_every=10 * args.steps)
     mixture = fixtures.single_cache_mixture(spec.mixture, cache_root, tokenizer_dir)
 
     def config_for(name: str) -> str:

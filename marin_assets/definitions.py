@@ -14,9 +14,9 @@ from marin_resources.environments import MarinSettings, build_resources
 
 
 def build_definitions(settings: MarinSettings) -> tuple[dg.Definitions, Catalog]:
-    from marin_assets import stages
+    from marin_assets.stages import build_stages
 
-    parts = [stage(settings) for stage in stages.STAGES]
+    parts = build_stages(settings)
     catalog = Catalog()
     for _, stage_catalog in parts:
         catalog = catalog.merge(stage_catalog)

@@ -38,6 +38,8 @@ class MarinSettings:
     runs_file: str | None
     registry_file: str | None = None
     """The tokenization registry (MARIN_REGISTRY); None: the bundled registry.yaml."""
+    sweeps_file: str | None = None
+    """The scaling sweeps (MARIN_SWEEPS); None: the bundled sweeps.yaml."""
     train_pool: str = "cpu-train"
     training_image: str | None = None
     training_namespace: str = "default"
@@ -68,6 +70,7 @@ class MarinSettings:
             raise ValueError(f"MARIN_PROCESS_OUTPUT must be one of {', '.join(PROCESS_OUTPUTS)}, got {process_output!r}")
         return cls(env=env, prefix=prefix, strict_fingerprints=strict, sources_file=e.get("MARIN_SOURCES") or None,
                    runs_file=e.get("MARIN_RUNS") or None, registry_file=e.get("MARIN_REGISTRY") or None,
+                   sweeps_file=e.get("MARIN_SWEEPS") or None,
                    train_pool=pool,
                    training_image=e.get("MARIN_TRAINING_IMAGE") or None,
                    training_namespace=e.get("MARIN_TRAINING_NAMESPACE", "default"),
@@ -77,15 +80,21 @@ class MarinSettings:
                    wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output)
 
 
-def build_resources(settings: MarinSettings) -> dict[str, Any]:
-    """The resource dict for `dg.Definitions`."""
-    from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
-    from marin_resources.io_managers import ValueIOManagerFactory
-
+def store_resource(settings: MarinSettings):
+    """The `store` resource (`MarinStore`); building it opens nothing, `.get()` does."""
+    from marin_resources.artifacts import MarinStore
     from marin_resources.object_stores import storage_options
 
-    store = MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints,
-                       storage_options=storage_options(settings.prefix))
+    return MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints,
+                      storage_options=storage_options(settings.prefix))
+
+
+def build_resources(settings: MarinSettings) -> dict[str, Any]:
+    """The resource dict for `dg.Definitions`."""
+    from marin_resources.artifacts import ArtifactHandleIOManager
+    from marin_resources.io_managers import ValueIOManagerFactory
+
+    store = store_resource(settings)
     resources: dict[str, Any] = {
         "store": store,
         "artifact_io_manager": ArtifactHandleIOManager(store=store),

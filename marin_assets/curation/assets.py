@@ -16,8 +16,9 @@ from marin_assets.catalog import Catalog
 from marin_assets.curation.readers import read_shard, resolve_format, with_original_source_ids
 from marin_assets.curation.refine import build_quality_classifier, build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
-from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, SourceConfig, discover_shards,
-                                           load_curation_config, open_binary, read_byte_range)
+from marin_assets.curation.sources import (FileRef, Shard, SourceConfig, discover_shards, open_binary,
+                                           read_byte_range)
+from marin_assets.deployment import Deployment
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
@@ -182,8 +183,8 @@ def _metric_bound_check(store: MarinStore, key: str, version: str, context, metr
                                severity=dg.AssetCheckSeverity.ERROR)
 
 
-def build_curation_stage(settings: MarinSettings) -> tuple[dg.Definitions, Catalog]:
-    config = load_curation_config(settings.sources_file or DEFAULT_SOURCES_PATH)
+def build_curation_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+    config = deployment.curation
     catalog = Catalog()
     defs = []
     classifier = build_quality_classifier(config, catalog)

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import yaml
@@ -20,6 +20,9 @@ from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checke
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
 from marin_resources.store import MANIFEST_NAME, ArtifactStore, FileEntry, Manifest
+
+if TYPE_CHECKING:
+    from marin_assets.deployment import Deployment  # which reads this module's registry
 
 REGISTRY_PATH = Path(__file__).with_name("registry.yaml")
 # v2: a trained tokenizer is pinned to the corpus it was first trained on (recorded in its identity,
@@ -135,10 +138,6 @@ def registry_for_sources(registry: TokenizationRegistry, sources: set[str]) -> T
             tokenized[source] = replace(registry.default, source=source)
     mixtures = {n: e for n, e in registry.mixtures.items() if set(e.weights) <= set(tokenized)}
     return TokenizationRegistry(tokenizers, tokenized, mixtures, registry.default)
-
-
-def deployment_registry(settings: MarinSettings, sources: set[str]) -> TokenizationRegistry:
-    return registry_for_sources(load_registry(settings.registry_file or REGISTRY_PATH), sources)
 
 
 def corpus_files(store: ArtifactStore, uri: str) -> dict[str, str]:
@@ -381,8 +380,9 @@ def read_mixture_config(store: ArtifactStore, handle: ArtifactHandle) -> dict[st
         return json.load(fh)
 
 
-def build_tokenization_stage(settings: MarinSettings, sources: set[str]) -> tuple[dg.Definitions, Catalog]:
-    registry = deployment_registry(settings, sources)
+def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment") -> tuple[dg.Definitions, Catalog]:
+    """Tokenizers, tokenized caches and mixtures of `deployment.tokenization`."""
+    registry = deployment.tokenization
     catalog = Catalog()
     assets, checks = [], []
     for entry in registry.tokenizers.values():

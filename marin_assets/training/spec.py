@@ -271,8 +271,6 @@ def validate_run(spec: RunSpec) -> None:
 
 # --- registry -----------------------------------------------------------------------------------
 
-_PROGRAMMATIC_RUNS: dict[str, RunSpec] = {}
-
 
 def load_run_registry(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec]:
     """Parse a runs YAML file (``runs: {name: {...}}``) into validated specs keyed by name."""
@@ -281,29 +279,3 @@ def load_run_registry(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec
     if not isinstance(document, Mapping) or not isinstance(document.get("runs"), Mapping):
         raise ValueError(f"{path}: expected a top-level 'runs:' mapping of run name to spec")
     return {str(name): RunSpec.from_dict(str(name), raw) for name, raw in document["runs"].items()}
-
-
-def register_run(spec: RunSpec, *, replace: bool = False) -> RunSpec:
-    """Add a spec built in Python (e.g. by a sweep) to the registry returned by ``registered_runs``."""
-    validate_run(spec)
-    existing = _PROGRAMMATIC_RUNS.get(spec.name)
-    if existing is not None and existing != spec and not replace:
-        raise ValueError(f"run {spec.name!r} is already registered with a different spec")
-    _PROGRAMMATIC_RUNS[spec.name] = spec
-    return spec
-
-
-def registered_runs(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec]:
-    """Runs from the YAML file plus programmatic registrations; a name defined in both is an error."""
-    runs = load_run_registry(path)
-    clashes = sorted(set(runs) & set(_PROGRAMMATIC_RUNS))
-    if clashes:
-        raise ValueError(f"runs defined both in {path} and by register_run: {clashes}")
-    return {**runs, **_PROGRAMMATIC_RUNS}
-
-
-def get_run(name: str, path: str | Path = DEFAULT_RUNS_YAML) -> RunSpec:
-    runs = registered_runs(path)
-    if name not in runs:
-        raise KeyError(f"unknown run {name!r}; known runs: {sorted(runs)}")
-    return runs[name]
