@@ -1,6 +1,10 @@
 """The stages of the graph, in pipeline order. Each takes the runtime settings and the deployment
 (read once, here) and returns its definitions and catalog entries."""
 
+import dagster as dg
+
+from marin_assets.automation import build_automation_sensor
+from marin_assets.catalog import Catalog
 from marin_assets.curation.assets import build_curation_stage
 from marin_assets.deployment import Deployment
 from marin_assets.reports.assets import build_reports_stage
@@ -14,6 +18,7 @@ STAGES = [build_curation_stage, build_tokenization_stage, build_training_stage, 
 
 
 def build_stages(settings: MarinSettings) -> list[tuple]:
-    """Every stage's (definitions, catalog), all built from one `Deployment`."""
+    """Every stage's (definitions, catalog), all built from one `Deployment`, and the automation sensor."""
     deployment = Deployment.load(settings)
-    return [stage(settings, deployment) for stage in STAGES]
+    automation = (dg.Definitions(sensors=[build_automation_sensor()]), Catalog())
+    return [stage(settings, deployment) for stage in STAGES] + [automation]

@@ -67,7 +67,7 @@ def curation_planner(tmp_path, monkeypatch):
 @pytest.fixture
 def synthetic_deployment():
     """`make(runs={}, sweeps={}, mixture="m") -> Deployment` over one source `src`, tokenizer `t` and
-    mixture `mixture`, for stages built without the bundled YAML files (nothing is read from disk)."""
+    mixture `mixture` (both at version v1), for stages built without the bundled YAML files."""
     from marin_assets.curation.sources import CurationConfig, SourceConfig
     from marin_assets.deployment import Deployment
     from marin_assets.tokenization.assets import MixtureEntry, TokenizationRegistry, TokenizedEntry, TokenizerEntry
@@ -76,7 +76,7 @@ def synthetic_deployment():
 
     def make(runs=None, sweeps=None, mixture: str = "m") -> Deployment:
         registry = TokenizationRegistry(
-            tokenizers={"t": TokenizerEntry("t", TokenizerConfig(), train_on=("src",))},
+            tokenizers={"t": TokenizerEntry("t", TokenizerConfig(), train_on=("src",), version="v1")},
             tokenized={"src": TokenizedEntry("src", "t", CacheConfig())},
             mixtures={mixture: MixtureEntry(mixture, "t", {"src": 1.0})})
         curation = CurationConfig(sources=(SourceConfig(name="src", uri="/nonexistent/*.txt", format="text"),))

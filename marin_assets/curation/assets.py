@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 import dagster as dg
 
+from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
 from marin_assets.curation.readers import read_shard, resolve_format, with_original_source_ids
 from marin_assets.curation.refine import build_quality_classifier, build_refinement_assets, write_parquet
@@ -111,7 +112,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
     @marin_asset(key=f"documents/{name}", version=DOCUMENTS_VERSION, partitions_def=partitions,
                  identity={"source": source_identity},
                  group_name="curation", kinds={"parquet"}, ins={"raw": dg.AssetIn(key=raw.key)},
-                 automation_condition=dg.AutomationCondition.eager(),
+                 automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Normalized documents of `{name}` (id, text, source, source_id, metadata) "
                              "plus a quarantine table of every record that could not be used.")
     def documents(context: dg.AssetExecutionContext, store: MarinStore, raw: ArtifactHandle):
@@ -194,8 +195,4 @@ def build_curation_stage(settings: MarinSettings, deployment: Deployment) -> tup
     sensors = [d for d in defs if isinstance(d, dg.SensorDefinition)]
     checks = [d for d in defs if isinstance(d, dg.AssetChecksDefinition)]
     assets = [d for d in defs if d not in sensors and d not in checks]
-    # Carries shards that the new-shard sensors brought in through the per-shard assets.
-    sensors.append(dg.AutomationConditionSensorDefinition(
-        "curation_automation", target=dg.AssetSelection.groups("curation"),
-        default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=60))
     return dg.Definitions(assets=assets, asset_checks=checks, sensors=sensors), catalog

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 import yaml
 
+from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
 from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache, cache_shard_order, iter_parquet_texts
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
@@ -285,7 +286,7 @@ def build_tokenized_asset(entry: TokenizedEntry):
     key = f"tokenized/{entry.source}"
 
     @marin_asset(key=key, version=TOKENIZED_VERSION, group_name="tokenization", kinds={"levanter"},
-                 identity={"cache": asdict(entry.cache)},
+                 identity={"cache": asdict(entry.cache)}, automation_condition=FOLLOWS_NEW_DATA,
                  ins={"corpus": dg.AssetIn(key=dg.AssetKey(["deduplicated", entry.source])),
                       "tokenizer": dg.AssetIn(key=dg.AssetKey(["tokenizer", entry.tokenizer]))},
                  description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "
@@ -354,7 +355,7 @@ def build_mixture_asset(entry: MixtureEntry):
     identity = {"weights": dict(sorted(entry.weights.items())), "tokenizer": entry.tokenizer}
 
     @marin_asset(key=f"mixture/{entry.name}", version=MIXTURE_VERSION, identity=identity, ins=ins,
-                 group_name="tokenization", kinds={"levanter"},
+                 group_name="tokenization", kinds={"levanter"}, automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Training mixture `{entry.name}` ({', '.join(f'{c}: {w}' for c, w in entry.weights.items())}), "
                              "rendered to Levanter's mixture data config (`data.json`). Deterministic: same spec and "
                              "same cache data versions give the same bytes.")
