@@ -23,6 +23,7 @@ import dagster as dg
 
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
+from marin_assets.training.commands import EVAL_REPORT_FILE, eval_command, train_command
 from marin_assets.training.levanter_config import (TRAIN_CONFIG_FILE, WandbSettings, render_train_config,
                                                    set_checkpoint_base)
 from marin_assets.training.spec import RunSpec
@@ -30,7 +31,7 @@ from marin_assets.training.train_main import SUMMARY_FILE
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
-from marin_resources.launchers import EVAL_REPORT_FILE, TrainingLauncher
+from marin_resources.launchers import TrainingLauncher
 
 CHECKPOINT_VERSION = "v1"
 EVAL_VERSION = "v1"
@@ -109,8 +110,8 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                 # Levanter (tensorstore) saves each checkpoint straight into the bucket, where a re-run
                 # on any machine resumes from it; `out` is scratch for logs, uploaded at commit.
                 set_checkpoint_base(config_path, writer.path("checkpoints"))
-            launcher.run_training(context, train_config_path=config_path, output_dir=out, resources=spec.resources,
-                                  extras={"run": spec.name, "fingerprint": spec.fingerprint()})
+            launcher.run_process(context, train_command(config_path, out), resources=spec.resources,
+                                 extras={"run": spec.name, "fingerprint": spec.fingerprint()})
             # The summary file, not the Pipes message, is the record: a lost message must not commit
             # a checkpoint without its metrics.
             summary_path = Path(out) / SUMMARY_FILE
@@ -156,8 +157,8 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                 config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
                 with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src, open(config_path, "wb") as dst:
                     shutil.copyfileobj(src, dst)
-                launcher.run_eval(context, train_config_path=config_path, output_dir=out, resources=spec.resources,
-                                  extras={"run": spec.name})
+                launcher.run_process(context, eval_command(config_path, out), resources=spec.resources,
+                                     extras={"run": spec.name})
             report = json.loads((Path(out) / EVAL_REPORT_FILE).read_text())
             metrics = {k: v for k, v in report.items() if k.startswith("eval/") and isinstance(v, (int, float))}
             samples = report.get("samples", [])

@@ -21,9 +21,10 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
+from marin_resources.placement import ResourceSpec
+
 DEFAULT_RUNS_YAML = Path(__file__).with_name("runs.yaml")
 
-Accelerator = Literal["cpu", "gpu", "tpu"]
 LrSchedule = Literal["cosine", "linear", "constant"]
 
 
@@ -80,18 +81,6 @@ class OptimizerSpec:
     beta2: float = 0.95
     epsilon: float = 1e-8
     max_grad_norm: float | None = 1.0
-
-
-@dataclass(frozen=True)
-class ResourceSpec:
-    """Where a run executes. Runtime only: excluded from the run's identity."""
-
-    accelerator: Accelerator = "cpu"
-    device_count: int = 1
-    tpu_type: str | None = None
-    """e.g. ``v5litepod-16``; required when ``accelerator == "tpu"``."""
-    pool: str | None = None
-    """Scheduling pool (node pool / queue) name, interpreted by the launcher."""
 
 
 @dataclass(frozen=True)
