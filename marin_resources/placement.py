@@ -9,9 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from marin_resources.typed_config import typed_config
+
 Accelerator = Literal["cpu", "gpu", "tpu"]
 
 
+@typed_config
 @dataclass(frozen=True)
 class ResourceSpec:
     """Where a run executes. Runtime only: excluded from the run's identity."""

@@ -3,7 +3,7 @@ mixture/<name> (Levanter's mixture data config). Declared in `registry.yaml` (or
 MARIN_REGISTRY, read into `MarinSettings.registry_file`)."""
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checke
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
+from marin_resources.typed_config import FieldProblem, decode
 from marin_resources.store import MANIFEST_NAME, ArtifactStore, FileEntry, Manifest
 
 if TYPE_CHECKING:
@@ -71,12 +72,11 @@ class TokenizationRegistry:
     default: TokenizedEntry | None = None
 
 
-def _known(cls, raw: dict, where: str, extra: set[str] = frozenset()) -> dict:
-    allowed = {f.name for f in fields(cls)} | set(extra)
-    unknown = set(raw) - allowed
-    if unknown:
-        raise RegistryError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-    return raw
+def _decoded(tp: type, raw: Any, where: str) -> Any:
+    try:
+        return decode(tp, raw)
+    except FieldProblem as exc:
+        raise RegistryError(f"{where}: field {exc.dotted!r}: {exc.problem}") from None
 
 
 def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, TokenizerEntry],
@@ -85,7 +85,7 @@ def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, Token
     tok = body.pop("tokenizer", None)
     if tok not in tokenizers:
         raise RegistryError(f"{where}: tokenizer {tok!r} is not declared")
-    return TokenizedEntry(source, tok, CacheConfig(**_known(CacheConfig, body, where)))
+    return TokenizedEntry(source, tok, _decoded(CacheConfig, body, where))
 
 
 def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
@@ -108,8 +108,8 @@ def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
             validate_partition_key(version)
         except InvalidPartitionKeyError as e:
             raise RegistryError(f"tokenizer {name!r}: version {version!r} is not a valid path segment: {e}") from e
-        _known(TokenizerConfig, body, f"tokenizer {name!r}")
-        tokenizers[name] = TokenizerEntry(name, TokenizerConfig(**body), train_on, adopt, version)
+        tokenizers[name] = TokenizerEntry(name, _decoded(TokenizerConfig, body, f"tokenizer {name!r}"), train_on,
+                                          adopt, version)
     tokenized = {source: _tokenized_entry(source, body, tokenizers, f"tokenized {source!r}")
                  for source, body in (raw.get("tokenized") or {}).items()}
     default = _tokenized_entry("*", raw["default"], tokenizers, "default") if raw.get("default") else None

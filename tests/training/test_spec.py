@@ -2,7 +2,6 @@ import dataclasses
 
 import pytest
 
-from marin_assets.training import spec as spec_module
 from marin_assets.training.spec import (
     ResourceSpec,
     RunSpecError,
