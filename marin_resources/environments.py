@@ -80,6 +80,19 @@ class MarinSettings:
                    wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output)
 
 
+def default_executor() -> dg.ExecutorDefinition:
+    """Dagster's default executor (`multiprocess` or `in_process`, chosen by run config) with
+    `in_process` as its default: a run is one process. Partitions are small and training runs in
+    its own process or pod anyway, while a process per step costs a Python start and a code-location
+    load each; the CLI already asks for in_process, and now a sensor's or automation's run, which
+    cannot carry run config, gets the same."""
+    base = dg.multi_or_in_process_executor
+    return dg.ExecutorDefinition(name=base.name, config_schema=dg.Field(base.config_schema.config_type,
+                                                                        default_value={"in_process": {}}),
+                                 requirements=base.get_requirements, executor_creation_fn=base.executor_creation_fn,
+                                 description=default_executor.__doc__)
+
+
 def store_resource(settings: MarinSettings):
     """The `store` resource (`MarinStore`); building it opens nothing, `.get()` does."""
     from marin_resources.artifacts import MarinStore

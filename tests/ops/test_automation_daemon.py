@@ -81,6 +81,7 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
         daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], cwd=REPO, env=env,
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     started = time.monotonic()
+    arrived = False
     try:
         write_letter(letters, "delta", NEW_LETTER)
         deadline = started + ARRIVAL_TIMEOUT_S
@@ -92,6 +93,7 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
             assert time.monotonic() < deadline, (f"no new mixture after {ARRIVAL_TIMEOUT_S} s; daemon log:\n"
                                                  f"{log.read_text()[-4000:]}")
             time.sleep(2)
+        arrived = True
         print(f"new file -> mixture committed in {time.monotonic() - started:.0f} s")
     finally:
         try:
@@ -102,6 +104,9 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
         except subprocess.TimeoutExpired:
             os.killpg(daemon.pid, signal.SIGKILL)
             daemon.wait()
+        if not arrived:  # the whole daemon log, for the CI artifacts (the assertion quotes its tail)
+            (REPO / "tests" / "artifacts").mkdir(exist_ok=True)
+            shutil.copy(log, REPO / "tests" / "artifacts" / "automation_daemon.log")
 
     after = committed(store, "tokenized/letters", TOKENIZED_VERSION)
     # Only the new shard was encoded; the three old ones were reused from the committed cache.
