@@ -69,7 +69,7 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
            "MARIN_SOURCES": str(tmp_path / "sources.yaml"), "MARIN_REGISTRY": str(tmp_path / "registry.yaml"),
            "MARIN_RUNS": str(tmp_path / "runs.yaml")}
     built = subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", "mixture/letters"], env=env,
-                           cwd=REPO, capture_output=True, text=True, timeout=600)
+                           cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert built.returncode == 0, built.stdout + built.stderr
     store = ArtifactStore(str(tmp_path / "store"))
     before = committed(store, "tokenized/letters", TOKENIZED_VERSION)
