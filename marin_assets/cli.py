@@ -23,6 +23,8 @@ from marin_assets import hide_dagster_notices
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_TARGET = "eval"
 DEMO_PARTITION = "nano-shakespeare"
+DEMO_SWEEP = "demo"
+"""The built-in sweep the demo fits after its run: 3 budgets x 3 model sizes of a few seconds each."""
 POOL_LIMITS = {"cpu-train": 1, "gpu": 1, "tpu": 1}
 
 
@@ -204,18 +206,24 @@ def cmd_failures(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo_materialize_args() -> argparse.Namespace:
-    """What `marin materialize eval --partition nano-shakespeare` parses to, every option at its default."""
-    return build_parser().parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION])
+def demo_materialize_args() -> list[argparse.Namespace]:
+    """What the demo's two commands parse to, every option at its default:
+    `marin materialize eval --partition nano-shakespeare`, then `marin materialize scaling_fit/demo`."""
+    parser = build_parser()
+    return [parser.parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION]),
+            parser.parse_args(["materialize", f"scaling_fit/{DEMO_SWEEP}"])]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    print(f"marin demo: materializing {DEMO_TARGET}[{DEMO_PARTITION}] and everything upstream of it: "
-          "raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval")
-    code = cmd_materialize(demo_materialize_args())
-    if code != 0:
-        return code
+    steps = ("raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval",
+             f"sweep/{DEMO_SWEEP} -> 9 sweep runs (sweep_checkpoint, sweep_eval) -> isoFLOP fit")
+    for materialize, path in zip(demo_materialize_args(), steps):
+        where = f"{materialize.selection}[{materialize.partition}]" if materialize.partition else materialize.selection
+        print(f"marin demo: materializing {where} and everything upstream of it: {path}")
+        code = cmd_materialize(materialize)
+        if code != 0:
+            return code
     _, settings, instance = planner()
     home = os.environ["DAGSTER_HOME"]
     print(f"\ndemo finished in {time.monotonic() - started:.1f}s\n"

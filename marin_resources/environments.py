@@ -43,6 +43,8 @@ class MarinSettings:
     runs_file: str | None
     registry_file: str | None = None
     """The tokenization registry (MARIN_REGISTRY); None: the bundled registry.yaml."""
+    sweeps_file: str | None = None
+    """The scaling sweeps (MARIN_SWEEPS); None: the bundled sweeps.yaml."""
     train_pool: str = "cpu-train"
     training_image: str | None = None
     training_namespace: str = "default"
@@ -82,6 +84,7 @@ class MarinSettings:
         ray_chunk_mb = _positive_int(e, "MARIN_RAY_CHUNK_MB", 32)
         return cls(env=env, prefix=prefix, strict_fingerprints=strict, sources_file=e.get("MARIN_SOURCES") or None,
                    runs_file=e.get("MARIN_RUNS") or None, registry_file=e.get("MARIN_REGISTRY") or None,
+                   sweeps_file=e.get("MARIN_SWEEPS") or None,
                    train_pool=pool,
                    training_image=e.get("MARIN_TRAINING_IMAGE") or None,
                    training_namespace=e.get("MARIN_TRAINING_NAMESPACE", "default"),
@@ -101,15 +104,34 @@ def _positive_int(environ, name: str, default: int) -> int:
     return int(value)
 
 
-def build_resources(settings: MarinSettings) -> dict[str, Any]:
-    """The resource dict for `dg.Definitions`."""
-    from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
-    from marin_resources.io_managers import ValueIOManagerFactory
+def default_executor() -> dg.ExecutorDefinition:
+    """Dagster's default executor (`multiprocess` or `in_process`, chosen by run config) with
+    `in_process` as its default: a run is one process. Partitions are small and training runs in
+    its own process or pod anyway, while a process per step costs a Python start and a code-location
+    load each; the CLI already asks for in_process, and now a sensor's or automation's run, which
+    cannot carry run config, gets the same."""
+    base = dg.multi_or_in_process_executor
+    return dg.ExecutorDefinition(name=base.name, config_schema=dg.Field(base.config_schema.config_type,
+                                                                        default_value={"in_process": {}}),
+                                 requirements=base.get_requirements, executor_creation_fn=base.executor_creation_fn,
+                                 description=default_executor.__doc__)
 
+
+def store_resource(settings: MarinSettings):
+    """The `store` resource (`MarinStore`); building it opens nothing, `.get()` does."""
+    from marin_resources.artifacts import MarinStore
     from marin_resources.object_stores import storage_options
 
-    store = MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints,
-                       storage_options=storage_options(settings.prefix))
+    return MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints,
+                      storage_options=storage_options(settings.prefix))
+
+
+def build_resources(settings: MarinSettings) -> dict[str, Any]:
+    """The resource dict for `dg.Definitions`."""
+    from marin_resources.artifacts import ArtifactHandleIOManager
+    from marin_resources.io_managers import ValueIOManagerFactory
+
+    store = store_resource(settings)
     resources: dict[str, Any] = {
         "store": store,
         "artifact_io_manager": ArtifactHandleIOManager(store=store),

@@ -32,6 +32,8 @@ TENSORSTORE_GCS_URL_VAR = "TENSORSTORE_GCS_HTTP_URL"
 # Where the store is, passed on by name to a training or eval process. Credentials are not among
 # them: they would show as resource config; a local process inherits them, a pod gets secret refs.
 STORE_ENV_VARS = (*S3_ENDPOINT_VARS, GCS_EMULATOR_VAR, "AWS_REGION", "AWS_DEFAULT_REGION")
+# Set in a pod whose Pipes messages travel through the store's bucket: its scheme, s3 or gs.
+PIPES_BUCKET_ENV = "MARIN_PIPES_BUCKET"
 
 
 class StoreUnavailableError(RuntimeError):

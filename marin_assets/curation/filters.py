@@ -17,6 +17,8 @@ import numpy as np
 import polars as pl
 from scipy import sparse
 
+from marin_resources.typed_config import typed_config
+
 # Gopher's stop-word rule: a real English document uses a few of these.
 STOP_WORDS: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
 
@@ -34,6 +36,7 @@ STOP_WORD_PATTERN = r"(?i)\b(?:" + "|".join(STOP_WORDS) + r")\b"
 PARAGRAPH_BREAK_PATTERN = r"\n[ \t]*\n\s*"
 
 
+@typed_config
 @dataclass(frozen=True)
 class FilterConfig:
     """Thresholds of the heuristic rules; ``None`` switches a rule off.

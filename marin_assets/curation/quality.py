@@ -21,10 +21,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from marin_resources.typed_config import typed_config
+
 FEATURE_VERSION = 1
 _TOKEN_RE = re.compile(r"\w+", re.UNICODE)
 
 
+@typed_config
 @dataclass(frozen=True)
 class QualityConfig:
     n_features: int = 2**18

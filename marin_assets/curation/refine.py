@@ -17,6 +17,7 @@ import dagster as dg
 import numpy as np
 import polars as pl
 
+from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
 from marin_assets.curation.dedup import (DedupConfig, IndexDir, ShardInput, apply_decisions, decision_path,
                                          decisions_digest, duplicates_table, read_registry, update_index)
@@ -89,7 +90,7 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
     ins = {f"shards_{member.name}": all_partitions_in(f"filtered/{member.name}") for member in members}
 
     @marin_asset(key=f"dedup_index/{group}", version=DEDUP_INDEX_VERSION, identity=identity, ins=ins,
-                 group_name="curation", kinds={"parquet"},
+                 group_name="curation", kinds={"parquet"}, automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Dedup index of group `{group}` ({', '.join(m.name for m in members)}): shard order, "
                              "each shard's keep/drop decisions, and the LSH and exact keys of kept documents as "
                              f"sorted runs in {dedup_cfg.index_partitions} bucket-hash ranges. Append-only: a new "
@@ -217,7 +218,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     @marin_asset(key=f"filtered/{name}", version=FILTERED_VERSION, partitions_def=partitions, ins=ins,
                  identity=filtered_identity,
                  group_name="curation", kinds={"parquet", "polars"},
-                 automation_condition=dg.AutomationCondition.eager(),
+                 automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Quality-filtered documents of `{name}`: language id, Gopher/C4 heuristics"
                              + (", model quality score" if use_classifier else "")
                              + ". Dropped documents are kept in `dropped.parquet` with their reason; MinHash "
@@ -258,7 +259,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
 
     @marin_asset(key=f"deduplicated/{name}", version=DEDUP_VERSION,
                  ins={"index": dg.AssetIn(key=dedup_index_key(group))},
-                 identity=dedup_identity,
+                 identity=dedup_identity, automation_condition=FOLLOWS_NEW_DATA,
                  group_name="curation", kinds={"parquet"},
                  description=f"`{name}` after exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication against "
                              f"dedup group `{group}`. `data/<shard>.parquet` holds each shard's kept documents and "

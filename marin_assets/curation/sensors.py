@@ -30,8 +30,8 @@ def diff_shards(shards: list[Shard], known_partitions: set[str], cursor: dict[st
 
 def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartitionsDefinition,
                            raw_key: dg.AssetKey) -> dg.SensorDefinition:
-    @dg.sensor(name=f"{source.name}_new_shards", minimum_interval_seconds=60, asset_selection=[raw_key],
-               default_status=dg.DefaultSensorStatus.STOPPED,
+    @dg.sensor(name=f"{source.name}_new_shards", minimum_interval_seconds=30, asset_selection=[raw_key],
+               default_status=dg.DefaultSensorStatus.RUNNING,
                description=f"Watches {source.uri} and adds a partition and a run for each new or changed shard.")
     def new_shards(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         shards = discover_shards(source)

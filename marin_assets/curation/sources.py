@@ -33,8 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import types
-import typing
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +45,7 @@ import yaml
 from marin_assets.curation.filters import FilterConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_resources.identity import validate_partition_key
+from marin_resources.typed_config import FieldProblem, decode, typed_config
 
 FORMATS = ("text", "jsonl", "parquet", "html", "warc", "auto")
 PYPI_SDIST_SCHEME = "pypi-sdist"
@@ -74,6 +73,7 @@ class SourceConfigError(ValueError):
     """A sources YAML file is invalid; the message names the source and field."""
 
 
+@typed_config
 @dataclass(frozen=True)
 class SourceConfig:
     name: str
@@ -156,62 +156,23 @@ class Shard:
 # --------------------------------------------------------------------------- YAML
 
 
-def _check_type(value: Any, annotation: Any, where: str) -> Any:
-    """Validate ``value`` against a simple annotation and coerce lists to tuples."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(annotation)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _check_type(value, option, where)
-            except SourceConfigError as exc:
-                errors.append(str(exc))
-        raise SourceConfigError(errors[0])
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise SourceConfigError(f"{where}: expected a list, got {value!r}")
-        args = typing.get_args(annotation)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_check_type(v, args[0], where) for v in value)
-        if len(value) != len(args):
-            raise SourceConfigError(f"{where}: expected {len(args)} items, got {value!r}")
-        return tuple(_check_type(v, a, where) for v, a in zip(value, args))
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise SourceConfigError(f"{where}: expected true/false, got {value!r}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SourceConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SourceConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise SourceConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported annotation {annotation!r}")
+def _located(where: str, problem: FieldProblem) -> SourceConfigError:
+    """The decoder's problem, prefixed with where in the file it is (an unknown field: its parent)."""
+    path = problem.parent if problem.unknown else problem.dotted
+    separator = "" if not path or path.startswith("[") else "."
+    return SourceConfigError(f"{where}{separator}{path}: {problem.problem}")
 
 
-def _build(cls: type, raw: Any, where: str, base: Any = None) -> Any:
-    """Build a flat config dataclass from a mapping, on top of ``base``."""
-    if not isinstance(raw, Mapping):
-        raise SourceConfigError(f"{where}: expected a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in raw.items():
-        if key not in names:
-            raise SourceConfigError(f"{where}: unknown field {key!r} (allowed: {', '.join(names)})")
-        values[key] = _check_type(value, hints[key], f"{where}.{key}")
-    return dataclasses.replace(base, **values) if base is not None else cls(**values)
+def _decode(tp: Any, raw: Any, where: str, base: Any = None) -> Any:
+    """A config dataclass (or ``tuple[str, ...]``) from YAML data; a mapping goes on top of ``base``."""
+    if base is not None or dataclasses.is_dataclass(tp):
+        if not isinstance(raw, Mapping):
+            raise SourceConfigError(f"{where}: expected a mapping, got {raw!r}")
+        raw = {**dataclasses.asdict(base), **raw} if base is not None else dict(raw)
+    try:
+        return decode(tp, raw)
+    except FieldProblem as exc:
+        raise _located(where, exc) from None
 
 
 def _resolve_uri(uri: str, base_dir: Path) -> str:
@@ -252,12 +213,12 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
     fmt = raw.get("format", "auto")
     if fmt not in FORMATS:
         raise SourceConfigError(f"{where}.format: {fmt!r} is not one of {', '.join(FORMATS)}")
-    filters = _build(FilterConfig, raw.get("filters") or {}, f"{where}.filters", base=global_filters)
+    filters = _decode(FilterConfig, raw.get("filters") or {}, f"{where}.filters", base=global_filters)
     dedup = raw.get("dedup") or {}
     if not isinstance(dedup, Mapping):
         raise SourceConfigError(f"{where}.dedup: expected a mapping, got {dedup!r}")
     scalar = {k: v for k, v in raw.items() if k not in ("filters", "dedup")}
-    cfg = _build(SourceConfig, scalar, where)
+    cfg = _decode(SourceConfig, scalar, where)
     if "files_per_shard" in raw and "bytes_per_shard" in raw:
         raise SourceConfigError(f"{where}: set files_per_shard or bytes_per_shard, not both")
     if "files_per_shard" in raw:
@@ -291,7 +252,7 @@ def parse_curation_config(data: Any, base_dir: str | Path, origin: str = "<memor
     raw_sources = data.get("sources")
     if not isinstance(raw_sources, list) or not raw_sources:
         raise SourceConfigError(f"{origin}: 'sources' must be a non-empty list")
-    global_filters = _build(FilterConfig, data.get("filters") or {}, "filters")
+    global_filters = _decode(FilterConfig, data.get("filters") or {}, "filters")
     sources = []
     seen: set[str] = set()
     for i, raw in enumerate(raw_sources):
@@ -310,13 +271,13 @@ def parse_curation_config(data: Any, base_dir: str | Path, origin: str = "<memor
             raise SourceConfigError(f"quality: expected a mapping, got {raw_q!r}")
         model_fields = {k: v for k, v in raw_q.items() if k not in _QUALITY_EXTRA_KEYS}
         try:
-            quality = _build(QualityConfig, model_fields, "quality")
+            quality = _decode(QualityConfig, model_fields, "quality")
         except SourceConfigError as exc:
             raise SourceConfigError(f"{exc} (also allowed: {', '.join(_QUALITY_EXTRA_KEYS)})") from None
         if not 0.0 < quality.keep_fraction <= 1.0:
             raise SourceConfigError(f"quality.keep_fraction: must be in (0, 1], got {quality.keep_fraction}")
-        positives = _check_type(raw_q.get("positive_sources", []), tuple[str, ...], "quality.positive_sources")
-        negatives = _check_type(raw_q.get("negative_sources", []), tuple[str, ...], "quality.negative_sources")
+        positives = _decode(tuple[str, ...], raw_q.get("positive_sources", []), "quality.positive_sources")
+        negatives = _decode(tuple[str, ...], raw_q.get("negative_sources", []), "quality.negative_sources")
         for key, names in (("positive_sources", positives), ("negative_sources", negatives)):
             for n in names:
                 if n not in seen:

@@ -1,33 +1,37 @@
-"""Scaling-sweep assets, one set per sweep S in `sweeps.yaml`:
+"""Scaling-sweep assets, one set per sweep S of the deployment (`sweeps.yaml`, MARIN_SWEEPS):
 
-    sweep/S            the plan: every budget's candidates (and rejections) as JSON
-    checkpoint[r], eval[r]            one run per fit-budget candidate r (registered here)
-    scaling_fit/S      isoFLOP fit of the fit runs' eval losses: fit JSON, PNG, predictions
-    forecast/S         the frozen forecast of each target budget's chosen run
-    checkpoint[t], eval[t]            the target run t, registered only once forecast/S exists
-    forecast_check/S   actual versus forecast, with an asset check on the interval
+    sweep/S                  the plan: every budget's candidates (and rejections) as JSON
+    sweep_checkpoint/S[r]    one training run per fit-budget candidate r, then the target runs
+    sweep_eval/S[r]          its evaluation
+    scaling_fit/S            isoFLOP fit of the fit runs' eval losses: fit JSON, PNG, predictions
+    forecast/S               the frozen forecast of each target budget's chosen run
+    forecast_check/S         actual versus forecast, with an asset check on the interval
 
-Predict-before-train is enforced by registration: a target run is a partition of `checkpoint`
-only when a committed forecast for the current sweep config is in the store, so it cannot be
+A sweep's runs are the dynamic partitions `S_sweep_runs`, its own, so that the runs of a sweep
+nobody started never make the deployment's named runs (`checkpoint`, `eval`) look unfinished.
+The fit runs follow from the config alone; a target run is added only after forecast/S commits
+(by the `sweep_runs` sensor, or by `marin` when it discovers partitions), so it cannot be
 trained first, and the forecast check also verifies that the forecast was committed before the
-target's training started.
+target's training started. Nothing here reads the store while the code location loads.
 """
 
 import base64
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 
 from marin_assets.catalog import Catalog
-from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, SweepPlan, load_sweeps, plan_sweep
+from marin_assets.deployment import Deployment
+from marin_assets.scaling_sweeps.config import SweepConfig, SweepPlan, plan_sweep
 from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_target, eval_loss_key, fit_sweep,
                                                      forecast_record, runs_table, score_forecast)
-from marin_assets.tokenization.assets import deployment_registry
-from marin_assets.training.spec import register_run
+from marin_assets.training.assets import add_run_identities, build_run_assets
+from marin_assets.training.spec import RunSpec
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset,
                                        materialize_artifact)
-from marin_resources.environments import MarinSettings
+from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.identity import fingerprint
 from marin_resources.store import ArtifactStore
 
@@ -36,7 +40,6 @@ SWEEP_VERSION = "v1"
 SCALING_FIT_VERSION = "v2"
 FORECAST_VERSION = "v2"
 FORECAST_CHECK_VERSION = "v2"
-EVAL_KEY = dg.AssetKey(["eval"])
 # A fit run's parameter count from Levanter must match the recipe's (else the vocabulary differs).
 PARAMS_TOLERANCE = 0.005
 
@@ -54,22 +57,57 @@ def stored_forecast(store: ArtifactStore, config: SweepConfig) -> dict[str, Any]
     return read_json(store, manifest.uri, "forecast.json")
 
 
-def register_sweep_runs(plan: SweepPlan, store: ArtifactStore) -> list[str]:
-    """Register fit runs, and the forecast's chosen target runs when the forecast exists; returns target names."""
-    for run in plan.fit_runs():
-        register_run(run.spec)
-    forecast = stored_forecast(store, plan.config)
-    if forecast is None:
-        return []
-    targets = []
-    for budget in plan.config.target_budgets:
-        try:
-            run = chosen_target(plan, forecast, budget)
-        except KeyError:
-            continue  # a forecast of another plan: its target waits for a new forecast
-        register_run(run.spec)
-        targets.append(run.spec.name)
-    return targets
+def checkpoint_key(sweep: str) -> str:
+    return f"sweep_checkpoint/{sweep}"
+
+
+def eval_key(sweep: str) -> str:
+    return f"sweep_eval/{sweep}"
+
+
+def runs_partitions(sweep: str) -> dg.DynamicPartitionsDefinition:
+    return dg.DynamicPartitionsDefinition(name=f"{sweep}_sweep_runs")
+
+
+@dataclass(frozen=True)
+class SweepRuns:
+    """A sweep's training runs: the plan's fit runs (from the config alone) and the committed
+    forecast's chosen target runs (read from the store when asked, never at load)."""
+
+    plan: SweepPlan
+
+    @property
+    def name(self) -> str:
+        return self.plan.config.name
+
+    def fit(self) -> dict[str, RunSpec]:
+        return {r.spec.name: r.spec for r in self.plan.fit_runs()}
+
+    def targets(self, store: ArtifactStore) -> dict[str, RunSpec]:
+        forecast = stored_forecast(store, self.plan.config)
+        if forecast is None:
+            return {}
+        targets = {}
+        for budget in self.plan.config.target_budgets:
+            try:
+                run = chosen_target(self.plan, forecast, budget)
+            except KeyError:
+                continue  # a forecast of another plan: its target waits for a new forecast
+            targets[run.spec.name] = run.spec
+        return targets
+
+    def names(self, store: ArtifactStore) -> list[str]:
+        return sorted({**self.fit(), **self.targets(store)})
+
+    def spec(self, run: str, store: ArtifactStore) -> RunSpec:
+        fit = self.fit()
+        if run in fit:
+            return fit[run]
+        targets = self.targets(store)
+        if run not in targets:
+            raise dg.Failure(f"{run!r} is neither a fit run of sweep {self.name!r} nor the target of its committed "
+                             f"forecast (targets: {sorted(targets) or 'none until forecast/' + self.name + ' commits'})")
+        return targets[run]
 
 
 def png_markdown(png: bytes, title: str) -> dg.MetadataValue:
@@ -84,11 +122,13 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
         name = run.spec.name
         handle = evals.get(name)
         if handle is None:
-            raise SweepFitError(f"no eval of fit run {name!r}; materialize eval --partition {name}")
+            raise SweepFitError(f"no eval of fit run {name!r}; materialize {eval_key(plan.config.name)} "
+                                f"--partition {name}")
         if key not in handle.metrics:
             raise SweepFitError(f"eval[{name}] has no {key!r} (has {sorted(handle.metrics)})")
         manifest = store.read_manifest(handle.uri)
-        checkpoint_ref = next((u for u in manifest.upstream if u.asset_key == "checkpoint"), None) if manifest else None
+        checkpoint_ref = next((u for u in manifest.upstream if u.asset_key == checkpoint_key(plan.config.name)),
+                              None) if manifest else None
         checkpoint = store.read_manifest(checkpoint_ref.uri) if checkpoint_ref else None
         if checkpoint is None:
             raise SweepFitError(f"eval[{name}] does not record its checkpoint")
@@ -97,11 +137,12 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
             # --force would reuse it (drift), and --rebuild alone would resume from its checkpoints.
             raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the plan's; move its "
                                 f"checkpoints aside ({checkpoint.uri}/checkpoints), then retrain it: "
-                                f"marin materialize checkpoint --partition {name} --rebuild")
+                                f"marin materialize {checkpoint_key(plan.config.name)} --partition {name} --rebuild")
         trained = checkpoint.metrics
         if trained.get("final_step") is None:
             raise SweepFitError(f"checkpoint[{name}] records no final step (committed without its training "
-                                f"summary); rebuild it: marin materialize checkpoint --partition {name} --rebuild")
+                                f"summary); rebuild it: marin materialize {checkpoint_key(plan.config.name)} --partition {name} "
+                                "--rebuild")
         if trained["final_step"] != run.spec.num_train_steps:
             raise SweepFitError(f"checkpoint[{name}] finished {trained['final_step']} of "
                                 f"{run.spec.num_train_steps} steps")
@@ -113,9 +154,10 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
     return losses
 
 
-def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list, list, dict[str, Any]]:
+def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: SweepConfig,
+                       catalog: Catalog) -> tuple[list, list]:
     plan = plan_sweep(config)
-    targets = register_sweep_runs(plan, store)
+    runs = SweepRuns(plan)
     identity = config.identity()
     sweep_fp = fingerprint(identity)
     fit_names = [r.spec.name for r in plan.fit_runs()]
@@ -124,7 +166,22 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
     configs = {"sweep": identity,
                "scaling_fit": {"sweep_fingerprint": sweep_fp, "fit_runs": fit_names},
                "forecast": {"sweep_fingerprint": sweep_fp},
-               "forecast_check": {"sweep_fingerprint": sweep_fp, "targets": targets}}
+               # The targets follow from the forecast, an upstream whose data version is recorded.
+               "forecast_check": {"sweep_fingerprint": sweep_fp}}
+    tags = {"sweep": name}
+    partitions = runs_partitions(name)
+    store = store_resource(settings)
+
+    def spec_for(run: str) -> RunSpec:
+        return runs.spec(run, store.get())
+
+    run_assets, run_checks = build_run_assets(
+        checkpoint_key=checkpoint_key(name), eval_key=eval_key(name), partitions=partitions, spec_for=spec_for,
+        mixture_versions={config.mixture: deployment.mixture_versions[config.mixture]},
+        tokenizer_versions={config.tokenizer: deployment.tokenizer_versions[config.tokenizer]},
+        pool=settings.train_pool, group_name="scaling", tags=tags, subject=f" of sweep {name!r}")
+    catalog.add_discoverer(partitions.name, lambda: runs.names(store.get()))
+    add_run_identities(catalog, checkpoint_key(name), eval_key(name), spec_for)
 
     @marin_asset(key=f"sweep/{name}", version=SWEEP_VERSION, identity=configs["sweep"], group_name="scaling",
                  description=f"IsoFLOP plan of sweep {name!r}: fit budgets {list(config.fit_budgets)}, target "
@@ -138,7 +195,7 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
 
         return materialize_artifact(context, store, config=configs["sweep"], upstream=[], build=build)
 
-    fit_evals = all_partitions_in(EVAL_KEY, partition_mapping=dg.SpecificPartitionsPartitionMapping(fit_names))
+    fit_evals = all_partitions_in(eval_key(name), partition_mapping=dg.SpecificPartitionsPartitionMapping(fit_names))
 
     @marin_asset(key=f"scaling_fit/{name}", version=SCALING_FIT_VERSION, identity=configs["scaling_fit"],
                  group_name="scaling", ins={"plan_handle": dg.AssetIn(key=sweep.key), "evals": fit_evals},
@@ -193,35 +250,32 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
 
         return materialize_artifact(context, store, config=configs["forecast"], upstream=[fit], build=build)
 
-    check_ins: dict[str, dg.AssetIn] = {"forecast_in": dg.AssetIn(key=forecast.key)}
-    if targets:
-        check_ins["evals"] = all_partitions_in(EVAL_KEY,
-                                               partition_mapping=dg.SpecificPartitionsPartitionMapping(targets))
-
     @marin_asset(key=f"forecast_check/{name}", version=FORECAST_CHECK_VERSION, identity=configs["forecast_check"],
-                 group_name="scaling", ins=check_ins,
+                 group_name="scaling", ins={"forecast_in": dg.AssetIn(key=forecast.key),
+                                            "evals": all_partitions_in(eval_key(name))},
                  description=f"Sweep {name!r}: each target run's eval loss against its forecast (signed error %, "
                              "inside the interval or not, forecast committed before training or not).")
     def forecast_check(context: dg.AssetExecutionContext, store: MarinStore, forecast_in: ArtifactHandle,
-                       **target_evals: dict[str, ArtifactHandle]):
-        # `evals` is an input only once the target runs are known (registered from the stored forecast).
+                       evals: dict[str, ArtifactHandle]):
+        # `evals` holds every run of the sweep that is a partition now: the fit runs, and the target
+        # runs once the committed forecast added them.
         artifacts = store.get()
         record = read_json(artifacts, forecast_in.uri, "forecast.json")
         forecast_manifest = artifacts.read_manifest(forecast_in.uri)
-        evals = target_evals.get("evals", {})
         scores = []
         for target in record["targets"]:
             handle = evals.get(target["run"])
             if handle is None:
-                raise dg.Failure(f"target run {target['run']!r} has no eval input: it is registered when the code "
-                                 f"location loads with forecast/{name} stored; reload, then materialize "
-                                 f"eval --partition {target['run']}")
+                raise dg.Failure(f"target run {target['run']!r} is not yet a partition of {eval_key(name)}: the "
+                                 f"sweep_runs sensor (or marin) adds it once forecast/{name} is committed; then "
+                                 f"materialize {eval_key(name)} --partition {target['run']}")
             key = eval_loss_key(record["eval_set"])
             if key not in handle.metrics:
                 raise dg.Failure(f"eval[{target['run']}] has no {key!r}")
             score = score_forecast(target, float(handle.metrics[key]), config.error_goal)
             trained = artifacts.read_manifest(
-                next(u.uri for u in artifacts.read_manifest(handle.uri).upstream if u.asset_key == "checkpoint"))
+                next(u.uri for u in artifacts.read_manifest(handle.uri).upstream
+                     if u.asset_key == checkpoint_key(name)))
             # ISO-8601 UTC timestamps compare as strings.
             score["forecast_committed_at"] = forecast_manifest.finished_at
             score["training_started_at"] = trained.started_at
@@ -238,7 +292,8 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
                 metrics.update({f"{s['run']}/{m}/error_pct": b["error_pct"] for m, b in s["by_method"].items()})
             return Built(metrics=metrics, metadata={"targets": dg.MetadataValue.json(scores)})
 
-        upstream = [forecast_in] + [evals[n] for n in sorted(evals)]
+        targets = sorted(s["run"] for s in scores)
+        upstream = [forecast_in] + [evals[n] for n in targets]
         return materialize_artifact(context, store, config=configs["forecast_check"], upstream=upstream, build=build)
 
     @dg.asset_check(asset=forecast_check, name="within_forecast_interval",
@@ -251,8 +306,9 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed forecast check"})
         return forecast_check_result(read_json(store.get(), manifest.uri, "check.json"))
 
-    identities = {f"{kind}/{name}": (lambda _partition, config=config: config) for kind, config in configs.items()}
-    return [sweep, scaling_fit, forecast, forecast_check], [within_forecast_interval], identities
+    for kind, kind_config in configs.items():
+        catalog.add_identity(f"{kind}/{name}", lambda _partition, c=kind_config: c)
+    return [sweep, scaling_fit, forecast, forecast_check, *run_assets], [within_forecast_interval, *run_checks]
 
 
 def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:
@@ -269,30 +325,45 @@ def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=passed, metadata=metadata)
 
 
-def available_mixtures(settings: MarinSettings) -> set[str]:
-    """Mixtures of the tokenization registry whose sources are curated in this deployment."""
-    from marin_assets.stages import curated_source_names  # stages lists this module's builder
+def build_sweep_runs_sensor(deployment: Deployment) -> dg.SensorDefinition:
+    """Adds each sweep's fit runs as partitions, and its target runs once its forecast commits.
 
-    return set(deployment_registry(settings, curated_source_names(settings)).mixtures)
+    The cursor keeps, per sweep, the storage id of the last forecast materialization it read, so
+    the store is read only when a new forecast has committed. Training stays manual: it adds
+    partitions and requests no runs."""
+    sweeps = {name: SweepRuns(plan_sweep(config)) for name, config in deployment.sweeps.items()}
+
+    @dg.sensor(name="sweep_runs", minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+               description="Adds the fit runs of every sweep as its partitions, and a sweep's target runs once its "
+                           "forecast is committed (predict before train).")
+    def sweep_runs(context: dg.SensorEvaluationContext, store: MarinStore) -> dg.SensorResult:
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        requests = []
+        for name, runs in sorted(sweeps.items()):
+            wanted = set(runs.fit())
+            latest = context.instance.fetch_materializations(dg.AssetKey(["forecast", name]), limit=1).records
+            if latest and latest[0].storage_id != cursor.get(name):
+                wanted |= set(runs.targets(store.get()))
+                cursor[name] = latest[0].storage_id
+            partitions = runs_partitions(name)
+            new = sorted(wanted - set(context.instance.get_dynamic_partitions(partitions.name)))
+            if new:
+                requests.append(partitions.build_add_request(new))
+        if not requests:
+            return dg.SensorResult(skip_reason="every sweep's runs are partitions already",
+                                   cursor=json.dumps(cursor, sort_keys=True))
+        return dg.SensorResult(dynamic_partitions_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
+
+    return sweep_runs
 
 
-def build_scaling_sweeps_stage(settings: MarinSettings, sweeps_file: str | None = None,
-                               mixtures: set[str] | None = None) -> tuple[dg.Definitions, Catalog]:
-    """One asset set per sweep; registers the sweeps' runs with the training registry as a side effect.
-
-    Sweeps on a mixture this deployment does not build are left out, as the training stage leaves
-    out their runs.
-    """
-    store = MarinStore(prefix=settings.prefix).get()
-    mixtures = available_mixtures(settings) if mixtures is None else mixtures
+def build_scaling_sweeps_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+    """One asset set per sweep of the deployment (sweeps on a mixture it does not build are left out)."""
     assets, checks = [], []
     catalog = Catalog()
-    for config in load_sweeps(sweeps_file or DEFAULT_SWEEPS_YAML).values():
-        if config.mixture not in mixtures:
-            continue
-        sweep_assets, sweep_checks, identities = build_sweep_assets(config, store)
+    for config in deployment.sweeps.values():
+        sweep_assets, sweep_checks = build_sweep_assets(settings, deployment, config, catalog)
         assets += sweep_assets
         checks += sweep_checks
-        for key, fn in identities.items():
-            catalog.add_identity(key, fn)
-    return dg.Definitions(assets=assets, asset_checks=checks), catalog
+    sensors = [build_sweep_runs_sensor(deployment)] if deployment.sweeps else []
+    return dg.Definitions(assets=assets, asset_checks=checks, sensors=sensors), catalog

@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any, Literal
 import yaml
 
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec, validate_run
+from marin_resources.typed_config import FieldProblem, decode, typed_config
 from scaling.recipe import Candidate, MicroRecipe, Recipe, Rejection
 
 DEFAULT_SWEEPS_YAML = Path(__file__).with_name("sweeps.yaml")
@@ -42,6 +41,7 @@ class SweepConfigError(ValueError):
         super().__init__(f"sweep {sweep!r}: field {field_path!r}: {problem}")
 
 
+@typed_config
 @dataclass(frozen=True)
 class SweepConfig:
     name: str
@@ -217,38 +217,6 @@ def plan_sweep(config: SweepConfig) -> SweepPlan:
 # --- loading ------------------------------------------------------------------------------------
 
 
-def _field_value(sweep: str, name: str, tp: Any, value: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
-        origin = typing.get_origin(tp)
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            raise SweepConfigError(sweep, name, f"{value!r} is not one of {list(typing.get_args(tp))}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, list) or not value:
-            raise SweepConfigError(sweep, name, f"expected a non-empty list of numbers, got {value!r}")
-        return tuple(_number(sweep, f"{name}[{i}]", v) for i, v in enumerate(value))
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SweepConfigError(sweep, name, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        return _number(sweep, name, value)
-    if tp is str:
-        if not isinstance(value, str) or not value:
-            raise SweepConfigError(sweep, name, f"expected a non-empty string, got {value!r}")
-        return value
-    if origin is Mapping or tp is Mapping:
-        if not isinstance(value, Mapping):
-            raise SweepConfigError(sweep, name, f"expected a mapping, got {value!r}")
-        return dict(value)
-    raise TypeError(f"unsupported annotation {tp!r} for {name}")
-
-
 def _number(sweep: str, name: str, value: Any) -> float:
     if isinstance(value, str):
         try:
@@ -281,22 +249,19 @@ def sweep_from_dict(name: str, raw: Any) -> SweepConfig:
         raise SweepConfigError(name, "<sweep>", f"expected a mapping, got {type(raw).__name__}")
     if safe_name(name) != name:
         raise SweepConfigError(name, "<name>", "use letters, digits and . _ = + - only")
-    hints = typing.get_type_hints(SweepConfig)
-    fields = {f.name: f for f in dataclasses.fields(SweepConfig) if f.name != "name"}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise SweepConfigError(name, unknown[0], f"unknown field (known: {sorted(fields)})")
-    kwargs: dict[str, Any] = {"name": name}
-    for fname, f in fields.items():
-        if fname in raw:
-            kwargs[fname] = _field_value(name, fname, hints[fname], raw[fname])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise SweepConfigError(name, fname, "required field is missing")
-    kwargs["recipe_overrides"] = _recipe_overrides(name, kwargs["recipe"], kwargs.get("recipe_overrides", {}))
-    kwargs["target_recipe_overrides"] = _recipe_overrides(name, kwargs["recipe"],
-                                                          kwargs.get("target_recipe_overrides", {}),
-                                                          "target_recipe_overrides", kwargs["recipe_overrides"])
-    config = SweepConfig(**kwargs)
+    if "name" in raw:
+        raise SweepConfigError(name, "name", "unknown field (the sweep's name is its key in the file)")
+    data = dict(raw)
+    for field_name in ("fit_budgets", "target_budgets"):
+        if isinstance(data.get(field_name), list):  # YAML 1.1 reads 3e12 (no dot) as a string
+            data[field_name] = [_number(name, f"{field_name}[{i}]", v) for i, v in enumerate(data[field_name])]
+    try:
+        config = decode(SweepConfig, {**data, "name": name})
+    except FieldProblem as exc:
+        raise SweepConfigError(name, exc.dotted or "<sweep>", exc.problem) from None
+    overrides = _recipe_overrides(name, config.recipe, config.recipe_overrides)
+    config = dataclasses.replace(config, recipe_overrides=overrides, target_recipe_overrides=_recipe_overrides(
+        name, config.recipe, config.target_recipe_overrides, "target_recipe_overrides", overrides))
     validate_sweep(config)
     return config
 
@@ -306,6 +271,9 @@ def validate_sweep(config: SweepConfig) -> None:
         if not ok:
             raise SweepConfigError(config.name, field_path, problem)
 
+    for field_name in ("mixture", "tokenizer", "eval_set"):
+        require(bool(getattr(config, field_name)), field_name, "must not be empty")
+    require(bool(config.target_budgets), "target_budgets", "must name at least one budget")
     require(len(config.fit_budgets) >= 3, "fit_budgets",
             f"the envelope fit needs at least 3 budgets, got {len(config.fit_budgets)}")
     require(len(set(config.fit_budgets)) == len(config.fit_budgets), "fit_budgets", "contains duplicates")

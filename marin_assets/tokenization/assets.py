@@ -3,14 +3,15 @@ mixture/<name> (Levanter's mixture data config). Declared in `registry.yaml` (or
 MARIN_REGISTRY, read into `MarinSettings.registry_file`)."""
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import yaml
 
+from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
 from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache, cache_shard_order, iter_parquet_texts
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
@@ -19,7 +20,11 @@ from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checke
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
+from marin_resources.typed_config import FieldProblem, decode
 from marin_resources.store import MANIFEST_NAME, ArtifactStore, FileEntry, Manifest
+
+if TYPE_CHECKING:
+    from marin_assets.deployment import Deployment  # which reads this module's registry
 
 REGISTRY_PATH = Path(__file__).with_name("registry.yaml")
 # v2: a trained tokenizer is pinned to the corpus it was first trained on (recorded in its identity,
@@ -67,12 +72,11 @@ class TokenizationRegistry:
     default: TokenizedEntry | None = None
 
 
-def _known(cls, raw: dict, where: str, extra: set[str] = frozenset()) -> dict:
-    allowed = {f.name for f in fields(cls)} | set(extra)
-    unknown = set(raw) - allowed
-    if unknown:
-        raise RegistryError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-    return raw
+def _decoded(tp: type, raw: Any, where: str) -> Any:
+    try:
+        return decode(tp, raw)
+    except FieldProblem as exc:
+        raise RegistryError(f"{where}: field {exc.dotted!r}: {exc.problem}") from None
 
 
 def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, TokenizerEntry],
@@ -81,7 +85,7 @@ def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, Token
     tok = body.pop("tokenizer", None)
     if tok not in tokenizers:
         raise RegistryError(f"{where}: tokenizer {tok!r} is not declared")
-    return TokenizedEntry(source, tok, CacheConfig(**_known(CacheConfig, body, where)))
+    return TokenizedEntry(source, tok, _decoded(CacheConfig, body, where))
 
 
 def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
@@ -104,8 +108,8 @@ def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
             validate_partition_key(version)
         except InvalidPartitionKeyError as e:
             raise RegistryError(f"tokenizer {name!r}: version {version!r} is not a valid path segment: {e}") from e
-        _known(TokenizerConfig, body, f"tokenizer {name!r}")
-        tokenizers[name] = TokenizerEntry(name, TokenizerConfig(**body), train_on, adopt, version)
+        tokenizers[name] = TokenizerEntry(name, _decoded(TokenizerConfig, body, f"tokenizer {name!r}"), train_on,
+                                          adopt, version)
     tokenized = {source: _tokenized_entry(source, body, tokenizers, f"tokenized {source!r}")
                  for source, body in (raw.get("tokenized") or {}).items()}
     default = _tokenized_entry("*", raw["default"], tokenizers, "default") if raw.get("default") else None
@@ -135,10 +139,6 @@ def registry_for_sources(registry: TokenizationRegistry, sources: set[str]) -> T
             tokenized[source] = replace(registry.default, source=source)
     mixtures = {n: e for n, e in registry.mixtures.items() if set(e.weights) <= set(tokenized)}
     return TokenizationRegistry(tokenizers, tokenized, mixtures, registry.default)
-
-
-def deployment_registry(settings: MarinSettings, sources: set[str]) -> TokenizationRegistry:
-    return registry_for_sources(load_registry(settings.registry_file or REGISTRY_PATH), sources)
 
 
 def corpus_files(store: ArtifactStore, uri: str) -> dict[str, str]:
@@ -286,7 +286,7 @@ def build_tokenized_asset(entry: TokenizedEntry):
     key = f"tokenized/{entry.source}"
 
     @marin_asset(key=key, version=TOKENIZED_VERSION, group_name="tokenization", kinds={"levanter"},
-                 identity={"cache": asdict(entry.cache)},
+                 identity={"cache": asdict(entry.cache)}, automation_condition=FOLLOWS_NEW_DATA,
                  ins={"corpus": dg.AssetIn(key=dg.AssetKey(["deduplicated", entry.source])),
                       "tokenizer": dg.AssetIn(key=dg.AssetKey(["tokenizer", entry.tokenizer]))},
                  description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "
@@ -355,7 +355,7 @@ def build_mixture_asset(entry: MixtureEntry):
     identity = {"weights": dict(sorted(entry.weights.items())), "tokenizer": entry.tokenizer}
 
     @marin_asset(key=f"mixture/{entry.name}", version=MIXTURE_VERSION, identity=identity, ins=ins,
-                 group_name="tokenization", kinds={"levanter"},
+                 group_name="tokenization", kinds={"levanter"}, automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Training mixture `{entry.name}` ({', '.join(f'{c}: {w}' for c, w in entry.weights.items())}), "
                              "rendered to Levanter's mixture data config (`data.json`). Deterministic: same spec and "
                              "same cache data versions give the same bytes.")
@@ -381,8 +381,9 @@ def read_mixture_config(store: ArtifactStore, handle: ArtifactHandle) -> dict[st
         return json.load(fh)
 
 
-def build_tokenization_stage(settings: MarinSettings, sources: set[str]) -> tuple[dg.Definitions, Catalog]:
-    registry = deployment_registry(settings, sources)
+def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment") -> tuple[dg.Definitions, Catalog]:
+    """Tokenizers, tokenized caches and mixtures of `deployment.tokenization`."""
+    registry = deployment.tokenization
     catalog = Catalog()
     assets, checks = [], []
     for entry in registry.tokenizers.values():

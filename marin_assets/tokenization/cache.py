@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from marin_assets.tokenization.tokenizer import local_tokenizer_dir, tokenizer_json_sha256
+from marin_resources.typed_config import typed_config
 
 SPLITS = ("train", "validation")
 INPUT_IDS = "input_ids"
@@ -47,6 +48,7 @@ CACHE_FORMAT_VERSION = 1
 TOKEN_DTYPE = np.int32
 
 
+@typed_config
 @dataclass(frozen=True)
 class CacheConfig:
     """How documents become cache rows.

@@ -12,13 +12,13 @@ import yaml
 from marin_assets.scaling_sweeps import assets as sweep_assets
 from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep, sweep_from_dict
 from marin_assets.scaling_sweeps.forecasting import fit_sweep, forecast_record, runs_table, score_forecast
-from marin_assets.training import spec as spec_module
-from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION, build_training_stage
+from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.identity import fingerprint
 from marin_resources.store import ArtifactStore, UpstreamRef, producer_info, writing
 
 SWEEP = "syn"
+CHECKPOINT, EVAL, RUNS = f"sweep_checkpoint/{SWEEP}", f"sweep_eval/{SWEEP}", f"{SWEEP}_sweep_runs"
 SWEEP_CONFIG = {
     "recipe": "micro",
     "recipe_overrides": {"vocab_size": 4096, "seq_len": 128},
@@ -36,39 +36,40 @@ def law(params: float, tokens: float) -> float:
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    # Registrations are process-global; each test starts from an empty programmatic registry.
-    monkeypatch.setattr(spec_module, "_PROGRAMMATIC_RUNS", {})
+def env(tmp_path):
     sweeps_file = tmp_path / "sweeps.yaml"
     sweeps_file.write_text(yaml.safe_dump({"sweeps": {SWEEP: SWEEP_CONFIG}}))
-    runs_file = tmp_path / "runs.yaml"
-    runs_file.write_text("runs: {}\n")
-    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_RUNS": str(runs_file)})
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SWEEPS": str(sweeps_file)})
     return settings, sweeps_file
 
 
-def load(settings, sweeps_file):
-    """What the code location does: sweep stage (registers runs) plus training stage."""
-    sweep_defs, sweep_catalog = sweep_assets.build_scaling_sweeps_stage(settings, str(sweeps_file), {"m"})
-    training_defs, training_catalog = build_training_stage(settings, {"m": "v1"}, {"t": "v1"})
-    defs = dg.Definitions.merge(sweep_defs, training_defs, dg.Definitions(resources=build_resources(settings)))
-    return defs, training_catalog.discoverers["runs"](), sweep_catalog
+@pytest.fixture
+def load(synthetic_deployment):
+    """`load(settings, sweeps_file)`: what the code location does (the sweep stage), and the sweep's
+    runs as the planner discovers them."""
+    return lambda settings, sweeps_file: load_stage(settings, synthetic_deployment(sweeps=load_sweeps(sweeps_file)))
+
+
+def load_stage(settings, deployment):
+    defs, catalog = sweep_assets.build_scaling_sweeps_stage(settings, deployment)
+    defs = dg.Definitions.merge(defs, dg.Definitions(resources=build_resources(settings)))
+    return defs, catalog.discoverers[RUNS](), catalog
 
 
 def write_run(store: ArtifactStore, run, loss: float, *, spec=None, parameter_count=None) -> None:
     """A committed checkpoint (as training reports it) and its eval (as evaluation reports it)."""
     spec = spec or run.spec
     parameter_count = parameter_count or run.candidate.params
-    with writing(store, "checkpoint", CHECKPOINT_VERSION, run.spec.name, run_id="test") as w:
+    with writing(store, CHECKPOINT, CHECKPOINT_VERSION, run.spec.name, run_id="test") as w:
         w.write_json("train_summary.json", {"final_step": run.spec.num_train_steps})
         checkpoint = w.commit(fingerprint=fingerprint(spec.identity()), config=spec.identity(), upstream=[],
                               producer=producer_info("test"),
                               metrics={"final_step": run.spec.num_train_steps, "parameter_count": parameter_count})
-    with writing(store, "eval", EVAL_VERSION, run.spec.name, run_id="test") as w:
+    with writing(store, EVAL, EVAL_VERSION, run.spec.name, run_id="test") as w:
         w.write_json("eval_report.json", {"eval/m/loss": loss})
         config = {"run": run.spec.identity()}
         w.commit(fingerprint=fingerprint(config), config=config,
-                 upstream=[UpstreamRef("checkpoint", run.spec.name, checkpoint.data_version, checkpoint.uri)],
+                 upstream=[UpstreamRef(CHECKPOINT, run.spec.name, checkpoint.data_version, checkpoint.uri)],
                  producer=producer_info("test"), metrics={"eval/m/loss": loss})
 
 
@@ -77,29 +78,50 @@ def materialize(defs, instance, *keys):
                           resources=defs.resources, raise_on_error=False)
 
 
-def test_registration_gives_path_safe_partitions_and_targets_wait_for_the_forecast(env):
+def sensor_tick(defs, instance, cursor: str | None) -> tuple[list[str], str]:
+    """One tick of the `sweep_runs` sensor with its partition requests applied: the keys it added, its cursor."""
+    sensor = next(s for s in defs.sensors if s.name == "sweep_runs")
+    result = sensor(dg.build_sensor_context(instance=instance, cursor=cursor,
+                                            resources={"store": defs.resources["store"]}))
+    added = []
+    for request in result.dynamic_partitions_requests or []:
+        assert request.partitions_def_name == RUNS
+        instance.add_dynamic_partitions(RUNS, list(request.partition_keys))
+        added += request.partition_keys
+    return sorted(added), result.cursor
+
+
+def test_sweep_runs_are_their_own_partitions_and_targets_wait_for_the_forecast(env, load):
     settings, sweeps_file = env
-    _, partitions, catalog = load(settings, sweeps_file)
+    defs, partitions, catalog = load(settings, sweeps_file)
     plan = plan_sweep(load_sweeps(sweeps_file)[SWEEP])
     assert partitions == sorted(r.spec.name for r in plan.fit_runs())
     assert not any(name.startswith(f"{SWEEP}-3e14") for name in partitions)
-    assert set(spec_module.registered_runs(settings.runs_file)) == set(partitions)
-    assert {"sweep/syn", "scaling_fit/syn", "forecast/syn", "forecast_check/syn"} <= set(catalog.identities)
+    graph = defs.resolve_asset_graph()
+    for key in (CHECKPOINT, EVAL):
+        assert graph.get(dg.AssetKey(key.split("/"))).partitions_def.name == RUNS
+    assert {"sweep/syn", "scaling_fit/syn", "forecast/syn", "forecast_check/syn", CHECKPOINT, EVAL} <= \
+        set(catalog.identities)
 
 
-def test_a_sweep_on_a_mixture_this_deployment_lacks_is_left_out(env):
+def test_a_sweep_on_a_mixture_this_deployment_lacks_is_left_out(env, synthetic_deployment):
     settings, sweeps_file = env
-    defs, _ = sweep_assets.build_scaling_sweeps_stage(settings, str(sweeps_file), {"other"})
-    assert not list(defs.assets or []) and not spec_module.registered_runs(settings.runs_file)
+    deployment = synthetic_deployment(sweeps=load_sweeps(sweeps_file), mixture="other")
+    defs, _ = sweep_assets.build_scaling_sweeps_stage(settings, deployment)
+    assert not list(defs.assets or []) and not list(defs.sensors or [])
 
 
-def test_fit_forecast_then_check_inside_and_outside_the_interval(env):
+def test_fit_forecast_then_check_inside_and_outside_the_interval(env, load):
     settings, sweeps_file = env
     defs, partitions, _ = load(settings, sweeps_file)
     store = ArtifactStore(settings.prefix)
     plan = plan_sweep(load_sweeps(sweeps_file)[SWEEP])
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("runs", partitions)
+    # The sensor adds the fit runs as partitions, and nothing more until a forecast commits.
+    added, cursor = sensor_tick(defs, instance, None)
+    assert added == partitions
+    added, cursor = sensor_tick(defs, instance, cursor)
+    assert added == []
     for run in plan.fit_runs():
         write_run(store, run, law(run.candidate.params, run.candidate.tokens))
 
@@ -118,10 +140,10 @@ def test_fit_forecast_then_check_inside_and_outside_the_interval(env):
     truth = law(target["params"], target["tokens"])
     assert abs(target["loss"] - truth) / truth < 0.01 and target["loss_low"] <= truth <= target["loss_high"]
 
-    # Reloading the code location registers the chosen target run, which the check now reads.
-    defs, partitions, _ = load(settings, sweeps_file)
-    assert target["run"] in partitions
-    instance.add_dynamic_partitions("runs", [target["run"]])
+    # The committed forecast makes the chosen target a partition: the sensor adds it, and discovery lists it.
+    added, _ = sensor_tick(defs, instance, cursor)
+    assert added == [target["run"]]
+    assert target["run"] in load(settings, sweeps_file)[1]
     chosen = next(r for r in plan.target_candidates(3e14) if r.spec.name == target["run"])
 
     write_run(store, chosen, truth)
@@ -137,27 +159,27 @@ def test_fit_forecast_then_check_inside_and_outside_the_interval(env):
     assert not check.passed
 
 
-def test_forecast_check_before_the_target_is_registered_says_what_to_do(env):
+def test_forecast_check_before_the_target_is_a_partition_says_what_to_do(env, load):
     settings, sweeps_file = env
     defs, partitions, _ = load(settings, sweeps_file)
     store = ArtifactStore(settings.prefix)
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("runs", partitions)
+    instance.add_dynamic_partitions(RUNS, partitions)
     for run in plan_sweep(load_sweeps(sweeps_file)[SWEEP]).fit_runs():
         write_run(store, run, law(run.candidate.params, run.candidate.tokens))
     result = materialize(defs, instance, "sweep/syn", "scaling_fit/syn", "forecast/syn", "forecast_check/syn")
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
-    assert "is registered when the code location loads" in failure.step_failure_data.error.message
+    assert "is not yet a partition of sweep_eval/syn" in failure.step_failure_data.error.message
 
 
 @pytest.mark.parametrize("problem", ["parameter count", "another spec"])
-def test_scaling_fit_refuses_a_run_that_is_not_the_planned_one(env, problem):
+def test_scaling_fit_refuses_a_run_that_is_not_the_planned_one(env, load, problem):
     settings, sweeps_file = env
     defs, partitions, _ = load(settings, sweeps_file)
     store = ArtifactStore(settings.prefix)
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("runs", partitions)
+    instance.add_dynamic_partitions(RUNS, partitions)
     runs = plan_sweep(load_sweeps(sweeps_file)[SWEEP]).fit_runs()
     for run in runs[1:]:
         write_run(store, run, law(run.candidate.params, run.candidate.tokens))

@@ -47,6 +47,7 @@ def test_kill9_resume_through_pipes_then_eval(tmp_path, tiny_artifact, tiny_mixt
     _, tokenizer_dir = tiny_artifact
     out = tmp_path / "run"
     # Grad-norm watching off: it would compile a second train-step variant (slow on CPU).
+    from marin_assets.training.commands import eval_command, train_command
     from marin_assets.training.levanter_config import build_train_config, write_train_config
 
     spec = tiny_spec(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
@@ -73,7 +74,7 @@ def test_kill9_resume_through_pipes_then_eval(tmp_path, tiny_artifact, tiny_mixt
 
     # 2) Relaunch through the Pipes launcher with the same output dir: continues from the checkpoint.
     meta, messages = _run_in_dagster(
-        lambda context, launcher: launcher.run_training(context, train_config_path=config_path, output_dir=str(out))
+        lambda context, launcher: launcher.run_process(context, train_command(config_path, str(out)))
     )
     assert meta["attempt"] == 1
     assert meta["resumed_from_step"] == resumable + 1
@@ -92,12 +93,8 @@ def test_kill9_resume_through_pipes_then_eval(tmp_path, tiny_artifact, tiny_mixt
     # 3) Evaluate the final checkpoint on the same examples Levanter's final in-training eval used.
     max_examples = spec.max_eval_batches * spec.train_batch_size
     eval_meta, _ = _run_in_dagster(
-        lambda context, launcher: launcher.run_eval(
-            context,
-            train_config_path=config_path,
-            output_dir=str(out / "eval"),
-            extra_args=["--max-examples", str(max_examples), "--max-new-tokens", "8"],
-        )
+        lambda context, launcher: launcher.run_process(context, eval_command(
+            config_path, str(out / "eval"), extra_args=["--max-examples", str(max_examples), "--max-new-tokens", "8"]))
     )
     report = json.load(open(out / "eval" / "eval_report.json"))
     loss, bpb = report["eval/stdlib-docs/loss"], report["eval/stdlib-docs/bpb"]
