@@ -1,7 +1,7 @@
 """Refinement assets: filtered/<source> (per shard) and deduplicated/<source>.
 
     documents/<source> --> filtered/<source> --> dedup_index/<group> --> deduplicated/<source>
-    quality_classifier, language_model --^   \--> quality_threshold ------------^
+    quality_classifier, language_model --^    +-> quality_threshold -------------^
 
 Thin wiring over `filters.py`, `quality.py`, `minhash.py`, `dedup.py` and `paragraphs.py`; the model
 assets are in `model_assets.py`.
