@@ -29,8 +29,8 @@ from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_pa
 from marin_resources.identity import fingerprint
 from marin_resources.store import ArtifactStore
 
-FILTERED_VERSION = "v2"
-DEDUP_VERSION = "v2"
+FILTERED_VERSION = "v1"
+DEDUP_VERSION = "v1"
 DEDUP_INDEX_VERSION = "v1"
 # New shards decided together in one pass over the index; bounds memory, never changes decisions.
 DEDUP_BATCH_SHARDS = 8

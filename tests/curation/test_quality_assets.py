@@ -126,12 +126,12 @@ def test_two_fresh_prefixes_give_identical_classifier_and_filtered_versions(firs
     assert model_a.data_version == model_b.data_version
     assert model_a.metrics["held_out_accuracy"] >= 0.95
     for key in first.shards["plays"]:
-        assert (first.manifest("filtered/plays", "v2", key).data_version
-                == second.manifest("filtered/plays", "v2", key).data_version)
+        assert (first.manifest("filtered/plays", "v1", key).data_version
+                == second.manifest("filtered/plays", "v1", key).data_version)
 
 
 def test_threshold_is_the_corpus_quantile_and_plays_survive_it(first):
-    scores = [pl.read_parquet(f"{first.manifest(f'filtered/{name}', 'v2', key).uri}/documents.parquet")
+    scores = [pl.read_parquet(f"{first.manifest(f'filtered/{name}', 'v1', key).uri}/documents.parquet")
               for name in ("plays", "manuals") for key in first.shards[name]]
     all_scores = np.concatenate([frame["quality_score"].to_numpy() for frame in scores])
     expected = keep_threshold(QuantileSketch(0.01).add(all_scores), 0.75)
@@ -139,7 +139,7 @@ def test_threshold_is_the_corpus_quantile_and_plays_survive_it(first):
     with open(f"{threshold.uri}/threshold.json") as fh:
         assert json.load(fh)["threshold"] == expected
     assert threshold.metrics["scored_documents"] == len(all_scores)
-    plays, manuals = first.manifest("deduplicated/plays", "v2"), first.manifest("deduplicated/manuals", "v2")
+    plays, manuals = first.manifest("deduplicated/plays", "v1"), first.manifest("deduplicated/manuals", "v1")
     # The threshold comes from the corpus, not the classifier's training data: no play is dropped.
     assert plays.metrics["quality_dropped"] == 0 and plays.metrics["documents"] == plays.metrics["kept_docs"] > 0
     assert manuals.metrics["quality_dropped"] > 0
@@ -171,10 +171,10 @@ def test_an_adopted_copy_is_the_same_model_and_a_corrupt_one_one_error(first, tm
     assert adopted.manifest("quality_classifier", "v2").data_version == model.data_version
     adopted.run("language_model")
     key = adopted.filtered("plays")[0]
-    filtered = adopted.manifest("filtered/plays", "v2", key)
+    filtered = adopted.manifest("filtered/plays", "v1", key)
     langs = pl.read_parquet(f"{filtered.uri}/documents.parquet")["lang"].to_list()
     assert langs and set(langs) == {"en"} and filtered.metrics["language/en"] == len(langs)
-    assert filtered.data_version != first.manifest("filtered/plays", "v2", key).data_version  # other scores
+    assert filtered.data_version != first.manifest("filtered/plays", "v1", key).data_version  # other scores
 
     (root / "broken.bin").write_bytes(data[: len(data) // 3])
     broken_sha = sha256_hex(data[: len(data) // 3])
