@@ -196,17 +196,23 @@ def run(docs: pl.DataFrame, label: str, repeats: int) -> dict:
     return row
 
 
-def filters_at(rev: str):
-    """``marin_assets/curation/filters.py`` as it was at git revision ``rev``, as a module."""
-    source = subprocess.run(["git", "show", f"{rev}:marin_assets/curation/filters.py"], cwd=REPO, check=True,
+def module_at(rev: str, relpath: str):
+    """The module at ``relpath`` as it was at git revision ``rev``, loaded under a name of its own."""
+    source = subprocess.run(["git", "show", f"{rev}:{relpath}"], cwd=REPO, check=True,
                             capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / f"filters_{rev}.py"
+    name = f"{Path(relpath).stem}_{rev}"
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"filters_{rev}", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
+
+
+def filters_at(rev: str):
+    """``marin_assets/curation/filters.py`` as it was at git revision ``rev``, as a module."""
+    return module_at(rev, "marin_assets/curation/filters.py")
 
 
 def cpu_time(fn):

@@ -15,7 +15,8 @@ import dagster as dg
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
 from marin_assets.curation.readers import read_shard, resolve_format, with_original_source_ids
-from marin_assets.curation.refine import build_quality_classifier, build_refinement_assets, write_parquet
+from marin_assets.curation.model_assets import build_model_assets
+from marin_assets.curation.refine import build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
 from marin_assets.curation.sources import (FileRef, Shard, SourceConfig, discover_shards, open_binary,
                                            read_byte_range)
@@ -159,11 +160,10 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
             build_new_shard_sensor(source, partitions, raw.key)]
 
 
-def build_source_family(source: SourceConfig, config, catalog: Catalog, has_classifier: bool) -> list:
+def build_source_family(source: SourceConfig, config, catalog: Catalog) -> list:
     base = build_source_assets(source, catalog)
     documents = base[1]
-    return base + build_refinement_assets(source, config, shards_partitions(source), documents.key, catalog,
-                                          has_classifier)
+    return base + build_refinement_assets(source, config, shards_partitions(source), documents.key, catalog)
 
 
 def _as_handle(ref: UpstreamRef) -> ArtifactHandle:
@@ -188,10 +188,9 @@ def build_curation_stage(settings: MarinSettings, deployment: Deployment) -> tup
     config = deployment.curation
     catalog = Catalog()
     defs = []
-    classifier = build_quality_classifier(config, catalog)
-    defs.extend(classifier)
+    defs.extend(build_model_assets(config, catalog))
     for source in config.sources:
-        defs.extend(build_source_family(source, config, catalog, bool(classifier)))
+        defs.extend(build_source_family(source, config, catalog))
     sensors = [d for d in defs if isinstance(d, dg.SensorDefinition)]
     checks = [d for d in defs if isinstance(d, dg.AssetChecksDefinition)]
     assets = [d for d in defs if d not in sensors and d not in checks]

@@ -9,7 +9,9 @@ loop per document. Each threshold in :class:`FilterConfig` can be set to
 from __future__ import annotations
 
 import os
+import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -68,6 +70,24 @@ class FilterConfig:
     # language and the cost is linear in length.
     language_sample_chars: int = 5000
 
+
+@typed_config
+@dataclass(frozen=True)
+class LanguageIdConfig:
+    """The ``language_id:`` block: a fastText language-ID model (e.g. ``lid.176.bin``/``.ftz``) adopted
+    by URI and identified by the sha256 of its bytes; its labels are ``__label__<code>``. Without
+    the block, language ID is langid.py, whose model ships in its wheel."""
+
+    model_uri: str
+    model_sha256: str
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[0-9a-f]{64}", self.model_sha256):
+            raise ValueError(f"language_id.model_sha256: expected 64 lowercase hex digits, got {self.model_sha256!r}")
+
+
+# Texts (and how many leading characters to read) -> (language code, probability) per text.
+LanguageIdentifier = Callable[[list[str], int], tuple[list[str], list[float]]]
 
 # Rule name -> (stat column, comparison). The rule name is the config field.
 _MIN_RULES = {
@@ -391,9 +411,10 @@ def identify_language(
     return langs, scores
 
 
-def add_language_columns(df: pl.DataFrame, sample_chars: int = 5000) -> pl.DataFrame:
-    """Add ``lang`` (str) and ``lang_score`` (float, 0..1) columns."""
-    langs, scores = identify_language(df["text"].to_list(), sample_chars)
+def add_language_columns(df: pl.DataFrame, sample_chars: int = 5000,
+                         identify: LanguageIdentifier | None = None) -> pl.DataFrame:
+    """Add ``lang`` (str) and ``lang_score`` (float, 0..1) columns; langid.py unless ``identify`` is given."""
+    langs, scores = (identify or identify_language)(df["text"].to_list(), sample_chars)
     return df.with_columns(
         pl.Series("lang", langs, dtype=pl.String), pl.Series("lang_score", scores, dtype=pl.Float64)
     )
@@ -413,19 +434,19 @@ def _rule_failures(stats: pl.DataFrame, cfg: FilterConfig) -> pl.DataFrame:
     return stats.select(exprs)
 
 
-def apply_filters(df: pl.DataFrame, cfg: FilterConfig) -> FilterResult:
+def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentifier | None = None) -> FilterResult:
     """Split ``df`` (needs a ``text`` column) into kept and dropped documents.
 
     When language filtering is on, every document gets ``lang``/``lang_score``
     and the language rule comes first: the stop-word rule is English-specific,
     so a French page should be reported as "wrong language", not "too few
     stop words". Sources that keep several languages should switch
-    ``min_stop_words`` off.
+    ``min_stop_words`` off. ``identify`` replaces langid.py (e.g. an adopted fastText lid.176).
     """
     rules = enabled_rules(cfg)
     counts = {rule: 0 for rule in rules}
     if cfg.languages:
-        df = add_language_columns(df, cfg.language_sample_chars)
+        df = add_language_columns(df, cfg.language_sample_chars, identify)
     if df.height == 0 or not rules:
         dropped = df.clear().with_columns(
             pl.lit(None, pl.String).alias("reason"), pl.lit(None, pl.List(pl.String)).alias("failed_rules")

@@ -42,7 +42,7 @@ from typing import Any, BinaryIO
 
 import yaml
 
-from marin_assets.curation.filters import FilterConfig
+from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_resources.identity import validate_partition_key
 from marin_resources.typed_config import FieldProblem, decode, typed_config
@@ -107,9 +107,13 @@ class SourceConfig:
 class CurationConfig:
     sources: tuple[SourceConfig, ...]
     quality: QualityConfig | None = None
-    # Names of sources whose documents train the quality classifier.
-    quality_positive_sources: tuple[str, ...] = ()
-    quality_negative_sources: tuple[str, ...] = ()
+    # Pinned sources whose documents train the fastText quality classifier (see _parse_quality).
+    quality_positive_sources: tuple[SourceConfig, ...] = ()
+    quality_negative_sources: tuple[SourceConfig, ...] = ()
+    # Names of the corpus sources that are scored and share one keep threshold.
+    quality_sources: tuple[str, ...] = ()
+    # An adopted fastText language-ID model (lid.176); None: langid.py.
+    language_id: LanguageIdConfig | None = None
     path: str | None = None
 
     def source(self, name: str) -> SourceConfig:
@@ -190,7 +194,7 @@ def _resolve_uri(uri: str, base_dir: Path) -> str:
 
 
 _SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceConfig)}
-_QUALITY_EXTRA_KEYS = ("positive_sources", "negative_sources")
+_QUALITY_EXTRA_KEYS = ("positive_sources", "negative_sources", "sources")
 
 
 def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterConfig) -> SourceConfig:
@@ -244,10 +248,10 @@ def parse_curation_config(data: Any, base_dir: str | Path, origin: str = "<memor
     base = Path(base_dir)
     if not isinstance(data, Mapping):
         raise SourceConfigError(f"{origin}: top level must be a mapping with a 'sources' list")
-    unknown = sorted(set(data) - {"sources", "filters", "quality"})
+    unknown = sorted(set(data) - {"sources", "filters", "quality", "language_id"})
     if unknown:
         raise SourceConfigError(
-            f"{origin}: unknown top-level field {unknown[0]!r} (allowed: sources, filters, quality)"
+            f"{origin}: unknown top-level field {unknown[0]!r} (allowed: sources, filters, quality, language_id)"
         )
     raw_sources = data.get("sources")
     if not isinstance(raw_sources, list) or not raw_sources:
@@ -262,33 +266,80 @@ def parse_curation_config(data: Any, base_dir: str | Path, origin: str = "<memor
         seen.add(src.name)
         sources.append(src)
 
-    quality = None
-    positives: tuple[str, ...] = ()
-    negatives: tuple[str, ...] = ()
-    if data.get("quality") is not None:
-        raw_q = data["quality"]
-        if not isinstance(raw_q, Mapping):
-            raise SourceConfigError(f"quality: expected a mapping, got {raw_q!r}")
-        model_fields = {k: v for k, v in raw_q.items() if k not in _QUALITY_EXTRA_KEYS}
-        try:
-            quality = _decode(QualityConfig, model_fields, "quality")
-        except SourceConfigError as exc:
-            raise SourceConfigError(f"{exc} (also allowed: {', '.join(_QUALITY_EXTRA_KEYS)})") from None
-        if not 0.0 < quality.keep_fraction <= 1.0:
-            raise SourceConfigError(f"quality.keep_fraction: must be in (0, 1], got {quality.keep_fraction}")
-        positives = _decode(tuple[str, ...], raw_q.get("positive_sources", []), "quality.positive_sources")
-        negatives = _decode(tuple[str, ...], raw_q.get("negative_sources", []), "quality.negative_sources")
-        for key, names in (("positive_sources", positives), ("negative_sources", negatives)):
-            for n in names:
-                if n not in seen:
-                    raise SourceConfigError(f"quality.{key}: {n!r} is not a declared source")
+    quality = _parse_quality(data.get("quality"), sources, base, global_filters)
+    language_id = None
+    if data.get("language_id") is not None:
+        language_id = _decode(LanguageIdConfig, data["language_id"], "language_id")
+        language_id = dataclasses.replace(language_id, model_uri=_resolve_uri(language_id.model_uri, base))
     return CurationConfig(
         sources=tuple(sources),
-        quality=quality,
-        quality_positive_sources=positives,
-        quality_negative_sources=negatives,
+        **quality,
+        language_id=language_id,
         path=origin,
     )
+
+
+def _is_pinned(source: SourceConfig) -> bool:
+    """A registry sdist with its sha256, or one file (no glob) with its sha256: nothing else can vary."""
+    if source.sha256 is None:
+        return False
+    if source.uri.startswith(PYPI_SDIST_SCHEME + "://"):
+        return True
+    return not source.uri.startswith(INSTALLED_DISTS_SCHEME + "://") and not _GLOB_CHARS.search(source.uri)
+
+
+def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path,
+                   global_filters: FilterConfig) -> dict[str, Any]:
+    """The ``quality:`` block: classifier settings, pinned training sources, the scored corpus sources.
+
+    Training sources are declared sources (by name) or inline source mappings, and must be pinned so
+    that the classifier never depends on the machine it is trained on.
+    """
+    if raw_q is None:
+        return {}
+    if not isinstance(raw_q, Mapping):
+        raise SourceConfigError(f"quality: expected a mapping, got {raw_q!r}")
+    try:
+        quality = _decode(QualityConfig, {k: v for k, v in raw_q.items() if k not in _QUALITY_EXTRA_KEYS}, "quality")
+    except SourceConfigError as exc:
+        raise SourceConfigError(f"{exc} (also allowed: {', '.join(_QUALITY_EXTRA_KEYS)})") from None
+    except ValueError as exc:
+        raise SourceConfigError(str(exc)) from None
+    if quality.model_uri is not None:
+        quality = dataclasses.replace(quality, model_uri=_resolve_uri(quality.model_uri, base))
+    declared = {s.name: s for s in sources}
+    training: dict[str, tuple[SourceConfig, ...]] = {}
+    for key in ("positive_sources", "negative_sources"):
+        entries = raw_q.get(key, [])
+        if not isinstance(entries, list):
+            raise SourceConfigError(f"quality.{key}: expected a list of source names or mappings, got {entries!r}")
+        parsed = []
+        for i, entry in enumerate(entries):
+            if isinstance(entry, str):
+                if entry not in declared:
+                    raise SourceConfigError(f"quality.{key}: {entry!r} is not a declared source")
+                src = declared[entry]
+            else:
+                src = _parse_source(entry, i, base, global_filters)
+            if not _is_pinned(src):
+                raise SourceConfigError(
+                    f"quality.{key}: source {src.name!r} is not pinned: a classifier trains on a pypi-sdist:// URI "
+                    "with its sha256, or on one file with its sha256 (never on the environment)")
+            parsed.append(src)
+        training[key] = tuple(parsed)
+    trained = quality.classifier == "fasttext" and quality.model_uri is None
+    if trained and not (training["positive_sources"] and training["negative_sources"]):
+        raise SourceConfigError("quality: a trained fastText classifier needs positive_sources and negative_sources "
+                                "(or model_uri and model_sha256 to adopt a model, or classifier: compression)")
+    if not trained and (training["positive_sources"] or training["negative_sources"]):
+        raise SourceConfigError("quality: positive_sources/negative_sources train a model; an adopted model "
+                                "(model_uri) or the compression classifier takes none")
+    scored = _decode(tuple[str, ...], raw_q.get("sources", [s.name for s in sources]), "quality.sources")
+    for name in scored:
+        if name not in declared:
+            raise SourceConfigError(f"quality.sources: {name!r} is not a declared source")
+    return {"quality": quality, "quality_positive_sources": training["positive_sources"],
+            "quality_negative_sources": training["negative_sources"], "quality_sources": scored}
 
 
 def load_curation_config(path: str | Path) -> CurationConfig:
