@@ -11,7 +11,8 @@ import pytest
 
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.minhash import MinHashConfig
-from marin_assets.curation.quality import QualityConfig, quality_threshold, score, train_quality_classifier
+from marin_assets.curation.quality import QualityConfig
+from marin_assets.deployment import Deployment
 from marin_resources.data_parallel import DataParallel, byte_ranges
 from marin_resources.environments import MarinSettings, build_resources
 
@@ -46,12 +47,10 @@ def licenses(tmp_path_factory):
     return sources, source, read_shard(source, shard).documents
 
 
-def test_chunks_merge_to_the_one_piece_result_with_and_without_a_quality_model(licenses):
+def test_chunks_merge_to_the_one_piece_result_with_and_without_a_quality_score(licenses):
     _, source, docs = licenses
-    texts = docs["text"].to_list()
-    model = train_quality_classifier(texts[::2], texts[1::2], QualityConfig())
     for task in (FilterTask(source.filters, MinHashConfig()),
-                 FilterTask(source.filters, MinHashConfig(), model, quality_threshold(score(model, texts), 0.5))):
+                 FilterTask(source.filters, MinHashConfig(), QualityConfig(classifier="compression"))):
         whole = merge_chunks([filter_chunk(docs, task)], task)
         ranges = byte_ranges(docs["text"].str.len_bytes().to_list(), 30_000)
         assert len(ranges) > 3
@@ -67,7 +66,7 @@ def _filtered(tmp_path: Path, sources: Path, data_parallel: DataParallel | None)
     from marin_assets.curation.assets import build_curation_stage
 
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-    stage, catalog = build_curation_stage(settings)
+    stage, catalog = build_curation_stage(settings, Deployment.load(settings))
     resources = build_resources(settings)
     if data_parallel is not None:
         resources["data_parallel"] = data_parallel

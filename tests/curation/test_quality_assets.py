@@ -17,6 +17,7 @@ from marin_assets.curation.assets import build_curation_stage
 from marin_assets.curation.fasttext_models import FastTextTrainConfig, sha256_hex, train_fasttext
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
 from marin_assets.curation.sources import discover_shards, load_curation_config
+from marin_assets.deployment import Deployment
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.store import ArtifactStore
 from tests.curation.test_quality import LANGUAGE_SENTENCES
@@ -82,7 +83,7 @@ class Graph:
         (root / "sources.yaml").write_text(yaml_text)
         self.prefix = str(root / "store")
         settings = MarinSettings.from_env({"MARIN_PREFIX": self.prefix, "MARIN_SOURCES": str(root / "sources.yaml")})
-        stage, _ = build_curation_stage(settings)
+        stage, _ = build_curation_stage(settings, Deployment.load(settings))
         self.defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
         self.assets = list(self.defs.assets)
         self.resources = build_resources(settings)
