@@ -46,6 +46,10 @@ class MarinSettings:
     wandb_online: bool = False
     process_output: str = "console"
     """Where local training/eval processes print: ``console`` or ``file`` (their run directory)."""
+    suites_file: str | None = None
+    """The eval suites file (MARIN_SUITES); None: the bundled suites.yaml."""
+    eval_suite: str | None = None
+    """The suite ``harness_eval`` runs (MARIN_EVAL_SUITE); None: the file's ``default_suite``."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "MarinSettings":
@@ -74,7 +78,8 @@ class MarinSettings:
                    store_claim=e.get("MARIN_STORE_CLAIM", "marin-store"),
                    gpu_type=e.get("MARIN_GPU_TYPE", "nvidia-h100-80gb"),
                    # Only whether a key exists is read here; the value travels as a Dagster EnvVar/secret ref.
-                   wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output)
+                   wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output,
+                   suites_file=e.get("MARIN_SUITES") or None, eval_suite=e.get("MARIN_EVAL_SUITE") or None)
 
 
 def build_resources(settings: MarinSettings) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from pydantic import Field
 
 from marin_assets.training.reporting import PIPES_BUCKET_ENV
 from marin_assets.training.spec import ResourceSpec
-from marin_resources.launchers import TrainingLauncher, build_command_and_env, eval_args
+from marin_resources.launchers import TrainingLauncher, build_command_and_env, eval_args, harness_args
 
 if TYPE_CHECKING:
     from dagster._core.pipes.client import PipesClientCompletedInvocation
@@ -882,6 +882,13 @@ class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
                  extras: Mapping[str, Any] | None = None):
         return self._launch(context, "eval", train_config_path=train_config_path, output_dir=output_dir,
                             resources=resources, extra_args=eval_args(checkpoint_path, extra_args), extras=extras)
+
+    def run_harness(self, context, *, train_config_path: str, harness_config_path: str, output_dir: str,
+                    resources: ResourceSpec = ResourceSpec(), checkpoint_path: str | None = None,
+                    extras: Mapping[str, Any] | None = None):
+        return self._launch(context, "harness", train_config_path=train_config_path, output_dir=output_dir,
+                            resources=resources, extra_args=harness_args(harness_config_path, checkpoint_path),
+                            extras=extras)
 
 
 # ----------------------------------------------------------------------------- render CLI

@@ -26,14 +26,18 @@ from dagster_pipes import PipesDefaultMessageWriter
 
 from marin_assets.training.spec import ResourceSpec
 
-ProcessKind = Literal["train", "eval"]
+ProcessKind = Literal["train", "eval", "harness"]
 ENTRY_MODULES: dict[str, str] = {
     "train": "marin_assets.training.train_main",
     "eval": "marin_assets.training.eval_main",
+    "harness": "marin_assets.evaluation.harness_main",
 }
 TRAIN_CONFIG_FILE = "train_config.yaml"
 EVAL_REPORT_FILE = "eval_report.json"
-OUTPUT_LOG_FILES: dict[str, str] = {"train": "train_output.log", "eval": "eval_output.log"}
+HARNESS_REPORT_FILE = "harness_report.json"
+REPORT_FILES: dict[str, str] = {"eval": EVAL_REPORT_FILE, "harness": HARNESS_REPORT_FILE}
+OUTPUT_LOG_FILES: dict[str, str] = {"train": "train_output.log", "eval": "eval_output.log",
+                                    "harness": "harness_output.log"}
 FAILURE_TAIL_LINES = 40
 
 
@@ -56,11 +60,13 @@ def build_command_and_env(
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
 ) -> ProcessLaunch:
-    """Command and env for ``train_main`` or ``eval_main``.
+    """Command and env for ``train_main``, ``eval_main`` or ``harness_main``.
 
     - train: ``python -m marin_assets.training.train_main --config CFG --output-dir OUT``
     - eval: ``python -m marin_assets.training.eval_main --config CFG --output OUT/eval_report.json``
       (the checkpoint defaults to the latest under the config's checkpointer path)
+    - harness: ``python -m marin_assets.evaluation.harness_main --config CFG --output OUT/harness_report.json``
+      (``--harness OUT/harness_config.json`` comes in ``extra_args``)
 
     Env: JAX_PLATFORMS=cpu for CPU runs and empty otherwise (so an inherited ``cpu`` cannot hide
     a GPU/TPU); Ray usage stats off; HF hub offline (tokenizers are local artifacts); W&B online
@@ -71,7 +77,7 @@ def build_command_and_env(
     if kind == "train":
         command += ["--output-dir", output_dir]
     else:
-        command += ["--output", os.path.join(output_dir, EVAL_REPORT_FILE)]
+        command += ["--output", os.path.join(output_dir, REPORT_FILES[kind])]
     command += list(extra_args)
     env = {
         "JAX_PLATFORMS": "cpu" if accelerator == "cpu" else "",
@@ -208,6 +214,26 @@ class TrainingLauncher(dg.ConfigurableResource):
         """
         raise NotImplementedError
 
+    def run_harness(
+        self,
+        context,
+        *,
+        train_config_path: str,
+        harness_config_path: str,
+        output_dir: str,
+        resources: ResourceSpec = ResourceSpec(),
+        checkpoint_path: str | None = None,
+        extras: Mapping[str, Any] | None = None,
+    ) -> dg.PipesClientCompletedInvocation:
+        """Run an eval suite (``harness_config_path``, a file under ``output_dir`` so that it travels
+        with the run directory) on the run's latest (or the given) checkpoint; writes
+        ``{output_dir}/harness_report.json``."""
+        raise NotImplementedError
+
+
+def harness_args(harness_config_path: str, checkpoint_path: str | None) -> list[str]:
+    return ["--harness", harness_config_path] + eval_args(checkpoint_path, ())
+
 
 def eval_args(checkpoint_path: str | None, extra_args: Sequence[str]) -> list[str]:
     return (["--checkpoint", checkpoint_path] if checkpoint_path else []) + list(extra_args)
@@ -286,6 +312,15 @@ class LocalPipesLauncher(TrainingLauncher):
         launch = self.launch("eval", train_config_path=train_config_path, output_dir=output_dir,
                              accelerator=resources.accelerator, extra_args=eval_args(checkpoint_path, extra_args))
         return self._run(context, "eval", launch, output_dir, extras)
+
+    def run_harness(self, context, *, train_config_path: str, harness_config_path: str, output_dir: str,
+                    resources: ResourceSpec = ResourceSpec(), checkpoint_path: str | None = None,
+                    extras: Mapping[str, Any] | None = None):
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        launch = self.launch("harness", train_config_path=train_config_path, output_dir=output_dir,
+                             accelerator=resources.accelerator,
+                             extra_args=harness_args(harness_config_path, checkpoint_path))
+        return self._run(context, "harness", launch, output_dir, extras)
 
 
 def log_tail(path: str, lines: int = FAILURE_TAIL_LINES) -> str:

@@ -1,0 +1,189 @@
+"""An offline multiple-choice task built from held-out text: which line comes next?
+
+Each item is a passage of consecutive lines from one held-out document (for Shakespeare: the
+opening lines of a speech, with the speaker's name) and ``choices`` candidate next lines: the true
+one and lines drawn from elsewhere in the same document. Distractors are drawn among lines of
+about the same length as the answer, so that the summed log-likelihood (lm-eval's ``acc``) is not
+won by the shortest line. Nothing is templated: every string is a line of the source.
+
+Deterministic: the same documents, spec and seed give the same items in the same order (the order
+is shuffled once, so an lm-eval ``limit`` takes a sample spread over every document).
+
+Pure Python; no Dagster, lm-eval or JAX import.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import yaml
+
+DATA_FILE_SUFFIX = ".jsonl"
+TASK_FILE_SUFFIX = ".yaml"
+LENGTH_RATIO = 1.25
+"""A distractor's length is within this factor of the answer's (both ways)."""
+
+
+class TaskSpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class NextLineTaskSpec:
+    """How a next-line task is built from the held-out split of ``tokenized/<source>``."""
+
+    name: str
+    source: str
+    """A tokenized source; its validation documents (never trained on) are the task's text."""
+    choices: int = 4
+    context_lines: int = 4
+    """At most this many lines of the passage precede the answer (at least two)."""
+    min_chars: int = 20
+    """Answers and distractors are lines of at least this many characters."""
+    examples: int = 1000
+    """Items kept (after a seeded shuffle); fewer when the held-out text has fewer positions."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def require(ok: bool, problem: str) -> None:
+            if not ok:
+                raise TaskSpecError(f"offline task {self.name!r}: {problem}")
+
+        require(bool(self.name) and self.name.replace("_", "").isalnum(), "name must be letters, digits and _")
+        require(bool(self.source), "source must name a tokenized source")
+        require(self.choices >= 2, f"choices must be at least 2, got {self.choices}")
+        require(self.context_lines >= 2, f"context_lines must be at least 2, got {self.context_lines}")
+        require(self.min_chars >= 1, f"min_chars must be positive, got {self.min_chars}")
+        require(self.examples >= 1, f"examples must be positive, got {self.examples}")
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.choices
+
+    def identity(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NextLineItem:
+    doc_id: str
+    context: str
+    choices: tuple[str, ...]
+    label: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"doc_id": self.doc_id, "context": self.context, "choices": list(self.choices), "label": self.label}
+
+
+def _paragraphs(text: str) -> list[list[str]]:
+    """Blank-line separated blocks of stripped, non-empty lines."""
+    blocks, current = [], []
+    for raw in text.replace("\r\n", "\n").split("\n"):
+        line = raw.strip()
+        if line:
+            current.append(line)
+        elif current:
+            blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+    return blocks
+
+
+def _stable_seed(*parts: Any) -> int:
+    return int(hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16], 16)
+
+
+def _draw_distractors(pool: list[tuple[str, int]], lo: int, hi: int, paragraph: int, block: list[str], k: int,
+                      rng: random.Random) -> list[str] | None:
+    """``k`` distinct lines of ``pool[lo:hi]`` from other paragraphs, not in ``block``; None if there are fewer.
+    Rejection sampling keeps a long play linear; a sparse window falls back to listing it."""
+    def eligible(i: int) -> bool:
+        line, q = pool[i]
+        return q != paragraph and line not in block
+
+    picked: list[str] = []
+    if hi - lo >= 4 * k:
+        for _ in range(8 * k):
+            i = rng.randrange(lo, hi)
+            if eligible(i) and pool[i][0] not in picked:
+                picked.append(pool[i][0])
+                if len(picked) == k:
+                    return picked
+    candidates = sorted({pool[i][0] for i in range(lo, hi) if eligible(i)})
+    return rng.sample(candidates, k) if len(candidates) >= k else None
+
+
+def document_items(doc_id: str, text: str, spec: NextLineTaskSpec) -> list[NextLineItem]:
+    """Every item one document yields (before the corpus-wide shuffle and cut)."""
+    paragraphs = _paragraphs(text)
+    # (line, paragraph index) of every line long enough to be an answer or a distractor.
+    pool = [(line, p) for p, block in enumerate(paragraphs) for line in block if len(line) >= spec.min_chars]
+    pool.sort(key=lambda entry: (len(entry[0]), entry))
+    lengths = [len(line) for line, _ in pool]
+    rng = random.Random(_stable_seed(spec.seed, doc_id))
+    items = []
+    for p, block in enumerate(paragraphs):
+        for j in range(2, len(block)):
+            answer = block[j]
+            if len(answer) < spec.min_chars:
+                continue
+            low, high = len(answer) / LENGTH_RATIO, len(answer) * LENGTH_RATIO
+            # Lines of other paragraphs: a line of the same passage could be a true continuation too.
+            choices = _draw_distractors(pool, bisect.bisect_left(lengths, low), bisect.bisect_right(lengths, high),
+                                        p, block, spec.choices - 1, rng)
+            if choices is None:
+                continue
+            label = rng.randrange(spec.choices)
+            choices.insert(label, answer)
+            context = "\n".join(block[max(0, j - spec.context_lines):j])
+            items.append(NextLineItem(doc_id, context, tuple(choices), label))
+    return items
+
+
+def build_items(documents: Iterable[tuple[str, str]], spec: NextLineTaskSpec) -> list[NextLineItem]:
+    """Items over all documents (taken in id order), shuffled with ``spec.seed``, cut to ``spec.examples``."""
+    items = [item for doc_id, text in sorted(documents) for item in document_items(doc_id, text, spec)]
+    random.Random(spec.seed).shuffle(items)
+    return items[: spec.examples]
+
+
+def write_items(items: Sequence[NextLineItem]) -> str:
+    return "".join(json.dumps(item.to_json(), ensure_ascii=False, sort_keys=True) + "\n" for item in items)
+
+
+def render_task_yaml(spec: NextLineTaskSpec, data_file: str) -> str:
+    """The lm-eval task config over a local JSON-lines file (HF ``datasets``' packaged json loader:
+    no hub access). The continuation follows the passage on a new line, as in the text."""
+    config = {
+        "task": spec.name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": data_file}},
+        "test_split": "test",
+        "output_type": "multiple_choice",
+        "doc_to_text": "{{context}}",
+        "doc_to_choice": "choices",
+        "doc_to_target": "label",
+        "target_delimiter": "\n",
+        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                        {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}],
+        "metadata": {"version": 1.0, "built_by": "marin_assets.evaluation.next_line", "spec": spec.identity()},
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def task_data_files(task_yaml_text: str) -> list[str]:
+    """The local data files an lm-eval task config reads (``dataset_kwargs.data_files``)."""
+    config = yaml.safe_load(task_yaml_text) or {}
+    files = (config.get("dataset_kwargs") or {}).get("data_files") or {}
+    if isinstance(files, str):
+        return [files]
+    if isinstance(files, dict):
+        return [f for v in files.values() for f in ([v] if isinstance(v, str) else v)]
+    return list(files)
