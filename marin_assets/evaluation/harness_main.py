@@ -31,6 +31,9 @@ from marin_assets.training.process import die_with_parent, send_output_to
 from marin_assets.training.reporting import open_reporter
 
 ERROR_FILE = "harness_error.txt"
+BOOTSTRAP_ITERS = 1000
+"""lm-eval computes no stderr at 0 (Levanter's default); a mean (acc) gets the closed-form stderr at
+any positive value, and only metrics without one (median, F1, BLEU) are bootstrapped this many times."""
 INPUT_ERROR_STATUS = 2
 TASK_METRICS = ("acc", "acc_norm")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -79,12 +82,44 @@ def check_task_names(manager, task_spec: list[dict[str, Any]]) -> None:
                                 "registry nor the suite's offline tasks define them")
 
 
+def _leaf_tasks(tree: dict):
+    for value in tree.values():
+        if isinstance(value, dict):
+            yield from _leaf_tasks(value)
+        else:
+            yield value
+
+
+def tolerate_text_results() -> None:
+    """Levanter averages every result field but ``alias`` and stderrs; lm-eval 0.4.13 also reports
+    text fields (e.g. the task's name), on which numpy's mean fails. Average the numbers only."""
+    import levanter.eval_harness as bridge
+
+    average = bridge._compute_averages
+    if getattr(average, "numbers_only", False):
+        return
+
+    def numbers_only(outputs):
+        results = {task: {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                   for task, row in outputs["results"].items()}
+        return average({**outputs, "results": results})
+
+    numbers_only.numbers_only = True
+    bridge._compute_averages = numbers_only
+
+
 def harness_config_class():
-    """Levanter's ``LmEvalHarnessConfig`` with a task manager that also reads local task YAMLs
-    (Levanter's own builds lm-eval's default one, which knows only bundled tasks)."""
+    """Levanter's ``LmEvalHarnessConfig`` with a task manager that also reads local task YAMLs.
+
+    Levanter's own ``to_task_dict`` builds lm-eval's default manager (bundled tasks only) and hands
+    lm-eval each task as a dict, which lm-eval 0.4.13 builds as a new inline task instead of an
+    override of the registered one. Here each task is loaded by name, then given its shot count
+    (as lm-eval's ``simple_evaluate`` does) and, with an alias, renamed by Levanter's helper.
+    """
     import dataclasses
 
     from levanter.eval_harness import LmEvalHarnessConfig
+    from lm_eval.tasks import get_task_dict
 
     @dataclasses.dataclass(frozen=True)
     class LocalTasksHarnessConfig(LmEvalHarnessConfig):
@@ -95,8 +130,14 @@ def harness_config_class():
             manager = task_manager(self.task_dir, self.include_bundled)
             tasks: dict = {}
             for spec in self.to_task_spec():
-                name = spec.get("task_alias", spec["task"]).replace(" ", "_")
-                for key, task in self._get_task_and_rename(manager, name, spec).items():
+                name = spec["task"]
+                loaded = get_task_dict([name], manager)
+                for task in _leaf_tasks(loaded):
+                    task.set_config(key="num_fewshot", value=spec.get("num_fewshot", 0))
+                alias = spec.get("task_alias")
+                if alias and alias != name:
+                    loaded = self._rename_tasks_for_eval_harness(loaded, name, alias)
+                for key, task in loaded.items():
                     if key in tasks:
                         raise ValueError(f"task {key} appears twice")
                     tasks[key] = task
@@ -144,17 +185,18 @@ def with_heldout_sets(config_path: str, caches: dict[str, str], out_dir: str) ->
 def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: str | None = None,
                 log=print) -> dict[str, Any]:
     """Check the inputs, then run every task group and held-out set; returns the report."""
+    task_dir = harness.get("task_dir")
+    check_offline_tasks(task_dir, sorted({v["task"] for v in harness.get("offline_tasks", {}).values()}))
     import haliax as hax
     from haliax import Axis
     from haliax.partitioning import round_axis_for_partitioning
 
-    from marin_assets.training.eval_main import evaluate_checkpoint, load_trained_model, resolve_checkpoint
+    from marin_assets.training.eval_main import (eval_batch_axis, evaluate_checkpoint, load_trained_model,
+                                                  resolve_checkpoint)
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
-    task_dir = harness.get("task_dir")
-    check_offline_tasks(task_dir, sorted({v["task"] for v in harness.get("offline_tasks", {}).values()}))
     config = parse_train_config(config_path)
     check_tokenizer(config.data.tokenizer)
     try:
@@ -175,6 +217,7 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
         trainer = config.trainer
         tokenizer = config.data.the_tokenizer
         config_class = harness_config_class()
+        tolerate_text_results()
         with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
             Vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), trainer.compute_axis_mapping)
             model = inference_mode(load_trained_model(config, checkpoint, Vocab), True)
@@ -182,9 +225,10 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
 
             for group in groups:
                 harness_config = config_class(task_spec=[TaskConfig(**t) for t in group["task_spec"]],
-                                              max_examples=group.get("limit"), task_dir=task_dir,
+                                              max_examples=group.get("limit"), bootstrap_iters=BOOTSTRAP_ITERS,
+                                              task_dir=task_dir,
                                               include_bundled=harness.get("include_bundled_tasks", False))
-                outputs = run_lm_eval_harness(harness_config, model, tokenizer, trainer.EvalBatch,
+                outputs = run_lm_eval_harness(harness_config, model, tokenizer, eval_batch_axis(trainer),
                                               axis_resources=trainer.compute_axis_mapping, mp=trainer.mp)
                 for task in group["task_spec"]:
                     name = task.get("task_alias", task["task"])

@@ -20,7 +20,7 @@ import json
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 
@@ -32,6 +32,10 @@ LENGTH_RATIO = 1.25
 
 class TaskSpecError(ValueError):
     pass
+
+
+DistractorSource = Literal["same_document", "other_documents"]
+DISTRACTOR_SOURCES = get_args(DistractorSource)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class NextLineTaskSpec:
     examples: int = 1000
     """Items kept (after a seeded shuffle); fewer when the held-out text has fewer positions."""
     seed: int = 0
+    distractors: DistractorSource = "same_document"
+    """Where wrong choices come from: other passages of the answer's document (the harder task: same
+    names, same topic), or other held-out documents."""
 
     def __post_init__(self) -> None:
         def require(ok: bool, problem: str) -> None:
@@ -61,6 +68,7 @@ class NextLineTaskSpec:
         require(self.context_lines >= 2, f"context_lines must be at least 2, got {self.context_lines}")
         require(self.min_chars >= 1, f"min_chars must be positive, got {self.min_chars}")
         require(self.examples >= 1, f"examples must be positive, got {self.examples}")
+        require(self.distractors in DISTRACTOR_SOURCES, f"distractors must be one of {list(DISTRACTOR_SOURCES)}")
 
     @property
     def chance(self) -> float:
@@ -100,44 +108,59 @@ def _stable_seed(*parts: Any) -> int:
     return int(hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16], 16)
 
 
-def _draw_distractors(pool: list[tuple[str, int]], lo: int, hi: int, paragraph: int, block: list[str], k: int,
-                      rng: random.Random) -> list[str] | None:
-    """``k`` distinct lines of ``pool[lo:hi]`` from other paragraphs, not in ``block``; None if there are fewer.
-    Rejection sampling keeps a long play linear; a sparse window falls back to listing it."""
-    def eligible(i: int) -> bool:
-        line, q = pool[i]
-        return q != paragraph and line not in block
+Pool = list[tuple[str, tuple[str, int]]]
+"""Candidate distractors: (line, (document id, paragraph index)), sorted by length."""
 
+
+def line_pool(documents: Iterable[tuple[str, str]], min_chars: int) -> Pool:
+    pool = [(line, (doc_id, p)) for doc_id, text in documents for p, block in enumerate(_paragraphs(text))
+            for line in block if len(line) >= min_chars]
+    pool.sort(key=lambda entry: (len(entry[0]), entry))
+    return pool
+
+
+def _draw_distractors(pool: Pool, lo: int, hi: int, eligible, k: int, rng: random.Random) -> list[str] | None:
+    """``k`` distinct eligible lines of ``pool[lo:hi]``; None if there are fewer. Rejection
+    sampling keeps a long play linear; a sparse window falls back to listing it."""
     picked: list[str] = []
     if hi - lo >= 4 * k:
         for _ in range(8 * k):
-            i = rng.randrange(lo, hi)
-            if eligible(i) and pool[i][0] not in picked:
-                picked.append(pool[i][0])
+            line, where = pool[rng.randrange(lo, hi)]
+            if eligible(line, where) and line not in picked:
+                picked.append(line)
                 if len(picked) == k:
                     return picked
-    candidates = sorted({pool[i][0] for i in range(lo, hi) if eligible(i)})
+    candidates = sorted({line for line, where in pool[lo:hi] if eligible(line, where)})
     return rng.sample(candidates, k) if len(candidates) >= k else None
 
 
-def document_items(doc_id: str, text: str, spec: NextLineTaskSpec) -> list[NextLineItem]:
-    """Every item one document yields (before the corpus-wide shuffle and cut)."""
-    paragraphs = _paragraphs(text)
-    # (line, paragraph index) of every line long enough to be an answer or a distractor.
-    pool = [(line, p) for p, block in enumerate(paragraphs) for line in block if len(line) >= spec.min_chars]
-    pool.sort(key=lambda entry: (len(entry[0]), entry))
+def document_items(doc_id: str, text: str, spec: NextLineTaskSpec, pool: Pool | None = None) -> list[NextLineItem]:
+    """Every item one document yields (before the corpus-wide shuffle and cut). ``pool``: the
+    corpus's lines, needed when distractors come from other documents."""
+    if spec.distractors == "same_document":
+        pool = line_pool([(doc_id, text)], spec.min_chars)
+    elif pool is None:
+        raise ValueError("distractors from other documents need the corpus's line pool")
     lengths = [len(line) for line, _ in pool]
     rng = random.Random(_stable_seed(spec.seed, doc_id))
     items = []
-    for p, block in enumerate(paragraphs):
+    for p, block in enumerate(_paragraphs(text)):
+        lines = set(block)
+
+        # Never a line of the passage itself (it could be a true continuation too); from the same
+        # document, only other passages; from other documents, any.
+        def eligible(line: str, where: tuple[str, int]) -> bool:
+            if spec.distractors == "same_document":
+                return where != (doc_id, p) and line not in lines
+            return where[0] != doc_id and line not in lines
+
         for j in range(2, len(block)):
             answer = block[j]
             if len(answer) < spec.min_chars:
                 continue
             low, high = len(answer) / LENGTH_RATIO, len(answer) * LENGTH_RATIO
-            # Lines of other paragraphs: a line of the same passage could be a true continuation too.
             choices = _draw_distractors(pool, bisect.bisect_left(lengths, low), bisect.bisect_right(lengths, high),
-                                        p, block, spec.choices - 1, rng)
+                                        eligible, spec.choices - 1, rng)
             if choices is None:
                 continue
             label = rng.randrange(spec.choices)
@@ -149,7 +172,9 @@ def document_items(doc_id: str, text: str, spec: NextLineTaskSpec) -> list[NextL
 
 def build_items(documents: Iterable[tuple[str, str]], spec: NextLineTaskSpec) -> list[NextLineItem]:
     """Items over all documents (taken in id order), shuffled with ``spec.seed``, cut to ``spec.examples``."""
-    items = [item for doc_id, text in sorted(documents) for item in document_items(doc_id, text, spec)]
+    documents = sorted(documents)
+    pool = line_pool(documents, spec.min_chars) if spec.distractors == "other_documents" else None
+    items = [item for doc_id, text in documents for item in document_items(doc_id, text, spec, pool)]
     random.Random(spec.seed).shuffle(items)
     return items[: spec.examples]
 

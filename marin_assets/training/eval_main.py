@@ -69,6 +69,15 @@ def load_trained_model(config, checkpoint: str, Vocab):
     return config.trainer.mp.cast_to_compute(model)
 
 
+def eval_batch_axis(trainer):
+    """The batch axis for evaluation: the train batch, rounded down to a multiple of the device count."""
+    import jax
+    from haliax import Axis
+
+    size = max(jax.device_count(), trainer.train_batch_size - trainer.train_batch_size % jax.device_count())
+    return Axis(trainer.batch_axis, size)
+
+
 def evaluate_checkpoint(
     config_path: str,
     *,
@@ -99,8 +108,8 @@ def evaluate_checkpoint(
     resolved = resolve_checkpoint(config, checkpoint_path)
 
     Pos = config.model.Pos
-    batch_size = max(jax.device_count(), trainer.train_batch_size - trainer.train_batch_size % jax.device_count())
-    Batch = Axis(trainer.batch_axis, batch_size)
+    Batch = eval_batch_axis(trainer)
+    batch_size = Batch.size
     compute_mapping = trainer.compute_axis_mapping
     param_mapping = trainer.parameter_axis_mapping
     vocab_size = len(tokenizer)
