@@ -1,10 +1,12 @@
 """An offline multiple-choice task built from held-out text: which line comes next?
 
-Each item is a passage of consecutive lines from one held-out document (for Shakespeare: the
-opening lines of a speech, with the speaker's name) and ``choices`` candidate next lines: the true
-one and lines drawn from elsewhere in the same document. Distractors are drawn among lines of
-about the same length as the answer, so that the summed log-likelihood (lm-eval's ``acc``) is not
-won by the shortest line. Nothing is templated: every string is a line of the source.
+Each item is a passage of consecutive lines from one held-out document (for Shakespeare: lines of
+one speech) and ``choices`` candidate next lines: the true one and lines drawn from elsewhere in the
+same document (or from other held-out documents). The task is symmetric: every distractor is the
+true continuation of some other passage (the third or a later line of its own), so position in a
+speech gives nothing away; and distractors have about the answer's length, so that the summed
+log-likelihood (lm-eval's ``acc``) is not won by the shortest line. Nothing is templated: every
+string is a line of the source.
 
 Deterministic: the same documents, spec and seed give the same items in the same order (the order
 is shuffled once, so an lm-eval ``limit`` takes a sample spread over every document).
@@ -36,6 +38,9 @@ class TaskSpecError(ValueError):
 
 DistractorSource = Literal["same_document", "other_documents"]
 DISTRACTOR_SOURCES = get_args(DistractorSource)
+Continuation = Literal["next_line", "line_end"]
+CONTINUATIONS = get_args(Continuation)
+MIN_WORDS_TO_SPLIT = 4
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,9 @@ class NextLineTaskSpec:
     """Items kept (after a seeded shuffle); fewer when the held-out text has fewer positions."""
     seed: int = 0
     distractors: DistractorSource = "same_document"
+    continuation: Continuation = "next_line"
+    """What is chosen: the whole next line, or the second half of the line (its first half ends the
+    context), which a small model can judge from the words at the cut."""
     """Where wrong choices come from: other passages of the answer's document (the harder task: same
     names, same topic), or other held-out documents."""
 
@@ -69,6 +77,7 @@ class NextLineTaskSpec:
         require(self.min_chars >= 1, f"min_chars must be positive, got {self.min_chars}")
         require(self.examples >= 1, f"examples must be positive, got {self.examples}")
         require(self.distractors in DISTRACTOR_SOURCES, f"distractors must be one of {list(DISTRACTOR_SOURCES)}")
+        require(self.continuation in CONTINUATIONS, f"continuation must be one of {list(CONTINUATIONS)}")
 
     @property
     def chance(self) -> float:
@@ -112,9 +121,24 @@ Pool = list[tuple[str, tuple[str, int]]]
 """Candidate distractors: (line, (document id, paragraph index)), sorted by length."""
 
 
-def line_pool(documents: Iterable[tuple[str, str]], min_chars: int) -> Pool:
-    pool = [(line, (doc_id, p)) for doc_id, text in documents for p, block in enumerate(_paragraphs(text))
-            for line in block if len(line) >= min_chars]
+def split_line(line: str, continuation: str) -> tuple[str, str] | None:
+    """(what the context ends with, what is to be chosen); None if the line cannot be cut."""
+    if continuation == "next_line":
+        return "", line
+    words = line.split(" ")
+    if len(words) < MIN_WORDS_TO_SPLIT:
+        return None
+    half = len(words) // 2
+    return " ".join(words[:half]), " ".join(words[half:])
+
+
+def line_pool(documents: Iterable[tuple[str, str]], spec: "NextLineTaskSpec") -> Pool:
+    """Every line that is itself an answer somewhere: the third or a later line of its passage. A
+    distractor is then the true continuation of another passage, never a line a model could tell
+    apart by where it sits (a speaker's name, the first line of a speech)."""
+    pool = [(cut[1], (doc_id, p)) for doc_id, text in documents for p, block in enumerate(_paragraphs(text))
+            for line in block[2:] if len(line) >= spec.min_chars
+            and (cut := split_line(line, spec.continuation)) is not None]
     pool.sort(key=lambda entry: (len(entry[0]), entry))
     return pool
 
@@ -138,14 +162,14 @@ def document_items(doc_id: str, text: str, spec: NextLineTaskSpec, pool: Pool | 
     """Every item one document yields (before the corpus-wide shuffle and cut). ``pool``: the
     corpus's lines, needed when distractors come from other documents."""
     if spec.distractors == "same_document":
-        pool = line_pool([(doc_id, text)], spec.min_chars)
+        pool = line_pool([(doc_id, text)], spec)
     elif pool is None:
         raise ValueError("distractors from other documents need the corpus's line pool")
     lengths = [len(line) for line, _ in pool]
     rng = random.Random(_stable_seed(spec.seed, doc_id))
     items = []
     for p, block in enumerate(_paragraphs(text)):
-        lines = set(block)
+        lines = {cut[1] for line in block if (cut := split_line(line, spec.continuation)) is not None}
 
         # Never a line of the passage itself (it could be a true continuation too); from the same
         # document, only other passages; from other documents, any.
@@ -155,9 +179,10 @@ def document_items(doc_id: str, text: str, spec: NextLineTaskSpec, pool: Pool | 
             return where[0] != doc_id and line not in lines
 
         for j in range(2, len(block)):
-            answer = block[j]
-            if len(answer) < spec.min_chars:
+            cut = split_line(block[j], spec.continuation)
+            if len(block[j]) < spec.min_chars or cut is None:
                 continue
+            head, answer = cut
             low, high = len(answer) / LENGTH_RATIO, len(answer) * LENGTH_RATIO
             choices = _draw_distractors(pool, bisect.bisect_left(lengths, low), bisect.bisect_right(lengths, high),
                                         eligible, spec.choices - 1, rng)
@@ -165,7 +190,7 @@ def document_items(doc_id: str, text: str, spec: NextLineTaskSpec, pool: Pool | 
                 continue
             label = rng.randrange(spec.choices)
             choices.insert(label, answer)
-            context = "\n".join(block[max(0, j - spec.context_lines):j])
+            context = "\n".join(block[max(0, j - spec.context_lines):j] + ([head] if head else []))
             items.append(NextLineItem(doc_id, context, tuple(choices), label))
     return items
 
@@ -173,7 +198,7 @@ def document_items(doc_id: str, text: str, spec: NextLineTaskSpec, pool: Pool | 
 def build_items(documents: Iterable[tuple[str, str]], spec: NextLineTaskSpec) -> list[NextLineItem]:
     """Items over all documents (taken in id order), shuffled with ``spec.seed``, cut to ``spec.examples``."""
     documents = sorted(documents)
-    pool = line_pool(documents, spec.min_chars) if spec.distractors == "other_documents" else None
+    pool = line_pool(documents, spec) if spec.distractors == "other_documents" else None
     items = [item for doc_id, text in documents for item in document_items(doc_id, text, spec, pool)]
     random.Random(spec.seed).shuffle(items)
     return items[: spec.examples]
@@ -195,7 +220,7 @@ def render_task_yaml(spec: NextLineTaskSpec, data_file: str) -> str:
         "doc_to_text": "{{context}}",
         "doc_to_choice": "choices",
         "doc_to_target": "label",
-        "target_delimiter": "\n",
+        "target_delimiter": "\n" if spec.continuation == "next_line" else " ",
         "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
                         {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}],
         "metadata": {"version": 1.0, "built_by": "marin_assets.evaluation.next_line", "spec": spec.identity()},
