@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from marin_assets.evaluation.suites import lm_eval_version
 from marin_assets.training.process import die_with_parent, send_output_to
 from marin_assets.training.reporting import open_reporter
 
@@ -76,8 +77,6 @@ def check_task_names(manager, task_spec: list[dict[str, Any]]) -> None:
     known = set(manager.all_tasks)
     unknown = sorted({t["task"] for t in task_spec} - known)
     if unknown:
-        from marin_assets.evaluation.suites import lm_eval_version
-
         raise HarnessInputError(f"unknown lm-eval task(s) {unknown}: neither lm-eval {lm_eval_version()}'s "
                                 "registry nor the suite's offline tasks define them")
 
@@ -206,14 +205,13 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
     groups = harness.get("groups", [])
     report: dict[str, Any] = {"checkpoint_path": checkpoint, "suite": harness.get("suite")}
     if groups:
-        import lm_eval
         from levanter.eval_harness import run_lm_eval_harness
         from levanter.utils.tree_utils import inference_mode
 
         started = time.monotonic()
         manager = task_manager(task_dir, harness.get("include_bundled_tasks", False))
         check_task_names(manager, [t for g in groups for t in g["task_spec"]])
-        report["lm_eval_version"] = lm_eval.__version__ if hasattr(lm_eval, "__version__") else None
+        report["lm_eval_version"] = lm_eval_version()
         trainer = config.trainer
         tokenizer = config.data.the_tokenizer
         config_class = harness_config_class()

@@ -70,3 +70,15 @@ def test_too_little_text_yields_no_items_and_bad_specs_are_refused():
         NextLineTaskSpec(name="t", source="s", choices=1)
     with pytest.raises(TaskSpecError, match="name must be letters"):
         NextLineTaskSpec(name="t/x", source="s")
+
+
+def test_line_end_items_cut_a_line_of_the_play_in_two(play):
+    spec = NextLineTaskSpec(name="plays_line_end", source="shakespeare", continuation="line_end")
+    items = document_items("hamlet", play, spec)
+    lines = {line.strip() for line in play.splitlines()}
+    assert len(items) > 1000
+    for item in items[:300]:
+        head = item.context.split("\n")[-1]
+        assert f"{head} {item.choices[item.label]}" in lines  # the cut line, whole again
+        assert all(any(line.endswith(" " + c) for line in lines) for c in item.choices)  # every choice ends a line
+    assert yaml.safe_load(render_task_yaml(spec, "d.jsonl"))["target_delimiter"] == " "
