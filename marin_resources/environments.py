@@ -57,6 +57,10 @@ class MarinSettings:
     """Data parallelism inside a run: ``off`` (one piece) or ``local`` (Ray in the run's process)."""
     ray_cpus: int = 1
     ray_chunk_mb: int = 32
+    suites_file: str | None = None
+    """The eval suites file (MARIN_SUITES); None: the bundled suites.yaml."""
+    eval_suite: str | None = None
+    """The suite ``harness_eval`` runs (MARIN_EVAL_SUITE); None: the file's ``default_suite``."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "MarinSettings":
@@ -92,7 +96,8 @@ class MarinSettings:
                    gpu_type=e.get("MARIN_GPU_TYPE", "nvidia-h100-80gb"),
                    # Only whether a key exists is read here; the value travels as a Dagster EnvVar/secret ref.
                    wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output,
-                   ray=ray, ray_cpus=ray_cpus, ray_chunk_mb=ray_chunk_mb)
+                   ray=ray, ray_cpus=ray_cpus, ray_chunk_mb=ray_chunk_mb,
+                   suites_file=e.get("MARIN_SUITES") or None, eval_suite=e.get("MARIN_EVAL_SUITE") or None)
 
 
 def _positive_int(environ, name: str, default: int) -> int:

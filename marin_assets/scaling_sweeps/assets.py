@@ -25,8 +25,10 @@ import dagster as dg
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
 from marin_assets.scaling_sweeps.config import SweepConfig, SweepPlan, plan_sweep
-from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_target, eval_loss_key, fit_sweep,
-                                                     forecast_record, runs_table, score_forecast)
+from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_target, fit_metric_link, fit_sweep,
+                                                     fitted_key, forecast_metric, forecast_record,
+                                                     harness_result_key, is_harness_metric, runs_table,
+                                                     score_forecast, score_metric_forecast)
 from marin_assets.training.assets import add_run_identities, build_run_assets
 from marin_assets.training.spec import RunSpec
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset,
@@ -40,6 +42,8 @@ SWEEP_VERSION = "v1"
 SCALING_FIT_VERSION = "v2"
 FORECAST_VERSION = "v2"
 FORECAST_CHECK_VERSION = "v2"
+# A linked harness metric reads the fit runs' harness_eval (partitioned by run name).
+HARNESS_EVAL_KEY = dg.AssetKey(["harness_eval"])
 # A fit run's parameter count from Levanter must match the recipe's (else the vocabulary differs).
 PARAMS_TOLERANCE = 0.005
 
@@ -115,8 +119,9 @@ def png_markdown(png: bytes, title: str) -> dg.MetadataValue:
 
 
 def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, ArtifactHandle]) -> dict[str, float]:
-    """Eval loss of each fit run, after checking the run trained the planned model for all its steps."""
-    key = eval_loss_key(plan.config.eval_set)
+    """The fitted eval metric (loss, or bpb) of each fit run, after checking the run trained the
+    planned model for all its steps."""
+    key = fitted_key(plan.config)
     losses = {}
     for run in plan.fit_runs():
         name = run.spec.name
@@ -196,17 +201,33 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
         return materialize_artifact(context, store, config=configs["sweep"], upstream=[], build=build)
 
     fit_evals = all_partitions_in(eval_key(name), partition_mapping=dg.SpecificPartitionsPartitionMapping(fit_names))
+    metric = forecast_metric(config)
+    linked = is_harness_metric(metric)
+    fit_ins = {"plan_handle": dg.AssetIn(key=sweep.key), "evals": fit_evals}
+    if linked:
+        fit_ins["harness"] = all_partitions_in(HARNESS_EVAL_KEY,
+                                               partition_mapping=dg.SpecificPartitionsPartitionMapping(fit_names))
 
     @marin_asset(key=f"scaling_fit/{name}", version=SCALING_FIT_VERSION, identity=configs["scaling_fit"],
-                 group_name="scaling", ins={"plan_handle": dg.AssetIn(key=sweep.key), "evals": fit_evals},
-                 description=f"Sweep {name!r}'s fit runs (eval loss on {config.eval_set!r}) fitted two ways: the "
+                 group_name="scaling", ins=fit_ins,
+                 description=f"Sweep {name!r}'s fit runs ({fitted_key(config)}) fitted two ways: the "
                              "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
-                             "every target candidate with a bootstrap interval: fit.json, fit.png and joint.png.")
+                             "every target candidate with a bootstrap interval: fit.json, fit.png and joint.png."
+                             + (f" {metric} follows the loss through a {config.link} link fitted over the fit runs."
+                                if linked else ""))
     def scaling_fit(context: dg.AssetExecutionContext, store: MarinStore, plan_handle: ArtifactHandle,
-                    evals: dict[str, ArtifactHandle]):
+                    evals: dict[str, ArtifactHandle], **linked_inputs: dict[str, ArtifactHandle]):
+        # `harness` is an input only when the sweep forecasts a harness metric.
+        harness = linked_inputs.get("harness", {})
         artifacts = store.get()
         try:
-            fitted = fit_sweep(plan, runs_table(plan, eval_losses(artifacts, plan, evals)))
+            losses = eval_losses(artifacts, plan, evals)
+            link = None
+            if linked:
+                key = harness_result_key(metric)
+                values = {n: float(h.metrics[key]) for n, h in harness.items() if key in h.metrics}
+                link = fit_metric_link(config, losses, values)
+            fitted = fit_sweep(plan, runs_table(plan, losses), link)
         except SweepFitError as exc:
             raise dg.Failure(str(exc)) from exc
 
@@ -222,13 +243,15 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
             for target in fitted.result["targets"]:
                 metrics[f"forecast/{target['chosen']}/loss"] = next(
                     c["loss"] for c in target["candidates"] if c["run"] == target["chosen"])
+            if link is not None:
+                metrics.update({f"link/{k}": link[k] for k in ("floor", "ceiling", "k", "loss_mid", "rmse")})
             return Built(metrics=metrics, metadata={
                 "fit_plot": png_markdown(fitted.png, f"isoFLOP fit of {name}"),
                 "joint_plot": png_markdown(fitted.joint_png, f"joint L(N, D) fit of {name}"),
                 "optima": dg.MetadataValue.json(fitted.result["fit"]["optima"]),
                 "predictions": dg.MetadataValue.json(fitted.result["fit"]["predictions"])})
 
-        upstream = [plan_handle] + [evals[n] for n in sorted(evals)]
+        upstream = [plan_handle] + [evals[n] for n in sorted(evals)] + [harness[n] for n in sorted(harness)]
         return materialize_artifact(context, store, config=configs["scaling_fit"], upstream=upstream, build=build)
 
     @marin_asset(key=f"forecast/{name}", version=FORECAST_VERSION, identity=configs["forecast"], group_name="scaling",
@@ -246,14 +269,18 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                 metrics.update({f"{t['run']}/loss": t["loss"], f"{t['run']}/loss_low": t["loss_low"],
                                 f"{t['run']}/loss_high": t["loss_high"]})
                 metrics.update({f"{t['run']}/{m}/loss": f["loss"] for m, f in t["forecasts"].items()})
+                if "metric_predicted" in t:
+                    metrics.update({f"{t['run']}/{record['metric']}": t["metric_predicted"],
+                                    f"{t['run']}/{record['metric']}_low": t["metric_low"],
+                                    f"{t['run']}/{record['metric']}_high": t["metric_high"]})
             return Built(metrics=metrics, metadata={"targets": dg.MetadataValue.json(record["targets"])})
 
         return materialize_artifact(context, store, config=configs["forecast"], upstream=[fit], build=build)
 
     @marin_asset(key=f"forecast_check/{name}", version=FORECAST_CHECK_VERSION, identity=configs["forecast_check"],
                  group_name="scaling", ins={"forecast_in": dg.AssetIn(key=forecast.key),
-                                            "evals": all_partitions_in(eval_key(name))},
-                 description=f"Sweep {name!r}: each target run's eval loss against its forecast (signed error %, "
+                                            "evals": all_partitions_in(HARNESS_EVAL_KEY if linked else eval_key(name))},
+                 description=f"Sweep {name!r}: each target run's {metric} against its forecast (signed error %, "
                              "inside the interval or not, forecast committed before training or not).")
     def forecast_check(context: dg.AssetExecutionContext, store: MarinStore, forecast_in: ArtifactHandle,
                        evals: dict[str, ArtifactHandle]):
@@ -265,14 +292,17 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
         scores = []
         for target in record["targets"]:
             handle = evals.get(target["run"])
+            source = "harness_eval" if linked else eval_key(name)
             if handle is None:
-                raise dg.Failure(f"target run {target['run']!r} is not yet a partition of {eval_key(name)}: the "
+                raise dg.Failure(f"target run {target['run']!r} is not yet a partition of {source}: the "
                                  f"sweep_runs sensor (or marin) adds it once forecast/{name} is committed; then "
-                                 f"materialize {eval_key(name)} --partition {target['run']}")
-            key = eval_loss_key(record["eval_set"])
+                                 f"materialize {source} --partition {target['run']}")
+            key = harness_result_key(metric) if linked else record.get("metric", fitted_key(config))
             if key not in handle.metrics:
-                raise dg.Failure(f"eval[{target['run']}] has no {key!r}")
-            score = score_forecast(target, float(handle.metrics[key]), config.error_goal)
+                raise dg.Failure(f"{source}[{target['run']}] has no {key!r}")
+            actual = float(handle.metrics[key])
+            score = (score_metric_forecast(target, metric, actual, config.error_goal) if linked
+                     else score_forecast(target, actual, config.error_goal))
             trained = artifacts.read_manifest(
                 next(u.uri for u in artifacts.read_manifest(handle.uri).upstream
                      if u.asset_key == checkpoint_key(name)))

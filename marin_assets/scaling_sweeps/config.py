@@ -24,6 +24,7 @@ import yaml
 
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec, validate_run
 from marin_resources.typed_config import FieldProblem, decode, typed_config
+from scaling.links import LINKS
 from scaling.recipe import Candidate, MicroRecipe, Recipe, Rejection
 
 DEFAULT_SWEEPS_YAML = Path(__file__).with_name("sweeps.yaml")
@@ -31,6 +32,8 @@ RECIPES: dict[str, type[Recipe]] = {"micro": MicroRecipe, "delphi": Recipe}
 RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9._=+-]+$")
 ParamsColumn = Literal["total", "non_embedding"]
 ForecastMethod = Literal["envelope", "joint"]
+EVAL_METRICS = ("loss", "bpb")
+HARNESS_METRICS = ("acc", "acc_norm")
 
 
 class SweepConfigError(ValueError):
@@ -73,6 +76,14 @@ class SweepConfig:
     interval: float = 0.95
     error_goal: float = 0.02
     """Relative forecast error the sweep aims for; the forecast check reports against it."""
+    metric: str | None = None
+    """What is forecast and checked: ``eval/<eval_set>/loss`` (the default), ``eval/<eval_set>/bpb``
+    (fitted directly), or a harness task's ``harness_eval/<task>/acc`` (or ``acc_norm``), forecast
+    from the fitted loss through ``link``."""
+    link: Literal["sigmoid"] | None = None
+    """How a harness metric follows the loss (``scaling.links``); required for harness metrics only."""
+    link_floor: float | None = None
+    """The metric's floor for the link, e.g. chance accuracy (0.25 for four choices); None: fitted."""
 
     def build_recipe(self, role: Literal["fit", "target"] = "fit") -> Recipe:
         overrides = {**self.recipe_overrides, **(self.target_recipe_overrides if role == "target" else {})}
@@ -81,6 +92,9 @@ class SweepConfig:
     def identity(self) -> dict[str, Any]:
         """The sweep's config with the recipes fully resolved (so a changed default changes identity)."""
         data = dataclasses.asdict(self)
+        for optional in ("metric", "link", "link_floor"):
+            if data[optional] is None:  # absent from sweeps that fit the default (their fingerprint is unchanged)
+                del data[optional]
         data["recipe_overrides"] = dict(self.recipe_overrides)
         data["target_recipe_overrides"] = dict(self.target_recipe_overrides)
         data["resolved_recipe"] = dataclasses.asdict(self.build_recipe("fit"))
@@ -288,6 +302,20 @@ def validate_sweep(config: SweepConfig) -> None:
     require(0 < config.interval < 1, "interval", f"must be in (0, 1), got {config.interval}")
     require(config.bootstrap_samples >= 0, "bootstrap_samples", "must be >= 0")
     require(config.error_goal > 0, "error_goal", "must be positive")
+    metric = config.metric or f"eval/{config.eval_set}/loss"
+    parts = metric.split("/")
+    if parts[0] == "eval":
+        require(len(parts) == 3 and parts[1] == config.eval_set and parts[2] in EVAL_METRICS, "metric",
+                f"an eval metric is eval/{config.eval_set}/<{'|'.join(EVAL_METRICS)}> (the runs evaluate "
+                f"eval_set {config.eval_set!r}), got {metric!r}")
+        require(config.link is None and config.link_floor is None, "link",
+                "an eval metric is fitted directly; a link is for harness metrics")
+    else:
+        require(len(parts) == 3 and parts[0] == "harness_eval" and parts[2] in HARNESS_METRICS, "metric",
+                f"expected eval/<set>/<{'|'.join(EVAL_METRICS)}> or harness_eval/<task>/<{'|'.join(HARNESS_METRICS)}>, "
+                f"got {metric!r}")
+        require(config.link is not None, "link", f"a harness metric needs a link from the loss (one of {list(LINKS)})")
+        require(config.link_floor is None or 0 <= config.link_floor < 1, "link_floor", "must be in [0, 1)")
 
 
 def load_sweeps(path: str | Path = DEFAULT_SWEEPS_YAML) -> dict[str, SweepConfig]:

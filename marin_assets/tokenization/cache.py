@@ -674,6 +674,29 @@ def iter_parquet_texts(doc_files: Sequence[str], cfg: CacheConfig | None = None)
             yield from batch.texts
 
 
+def cache_config_of(cache_root: str) -> tuple[CacheConfig, dict]:
+    """How a finished cache split and read its documents, and its recorded identity."""
+    manifest = _read_json(f"{cache_root.rstrip('/')}/{MANIFEST_NAME}")
+    if manifest is None or not manifest.get("finished"):
+        raise FileNotFoundError(f"no finished tokenized cache at {cache_root}")
+    ident = manifest["identity"]
+    cfg = CacheConfig(validation_fraction=ident["validation_fraction"], id_column=ident["id_column"],
+                      text_column=ident["text_column"])
+    return cfg, ident
+
+
+def iter_split_documents(doc_files: Sequence[str], cfg: CacheConfig, split: str) -> Iterator[tuple[str, str]]:
+    """(id, text) of the documents a cache puts in ``split``, in cache order: e.g. the held-out
+    documents a downstream task may be built from without touching what the model trained on."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    for uri in doc_files:
+        for batch in _iter_clean_batches(_parquet_shard(os.fspath(uri), cfg), cfg):
+            for doc_id, text in zip(batch.ids, batch.texts):
+                if is_validation_document(doc_id, cfg.validation_fraction) == (split == "validation"):
+                    yield doc_id, text
+
+
 def decode_roundtrip_check(
     cache_root: str, tokenizer_dir: str, doc_files: Sequence[str], sample_n: int = 100, seed: int = 0
 ) -> list[RoundtripFailure]:
@@ -689,15 +712,7 @@ def decode_roundtrip_check(
 
     install_tensorstore_paths()
     cache_root = cache_root.rstrip("/")
-    manifest = _read_json(f"{cache_root}/{MANIFEST_NAME}")
-    if manifest is None or not manifest.get("finished"):
-        raise FileNotFoundError(f"no finished tokenized cache at {cache_root}")
-    ident = manifest["identity"]
-    cfg = CacheConfig(
-        validation_fraction=ident["validation_fraction"],
-        id_column=ident["id_column"],
-        text_column=ident["text_column"],
-    )
+    cfg, ident = cache_config_of(cache_root)
     rng = random.Random(seed)
     sample: list[tuple[str, int, str, str]] = []  # (split, row, id, text): reservoir sample
     rows = {split: 0 for split in SPLITS}

@@ -235,3 +235,98 @@ def test_check_result_needs_interval_and_forecast_before_training():
     assert not sweep_assets.forecast_check_result(
         {"targets": [{**target, "within_interval": False, "forecast_before_training": True}]}).passed
     assert not sweep_assets.forecast_check_result({"targets": []}).passed
+
+
+LINKED = {"metric": "harness_eval/plays_next_line/acc", "link": "sigmoid", "link_floor": 0.25}
+TRUE_LINK = {"floor": 0.25, "ceiling": 0.9, "k": 2.0, "loss_mid": 6.3}  # the fit runs span losses 5.6..8.4
+
+
+def accuracy(loss: float) -> float:
+    """The harness accuracy a run at ``loss`` scores (a sigmoid of the loss, as the link assumes)."""
+    from scaling.links import SigmoidLink
+
+    return float(SigmoidLink(**TRUE_LINK, rmse=0.0, points=0).predict(loss))
+
+
+def write_harness(store: ArtifactStore, run, acc: float) -> None:
+    checkpoint = store.find("checkpoint", CHECKPOINT_VERSION, run.spec.name)
+    with writing(store, "harness_eval", "v1", run.spec.name, run_id="test") as w:
+        w.write_json("harness_report.json", {"plays_next_line/acc": acc})
+        config = {"run": run.spec.identity(), "suite": "s"}
+        w.commit(fingerprint=fingerprint(config), config=config,
+                 upstream=[UpstreamRef("checkpoint", run.spec.name, checkpoint.data_version, checkpoint.uri)],
+                 producer=producer_info("test"), metrics={"plays_next_line/acc": acc, "plays_next_line/n": 400})
+
+
+def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(tmp_path, monkeypatch):
+    monkeypatch.setattr(spec_module, "_PROGRAMMATIC_RUNS", {})
+    sweeps_file = tmp_path / "sweeps.yaml"
+    sweeps_file.write_text(yaml.safe_dump({"sweeps": {SWEEP: {**SWEEP_CONFIG, **LINKED}}}))
+    (tmp_path / "runs.yaml").write_text("runs: {}\n")
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"),
+                                       "MARIN_RUNS": str(tmp_path / "runs.yaml")})
+    from marin_assets.training.assets import RUNS
+
+    @dg.asset(key="harness_eval", partitions_def=RUNS, metadata={"marin/version": "v1"},
+              io_manager_key="artifact_io_manager")
+    def harness_eval():
+        raise AssertionError("written through the store in this test")
+
+    def load_linked():
+        defs, partitions, _ = load(settings, sweeps_file)
+        return dg.Definitions.merge(defs, dg.Definitions(assets=[harness_eval])), partitions
+
+    defs, partitions = load_linked()
+    store = ArtifactStore(settings.prefix)
+    plan = plan_sweep(load_sweeps(sweeps_file)[SWEEP])
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("runs", partitions)
+    for run in plan.fit_runs():
+        loss = law(run.candidate.params, run.candidate.tokens)
+        write_run(store, run, loss)
+        write_harness(store, run, accuracy(loss))
+    assert materialize(defs, instance, "sweep/syn", "scaling_fit/syn", "forecast/syn").success
+    fit = store.find("scaling_fit/syn", sweep_assets.SCALING_FIT_VERSION, None)
+    assert fit.metrics["link/k"] == pytest.approx(TRUE_LINK["k"], rel=0.05)
+    assert fit.metrics["link/loss_mid"] == pytest.approx(TRUE_LINK["loss_mid"], rel=0.01)
+    forecast = json.loads(store.local_path(
+        f"{store.find('forecast/syn', sweep_assets.FORECAST_VERSION, None).uri}/forecast.json").read_text())
+    assert forecast["metric"] == LINKED["metric"]
+    target = forecast["targets"][0]
+    truth = accuracy(law(target["params"], target["tokens"]))
+    assert target["metric_low"] <= target["metric_predicted"] <= target["metric_high"]
+    assert target["metric_predicted"] == pytest.approx(truth, abs=0.01)
+
+    # The check compares the target's harness accuracy with the linked forecast.
+    defs, partitions = load_linked()
+    instance.add_dynamic_partitions("runs", [target["run"]])
+    chosen = next(r for r in plan.target_candidates(3e14) if r.spec.name == target["run"])
+    write_run(store, chosen, law(target["params"], target["tokens"]))
+    write_harness(store, chosen, truth)
+    result = materialize(defs, instance, "forecast_check/syn")
+    assert result.success
+    (check,) = result.get_asset_check_evaluations()
+    assert check.passed and check.metadata[f"{target['run']}/actual"].value == pytest.approx(truth)
+    write_harness(store, chosen, 0.25)  # back at chance: far outside the interval
+    (check,) = materialize(defs, instance, "forecast_check/syn").get_asset_check_evaluations()
+    assert not check.passed
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"metric": "eval/other/loss"}, "an eval metric is eval/m/<loss|bpb>"),
+    ({"metric": "harness_eval/t/acc"}, "a harness metric needs a link"),
+    ({"metric": "harness_eval/t/f1", "link": "sigmoid"}, "expected eval/<set>/<loss|bpb> or harness_eval"),
+    ({"metric": "eval/m/bpb", "link": "sigmoid"}, "a link is for harness metrics"),
+    ({"link": "cubic"}, "is not one of ['sigmoid']"),
+])
+def test_a_sweep_names_a_metric_it_can_fit(change, problem):
+    from marin_assets.scaling_sweeps.config import SweepConfigError
+
+    with pytest.raises(SweepConfigError, match=problem.replace("[", r"\[").replace("]", r"\]").replace("|", r"\|")):
+        sweep_from_dict(SWEEP, {**SWEEP_CONFIG, **change})
+
+
+def test_the_default_metric_leaves_a_sweeps_identity_unchanged():
+    config = sweep_from_dict(SWEEP, SWEEP_CONFIG)
+    assert "metric" not in config.identity() and "link" not in config.identity()
+    assert sweep_from_dict(SWEEP, {**SWEEP_CONFIG, "metric": "eval/m/bpb"}).identity()["metric"] == "eval/m/bpb"

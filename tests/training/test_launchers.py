@@ -78,3 +78,14 @@ def test_whole_lines_waits_for_the_newline_of_a_line_written_in_pieces(tmp_path)
     reader.join()
     # Dagster's readline() tail would have yielded '{"method": "log", ' alone and died in json.loads.
     assert seen == ['{"method": "log", "params": {"message": "half and half"}}\n', '{"last": 1}']
+
+
+def test_harness_command_names_its_suite_and_report():
+    from marin_assets.training.commands import harness_command
+
+    launch = build_command_and_env(harness_command("/o/c.yaml", "/o/harness_config.json", "/o",
+                                                   checkpoint_path="/ckpt/step-9"))
+    assert launch.command[1:] == ["-m", "marin_assets.evaluation.harness_main", "--config", "/o/c.yaml",
+                                  "--output", "/o/harness_report.json", "--harness", "/o/harness_config.json",
+                                  "--checkpoint", "/ckpt/step-9"]
+    assert launch.env["HF_HUB_OFFLINE"] == "1" and launch.env["JAX_PLATFORMS"] == "cpu"
