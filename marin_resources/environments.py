@@ -3,7 +3,7 @@ assets receive everything through resources.
 
 - `local` (default): embedded instance, `./local_store` prefix (or MARIN_PREFIX), local launcher.
 - `prod`: MARIN_PREFIX is required, cloud clients from dagster-gcp / dagster-aws for gs:// or s3://,
-  strict fingerprints unless MARIN_STRICT=0, and, with MARIN_TRAINING_IMAGE set, training in
+  and, with MARIN_TRAINING_IMAGE set, training in
   Kubernetes pods sized by each run's `resources` (GPU nodes labelled MARIN_GPU_TYPE). With a bucket
   prefix the pods mount nothing; with a path prefix the store is the volume MARIN_STORE_CLAIM
   mounted at MARIN_PREFIX.
@@ -33,7 +33,6 @@ class MarinSettings:
 
     env: str
     prefix: str
-    strict_fingerprints: bool
     sources_file: str | None
     runs_file: str | None
     registry_file: str | None = None
@@ -59,14 +58,13 @@ class MarinSettings:
         prefix = prefix or DEFAULT_PREFIX
         if "://" not in prefix:
             prefix = str(Path(prefix).expanduser().resolve())
-        strict = e.get("MARIN_STRICT", "1" if env == "prod" else "0").lower() in ("1", "true", "yes")
         pool = e.get("MARIN_TRAIN_POOL", "gpu" if env == "prod" else "cpu-train")
         if pool not in TRAIN_POOLS:
             raise ValueError(f"MARIN_TRAIN_POOL must be one of {', '.join(TRAIN_POOLS)}, got {pool!r}")
         process_output = e.get("MARIN_PROCESS_OUTPUT", "console")
         if process_output not in PROCESS_OUTPUTS:
             raise ValueError(f"MARIN_PROCESS_OUTPUT must be one of {', '.join(PROCESS_OUTPUTS)}, got {process_output!r}")
-        return cls(env=env, prefix=prefix, strict_fingerprints=strict, sources_file=e.get("MARIN_SOURCES") or None,
+        return cls(env=env, prefix=prefix, sources_file=e.get("MARIN_SOURCES") or None,
                    runs_file=e.get("MARIN_RUNS") or None, registry_file=e.get("MARIN_REGISTRY") or None,
                    train_pool=pool,
                    training_image=e.get("MARIN_TRAINING_IMAGE") or None,
@@ -84,8 +82,7 @@ def build_resources(settings: MarinSettings) -> dict[str, Any]:
 
     from marin_resources.object_stores import storage_options
 
-    store = MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints,
-                       storage_options=storage_options(settings.prefix))
+    store = MarinStore(prefix=settings.prefix, storage_options=storage_options(settings.prefix))
     resources: dict[str, Any] = {
         "store": store,
         "artifact_io_manager": ArtifactHandleIOManager(store=store),

@@ -290,11 +290,10 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
 
         # Shards already written stay byte-identical; the previous commit vouches for them only if
         # their inputs and decisions are unchanged (an index that started over changes them).
-        previous = artifacts.find(f"deduplicated/{name}", DEDUP_VERSION, None)
+        previous = artifacts.find(f"deduplicated/{name}", DEDUP_VERSION, None, fingerprint=fingerprint(dedup_identity))
         written = sorted(entry.path[len("data/"):-len(".parquet")] for entry in previous.files
                          if entry.path.startswith("data/")) if previous else []
-        reusable = (previous is not None and previous.fingerprint == fingerprint(dedup_identity)
-                    and set(written) <= set(shards)
+        reusable = (previous is not None and set(written) <= set(shards)
                     and previous.metrics.get("decisions_digest") == decisions_digest(map(digest_entry, written)))
 
         def build(writer) -> Built:
