@@ -11,7 +11,8 @@ from marin_resources.store import ArtifactStore
 SHARDS = dg.DynamicPartitionsDefinition(name="test_shards")
 
 
-def make_defs(prefix, *, greeting="hello", version="v1"):
+def make_defs(prefix, *, greeting="hello", version="v1", source=None):
+    """`source`: {partition: listing hash} of an outside input that test/words records, as raw assets do."""
     config = {"greeting": greeting}
 
     @marin_asset(key="test/words", version=version, partitions_def=SHARDS)
@@ -20,7 +21,9 @@ def make_defs(prefix, *, greeting="hello", version="v1"):
             with w.open("words.txt") as fh:
                 fh.write(f"{config['greeting']} {context.partition_key}".encode())
             return Built(metrics={"words": 2})
-        return materialize_artifact(context, store, config=config, upstream=[], build=build)
+        outside = [] if source is None else [ArtifactHandle("external/src", context.partition_key, "x", "file:///src",
+                                                            source[context.partition_key])]
+        return materialize_artifact(context, store, config=config, upstream=outside, build=build)
 
     @marin_asset(key="test/joined", version="v1", ins={"shards": all_partitions_in("test/words")})
     def joined(context: dg.AssetExecutionContext, store: MarinStore, shards: dict[str, ArtifactHandle]):
@@ -150,3 +153,56 @@ def test_planner_follows_partition_mappings(tmp_path, instance):
     plan = {tuple(k.to_user_string() for k in keys): parts for keys, parts in planner.plan(parse_key("test/fit"), None)}
     assert plan[("test/words",)] == ["a"]  # only the mapped partition, not "b"
     assert planner.parent_partitions(parse_key("test/joined"), None, parse_key("test/words")) == {"a", "b"}
+
+
+def test_status_follows_one_rule_and_causes_propagate_downstream(tmp_path, instance):
+    """The planner's states come from the rule the assets apply: a stale input makes its consumers
+    stale with the cause chain; a config change is 'missing' beside the old artifact and, once
+    materialized, fresh again."""
+    from marin_assets.catalog import Catalog
+    from marin_assets.planning import Planner, parse_key
+
+    source, greeting = {"a": "listing-a1", "b": "listing-b1"}, {"value": "hello"}
+
+    def run(selection, partition=None):
+        assets, resources = make_defs(tmp_path, greeting=greeting["value"], source=source)
+        dg.materialize(assets, selection=[selection], partition_key=partition, resources=resources, instance=instance)
+
+    def states():
+        assets, resources = make_defs(tmp_path, greeting=greeting["value"], source=source)
+        catalog = Catalog()
+        catalog.add_identity("test/words", lambda p: {"greeting": greeting["value"]})
+        catalog.add_identity("test/joined", lambda p: {})
+        catalog.add_external("test/words", lambda p: {"external/src": source[p]})
+        planner = Planner(dg.Definitions(assets=assets, resources=resources), catalog, ArtifactStore(str(tmp_path)),
+                          instance)
+        return {(s.asset_key, s.partition): s for s in planner.status([parse_key("test/words"),
+                                                                        parse_key("test/joined")])}
+
+    for partition in ("a", "b"):
+        run("test/words", partition)
+    run("test/joined")
+    assert {s.state for s in states().values()} == {"fresh"}
+
+    source["a"] = "listing-a2"  # the outside file of shard a changed
+    now = states()
+    assert now[("test/words", "a")].state == "stale"
+    assert now[("test/words", "a")].cause == "upstream external/src[a] changed (data)"
+    assert now[("test/words", "b")].state == "fresh"
+    joined = now[("test/joined", None)]
+    assert joined.state == "stale" and joined.cause == "upstream test/words[a] is stale"
+    assert joined.decision.chain() == ["test/joined: stale: upstream test/words[a] is stale",
+                                       "  test/words[a]: stale: upstream external/src[a] changed (data)"]
+    run("test/words", "a")
+    # Rebuilt from the new listing, with the same bytes: the same data version, so the join stays fresh.
+    assert {s.state for s in states().values()} == {"fresh"}
+
+    greeting["value"] = "bonjour"  # a config change: built beside, missing until then
+    now = states()
+    assert now[("test/words", "a")].state == "missing" and "config changed: greeting" in now[("test/words", "a")].cause
+    assert now[("test/joined", None)].cause == "upstream test/words[a] is missing, test/words[b] is missing"
+    for partition in ("a", "b"):
+        run("test/words", partition)
+    assert states()[("test/joined", None)].cause == "upstream test/words[a], test/words[b] changed (data)"
+    run("test/joined")
+    assert {s.state for s in states().values()} == {"fresh"}
