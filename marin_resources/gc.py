@@ -18,7 +18,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from marin_resources.store import LOCK_NAME, MANIFEST_NAME, REFS_DIR, ArtifactStore, Manifest, parse_version_dir
+from marin_resources.store import (LOCK_NAME, MANIFEST_NAME, REFS_DIR, UNPARTITIONED_REF, ArtifactStore, Manifest,
+                                   parse_version_dir)
 
 PINS_PATH = ".marin/pins"
 
@@ -143,8 +144,10 @@ def _refs(store: ArtifactStore, key: str) -> list[tuple[str, str]]:
         return []
     out = []
     for path in paths:
-        body = json.loads(store.fs.cat_file(path))
-        out.append((path, str(body["uri"])))
+        code_version, name = path.rsplit("/", 2)[-2:]
+        fingerprint = str(json.loads(store.fs.cat_file(path))["fingerprint"])
+        partition = None if name == UNPARTITIONED_REF else name
+        out.append((path, store.artifact_uri(key, code_version, partition, fingerprint=fingerprint)))
     return out
 
 

@@ -238,8 +238,8 @@ class ArtifactStore:
                 manifest.fingerprint:
             return False
         path = self._path(self.ref_uri(manifest.asset_key, manifest.code_version, manifest.partition))
-        body = json.dumps({"fingerprint": manifest.fingerprint, "uri": manifest.uri, "pointed_at": utc_now()},
-                          sort_keys=True).encode()
+        # No URI: the prefix is a runtime choice, and a moved bucket keeps its refs.
+        body = json.dumps({"fingerprint": manifest.fingerprint, "pointed_at": utc_now()}, sort_keys=True).encode()
         self._write_atomic(path, body)
         return True
 

@@ -138,7 +138,7 @@ def test_flipped_byte_fails_verification_and_changes_the_chain_hash(built, tmp_p
     recorded = bill_of_materials(build_lineage(artifacts, manifest))["chain_hash"]
     assert bill_of_materials(build_lineage(artifacts, manifest, verify=True))["chain_hash"] == recorded
 
-    (target,) = copy.glob("raw/harbour/v1/*/files/south.txt")
+    (target,) = copy.glob("raw/harbour/v1-*/*/files/south.txt")
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0x01
     target.write_bytes(bytes(data))
