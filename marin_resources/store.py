@@ -438,7 +438,8 @@ class ArtifactWriter:
         (files it left untouched since they were last hashed, e.g. an append-only cache's old files);
         those are not hashed again."""
         if fingerprint is not None and fingerprint != self.fingerprint:
-            raise ValueError(f"{self.uri}: committing fingerprint {fingerprint[:16]}, began with {self.fingerprint[:16]}")
+            raise ValueError(f"{self.uri}: committing fingerprint {fingerprint[:16]}, "
+                             f"began with {self.fingerprint[:16]}")
         if self._staging is not None:
             # Regular files only, as list_files counts them: tools leave links behind (W&B's
             # latest-run and log links), some dangling once their target is gone.

@@ -65,7 +65,8 @@ def test_new_shard_appends_and_old_data_files_keep_their_bytes(env, tmp_path):
     after = manifest(tmp_path, "deduplicated/web")
     assert {path: after[path] for path in web} == web, "an earlier data or duplicates file changed"
     assert sorted(set(after) - set(web)) == ["data/0-new.txt.parquet", "duplicates/0-new.txt.parquet"]
-    assert pl.read_parquet(next(store.glob("deduplicated/web/v1-*")) / "duplicates/0-new.txt.parquet")["kept_shard"].to_list() == [
+    web_dir = next(store.glob("deduplicated/web/v1-*"))
+    assert pl.read_parquet(web_dir / "duplicates/0-new.txt.parquet")["kept_shard"].to_list() == [
         "shared.txt"]
     materialize(env, "deduplicated/books")
     assert manifest(tmp_path, "deduplicated/books") == books
