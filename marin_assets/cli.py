@@ -336,6 +336,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return 0
     print(f"moved {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB in {result.seconds:.2f}s; "
           f"{result.already} already in place; verified in {result.verify_seconds:.2f}s (prefix {settings.prefix})")
+    for line in result.old_paths:
+        print(f"  old path in {line[len(store.prefix) + 1:]}; rebuild it (marin materialize KEY --rebuild)",
+              file=sys.stderr)
     if result.problems:
         print(f"verification FAILED: {len(result.problems)} problem(s)", file=sys.stderr)
         for problem in result.problems:

@@ -4,14 +4,16 @@
 Each committed artifact moves as a whole directory (one rename on local disk; copy then delete on
 object stores), its manifest's `upstream` URIs are rewritten to the new locations, and a ref makes
 it the current identity of its partition. Files are moved byte for byte, so every data version and
-chain hash stays what it was; text inside files that names an old path (a rendered training
-config, say) keeps the old text. Directories without a manifest (an attempt that never committed, a
+chain hash stays what it was; text inside files that names an old path keeps the old text, so
+small config files (JSON, YAML) naming a moved artifact's old location are listed (a mixture's
+Levanter `data.json` names its token caches): rebuild those with `marin materialize KEY --rebuild`. Directories without a manifest (an attempt that never committed, a
 withdrawn artifact) stay where they are, for `marin gc` to remove. Run it with no writer at work:
 a directory holding a lease is refused.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +30,8 @@ class Migration:
     already: int = 0
     refused: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # "<file>: names <old uri>" for small config files that name a moved artifact's old location.
+    old_paths: list[str] = field(default_factory=list)
     bytes: int = 0
     files: int = 0
     seconds: float = 0.0
@@ -93,6 +97,7 @@ def migrate(store: ArtifactStore, *, dry_run: bool = False, verify: bool = True,
         if manifest.uri in result.moved.values():
             store.point(manifest)
     _remove_empty_old_dirs(store, list(result.moved))
+    result.old_paths = _files_naming(store, list(result.moved.values()), list(result.moved))
     result.seconds = time.monotonic() - started
     if verify:
         verify_started = time.monotonic()
@@ -106,6 +111,28 @@ def migrate(store: ArtifactStore, *, dry_run: bool = False, verify: bool = True,
             result.problems.extend(p for n in root.unique() for p in n.problems if p not in result.problems)
         result.verify_seconds = time.monotonic() - verify_started
     return result
+
+
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+CONFIG_MAX_BYTES = 1 << 20
+
+
+def _files_naming(store: ArtifactStore, artifacts: list[str], old_uris: list[str]) -> list[str]:
+    """Small config files of these artifacts whose text names one of the old locations."""
+    # Longest first, so that `.../v1/a` is reported rather than its parent `.../v1`.
+    olds = sorted(old_uris, key=len, reverse=True)
+    found = []
+    for uri in artifacts:
+        manifest = store.read_manifest(uri)
+        for entry in manifest.files if manifest is not None else []:
+            if not entry.path.endswith(CONFIG_SUFFIXES) or entry.bytes > CONFIG_MAX_BYTES:
+                continue
+            with store.open(f"{uri}/{entry.path}") as fh:
+                text = fh.read().decode("utf-8", "replace")
+            named = next((old for old in olds if re.search(re.escape(old) + r"(?![\w.=+-])", text)), None)
+            if named is not None:
+                found.append(f"{uri}/{entry.path}: names {named}")
+    return found
 
 
 def _move_dir(store: ArtifactStore, old: str, new: str) -> None:

@@ -84,7 +84,8 @@ def test_materialize_status_and_noop(env, tmp_path):
     assert filtered and all(s["state"] == "missing" and s["kind"] == "config" and "min_words" in s["cause"]
                             for s in filtered)
     dedup = next(s for s in changed if s["asset_key"] == "deduplicated/letters")
-    assert dedup["state"] == "stale" and dedup["cause"].startswith("upstream filtered/letters[alpha.txt] is missing")
+    assert dedup["state"] == "stale" and dedup["cause"] == "upstream dedup_index/letters is stale"
+    assert any(line.strip().startswith("filtered/letters[alpha.txt]: missing: config changed: ") for line in dedup["why"])
 
 
 def test_bad_partition_and_unknown_asset_are_clear_errors(env):

@@ -81,13 +81,13 @@ def test_gc_keeps_pins_keep_patterns_and_leased_directories(versions):
         writer.release()
 
 
-def write_old_layout(store, key, partition, text, config, upstream=()):
+def write_old_layout(store, key, partition, text, config, upstream=(), name="data.txt"):
     """An artifact as the `{key}/{code_version}/{partition}` layout committed it."""
     uri = "/".join([store.prefix, key, "v1"] + ([partition] if partition else []))
     os.makedirs(uri, exist_ok=True)
-    with open(f"{uri}/data.txt", "w") as fh:
+    with open(f"{uri}/{name}", "w") as fh:
         fh.write(text)
-    files = [store.hash_file(uri, "data.txt")]
+    files = [store.hash_file(uri, name)]
     manifest = Manifest(key, partition, "v1", fingerprint(config), config, content_data_version(files), files,
                         list(upstream), producer_info("old"), "t0", "t1", {}, uri)
     store.write_manifest(manifest)
@@ -116,6 +116,7 @@ def test_migrate_moves_the_old_layout_rewrites_inputs_and_verifies(tmp_path):
     assert bill_of_materials(node)["chain_hash"] == chain
     again = migrate(store, log=lambda _: None)
     assert again.moved == {} and again.already == 3
+    assert result.old_paths == []
     assert plan_gc(store, {"raw/x": (True, "v1"), "filtered/x": (True, "v1"), "deduplicated/x": (False, "v1")},
                    current=[moved]).removed == []
 
@@ -185,3 +186,14 @@ def test_a_forged_manifest_with_matching_file_hashes_fails_the_chain(signed):
         fh.write(json.dumps(body))
     problems = verify_signed_bom(store, document, public)
     assert any("data.txt: sha256" in p for p in problems)
+
+
+def test_migrate_lists_config_files_that_name_an_old_location(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    cache = write_old_layout(store, "tokenized/x", None, "token ids", {"vocab": 64})
+    mixture = write_old_layout(store, "mixture/m", None, json.dumps({"cache_dir": cache.uri}), {"weights": {"x": 1}},
+                               [ref(cache)], name="data.json")
+    result = migrate(store, log=lambda _: None)
+    assert result.problems == []
+    moved = result.moved[mixture.uri]
+    assert result.old_paths == [f"{moved}/data.json: names {cache.uri}"]
