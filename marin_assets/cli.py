@@ -296,8 +296,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"{'skip':12} {uri[len(plan.store.prefix) + 1:]}  ({why})")
     if not args.dry_run:
         run_gc(plan.store, gc)
-    print(f"{len(gc.removed)} artifact version(s), {gc.removed_bytes} bytes {verb.replace('remove', 'removed')}"
-          f"{' (dry run)' if args.dry_run else ''}; {len(gc.kept)} kept (current, pinned in "
+    print(f"{len(gc.removed)} artifact version(s), {gc.removed_bytes} bytes "
+          f"{'would be removed (dry run)' if args.dry_run else 'removed'}; {len(gc.kept)} kept (current, pinned in "
           f"{settings.prefix}/{PINS_PATH}, or their inputs); {len(gc.skipped)} skipped")
     return 0
 

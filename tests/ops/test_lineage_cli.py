@@ -163,9 +163,12 @@ def test_flipped_byte_fails_verification_and_changes_the_chain_hash(built, tmp_p
 def test_signed_bom_verifies_and_fails_after_one_flipped_byte(built, tmp_path):
     env, store, _ = built
     key = tmp_path / "bom.key"
-    keygen, signed = run_batch(env, ["keygen", str(key)],
-                               ["lineage", "deduplicated/harbour", "--bom", "--sign", str(key)])
+    keygen, signed, gc = run_batch(env, ["keygen", str(key)],
+                                   ["lineage", "deduplicated/harbour", "--bom", "--sign", str(key)],
+                                   ["gc", "--dry-run"])
     assert keygen["code"] == 0 and signed["code"] == 0, signed["stderr"]
+    # Everything in the store is current or an input of it: nothing to collect.
+    assert gc["code"] == 0 and "0 artifact version(s), 0 bytes would be removed (dry run)" in gc["stdout"], gc
     document = json.loads(signed["stdout"])
     assert document["signature"]["algorithm"] == "ed25519"
     bom_file = tmp_path / "bom.json"
