@@ -722,17 +722,18 @@ def _content_checksum(info: Mapping[str, Any]) -> str | None:
 
 
 def _file_ref(uri: str, relpath: str, info: Mapping[str, Any], etag: str | None = None) -> FileRef:
-    """A file as its listing describes it. With a content checksum (given, or kept by the store) that
-    checksum is its identity and the mtime is left out: a file copied or touched without a change is
-    the same file. Otherwise the mtime and any weaker tag stand in."""
+    """A file as its listing describes it. With a content checksum kept by the store, that checksum
+    is its identity and the mtime is left out: a file uploaded again without a change is the same
+    file. Otherwise the mtime and the given tag (an archive's hash for its members), or a weaker
+    one, stand in."""
     size = info.get("size")
-    checksum = etag or _content_checksum(info)
+    checksum = None if etag else _content_checksum(info)
     return FileRef(
         uri=uri,
         relpath=relpath,
         size=int(size) if size is not None else None,
         mtime=None if checksum else _info_str(info, _MTIME_KEYS),
-        etag=checksum or _info_str(info, _WEAK_TAG_KEYS),
+        etag=etag or checksum or _info_str(info, _WEAK_TAG_KEYS),
     )
 
 
@@ -824,7 +825,7 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
                     # bytes once, cached by URI, size and modification time.
                     mtime = _info_str(info, _MTIME_KEYS)
                     digest = hashes.sha256_of_remote(fs, p, rebuild(p), info.get("size"), mtime)
-                    refs.append(_file_ref(rebuild(p), rel, info, etag=f"sha256:{digest}"))
+                    refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=f"sha256:{digest}"))
     return sorted(refs, key=lambda r: r.relpath)
 
 
