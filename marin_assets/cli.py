@@ -63,6 +63,14 @@ def load():
     return defs, catalog, settings, store.get()
 
 
+def store_only():
+    """The store the environment names, without loading the code location (commands that need no graph)."""
+    from marin_resources.environments import MarinSettings, store_resource
+
+    settings = MarinSettings.from_env()
+    return settings, store_resource(settings).get()
+
+
 def planner():
     from marin_assets.planning import Planner
 
@@ -236,7 +244,7 @@ def verify_bom(args: argparse.Namespace) -> int:
     if not args.pubkey:
         print("marin: --verify-bom needs --pubkey PUB (the signer's public key)", file=sys.stderr)
         return 2
-    _, _, _, store = load()
+    _, store = store_only()
     try:
         signed = json.loads(Path(args.verify_bom).read_text())
         problems = verify_signed_bom(store, signed, args.pubkey)
@@ -325,7 +333,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     from marin_resources.migrate import migrate
 
-    _, _, settings, store = load()
+    settings, store = store_only()
     result = migrate(store, dry_run=args.dry_run)
     for line in result.refused:
         print(f"  refused {line}", file=sys.stderr)

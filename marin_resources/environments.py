@@ -75,14 +75,20 @@ class MarinSettings:
                    wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output)
 
 
-def build_resources(settings: MarinSettings) -> dict[str, Any]:
-    """The resource dict for `dg.Definitions`."""
-    from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
-    from marin_resources.io_managers import ValueIOManagerFactory
-
+def store_resource(settings: MarinSettings):
+    """The `MarinStore` resource of these settings."""
+    from marin_resources.artifacts import MarinStore
     from marin_resources.object_stores import storage_options
 
-    store = MarinStore(prefix=settings.prefix, storage_options=storage_options(settings.prefix))
+    return MarinStore(prefix=settings.prefix, storage_options=storage_options(settings.prefix))
+
+
+def build_resources(settings: MarinSettings) -> dict[str, Any]:
+    """The resource dict for `dg.Definitions`."""
+    from marin_resources.artifacts import ArtifactHandleIOManager
+    from marin_resources.io_managers import ValueIOManagerFactory
+
+    store = store_resource(settings)
     resources: dict[str, Any] = {
         "store": store,
         "artifact_io_manager": ArtifactHandleIOManager(store=store),
