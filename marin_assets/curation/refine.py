@@ -264,11 +264,10 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
         # Shards already written stay byte-identical; the previous commit vouches for them only if
         # their inputs, decisions and the quality threshold are unchanged (an index that started over
         # changes the decisions; a moved threshold changes every shard's kept set).
-        previous = artifacts.find(f"deduplicated/{name}", DEDUP_VERSION, None)
+        previous = artifacts.find(f"deduplicated/{name}", DEDUP_VERSION, None, fingerprint=fingerprint(dedup_identity))
         written = sorted(entry.path[len("data/"):-len(".parquet")] for entry in previous.files
                          if entry.path.startswith("data/")) if previous else []
-        reusable = (previous is not None and previous.fingerprint == fingerprint(dedup_identity)
-                    and set(written) <= set(shards)
+        reusable = (previous is not None and set(written) <= set(shards)
                     and previous.metrics.get("quality_threshold") == _json_threshold(threshold)
                     and previous.metrics.get("decisions_digest") == decisions_digest(map(digest_entry, written)))
 

@@ -19,7 +19,7 @@ from marin_assets.tokenization.tokenizer import TokenizerConfig, adopt_tokenizer
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
-from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
+from marin_resources.identity import InvalidPartitionKeyError, fingerprint, validate_partition_key
 from marin_resources.typed_config import FieldProblem, decode
 from marin_resources.store import MANIFEST_NAME, ArtifactStore, FileEntry, Manifest
 
@@ -298,7 +298,9 @@ def build_tokenized_asset(entry: TokenizedEntry):
                   tokenizer: ArtifactHandle):
         artifacts = store.get()
         # Read before the rebuild withdraws it: entries of files the append leaves alone are reused.
-        committed = CommittedFiles.of(artifacts, artifacts.find(key, TOKENIZED_VERSION, None))
+        identity = {"cache": asdict(entry.cache)}
+        committed = CommittedFiles.of(artifacts, artifacts.find(key, TOKENIZED_VERSION, None,
+                                                                 fingerprint=fingerprint(identity)))
 
         def build(writer) -> Built:
             files = corpus_files(artifacts, corpus.uri)
@@ -316,8 +318,8 @@ def build_tokenized_asset(entry: TokenizedEntry):
                          known_files=known)
 
         # Resume keeps the previous cache so that unchanged upstream shards are reused, not re-encoded.
-        return materialize_artifact(context, store, config={"cache": asdict(entry.cache)},
-                                    upstream=[corpus, tokenizer], build=build, resume=True)
+        return materialize_artifact(context, store, config=identity, upstream=[corpus, tokenizer], build=build,
+                                    resume=True)
 
     @dg.asset_check(asset=tokenized, name="decode_roundtrip",
                     description=f"decode(encode(doc)) == doc on {ROUNDTRIP_SAMPLE} sampled documents, read back "
