@@ -318,7 +318,7 @@ def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(tmp_path, m
     ({"metric": "harness_eval/t/acc"}, "a harness metric needs a link"),
     ({"metric": "harness_eval/t/f1", "link": "sigmoid"}, "expected eval/<set>/<loss|bpb> or harness_eval"),
     ({"metric": "eval/m/bpb", "link": "sigmoid"}, "a link is for harness metrics"),
-    ({"link": "cubic"}, "is not one of ['sigmoid']"),
+    ({"link": "cubic"}, "'cubic' is not one of 'sigmoid'"),
 ])
 def test_a_sweep_names_a_metric_it_can_fit(change, problem):
     from marin_assets.scaling_sweeps.config import SweepConfigError
