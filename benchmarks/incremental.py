@@ -99,7 +99,7 @@ def setup(root: Path, files: list[Path]) -> dict[str, str]:
         shutil.copy(path, incoming / path.name)
     sources = root / "sources.yaml"
     sources.write_text(f"sources:\n  - name: {SOURCE}\n    uri: {incoming}/*.txt\n    format: text\n"
-                       "    strip_gutenberg: true\n")
+                       "    strip_gutenberg: true\n    files_per_shard: 1\n")
     registry = root / "registry.yaml"
     registry.write_text(REGISTRY)
     return {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(root / "store"),

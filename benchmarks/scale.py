@@ -152,8 +152,10 @@ def environment(root: Path, source_name: str, corpus: Path) -> dict[str, str]:
         shutil.rmtree(root)
     root.mkdir(parents=True)
     sources = root / "sources.yaml"
+    # The corpus is already cut into 25 MB shards (the unit): one partition per JSONL file,
+    # so "one new shard" is one new partition and each step's memory is one shard's, whatever the size.
     sources.write_text(f"sources:\n  - name: {source_name}\n    uri: {corpus}/*.jsonl\n    format: jsonl\n"
-                       "    id_field: id\n")
+                       "    id_field: id\n    files_per_shard: 1\n")
     registry = root / "registry.yaml"
     registry.write_text(f"tokenizers:\n  {source_name}:\n    train_on: [{source_name}]\n    vocab_size: 4096\n"
                         f"    min_frequency: 2\ntokenized:\n  {source_name}:\n    tokenizer: {source_name}\n"
