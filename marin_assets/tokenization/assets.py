@@ -282,7 +282,8 @@ def build_tokenized_asset(entry: TokenizedEntry):
         # The check costs what the build encoded, not the corpus: a new shard's append reads that shard
         # (and one earlier shard, a different one as the cache grows), never every shard again.
         appended = appended_shard_keys(manifest.uri)
-        earlier = [uri for uri in ledger if uri not in set(appended)]
+        encoded = set(appended)
+        earlier = [uri for uri in ledger if uri not in encoded]
         checked = appended + ([random.Random(manifest.data_version).choice(earlier)] if earlier else [])
         failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, checked,
                                           sample_n=ROUNDTRIP_SAMPLE)
