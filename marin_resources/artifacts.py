@@ -21,7 +21,7 @@ from marin_resources.freshness import damage_summary, decide, label_of
 from marin_resources.identity import fingerprint as compute_fingerprint
 from marin_resources.object_stores import check_store_reachable
 from marin_resources.secrets import scrub
-from marin_resources.store import (ArtifactStore, ArtifactWriter, FileEntry, Manifest, UpstreamRef, producer_info,
+from marin_resources.store import (ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info,
                                    writing)
 
 VERSION_METADATA_KEY = "marin/version"
@@ -56,8 +56,6 @@ class Built:
 
     metrics: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
-    # Entries of files the build left untouched since the last commit: the commit does not hash them again.
-    known_files: dict[str, FileEntry] = field(default_factory=dict)
 
 
 class MarinStore(dg.ConfigurableResource):
@@ -142,8 +140,10 @@ def materialize_artifact(
                      resume=resume) as writer:
             built = build(writer) or Built()
             manifest = writer.commit(config=config, upstream=refs, producer=producer_info(context.run.run_id),
-                                     metrics=built.metrics, known_files=built.known_files)
+                                     metrics=built.metrics)
         extra.update(built.metadata)
+        if resume:
+            extra["marin/files_rehash_skipped"] = writer.files_rehash_skipped
         extra["marin/build_seconds"] = round(time.monotonic() - started, 3)
 
     handle = ArtifactHandle.from_manifest(manifest)

@@ -143,6 +143,48 @@ def _data_version_problems(manifest: Manifest) -> list[str]:
             f"{listed[:12]} of its listed files"]
 
 
+@dataclass(frozen=True)
+class FileStat:
+    """A file as one listing shows it: size, and modification time in epoch seconds (None where the
+    store reports none)."""
+
+    bytes: int
+    modified_at: float | None
+
+
+def modified_at(info: dict[str, Any]) -> float | None:
+    """A file's modification time in epoch seconds from fsspec's info (local, GCS or S3 spelling)."""
+    for key in ("mtime", "LastModified", "updated"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+@dataclass(frozen=True)
+class CommittedFiles:
+    """A committed artifact's file entries and when its manifest was written, by the store's clock.
+
+    A file whose size matches its entry and whose mtime is older than the manifest has not been
+    written since it was hashed, so a resumed build's commit reuses its entry instead of reading
+    it again: an append costs what it writes, not the artifact's size."""
+
+    entries: dict[str, FileEntry]
+    committed_at: float
+
+    def untouched(self, stats: dict[str, FileStat]) -> dict[str, FileEntry]:
+        return {rel: entry for rel, stat in stats.items() if (entry := self.entries.get(rel)) is not None
+                and stat.bytes == entry.bytes and stat.modified_at is not None
+                and stat.modified_at < self.committed_at}
+
+
 def _is_bookkeeping(rel: str) -> bool:
     """The manifest, kept (retracted) manifests and the lease are not artifact content."""
     return rel in (MANIFEST_NAME, LOCK_NAME) or rel.startswith((MANIFEST_NAME + ".", LOCK_NAME + "."))
@@ -275,19 +317,31 @@ class ArtifactStore:
 
     def file_sizes(self, uri: str) -> dict[str, int]:
         """`{relative path: bytes}` of every file under an artifact directory, from one listing."""
+        return {rel: stat.bytes for rel, stat in self.file_stats(uri).items()}
+
+    def file_stats(self, uri: str) -> dict[str, FileStat]:
+        """`{relative path: size and mtime}` of every file under an artifact directory, manifest and
+        lease excluded, from one listing."""
         base = self._path(uri)
         try:
             found = self.fs.find(base, withdirs=False, detail=True)
         except FileNotFoundError:
             return {}
-        sizes = {}
+        stats = {}
         for p, info in found.items():
             if self.is_local and os.path.islink(p):
                 continue  # links (e.g. wandb's latest-run pointers) are not content and may dangle
             rel = p[len(base):].lstrip("/")
             if rel and not _is_bookkeeping(rel):
-                sizes[rel] = int(info.get("size") or 0)
-        return sizes
+                stats[rel] = FileStat(int(info.get("size") or 0), modified_at(info))
+        return stats
+
+    def manifest_written_at(self, uri: str) -> float | None:
+        """When the artifact's manifest was written, by the store's clock (None: no manifest or no mtime)."""
+        try:
+            return modified_at(self.fs.info(f"{self._path(uri)}/{MANIFEST_NAME}"))
+        except FileNotFoundError:
+            return None
 
     def hash_file(self, uri: str, rel: str) -> FileEntry:
         h = hashlib.sha256()
@@ -335,7 +389,13 @@ class ArtifactStore:
         path = self._path(uri)
         self.fs.makedirs(path, exist_ok=True)
         lease = self._lease(path, run_id)
+        previous = None
         try:
+            # What the files were when last committed: a resumed build's commit reuses the entries of
+            # files it left untouched. Read before the manifest goes.
+            if resume and (manifest := self.read_manifest(uri)) is not None \
+                    and (committed_at := self.manifest_written_at(uri)) is not None:
+                previous = CommittedFiles({f.path: f for f in manifest.files}, committed_at)
             # A rebuilt artifact must stop looking complete before its files change.
             existing = self.read_manifest(uri)
             if existing is not None:
@@ -350,7 +410,7 @@ class ArtifactStore:
         except BaseException:
             lease.release()
             raise
-        return ArtifactWriter(self, asset_key, code_version, partition, fingerprint, uri, run_id, lease)
+        return ArtifactWriter(self, asset_key, code_version, partition, fingerprint, uri, run_id, lease, previous)
 
     def _lease(self, path: str, run_id: str) -> Lease:
         return acquire(self._lease_objects, f"{path}/{LOCK_NAME}", run_id,
@@ -399,10 +459,11 @@ class ArtifactWriter:
     `staging_dir()` for tools that need a local directory (uploaded at commit on object stores)."""
 
     def __init__(self, store: ArtifactStore, asset_key: str, code_version: str, partition: str | None,
-                 fingerprint: str, uri: str, run_id: str, lease: Lease):
+                 fingerprint: str, uri: str, run_id: str, lease: Lease, previous: CommittedFiles | None = None):
         self.store, self.asset_key, self.code_version, self.partition = store, asset_key, code_version, partition
         self.fingerprint = fingerprint
-        self.uri, self.run_id, self.lease = uri, run_id, lease
+        self.uri, self.run_id, self.lease, self.previous = uri, run_id, lease, previous
+        self.files_rehash_skipped = 0
         self.started_at = utc_now()
         self._staging: Path | None = None
         self.committed = False
@@ -431,12 +492,10 @@ class ArtifactWriter:
         return self._staging
 
     def commit(self, *, config: Any, upstream: list[UpstreamRef], producer: dict[str, Any],
-               fingerprint: str | None = None, metrics: dict[str, Any] | None = None,
-               known_files: dict[str, FileEntry] | None = None) -> Manifest:
-        """Write the manifest, then point the ref at it. `fingerprint`, if given, must be the one the
-        writer began with (it names the directory). `known_files`: entries the producer vouches for
-        (files it left untouched since they were last hashed, e.g. an append-only cache's old files);
-        those are not hashed again."""
+               fingerprint: str | None = None, metrics: dict[str, Any] | None = None) -> Manifest:
+        """Hash the files, write the manifest, then point the ref at it. `fingerprint`, if given, must
+        be the one the writer began with (it names the directory). A resumed build's files left
+        untouched since the last commit (see `CommittedFiles`) keep their entries and are not read again."""
         if fingerprint is not None and fingerprint != self.fingerprint:
             raise ValueError(f"{self.uri}: committing fingerprint {fingerprint[:16]}, "
                              f"began with {self.fingerprint[:16]}")
@@ -448,8 +507,10 @@ class ArtifactWriter:
             self.store.retrying(lambda: self.store.fs.put([str(p) for p in local], remote))
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
-        known = known_files or {}
-        files = [known.get(rel) or self.store.hash_file(self.uri, rel) for rel in self.store.list_files(self.uri)]
+        stats = self.store.file_stats(self.uri)
+        known = self.previous.untouched(stats) if self.previous is not None else {}
+        self.files_rehash_skipped = len(known)
+        files = [known.get(rel) or self.store.hash_file(self.uri, rel) for rel in sorted(stats)]
         manifest = Manifest(
             asset_key=self.asset_key, partition=self.partition, code_version=self.code_version,
             fingerprint=self.fingerprint, config=json.loads(canonical_json(config)),

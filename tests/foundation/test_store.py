@@ -150,3 +150,30 @@ def test_verify_names_a_changed_file(tmp_path):
     target.write_bytes(b"abd")
     problems = store.verify(store.find("raw/x", "v1", None))
     assert len(problems) == 1 and "data/part-0.txt" in problems[0]
+
+
+def test_resumed_commit_hashes_only_what_the_build_wrote(tmp_path, monkeypatch):
+    store = ArtifactStore(str(tmp_path))
+
+    def build(files: dict[str, bytes], resume: bool):
+        with writing(store, "cache/x", "v1", None, run_id="run-test", resume=resume) as w:
+            for rel, data in files.items():
+                with w.open(rel) as fh:
+                    fh.write(data)
+            manifest = w.commit(fingerprint="f", config={}, upstream=[], producer=producer_info("run-test"))
+            return manifest, w.files_rehash_skipped
+
+    first, _ = build({"old-0": b"a", "old-1": b"bb", "tail": b"ccc"}, resume=False)
+    hashed = []
+    real_hash = ArtifactStore.hash_file
+    monkeypatch.setattr(ArtifactStore, "hash_file", lambda self, uri, rel: hashed.append(rel) or real_hash(self, uri, rel))
+    time.sleep(0.01)  # the store's clock must tell the rewrite from the last commit
+    second, skipped = build({"tail": b"ddd", "new": b"e"}, resume=True)  # same size, new bytes: rehashed
+    assert sorted(hashed) == ["new", "tail"] and skipped == 2
+    assert {f.path: f.sha256 for f in second.files} == {**{f.path: f.sha256 for f in first.files if f.path != "tail"},
+                                                        "tail": real_hash(store, second.uri, "tail").sha256,
+                                                        "new": real_hash(store, second.uri, "new").sha256}
+    assert store.verify(second) == []
+    hashed.clear()
+    _, skipped = build({}, resume=False)  # not resumed: nothing is vouched for (and the files are gone)
+    assert hashed == [] and skipped == 0

@@ -197,6 +197,21 @@ def test_jax_s3_specs_go_to_the_bucket_not_a_local_path():
     assert kvstore["driver"] == "s3" and kvstore["bucket"] == "bucket" and kvstore["path"] == "a/b"
 
 
+def test_the_cache_writers_kvstore_is_the_one_jax_builds(monkeypatch):
+    """The token cache is written without JAX (tensorstore_kvstore); Levanter reads it through JAX's
+    spec, as install_tensorstore_paths fixes it. Both must name the same objects."""
+    from marin_resources.object_stores import install_tensorstore_paths, tensorstore_kvstore
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    install_tensorstore_paths()
+    import jax.experimental.array_serialization.serialization as serialization
+
+    for url in ("s3://bucket/store/tokenized/x/v1/train/input_ids/data", "gs://bucket/a/b/", "/tmp/cache/offsets"):
+        assert tensorstore_kvstore(url) == serialization.get_tensorstore_spec(url, ocdbt=False)["kvstore"], url
+    with pytest.raises(ValueError, match="bucket and a path"):
+        tensorstore_kvstore("s3://bucket")
+
+
 def test_processes_get_the_store_location_and_tensorstore_the_gcs_emulator():
     env = store_process_env({"AWS_ENDPOINT_URL": "http://s3", "STORAGE_EMULATOR_HOST": "http://gcs",
                              "AWS_SECRET_ACCESS_KEY": "secret", "HOME": "/root"})

@@ -34,7 +34,7 @@ TOKENIZED = TokenizedEntry(SOURCE, TOKENIZER.name, CacheConfig(validation_fracti
 # The files an append may rewrite: Levanter keeps the row count in offsets[0] and packs the first
 # 128 Mi tokens of a split into one zarr shard file, so both live in c/0 for a cache this small.
 APPEND_REWRITES = {f"{split}/{name}" for split in ("train", "validation")
-                   for name in ("shard_ledger.json", "shard_ledger.json.bak", "input_ids/offsets/c/0",
+                   for name in ("shard_ledger.json", "input_ids/offsets/c/0",
                                 "input_ids/data/c/0")} \
     | {"marin_tokenize_manifest.json"}
 
