@@ -156,11 +156,11 @@ def test_resumed_commit_hashes_only_what_the_build_wrote(tmp_path, monkeypatch):
     store = ArtifactStore(str(tmp_path))
 
     def build(files: dict[str, bytes], resume: bool):
-        with writing(store, "cache/x", "v1", None, run_id="run-test", resume=resume) as w:
+        with writing(store, "cache/x", "v1", None, fingerprint="f", run_id="run-test", resume=resume) as w:
             for rel, data in files.items():
                 with w.open(rel) as fh:
                     fh.write(data)
-            manifest = w.commit(fingerprint="f", config={}, upstream=[], producer=producer_info("run-test"))
+            manifest = w.commit(config={}, upstream=[], producer=producer_info("run-test"))
             return manifest, w.files_rehash_skipped
 
     first, _ = build({"old-0": b"a", "old-1": b"bb", "tail": b"ccc"}, resume=False)
