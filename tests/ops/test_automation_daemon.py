@@ -67,7 +67,10 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     env = {**os.environ, "DAGSTER_HOME": str(home), "MARIN_ENV": "local", "MARIN_PREFIX": str(tmp_path / "store"),
            "MARIN_SOURCES": str(tmp_path / "sources.yaml"), "MARIN_REGISTRY": str(tmp_path / "registry.yaml"),
-           "MARIN_RUNS": str(tmp_path / "runs.yaml")}
+           "MARIN_RUNS": str(tmp_path / "runs.yaml"),
+           # Launching a run waits on the code server's answer; on a loaded machine Dagster's 60 s
+           # deadline passed and the launch was recorded as a failed run.
+           "DAGSTER_GRPC_TIMEOUT_SECONDS": "300"}
     built = subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", "mixture/letters"], env=env,
                            cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert built.returncode == 0, built.stdout + built.stderr
