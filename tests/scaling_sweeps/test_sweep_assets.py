@@ -261,28 +261,35 @@ def write_harness(store: ArtifactStore, run, acc: float) -> None:
                  producer=producer_info("test"), metrics={"plays_next_line/acc": acc, "plays_next_line/n": 400})
 
 
-def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(tmp_path, synthetic_deployment):
+@pytest.fixture
+def linked(tmp_path, synthetic_deployment):
+    """`(settings, plan, load_linked)` for sweep `syn` forecasting a harness accuracy; `load_linked()`
+    is the sweep stage and the evaluation stage's harness asset of the sweep (its artifacts are
+    written through the store here, never launched), and the sweep's runs."""
     sweeps_file = tmp_path / "sweeps.yaml"
     sweeps_file.write_text(yaml.safe_dump({"sweeps": {SWEEP: {**SWEEP_CONFIG, **LINKED}}}))
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store")})
-    deployment = synthetic_deployment(sweeps=load_sweeps(sweeps_file))
+    sweeps = load_sweeps(sweeps_file)
+    deployment = synthetic_deployment(sweeps=sweeps)
 
     def load_linked():
-        """The sweep stage and the evaluation stage, which builds the sweep's harness asset; its
-        artifacts are written through the store here, never launched."""
         defs, partitions, _ = load_stage(settings, deployment)
         evaluation, catalog = build_evaluation_stage(settings, deployment)
         assert HARNESS in catalog.identities
         harness = [a for a in evaluation.assets if a.key == dg.AssetKey(HARNESS.split("/"))]
         return dg.Definitions.merge(defs, dg.Definitions(assets=harness)), partitions
 
+    return settings, plan_sweep(sweeps[SWEEP]), load_linked
+
+
+def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(linked):
+    settings, plan, load_linked = linked
     defs, partitions = load_linked()
     graph = defs.resolve_asset_graph()
     harness = graph.get(dg.AssetKey(HARNESS.split("/")))
     assert harness.partitions_def.name == RUNS and harness.parent_keys == {dg.AssetKey(CHECKPOINT.split("/"))}
     assert {dg.AssetKey(["scaling_fit", SWEEP]), dg.AssetKey(["forecast_check", SWEEP])} <= harness.child_keys
     store = ArtifactStore(settings.prefix)
-    plan = plan_sweep(load_sweeps(sweeps_file)[SWEEP])
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(RUNS, partitions)
     for run in plan.fit_runs():
@@ -315,6 +322,25 @@ def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(tmp_path, s
     write_harness(store, chosen, 0.25)  # back at chance: far outside the interval
     (check,) = materialize(defs, instance, "forecast_check/syn").get_asset_check_evaluations()
     assert not check.passed
+
+
+def test_a_linked_fit_without_a_runs_harness_eval_names_it(linked):
+    settings, plan, load_linked = linked
+    defs, partitions = load_linked()
+    store = ArtifactStore(settings.prefix)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(RUNS, partitions)
+    fit_runs = plan.fit_runs()
+    for run in fit_runs:
+        loss = law(run.candidate.params, run.candidate.tokens)
+        write_run(store, run, loss)
+        if run is not fit_runs[0]:
+            write_harness(store, run, accuracy(loss))
+    result = materialize(defs, instance, "sweep/syn", "scaling_fit/syn")
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert f"upstream {HARNESS}[{fit_runs[0].spec.name}] has no committed artifact" in \
+        failure.step_failure_data.error.message
 
 
 @pytest.mark.parametrize("change, problem", [
