@@ -3,7 +3,7 @@ assets receive everything through resources.
 
 - `local` (default): embedded instance, `./local_store` prefix (or MARIN_PREFIX), local launcher.
 - `prod`: MARIN_PREFIX is required, cloud clients from dagster-gcp / dagster-aws for gs:// or s3://,
-  strict fingerprints unless MARIN_STRICT=0, and, with MARIN_TRAINING_IMAGE set, training in
+  and, with MARIN_TRAINING_IMAGE set, training in
   Kubernetes pods sized by each run's `resources` (GPU nodes labelled MARIN_GPU_TYPE). With a bucket
   prefix the pods mount nothing; with a path prefix the store is the volume MARIN_STORE_CLAIM
   mounted at MARIN_PREFIX.
@@ -38,7 +38,6 @@ class MarinSettings:
 
     env: str
     prefix: str
-    strict_fingerprints: bool
     sources_file: str | None
     runs_file: str | None
     registry_file: str | None = None
@@ -74,7 +73,6 @@ class MarinSettings:
         prefix = prefix or DEFAULT_PREFIX
         if "://" not in prefix:
             prefix = str(Path(prefix).expanduser().resolve())
-        strict = e.get("MARIN_STRICT", "1" if env == "prod" else "0").lower() in ("1", "true", "yes")
         pool = e.get("MARIN_TRAIN_POOL", "gpu" if env == "prod" else "cpu-train")
         if pool not in TRAIN_POOLS:
             raise ValueError(f"MARIN_TRAIN_POOL must be one of {', '.join(TRAIN_POOLS)}, got {pool!r}")
@@ -86,7 +84,7 @@ class MarinSettings:
             raise ValueError(f"MARIN_RAY must be one of {', '.join(RAY_MODES)}, got {ray!r}")
         ray_cpus = _positive_int(e, "MARIN_RAY_CPUS", os.cpu_count() or 1)
         ray_chunk_mb = _positive_int(e, "MARIN_RAY_CHUNK_MB", 32)
-        return cls(env=env, prefix=prefix, strict_fingerprints=strict, sources_file=e.get("MARIN_SOURCES") or None,
+        return cls(env=env, prefix=prefix, sources_file=e.get("MARIN_SOURCES") or None,
                    runs_file=e.get("MARIN_RUNS") or None, registry_file=e.get("MARIN_REGISTRY") or None,
                    sweeps_file=e.get("MARIN_SWEEPS") or None,
                    train_pool=pool,
@@ -127,8 +125,7 @@ def store_resource(settings: MarinSettings):
     from marin_resources.artifacts import MarinStore
     from marin_resources.object_stores import storage_options
 
-    return MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints,
-                      storage_options=storage_options(settings.prefix))
+    return MarinStore(prefix=settings.prefix, storage_options=storage_options(settings.prefix))
 
 
 def build_resources(settings: MarinSettings) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """UPath-based IO manager for small values: polars DataFrames as Parquet, JSON-able values as JSON.
 
 Values land in the same layout as every other artifact,
-`{prefix}/{asset key}/{version}/{partition}/value.{parquet,json}`, committed through the store
-so they get a manifest (hashes, producer) and the same atomicity. Large artifacts never come
+`{prefix}/{asset key}/{version}-{fingerprint}/{partition}/value.{parquet,json}`, committed through the
+store so they get a manifest (hashes, producer) and the same atomicity. A value has no identity
+config, so its fingerprint is that of the empty config. Large artifacts never come
 through here: they are written by their asset and passed on as `ArtifactHandle`s.
 """
 
@@ -17,11 +18,12 @@ import polars as pl
 from upath import UPath
 
 from marin_resources.artifacts import VERSION_METADATA_KEY, MarinStore
-from marin_resources.identity import validate_partition_key
-from marin_resources.store import producer_info, writing
+from marin_resources.identity import fingerprint, validate_partition_key
+from marin_resources.store import producer_info, version_dir, writing
 
 PARQUET_NAME = "value.parquet"
 JSON_NAME = "value.json"
+VALUE_FINGERPRINT = fingerprint({})
 
 
 class ValueIOManager(dg.UPathIOManager):
@@ -38,7 +40,7 @@ class ValueIOManager(dg.UPathIOManager):
         return str(metadata.get(VERSION_METADATA_KEY, "v1"))
 
     def get_asset_relative_path(self, context: dg.InputContext | dg.OutputContext) -> UPath:
-        return UPath(*context.asset_key.path, self._version(context))
+        return UPath(*context.asset_key.path, version_dir(self._version(context), VALUE_FINGERPRINT))
 
     def get_path_for_partition(self, context, path: UPath, partition: str) -> UPath:
         return path / validate_partition_key(partition)
@@ -47,7 +49,8 @@ class ValueIOManager(dg.UPathIOManager):
         store = self._marin_store.get()
         key = "/".join(context.asset_key.path)
         partition = context.asset_partition_key if context.has_asset_partitions else None
-        with writing(store, key, self._version(context), partition, run_id=context.run_id) as writer:
+        with writing(store, key, self._version(context), partition, fingerprint=VALUE_FINGERPRINT,
+                     run_id=context.run_id) as writer:
             if isinstance(obj, pl.DataFrame):
                 buf = io.BytesIO()
                 obj.write_parquet(buf)
@@ -58,7 +61,7 @@ class ValueIOManager(dg.UPathIOManager):
                 with writer.open(JSON_NAME) as fh:
                     fh.write(json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
                 metrics = {"items": len(obj)} if isinstance(obj, (list, dict)) else {}
-            writer.commit(fingerprint="", config={}, upstream=[], producer=producer_info(context.run_id),
+            writer.commit(config={}, upstream=[], producer=producer_info(context.run_id),
                           metrics=metrics)
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> Any:

@@ -428,6 +428,23 @@ class ContentHashCache:
         self.db.commit()
         self.db.close()
 
+    def sha256_of_remote(self, fs, path: str, uri: str, size: int | None, mtime: str | None) -> str:
+        """sha256 of a file on a filesystem that keeps no checksum, keyed by its URI, size and
+        modification time (there is no ctime or inode to add): unchanged, it is read once."""
+        key = b"remote:" + uri.encode("utf-8", "surrogateescape")
+        stamp = (-1 if size is None else int(size), str(mtime or ""))
+        row = self.db.execute("SELECT size, mtime_ns, sha256 FROM hashes WHERE path = ?", (key,)).fetchone()
+        if row is not None and mtime is not None and (row[0], row[1]) == stamp:
+            return row[2]
+        digest = hashlib.sha256()
+        with fs.open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+        if mtime is not None:  # without a modification time a cached hash could never be trusted
+            self.db.execute("INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, NULL, NULL, ?)", (key, *stamp,
+                                                                                            digest.hexdigest()))
+        return digest.hexdigest()
+
     def sha256(self, path: str) -> str:
         stamp, key = _stat_stamp(path), os.fsencode(path)  # bytes: a file name need not be UTF-8
         row = self.db.execute("SELECT size, mtime_ns, ctime_ns, inode, sha256 FROM hashes WHERE path = ?",
@@ -699,17 +716,42 @@ def _info_str(info: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
 
 
 _MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "date_time", "modified")
-_ETAG_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "chksum", "CRC", "sha", "blob_id", "lfs")
+# Checksums of the content that stores keep, strongest first: S3's additional checksums and ETag
+# (an MD5, or an MD5 of part MD5s for multipart uploads), GCS's md5Hash and crc32c (composite objects
+# have only crc32c; GCS's `etag` changes with metadata, so it is not one), a zip member's CRC-32,
+# git's blob sha (github://, git://), an LFS pointer's oid.
+_CONTENT_CHECKSUM_KEYS = ("ChecksumSHA256", "ChecksumSHA1", "ChecksumCRC64NVME", "ChecksumCRC32C", "ChecksumCRC32",
+                          "md5Hash", "crc32c", "ETag", "CRC", "sha", "blob_id", "lfs")
+# Tags that change with more than the content (a tar header's checksum covers its mtime, GCS's etag
+# its metadata): used only when a listing has nothing better, together with the mtime.
+_WEAK_TAG_KEYS = ("etag", "chksum")
+
+
+_QUOTE = '"'  # S3 quotes its ETags
+
+
+def _content_checksum(info: Mapping[str, Any]) -> str | None:
+    """`<key>:<value>` of the strongest content checksum in a listing entry, or None."""
+    for key in _CONTENT_CHECKSUM_KEYS:
+        value = info.get(key)
+        if value not in (None, ""):
+            return f"{key}:{str(value).strip(_QUOTE)}"
+    return None
 
 
 def _file_ref(uri: str, relpath: str, info: Mapping[str, Any], etag: str | None = None) -> FileRef:
+    """A file as its listing describes it. With a content checksum kept by the store, that checksum
+    is its identity and the mtime is left out: a file uploaded again without a change is the same
+    file. Otherwise the mtime and the given tag (an archive's hash for its members), or a weaker
+    one, stand in."""
     size = info.get("size")
+    checksum = None if etag else _content_checksum(info)
     return FileRef(
         uri=uri,
         relpath=relpath,
         size=int(size) if size is not None else None,
-        mtime=_info_str(info, _MTIME_KEYS),
-        etag=etag or _info_str(info, _ETAG_KEYS),
+        mtime=None if checksum else _info_str(info, _MTIME_KEYS),
+        etag=etag or checksum or _info_str(info, _WEAK_TAG_KEYS),
     )
 
 
@@ -763,6 +805,8 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
     else:
         fs, path = fsspec.core.url_to_fs(uri)
         local = isinstance(fs, LocalFileSystem) and "::" not in uri
+        # fsspec caches instances and their listings: a long-lived process (a sensor) must see today's.
+        fs.invalidate_cache()
         if "::" in uri:
             protocol, target = uri.split("://", 1)[0], uri.split("::", 1)[1]
 
@@ -777,7 +821,7 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
         root = path.rstrip("/") if not _GLOB_CHARS.search(path) and fs.isdir(path) else _glob_root(path)
         refs = []
         with contextlib.ExitStack() as stack:
-            hashes = stack.enter_context(ContentHashCache()) if local else None
+            hashes = stack.enter_context(ContentHashCache())
             for p, info in matches.items():
                 rel = _relative(p, root)
                 refused = None if not local or source.follow_symlinks else _outside_root(p, root)
@@ -788,15 +832,21 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
                                         if os.path.islink(p) else None, refused=refused))
                 elif source.expand_archives and "::" not in uri and _archive_protocol(p):
                     refs.extend(_expand_archive(rebuild(p), rel))
-                elif hashes is not None:
+                elif local:
                     # Content identity: a touched file is the same file, a same-size rewrite is not.
                     try:
                         etag = f"sha256:{hashes.sha256(p)}"
                     except OSError:  # a dangling link or a vanished file: reading it reports the error
                         etag = None
                     refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=etag))
-                else:
+                elif _content_checksum(info) is not None:
                     refs.append(_file_ref(rebuild(p), rel, info))
+                else:
+                    # No checksum kept by the store (plain HTTP, an archive member, memory): hash the
+                    # bytes once, cached by URI, size and modification time.
+                    mtime = _info_str(info, _MTIME_KEYS)
+                    digest = hashes.sha256_of_remote(fs, p, rebuild(p), info.get("size"), mtime)
+                    refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=f"sha256:{digest}"))
     return sorted(refs, key=lambda r: r.relpath)
 
 

@@ -149,11 +149,11 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
         if checkpoint is None:
             raise SweepFitError(f"eval[{name}] does not record its checkpoint")
         if checkpoint.fingerprint != fingerprint(run.spec.identity()):
-            # Same name, another spec (the recipe changed): a drift-reused artifact must not be fitted.
-            # --force would reuse it (drift), and --rebuild alone would resume from its checkpoints.
-            raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the plan's; move its "
-                                f"checkpoints aside ({checkpoint.uri}/checkpoints), then retrain it: "
-                                f"marin materialize {checkpoint_key(plan.config.name)} --partition {name} --rebuild")
+            # Same name, another spec (the recipe changed): the eval is of the old checkpoint. The plan's
+            # spec trains beside it (its identity is in the path), and its eval then replaces this one.
+            raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the plan's "
+                                f"({checkpoint.uri}); train and evaluate the plan's beside it: "
+                                f"marin materialize {eval_key(plan.config.name)} --partition {name}")
         trained = checkpoint.metrics
         if trained.get("final_step") is None:
             raise SweepFitError(f"checkpoint[{name}] records no final step (committed without its training "
@@ -178,7 +178,7 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
     sweep_fp = fingerprint(identity)
     fit_names = [r.spec.name for r in plan.fit_runs()]
     name = config.name
-    # Identity of each artifact; the catalog gives the same to `marin status` for drift detection.
+    # Identity of each artifact; the catalog gives the same to `marin status`, which finds each by it.
     configs = {"sweep": identity,
                "scaling_fit": {"sweep_fingerprint": sweep_fp, "fit_runs": fit_names},
                "forecast": {"sweep_fingerprint": sweep_fp},

@@ -3,8 +3,8 @@ mixture/<name> (Levanter's mixture data config). Declared in `registry.yaml` (or
 MARIN_REGISTRY, read into `MarinSettings.registry_file`)."""
 
 import json
+import random
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,15 +13,16 @@ import yaml
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
-from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache, cache_shard_order, iter_parquet_texts
+from marin_assets.tokenization.cache import (CacheConfig, appended_shard_keys, build_levanter_cache, cache_shard_order,
+                                             iter_parquet_texts)
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.tokenizer import TokenizerConfig, adopt_tokenizer, train_bpe_tokenizer
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
+from marin_resources.store import ArtifactStore, Manifest
 from marin_resources.typed_config import FieldProblem, decode
-from marin_resources.store import MANIFEST_NAME, ArtifactStore, FileEntry, Manifest
 
 if TYPE_CHECKING:
     from marin_assets.deployment import Deployment  # which reads this module's registry
@@ -230,63 +231,12 @@ def build_tokenizer_asset(entry: TokenizerEntry):
 # ---- append-only token caches --------------------------------------------------------------------
 
 
-def _modified_at(info: dict[str, Any]) -> float | None:
-    """A file's modification time in epoch seconds from fsspec's info (local, GCS or S3 spelling)."""
-    for key in ("mtime", "LastModified", "updated"):
-        value = info.get(key)
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, datetime):
-            return value.timestamp()
-        if isinstance(value, str):
-            try:
-                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                continue
-    return None
-
-
-@dataclass(frozen=True)
-class CommittedFiles:
-    """A committed artifact's file entries and when its manifest was written, by the store's clock.
-
-    A file whose size matches its entry and whose mtime is older than the manifest has not been
-    written since it was hashed, so its entry can be reused instead of hashing it again."""
-
-    entries: dict[str, FileEntry]
-    committed_at: float
-
-    @classmethod
-    def of(cls, store: ArtifactStore, manifest: Manifest | None) -> "CommittedFiles | None":
-        if manifest is None:
-            return None
-        try:
-            committed_at = _modified_at(store.fs.info(f"{store._path(manifest.uri)}/{MANIFEST_NAME}"))
-        except FileNotFoundError:
-            return None
-        return None if committed_at is None else cls({f.path: f for f in manifest.files}, committed_at)
-
-    def untouched(self, store: ArtifactStore, uri: str) -> dict[str, FileEntry]:
-        base = store._path(uri).rstrip("/")
-        try:
-            found = store.fs.find(base, withdirs=False, detail=True)
-        except FileNotFoundError:
-            return {}
-        kept = {}
-        for path, info in found.items():
-            entry = self.entries.get(path[len(base):].lstrip("/"))
-            modified = _modified_at(info)
-            if entry is not None and info.get("size") == entry.bytes and modified is not None \
-                    and modified < self.committed_at:
-                kept[entry.path] = entry
-        return kept
-
-
 def build_tokenized_asset(entry: TokenizedEntry):
     key = f"tokenized/{entry.source}"
+    identity = {"cache": asdict(entry.cache)}
 
     @marin_asset(key=key, version=TOKENIZED_VERSION, group_name="tokenization", kinds={"levanter"},
-                 identity={"cache": asdict(entry.cache)}, automation_condition=FOLLOWS_NEW_DATA,
+                 identity=identity, automation_condition=FOLLOWS_NEW_DATA,
                  ins={"corpus": dg.AssetIn(key=dg.AssetKey(["deduplicated", entry.source])),
                       "tokenizer": dg.AssetIn(key=dg.AssetKey(["tokenizer", entry.tokenizer]))},
                  description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "
@@ -297,8 +247,6 @@ def build_tokenized_asset(entry: TokenizedEntry):
     def tokenized(context: dg.AssetExecutionContext, store: MarinStore, corpus: ArtifactHandle,
                   tokenizer: ArtifactHandle):
         artifacts = store.get()
-        # Read before the rebuild withdraws it: entries of files the append leaves alone are reused.
-        committed = CommittedFiles.of(artifacts, artifacts.find(key, TOKENIZED_VERSION, None))
 
         def build(writer) -> Built:
             files = corpus_files(artifacts, corpus.uri)
@@ -310,18 +258,17 @@ def build_tokenized_asset(entry: TokenizedEntry):
                        "validation_tokens": stats.validation.tokens, "skipped_documents": stats.skipped_documents,
                        "shards": stats.shards, "shards_reused": stats.shards_reused,
                        "shards_encoded": stats.shards_encoded, "documents_encoded": stats.documents_encoded}
-            known = committed.untouched(artifacts, writer.uri) if committed is not None else {}
-            return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents,
-                                                    "marin/files_rehash_skipped": len(known)},
-                         known_files=known)
+            return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents})
 
         # Resume keeps the previous cache so that unchanged upstream shards are reused, not re-encoded.
-        return materialize_artifact(context, store, config={"cache": asdict(entry.cache)},
-                                    upstream=[corpus, tokenizer], build=build, resume=True)
+        return materialize_artifact(context, store, config=identity, upstream=[corpus, tokenizer], build=build,
+                                    resume=True)
 
     @dg.asset_check(asset=tokenized, name="decode_roundtrip",
-                    description=f"decode(encode(doc)) == doc on {ROUNDTRIP_SAMPLE} sampled documents, read back "
-                                "through Levanter's TreeCache; row counts match the documents.")
+                    description=f"The shards the last build encoded, and one earlier shard: their documents match "
+                                f"the ledger's row counts, and decode(encode(doc)) == doc on {ROUNDTRIP_SAMPLE} "
+                                "sampled documents read back from the cache; every split's row count matches the "
+                                "manifest and Levanter's ledger.")
     def roundtrip(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         from marin_assets.tokenization.cache import decode_roundtrip_check
 
@@ -330,15 +277,21 @@ def build_tokenized_asset(entry: TokenizedEntry):
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
         refs = {u.asset_key: u for u in manifest.upstream}
-        files = parquet_files(artifacts, refs[f"deduplicated/{entry.source}"].uri)
-        # Rows follow the ledger (append) order; a file the ledger lacks goes last and fails the row count.
-        ledger = {uri: i for i, uri in enumerate(cache_shard_order(manifest.uri))}
-        files.sort(key=lambda uri: ledger.get(uri, len(ledger)))
-        failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, files,
+        wanted = set(parquet_files(artifacts, refs[f"deduplicated/{entry.source}"].uri))
+        ledger = cache_shard_order(manifest.uri)
+        missing = sorted(wanted - set(ledger))
+        # The check costs what the build encoded, not the corpus: a new shard's append reads that shard
+        # (and one earlier shard, a different one as the cache grows), never every shard again.
+        appended = appended_shard_keys(manifest.uri)
+        encoded = set(appended)
+        earlier = [uri for uri in ledger if uri not in encoded]
+        checked = appended + ([random.Random(manifest.data_version).choice(earlier)] if earlier else [])
+        failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, checked,
                                           sample_n=ROUNDTRIP_SAMPLE)
-        return dg.AssetCheckResult(passed=not failures, metadata={
-            "sampled": ROUNDTRIP_SAMPLE, "failures": len(failures),
-            "examples": dg.MetadataValue.json([f.__dict__ for f in failures[:5]])})
+        return dg.AssetCheckResult(passed=not failures and not missing, metadata={
+            "shards_checked": len(checked), "sampled": ROUNDTRIP_SAMPLE, "failures": len(failures),
+            "upstream_files_not_in_cache": len(missing),
+            "examples": dg.MetadataValue.json([f.__dict__ for f in failures[:5]] + missing[:5])})
 
     return tokenized, roundtrip
 

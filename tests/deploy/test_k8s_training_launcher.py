@@ -18,6 +18,7 @@ from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stag
 from marin_assets.training.spec import load_run_registry
 from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
 from marin_resources.environments import MarinSettings, build_resources
+from marin_resources.identity import fingerprint
 from marin_resources.k8s import K8sSpecError, K8sTrainingLauncher, SecretEnvRefConfig, tpu_slice
 from marin_resources.store import producer_info, writing
 
@@ -43,9 +44,9 @@ def commit_inputs(store) -> None:
     mixture = {"cache_dir": None, "train_weights": {"m": 1.0},
                "configs": {"m": {"cache_dir": f"{store.prefix}/caches/m", "train_urls": [], "validation_urls": []}}}
     for key, name, payload in (("mixture/m", "data.json", mixture), ("tokenizer/t", "tokenizer.json", {"model": {}})):
-        with writing(store, key, "v1", None, run_id="test") as writer:
+        with writing(store, key, "v1", None, fingerprint=fingerprint({"name": key}), run_id="test") as writer:
             writer.write_json(name, payload)
-            writer.commit(fingerprint=key, config={"name": key}, upstream=[], producer=producer_info("test"))
+            writer.commit(config={"name": key}, upstream=[], producer=producer_info("test"))
 
 
 def make_deployment(tmp_path, cluster, prefix: str, storage_options: dict | None = None, **launcher_kwargs):

@@ -50,12 +50,13 @@ def harness_deployment(tmp_path, monkeypatch):
         resources = build_resources(settings)
         store = resources["store"].get()
         if store.find("checkpoint", CHECKPOINT_VERSION, RUN) is None:
-            with writing(store, "checkpoint", CHECKPOINT_VERSION, RUN, run_id="seed") as writer:
+            with writing(store, "checkpoint", CHECKPOINT_VERSION, RUN, fingerprint=fingerprint(spec.identity()),
+                         run_id="seed") as writer:
                 out = store.local_path(writer.uri)
                 mixture = single_cache_mixture("stdlib-docs", str(tmp_path / "cache"), str(empty_tokenizer))
                 write_train_config(build_train_config(spec, mixture, str(empty_tokenizer), str(out), watch_interval=0),
                                    Path(out) / "train_config.yaml")
-                writer.commit(fingerprint=fingerprint(spec.identity()), config=spec.identity(), upstream=[],
+                writer.commit(config=spec.identity(), upstream=[],
                               producer=producer_info("seed"))
         stage, _ = build_evaluation_stage(settings, deployment)
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,7 @@ def test_materialize_status_and_noop(env, tmp_path):
     first = json.loads(marin(env, "materialize", "deduplicated/letters", "--json").stdout)
     assert first["success"]
     manifests = [Path(m) for m in first["manifests"]]
-    assert any("deduplicated/letters/v1/.artifact.json" in str(m) for m in manifests)
+    assert any(re.search(r"deduplicated/letters/v1-[0-9a-f]{8}/\.artifact\.json$", str(m)) for m in manifests)
     for m in manifests:
         body = json.loads(m.read_text())
         assert body["files"] and body["data_version"] and body["producer"]["run_id"]
@@ -58,23 +59,33 @@ def test_materialize_status_and_noop(env, tmp_path):
     letters = [s for s in status if "letters" in s["asset_key"]]
     assert letters and all(s["state"] == "fresh" for s in letters)
 
-    # A changed source file makes exactly its shard stale, and only that shard is rebuilt.
+    # A changed source file makes exactly its shard stale, and everything built from it says why.
     bravo = Path(env["MARIN_SOURCES"]).parent / "letters" / "bravo.txt"
     bravo.write_text(bravo.read_text() + " A postscript arrived later. " + TEXT)
     changed = {(s["asset_key"], s["partition"]): s for s in json.loads(marin(env, "status", "--json").stdout)}
     assert changed[("raw/letters", "bravo.txt")]["state"] == "stale"
-    assert "source data changed" in changed[("raw/letters", "bravo.txt")]["cause"]
+    assert changed[("raw/letters", "bravo.txt")]["cause"] == "upstream external/letters[bravo.txt] changed (data)"
     assert changed[("raw/letters", "alpha.txt")]["state"] == "fresh"
+    for key in ("documents/letters", "filtered/letters"):
+        assert changed[(key, "bravo.txt")]["state"] == "stale" and changed[(key, "alpha.txt")]["state"] == "fresh"
+    assert changed[("documents/letters", "bravo.txt")]["cause"] == "upstream raw/letters[bravo.txt] is stale"
+    why = marin(env, "status", "--why", "filtered/letters", "--partition", "bravo.txt").stdout.splitlines()
+    assert why == ["filtered/letters[bravo.txt]: stale: upstream documents/letters[bravo.txt] is stale",
+                   "  documents/letters[bravo.txt]: stale: upstream raw/letters[bravo.txt] is stale",
+                   "    raw/letters[bravo.txt]: stale: upstream external/letters[bravo.txt] changed (data)"]
     rebuilt = json.loads(marin(env, "materialize", "deduplicated/letters", "--json").stdout)
     assert [s["partition"] for s in rebuilt["steps"] if s["ran"]] == ["bravo.txt", None]
 
-    # A config change under the same code version shows as drift, with the field named.
+    # A config change builds beside the old artifact: missing until built, with the field named.
     sources = Path(env["MARIN_SOURCES"])
     sources.write_text(sources.read_text() + "    filters:\n      min_words: 5\n")
-    drifted = json.loads(marin(env, "status", "--json").stdout)
-    filtered = [s for s in drifted if s["asset_key"] == "filtered/letters"]
-    assert filtered and all(s["state"] == "stale" and "config drift" in s["cause"] and "min_words" in s["cause"]
+    changed = json.loads(marin(env, "status", "--json").stdout)
+    filtered = [s for s in changed if s["asset_key"] == "filtered/letters"]
+    assert filtered and all(s["state"] == "missing" and s["kind"] == "config" and "min_words" in s["cause"]
                             for s in filtered)
+    dedup = next(s for s in changed if s["asset_key"] == "deduplicated/letters")
+    assert dedup["state"] == "stale" and dedup["cause"] == "upstream dedup_index/letters is stale"
+    assert any(line.strip().startswith("filtered/letters[alpha.txt]: missing: config changed: ") for line in dedup["why"])
 
 
 def test_bad_partition_and_unknown_asset_are_clear_errors(env):
@@ -86,7 +97,7 @@ def test_bad_partition_and_unknown_asset_are_clear_errors(env):
 
 def test_rebuild_withdraws_one_partition_and_keeps_its_manifest(env, tmp_path):
     marin(env, "materialize", "documents/letters", "--partition", "alpha.txt")
-    manifest = tmp_path / "store" / "documents" / "letters" / "v1" / "alpha.txt" / ".artifact.json"
+    (manifest,) = (tmp_path / "store" / "documents" / "letters").glob("v1-*/alpha.txt/.artifact.json")
     before = json.loads(manifest.read_text())
 
     rebuilt = marin(env, "materialize", "documents/letters", "--partition", "alpha.txt", "--rebuild", "--json")

@@ -62,15 +62,16 @@ def write_run(store: ArtifactStore, run, loss: float, *, spec=None, parameter_co
     """A committed checkpoint (as training reports it) and its eval (as evaluation reports it)."""
     spec = spec or run.spec
     parameter_count = parameter_count or run.candidate.params
-    with writing(store, CHECKPOINT, CHECKPOINT_VERSION, run.spec.name, run_id="test") as w:
+    with writing(store, CHECKPOINT, CHECKPOINT_VERSION, run.spec.name, fingerprint=fingerprint(spec.identity()),
+                 run_id="test") as w:
         w.write_json("train_summary.json", {"final_step": run.spec.num_train_steps})
-        checkpoint = w.commit(fingerprint=fingerprint(spec.identity()), config=spec.identity(), upstream=[],
+        checkpoint = w.commit(config=spec.identity(), upstream=[],
                               producer=producer_info("test"),
                               metrics={"final_step": run.spec.num_train_steps, "parameter_count": parameter_count})
-    with writing(store, EVAL, EVAL_VERSION, run.spec.name, run_id="test") as w:
+    config = {"run": run.spec.identity()}
+    with writing(store, EVAL, EVAL_VERSION, run.spec.name, fingerprint=fingerprint(config), run_id="test") as w:
         w.write_json("eval_report.json", {"eval/m/loss": loss})
-        config = {"run": run.spec.identity()}
-        w.commit(fingerprint=fingerprint(config), config=config,
+        w.commit(config=config,
                  upstream=[UpstreamRef(CHECKPOINT, run.spec.name, checkpoint.data_version, checkpoint.uri)],
                  producer=producer_info("test"), metrics={"eval/m/loss": loss})
 
