@@ -254,10 +254,11 @@ def accuracy(loss: float) -> float:
 def write_harness(store: ArtifactStore, run, acc: float) -> None:
     """A committed sweep_harness_eval/syn[run] (as the evaluation stage reports it) over the run's checkpoint."""
     checkpoint = store.find(CHECKPOINT, CHECKPOINT_VERSION, run.spec.name)
-    with writing(store, HARNESS, HARNESS_EVAL_VERSION, run.spec.name, run_id="test") as w:
+    config = {"run": run.spec.identity(), "suite": "s"}
+    with writing(store, HARNESS, HARNESS_EVAL_VERSION, run.spec.name, fingerprint=fingerprint(config),
+                 run_id="test") as w:
         w.write_json("harness_report.json", {"plays_next_line/acc": acc})
-        config = {"run": run.spec.identity(), "suite": "s"}
-        w.commit(fingerprint=fingerprint(config), config=config,
+        w.commit(config=config,
                  upstream=[UpstreamRef(CHECKPOINT, run.spec.name, checkpoint.data_version, checkpoint.uri)],
                  producer=producer_info("test"), metrics={"plays_next_line/acc": acc, "plays_next_line/n": 400})
 
