@@ -2,12 +2,15 @@
 
     tokenized/<source>  -->  eval_task/<task>  --+
     checkpoint[run]  ----------------------------+-->  harness_eval[run]
+    sweep_checkpoint/<sweep>[run]  --------------+-->  sweep_harness_eval/<sweep>[run]
 
 ``eval_task/<task>`` is an offline multiple-choice task built from a source's held-out documents
 (``next_line``), stored as an lm-eval task YAML and its JSON-lines data. ``harness_eval[run]`` runs
 the deployment's eval suite (``suites.yaml``) on the run's final checkpoint through Levanter's eval
 harness, launched exactly like ``eval``: the ``launcher`` resource (Pipes locally, Kubernetes pods
 in production). lm-eval's version and every task config's hash are part of its identity.
+A sweep that forecasts a harness metric gets the same asset over its own runs,
+``sweep_harness_eval/<sweep>``, which its scaling fit and forecast check read.
 """
 
 
@@ -16,6 +19,7 @@ import math
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +33,14 @@ from marin_assets.evaluation.next_line import (DATA_FILE_SUFFIX, TASK_FILE_SUFFI
                                                render_task_yaml, write_items)
 from marin_assets.evaluation.suites import (Suite, SuiteError, SuiteRegistry, chance_levels, lm_eval_task_files,
                                             load_suites, render_harness_config, suite_identity)
-from marin_assets.training.assets import RUNS, check_pool, local_dir
+from marin_assets.scaling_sweeps.assets import SweepRuns, harness_key, runs_partitions, sweep_run_lookup
+from marin_assets.scaling_sweeps.assets import checkpoint_key as sweep_checkpoint_key
+from marin_assets.scaling_sweeps.config import plan_sweep
+from marin_assets.scaling_sweeps.forecasting import forecast_metric, is_harness_metric
+from marin_assets.training.assets import RUNS, SpecLookup, check_pool, local_dir, named_run_lookup
 from marin_assets.training.commands import HARNESS_REPORT_FILE, harness_command
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
+from marin_assets.training.spec import RunSpec
 from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, \
     materialize_artifact
 from marin_resources.environments import MarinSettings
@@ -160,74 +169,78 @@ def results_table(report: dict[str, Any], chance: dict[str, float]) -> str:
     return "\n".join(rows)
 
 
-def build_evaluation_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
-    """`eval_task/<task>` for the offline tasks on sources tokenized here, and `harness_eval` over the
-    deployment's named runs."""
-    tokenized_sources = {s: e.tokenizer for s, e in deployment.tokenization.tokenized.items()}
-    runs = dict(deployment.runs)
-    pool = settings.train_pool
-    registry = load_suites(settings.suites_file)
-    suite = registry.suite(settings.eval_suite)
-    catalog = Catalog()
-    assets: list = []
-    tasks: dict[str, NextLineTaskSpec] = {}
-    for spec in registry.offline_tasks.values():
-        if spec.source in tokenized_sources:
-            assets.append(build_eval_task_asset(spec))
-            catalog.add_identity(eval_task_key(spec.name), lambda p, s=spec: s.identity())
-            tasks[spec.name] = spec
-    suite_offline = {t.name: t.task for t in suite.tasks if t.task in registry.offline_tasks}
-    missing = sorted({f"eval_task/{t}" for t in suite_offline.values() if t not in tasks}
-                     | {f"tokenized/{s}" for s in suite.bpb if s not in tokenized_sources})
-    ins = {"checkpoint": dg.AssetIn(key=asset_key("checkpoint"))}
-    ins.update({f"task_{t}": dg.AssetIn(key=asset_key(eval_task_key(t))) for t in sorted(set(suite_offline.values()))
-                if t in tasks})
-    ins.update({f"heldout_{s}": dg.AssetIn(key=asset_key(f"tokenized/{s}")) for s in suite.bpb
-                if s in tokenized_sources})
+@dataclass(frozen=True)
+class HarnessSuite:
+    """The deployment's eval suite, resolved once per load: what every harness asset runs and reads."""
 
-    def identity(run: str) -> dict[str, Any]:
-        return {"run": runs[run].identity(), **suite_identity(registry, suite)}
+    registry: SuiteRegistry
+    suite: Suite
+    tasks: tuple[str, ...]
+    """The suite's offline tasks built here: inputs ``eval_task/<task>``."""
+    heldout: dict[str, str]
+    """Each bits-per-byte source tokenized here, and its tokenizer: inputs ``tokenized/<source>``."""
+    missing: tuple[str, ...]
+    """What the suite needs that this deployment does not build."""
 
-    catalog.add_identity("harness_eval", identity)
+    @classmethod
+    def resolve(cls, registry: SuiteRegistry, suite: Suite, tasks: set[str],
+                tokenized_sources: dict[str, str]) -> "HarnessSuite":
+        offline = {t.task for t in suite.tasks if t.task in registry.offline_tasks}
+        missing = sorted({eval_task_key(t) for t in offline - tasks}
+                         | {f"tokenized/{s}" for s in suite.bpb if s not in tokenized_sources})
+        return cls(registry, suite, tuple(sorted(offline & tasks)),
+                   {s: tokenized_sources[s] for s in suite.bpb if s in tokenized_sources}, tuple(missing))
+
+    def identity(self, spec: RunSpec) -> dict[str, Any]:
+        return {"run": spec.identity(), **suite_identity(self.registry, self.suite)}
+
+
+def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
+                        partitions: dg.DynamicPartitionsDefinition, spec_for: SpecLookup, pool: str,
+                        group_name: str, tags: dict[str, str] | None = None, subject: str = ""):
+    """The suite on each run's final checkpoint (``checkpoint_key``), a run per partition, and its
+    ``beats_chance`` check; ``spec_for`` gives a partition's `RunSpec` when a step runs (dg.Failure
+    for an unknown run)."""
+    registry, suite = harness.registry, harness.suite
+    ins = {"checkpoint": dg.AssetIn(key=asset_key(checkpoint_key))}
+    ins.update({f"task_{t}": dg.AssetIn(key=asset_key(eval_task_key(t))) for t in harness.tasks})
+    ins.update({f"heldout_{s}": dg.AssetIn(key=asset_key(f"tokenized/{s}")) for s in harness.heldout})
     chance = chance_levels(registry, suite)
 
-    @marin_asset(key="harness_eval", version=HARNESS_EVAL_VERSION, partitions_def=RUNS, ins=ins,
-                 group_name="evaluation", pool=pool, kinds={"levanter", "lm-eval"},
+    @marin_asset(key=key, version=HARNESS_EVAL_VERSION, partitions_def=partitions, ins=ins,
+                 group_name=group_name, pool=pool, kinds={"levanter", "lm-eval"}, tags=tags,
                  metadata={"suite": suite.name},
-                 description=f"Suite `{suite.name}` on a run's final checkpoint through Levanter's eval harness "
-                             f"(lm-eval): {', '.join(t.name for t in suite.tasks) or 'no tasks'}"
+                 description=f"Suite `{suite.name}` on a run's final checkpoint{subject} through Levanter's eval "
+                             f"harness (lm-eval): {', '.join(t.name for t in suite.tasks) or 'no tasks'}"
                              f"{'; bits-per-byte on held-out ' + ', '.join(suite.bpb) if suite.bpb else ''}. "
                              "Per task `<task>/acc`, `<task>/acc_norm` and their stderr in the manifest; lm-eval's "
                              "version and the task configs' hashes are part of its identity.")
     def harness_eval(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher,
                      checkpoint: ArtifactHandle, **inputs: ArtifactHandle):
-        if context.partition_key not in runs:
-            raise dg.Failure(f"no run named {context.partition_key!r} in this deployment's runs file "
-                             f"({settings.runs_file or 'the bundled runs.yaml'}); known: {sorted(runs)}")
-        spec = runs[context.partition_key]
+        spec = spec_for(context.partition_key)
         check_pool(spec, pool)
-        if missing:
-            raise dg.Failure(f"suite {suite.name!r} needs {', '.join(missing)}, which this deployment does not "
-                             "build (see the tokenization registry and suites.yaml)")
+        if harness.missing:
+            raise dg.Failure(f"suite {suite.name!r} needs {', '.join(harness.missing)}, which this deployment "
+                             "does not build (see the tokenization registry and suites.yaml)")
         check_lm_eval_tasks(registry, suite)
         artifacts = store.get()
-        heldout = {s: inputs[f"heldout_{s}"] for s in suite.bpb}
-        for source, handle in heldout.items():
-            if tokenized_sources[source] != spec.tokenizer:
-                raise dg.Failure(f"held-out set {source!r} is tokenized with tokenizer/{tokenized_sources[source]}, "
+        heldout = {s: inputs[f"heldout_{s}"] for s in harness.heldout}
+        for source, tokenizer in harness.heldout.items():
+            if tokenizer != spec.tokenizer:
+                raise dg.Failure(f"held-out set {source!r} is tokenized with tokenizer/{tokenizer}, "
                                  f"run {spec.name!r} with tokenizer/{spec.tokenizer}: bits-per-byte would be meaningless")
         task_handles = {k.removeprefix("task_"): h for k, h in inputs.items() if k.startswith("task_")}
-        config = identity(context.partition_key)
+        config = harness.identity(spec)
 
         def build(writer) -> Built:
             out = Path(local_dir(store, writer))
             out.mkdir(parents=True, exist_ok=True)
             for name, handle in task_handles.items():
                 localize_task(artifacts, handle, name, out / TASKS_DIR)
-            harness = render_harness_config(registry, suite, str(out / TASKS_DIR) if task_handles else None)
-            harness["bpb"] = {s: h.uri for s, h in heldout.items()}
+            harness_config = render_harness_config(registry, suite, str(out / TASKS_DIR) if task_handles else None)
+            harness_config["bpb"] = {s: h.uri for s, h in heldout.items()}
             harness_path = out / HARNESS_CONFIG_FILE
-            harness_path.write_text(json.dumps(harness, indent=2))
+            harness_path.write_text(json.dumps(harness_config, indent=2))
             with tempfile.TemporaryDirectory(prefix="marin-harness-") as scratch:
                 config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
                 with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src, open(config_path, "wb") as dst:
@@ -240,7 +253,7 @@ def build_evaluation_stage(settings: MarinSettings, deployment: Deployment) -> t
                 except Exception:
                     error = out / ERROR_FILE
                     if error.exists():  # bad input: the process's one line, not a traceback
-                        raise dg.Failure(f"harness_eval[{spec.name}]: {error.read_text().strip()}") from None
+                        raise dg.Failure(f"{key}[{spec.name}]: {error.read_text().strip()}") from None
                     raise
             report = json.loads((out / HARNESS_REPORT_FILE).read_text())
             return Built(metrics=harness_metrics(report),
@@ -255,9 +268,9 @@ def build_evaluation_stage(settings: MarinSettings, deployment: Deployment) -> t
     @dg.asset_check(asset=harness_eval, name="beats_chance",
                     description="Every offline task's accuracy is above chance by more than two standard errors.")
     def beats_chance(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, "harness_eval", HARNESS_EVAL_VERSION)
+        manifest = checked_manifest(context, store, key, HARNESS_EVAL_VERSION)
         if manifest is None:
-            return dg.AssetCheckResult(passed=False, metadata={"error": "no committed harness_eval"})
+            return dg.AssetCheckResult(passed=False, metadata={"error": f"no committed {key}"})
         margins = {}
         for task, level in chance.items():
             acc, err = manifest.metrics.get(f"{task}/acc"), manifest.metrics.get(f"{task}/acc_stderr")
@@ -267,4 +280,36 @@ def build_evaluation_stage(settings: MarinSettings, deployment: Deployment) -> t
         return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.WARN,
                                    metadata={f"{t}/margin_over_chance": m for t, m in margins.items() if m is not None})
 
-    return dg.Definitions(assets=[*assets, harness_eval], asset_checks=[beats_chance]), catalog
+    return harness_eval, beats_chance
+
+
+def build_evaluation_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+    """`eval_task/<task>` for the offline tasks on sources tokenized here; `harness_eval` over the
+    deployment's named runs, and `sweep_harness_eval/<sweep>` over the runs of each sweep that
+    forecasts a harness metric."""
+    tokenized_sources = {s: e.tokenizer for s, e in deployment.tokenization.tokenized.items()}
+    registry = load_suites(settings.suites_file)
+    catalog = Catalog()
+    assets: list = []
+    tasks: set[str] = set()
+    for spec in registry.offline_tasks.values():
+        if spec.source in tokenized_sources:
+            assets.append(build_eval_task_asset(spec))
+            catalog.add_identity(eval_task_key(spec.name), lambda p, s=spec: s.identity())
+            tasks.add(spec.name)
+    harness = HarnessSuite.resolve(registry, registry.suite(settings.eval_suite), tasks, tokenized_sources)
+    run_sets = [dict(key="harness_eval", checkpoint_key="checkpoint", partitions=RUNS,
+                     spec_for=named_run_lookup(settings, deployment), group_name="evaluation")]
+    for name, config in sorted(deployment.sweeps.items()):
+        if is_harness_metric(forecast_metric(config)):
+            run_sets.append(dict(key=harness_key(name), checkpoint_key=sweep_checkpoint_key(name),
+                                 partitions=runs_partitions(name),
+                                 spec_for=sweep_run_lookup(settings, SweepRuns(plan_sweep(config))),
+                                 group_name="scaling", tags={"sweep": name}, subject=f" of sweep {name!r}"))
+    checks = []
+    for run_set in run_sets:
+        asset, check = build_harness_asset(harness, pool=settings.train_pool, **run_set)
+        assets.append(asset)
+        checks.append(check)
+        catalog.add_identity(run_set["key"], lambda run, f=run_set["spec_for"]: harness.identity(f(run)))
+    return dg.Definitions(assets=assets, asset_checks=checks), catalog

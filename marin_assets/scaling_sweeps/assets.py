@@ -3,6 +3,7 @@
     sweep/S                  the plan: every budget's candidates (and rejections) as JSON
     sweep_checkpoint/S[r]    one training run per fit-budget candidate r, then the target runs
     sweep_eval/S[r]          its evaluation
+    sweep_harness_eval/S[r]  the eval suite on it, when S forecasts a harness metric (evaluation stage)
     scaling_fit/S            isoFLOP fit of the fit runs' eval losses: fit JSON, PNG, predictions
     forecast/S               the frozen forecast of each target budget's chosen run
     forecast_check/S         actual versus forecast, with an asset check on the interval
@@ -29,7 +30,7 @@ from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_targe
                                                      fitted_key, forecast_metric, forecast_record,
                                                      harness_result_key, is_harness_metric, runs_table,
                                                      score_forecast, score_metric_forecast)
-from marin_assets.training.assets import add_run_identities, build_run_assets
+from marin_assets.training.assets import SpecLookup, add_run_identities, build_run_assets
 from marin_assets.training.spec import RunSpec
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset,
                                        materialize_artifact)
@@ -42,8 +43,6 @@ SWEEP_VERSION = "v1"
 SCALING_FIT_VERSION = "v2"
 FORECAST_VERSION = "v2"
 FORECAST_CHECK_VERSION = "v2"
-# A linked harness metric reads the fit runs' harness_eval (partitioned by run name).
-HARNESS_EVAL_KEY = dg.AssetKey(["harness_eval"])
 # A fit run's parameter count from Levanter must match the recipe's (else the vocabulary differs).
 PARAMS_TOLERANCE = 0.005
 
@@ -67,6 +66,12 @@ def checkpoint_key(sweep: str) -> str:
 
 def eval_key(sweep: str) -> str:
     return f"sweep_eval/{sweep}"
+
+
+def harness_key(sweep: str) -> str:
+    """The eval suite on the sweep's runs (built by the evaluation stage when the sweep forecasts a
+    harness metric)."""
+    return f"sweep_harness_eval/{sweep}"
 
 
 def runs_partitions(sweep: str) -> dg.DynamicPartitionsDefinition:
@@ -112,6 +117,12 @@ class SweepRuns:
             raise dg.Failure(f"{run!r} is neither a fit run of sweep {self.name!r} nor the target of its committed "
                              f"forecast (targets: {sorted(targets) or 'none until forecast/' + self.name + ' commits'})")
         return targets[run]
+
+
+def sweep_run_lookup(settings: MarinSettings, runs: SweepRuns) -> SpecLookup:
+    """A sweep run's spec when a step asks; the store (for the forecast's targets) is read then, never at load."""
+    store = store_resource(settings)
+    return lambda run: runs.spec(run, store.get())
 
 
 def png_markdown(png: bytes, title: str) -> dg.MetadataValue:
@@ -176,9 +187,7 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
     tags = {"sweep": name}
     partitions = runs_partitions(name)
     store = store_resource(settings)
-
-    def spec_for(run: str) -> RunSpec:
-        return runs.spec(run, store.get())
+    spec_for = sweep_run_lookup(settings, runs)
 
     run_assets, run_checks = build_run_assets(
         checkpoint_key=checkpoint_key(name), eval_key=eval_key(name), partitions=partitions, spec_for=spec_for,
@@ -200,13 +209,15 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
 
         return materialize_artifact(context, store, config=configs["sweep"], upstream=[], build=build)
 
-    fit_evals = all_partitions_in(eval_key(name), partition_mapping=dg.SpecificPartitionsPartitionMapping(fit_names))
+    fit_runs_only = dg.SpecificPartitionsPartitionMapping(fit_names)
     metric = forecast_metric(config)
     linked = is_harness_metric(metric)
-    fit_ins = {"plan_handle": dg.AssetIn(key=sweep.key), "evals": fit_evals}
+    # A harness metric is checked on the sweep's harness asset; the loss it is linked from stays on sweep_eval/S.
+    checked_key = harness_key(name) if linked else eval_key(name)
+    fit_ins = {"plan_handle": dg.AssetIn(key=sweep.key),
+               "evals": all_partitions_in(eval_key(name), partition_mapping=fit_runs_only)}
     if linked:
-        fit_ins["harness"] = all_partitions_in(HARNESS_EVAL_KEY,
-                                               partition_mapping=dg.SpecificPartitionsPartitionMapping(fit_names))
+        fit_ins["harness"] = all_partitions_in(harness_key(name), partition_mapping=fit_runs_only)
 
     @marin_asset(key=f"scaling_fit/{name}", version=SCALING_FIT_VERSION, identity=configs["scaling_fit"],
                  group_name="scaling", ins=fit_ins,
@@ -279,7 +290,7 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
 
     @marin_asset(key=f"forecast_check/{name}", version=FORECAST_CHECK_VERSION, identity=configs["forecast_check"],
                  group_name="scaling", ins={"forecast_in": dg.AssetIn(key=forecast.key),
-                                            "evals": all_partitions_in(HARNESS_EVAL_KEY if linked else eval_key(name))},
+                                            "evals": all_partitions_in(checked_key)},
                  description=f"Sweep {name!r}: each target run's {metric} against its forecast (signed error %, "
                              "inside the interval or not, forecast committed before training or not).")
     def forecast_check(context: dg.AssetExecutionContext, store: MarinStore, forecast_in: ArtifactHandle,
@@ -292,14 +303,13 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
         scores = []
         for target in record["targets"]:
             handle = evals.get(target["run"])
-            source = "harness_eval" if linked else eval_key(name)
             if handle is None:
-                raise dg.Failure(f"target run {target['run']!r} is not yet a partition of {source}: the "
+                raise dg.Failure(f"target run {target['run']!r} is not yet a partition of {checked_key}: the "
                                  f"sweep_runs sensor (or marin) adds it once forecast/{name} is committed; then "
-                                 f"materialize {source} --partition {target['run']}")
+                                 f"materialize {checked_key} --partition {target['run']}")
             key = harness_result_key(metric) if linked else record.get("metric", fitted_key(config))
             if key not in handle.metrics:
-                raise dg.Failure(f"{source}[{target['run']}] has no {key!r}")
+                raise dg.Failure(f"{checked_key}[{target['run']}] has no {key!r}")
             actual = float(handle.metrics[key])
             score = (score_metric_forecast(target, metric, actual, config.error_goal) if linked
                      else score_forecast(target, actual, config.error_goal))

@@ -76,7 +76,8 @@ def fit_metric_link(config, losses: Mapping[str, float], values: Mapping[str, fl
     names = sorted(losses)
     missing = [n for n in names if n not in values]
     if missing:
-        raise SweepFitError(f"sweep {config.name!r}: no {forecast_metric(config)} for fit run(s) {missing}")
+        raise SweepFitError(f"sweep {config.name!r}: no {forecast_metric(config)} for fit run(s) {missing} "
+                            "(is its task in the deployment's eval suite?)")
     try:
         link = fit_sigmoid_link([losses[n] for n in names], [values[n] for n in names], chance=config.link_floor)
     except LinkFitError as exc:

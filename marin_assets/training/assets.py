@@ -185,8 +185,8 @@ def add_run_identities(catalog: Catalog, checkpoint_key: str, eval_key: str, spe
     catalog.add_identity(eval_key, lambda run: {"run": spec_for(run).identity()})
 
 
-def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
-    """`checkpoint` and `eval` over the deployment's named runs (`runs.yaml`)."""
+def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLookup:
+    """The spec of one of the deployment's named runs (`runs.yaml`); dg.Failure for any other name."""
     runs = dict(deployment.runs)
 
     def spec_for(run: str) -> RunSpec:
@@ -195,6 +195,13 @@ def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tup
                              f"({settings.runs_file or 'the bundled runs.yaml'}); known: {sorted(runs)}")
         return runs[run]
 
+    return spec_for
+
+
+def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+    """`checkpoint` and `eval` over the deployment's named runs (`runs.yaml`)."""
+    runs = dict(deployment.runs)
+    spec_for = named_run_lookup(settings, deployment)
     catalog = Catalog()
     catalog.add_discoverer(RUNS.name, lambda: sorted(runs))
     add_run_identities(catalog, "checkpoint", "eval", spec_for)

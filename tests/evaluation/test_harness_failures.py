@@ -12,7 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from conftest import tiny_spec  # noqa: E402  (tests/training/conftest.py)
 from data_fixtures import single_cache_mixture  # noqa: E402
 
+from marin_assets.curation.sources import CurationConfig  # noqa: E402
+from marin_assets.deployment import Deployment  # noqa: E402
 from marin_assets.evaluation.assets import build_evaluation_stage  # noqa: E402
+from marin_assets.tokenization.assets import TokenizationRegistry  # noqa: E402
 from marin_assets.training.assets import CHECKPOINT_VERSION, RUNS  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
 from marin_resources.environments import MarinSettings, build_resources  # noqa: E402
@@ -32,10 +35,9 @@ def harness_deployment(tmp_path, monkeypatch):
     home.mkdir()
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     spec = tiny_spec(RUN, steps=2)
-    runs = tmp_path / "runs.yaml"
-    body = spec.identity()
-    del body["name"]
-    runs.write_text(yaml.safe_dump({"runs": {RUN: body}}))
+    # The run alone: nothing tokenized here, so the suite's offline tasks and held-out sets are not built.
+    deployment = Deployment(CurationConfig(sources=()), TokenizationRegistry(tokenizers={}, tokenized={}, mixtures={}),
+                            runs={RUN: spec}, sweeps={})
     empty_tokenizer = tmp_path / "tokenizer"
     empty_tokenizer.mkdir()
     instance = dg.DagsterInstance.ephemeral()
@@ -43,8 +45,8 @@ def harness_deployment(tmp_path, monkeypatch):
     def make(suite_tasks):
         suites = tmp_path / "suites.yaml"
         suites.write_text(yaml.safe_dump({"suites": {"s": {"tasks": suite_tasks}}, "default_suite": "s"}))
-        settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_RUNS": str(runs),
-                                           "MARIN_SUITES": str(suites), "MARIN_PROCESS_OUTPUT": "file"})
+        settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SUITES": str(suites),
+                                           "MARIN_PROCESS_OUTPUT": "file"})
         resources = build_resources(settings)
         store = resources["store"].get()
         if store.find("checkpoint", CHECKPOINT_VERSION, RUN) is None:
@@ -56,7 +58,7 @@ def harness_deployment(tmp_path, monkeypatch):
                                    Path(out) / "train_config.yaml")
                 writer.commit(config=spec.identity(), upstream=[],
                               producer=producer_info("seed"))
-        stage, _ = build_evaluation_stage(settings, tokenized_sources={})
+        stage, _ = build_evaluation_stage(settings, deployment)
 
         @dg.asset(key="checkpoint", partitions_def=RUNS, metadata={"marin/version": CHECKPOINT_VERSION},
                   io_manager_key="artifact_io_manager")

@@ -9,6 +9,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from marin_assets.evaluation.assets import HARNESS_EVAL_VERSION, build_evaluation_stage
 from marin_assets.scaling_sweeps import assets as sweep_assets
 from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep, sweep_from_dict
 from marin_assets.scaling_sweeps.forecasting import fit_sweep, forecast_record, runs_table, score_forecast
@@ -19,6 +20,7 @@ from marin_resources.store import ArtifactStore, UpstreamRef, producer_info, wri
 
 SWEEP = "syn"
 CHECKPOINT, EVAL, RUNS = f"sweep_checkpoint/{SWEEP}", f"sweep_eval/{SWEEP}", f"{SWEEP}_sweep_runs"
+HARNESS = f"sweep_harness_eval/{SWEEP}"
 SWEEP_CONFIG = {
     "recipe": "micro",
     "recipe_overrides": {"vocab_size": 4096, "seq_len": 128},
@@ -250,38 +252,48 @@ def accuracy(loss: float) -> float:
 
 
 def write_harness(store: ArtifactStore, run, acc: float) -> None:
-    checkpoint = store.find("checkpoint", CHECKPOINT_VERSION, run.spec.name)
-    with writing(store, "harness_eval", "v1", run.spec.name, run_id="test") as w:
+    """A committed sweep_harness_eval/syn[run] (as the evaluation stage reports it) over the run's checkpoint."""
+    checkpoint = store.find(CHECKPOINT, CHECKPOINT_VERSION, run.spec.name)
+    config = {"run": run.spec.identity(), "suite": "s"}
+    with writing(store, HARNESS, HARNESS_EVAL_VERSION, run.spec.name, fingerprint=fingerprint(config),
+                 run_id="test") as w:
         w.write_json("harness_report.json", {"plays_next_line/acc": acc})
-        config = {"run": run.spec.identity(), "suite": "s"}
-        w.commit(fingerprint=fingerprint(config), config=config,
-                 upstream=[UpstreamRef("checkpoint", run.spec.name, checkpoint.data_version, checkpoint.uri)],
+        w.commit(config=config,
+                 upstream=[UpstreamRef(CHECKPOINT, run.spec.name, checkpoint.data_version, checkpoint.uri)],
                  producer=producer_info("test"), metrics={"plays_next_line/acc": acc, "plays_next_line/n": 400})
 
 
-def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(tmp_path, monkeypatch):
-    monkeypatch.setattr(spec_module, "_PROGRAMMATIC_RUNS", {})
+@pytest.fixture
+def linked(tmp_path, synthetic_deployment):
+    """`(settings, plan, load_linked)` for sweep `syn` forecasting a harness accuracy; `load_linked()`
+    is the sweep stage and the evaluation stage's harness asset of the sweep (its artifacts are
+    written through the store here, never launched), and the sweep's runs."""
     sweeps_file = tmp_path / "sweeps.yaml"
     sweeps_file.write_text(yaml.safe_dump({"sweeps": {SWEEP: {**SWEEP_CONFIG, **LINKED}}}))
-    (tmp_path / "runs.yaml").write_text("runs: {}\n")
-    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"),
-                                       "MARIN_RUNS": str(tmp_path / "runs.yaml")})
-    from marin_assets.training.assets import RUNS
-
-    @dg.asset(key="harness_eval", partitions_def=RUNS, metadata={"marin/version": "v1"},
-              io_manager_key="artifact_io_manager")
-    def harness_eval():
-        raise AssertionError("written through the store in this test")
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store")})
+    sweeps = load_sweeps(sweeps_file)
+    deployment = synthetic_deployment(sweeps=sweeps)
 
     def load_linked():
-        defs, partitions, _ = load(settings, sweeps_file)
-        return dg.Definitions.merge(defs, dg.Definitions(assets=[harness_eval])), partitions
+        defs, partitions, _ = load_stage(settings, deployment)
+        evaluation, catalog = build_evaluation_stage(settings, deployment)
+        assert HARNESS in catalog.identities
+        harness = [a for a in evaluation.assets if a.key == dg.AssetKey(HARNESS.split("/"))]
+        return dg.Definitions.merge(defs, dg.Definitions(assets=harness)), partitions
 
+    return settings, plan_sweep(sweeps[SWEEP]), load_linked
+
+
+def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(linked):
+    settings, plan, load_linked = linked
     defs, partitions = load_linked()
+    graph = defs.resolve_asset_graph()
+    harness = graph.get(dg.AssetKey(HARNESS.split("/")))
+    assert harness.partitions_def.name == RUNS and harness.parent_keys == {dg.AssetKey(CHECKPOINT.split("/"))}
+    assert {dg.AssetKey(["scaling_fit", SWEEP]), dg.AssetKey(["forecast_check", SWEEP])} <= harness.child_keys
     store = ArtifactStore(settings.prefix)
-    plan = plan_sweep(load_sweeps(sweeps_file)[SWEEP])
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("runs", partitions)
+    instance.add_dynamic_partitions(RUNS, partitions)
     for run in plan.fit_runs():
         loss = law(run.candidate.params, run.candidate.tokens)
         write_run(store, run, loss)
@@ -300,7 +312,8 @@ def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(tmp_path, m
 
     # The check compares the target's harness accuracy with the linked forecast.
     defs, partitions = load_linked()
-    instance.add_dynamic_partitions("runs", [target["run"]])
+    assert target["run"] in partitions
+    instance.add_dynamic_partitions(RUNS, [target["run"]])
     chosen = next(r for r in plan.target_candidates(3e14) if r.spec.name == target["run"])
     write_run(store, chosen, law(target["params"], target["tokens"]))
     write_harness(store, chosen, truth)
@@ -311,6 +324,25 @@ def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(tmp_path, m
     write_harness(store, chosen, 0.25)  # back at chance: far outside the interval
     (check,) = materialize(defs, instance, "forecast_check/syn").get_asset_check_evaluations()
     assert not check.passed
+
+
+def test_a_linked_fit_without_a_runs_harness_eval_names_it(linked):
+    settings, plan, load_linked = linked
+    defs, partitions = load_linked()
+    store = ArtifactStore(settings.prefix)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(RUNS, partitions)
+    fit_runs = plan.fit_runs()
+    for run in fit_runs:
+        loss = law(run.candidate.params, run.candidate.tokens)
+        write_run(store, run, loss)
+        if run is not fit_runs[0]:
+            write_harness(store, run, accuracy(loss))
+    result = materialize(defs, instance, "sweep/syn", "scaling_fit/syn")
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert f"upstream {HARNESS}[{fit_runs[0].spec.name}] has no committed artifact" in \
+        failure.step_failure_data.error.message
 
 
 @pytest.mark.parametrize("change, problem", [
