@@ -82,7 +82,9 @@ def test_an_hf_dataset_is_listed_pinned_and_read(hub, records, tmp_path):
         f"hf://datasets/{REPO}@{first}/data/train-1.jsonl",
         f"hf://datasets/{REPO}@{second}/data/train-2.jsonl",
     ]
-    assert all(s.files[0].etag and len(s.files[0].etag) == 40 for s in shards)  # git blob ids
+    # The content checksum the hub keeps: the git blob id (a file's identity, with no mtime).
+    assert all(re.fullmatch(r"blob_id:[0-9a-f]{40}", s.files[0].etag or "") and s.files[0].mtime is None
+               for s in shards)
     results = [read_shard(src, shard) for shard in shards]
     docs = pl.concat([r.documents for r in results])
     assert sum(r.quarantine.height for r in results) == 0
