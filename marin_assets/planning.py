@@ -20,6 +20,7 @@ from marin_resources.artifacts import asset_key_str as key_str
 from marin_resources.failures import describe_check
 from marin_resources.freshness import damage_summary
 from marin_resources.identity import InvalidPartitionKeyError, changed_fields, fingerprint, validate_partition_key
+from marin_resources.keys import parse_selection
 from marin_resources.store import ArtifactStore
 
 Log = Callable[[str], None]
@@ -52,7 +53,8 @@ class StepResult:
 
 
 def parse_key(key: str) -> dg.AssetKey:
-    return dg.AssetKey([p for p in key.split("/") if p])
+    """The asset a user named: a marin key (`filtered/shakespeare`) or the asset key the UI shows."""
+    return parse_selection(key)
 
 
 class Planner:
@@ -85,7 +87,36 @@ class Planner:
             for retired in sorted(known - set(keys)):
                 self.instance.delete_dynamic_partition(name, retired)
             added[name] = new
+        self.observe_sources(names)
         return added
+
+    def observe_sources(self, names: Iterable[str] | None = None) -> int:
+        """Record each source shard's listing fingerprint as the data version of its observable source
+        asset (`external/<source>`), where it differs from the last one recorded, so Dagster's own
+        staleness (the UI's "Unsynced") sees a changed source as `marin status` does. Returns how
+        many observations were recorded."""
+        from dagster._core.definitions.data_version import DATA_VERSION_TAG
+
+        current: dict[dg.AssetKey, dict[str, str]] = {}
+        for consumer, external in sorted(self.catalog.externals.items()):
+            key = parse_key(consumer)
+            pdef = self.graph.get(key).partitions_def if self.graph.has(key) else None
+            if pdef is None or (names is not None and getattr(pdef, "name", None) not in names):
+                continue
+            for partition in self.partitions_of(key):
+                for ext_key, version in external(partition).items():
+                    if self.graph.has(parse_key(ext_key)):
+                        current.setdefault(parse_key(ext_key), {})[partition] = version
+        recorded = 0
+        for key, versions in current.items():
+            last = self.instance.event_log_storage.get_latest_tags_by_partition(
+                key, dg.DagsterEventType.ASSET_OBSERVATION, [DATA_VERSION_TAG], asset_partitions=list(versions))
+            for partition, version in sorted(versions.items()):
+                if last.get(partition, {}).get(DATA_VERSION_TAG) != version:
+                    self.instance.report_runless_asset_event(dg.AssetObservation(
+                        asset_key=key, partition=partition, tags={DATA_VERSION_TAG: version}))
+                    recorded += 1
+        return recorded
 
     def partitions_of(self, key: dg.AssetKey) -> list[str | None]:
         pdef = self.graph.get(key).partitions_def
@@ -262,7 +293,7 @@ class Planner:
                        for run_id in sorted(runs)
                        for entry in self.instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
                        if entry.dagster_event is not None]
-        return failed_error_checks([e for e in evaluations if e.asset_key.to_user_string() in wanted])
+        return failed_error_checks([e for e in evaluations if key_str(e.asset_key) in wanted])
 
     def require_asset(self, target: dg.AssetKey) -> None:
         if target not in self.graph.get_all_asset_keys():

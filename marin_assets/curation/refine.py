@@ -26,8 +26,9 @@ from marin_assets.curation.quality import (load_quality_model, quality_threshold
                                            train_quality_classifier)
 from marin_assets.curation.sources import CurationConfig, SourceConfig
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
-                                       marin_asset, materialize_artifact)
+                                       marin_asset, marin_check, materialize_artifact)
 from marin_resources.identity import fingerprint
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore
 
 CLASSIFIER_KEY = "quality_classifier"
@@ -78,7 +79,7 @@ def dedup_group_members(source: SourceConfig, config: CurationConfig) -> list[So
 
 
 def dedup_index_key(group: str) -> dg.AssetKey:
-    return dg.AssetKey(["dedup_index", group])
+    return asset_key(f"dedup_index/{group}")
 
 
 def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupConfig, catalog: Catalog):
@@ -88,7 +89,7 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
     ins = {f"shards_{member.name}": all_partitions_in(f"filtered/{member.name}") for member in members}
 
     @marin_asset(key=f"dedup_index/{group}", version=DEDUP_INDEX_VERSION, identity=identity, ins=ins,
-                 group_name="curation", kinds={"parquet"},
+                 group_name="curation", kinds={"parquet"}, tags={"marin/dedup_group": group},
                  description=f"Dedup index of group `{group}` ({', '.join(m.name for m in members)}): shard order, "
                              "each shard's keep/drop decisions, and the LSH and exact keys of kept documents as "
                              f"sorted runs in {dedup_cfg.index_partitions} bucket-hash ranges. Append-only: a new "
@@ -211,10 +212,10 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
 
     ins: dict[str, dg.AssetIn] = {"documents": dg.AssetIn(key=documents_key)}
     if use_classifier:
-        ins["classifier"] = dg.AssetIn(key=dg.AssetKey(CLASSIFIER_KEY))
+        ins["classifier"] = dg.AssetIn(key=asset_key(CLASSIFIER_KEY))
 
     @marin_asset(key=f"filtered/{name}", version=FILTERED_VERSION, partitions_def=partitions, ins=ins,
-                 identity=filtered_identity,
+                 identity=filtered_identity, tags={"marin/source": name},
                  group_name="curation", kinds={"parquet", "polars"},
                  automation_condition=dg.AutomationCondition.eager(),
                  description=f"Quality-filtered documents of `{name}`: language id, Gopher/C4 heuristics"
@@ -264,7 +265,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
 
     @marin_asset(key=f"deduplicated/{name}", version=DEDUP_VERSION,
                  ins={"index": dg.AssetIn(key=dedup_index_key(group))},
-                 identity=dedup_identity,
+                 identity=dedup_identity, tags={"marin/source": name, "marin/dedup_group": group},
                  group_name="curation", kinds={"parquet"},
                  description=f"`{name}` after exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication against "
                              f"dedup group `{group}`. `data/<shard>.parquet` holds each shard's kept documents and "
@@ -333,7 +334,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
 
 
 def _bound_check(asset, key: str, version: str, metric: str, bound: float):
-    @dg.asset_check(asset=asset, name=f"{metric}_bound",
+    @marin_check(asset, name=f"{metric}_bound",
                     description=f"`{metric}` stays at or under {bound}; a filter or dedup that drops most of a "
                                 "corpus is a misconfiguration, not a result.")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
@@ -348,7 +349,7 @@ def _bound_check(asset, key: str, version: str, metric: str, bound: float):
 
 
 def _schema_check(asset, key: str, version: str):
-    @dg.asset_check(asset=asset, name="document_schema",
+    @marin_check(asset, name="document_schema",
                     description="Every output shard has the document columns with string types and unique ids.")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         artifacts = store.get()

@@ -25,7 +25,7 @@ from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_targe
                                                      forecast_record, runs_table, score_forecast)
 from marin_assets.tokenization.assets import deployment_registry
 from marin_assets.training.spec import register_run
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset,
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset, marin_check,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import fingerprint
@@ -127,7 +127,8 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
                "forecast_check": {"sweep_fingerprint": sweep_fp, "targets": targets}}
 
     @marin_asset(key=f"sweep/{name}", version=SWEEP_VERSION, identity=configs["sweep"], group_name="scaling",
-                 description=f"IsoFLOP plan of sweep {name!r}: fit budgets {list(config.fit_budgets)}, target "
+                 kinds={"json"}, tags={"marin/sweep": name},
+                 description=f"IsoFLOP plan of sweep `{name}`: fit budgets {list(config.fit_budgets)}, target "
                              f"budgets {list(config.target_budgets)}; every candidate and rejection (plan.json).")
     def sweep(context: dg.AssetExecutionContext, store: MarinStore):
         def build(writer) -> Built:
@@ -142,7 +143,8 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
 
     @marin_asset(key=f"scaling_fit/{name}", version=SCALING_FIT_VERSION, identity=configs["scaling_fit"],
                  group_name="scaling", ins={"plan_handle": dg.AssetIn(key=sweep.key), "evals": fit_evals},
-                 description=f"Sweep {name!r}'s fit runs (eval loss on {config.eval_set!r}) fitted two ways: the "
+                 kinds={"scipy", "matplotlib"}, tags={"marin/sweep": name},
+                 description=f"The fit runs of sweep `{name}` (eval loss on `{config.eval_set}`) fitted two ways: the "
                              "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
                              "every target candidate with a bootstrap interval: fit.json, fit.png and joint.png.")
     def scaling_fit(context: dg.AssetExecutionContext, store: MarinStore, plan_handle: ArtifactHandle,
@@ -175,8 +177,9 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
         return materialize_artifact(context, store, config=configs["scaling_fit"], upstream=upstream, build=build)
 
     @marin_asset(key=f"forecast/{name}", version=FORECAST_VERSION, identity=configs["forecast"], group_name="scaling",
+                 kinds={"json"}, tags={"marin/sweep": name},
                  ins={"fit": dg.AssetIn(key=scaling_fit.key)},
-                 description=f"The forecast of sweep {name!r}'s target runs, frozen before they train: for each "
+                 description=f"The forecast of the target runs of sweep `{name}`, frozen before they train: for each "
                              "target budget, the candidate nearest the forecast optimum and its loss interval. "
                              "Its existence registers the target runs as partitions of checkpoint/eval.")
     def forecast(context: dg.AssetExecutionContext, store: MarinStore, fit: ArtifactHandle):
@@ -199,8 +202,8 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
                                                partition_mapping=dg.SpecificPartitionsPartitionMapping(targets))
 
     @marin_asset(key=f"forecast_check/{name}", version=FORECAST_CHECK_VERSION, identity=configs["forecast_check"],
-                 group_name="scaling", ins=check_ins,
-                 description=f"Sweep {name!r}: each target run's eval loss against its forecast (signed error %, "
+                 group_name="scaling", ins=check_ins, kinds={"json"}, tags={"marin/sweep": name},
+                 description=f"Sweep `{name}`: each target run's eval loss against its forecast (signed error %, "
                              "inside the interval or not, forecast committed before training or not).")
     def forecast_check(context: dg.AssetExecutionContext, store: MarinStore, forecast_in: ArtifactHandle,
                        **target_evals: dict[str, ArtifactHandle]):
@@ -241,7 +244,7 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
         upstream = [forecast_in] + [evals[n] for n in sorted(evals)]
         return materialize_artifact(context, store, config=configs["forecast_check"], upstream=upstream, build=build)
 
-    @dg.asset_check(asset=forecast_check, name="within_forecast_interval",
+    @marin_check(forecast_check, name="within_forecast_interval",
                     description="Every target's actual eval loss lies inside its primary forecast's interval, and the "
                                 "forecast was committed before the target trained. Metadata: signed error % per "
                                 "target, for the primary and every other recorded method.")

@@ -23,9 +23,10 @@ from marin_assets.catalog import Catalog
 from marin_assets.training.levanter_config import set_checkpoint_base
 from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, registered_runs
 from marin_assets.training.train_main import SUMMARY_FILE
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
+from marin_resources.keys import asset_key
 from marin_resources.launchers import EVAL_REPORT_FILE, TRAIN_CONFIG_FILE, TrainingLauncher
 
 CHECKPOINT_VERSION = "v1"
@@ -77,8 +78,8 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
     catalog.add_discoverer(RUNS.name, lambda: sorted(runs()))
     catalog.add_identity("checkpoint", lambda run: runs()[run].identity())
     catalog.add_identity("eval", lambda run: {"run": runs()[run].identity()})
-    upstream_keys = [dg.AssetKey(["mixture", m]) for m in sorted(mixture_versions)] + \
-                    [dg.AssetKey(["tokenizer", t]) for t in sorted(tokenizer_versions)]
+    upstream_keys = [asset_key(f"mixture/{m}") for m in sorted(mixture_versions)] + \
+                    [asset_key(f"tokenizer/{t}") for t in sorted(tokenizer_versions)]
 
     def spec_for(run: str) -> RunSpec:
         specs = runs()
@@ -87,7 +88,7 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
         return specs[run]
 
     @marin_asset(key="checkpoint", version=CHECKPOINT_VERSION, partitions_def=RUNS, deps=upstream_keys,
-                 group_name="training", kinds={"levanter", "jax"}, pool=pool,
+                 group_name="training", kinds={"levanter", "jax"}, pool=pool, tags={"marin/partitioned_by": "run"},
                  description="A Levanter training run: `checkpoints/step-N/` in Levanter's layout, the generated "
                              "`train_config.yaml`, per-step `metrics.jsonl` and a loss curve. Re-materializing a "
                              "killed or failed run resumes from its latest checkpoint; a finished run is a cache hit.")
@@ -126,7 +127,7 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
         return materialize_artifact(context, store, config=spec.identity(), upstream=[mixture, tokenizer],
                                     build=build, resume=True)
 
-    @dg.asset_check(asset=checkpoint, name="loss_fell",
+    @marin_check(checkpoint, name="loss_fell",
                     description="The final training loss is finite and lower than the first.")
     def loss_fell(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         manifest = checked_manifest(context, store, "checkpoint", CHECKPOINT_VERSION)
@@ -137,6 +138,7 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
         return dg.AssetCheckResult(passed=bool(ok), metadata={"train_loss_first": first, "train_loss_last": last})
 
     @marin_asset(key="eval", version=EVAL_VERSION, partitions_def=RUNS, group_name="training", pool=pool,
+                 tags={"marin/partitioned_by": "run"},
                  ins={"checkpoint": dg.AssetIn(key=checkpoint.key)}, kinds={"levanter"},
                  description="Evaluation of a run's final checkpoint with Levanter: loss and bits-per-byte on each "
                              "validation set, greedy samples, and a JSON report (`eval_report.json`).")
@@ -164,7 +166,7 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
         return materialize_artifact(context, store, config={"run": spec.identity()}, upstream=[checkpoint],
                                     build=build)
 
-    @dg.asset_check(asset=evaluation, name="bpb_finite", description="Every eval set's bits-per-byte is finite.")
+    @marin_check(evaluation, name="bpb_finite", description="Every eval set's bits-per-byte is finite.")
     def bpb_finite(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         manifest = checked_manifest(context, store, "eval", EVAL_VERSION)
         if manifest is None:
