@@ -98,6 +98,6 @@ def test_failure_report_asset_lists_failed_runs(tmp_path):
         failed = dg.materialize([broken], instance=instance, raise_on_error=False)
         assert not failed.success
         result = dg.materialize([failure_report], instance=instance, resources={"io_manager": io})
-    frame = result.output_for_node("reports__failures")
+    frame = result.output_for_node("reports__failures_reports")
     assert frame.height == 1 and frame["run_id"][0] == failed.run_id
     assert "planted failure" in frame["error"][0] and frame["assets"][0] == "broken"
