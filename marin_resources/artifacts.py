@@ -17,6 +17,7 @@ from typing import Any
 
 import dagster as dg
 
+from marin_resources.display import display_metadata
 from marin_resources.freshness import damage_summary, decide
 from marin_resources.identity import fingerprint as compute_fingerprint
 from marin_resources.keys import asset_key, marin_key, stage_owners
@@ -155,19 +156,19 @@ def materialize_artifact(
         extra["marin/build_seconds"] = round(time.monotonic() - started, 3)
 
     handle = ArtifactHandle.from_manifest(manifest)
-    metadata = {
+    # The code version is Dagster's own (shown with the definition); the store's path shows in the uri.
+    metadata = display_metadata({
         "marin/uri": dg.MetadataValue.path(manifest.uri),
         "marin/manifest": dg.MetadataValue.path(f"{manifest.uri}/.artifact.json"),
         "marin/fingerprint": manifest.fingerprint,
-        "marin/code_version": manifest.code_version,
         "marin/reused": decision.action == "reuse",
         "marin/decision": decision.reason,
         "marin/bytes": sum(f.bytes for f in manifest.files),
         "marin/files": len(manifest.files),
         "marin/producer_run_id": str(manifest.producer.get("run_id")),
-        **{k: _metadata_value(v) for k, v in manifest.metrics.items()},
+        **manifest.metrics,
         **extra,
-    }
+    })
     return dg.Output(handle, metadata=scrub(metadata), data_version=dg.DataVersion(manifest.data_version))
 
 
@@ -190,12 +191,6 @@ def refuse_damaged_inputs(artifacts: ArtifactStore, upstream: Sequence[ArtifactH
         if problems:
             raise dg.Failure(f"refusing damaged input {handle.asset_key}: {damage_summary(problems)}; "
                              f"rebuild it: marin materialize {label}")
-
-
-def _metadata_value(value: Any) -> Any:
-    if isinstance(value, (dict, list)):
-        return dg.MetadataValue.json(value)
-    return value
 
 
 class ArtifactHandleIOManager(dg.ConfigurableIOManager):

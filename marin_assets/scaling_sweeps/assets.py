@@ -13,7 +13,6 @@ trained first, and the forecast check also verifies that the forecast was commit
 target's training started.
 """
 
-import base64
 import json
 from typing import Any
 
@@ -27,6 +26,7 @@ from marin_assets.tokenization.assets import deployment_registry
 from marin_assets.training.spec import register_run
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset, marin_check,
                                        materialize_artifact)
+from marin_resources.display import png_markdown
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import fingerprint
 from marin_resources.store import ArtifactStore
@@ -70,10 +70,6 @@ def register_sweep_runs(plan: SweepPlan, store: ArtifactStore) -> list[str]:
         register_run(run.spec)
         targets.append(run.spec.name)
     return targets
-
-
-def png_markdown(png: bytes, title: str) -> dg.MetadataValue:
-    return dg.MetadataValue.md(f"![{title}](data:image/png;base64,{base64.b64encode(png).decode()})")
 
 
 def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, ArtifactHandle]) -> dict[str, float]:

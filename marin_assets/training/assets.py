@@ -8,7 +8,6 @@ Training runs in a separate process launched through Dagster Pipes (Levanter and
 imported here); a killed or failed run resumes from Levanter's latest checkpoint on re-run.
 """
 
-import base64
 import json
 import math
 import os
@@ -25,6 +24,7 @@ from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, registered_ru
 from marin_assets.training.train_main import SUMMARY_FILE
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
+from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import asset_key
 from marin_resources.launchers import EVAL_REPORT_FILE, TRAIN_CONFIG_FILE, TrainingLauncher
@@ -60,10 +60,6 @@ def check_pool(spec: RunSpec, asset_pool: str) -> None:
     if wanted is not None and wanted != asset_pool:
         raise dg.Failure(f"run {spec.name!r} asks for pool {wanted!r}, but this deployment's training assets hold "
                          f"pool {asset_pool!r}; set MARIN_TRAIN_POOL={wanted} where such runs are launched")
-
-
-def png_markdown(path: Path) -> dg.MetadataValue:
-    return dg.MetadataValue.md(f"![loss curve](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})")
 
 
 def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, str],
@@ -117,10 +113,11 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
                 raise dg.Failure(f"training exited without writing {summary_path}")
             summary = json.loads(summary_path.read_text())
             metrics = {k: summary[k] for k in TRAIN_METRIC_KEYS if summary.get(k) is not None}
-            metadata: dict[str, Any] = {"run": spec.name, "wandb": str(summary.get("wandb_run_dir", ""))}
+            # W&B's run directory is in the metrics (wandb_run_dir), shown once.
+            metadata: dict[str, Any] = {"run": spec.name}
             curve = Path(out) / "loss_curve.png"
             if curve.exists():
-                metadata["loss_curve"] = png_markdown(curve)
+                metadata["loss_curve"] = png_markdown(curve.read_bytes(), f"loss curve of {spec.name}")
             return Built(metrics=metrics, metadata=metadata)
 
         # resume=True keeps Levanter's checkpoints from an interrupted attempt.
@@ -161,7 +158,7 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
             report = json.loads((Path(out) / EVAL_REPORT_FILE).read_text())
             metrics = {k: v for k, v in report.items() if k.startswith("eval/") and isinstance(v, (int, float))}
             samples = report.get("samples", [])
-            return Built(metrics=metrics, metadata={"samples": dg.MetadataValue.json(samples)})
+            return Built(metrics=metrics, metadata={"samples": records_table(samples)} if samples else {})
 
         return materialize_artifact(context, store, config={"run": spec.identity()}, upstream=[checkpoint],
                                     build=build)
