@@ -43,6 +43,10 @@ from marin_resources.secrets import scrub
 
 MANIFEST_NAME = ".artifact.json"
 LOCK_NAME = ".lock"
+# A reference to another artifact of the same store, relative to its prefix: `store://raw/x/v1/shard`.
+# Manifests and configs written inside artifacts use it, so a store copied to another prefix
+# (another bucket, another disk) still points at itself; readers resolve it against their prefix.
+STORE_SCHEME = "store://"
 _HASH_CHUNK = 4 * 1024 * 1024
 
 
@@ -154,6 +158,30 @@ class ArtifactStore:
             raise ValueError(f"{uri} is outside the store prefix {self.prefix}")
         return self.root + uri[len(self.prefix):]
 
+    def portable(self, value: Any) -> Any:
+        """`value` (a URI, or JSON-like data holding URIs) with every URI under this store's prefix
+        written as `store://<path>`; anything outside the store is kept as it is."""
+        if isinstance(value, str):
+            if value == self.prefix or value.startswith(self.prefix + "/"):
+                return STORE_SCHEME + value[len(self.prefix):].lstrip("/")
+            return value
+        if isinstance(value, dict):
+            return {k: self.portable(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.portable(v) for v in value]
+        return value
+
+    def resolve(self, value: Any) -> Any:
+        """The inverse of `portable`: `store://<path>` URIs become URIs under this store's prefix."""
+        if isinstance(value, str):
+            return f"{self.prefix}/{value[len(STORE_SCHEME):]}".rstrip("/") if value.startswith(STORE_SCHEME) \
+                else value
+        if isinstance(value, dict):
+            return {k: self.resolve(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.resolve(v) for v in value]
+        return value
+
     def local_path(self, uri: str) -> Path:
         if not self.is_local:
             raise ValueError(f"{uri} is not on local disk")
@@ -166,7 +194,10 @@ class ArtifactStore:
             text = self.retrying(lambda: self.fs.cat_file(path).decode("utf-8"))
         except FileNotFoundError:
             return None
-        return Manifest.from_json(text, uri=uri)
+        manifest = Manifest.from_json(text, uri=uri)
+        manifest.upstream = [dataclasses.replace(u, uri=self.resolve(u.uri)) for u in manifest.upstream]
+        manifest.metrics = self.resolve(manifest.metrics)
+        return manifest
 
     def find(self, asset_key: str, code_version: str, partition: str | None) -> Manifest | None:
         return self.read_manifest(self.artifact_uri(asset_key, code_version, partition))
@@ -290,7 +321,11 @@ class ArtifactStore:
 
     def write_manifest(self, manifest: Manifest) -> None:
         path = f"{self._path(manifest.uri)}/{MANIFEST_NAME}"
-        data = manifest.to_json().encode("utf-8")
+        # On disk, references to other artifacts are store-relative; in memory they are URIs.
+        stored = dataclasses.replace(manifest, metrics=self.portable(manifest.metrics),
+                                     upstream=[dataclasses.replace(u, uri=self.portable(u.uri))
+                                               for u in manifest.upstream])
+        data = stored.to_json().encode("utf-8")
         if self.is_local:
             tmp = f"{path}.{uuid.uuid4().hex}.tmp"
             with open(tmp, "wb") as fh:

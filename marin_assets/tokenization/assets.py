@@ -368,7 +368,8 @@ def build_mixture_asset(entry: MixtureEntry):
 
         def build(writer) -> Built:
             data = render_levanter_data_config(mixture_spec(entry, by_name, tokenizer))
-            writer.write_json("data.json", data)
+            # Caches and tokenizer as store-relative URIs: a copied store's mixture reads its own caches.
+            writer.write_json("data.json", store.get().portable(data))
             return Built(metrics={"components": len(by_name),
                                   "train_components": sum(1 for w in entry.weights.values() if w > 0)},
                          metadata={"data_config": dg.MetadataValue.json(data)})
@@ -380,8 +381,9 @@ def build_mixture_asset(entry: MixtureEntry):
 
 
 def read_mixture_config(store: ArtifactStore, handle: ArtifactHandle) -> dict[str, Any]:
+    """A mixture's Levanter data config, its caches and tokenizer resolved against this store."""
     with store.open(f"{handle.uri}/data.json") as fh:
-        return json.load(fh)
+        return store.resolve(json.load(fh))
 
 
 def build_tokenization_stage(settings: MarinSettings, sources: set[str]) -> tuple[dg.Definitions, Catalog]:

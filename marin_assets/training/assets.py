@@ -11,14 +11,15 @@ imported here); a killed or failed run resumes from Levanter's latest checkpoint
 import json
 import math
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import yaml
 
 from marin_assets.catalog import Catalog
+from marin_assets.tokenization.assets import read_mixture_config
 from marin_assets.training.levanter_config import set_checkpoint_base
 from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, registered_runs
 from marin_assets.training.train_main import SUMMARY_FILE
@@ -28,6 +29,7 @@ from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import asset_key
 from marin_resources.launchers import EVAL_REPORT_FILE, TRAIN_CONFIG_FILE, TrainingLauncher
+from marin_resources.store import STORE_SCHEME, ArtifactStore
 
 CHECKPOINT_VERSION = "v1"
 EVAL_VERSION = "v1"
@@ -62,6 +64,18 @@ def check_pool(spec: RunSpec, asset_pool: str) -> None:
                          f"pool {asset_pool!r}; set MARIN_TRAIN_POOL={wanted} where such runs are launched")
 
 
+def relocated_train_config(text: str, checkpoint_uri: str, store: ArtifactStore) -> str:
+    """A checkpoint's Levanter config (absolute paths, as Levanter needs them) as seen from where the
+    checkpoint is now: when the store was copied to another prefix, every path under the prefix it
+    was written under points under this store's prefix instead."""
+    base = str(yaml.safe_load(text)["trainer"]["checkpointer"]["base_path"])
+    written = base.rstrip("/").removesuffix("/checkpoints")
+    relative = store.portable(checkpoint_uri).removeprefix(STORE_SCHEME)
+    if written == checkpoint_uri or not written.endswith("/" + relative):
+        return text
+    return text.replace(written[:-len(relative)], store.prefix + "/")
+
+
 def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, str],
                          tokenizer_versions: dict[str, str], pool: str = "cpu-train") -> tuple[dg.Definitions, Catalog]:
     runs_path = settings.runs_file or DEFAULT_RUNS_YAML
@@ -94,8 +108,7 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
         artifacts = store.get()
         mixture = find_handle(store, f"mixture/{spec.mixture}", mixture_versions[spec.mixture])
         tokenizer = find_handle(store, f"tokenizer/{spec.tokenizer}", tokenizer_versions[spec.tokenizer])
-        with artifacts.open(f"{mixture.uri}/data.json") as fh:
-            data_config = json.load(fh)
+        data_config = read_mixture_config(artifacts, mixture)
 
         def build(writer) -> Built:
             out = local_dir(store, writer)
@@ -151,8 +164,9 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
                 # The run's config names its checkpoints by URI (a local path, or the bucket), so
                 # eval only needs a local copy of the config file itself.
                 config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
-                with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src, open(config_path, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
+                with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src:
+                    text = src.read().decode("utf-8")
+                Path(config_path).write_text(relocated_train_config(text, checkpoint.uri, artifacts))
                 launcher.run_eval(context, train_config_path=config_path, output_dir=out, resources=spec.resources,
                                   extras={"run": spec.name})
             report = json.loads((Path(out) / EVAL_REPORT_FILE).read_text())
