@@ -102,7 +102,8 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
     source_identity = {k: v for k, v in asdict(source).items() if k not in ("filters", "dedup")}
     catalog.add_discoverer(partitions.name, lambda: [s.key for s in current_shards(source)])
     catalog.add_identity(f"raw/{name}", lambda partition: {"source": source_identity, "shard": partition})
-    catalog.add_external(f"raw/{name}", lambda partition: {external_key(source): shard_by_key(source, partition).fingerprint})
+    catalog.add_external(f"raw/{name}",
+                         lambda partition: {external_key(source): shard_by_key(source, partition).fingerprint})
     catalog.add_identity(f"documents/{name}", lambda partition: {"source": source_identity})
     external = build_source_observation(source, partitions)
 
@@ -184,7 +185,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                                              "quarantined": m.metrics["quarantined"]})
 
     return [external, raw, documents, documents_quarantine_bound, documents_accounted,
-            build_new_shard_sensor(source, partitions, raw.key)]
+            build_new_shard_sensor(source, partitions, raw.key, external.key)]
 
 
 def build_source_family(source: SourceConfig, config, catalog: Catalog, has_classifier: bool) -> list:

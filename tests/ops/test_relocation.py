@@ -29,8 +29,8 @@ def commit_stand_in(store: ArtifactStore, key: str, upstream: list[UpstreamRef])
 
 
 def mixture_defs(prefix: str):
-    specs = [dg.AssetSpec(asset_key(k), metadata={VERSION_METADATA_KEY: "v1"}).with_io_manager_key("artifact_io_manager")
-             for k in ("tokenized/letters", "tokenizer/harbour_bpe")]
+    specs = [dg.AssetSpec(asset_key(k), metadata={VERSION_METADATA_KEY: "v1"})
+             .with_io_manager_key("artifact_io_manager") for k in ("tokenized/letters", "tokenizer/harbour_bpe")]
     store = MarinStore(prefix=prefix)
     return dg.Definitions(assets=[*specs, build_mixture_asset(MIXTURE)],
                           resources={"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store)})

@@ -26,7 +26,8 @@ def both_states(plan) -> dict[tuple[str, str | None], tuple[str, str]]:
     out = {}
     for state in plan.status():
         key = asset_key(state.asset_key)
-        out[(state.asset_key, state.partition)] = (state.state, DAGSTER_STATE[resolver.get_status(key, state.partition)])
+        dagster = resolver.get_status(key, state.partition)
+        out[(state.asset_key, state.partition)] = (state.state, DAGSTER_STATE[dagster])
     return out
 
 
