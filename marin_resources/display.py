@@ -49,12 +49,16 @@ def is_duration(name: str) -> bool:
 
 
 def records_table(rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
-    """Records with the same string-valued fields (eval samples, forecasts) as a UI table."""
+    """Records (eval samples, a fit's optima and predictions) as a UI table; numbers to 4 significant digits."""
+    def cell(value: Any) -> str:
+        if value is None:
+            return ""
+        return f"{value:.{SIGNIFICANT_DIGITS}g}" if isinstance(value, float) else str(value)
+
     columns = list(dict.fromkeys(k for row in rows for k in row))
     schema = dg.TableSchema(columns=[dg.TableColumn(c, "string") for c in columns])
-    return dg.MetadataValue.table(
-        records=[dg.TableRecord({c: "" if row.get(c) is None else str(row.get(c)) for c in columns}) for row in rows],
-        schema=schema)
+    return dg.MetadataValue.table(records=[dg.TableRecord({c: cell(row.get(c)) for c in columns}) for row in rows],
+                                  schema=schema)
 
 
 def png_markdown(png: bytes, title: str) -> dg.MetadataValue:

@@ -120,6 +120,17 @@ def _data_version_problems(manifest: Manifest) -> list[str]:
             f"{listed[:12]} of its listed files"]
 
 
+def _map_strings(value: Any, fn) -> Any:
+    """`fn` applied to every string in JSON-like data (dicts, lists, strings)."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
 def _is_bookkeeping(rel: str) -> bool:
     """The manifest, kept (retracted) manifests and the lease are not artifact content."""
     return rel in (MANIFEST_NAME, LOCK_NAME) or rel.startswith((MANIFEST_NAME + ".", LOCK_NAME + "."))
@@ -161,26 +172,15 @@ class ArtifactStore:
     def portable(self, value: Any) -> Any:
         """`value` (a URI, or JSON-like data holding URIs) with every URI under this store's prefix
         written as `store://<path>`; anything outside the store is kept as it is."""
-        if isinstance(value, str):
-            if value == self.prefix or value.startswith(self.prefix + "/"):
-                return STORE_SCHEME + value[len(self.prefix):].lstrip("/")
-            return value
-        if isinstance(value, dict):
-            return {k: self.portable(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.portable(v) for v in value]
-        return value
+        def relative(text: str) -> str:
+            inside = text == self.prefix or text.startswith(self.prefix + "/")
+            return STORE_SCHEME + text[len(self.prefix):].lstrip("/") if inside else text
+        return _map_strings(value, relative)
 
     def resolve(self, value: Any) -> Any:
         """The inverse of `portable`: `store://<path>` URIs become URIs under this store's prefix."""
-        if isinstance(value, str):
-            return f"{self.prefix}/{value[len(STORE_SCHEME):]}".rstrip("/") if value.startswith(STORE_SCHEME) \
-                else value
-        if isinstance(value, dict):
-            return {k: self.resolve(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.resolve(v) for v in value]
-        return value
+        return _map_strings(value, lambda text: f"{self.prefix}/{text[len(STORE_SCHEME):]}".rstrip("/")
+                            if text.startswith(STORE_SCHEME) else text)
 
     def local_path(self, uri: str) -> Path:
         if not self.is_local:

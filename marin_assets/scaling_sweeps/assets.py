@@ -26,7 +26,7 @@ from marin_assets.tokenization.assets import deployment_registry
 from marin_assets.training.spec import register_run
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset, marin_check,
                                        materialize_artifact)
-from marin_resources.display import png_markdown
+from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import fingerprint
 from marin_resources.store import ArtifactStore
@@ -166,8 +166,8 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
             return Built(metrics=metrics, metadata={
                 "fit_plot": png_markdown(fitted.png, f"isoFLOP fit of {name}"),
                 "joint_plot": png_markdown(fitted.joint_png, f"joint L(N, D) fit of {name}"),
-                "optima": dg.MetadataValue.json(fitted.result["fit"]["optima"]),
-                "predictions": dg.MetadataValue.json(fitted.result["fit"]["predictions"])})
+                "optima": records_table(fitted.result["fit"]["optima"]),
+                "predictions": records_table(fitted.result["fit"]["predictions"])})
 
         upstream = [plan_handle] + [evals[n] for n in sorted(evals)]
         return materialize_artifact(context, store, config=configs["scaling_fit"], upstream=upstream, build=build)

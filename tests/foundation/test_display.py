@@ -21,3 +21,5 @@ def test_eval_samples_are_a_table():
     table = records_table([{"prompt": "To be", "completion": " or not"}, {"prompt": "Once", "completion": None}])
     assert [c.name for c in table.schema.columns] == ["prompt", "completion"]
     assert table.records[1].data == {"prompt": "Once", "completion": ""}
+    fit = records_table([{"flops": 1e18, "loss": 3.14159265, "interior": True}])
+    assert fit.records[0].data == {"flops": "1e+18", "loss": "3.142", "interior": "True"}

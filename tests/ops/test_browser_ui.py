@@ -93,6 +93,9 @@ LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries { name lo
 RUNS = """{ runsOrError { ... on Runs { results { runId parentRunId status runConfigYaml assetSelection { path }
     tags { key value } } } } }"""
 ASSET_NODES = """{ assetNodes { assetKey { path } groupName } }"""
+CHECK_EXECUTIONS = """{ assetCheckExecutions(assetKey: {path: ["documents", "beacon_documents"]},
+    checkName: "documents_accounted", limit: 5) { runId partition evaluation { timestamp
+    targetMaterialization { timestamp runId } } } }"""
 PARTITION = "lighthouse.txt"  # the one shard of the fixture's source
 
 
@@ -225,7 +228,13 @@ def test_launch_materialization_from_the_ui(dagster_ui):
                 assert again["status"] == "SUCCESS", logs[1].read_text()[-4000:]
                 assert again["assetSelection"] == index_run["assetSelection"]
 
-                # A partitioned check ran in its partition's run and shows that partition.
+                # A partitioned check ran in its partition's run, after the materialization it judges,
+                # and shows that partition.
+                [execution] = graphql(base, CHECK_EXECUTIONS)["assetCheckExecutions"]
+                evaluation = execution["evaluation"]
+                assert execution["partition"] == PARTITION and execution["runId"] in cli_runs
+                assert evaluation["targetMaterialization"]["runId"] == execution["runId"]
+                assert evaluation["timestamp"] > evaluation["targetMaterialization"]["timestamp"]
                 page.goto(f"{base}/assets/documents/beacon_documents?view=checks")
                 expect(page.get_by_text("Partition", exact=True).locator("xpath=..")).to_contain_text(PARTITION)
                 page.screenshot(path=str(ARTIFACTS / "browser_ui_check.png"))
