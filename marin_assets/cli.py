@@ -149,6 +149,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     from marin_assets.planning import parse_key
+    from marin_resources.artifacts import asset_key_str
     from marin_resources.identity import InvalidPartitionKeyError
     from marin_resources.lineage import bill_of_materials, build_lineage, render_tree
 
@@ -157,8 +158,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     if key not in plan.graph.get_all_asset_keys():
         print(f"marin: unknown asset {args.key!r}", file=sys.stderr)
         return 2
-    try:
-        manifest = plan.store.find(args.key, plan.version_of(key), args.partition)
+    try:  # the store's path is the marin key, whichever spelling was typed
+        manifest = plan.store.find(asset_key_str(key), plan.version_of(key), args.partition)
     except InvalidPartitionKeyError as exc:  # e.g. '../../etc': no path is built from it
         print(f"marin: {args.key} has no partition {args.partition!r}: {exc}", file=sys.stderr)
         return 2
