@@ -34,24 +34,28 @@ def shards_partitions(source: SourceConfig) -> dg.DynamicPartitionsDefinition:
 
 
 _LISTING_TTL_S = 30.0
-_listings: dict[tuple[str, str], tuple[float, list[Shard]]] = {}
+_listings: dict[tuple[str, str], tuple[float, dict[str, Shard]]] = {}
 
 
-def current_shards(source: SourceConfig) -> list[Shard]:
+def _listing(source: SourceConfig) -> dict[str, Shard]:
     """Discovery, memoized briefly: one CLI or sensor pass lists a source once, not once per shard."""
     now = time.monotonic()
     cached = _listings.get((source.name, source.uri))
     if cached is None or now - cached[0] > _LISTING_TTL_S:
-        cached = (now, discover_shards(source))
+        cached = (now, {shard.key: shard for shard in discover_shards(source)})
         _listings[(source.name, source.uri)] = cached
     return cached[1]
 
 
+def current_shards(source: SourceConfig) -> list[Shard]:
+    return list(_listing(source).values())
+
+
 def shard_by_key(source: SourceConfig, key: str) -> Shard:
-    for shard in current_shards(source):
-        if shard.key == key:
-            return shard
-    raise dg.Failure(f"source {source.name!r} has no shard {key!r} any more (files moved or removed?)")
+    shard = _listing(source).get(key)
+    if shard is None:
+        raise dg.Failure(f"source {source.name!r} has no shard {key!r} any more (files moved or removed?)")
+    return shard
 
 
 def read_original_bytes(ref: FileRef, source: SourceConfig) -> bytes:
