@@ -99,7 +99,7 @@ def test_assets_materialize_and_race_safely_on_postgres(pg_home, tmp_path):
         assert event.asset_materialization.tags["dagster/data_version"] == manifest.data_version
         assert event.asset_materialization.metadata["marin/reused"].value is False
         again = dg.materialize(assets, partition_key="2024-01-01", instance=instance, resources=resources)
-        reused = again.asset_materializations_for_node("ops__daily_counts")[0]
+        reused = again.asset_materializations_for_node("ops__daily_counts_ops")[0]
         assert reused.metadata["marin/reused"].value is True
 
         # Two writers of the same partition at once, each its own process and Dagster run.

@@ -16,6 +16,7 @@ from marin_assets.training import spec as spec_module
 from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION, build_training_stage
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.identity import fingerprint
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore, UpstreamRef, producer_info, writing
 
 SWEEP = "syn"
@@ -73,8 +74,8 @@ def write_run(store: ArtifactStore, run, loss: float, *, spec=None, parameter_co
 
 
 def materialize(defs, instance, *keys):
-    return dg.materialize(list(defs.assets) + list(defs.asset_checks), selection=list(keys), instance=instance,
-                          resources=defs.resources, raise_on_error=False)
+    return dg.materialize(list(defs.assets) + list(defs.asset_checks), selection=[asset_key(k) for k in keys],
+                          instance=instance, resources=defs.resources, raise_on_error=False)
 
 
 def test_registration_gives_path_safe_partitions_and_targets_wait_for_the_forecast(env):
@@ -110,7 +111,7 @@ def test_fit_forecast_then_check_inside_and_outside_the_interval(env):
     assert len(fit["runs"]) == len(plan.fit_runs()) and all(o["interior"] for o in fit["fit"]["optima"])
     for png in ("fit.png", "joint.png"):
         assert store.local_path(f"{fit_manifest.uri}/{png}").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    plot = result.asset_materializations_for_node("scaling_fit__syn")[0].metadata["fit_plot"].value
+    plot = result.asset_materializations_for_node("scaling_fit__syn_scaling_fit")[0].metadata["fit_plot"].value
     assert base64.b64decode(plot.split("base64,")[1].rstrip(")"))[:4] == b"\x89PNG"
 
     forecast_manifest = store.find("forecast/syn", sweep_assets.FORECAST_VERSION, None)
