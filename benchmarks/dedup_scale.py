@@ -1,7 +1,7 @@
 """Incremental, partitioned dedup (``update_index``) against the old in-memory datasketch LSH.
 
 Usage:
-    python benchmarks/dedup_scale.py [--sizes 25000 100000 400000] [--shard-docs 25000]
+    python -m benchmarks.dedup_scale [--sizes 25000 100000 400000] [--shard-docs 25000]
 
 Three parts, each measured in a fresh child process (peak RSS is the child's ``VmHWM``; the
 peak right before the timed step is printed too, so the growth is visible; ours first runs one
@@ -32,16 +32,11 @@ The last line is JSON.
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Scripts in benchmarks/ (e.g. tokenize.py) would shadow stdlib modules of the same name.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != _HERE]
-for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "POLARS_MAX_THREADS"):
-    os.environ[_variable] = "1"
+import benchmarks.one_core  # noqa: F401, I001 -- first: one thread per pool, before numpy is imported
 
 import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
 import glob  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
@@ -174,8 +169,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(*extra: str) -> dict:
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *extra], capture_output=True, text=True,
-                          timeout=3600)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.dedup_scale", *extra], capture_output=True, text=True,
+                          timeout=3600, cwd=Path(__file__).resolve().parent.parent)
     if proc.returncode != 0:
         raise SystemExit(f"child {extra} failed:\n{proc.stdout}\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

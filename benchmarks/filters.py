@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 from collections import Counter
 from pathlib import Path
 
@@ -78,15 +79,21 @@ def _duplicate_fraction(pieces: list[str]) -> float:
     return dup / total if total else 0.0
 
 
+_PUNCTUATION_OR_SYMBOL = "".join(c for c in map(chr, range(sys.maxunicode + 1))
+                                 if unicodedata.category(c).startswith(("P", "S")))
+
+
 def baseline_failed_rules(text: str, cfg: FilterConfig) -> list[str]:
     """The heuristic rules, one document at a time, in plain Python."""
     words = text.split()
     n_words = len(words)
+    cores = [w.strip(_PUNCTUATION_OR_SYMBOL) for w in words]
+    cores = [c for c in cores if c]
     lines = [line for line in text.split("\n") if line.strip()]
     n_lines = len(lines)
     stats = {
         "n_words": n_words,
-        "mean_word_length": sum(len(w) for w in words) / n_words if n_words else 0.0,
+        "mean_word_length": sum(len(c) for c in cores) / len(cores) if cores else 0.0,
         "symbol_word_ratio": (text.count("#") + text.count("...") + text.count("…")) / n_words if n_words else 0.0,
         "non_alpha_word_fraction": (
             sum(1 for w in words if not any(c.isalpha() for c in w)) / n_words if n_words else 1.0
@@ -189,17 +196,23 @@ def run(docs: pl.DataFrame, label: str, repeats: int) -> dict:
     return row
 
 
-def filters_at(rev: str):
-    """``marin_assets/curation/filters.py`` as it was at git revision ``rev``, as a module."""
-    source = subprocess.run(["git", "show", f"{rev}:marin_assets/curation/filters.py"], cwd=REPO, check=True,
+def module_at(rev: str, relpath: str):
+    """The module at ``relpath`` as it was at git revision ``rev``, loaded under a name of its own."""
+    source = subprocess.run(["git", "show", f"{rev}:{relpath}"], cwd=REPO, check=True,
                             capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / f"filters_{rev}.py"
+    name = f"{Path(relpath).stem}_{rev}"
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"filters_{rev}", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
+
+
+def filters_at(rev: str):
+    """``marin_assets/curation/filters.py`` as it was at git revision ``rev``, as a module."""
+    return module_at(rev, "marin_assets/curation/filters.py")
 
 
 def cpu_time(fn):

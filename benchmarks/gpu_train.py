@@ -50,6 +50,7 @@ from marin_assets.training.levanter_config import build_train_config, write_trai
 from marin_assets.training.metrics import PEAK_FLOPS_BY_DEVICE_KIND, median, peak_flops_per_device  # noqa: E402
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec  # noqa: E402
 from marin_assets.training.train_main import SUMMARY_FILE  # noqa: E402
+from marin_assets.training.commands import train_command  # noqa: E402
 from marin_resources.launchers import build_command_and_env  # noqa: E402
 
 # MFU's denominator: PEAK_FLOPS_BY_DEVICE_KIND (marin_assets/training/metrics.py), dense bf16
@@ -154,8 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
     config["trainer"]["tracker"] = [config["trainer"]["tracker"], {"type": "json_logger"}]
     config_path = write_train_config(config, run_dir / "train_config.yaml")
 
-    launch = build_command_and_env("train", train_config_path=config_path, output_dir=str(run_dir),
-                                   accelerator=accelerator)
+    launch = build_command_and_env(train_command(config_path, str(run_dir)), accelerator=accelerator)
     log_path = run_dir / "train_output.log"
     started = time.time()
     with open(log_path, "w") as log:

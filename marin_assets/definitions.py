@@ -10,17 +10,18 @@ import dagster as dg
 
 from marin_assets import hide_dagster_notices
 from marin_assets.catalog import Catalog
-from marin_resources.environments import MarinSettings, build_resources
+from marin_resources.environments import MarinSettings, build_resources, default_executor
 
 
 def build_definitions(settings: MarinSettings) -> tuple[dg.Definitions, Catalog]:
-    from marin_assets import stages
+    from marin_assets.stages import build_stages
 
-    parts = [stage(settings) for stage in stages.STAGES]
+    parts = build_stages(settings)
     catalog = Catalog()
     for _, stage_catalog in parts:
         catalog = catalog.merge(stage_catalog)
-    defs = dg.Definitions.merge(*(d for d, _ in parts), dg.Definitions(resources=build_resources(settings)))
+    defs = dg.Definitions.merge(*(d for d, _ in parts), dg.Definitions(resources=build_resources(settings),
+                                                                       executor=default_executor()))
     return defs, catalog
 
 

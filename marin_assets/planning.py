@@ -7,6 +7,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import os
+import socket
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -18,13 +21,14 @@ from marin_assets.catalog import Catalog
 from marin_resources.artifacts import VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.artifacts import asset_key_str as key_str
 from marin_resources.failures import describe_check
-from marin_resources.freshness import damage_summary
-from marin_resources.identity import InvalidPartitionKeyError, changed_fields, fingerprint, validate_partition_key
+from marin_resources.freshness import Decision, damage_summary, decide, label_of
+from marin_resources.identity import InvalidPartitionKeyError, fingerprint, validate_partition_key
 from marin_resources.keys import parse_selection
-from marin_resources.store import ArtifactStore
+from marin_resources.store import ArtifactStore, Manifest, UpstreamRef
 
 Log = Callable[[str], None]
 CLI_TAG, HOST_TAG, PID_TAG = "marin/cli", "marin/host", "marin/pid"
+WORKER_CHECK_S = 2.0  # how often in-flight runs' worker processes are checked for a silent death
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,12 @@ class PartitionState:
     state: str  # fresh | stale | missing | damaged
     cause: str
     uri: str | None = None
+    decision: Decision | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"asset_key": self.asset_key, "partition": self.partition, "state": self.state, "cause": self.cause,
-                "uri": self.uri}
+                "kind": self.decision.kind if self.decision else None, "uri": self.uri,
+                "why": self.decision.chain() if self.decision else []}
 
 
 @dataclass
@@ -148,62 +154,85 @@ class Planner:
             return {partition}
         return existing
 
-    def state(self, key: dg.AssetKey, partition: str | None, *, verify: bool = False) -> PartitionState:
-        """Freshness of one partition. Its files get the cheap check (listed files present with their
-        recorded sizes), or with `verify` a full re-hash; a damaged artifact is never fresh."""
+    def wanted_identity(self, key: dg.AssetKey, partition: str | None) -> Any | None:
+        """The identity config the code wants for ``key[partition]`` now, where the catalog knows it."""
+        identity = self.catalog.identities.get(key_str(key))
+        return None if identity is None else identity(partition)
+
+    def current(self, key: dg.AssetKey, partition: str | None) -> Manifest | None:
+        """The committed artifact of the identity the code wants now: found by its config where the
+        catalog knows it, else the one the asset last committed or reused (its ref)."""
+        config = self.wanted_identity(key, partition)
+        return self.store.find(key_str(key), self.version_of(key), partition,
+                               fingerprint=None if config is None else fingerprint(config))
+
+    def state(self, key: dg.AssetKey, partition: str | None, *, verify: bool = False,
+              memo: dict | None = None) -> PartitionState:
+        """Freshness of one partition, by `freshness.decide` (the rule the asset code applies). Its
+        files get the cheap check (listed files present with their recorded sizes), or with `verify`
+        a full re-hash; a damaged artifact is never fresh. An input that is not fresh makes this
+        partition stale, and the decision keeps the input's own cause (`marin status --why`)."""
+        decision, manifest = self._assess(key, partition, verify, {} if memo is None else memo)
+        cause = decision.reason
+        note = self.catalog.notes.get(key_str(key))
+        if decision.state == "fresh" and note is not None and manifest is not None:
+            cause = note(manifest, self.store) or cause
+        return PartitionState(key_str(key), partition, decision.state, cause,
+                              manifest.uri if manifest is not None else None, decision)
+
+    def _assess(self, key: dg.AssetKey, partition: str | None, verify: bool,
+                memo: dict) -> tuple[Decision, Manifest | None]:
+        if (key, partition) in memo:
+            return memo[(key, partition)]
         name, version = key_str(key), self.version_of(key)
-        manifest = self.store.find(name, version, partition)
+        label = label_of(name, partition)
+        config = self.wanted_identity(key, partition)
+        manifest = self.current(key, partition)
         if manifest is None:
-            older = [v for v in self.store.code_versions(name)
-                     if v != version and self.store.find(name, v, partition) is not None]
-            cause = f"code version changed: {older[-1]} -> {version}" if older else "never materialized"
-            return PartitionState(name, partition, "missing", cause)
+            memo[(key, partition)] = decide(None, config=config, upstream=[], code_version=version, label=label,
+                                            previous=self._previous(name, version, partition)), None
+            return memo[(key, partition)]
         damage = self.store.verify(manifest) if verify else self.store.check_files(manifest)
-        if damage:
-            return PartitionState(name, partition, "damaged", damage_summary(damage), manifest.uri)
         recorded = manifest.upstream_versions()
+        wanted = dict(recorded)  # inputs the planner cannot evaluate are taken as recorded
+        decisions: dict[tuple[str, str | None], Decision] = {}
         for parent in sorted(self.graph.get(key).parent_keys):
             if self.version_of(parent) is None:
                 continue
             pname = key_str(parent)
-            wanted = self.parent_partitions(key, partition, parent)
-            have = {p for (k, p) in recorded if k == pname}
-            if not have and self.graph.get(parent).partitions_def is None:
+            parts = self.parent_partitions(key, partition, parent)
+            if not any(k == pname for k, _ in recorded) and self.graph.get(parent).partitions_def is None:
                 continue  # a declared dependency this partition does not use (e.g. another run's mixture)
-            if wanted != have:
-                added = sorted(str(p) for p in wanted - have)
-                removed = sorted(str(p) for p in have - wanted)
-                detail = "; ".join(filter(None, [added and f"new {', '.join(added)}",
-                                                 removed and f"gone {', '.join(removed)}"]))
-                return PartitionState(name, partition, "stale", f"upstream partitions changed in {pname}: {detail}",
-                                      manifest.uri)
-            for p in sorted(wanted, key=str):
-                current = self.store.find(pname, self.version_of(parent), p)
-                where = f"{pname}[{p}]" if p else pname
-                if current is None:
-                    return PartitionState(name, partition, "stale", f"upstream {where} missing at its code version",
-                                          manifest.uri)
-                if current.data_version != recorded[(pname, p)]:
-                    return PartitionState(name, partition, "stale", f"upstream data changed: {where}", manifest.uri)
+            wanted = {k: v for k, v in wanted.items() if k[0] != pname}
+            for p in sorted(parts, key=str):
+                parent_decision, current = self._assess(parent, p, verify, memo)
+                decisions[(pname, p)] = parent_decision
+                if current is not None:
+                    wanted[(pname, p)] = current.data_version
+                elif (pname, p) in recorded:
+                    wanted[(pname, p)] = recorded[(pname, p)]  # missing: said by its decision, not as new data
         external = self.catalog.externals.get(name)
         if external is not None:
-            for ext_key, version in external(partition).items():
-                if recorded.get((ext_key, partition)) != version:
-                    return PartitionState(name, partition, "stale", f"source data changed: {ext_key}[{partition}]",
-                                          manifest.uri)
-        identity = self.catalog.identities.get(name)
-        if identity is not None:
-            config = identity(partition)
-            if fingerprint(config) != manifest.fingerprint:
-                fields = changed_fields(manifest.config, config)
-                return PartitionState(name, partition, "stale", f"config drift: {', '.join(fields) or 'config'}",
-                                      manifest.uri)
-        note = self.catalog.notes.get(name)
-        return PartitionState(name, partition, "fresh", (note and note(manifest, self.store)) or "up to date",
-                              manifest.uri)
+            wanted.update({(ext_key, partition): v for ext_key, v in external(partition).items()})
+        upstream = [UpstreamRef(k, p, v, "") for (k, p), v in wanted.items()]
+        memo[(key, partition)] = decide(manifest, config=config if config is not None else manifest.config,
+                                        upstream=upstream, damage=damage, upstream_decisions=decisions,
+                                        code_version=version, label=label), manifest
+        return memo[(key, partition)]
+
+    def _previous(self, name: str, version: str, partition: str | None) -> Manifest | None:
+        """What was current before the wanted identity: this code version's ref, else the newest older
+        code version's."""
+        for v in [version, *reversed([v for v in self.store.code_versions(name) if v != version])]:
+            manifest = self.store.find(name, v, partition)
+            if manifest is not None:
+                return manifest
+        return None
 
     def status(self, keys: Iterable[dg.AssetKey] | None = None, *, verify: bool = False) -> list[PartitionState]:
-        return [self.state(k, p, verify=verify) for k in (keys or self.artifact_keys()) for p in self.partitions_of(k)]
+        memo: dict = {}
+        return [self.state(k, p, verify=verify, memo=memo) for k in (keys or self.artifact_keys())
+                for p in self.partitions_of(k)]
 
     # ---- execution -------------------------------------------------------------------------
     def plan(self, target: dg.AssetKey, partition: str | None) -> list[tuple[list[dg.AssetKey], list[str | None]]]:
@@ -246,9 +275,6 @@ class Planner:
     def reap_orphaned_runs(self, log: Log = print) -> list[str]:
         """Mark runs of this CLI whose process died (kill -9, OOM, power) as failed, and free their
         pool slots; without a daemon nothing else would, and the next training would wait forever."""
-        import os
-        import socket
-
         reaped = []
         active = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.NOT_STARTED]
         for record in self.instance.get_run_records(dg.RunsFilter(statuses=active, tags={CLI_TAG: "materialize"})):
@@ -256,20 +282,35 @@ class Planner:
             host = run.tags.get(HOST_TAG)
             # A launched run lives in its own worker process, which outlives a killed CLI.
             pid = self.run_worker_pid(run.run_id) or run.tags.get(PID_TAG)
-            if host != socket.gethostname() or not pid or int(pid) == os.getpid():
+            if host != socket.gethostname() or not pid or int(pid) == os.getpid() or not process_gone(pid):
                 continue
-            try:
-                os.kill(int(pid), 0)
-                continue  # still running
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
-            self.instance.report_run_failed(run, f"the process running it (pid {pid}) is gone")
-            self.instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+            self.fail_orphaned_run(run, f"the process running it (pid {pid}) is gone")
             log(f"  marked run {run.run_id[:8]} failed: its process {pid} died; freed its pool slots")
             reaped.append(run.run_id)
         return reaped
+
+    def fail_orphaned_run(self, run: dg.DagsterRun, why: str) -> None:
+        self.instance.report_run_failed(run, why)
+        self.instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+
+    def lost_worker(self, run_id: str) -> str | None:
+        """Why a launched, unfinished run will never finish: its worker process on this host is gone
+        (killed, out of memory) without reporting an end. None while it may still be working.
+
+        Only runs of the DefaultRunLauncher have a local worker; on a cluster Dagster's run
+        monitoring (the daemon) fails the run of a lost pod."""
+        if not isinstance(self.instance.run_launcher, dg.DefaultRunLauncher):
+            return None
+        pid = self.run_worker_pid(run_id)
+        if pid is None or not process_gone(pid):
+            return None
+        # The worker writes the run's end before it exits: read the record after seeing it gone.
+        run = self.instance.get_run_by_id(run_id)
+        if run is None or run.is_finished:
+            return None
+        why = f"its worker process (pid {pid}) died without reporting an end"
+        self.fail_orphaned_run(run, why)
+        return why
 
     def run_worker_pid(self, run_id: str) -> str | None:
         """The pid a run worker reported when it started (its engine event), if it was launched."""
@@ -285,7 +326,7 @@ class Planner:
         runs = set()
         for key in keys:
             if self.version_of(key) is not None:
-                manifest = self.store.find(key_str(key), self.version_of(key), partition)
+                manifest = self.current(key, partition)
                 if manifest is not None and manifest.producer.get("run_id"):
                     runs.add(manifest.producer["run_id"])
         wanted = {key_str(k) for k in keys}
@@ -325,7 +366,7 @@ class Planner:
         if self.graph.get(target).partitions_def is not None and partition is None:
             raise ValueError(f"{name} is partitioned: --rebuild needs --partition (it withdraws one partition)")
         self.require_partition(target, partition)
-        manifest = self.store.find(name, version, partition)
+        manifest = self.current(target, partition)
         label = name + (f" [{partition}]" if partition else "")
         if manifest is None:
             log(f"  retract {label}: nothing committed at {version}")
@@ -346,25 +387,24 @@ class Planner:
         re-hashes the inputs it reads.
 
         Stages run in order; within a stage every partition is its own Dagster run, submitted
-        through ``runs`` with at most ``max_parallel`` in flight (default: the CPU count). A failed
-        partition does not stop its siblings: the stage finishes, and the plan stops before the
-        next stage, whose inputs would be incomplete."""
-        import os
-        import socket
-
+        through ``runs`` with at most ``max_parallel`` in flight (default: `default_parallelism`). A
+        failed partition does not stop its siblings: the stage finishes, and the plan stops before
+        the next stage, whose inputs would be incomplete."""
         self.reap_orphaned_runs(log)
         self.require_partition(target, partition)
         runs = runs or InProcessRuns(self.defs, self.instance)
-        limit = max(1, min(max_parallel or os.cpu_count() or 1, runs.max_parallel))
+        limit = max(1, min(max_parallel or default_parallelism(self.instance), runs.max_parallel))
         tags = {CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()),
                 **({VERIFY_TAG: "true"} if verify else {})}
         results: list[StepResult] = []
         for keys, parts in self.plan(target, partition):
             names = [key_str(k) for k in keys]
             to_build = []
+            memo: dict = {}  # one per stage: the stages before it were just built
             for part in parts:
                 label = ", ".join(names) + (f" [{part}]" if part else "")
-                states = [self.state(k, part, verify=verify) for k in keys if self.version_of(k) is not None]
+                states = [self.state(k, part, verify=verify, memo=memo) for k in keys
+                          if self.version_of(k) is not None]
                 if not force and states and all(s.state == "fresh" for s in states):
                     step = StepResult(names, part, False, True, manifests=[f"{s.uri}/.artifact.json" for s in states])
                     # A reused artifact keeps the verdict of the checks that ran when it was built.
@@ -386,11 +426,10 @@ class Planner:
     def _run_stage(self, keys: list[dg.AssetKey], to_build: list, runs: RunSubmitter, limit: int,
                    run_config: dict, tags: dict, log: Log) -> list[StepResult]:
         """One run per partition, at most ``limit`` in flight; results in submission order."""
-        import time
-
         names = [key_str(k) for k in keys]
         checks = [c for c in self.graph.asset_check_keys if c.asset_key in keys]
         pending, in_flight, done = list(to_build), {}, {}
+        next_health_check = time.monotonic() + WORKER_CHECK_S
         while pending or in_flight:
             while pending and len(in_flight) < limit:
                 part, label, cause = pending.pop(0)
@@ -401,6 +440,12 @@ class Planner:
             finished = [(run_id, run) for run_id in in_flight
                         if (run := self.instance.get_run_by_id(run_id)) is not None and run.is_finished]
             if not finished:
+                if time.monotonic() >= next_health_check:
+                    next_health_check = time.monotonic() + WORKER_CHECK_S
+                    for run_id in list(in_flight):
+                        why = self.lost_worker(run_id)
+                        if why:
+                            log(f"          {in_flight[run_id][1]}: {why}")
                 time.sleep(0.2)
                 continue
             for run_id, run in finished:
@@ -424,7 +469,7 @@ class Planner:
         ok = run.status == dg.DagsterRunStatus.SUCCESS
         step = StepResult(names, part, True, ok and not failed, run.run_id, seconds)
         if step.success:
-            step.manifests = [f"{self.store.find(key_str(k), self.version_of(k), part).uri}/.artifact.json"
+            step.manifests = [f"{self.current(k, part).uri}/.artifact.json"
                               for k in keys if self.version_of(k) is not None]
         else:
             step.error = failure_message(self.instance, run.run_id) if not ok else \
@@ -533,6 +578,26 @@ class WorkspaceRuns:
             current = self.instance.get_run_by_id(run.run_id)
             if current is not None and not current.is_finished:
                 self.instance.report_run_failed(current, f"launch failed: {type(exc).__name__}: {exc}")
+
+
+def default_parallelism(instance: dg.DagsterInstance) -> int:
+    """Runs in flight at once by default: one per core, and no more than the instance's run limit
+    (`concurrency.runs.max_concurrent_runs`, which the webserver's and sensors' queued runs obey)."""
+    cores = os.cpu_count() or 1
+    queue = instance.get_concurrency_config().run_queue_config
+    limit = queue.max_concurrent_runs if queue is not None else -1
+    return max(1, min(cores, limit) if limit > 0 else cores)
+
+
+def process_gone(pid: str | int) -> bool:
+    """True when no process with this pid exists on this host (one of another user's counts as alive)."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def failed_error_checks(evaluations) -> list[str]:

@@ -1,26 +1,25 @@
-"""The stages of the graph, in pipeline order. Each returns its definitions and catalog entries."""
+"""The stages of the graph, in pipeline order. Each takes the runtime settings and the deployment
+(read once, here) and returns its definitions and catalog entries."""
 
+import dagster as dg
+
+from marin_assets.automation import build_automation_sensor
+from marin_assets.catalog import Catalog
 from marin_assets.curation.assets import build_curation_stage
-from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, load_curation_config
-from marin_assets.tokenization.assets import MIXTURE_VERSION, build_tokenization_stage, deployment_registry
+from marin_assets.deployment import Deployment
+from marin_assets.evaluation.assets import build_evaluation_stage
 from marin_assets.reports.assets import build_reports_stage
 from marin_assets.scaling_sweeps.assets import build_scaling_sweeps_stage
+from marin_assets.tokenization.assets import build_tokenization_stage
 from marin_assets.training.assets import build_training_stage
 from marin_resources.environments import MarinSettings
 
-
-def curated_source_names(settings: MarinSettings) -> set[str]:
-    return {s.name for s in load_curation_config(settings.sources_file or DEFAULT_SOURCES_PATH).sources}
-
-
-def build_tokenization(settings: MarinSettings):
-    return build_tokenization_stage(settings, curated_source_names(settings))
+STAGES = [build_curation_stage, build_tokenization_stage, build_training_stage, build_evaluation_stage,
+          build_reports_stage, build_scaling_sweeps_stage]
 
 
-def build_training(settings: MarinSettings):
-    registry = deployment_registry(settings, curated_source_names(settings))
-    return build_training_stage(settings, {m: MIXTURE_VERSION for m in registry.mixtures},
-                                {t: e.version for t, e in registry.tokenizers.items()}, pool=settings.train_pool)
-
-
-STAGES = [build_curation_stage, build_tokenization, build_training, build_reports_stage, build_scaling_sweeps_stage]
+def build_stages(settings: MarinSettings) -> list[tuple]:
+    """Every stage's (definitions, catalog), all built from one `Deployment`, and the automation sensor."""
+    deployment = Deployment.load(settings)
+    automation = (dg.Definitions(sensors=[build_automation_sensor()]), Catalog())
+    return [stage(settings, deployment) for stage in STAGES] + [automation]

@@ -18,12 +18,12 @@ from typing import Any
 import dagster as dg
 
 from marin_resources.display import display_metadata
-from marin_resources.freshness import damage_summary, decide
+from marin_resources.freshness import damage_summary, decide, label_of
 from marin_resources.identity import fingerprint as compute_fingerprint
 from marin_resources.keys import asset_key, marin_key, stage_owners
 from marin_resources.object_stores import check_store_reachable
 from marin_resources.secrets import scrub
-from marin_resources.store import (ArtifactStore, ArtifactWriter, FileEntry, Manifest, UpstreamRef, producer_info,
+from marin_resources.store import (ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info,
                                    writing)
 
 VERSION_METADATA_KEY = "marin/version"
@@ -58,15 +58,12 @@ class Built:
 
     metrics: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
-    # Entries of files the build left untouched since the last commit: the commit does not hash them again.
-    known_files: dict[str, FileEntry] = field(default_factory=dict)
 
 
 class MarinStore(dg.ConfigurableResource):
     """Where artifacts live. `prefix` is any fsspec URL; it is a runtime choice and never part of identity."""
 
     prefix: str = "./local_store"
-    strict_fingerprints: bool = False
     storage_options: dict[str, Any] = {}
 
     def get(self) -> ArtifactStore:
@@ -125,18 +122,19 @@ def materialize_artifact(
     refs = [h.ref() for h in upstream]
     full = context.run.tags.get(VERIFY_TAG) == "true"
     check = artifacts.verify if full else artifacts.check_files
-    existing = artifacts.find(key, version, partition)
-    decision = decide(existing, fingerprint=fp, config=config, upstream=refs, strict=store.strict_fingerprints,
-                      damage=check(existing) if existing is not None else None)
+    existing = artifacts.find(key, version, partition, fingerprint=fp)
+    previous = artifacts.find(key, version, partition) if existing is None else None
+    decision = decide(existing, config=config, upstream=refs, previous=previous, code_version=version,
+                      damage=check(existing) if existing is not None else None, label=label_of(key, partition))
 
     extra: dict[str, Any] = {}
     if decision.action == "reuse":
         assert existing is not None
         manifest = existing
-        if decision.state == "drift":
-            context.log.warning(f"{key}[{partition}]: {decision.reason}; reusing the stored artifact "
-                                "(set strict fingerprints to refuse)")
-            extra["marin/fingerprint_drift"] = dg.MetadataValue.json({"changed_fields": decision.drift_fields})
+        # Going back to a config is this: its artifact is still there and becomes the current one.
+        if artifacts.point(manifest):
+            context.log.info(f"{key}[{partition}]: back to the stored artifact of this config, {manifest.uri}")
+            extra["marin/repointed"] = True
         else:
             context.log.info(f"{key}[{partition}] is fresh: {decision.reason}")
     else:
@@ -147,12 +145,14 @@ def materialize_artifact(
         # Files of a damaged artifact cannot be trusted to resume from (an incremental builder would
         # see its own ledger and skip the missing part): it is built from scratch.
         resume = resume and decision.state != "damaged"
-        with writing(artifacts, key, version, partition, run_id=context.run.run_id, resume=resume) as writer:
+        with writing(artifacts, key, version, partition, fingerprint=fp, run_id=context.run.run_id,
+                     resume=resume) as writer:
             built = build(writer) or Built()
-            manifest = writer.commit(fingerprint=fp, config=config, upstream=refs,
-                                     producer=producer_info(context.run.run_id), metrics=built.metrics,
-                                     known_files=built.known_files)
+            manifest = writer.commit(config=config, upstream=refs, producer=producer_info(context.run.run_id),
+                                     metrics=built.metrics)
         extra.update(built.metadata)
+        if resume:
+            extra["marin/files_rehash_skipped"] = writer.files_rehash_skipped
         extra["marin/build_seconds"] = round(time.monotonic() - started, 3)
 
     handle = ArtifactHandle.from_manifest(manifest)
@@ -243,10 +243,10 @@ def marin_asset(*, key: str, version: str, identity: Any | None = None, **asset_
     """`dg.asset` for store-backed artifacts.
 
     `key` is the marin key (`filtered/shakespeare`); the Dagster key follows marin_resources.keys.
-    `version` is the code version used in storage paths. When the asset's identity config is
-    static, a short fingerprint of it is appended to Dagster's code version so that the UI marks
-    the asset stale after a config change; paths stay human-readable. The stage's owners are
-    set from `group_name`.
+    `version` is the code version used in storage paths (with the identity fingerprint beside it).
+    When the asset's identity config is static, a short fingerprint of it is appended to Dagster's
+    code version too, so that the UI marks the asset stale after a config change. The stage's
+    owners are set from `group_name`.
     """
     dagster_version = version if identity is None else f"{version}+{compute_fingerprint(identity)[:8]}"
     metadata = {VERSION_METADATA_KEY: version, **asset_kwargs.pop("metadata", {})}

@@ -3,13 +3,17 @@ assets receive everything through resources.
 
 - `local` (default): embedded instance, `./local_store` prefix (or MARIN_PREFIX), local launcher.
 - `prod`: MARIN_PREFIX is required, cloud clients from dagster-gcp / dagster-aws for gs:// or s3://,
-  strict fingerprints unless MARIN_STRICT=0, and, with MARIN_TRAINING_IMAGE set, training in
+  and, with MARIN_TRAINING_IMAGE set, training in
   Kubernetes pods sized by each run's `resources` (GPU nodes labelled MARIN_GPU_TYPE). With a bucket
   prefix the pods mount nothing; with a path prefix the store is the volume MARIN_STORE_CLAIM
   mounted at MARIN_PREFIX.
 
 Both launchers implement `marin_resources.launchers.TrainingLauncher`, the type the training
 assets ask for under the resource key `launcher`.
+
+In either environment `MARIN_RAY=local` spreads the chunks of one huge shard over a local Ray
+(`marin_resources.ray_parallel`): at most MARIN_RAY_CPUS workers (default: the cores), chunks of
+MARIN_RAY_CHUNK_MB (default 32). Unset or `off`: a shard is filtered in one piece.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import dagster as dg
 
 DEFAULT_PREFIX = "./local_store"
 ENVIRONMENTS = ("local", "prod")
+RAY_MODES = ("off", "local")
 PROCESS_OUTPUTS = ("console", "file")
 TRAIN_POOLS = ("cpu-train", "gpu", "tpu")
 
@@ -33,11 +38,12 @@ class MarinSettings:
 
     env: str
     prefix: str
-    strict_fingerprints: bool
     sources_file: str | None
     runs_file: str | None
     registry_file: str | None = None
     """The tokenization registry (MARIN_REGISTRY); None: the bundled registry.yaml."""
+    sweeps_file: str | None = None
+    """The scaling sweeps (MARIN_SWEEPS); None: the bundled sweeps.yaml."""
     train_pool: str = "cpu-train"
     training_image: str | None = None
     training_namespace: str = "default"
@@ -46,6 +52,14 @@ class MarinSettings:
     wandb_online: bool = False
     process_output: str = "console"
     """Where local training/eval processes print: ``console`` or ``file`` (their run directory)."""
+    ray: str = "off"
+    """Data parallelism inside a run: ``off`` (one piece) or ``local`` (Ray in the run's process)."""
+    ray_cpus: int = 1
+    ray_chunk_mb: int = 32
+    suites_file: str | None = None
+    """The eval suites file (MARIN_SUITES); None: the bundled suites.yaml."""
+    eval_suite: str | None = None
+    """The suite ``harness_eval`` runs (MARIN_EVAL_SUITE); None: the file's ``default_suite``."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "MarinSettings":
@@ -59,38 +73,73 @@ class MarinSettings:
         prefix = prefix or DEFAULT_PREFIX
         if "://" not in prefix:
             prefix = str(Path(prefix).expanduser().resolve())
-        strict = e.get("MARIN_STRICT", "1" if env == "prod" else "0").lower() in ("1", "true", "yes")
         pool = e.get("MARIN_TRAIN_POOL", "gpu" if env == "prod" else "cpu-train")
         if pool not in TRAIN_POOLS:
             raise ValueError(f"MARIN_TRAIN_POOL must be one of {', '.join(TRAIN_POOLS)}, got {pool!r}")
         process_output = e.get("MARIN_PROCESS_OUTPUT", "console")
         if process_output not in PROCESS_OUTPUTS:
             raise ValueError(f"MARIN_PROCESS_OUTPUT must be one of {', '.join(PROCESS_OUTPUTS)}, got {process_output!r}")
-        return cls(env=env, prefix=prefix, strict_fingerprints=strict, sources_file=e.get("MARIN_SOURCES") or None,
+        ray = e.get("MARIN_RAY") or "off"
+        if ray not in RAY_MODES:
+            raise ValueError(f"MARIN_RAY must be one of {', '.join(RAY_MODES)}, got {ray!r}")
+        ray_cpus = _positive_int(e, "MARIN_RAY_CPUS", os.cpu_count() or 1)
+        ray_chunk_mb = _positive_int(e, "MARIN_RAY_CHUNK_MB", 32)
+        return cls(env=env, prefix=prefix, sources_file=e.get("MARIN_SOURCES") or None,
                    runs_file=e.get("MARIN_RUNS") or None, registry_file=e.get("MARIN_REGISTRY") or None,
+                   sweeps_file=e.get("MARIN_SWEEPS") or None,
                    train_pool=pool,
                    training_image=e.get("MARIN_TRAINING_IMAGE") or None,
                    training_namespace=e.get("MARIN_TRAINING_NAMESPACE", "default"),
                    store_claim=e.get("MARIN_STORE_CLAIM", "marin-store"),
                    gpu_type=e.get("MARIN_GPU_TYPE", "nvidia-h100-80gb"),
                    # Only whether a key exists is read here; the value travels as a Dagster EnvVar/secret ref.
-                   wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output)
+                   wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output,
+                   ray=ray, ray_cpus=ray_cpus, ray_chunk_mb=ray_chunk_mb,
+                   suites_file=e.get("MARIN_SUITES") or None, eval_suite=e.get("MARIN_EVAL_SUITE") or None)
+
+
+def _positive_int(environ, name: str, default: int) -> int:
+    value = environ.get(name)
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def default_executor() -> dg.ExecutorDefinition:
+    """Dagster's default executor (`multiprocess` or `in_process`, chosen by run config) with
+    `in_process` as its default: a run is one process. Partitions are small and training runs in
+    its own process or pod anyway, while a process per step costs a Python start and a code-location
+    load each; the CLI already asks for in_process, and now a sensor's or automation's run, which
+    cannot carry run config, gets the same."""
+    base = dg.multi_or_in_process_executor
+    return dg.ExecutorDefinition(name=base.name, config_schema=dg.Field(base.config_schema.config_type,
+                                                                        default_value={"in_process": {}}),
+                                 requirements=base.get_requirements, executor_creation_fn=base.executor_creation_fn,
+                                 description=default_executor.__doc__)
+
+
+def store_resource(settings: MarinSettings):
+    """The `store` resource (`MarinStore`); building it opens nothing, `.get()` does."""
+    from marin_resources.artifacts import MarinStore
+    from marin_resources.object_stores import storage_options
+
+    return MarinStore(prefix=settings.prefix, storage_options=storage_options(settings.prefix))
 
 
 def build_resources(settings: MarinSettings) -> dict[str, Any]:
     """The resource dict for `dg.Definitions`."""
-    from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
+    from marin_resources.artifacts import ArtifactHandleIOManager
     from marin_resources.io_managers import ValueIOManagerFactory
 
-    from marin_resources.object_stores import storage_options
-
-    store = MarinStore(prefix=settings.prefix, strict_fingerprints=settings.strict_fingerprints,
-                       storage_options=storage_options(settings.prefix))
+    store = store_resource(settings)
     resources: dict[str, Any] = {
         "store": store,
         "artifact_io_manager": ArtifactHandleIOManager(store=store),
         "io_manager": ValueIOManagerFactory(store=store),
     }
+    resources["data_parallel"] = _data_parallel(settings)
     cloud = _cloud_resources(settings) if settings.env == "prod" else {}
     resources.update(cloud)
     resources.update(_launcher_resources(settings, cloud))
@@ -116,6 +165,16 @@ def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[
                                             store_claim=None if on_bucket else settings.store_claim,
                                             gpu_type=settings.gpu_type, secret_env=secrets,
                                             s3=cloud.get("s3"), gcs=cloud.get("gcs"), extra_env=store_process_env())}
+
+
+def _data_parallel(settings: MarinSettings):
+    if settings.ray == "local":
+        from marin_resources.ray_parallel import local_ray_parallel
+
+        return local_ray_parallel(num_cpus=settings.ray_cpus, chunk_bytes=settings.ray_chunk_mb * 1024 * 1024)
+    from marin_resources.data_parallel import DataParallel
+
+    return DataParallel()
 
 
 def _cloud_resources(settings: MarinSettings) -> dict[str, Any]:

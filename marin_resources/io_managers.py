@@ -1,8 +1,9 @@
 """UPath-based IO manager for small values: polars DataFrames as Parquet, JSON-able values as JSON.
 
 Values land in the same layout as every other artifact,
-`{prefix}/{asset key}/{version}/{partition}/value.{parquet,json}`, committed through the store
-so they get a manifest (hashes, producer) and the same atomicity. Large artifacts never come
+`{prefix}/{asset key}/{version}-{fingerprint}/{partition}/value.{parquet,json}`, committed through the
+store so they get a manifest (hashes, producer) and the same atomicity. A value has no identity
+config, so its fingerprint is that of the empty config. Large artifacts never come
 through here: they are written by their asset and passed on as `ArtifactHandle`s.
 """
 
@@ -17,12 +18,13 @@ import polars as pl
 from upath import UPath
 
 from marin_resources.artifacts import VERSION_METADATA_KEY, MarinStore
-from marin_resources.identity import validate_partition_key
+from marin_resources.identity import fingerprint, validate_partition_key
 from marin_resources.keys import marin_key
-from marin_resources.store import producer_info, writing
+from marin_resources.store import producer_info, version_dir, writing
 
 PARQUET_NAME = "value.parquet"
 JSON_NAME = "value.json"
+VALUE_FINGERPRINT = fingerprint({})
 
 
 class ValueIOManager(dg.UPathIOManager):
@@ -39,7 +41,7 @@ class ValueIOManager(dg.UPathIOManager):
         return str(metadata.get(VERSION_METADATA_KEY, "v1"))
 
     def get_asset_relative_path(self, context: dg.InputContext | dg.OutputContext) -> UPath:
-        return UPath(*marin_key(context.asset_key).split("/"), self._version(context))
+        return UPath(*marin_key(context.asset_key).split("/"), version_dir(self._version(context), VALUE_FINGERPRINT))
 
     def get_path_for_partition(self, context, path: UPath, partition: str) -> UPath:
         return path / validate_partition_key(partition)
@@ -48,7 +50,8 @@ class ValueIOManager(dg.UPathIOManager):
         store = self._marin_store.get()
         key = marin_key(context.asset_key)
         partition = context.asset_partition_key if context.has_asset_partitions else None
-        with writing(store, key, self._version(context), partition, run_id=context.run_id) as writer:
+        with writing(store, key, self._version(context), partition, fingerprint=VALUE_FINGERPRINT,
+                     run_id=context.run_id) as writer:
             if isinstance(obj, pl.DataFrame):
                 buf = io.BytesIO()
                 obj.write_parquet(buf)
@@ -59,7 +62,7 @@ class ValueIOManager(dg.UPathIOManager):
                 with writer.open(JSON_NAME) as fh:
                     fh.write(json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
                 metrics = {"items": len(obj)} if isinstance(obj, (list, dict)) else {}
-            writer.commit(fingerprint="", config={}, upstream=[], producer=producer_info(context.run_id),
+            writer.commit(config={}, upstream=[], producer=producer_info(context.run_id),
                           metrics=metrics)
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> Any:

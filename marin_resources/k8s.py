@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 from pydantic import Field
 
-from marin_assets.training.reporting import PIPES_BUCKET_ENV
-from marin_assets.training.spec import ResourceSpec
-from marin_resources.launchers import TrainingLauncher, build_command_and_env, eval_args
+from marin_resources.launchers import ProcessCommand, TrainingLauncher, build_command_and_env
+from marin_resources.object_stores import PIPES_BUCKET_ENV
+from marin_resources.placement import ResourceSpec
 
 if TYPE_CHECKING:
     from dagster._core.pipes.client import PipesClientCompletedInvocation
@@ -825,14 +825,13 @@ class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
                                "set MARIN_PREFIX to the mount path in prod")
         return CacheVolume(mount_path=prefix, claim_name=self.store_claim), None
 
-    def _launch(self, context, kind, *, train_config_path: str, output_dir: str, resources,
-                extra_args: Sequence[str], extras: Mapping[str, Any] | None):
+    def run_process(self, context, process: ProcessCommand, *, resources: ResourceSpec = ResourceSpec(),
+                    extras: Mapping[str, Any] | None = None):
         accelerator = accelerator_for(resources, self.gpu_type)
-        cache_volume, pipes = self._store_placement(output_dir)
-        launch = build_command_and_env(kind, train_config_path=train_config_path, output_dir=output_dir,
-                                       accelerator=resources.accelerator, python_executable="python",
-                                       extra_args=extra_args, extra_env=self.extra_env)
-        run_name = f"{kind}-{context.partition_key if context.has_partition_key else 'run'}"
+        cache_volume, pipes = self._store_placement(process.output_dir)
+        launch = build_command_and_env(process, accelerator=resources.accelerator, python_executable="python",
+                                       extra_env=self.extra_env)
+        run_name = f"{process.kind}-{context.partition_key if context.has_partition_key else 'run'}"
 
         def run(command: Sequence[str]):
             return self.run(context, run_name=run_name[:63].lower().replace("_", "-"), command=command,
@@ -841,21 +840,22 @@ class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
 
         if pipes is None:
             return run(launch.command)
-        return self._run_mirrored(context, kind, run, launch.command, output_dir, train_config_path)
+        return self._run_mirrored(context, process, run, launch.command)
 
-    def _run_mirrored(self, context, kind: str, run, command: Sequence[str], output_dir: str,
-                      train_config_path: str):
-        """Carry the run directory (and a config file outside it) through the bucket: up before the
-        pod starts, back down after it ends, whatever its outcome, so logs and partial results of a
+    def _run_mirrored(self, context, process: ProcessCommand, run, command: Sequence[str]):
+        """Carry the run directory (and inputs outside it) through the bucket: up before the pod
+        starts, back down after it ends, whatever its outcome, so logs and partial results of a
         failed attempt reach the run worker too."""
         from marin_resources import mirrored_run
 
-        remote = f"{self.store_prefix.rstrip('/')}/{LAUNCH_DIR}/{context.run.run_id}/{kind}"
+        output_dir = process.output_dir
+        remote = f"{self.store_prefix.rstrip('/')}/{LAUNCH_DIR}/{context.run.run_id}/{process.kind}"
         uploads: list[tuple[str, str, str]] = []  # (flag, local, uri)
         if "://" not in output_dir:
             uploads.append(("--output", output_dir, f"{remote}/run"))
-        if "://" not in train_config_path and not _is_under(train_config_path, output_dir):
-            uploads.append(("--input", train_config_path, f"{remote}/{os.path.basename(train_config_path)}"))
+        for path in process.inputs:
+            if "://" not in path and not _is_under(path, output_dir):
+                uploads.append(("--input", path, f"{remote}/{os.path.basename(path)}"))
         flags: list[str] = []
         for flag, local, uri in uploads:
             try:
@@ -871,17 +871,6 @@ class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
             if "://" not in output_dir:
                 mirrored_run.download(f"{remote}/run", output_dir)
             mirrored_run.remove(remote)
-
-    def run_training(self, context, *, train_config_path: str, output_dir: str,
-                     resources: ResourceSpec = ResourceSpec(), extras: Mapping[str, Any] | None = None):
-        return self._launch(context, "train", train_config_path=train_config_path, output_dir=output_dir,
-                            resources=resources, extra_args=(), extras=extras)
-
-    def run_eval(self, context, *, train_config_path: str, output_dir: str, resources: ResourceSpec = ResourceSpec(),
-                 checkpoint_path: str | None = None, extra_args: Sequence[str] = (),
-                 extras: Mapping[str, Any] | None = None):
-        return self._launch(context, "eval", train_config_path=train_config_path, output_dir=output_dir,
-                            resources=resources, extra_args=eval_args(checkpoint_path, extra_args), extras=extras)
 
 
 # ----------------------------------------------------------------------------- render CLI

@@ -16,7 +16,8 @@ import dagster as dg
 
 # Who answers for each stage's assets (Dagster owners are e-mail addresses or `team:` names).
 STAGE_OWNERS = {"curation": "team:marin-curation", "tokenization": "team:marin-tokenization",
-                "training": "team:marin-training", "scaling": "team:marin-scaling", "reports": "team:marin-ops"}
+                "training": "team:marin-training", "evaluation": "team:marin-evaluation",
+                "scaling": "team:marin-scaling", "reports": "team:marin-ops"}
 
 
 def asset_key(marin_key: str) -> dg.AssetKey:

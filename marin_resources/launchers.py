@@ -1,10 +1,11 @@
-"""Launch training/eval processes under Dagster Pipes.
+"""Launch training and evaluation processes under Dagster Pipes.
 
-``build_command_and_env`` is the single definition of how a training or eval process is started
-(command line and environment). ``TrainingLauncher`` is the one interface the ``checkpoint`` and
-``eval`` assets use: ``LocalPipesLauncher`` runs the command as a local subprocess and
-``marin_resources.k8s.K8sTrainingLauncher`` runs it in a pod (or one pod per TPU host). Both get
-the run's ``ResourceSpec`` (accelerator kind, device count, TPU type, pool) on every launch.
+A launcher runs a `ProcessCommand` (``python -m MODULE ARGS``, built by the asset that owns the
+process: see `marin_assets.training.commands`) with the run's `ResourceSpec`, and knows nothing
+else about what runs. ``build_command_and_env`` is the single definition of the command line and
+environment; ``TrainingLauncher`` is the one interface the ``checkpoint`` and ``eval`` assets use:
+``LocalPipesLauncher`` runs the command as a local subprocess and
+``marin_resources.k8s.K8sTrainingLauncher`` runs it in a pod (or one pod per TPU host).
 JAX/Levanter are never imported here.
 """
 
@@ -19,22 +20,33 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping, Sequence
+from typing import Any, Iterator, Literal, Mapping
 
 import dagster as dg
 from dagster_pipes import PipesDefaultMessageWriter
 
-from marin_assets.training.spec import ResourceSpec
+from marin_resources.placement import ResourceSpec
 
-ProcessKind = Literal["train", "eval"]
-ENTRY_MODULES: dict[str, str] = {
-    "train": "marin_assets.training.train_main",
-    "eval": "marin_assets.training.eval_main",
-}
-TRAIN_CONFIG_FILE = "train_config.yaml"
-EVAL_REPORT_FILE = "eval_report.json"
-OUTPUT_LOG_FILES: dict[str, str] = {"train": "train_output.log", "eval": "eval_output.log"}
 FAILURE_TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class ProcessCommand:
+    """A Python process to launch: ``python -m {module} {args}``, writing into ``output_dir``.
+
+    ``kind`` names it (``train``, ``eval``: the pod's name, the log file ``{kind}_output.log``);
+    ``inputs`` are local files outside ``output_dir`` that it reads, which a launcher whose
+    process runs elsewhere carries there."""
+
+    kind: str
+    module: str
+    args: tuple[str, ...]
+    output_dir: str
+    inputs: tuple[str, ...] = ()
+
+    @property
+    def log_file(self) -> str:
+        return os.path.join(self.output_dir, f"{self.kind}_output.log")
 
 
 @dataclass(frozen=True)
@@ -46,40 +58,27 @@ class ProcessLaunch:
 
 
 def build_command_and_env(
-    kind: ProcessKind,
+    process: ProcessCommand,
     *,
-    train_config_path: str,
-    output_dir: str,
     accelerator: Literal["cpu", "gpu", "tpu"] = "cpu",
     wandb_api_key: str | None = None,
     python_executable: str | None = None,
-    extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
 ) -> ProcessLaunch:
-    """Command and env for ``train_main`` or ``eval_main``.
-
-    - train: ``python -m marin_assets.training.train_main --config CFG --output-dir OUT``
-    - eval: ``python -m marin_assets.training.eval_main --config CFG --output OUT/eval_report.json``
-      (the checkpoint defaults to the latest under the config's checkpointer path)
+    """Command and env of ``process``.
 
     Env: JAX_PLATFORMS=cpu for CPU runs and empty otherwise (so an inherited ``cpu`` cannot hide
     a GPU/TPU); Ray usage stats off; HF hub offline (tokenizers are local artifacts); W&B online
     only when an API key is given, which travels in WANDB_API_KEY and nowhere else.
     """
-    python = python_executable or sys.executable
-    command = [python, "-m", ENTRY_MODULES[kind], "--config", train_config_path]
-    if kind == "train":
-        command += ["--output-dir", output_dir]
-    else:
-        command += ["--output", os.path.join(output_dir, EVAL_REPORT_FILE)]
-    command += list(extra_args)
+    command = [python_executable or sys.executable, "-m", process.module, *process.args]
     env = {
         "JAX_PLATFORMS": "cpu" if accelerator == "cpu" else "",
         "RAY_USAGE_STATS_ENABLED": "0",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "WANDB_MODE": "online" if wandb_api_key else "offline",
-        "WANDB_DIR": output_dir,
+        "WANDB_DIR": process.output_dir,
         "PYTHONUNBUFFERED": "1",
     }
     if wandb_api_key:
@@ -162,59 +161,14 @@ class TrainingLauncher(dg.ConfigurableResource):
         """Whether the process gets a W&B API key (and so logs online)."""
         raise NotImplementedError
 
-    def wandb_settings(self, tags: Sequence[str] = ()):
-        from marin_assets.training.levanter_config import WandbSettings
-
-        return WandbSettings(project=self.wandb_project, entity=self.wandb_entity,
-                             mode="online" if self.wandb_online() else "offline", tags=tuple(tags))
-
-    def write_train_config(
-        self, spec, data_config: Mapping[str, Any], tokenizer_dir: str, output_dir: str
-    ) -> str:
-        """Render ``spec`` into ``{output_dir}/train_config.yaml``; returns its path."""
-        from marin_assets.training.levanter_config import build_train_config, write_train_config
-
-        config = build_train_config(
-            spec, data_config, tokenizer_dir, output_dir, wandb=self.wandb_settings(tags=(spec.mixture,))
-        )
-        return write_train_config(config, Path(output_dir) / TRAIN_CONFIG_FILE)
-
-    def run_training(
-        self,
-        context,
-        *,
-        train_config_path: str,
-        output_dir: str,
-        resources: ResourceSpec = ResourceSpec(),
-        extras: Mapping[str, Any] | None = None,
-    ) -> dg.PipesClientCompletedInvocation:
-        """Train (or resume) into ``output_dir``; the process reports one materialization with the run summary."""
+    def run_process(self, context, process: ProcessCommand, *, resources: ResourceSpec = ResourceSpec(),
+                    extras: Mapping[str, Any] | None = None) -> dg.PipesClientCompletedInvocation:
+        """Run ``process`` to completion under Pipes; a non-zero exit raises."""
         raise NotImplementedError
-
-    def run_eval(
-        self,
-        context,
-        *,
-        train_config_path: str,
-        output_dir: str,
-        resources: ResourceSpec = ResourceSpec(),
-        checkpoint_path: str | None = None,
-        extra_args: Sequence[str] = (),
-        extras: Mapping[str, Any] | None = None,
-    ) -> dg.PipesClientCompletedInvocation:
-        """Evaluate the run's latest (or the given) checkpoint; writes ``{output_dir}/eval_report.json``.
-
-        ``extra_args`` go to eval_main (e.g. ``--max-examples N``, ``--prompt TEXT``, ``--eval-set NAME``).
-        """
-        raise NotImplementedError
-
-
-def eval_args(checkpoint_path: str | None, extra_args: Sequence[str]) -> list[str]:
-    return (["--checkpoint", checkpoint_path] if checkpoint_path else []) + list(extra_args)
 
 
 class LocalPipesLauncher(TrainingLauncher):
-    """Runs training/eval as local subprocesses through ``dg.PipesSubprocessClient``.
+    """Runs processes as local subprocesses through ``dg.PipesSubprocessClient``.
 
     The process sees this machine's devices: ``resources.accelerator`` picks the JAX platform;
     a device count, TPU type or pool beyond that is the cluster launcher's business.
@@ -226,43 +180,29 @@ class LocalPipesLauncher(TrainingLauncher):
     cpu_peak_flops: float | None = None
     """Peak FLOP/s of the CPU device for MFU (MARIN_CPU_PEAK_FLOPS); default is an estimate from the core count."""
     output_to_file: bool = False
-    """Send the process's stdout/stderr to ``train_output.log``/``eval_output.log`` in its output directory
-    (the CLI's choice, MARIN_PROCESS_OUTPUT=file) instead of the console; a failure quotes the file's tail."""
+    """Send the process's stdout/stderr to ``{kind}_output.log`` in its output directory (the CLI's
+    choice, MARIN_PROCESS_OUTPUT=file) instead of the console; a failure quotes the file's tail."""
 
     def wandb_online(self) -> bool:
         return bool(self.wandb_api_key)
 
-    def launch(
-        self,
-        kind: ProcessKind,
-        *,
-        train_config_path: str,
-        output_dir: str,
-        accelerator: Literal["cpu", "gpu", "tpu"] = "cpu",
-        extra_args: Sequence[str] = (),
-    ) -> ProcessLaunch:
+    def launch(self, process: ProcessCommand, *, accelerator: Literal["cpu", "gpu", "tpu"] = "cpu") -> ProcessLaunch:
         extra_env = dict(self.extra_env)
         if self.cpu_peak_flops is not None:
             extra_env["MARIN_CPU_PEAK_FLOPS"] = repr(self.cpu_peak_flops)
-        return build_command_and_env(
-            kind,
-            train_config_path=train_config_path,
-            output_dir=output_dir,
-            accelerator=accelerator,
-            wandb_api_key=self.wandb_api_key,
-            python_executable=self.python_executable,
-            extra_args=extra_args,
-            extra_env=extra_env,
-        )
+        return build_command_and_env(process, accelerator=accelerator, wandb_api_key=self.wandb_api_key,
+                                     python_executable=self.python_executable, extra_env=extra_env)
 
-    def _run(self, context, kind: ProcessKind, launch: ProcessLaunch, output_dir: str,
-             extras: Mapping[str, Any] | None):
+    def run_process(self, context, process: ProcessCommand, *, resources: ResourceSpec = ResourceSpec(),
+                    extras: Mapping[str, Any] | None = None):
+        Path(process.output_dir).mkdir(parents=True, exist_ok=True)
+        launch = self.launch(process, accelerator=resources.accelerator)
         client = dg.PipesSubprocessClient(message_reader=WholeLineMessageReader())
         command, log_file = list(launch.command), None
         if self.output_to_file:
-            log_file = os.path.join(output_dir, OUTPUT_LOG_FILES[kind])
+            log_file = process.log_file
             command += ["--log-file", log_file]
-            context.log.info(f"{kind} process output: {log_file}")
+            context.log.info(f"{process.kind} process output: {log_file}")
         try:
             return client.run(context=context, command=command, env=launch.env, extras=dict(extras or {}))
         except dg.DagsterExecutionInterruptedError:
@@ -270,22 +210,8 @@ class LocalPipesLauncher(TrainingLauncher):
         except Exception as exc:  # a non-zero exit (Dagster's pipes error type is not public) or a pipes failure
             if log_file is None:
                 raise  # the output went to the console, where it already is
-            raise dg.Failure(f"{kind} process failed ({exc}); last lines of {log_file}:\n{log_tail(log_file)}") from exc
-
-    def run_training(self, context, *, train_config_path: str, output_dir: str,
-                     resources: ResourceSpec = ResourceSpec(), extras: Mapping[str, Any] | None = None):
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        launch = self.launch("train", train_config_path=train_config_path, output_dir=output_dir,
-                             accelerator=resources.accelerator)
-        return self._run(context, "train", launch, output_dir, extras)
-
-    def run_eval(self, context, *, train_config_path: str, output_dir: str, resources: ResourceSpec = ResourceSpec(),
-                 checkpoint_path: str | None = None, extra_args: Sequence[str] = (),
-                 extras: Mapping[str, Any] | None = None):
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        launch = self.launch("eval", train_config_path=train_config_path, output_dir=output_dir,
-                             accelerator=resources.accelerator, extra_args=eval_args(checkpoint_path, extra_args))
-        return self._run(context, "eval", launch, output_dir, extras)
+            raise dg.Failure(f"{process.kind} process failed ({exc}); last lines of {log_file}:\n"
+                             f"{log_tail(log_file)}") from exc
 
 
 def log_tail(path: str, lines: int = FAILURE_TAIL_LINES) -> str:

@@ -32,6 +32,8 @@ TENSORSTORE_GCS_URL_VAR = "TENSORSTORE_GCS_HTTP_URL"
 # Where the store is, passed on by name to a training or eval process. Credentials are not among
 # them: they would show as resource config; a local process inherits them, a pod gets secret refs.
 STORE_ENV_VARS = (*S3_ENDPOINT_VARS, GCS_EMULATOR_VAR, "AWS_REGION", "AWS_DEFAULT_REGION")
+# Set in a pod whose Pipes messages travel through the store's bucket: its scheme, s3 or gs.
+PIPES_BUCKET_ENV = "MARIN_PIPES_BUCKET"
 
 
 class StoreUnavailableError(RuntimeError):
@@ -98,6 +100,29 @@ def fix_kvstore(spec: dict[str, Any], url: str, endpoint: str | None) -> dict[st
     return spec
 
 
+def _tensorstore_gcs_endpoint() -> None:
+    """Tensorstore reads the GCS emulator's address under its own name."""
+    if os.environ.get(GCS_EMULATOR_VAR):
+        os.environ.setdefault(TENSORSTORE_GCS_URL_VAR, os.environ[GCS_EMULATOR_VAR])
+
+
+def tensorstore_kvstore(url: str) -> dict[str, Any]:
+    """The tensorstore kvstore for a store URL, as `install_tensorstore_paths` makes JAX build it
+    (local: an absolute ``file`` path; ``gs://``/``s3://``: bucket and path, the endpoint and the
+    retry policy), for code that writes Levanter's format without importing JAX."""
+    _tensorstore_gcs_endpoint()
+    for scheme, driver in (("gs://", "gcs"), ("s3://", "s3")):
+        if url.startswith(scheme):
+            bucket, _, path = url[len(scheme):].partition("/")
+            if not bucket or not path.strip("/"):
+                raise ValueError(f"{url}: a tensorstore path needs a bucket and a path inside it")
+            kvstore = {"driver": driver, "bucket": bucket, "path": os.path.normpath(path)}
+            return fix_kvstore({"kvstore": kvstore}, url, s3_endpoint())["kvstore"]
+    if "://" in url and not url.startswith("file://"):
+        raise ValueError(f"{url}: tensorstore paths are local, gs:// or s3://")
+    return {"driver": "file", "path": os.path.abspath(url.removeprefix("file://"))}
+
+
 _INSTALLED = False
 
 
@@ -106,8 +131,7 @@ def install_tensorstore_paths() -> None:
     global _INSTALLED
     if _INSTALLED:
         return
-    if os.environ.get(GCS_EMULATOR_VAR):
-        os.environ.setdefault(TENSORSTORE_GCS_URL_VAR, os.environ[GCS_EMULATOR_VAR])
+    _tensorstore_gcs_endpoint()
     import jax.experimental.array_serialization.serialization as serialization
 
     original = serialization.get_tensorstore_spec

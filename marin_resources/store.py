@@ -1,4 +1,10 @@
-"""The artifact store: `{prefix}/{asset key}/{code_version}/{partition}/` on local disk, S3 or GCS (fsspec).
+"""The artifact store: `{prefix}/{asset key}/{code_version}-{fingerprint[:8]}/{partition}/` on local disk, S3
+or GCS (fsspec).
+
+The identity config is in the path, so a config change builds beside the old artifact and nothing is
+overwritten. Which of the configs side by side is the current one is recorded by a small ref per
+(asset key, code version, partition), `{prefix}/{asset key}/.refs/{code_version}/{partition or _}`,
+rewritten whenever a build commits or reuses an artifact (like a branch pointing at a commit).
 
 Commit protocol, the same on local disk and on object stores:
 
@@ -22,6 +28,7 @@ import getpass
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -47,6 +54,11 @@ LOCK_NAME = ".lock"
 # Manifests and configs written inside artifacts use it, so a store copied to another prefix
 # (another bucket, another disk) still points at itself; readers resolve it against their prefix.
 STORE_SCHEME = "store://"
+REFS_DIR = ".refs"
+# Ref file name of an unpartitioned artifact: partition keys start with a letter or digit, so no clash.
+UNPARTITIONED_REF = "_"
+FINGERPRINT_CHARS = 8
+_VERSION_DIR = re.compile(r"^(?P<code_version>.+)-(?P<fingerprint>[A-Za-z0-9]{1,%d})$" % FINGERPRINT_CHARS)
 _HASH_CHUNK = 4 * 1024 * 1024
 
 
@@ -102,6 +114,21 @@ class Manifest:
         return {(u.asset_key, u.partition): u.data_version for u in self.upstream}
 
 
+def version_dir(code_version: str, fingerprint: str) -> str:
+    """The path segment of one identity: ``{code_version}-{fingerprint[:8]}``."""
+    short = fingerprint[:FINGERPRINT_CHARS]
+    if not short.isalnum():
+        raise ValueError(f"fingerprint {fingerprint!r} must start with {FINGERPRINT_CHARS} letters or digits")
+    return f"{code_version}-{short}"
+
+
+def parse_version_dir(name: str) -> tuple[str, str] | None:
+    """``(code_version, fingerprint prefix)`` of an identity directory name, None for anything else
+    (an artifact directory of the old ``{code_version}`` layout, say)."""
+    match = _VERSION_DIR.match(name)
+    return (match["code_version"], match["fingerprint"]) if match else None
+
+
 def content_data_version(files: list[FileEntry]) -> str:
     """Content hash over the artifact's files: names and bytes, independent of order and location."""
     h = hashlib.sha256()
@@ -131,6 +158,48 @@ def _map_strings(value: Any, fn) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class FileStat:
+    """A file as one listing shows it: size, and modification time in epoch seconds (None where the
+    store reports none)."""
+
+    bytes: int
+    modified_at: float | None
+
+
+def modified_at(info: dict[str, Any]) -> float | None:
+    """A file's modification time in epoch seconds from fsspec's info (local, GCS or S3 spelling)."""
+    for key in ("mtime", "LastModified", "updated"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+@dataclass(frozen=True)
+class CommittedFiles:
+    """A committed artifact's file entries and when its manifest was written, by the store's clock.
+
+    A file whose size matches its entry and whose mtime is older than the manifest has not been
+    written since it was hashed, so a resumed build's commit reuses its entry instead of reading
+    it again: an append costs what it writes, not the artifact's size."""
+
+    entries: dict[str, FileEntry]
+    committed_at: float
+
+    def untouched(self, stats: dict[str, FileStat]) -> dict[str, FileEntry]:
+        return {rel: entry for rel, stat in stats.items() if (entry := self.entries.get(rel)) is not None
+                and stat.bytes == entry.bytes and stat.modified_at is not None
+                and stat.modified_at < self.committed_at}
+
+
 def _is_bookkeeping(rel: str) -> bool:
     """The manifest, kept (retracted) manifests and the lease are not artifact content."""
     return rel in (MANIFEST_NAME, LOCK_NAME) or rel.startswith((MANIFEST_NAME + ".", LOCK_NAME + "."))
@@ -155,13 +224,27 @@ class ArtifactStore:
         return with_retries(fn, attempts=self.retry_attempts)
 
     # ---- locations -------------------------------------------------------------------------
-    def artifact_uri(self, asset_key: str, code_version: str, partition: str | None) -> str:
-        segments = [p for p in asset_key.split("/") if p] + [code_version]
+    def artifact_uri(self, asset_key: str, code_version: str, partition: str | None, *, fingerprint: str) -> str:
+        """Where the artifact of this identity lives: ``{key}/{code_version}-{fingerprint[:8]}/{partition}``."""
+        segments = [*self._key_segments(asset_key), version_dir(code_version, fingerprint)]
         if partition is not None:
             segments.append(partition)
         for segment in segments:
             validate_partition_key(segment)  # key path, version and partition obey the same rules
         return "/".join([self.prefix, *segments])
+
+    @staticmethod
+    def _key_segments(asset_key: str) -> list[str]:
+        segments = [p for p in asset_key.split("/") if p]
+        for segment in segments:
+            validate_partition_key(segment)
+        return segments
+
+    def ref_uri(self, asset_key: str, code_version: str, partition: str | None) -> str:
+        """The ref naming the current identity of ``asset_key[partition]`` at ``code_version``."""
+        name = UNPARTITIONED_REF if partition is None else validate_partition_key(partition)
+        return "/".join([self.prefix, *self._key_segments(asset_key), REFS_DIR, validate_partition_key(code_version),
+                         name])
 
     def _path(self, uri: str) -> str:
         """fsspec path (no protocol) for a URI under this store."""
@@ -199,18 +282,62 @@ class ArtifactStore:
         manifest.metrics = self.resolve(manifest.metrics)
         return manifest
 
-    def find(self, asset_key: str, code_version: str, partition: str | None) -> Manifest | None:
-        return self.read_manifest(self.artifact_uri(asset_key, code_version, partition))
+    def find(self, asset_key: str, code_version: str, partition: str | None, *,
+             fingerprint: str | None = None) -> Manifest | None:
+        """The committed artifact of one identity, or with no fingerprint the current one (its ref)."""
+        if fingerprint is None:
+            fingerprint = self.current_fingerprint(asset_key, code_version, partition)
+            if fingerprint is None:
+                return None
+        manifest = self.read_manifest(self.artifact_uri(asset_key, code_version, partition, fingerprint=fingerprint))
+        if manifest is not None and manifest.fingerprint[:len(fingerprint)] != fingerprint:
+            raise ValueError(f"{manifest.uri}: holds fingerprint {manifest.fingerprint[:16]}, not {fingerprint[:16]} "
+                             f"(a {FINGERPRINT_CHARS}-character prefix collision); bump the code version")
+        return manifest
+
+    def current_fingerprint(self, asset_key: str, code_version: str, partition: str | None) -> str | None:
+        """The fingerprint the ref of ``asset_key[partition]`` at ``code_version`` names, if any."""
+        try:
+            text = self.retrying(lambda: self.fs.cat_file(self._path(
+                self.ref_uri(asset_key, code_version, partition))).decode("utf-8"))
+        except FileNotFoundError:
+            return None
+        return str(json.loads(text)["fingerprint"])
+
+    def point(self, manifest: Manifest) -> bool:
+        """Make ``manifest`` the current identity of its asset partition; False if it already was.
+        Reverting a config is this one small write: the old artifact is still there."""
+        if self.current_fingerprint(manifest.asset_key, manifest.code_version, manifest.partition) == \
+                manifest.fingerprint:
+            return False
+        path = self._path(self.ref_uri(manifest.asset_key, manifest.code_version, manifest.partition))
+        # No URI: the prefix is a runtime choice, and a moved bucket keeps its refs.
+        body = json.dumps({"fingerprint": manifest.fingerprint, "pointed_at": utc_now()}, sort_keys=True).encode()
+        self._write_atomic(path, body)
+        return True
+
+    def versions(self, asset_key: str) -> list[tuple[str, str]]:
+        """``(code_version, fingerprint prefix)`` of every identity directory of this asset."""
+        found = []
+        for name in self._dirs(f"{self.prefix}/{asset_key}"):
+            parsed = parse_version_dir(name)
+            if parsed is not None:
+                found.append(parsed)
+        return sorted(found)
 
     def code_versions(self, asset_key: str) -> list[str]:
-        """Code versions that have at least a directory for this asset (newest last by mtime order is not
-        guaranteed on object stores, so callers sort or compare by name)."""
-        base = self._path(f"{self.prefix}/{asset_key}")
+        """Code versions that have at least one identity directory for this asset, sorted by name
+        (mtime order is not guaranteed on object stores)."""
+        return sorted({code_version for code_version, _ in self.versions(asset_key)})
+
+    def _dirs(self, uri: str) -> list[str]:
+        """Names of the directories directly under ``uri``, hidden ones (refs) left out."""
         try:
-            entries = self.fs.ls(base, detail=True)
+            entries = self.fs.ls(self._path(uri), detail=True)
         except FileNotFoundError:
             return []
-        return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
+        names = (e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
+        return sorted(n for n in names if not n.startswith("."))
 
     def open(self, uri: str, mode: str = "rb"):
         return self.fs.open(self._path(uri), mode)
@@ -221,19 +348,31 @@ class ArtifactStore:
 
     def file_sizes(self, uri: str) -> dict[str, int]:
         """`{relative path: bytes}` of every file under an artifact directory, from one listing."""
+        return {rel: stat.bytes for rel, stat in self.file_stats(uri).items()}
+
+    def file_stats(self, uri: str) -> dict[str, FileStat]:
+        """`{relative path: size and mtime}` of every file under an artifact directory, manifest and
+        lease excluded, from one listing."""
         base = self._path(uri)
         try:
             found = self.fs.find(base, withdirs=False, detail=True)
         except FileNotFoundError:
             return {}
-        sizes = {}
+        stats = {}
         for p, info in found.items():
             if self.is_local and os.path.islink(p):
                 continue  # links (e.g. wandb's latest-run pointers) are not content and may dangle
             rel = p[len(base):].lstrip("/")
             if rel and not _is_bookkeeping(rel):
-                sizes[rel] = int(info.get("size") or 0)
-        return sizes
+                stats[rel] = FileStat(int(info.get("size") or 0), modified_at(info))
+        return stats
+
+    def manifest_written_at(self, uri: str) -> float | None:
+        """When the artifact's manifest was written, by the store's clock (None: no manifest or no mtime)."""
+        try:
+            return modified_at(self.fs.info(f"{self._path(uri)}/{MANIFEST_NAME}"))
+        except FileNotFoundError:
+            return None
 
     def hash_file(self, uri: str, rel: str) -> FileEntry:
         h = hashlib.sha256()
@@ -275,15 +414,25 @@ class ArtifactStore:
         return problems
 
     # ---- writing ---------------------------------------------------------------------------
-    def begin(self, asset_key: str, code_version: str, partition: str | None, *, run_id: str,
+    def begin(self, asset_key: str, code_version: str, partition: str | None, *, fingerprint: str, run_id: str,
               resume: bool = False) -> "ArtifactWriter":
-        uri = self.artifact_uri(asset_key, code_version, partition)
+        uri = self.artifact_uri(asset_key, code_version, partition, fingerprint=fingerprint)
         path = self._path(uri)
         self.fs.makedirs(path, exist_ok=True)
         lease = self._lease(path, run_id)
+        previous = None
         try:
+            # What the files were when last committed: a resumed build's commit reuses the entries of
+            # files it left untouched. Read before the manifest goes.
+            if resume and (manifest := self.read_manifest(uri)) is not None \
+                    and (committed_at := self.manifest_written_at(uri)) is not None:
+                previous = CommittedFiles({f.path: f for f in manifest.files}, committed_at)
             # A rebuilt artifact must stop looking complete before its files change.
-            if self.fs.exists(f"{path}/{MANIFEST_NAME}"):
+            existing = self.read_manifest(uri)
+            if existing is not None:
+                if existing.fingerprint != fingerprint:
+                    raise ValueError(f"{uri} holds fingerprint {existing.fingerprint[:16]}, not {fingerprint[:16]} "
+                                     f"(a {FINGERPRINT_CHARS}-character prefix collision); bump the code version")
                 self.fs.rm_file(f"{path}/{MANIFEST_NAME}")
             if not resume:
                 for rel in self.list_files(uri):
@@ -292,7 +441,7 @@ class ArtifactStore:
         except BaseException:
             lease.release()
             raise
-        return ArtifactWriter(self, asset_key, code_version, partition, uri, run_id, lease)
+        return ArtifactWriter(self, asset_key, code_version, partition, fingerprint, uri, run_id, lease, previous)
 
     def _lease(self, path: str, run_id: str) -> Lease:
         return acquire(self._lease_objects, f"{path}/{LOCK_NAME}", run_id,
@@ -320,13 +469,16 @@ class ArtifactStore:
         return f"{manifest.uri}/{MANIFEST_NAME}.retracted-{stamp}"
 
     def write_manifest(self, manifest: Manifest) -> None:
-        path = f"{self._path(manifest.uri)}/{MANIFEST_NAME}"
         # On disk, references to other artifacts are store-relative; in memory they are URIs.
         stored = dataclasses.replace(manifest, metrics=self.portable(manifest.metrics),
                                      upstream=[dataclasses.replace(u, uri=self.portable(u.uri))
                                                for u in manifest.upstream])
-        data = stored.to_json().encode("utf-8")
+        self._write_atomic(f"{self._path(manifest.uri)}/{MANIFEST_NAME}", stored.to_json().encode("utf-8"))
+
+    def _write_atomic(self, path: str, data: bytes) -> None:
+        """All or nothing: write-then-rename on local disk, one PUT on object stores."""
         if self.is_local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             tmp = f"{path}.{uuid.uuid4().hex}.tmp"
             with open(tmp, "wb") as fh:
                 fh.write(data)
@@ -342,9 +494,11 @@ class ArtifactWriter:
     `staging_dir()` for tools that need a local directory (uploaded at commit on object stores)."""
 
     def __init__(self, store: ArtifactStore, asset_key: str, code_version: str, partition: str | None,
-                 uri: str, run_id: str, lease: Lease):
+                 fingerprint: str, uri: str, run_id: str, lease: Lease, previous: CommittedFiles | None = None):
         self.store, self.asset_key, self.code_version, self.partition = store, asset_key, code_version, partition
-        self.uri, self.run_id, self.lease = uri, run_id, lease
+        self.fingerprint = fingerprint
+        self.uri, self.run_id, self.lease, self.previous = uri, run_id, lease, previous
+        self.files_rehash_skipped = 0
         self.started_at = utc_now()
         self._staging: Path | None = None
         self.committed = False
@@ -372,10 +526,14 @@ class ArtifactWriter:
             self._staging = Path(tempfile.mkdtemp(prefix="marin-stage-"))
         return self._staging
 
-    def commit(self, *, fingerprint: str, config: Any, upstream: list[UpstreamRef], producer: dict[str, Any],
-               metrics: dict[str, Any] | None = None, known_files: dict[str, FileEntry] | None = None) -> Manifest:
-        """`known_files`: entries the producer vouches for (files it left untouched since they were
-        last hashed, e.g. an append-only cache's old files); those are not hashed again."""
+    def commit(self, *, config: Any, upstream: list[UpstreamRef], producer: dict[str, Any],
+               fingerprint: str | None = None, metrics: dict[str, Any] | None = None) -> Manifest:
+        """Hash the files, write the manifest, then point the ref at it. `fingerprint`, if given, must
+        be the one the writer began with (it names the directory). A resumed build's files left
+        untouched since the last commit (see `CommittedFiles`) keep their entries and are not read again."""
+        if fingerprint is not None and fingerprint != self.fingerprint:
+            raise ValueError(f"{self.uri}: committing fingerprint {fingerprint[:16]}, "
+                             f"began with {self.fingerprint[:16]}")
         if self._staging is not None:
             # Regular files only, as list_files counts them: tools leave links behind (W&B's
             # latest-run and log links), some dangling once their target is gone.
@@ -384,15 +542,18 @@ class ArtifactWriter:
             self.store.retrying(lambda: self.store.fs.put([str(p) for p in local], remote))
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
-        known = known_files or {}
-        files = [known.get(rel) or self.store.hash_file(self.uri, rel) for rel in self.store.list_files(self.uri)]
+        stats = self.store.file_stats(self.uri)
+        known = self.previous.untouched(stats) if self.previous is not None else {}
+        self.files_rehash_skipped = len(known)
+        files = [known.get(rel) or self.store.hash_file(self.uri, rel) for rel in sorted(stats)]
         manifest = Manifest(
             asset_key=self.asset_key, partition=self.partition, code_version=self.code_version,
-            fingerprint=fingerprint, config=json.loads(canonical_json(config)),
+            fingerprint=self.fingerprint, config=json.loads(canonical_json(config)),
             data_version=content_data_version(files), files=files, upstream=list(upstream), producer=producer,
             started_at=self.started_at, finished_at=utc_now(), metrics=dict(metrics or {}), uri=self.uri)
         self.lease.confirm(self.uri)  # a writer whose lease was taken over must not publish
         self.store.write_manifest(manifest)
+        self.store.point(manifest)
         self.committed = True
         self.release()
         return manifest
@@ -448,10 +609,10 @@ def git_sha() -> str | None:
 
 
 @contextlib.contextmanager
-def writing(store: ArtifactStore, asset_key: str, code_version: str, partition: str | None, *, run_id: str,
-            resume: bool = False) -> Iterator[ArtifactWriter]:
+def writing(store: ArtifactStore, asset_key: str, code_version: str, partition: str | None, *, fingerprint: str,
+            run_id: str, resume: bool = False) -> Iterator[ArtifactWriter]:
     """Begin an artifact and always release its lease; commit is the caller's last step."""
-    writer = store.begin(asset_key, code_version, partition, run_id=run_id, resume=resume)
+    writer = store.begin(asset_key, code_version, partition, fingerprint=fingerprint, run_id=run_id, resume=resume)
     try:
         yield writer
     finally:

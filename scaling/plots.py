@@ -69,8 +69,10 @@ def _draw_envelope(ax, fit: IsoflopFit) -> None:
         pl = np.array([p["loss"] for p in predictions])
         low = np.array([np.nan if p["loss_low"] is None else p["loss_low"] for p in predictions])
         high = np.array([np.nan if p["loss_high"] is None else p["loss_high"] for p in predictions])
+        # A point estimate may sit (just) outside its bootstrap percentiles, e.g. when every replicate
+        # refits the same three runs per budget; draw no negative bar.
         errors = np.vstack([pl - low, high - pl])
-        ax.errorbar(pf, pl, yerr=np.where(np.isfinite(errors), errors, 0.0), fmt="o", color="tab:red",
+        ax.errorbar(pf, pl, yerr=np.where(np.isfinite(errors), np.maximum(errors, 0.0), 0.0), fmt="o", color="tab:red",
                     capsize=4, label=f"prediction ({fit.options.interval:.0%} bootstrap interval)")  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs")

@@ -40,6 +40,7 @@ def curation_planner(tmp_path, monkeypatch):
     import dagster as dg
 
     from marin_assets.curation.assets import build_curation_stage
+    from marin_assets.deployment import Deployment
     from marin_assets.planning import Planner
     from marin_resources.environments import MarinSettings, build_resources
 
@@ -53,7 +54,7 @@ def curation_planner(tmp_path, monkeypatch):
         sources = tmp_path / "sources.yaml"
         sources.write_text(sources_yaml)
         settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-        stage, catalog = build_curation_stage(settings)
+        stage, catalog = build_curation_stage(settings, Deployment.load(settings))
         defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
         instances.append(dg.DagsterInstance.from_config(str(home)))
         return Planner(defs, catalog, defs.resources["store"].get(), instances[-1])
@@ -61,3 +62,24 @@ def curation_planner(tmp_path, monkeypatch):
     yield make
     for instance in instances:
         instance.dispose()
+
+
+@pytest.fixture
+def synthetic_deployment():
+    """`make(runs={}, sweeps={}, mixture="m") -> Deployment` over one source `src`, tokenizer `t` and
+    mixture `mixture` (both at version v1), for stages built without the bundled YAML files."""
+    from marin_assets.curation.sources import CurationConfig, SourceConfig
+    from marin_assets.deployment import Deployment
+    from marin_assets.tokenization.assets import MixtureEntry, TokenizationRegistry, TokenizedEntry, TokenizerEntry
+    from marin_assets.tokenization.cache import CacheConfig
+    from marin_assets.tokenization.tokenizer import TokenizerConfig
+
+    def make(runs=None, sweeps=None, mixture: str = "m") -> Deployment:
+        registry = TokenizationRegistry(
+            tokenizers={"t": TokenizerEntry("t", TokenizerConfig(), train_on=("src",), version="v1")},
+            tokenized={"src": TokenizedEntry("src", "t", CacheConfig())},
+            mixtures={mixture: MixtureEntry(mixture, "t", {"src": 1.0})})
+        curation = CurationConfig(sources=(SourceConfig(name="src", uri="/nonexistent/*.txt", format="text"),))
+        return Deployment.resolve(curation, registry, runs or {}, sweeps or {})
+
+    return make

@@ -12,12 +12,15 @@ from dataclasses import asdict
 
 import dagster as dg
 
+from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
 from marin_assets.curation.readers import read_shard, resolve_format, with_original_source_ids
-from marin_assets.curation.refine import build_quality_classifier, build_refinement_assets, write_parquet
+from marin_assets.curation.model_assets import build_model_assets
+from marin_assets.curation.refine import build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
-from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard, SourceConfig, discover_shards,
-                                           load_curation_config, open_binary, read_byte_range)
+from marin_assets.curation.sources import (FileRef, Shard, SourceConfig, discover_shards, open_binary,
+                                           read_byte_range)
+from marin_assets.deployment import Deployment
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
@@ -145,7 +148,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
     @marin_asset(key=f"documents/{name}", version=DOCUMENTS_VERSION, partitions_def=partitions,
                  identity={"source": source_identity}, tags={"marin/source": name},
                  group_name="curation", kinds={"parquet"}, ins={"raw": dg.AssetIn(key=raw.key)},
-                 automation_condition=dg.AutomationCondition.eager(),
+                 automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Normalized documents of `{name}` (id, text, source, source_id, metadata) "
                              "plus a quarantine table of every record that could not be used.")
     def documents(context: dg.AssetExecutionContext, store: MarinStore, raw: ArtifactHandle):
@@ -192,12 +195,11 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
             build_new_shard_sensor(source, partitions, raw.key, external.key)]
 
 
-def build_source_family(source: SourceConfig, config, catalog: Catalog, has_classifier: bool) -> list:
+def build_source_family(source: SourceConfig, config, catalog: Catalog) -> list:
     base = build_source_assets(source, catalog)
     documents_key = asset_key(f"documents/{source.name}")
     documents = next(a for a in base if isinstance(a, dg.AssetsDefinition) and a.key == documents_key)
-    return base + build_refinement_assets(source, config, shards_partitions(source), documents.key, catalog,
-                                          has_classifier)
+    return base + build_refinement_assets(source, config, shards_partitions(source), documents.key, catalog)
 
 
 def _as_handle(ref: UpstreamRef) -> ArtifactHandle:
@@ -218,19 +220,14 @@ def _metric_bound_check(store: MarinStore, key: str, version: str, context, metr
                                severity=dg.AssetCheckSeverity.ERROR)
 
 
-def build_curation_stage(settings: MarinSettings) -> tuple[dg.Definitions, Catalog]:
-    config = load_curation_config(settings.sources_file or DEFAULT_SOURCES_PATH)
+def build_curation_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+    config = deployment.curation
     catalog = Catalog()
     defs = []
-    classifier = build_quality_classifier(config, catalog)
-    defs.extend(classifier)
+    defs.extend(build_model_assets(config, catalog))
     for source in config.sources:
-        defs.extend(build_source_family(source, config, catalog, bool(classifier)))
+        defs.extend(build_source_family(source, config, catalog))
     sensors = [d for d in defs if isinstance(d, dg.SensorDefinition)]
     checks = [d for d in defs if isinstance(d, dg.AssetChecksDefinition)]
     assets = [d for d in defs if d not in sensors and d not in checks]
-    # Carries shards that the new-shard sensors brought in through the per-shard assets.
-    sensors.append(dg.AutomationConditionSensorDefinition(
-        "curation_automation", target=dg.AssetSelection.groups("curation"),
-        default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=60))
     return dg.Definitions(assets=assets, asset_checks=checks, sensors=sensors), catalog

@@ -142,6 +142,9 @@ class ShardInput(NamedTuple):
     version: str
     load_docs: Callable[[], pl.DataFrame]
     load_signatures: Callable[[], SignatureTable]
+    # Some rows' `id`, `text`, `source_id`, in the order asked (`read_parquet_rows`): an earlier shard
+    # holding a few documents a new shard collides with is read for those, not whole. None: load_docs.
+    load_rows: Callable[[Sequence[int]], pl.DataFrame] | None = None
 
 
 @dataclass
@@ -358,6 +361,30 @@ def partition_collisions(
     return members.filter(pl.len().over("band", "bucket") >= 2)
 
 
+INVOLVED_COLUMNS = ("id", "text", "source_id")
+# Rows per Parquet row group of a shard's documents (`filtered/`), so that reading a few colliding
+# documents of an earlier shard reads a few groups of this many, not the shard.
+DOCUMENT_ROW_GROUP = 256
+
+
+def read_parquet_rows(handle, rows: Sequence[int], columns: Sequence[str] = INVOLVED_COLUMNS) -> pl.DataFrame:
+    """Rows ``rows`` (positions in the file, in the order given) of a Parquet file, reading only the
+    row groups that hold them."""
+    parquet = pq.ParquetFile(handle)
+    sizes = np.array([parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    wanted = np.asarray(rows, dtype=np.int64)
+    if wanted.size and (wanted.min() < 0 or wanted.max() >= starts[-1]):
+        raise IndexError(f"rows {wanted.min()}..{wanted.max()} asked of a Parquet file of {starts[-1]} rows")
+    group_of = np.searchsorted(starts, wanted, side="right") - 1
+    groups = np.unique(group_of)
+    # Where each read group starts in the concatenation of the groups read.
+    base = np.zeros(len(sizes), dtype=np.int64)
+    base[groups] = np.concatenate([[0], np.cumsum(sizes[groups])[:-1]])
+    frame = pl.from_arrow(parquet.read_row_groups(groups.tolist(), columns=list(columns)))
+    return frame[(base[group_of] + wanted - starts[group_of]).tolist()]
+
+
 def read_run(index: IndexDir, rel: str, buckets: np.ndarray, stats: dict[str, int | float]) -> pl.DataFrame:
     """The row groups of a key run whose bucket range holds one of ``buckets`` (sorted uint64).
 
@@ -406,9 +433,10 @@ def _load_involved(
     for doc in sorted(docs):
         by_seq.setdefault(doc >> _ROW_BITS, []).append(doc)
     for seq, members in by_seq.items():
-        # One shard's columns at a time; only the colliding rows are kept.
-        frame = shard_by_seq[seq].load_docs().select("id", "text", "source_id")
-        rows = frame[[doc & _ROW_MASK for doc in members]]
+        # One shard at a time; only the colliding rows are kept (and, where it can, read).
+        shard, wanted = shard_by_seq[seq], [doc & _ROW_MASK for doc in members]
+        rows = shard.load_rows(wanted) if shard.load_rows is not None else \
+            shard.load_docs().select(*INVOLVED_COLUMNS)[wanted]
         texts = rows["text"].to_list()
         for doc, doc_id, source_id, text, shingles in zip(
             members, rows["id"], rows["source_id"].cast(pl.Utf8), texts, shingle_sets(texts, shingle_size)

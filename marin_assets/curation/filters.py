@@ -9,7 +9,9 @@ loop per document. Each threshold in :class:`FilterConfig` can be set to
 from __future__ import annotations
 
 import os
+import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -17,11 +19,17 @@ import numpy as np
 import polars as pl
 from scipy import sparse
 
+from marin_resources.typed_config import typed_config
+
 # Gopher's stop-word rule: a real English document uses a few of these.
 STOP_WORDS: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
 
 WORD_PATTERN = r"\S+"
 ALPHA_WORD_PATTERN = r"\S*\p{L}\S*"
+# The core of a word: from its first to its last character that is not punctuation or a symbol.
+# Gopher's mean word length is over these, so "end." counts 3 and "-", "|" or "***" are not words
+# (as in DataTrove's GopherQualityFilter, whose tokenizer splits such punctuation off).
+WORD_CORE_PATTERN = r"[^\s\p{P}\p{S}](?:\S*[^\s\p{P}\p{S}])?"
 SYMBOL_PATTERN = r"#|\.\.\.|…"
 BULLET_LINE_PATTERN = r"(?m)^[ \t]*(?:[•‣◦▪▫●○■□–—*\-+])(?:[ \t]|$)"
 ELLIPSIS_LINE_PATTERN = r"(?m)(?:\.\.\.|…)[ \t]*$"
@@ -30,6 +38,7 @@ STOP_WORD_PATTERN = r"(?i)\b(?:" + "|".join(STOP_WORDS) + r")\b"
 PARAGRAPH_BREAK_PATTERN = r"\n[ \t]*\n\s*"
 
 
+@typed_config
 @dataclass(frozen=True)
 class FilterConfig:
     """Thresholds of the heuristic rules; ``None`` switches a rule off.
@@ -61,6 +70,24 @@ class FilterConfig:
     # language and the cost is linear in length.
     language_sample_chars: int = 5000
 
+
+@typed_config
+@dataclass(frozen=True)
+class LanguageIdConfig:
+    """The ``language_id:`` block: a fastText language-ID model (e.g. ``lid.176.bin``/``.ftz``) adopted
+    by URI and identified by the sha256 of its bytes; its labels are ``__label__<code>``. Without
+    the block, language ID is langid.py, whose model ships in its wheel."""
+
+    model_uri: str
+    model_sha256: str
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[0-9a-f]{64}", self.model_sha256):
+            raise ValueError(f"language_id.model_sha256: expected 64 lowercase hex digits, got {self.model_sha256!r}")
+
+
+# Texts (and how many leading characters to read) -> (language code, probability) per text.
+LanguageIdentifier = Callable[[list[str], int], tuple[list[str], list[float]]]
 
 # Rule name -> (stat column, comparison). The rule name is the config field.
 _MIN_RULES = {
@@ -156,6 +183,9 @@ def text_stats(df: pl.DataFrame) -> pl.DataFrame:
         text.str.count_matches(WORD_PATTERN).cast(pl.Float64).alias("n_words"),
         text.str.count_matches(NONEMPTY_LINE_PATTERN).cast(pl.Float64).alias("_lines"),
         (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64).alias("_nonspace"),
+        text.str.count_matches(WORD_CORE_PATTERN).cast(pl.Float64).alias("_word_cores"),
+        # Characters outside the word cores: what is left once the cores are removed.
+        text.str.replace_all(WORD_CORE_PATTERN, "").str.count_matches(r"\S").alias("_non_core_chars"),
         text.str.count_matches(SYMBOL_PATTERN).alias("_symbols"),
         text.str.count_matches(ALPHA_WORD_PATTERN).alias("_alpha_words"),
         text.str.count_matches(BULLET_LINE_PATTERN).alias("_bullet_lines"),
@@ -166,7 +196,10 @@ def text_stats(df: pl.DataFrame) -> pl.DataFrame:
     stats = counts.select(
         "_doc",
         "n_words",
-        pl.when(n_words > 0).then(pl.col("_nonspace") / n_words).otherwise(0.0).alias("mean_word_length"),
+        pl.when(pl.col("_word_cores") > 0)
+        .then((pl.col("_nonspace") - pl.col("_non_core_chars")) / pl.col("_word_cores"))
+        .otherwise(0.0)
+        .alias("mean_word_length"),
         pl.when(n_words > 0).then(pl.col("_symbols") / n_words).otherwise(0.0).alias("symbol_word_ratio"),
         pl.when(n_words > 0)
         .then(1.0 - pl.col("_alpha_words") / n_words)
@@ -378,9 +411,10 @@ def identify_language(
     return langs, scores
 
 
-def add_language_columns(df: pl.DataFrame, sample_chars: int = 5000) -> pl.DataFrame:
-    """Add ``lang`` (str) and ``lang_score`` (float, 0..1) columns."""
-    langs, scores = identify_language(df["text"].to_list(), sample_chars)
+def add_language_columns(df: pl.DataFrame, sample_chars: int = 5000,
+                         identify: LanguageIdentifier | None = None) -> pl.DataFrame:
+    """Add ``lang`` (str) and ``lang_score`` (float, 0..1) columns; langid.py unless ``identify`` is given."""
+    langs, scores = (identify or identify_language)(df["text"].to_list(), sample_chars)
     return df.with_columns(
         pl.Series("lang", langs, dtype=pl.String), pl.Series("lang_score", scores, dtype=pl.Float64)
     )
@@ -400,19 +434,19 @@ def _rule_failures(stats: pl.DataFrame, cfg: FilterConfig) -> pl.DataFrame:
     return stats.select(exprs)
 
 
-def apply_filters(df: pl.DataFrame, cfg: FilterConfig) -> FilterResult:
+def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentifier | None = None) -> FilterResult:
     """Split ``df`` (needs a ``text`` column) into kept and dropped documents.
 
     When language filtering is on, every document gets ``lang``/``lang_score``
     and the language rule comes first: the stop-word rule is English-specific,
     so a French page should be reported as "wrong language", not "too few
     stop words". Sources that keep several languages should switch
-    ``min_stop_words`` off.
+    ``min_stop_words`` off. ``identify`` replaces langid.py (e.g. an adopted fastText lid.176).
     """
     rules = enabled_rules(cfg)
     counts = {rule: 0 for rule in rules}
     if cfg.languages:
-        df = add_language_columns(df, cfg.language_sample_chars)
+        df = add_language_columns(df, cfg.language_sample_chars, identify)
     if df.height == 0 or not rules:
         dropped = df.clear().with_columns(
             pl.lit(None, pl.String).alias("reason"), pl.lit(None, pl.List(pl.String)).alias("failed_rules")

@@ -1,7 +1,7 @@
 """Read a shard's files into normalised documents plus a quarantine.
 
 Every input record (a file for text/html, a non-blank line for jsonl, a row
-for parquet) ends up either as one document or as one quarantine row; a bad
+for parquet, a response or resource record for warc) ends up either as one document or as one quarantine row; a bad
 record never fails the shard, whatever exception processing it raises.
 ``ReadResult.n_records`` counts records as they are *read* (plus one per file
 that failed part-way, standing for its unread rest), independently of what
@@ -11,6 +11,7 @@ real check that nothing was dropped.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import functools
 import hashlib
@@ -24,6 +25,7 @@ from typing import Any
 import polars as pl
 
 from marin_assets.curation.sources import FileRef, Shard, SourceConfig, open_binary, prefetch_tar_members
+from marin_assets.curation.web import HTML_CONTENT_TYPES, html_to_text, iter_warc, looks_like_html
 
 
 class Reason:
@@ -38,6 +40,9 @@ class Reason:
     UNREADABLE = "unreadable"  # the file itself could not be opened or parsed
     RECORD_ERROR = "record_error"  # processing one record raised; the rest of its file is read on
     OUTSIDE_ROOT = "outside_root"  # a symlink resolving outside the source root; its target is not read
+    TRUNCATED = "truncated"  # a WARC file ends inside this record; the records before it are read
+    NOT_HTML = "not_html"  # a WARC payload that is not an HTML page (an image, a PDF, ...)
+    HTTP_STATUS = "http_status"  # a WARC response that is not a success (404, a redirect, ...)
 
 
 QUARANTINE_REASONS = (
@@ -50,6 +55,9 @@ QUARANTINE_REASONS = (
     Reason.UNREADABLE,
     Reason.RECORD_ERROR,
     Reason.OUTSIDE_ROOT,
+    Reason.TRUNCATED,
+    Reason.NOT_HTML,
+    Reason.HTTP_STATUS,
 )
 
 DOCUMENT_SCHEMA = {
@@ -82,6 +90,7 @@ _EXTENSION_FORMATS = {
     ".html": "html",
     ".htm": "html",
     ".xhtml": "html",
+    ".warc": "warc",
 }
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".xz", ".lz4", ".zip", ".snappy")
 
@@ -277,21 +286,6 @@ def strip_gutenberg(text: str) -> tuple[str, bool]:
     return text, text != original.strip()
 
 
-def html_to_text(html: str) -> tuple[str, dict[str, Any]]:
-    """Main-content extraction with trafilatura; (text, {title, ...})."""
-    import trafilatura
-
-    text = trafilatura.extract(html, include_comments=False, include_tables=True, favor_recall=True) or ""
-    meta: dict[str, Any] = {}
-    doc_meta = trafilatura.extract_metadata(html)
-    if doc_meta is not None:
-        for key in ("title", "author", "date", "sitename", "url"):
-            value = getattr(doc_meta, key, None)
-            if value:
-                meta[key] = value
-    return text, meta
-
-
 # ------------------------------------------------------------------- reading
 
 
@@ -304,8 +298,8 @@ class _Collector:
         self.n_repaired = 0
         self.prefetched: dict[str, bytes] = {}
 
-    def open(self, ref: FileRef):
-        return open_binary(ref.uri, self.source.sha256, self.prefetched)
+    def open(self, ref: FileRef, decompress: bool = True):
+        return open_binary(ref.uri, self.source.sha256, self.prefetched, decompress=decompress)
 
     def quarantine(self, source_id: str, reason: str, detail: str, raw: bytes, raw_size: int | None = None):
         self.bad["source"].append(self.source.name)
@@ -343,13 +337,16 @@ class _Collector:
         except Exception as exc:  # noqa: BLE001 -- one bad record must not end its file
             self.quarantine(source_id, Reason.RECORD_ERROR, f"{type(exc).__name__}: {exc}", raw)
 
-    def decoded_document(self, source_id: str, raw: bytes, metadata: dict[str, Any], fmt: str):
+    def decoded_document(self, source_id: str, raw: bytes, metadata: dict[str, Any], fmt: str,
+                         charset: str | None = None):
+        """``raw`` as a document, decoded as its declared ``charset`` when that works, else as
+        :func:`decode_bytes` guesses."""
         if len(raw) > self.source.max_doc_bytes:
             self.quarantine(
                 source_id, Reason.TOO_LARGE, f"{len(raw)} bytes > max_doc_bytes {self.source.max_doc_bytes}", raw
             )
             return
-        decoded = decode_bytes(raw)
+        decoded = _decode_declared(raw, charset) or decode_bytes(raw)
         if decoded.text is None:
             self.quarantine(source_id, decoded.reason or Reason.BINARY, decoded.detail, raw)
             return
@@ -393,6 +390,51 @@ def _read_whole_file(col: _Collector, ref: FileRef, fmt: str):
             return
     with col.record(ref.uri, raw):
         col.decoded_document(ref.uri, raw, {"path": ref.relpath}, fmt)
+
+
+def _decode_declared(raw: bytes, charset: str | None) -> Decoded | None:
+    """``raw`` decoded strictly as the charset its HTTP headers declare; None if absent, unknown or wrong."""
+    if not charset:
+        return None
+    try:
+        encoding = codecs.lookup(charset).name
+        text = raw.decode(encoding)
+    except (LookupError, UnicodeDecodeError):
+        return None
+    if "\x00" in text or garbage_fraction(text) > _MAX_GARBAGE_FRACTION:
+        return None
+    return Decoded(text, encoding)
+
+
+def _read_warc(col: _Collector, ref: FileRef):
+    """warc: each response or resource record is one record (crawl bookkeeping records are not);
+    a file cut off mid-record ends in one ``truncated`` record after the complete ones."""
+    from fsspec.utils import infer_compression
+
+    gzipped = infer_compression(ref.relpath) == "gzip"
+    with col.open(ref, decompress=not gzipped) as f:
+        for rec in iter_warc(f, gzipped, col.source.max_doc_bytes):
+            source_id = f"{ref.uri}:{rec.offset}"
+            if rec.problem is not None:
+                col.n_records += 1
+                col.quarantine(source_id, rec.problem[0], rec.problem[1], rec.payload, raw_size=rec.payload_size)
+                continue
+            with col.record(source_id, rec.payload):
+                _warc_document(col, ref, source_id, rec)
+
+
+def _warc_document(col: _Collector, ref: FileRef, source_id: str, rec) -> None:
+    if rec.http_status is not None and not 200 <= rec.http_status < 300:
+        col.quarantine(source_id, Reason.HTTP_STATUS, f"HTTP {rec.http_status} for {rec.url}", rec.payload)
+        return
+    is_html = rec.content_type in HTML_CONTENT_TYPES or (not rec.content_type and looks_like_html(rec.payload))
+    if not is_html:
+        col.quarantine(source_id, Reason.NOT_HTML, f"payload is {rec.content_type or 'untyped and not HTML'} "
+                       f"({rec.url})", rec.payload)
+        return
+    metadata = {"path": ref.relpath, "offset": rec.offset, "url": rec.url, "warc_record_id": rec.warc_record_id,
+                "warc_date": rec.date}
+    col.decoded_document(source_id, rec.payload, metadata, "html", charset=rec.charset)
 
 
 def _record_metadata(record: dict[str, Any], text_field: str, id_field: str | None) -> dict[str, Any]:
@@ -543,6 +585,8 @@ def read_shard(source: SourceConfig, shard: Shard) -> ReadResult:
                 _read_jsonl(col, ref)
             elif fmt == "parquet":
                 _read_parquet(col, ref)
+            elif fmt == "warc":
+                _read_warc(col, ref)
             else:
                 raise ValueError(f"unknown format {fmt!r}")
         except Exception as exc:  # noqa: BLE001 -- one bad file must not fail the shard

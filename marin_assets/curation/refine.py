@@ -1,38 +1,38 @@
-"""Refinement assets: quality classifier, filtered/<source> (per shard) and deduplicated/<source>.
+"""Refinement assets: filtered/<source> (per shard) and deduplicated/<source>.
 
-    documents/<source> --> filtered/<source> --> deduplicated/<source>
-    documents/<positives + negatives> --> quality_classifier --^
+    documents/<source> --> filtered/<source> --> dedup_index/<group> --> deduplicated/<source>
+    quality_classifier, language_model --^    +-> quality_threshold -------------^
 
-Thin wiring over `filters.py`, `quality.py`, `minhash.py` and `dedup.py`.
+Thin wiring over `filters.py`, `quality.py`, `minhash.py`, `dedup.py` and `paragraphs.py`; the model
+assets are in `model_assets.py`.
 """
 
 import io
-import json
-import tempfile
 from dataclasses import asdict, fields
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import numpy as np
 import polars as pl
 
+from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
-from marin_assets.curation.dedup import (DedupConfig, IndexDir, ShardInput, apply_decisions, decision_path,
-                                         decisions_digest, duplicates_table, read_registry, update_index)
-from marin_assets.curation.filters import apply_filters
-from marin_assets.curation.minhash import MinHashConfig, compute_signatures, load_signatures, save_signatures
-from marin_assets.curation.quality import (load_quality_model, quality_threshold, save_quality_model, score,
-                                           train_quality_classifier)
+from marin_assets.curation.dedup import (DOCUMENT_ROW_GROUP, DedupConfig, IndexDir, ShardInput, apply_decisions,
+                                         decision_path, decisions_digest, duplicates_table, read_parquet_rows,
+                                         read_registry, update_index)
+from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
+from marin_assets.curation.minhash import MinHashConfig, load_signatures, save_signatures
+from marin_assets.curation.model_assets import (CLASSIFIER_KEY, LANGUAGE_MODEL_KEY, SKETCH_FILE, THRESHOLD_KEY,
+                                                load_model_bytes, read_threshold, score_sketch)
+from marin_assets.curation.paragraphs import remove_duplicate_paragraphs
 from marin_assets.curation.sources import CurationConfig, SourceConfig
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
                                        marin_asset, marin_check, materialize_artifact)
+from marin_resources.data_parallel import DataParallel
 from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore
 
-CLASSIFIER_KEY = "quality_classifier"
-CLASSIFIER_VERSION = "v1"
 FILTERED_VERSION = "v1"
 DEDUP_VERSION = "v1"
 DEDUP_INDEX_VERSION = "v1"
@@ -51,15 +51,27 @@ def dedup_group_of(source: SourceConfig) -> str:
     return group
 
 
+# `dedup:` keys read by deduplicated/<source> itself rather than by the dedup index.
+_OUTPUT_DEDUP_KEYS = ("group", "exact_paragraphs")
+
+
+def exact_paragraphs_of(source: SourceConfig) -> bool:
+    """`dedup: {exact_paragraphs: true}`: duplicate paragraphs (lines) are removed as spans."""
+    value = source.dedup.get("exact_paragraphs", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"source {source.name!r}: dedup.exact_paragraphs must be true or false, got {value!r}")
+    return value
+
+
 def dedup_config_from(source: SourceConfig) -> DedupConfig:
     """`dedup:` overrides from the sources YAML; MinHash fields may be given flat."""
-    overrides = {k: v for k, v in source.dedup.items() if k != "group"}
+    overrides = {k: v for k, v in source.dedup.items() if k not in _OUTPUT_DEDUP_KEYS}
     minhash_fields = {f.name for f in fields(MinHashConfig)}
     dedup_fields = {f.name for f in fields(DedupConfig)} - {"minhash"}
     unknown = set(overrides) - minhash_fields - dedup_fields
     if unknown:
         raise ValueError(f"source {source.name!r}: unknown dedup field(s) {sorted(unknown)}; "
-                         f"known: {sorted(minhash_fields | dedup_fields | {'group'})}")
+                         f"known: {sorted(minhash_fields | dedup_fields | set(_OUTPUT_DEDUP_KEYS))}")
     minhash = MinHashConfig(**{k: v for k, v in overrides.items() if k in minhash_fields})
     return DedupConfig(minhash=minhash, **{k: v for k, v in overrides.items() if k in dedup_fields})
 
@@ -90,6 +102,7 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
 
     @marin_asset(key=f"dedup_index/{group}", version=DEDUP_INDEX_VERSION, identity=identity, ins=ins,
                  group_name="curation", kinds={"parquet"}, tags={"marin/dedup_group": group},
+                 automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Dedup index of group `{group}` ({', '.join(m.name for m in members)}): shard order, "
                              "each shard's keep/drop decisions, and the LSH and exact keys of kept documents as "
                              f"sorted runs in {dedup_cfg.index_partitions} bucket-hash ranges. Append-only: a new "
@@ -104,10 +117,14 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
                 return load_signatures(fh.read(), expected=dedup_cfg.minhash)
 
         def shard_input(source: str, shard_key: str, handle: ArtifactHandle) -> ShardInput:
+            def load_rows(rows):
+                with artifacts.open(f"{handle.uri}/documents.parquet") as fh:
+                    return read_parquet_rows(fh, rows)
+
             return ShardInput(
                 source, shard_key, handle.data_version,
                 load_docs=lambda: read_parquet(artifacts, f"{handle.uri}/documents.parquet").select(DOCUMENT_COLUMNS),
-                load_signatures=lambda: signatures_of(handle))
+                load_signatures=lambda: signatures_of(handle), load_rows=load_rows)
 
         def build(writer) -> Built:
             index = IndexDir(artifacts.fs, artifacts._path(writer.uri))
@@ -134,145 +151,105 @@ def read_parquet(store: ArtifactStore, uri: str) -> pl.DataFrame:
         return pl.read_parquet(fh)
 
 
-def write_parquet(writer, rel: str, frame: pl.DataFrame) -> int:
+def write_parquet(writer, rel: str, frame: pl.DataFrame, row_group_size: int | None = None) -> int:
     buf = io.BytesIO()
-    frame.write_parquet(buf, compression="zstd")
+    frame.write_parquet(buf, compression="zstd", row_group_size=row_group_size)
     with writer.open(rel) as fh:
         fh.write(buf.getvalue())
     return len(buf.getvalue())
 
 
-def load_model_from(store: ArtifactStore, handle: ArtifactHandle):
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ("weights.npz", "config.json"):
-            with store.open(f"{handle.uri}/model/{name}") as src:
-                Path(tmp, name).write_bytes(src.read())
-        return load_quality_model(tmp)
-
-
-def build_quality_classifier(config: CurationConfig, catalog: Catalog) -> list:
-    if config.quality is None or not (config.quality_positive_sources and config.quality_negative_sources):
-        return []
-    identity = {"quality": asdict(config.quality), "positives": list(config.quality_positive_sources),
-                "negatives": list(config.quality_negative_sources)}
-    catalog.add_identity(CLASSIFIER_KEY, lambda partition: identity)
-    ins = {f"pos_{n}": all_partitions_in(f"documents/{n}") for n in config.quality_positive_sources}
-    ins |= {f"neg_{n}": all_partitions_in(f"documents/{n}") for n in config.quality_negative_sources}
-
-    @marin_asset(key=CLASSIFIER_KEY, version=CLASSIFIER_VERSION, identity=identity, ins=ins,
-                 group_name="curation", kinds={"numpy"},
-                 description="Hashed n-gram logistic-regression quality classifier, trained on documents of the "
-                             "configured positive sources against the negative ones. The keep threshold is the "
-                             "`1 - keep_fraction` quantile of the positives' scores, fixed here so that filtering "
-                             "a shard never depends on its neighbours.")
-    def quality_classifier(context: dg.AssetExecutionContext, store: MarinStore, **inputs: dict):
-        artifacts = store.get()
-        def texts(prefix: str) -> list[str]:
-            out: list[str] = []
-            for name, shards in sorted(inputs.items()):
-                if name.startswith(prefix):
-                    for h in shards.values():
-                        out.extend(read_parquet(artifacts, f"{h.uri}/documents.parquet")["text"].to_list())
-            return out
-
-        def build(writer) -> Built:
-            positives, negatives = texts("pos_"), texts("neg_")
-            model = train_quality_classifier(positives, negatives, config.quality)
-            pos_scores = score(model, positives)
-            threshold = quality_threshold(pos_scores, config.quality.keep_fraction)
-            save_quality_model(model, writer.staging_dir() / "model")
-            writer.write_json("threshold.json", {"threshold": threshold,
-                                                 "keep_fraction": config.quality.keep_fraction,
-                                                 "rule": "quantile of positive-class training scores"})
-            neg_scores = score(model, negatives)
-            return Built(metrics={**model.training_summary, "threshold": threshold,
-                                  "positive_score_mean": float(np.mean(pos_scores)),
-                                  "negative_score_mean": float(np.mean(neg_scores)),
-                                  "negatives_above_threshold": float(np.mean(neg_scores >= threshold))})
-
-        upstream = [h for _, shards in sorted(inputs.items()) for _, h in sorted(shards.items())]
-        return materialize_artifact(context, store, config=identity, upstream=upstream, build=build)
-
-    return [quality_classifier]
-
-
 def build_refinement_assets(source: SourceConfig, config: CurationConfig, partitions: dg.PartitionsDefinition,
-                            documents_key: dg.AssetKey, catalog: Catalog, has_classifier: bool) -> list:
+                            documents_key: dg.AssetKey, catalog: Catalog) -> list:
     name = source.name
     dedup_cfg = dedup_config_from(source)
     group = dedup_group_of(source)
     members = dedup_group_members(source, config)
-    # A source that is the classifier's negative class is its reference for "low quality": not scored.
-    use_classifier = has_classifier and name not in config.quality_negative_sources
+    quality = config.quality if name in config.quality_sources else None
+    uses_model = quality is not None and quality.classifier == "fasttext"
+    language_model = config.language_id is not None and bool(source.filters.languages)
     filtered_identity = {"filters": asdict(source.filters), "minhash": asdict(dedup_cfg.minhash),
-                         "quality_classifier": use_classifier}
-    dedup_identity = {"dedup": asdict(dedup_cfg), "group": group}
+                         "quality_classifier": quality.classifier if quality else None,
+                         "score_max_chars": quality.score_max_chars if uses_model else None,
+                         "sketch_relative_accuracy": quality.sketch_relative_accuracy if quality else None,
+                         "language_model": language_model}
+    exact_paragraphs = exact_paragraphs_of(source)
+    dedup_identity = {"dedup": asdict(dedup_cfg), "group": group, "exact_paragraphs": exact_paragraphs,
+                      "quality_threshold": quality is not None}
     catalog.add_identity(f"filtered/{name}", lambda partition: filtered_identity)
     catalog.add_identity(f"deduplicated/{name}", lambda partition: dedup_identity)
 
     ins: dict[str, dg.AssetIn] = {"documents": dg.AssetIn(key=documents_key)}
-    if use_classifier:
+    if uses_model:
         ins["classifier"] = dg.AssetIn(key=asset_key(CLASSIFIER_KEY))
+    if language_model:
+        ins["language_model"] = dg.AssetIn(key=asset_key(LANGUAGE_MODEL_KEY))
 
     @marin_asset(key=f"filtered/{name}", version=FILTERED_VERSION, partitions_def=partitions, ins=ins,
                  identity=filtered_identity, tags={"marin/source": name},
                  group_name="curation", kinds={"parquet", "polars"},
-                 automation_condition=dg.AutomationCondition.eager(),
-                 description=f"Quality-filtered documents of `{name}`: language id, Gopher/C4 heuristics"
-                             + (", model quality score" if use_classifier else "")
-                             + ". Dropped documents are kept in `dropped.parquet` with their reason; MinHash "
+                 automation_condition=FOLLOWS_NEW_DATA,
+                 description=f"Documents of `{name}` that pass language id and the Gopher/C4 heuristics, with their "
+                             "attributes (`lang`, `lang_score`"
+                             + (f", `quality_score` from the {quality.classifier} classifier, sketched in "
+                                f"`{SKETCH_FILE}` for the corpus-wide threshold" if quality else "")
+                             + "). Dropped documents are kept in `dropped.parquet` with their reason; MinHash "
                                "signatures of the kept documents are cached per shard for dedup.")
-    def filtered(context: dg.AssetExecutionContext, store: MarinStore, documents: ArtifactHandle,
-                 **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
+    def filtered(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
+                 documents: ArtifactHandle, **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
         artifacts = store.get()
-        classifier = optional.get("classifier")
 
         def build(writer) -> Built:
             docs = read_parquet(artifacts, f"{documents.uri}/documents.parquet")
-            result = apply_filters(docs, source.filters)
+            task = FilterTask(source.filters, dedup_cfg.minhash, quality,
+                              load_model_bytes(artifacts, optional["classifier"]) if uses_model else None,
+                              load_model_bytes(artifacts, optional["language_model"]) if language_model else None)
+            # One piece by default; row ranges of about MARIN_RAY_CHUNK_MB on Ray when chosen. Same bytes either way.
+            ranges = data_parallel.ranges(docs["text"].str.len_bytes().to_numpy())
+            chunks = [docs.slice(start, end - start) for start, end in ranges]
+            result = merge_chunks(data_parallel.map(context, filter_chunk, chunks, task), task)
             kept, dropped = result.kept, result.dropped
-            counts = dict(result.per_rule_drop_counts)
             metrics: dict[str, Any] = {}
-            if classifier is not None:
-                model = load_model_from(artifacts, classifier)
-                with artifacts.open(f"{classifier.uri}/threshold.json") as fh:
-                    threshold = json.load(fh)["threshold"]
-                scored = kept.with_columns(pl.Series("quality_score", score(model, kept["text"].to_list()) if
-                                                     kept.height else np.zeros(0), dtype=pl.Float64))
-                low = scored.filter(pl.col("quality_score") < threshold)
-                kept = scored.filter(pl.col("quality_score") >= threshold)
-                dropped = pl.concat([dropped.with_columns(pl.lit(None, pl.Float64).alias("quality_score")),
-                                     low.with_columns(pl.lit("quality").alias("reason"),
-                                                      pl.lit(["quality"]).alias("failed_rules"))
-                                     .select(dropped.columns + ["quality_score"])], how="diagonal_relaxed")
-                counts["quality"] = low.height
-                metrics["quality_threshold"] = threshold
-            signatures = compute_signatures(kept, dedup_cfg.minhash)
+            if quality is not None:
+                scores = kept["quality_score"].to_numpy()
+                with writer.open(SKETCH_FILE) as fh:
+                    fh.write(score_sketch(scores, quality).encode())
+                metrics["quality_score_mean"] = round(float(np.mean(scores)), 6) if len(scores) else None
+            if "lang" in kept.columns:
+                metrics |= {f"language/{lang}": n for lang, n in sorted(kept.group_by("lang").len().iter_rows())}
             buf = io.BytesIO()
-            save_signatures(signatures, buf)
+            save_signatures(result.signatures, buf)
             with writer.open("signatures.parquet") as fh:
                 fh.write(buf.getvalue())
-            write_parquet(writer, "documents.parquet", kept)
+            write_parquet(writer, "documents.parquet", kept, row_group_size=DOCUMENT_ROW_GROUP)
             write_parquet(writer, "dropped.parquet", dropped)
             total = docs.height
             metrics |= {"input_documents": total, "documents": kept.height, "dropped": dropped.height,
                         "drop_fraction": round(dropped.height / total, 6) if total else 0.0,
-                        **{f"dropped/{rule}": n for rule, n in sorted(counts.items())}}
-            return Built(metrics=metrics, metadata={"dagster/row_count": kept.height})
+                        **{f"dropped/{rule}": n for rule, n in sorted(result.counts.items())}}
+            return Built(metrics=metrics, metadata={"dagster/row_count": kept.height, "chunks": len(ranges)})
 
-        upstream = [documents] + ([classifier] if classifier is not None else [])
+        upstream = [documents] + [optional[k] for k in ("classifier", "language_model") if k in optional]
         return materialize_artifact(context, store, config=filtered_identity, upstream=upstream, build=build)
 
-    @marin_asset(key=f"deduplicated/{name}", version=DEDUP_VERSION,
-                 ins={"index": dg.AssetIn(key=dedup_index_key(group))},
-                 identity=dedup_identity, tags={"marin/source": name, "marin/dedup_group": group},
+    dedup_ins = {"index": dg.AssetIn(key=dedup_index_key(group))}
+    if quality is not None:
+        dedup_ins["threshold"] = dg.AssetIn(key=asset_key(THRESHOLD_KEY))
+
+    @marin_asset(key=f"deduplicated/{name}", version=DEDUP_VERSION, ins=dedup_ins, identity=dedup_identity,
+                 tags={"marin/source": name, "marin/dedup_group": group}, automation_condition=FOLLOWS_NEW_DATA,
                  group_name="curation", kinds={"parquet"},
                  description=f"`{name}` after exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication against "
-                             f"dedup group `{group}`. `data/<shard>.parquet` holds each shard's kept documents and "
+                             f"dedup group `{group}`"
+                             + (", then the corpus-wide quality threshold (`quality_dropped/<shard>.parquet`)"
+                                if quality else "")
+                             + (", then exact paragraph dedup (removed spans in `paragraph_spans/<shard>.parquet`)"
+                                if exact_paragraphs else "")
+                             + ". `data/<shard>.parquet` holds each shard's kept documents and "
                              "`duplicates/<shard>.parquet` its dropped ids, with the kept id that replaced each and "
-                             "their exact Jaccard. Files of earlier shards are never rewritten.")
-    def deduplicated(context: dg.AssetExecutionContext, store: MarinStore,
-                     index: ArtifactHandle) -> dg.Output[ArtifactHandle]:
+                             "their exact Jaccard. Files of earlier shards are rewritten only when the threshold moves.")
+    def deduplicated(context: dg.AssetExecutionContext, store: MarinStore, index: ArtifactHandle,
+                     **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
         artifacts = store.get()
         index_dir = IndexDir(artifacts.fs, artifacts._path(index.uri))
         index_manifest = artifacts.read_manifest(index.uri)
@@ -285,42 +262,86 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             raise dg.Failure(f"{dedup_index_key(group).to_user_string()} does not match its manifest for {name} "
                              f"shard(s) {stale[:5]}; materialize it again")
         decision_sha = {entry.path: entry.sha256 for entry in index_manifest.files}
+        threshold_handle = optional.get("threshold")
+        threshold = read_threshold(artifacts, threshold_handle) if threshold_handle is not None else None
 
         def digest_entry(shard_key: str) -> tuple[str, str, str]:
             return shard_key, shards[shard_key].data_version, decision_sha[decision_path(registered[shard_key].seq)]
 
         # Shards already written stay byte-identical; the previous commit vouches for them only if
-        # their inputs and decisions are unchanged (an index that started over changes them).
-        previous = artifacts.find(f"deduplicated/{name}", DEDUP_VERSION, None)
+        # their inputs, decisions and the quality threshold are unchanged (an index that started over
+        # changes the decisions; a moved threshold changes every shard's kept set).
+        previous = artifacts.find(f"deduplicated/{name}", DEDUP_VERSION, None, fingerprint=fingerprint(dedup_identity))
         written = sorted(entry.path[len("data/"):-len(".parquet")] for entry in previous.files
                          if entry.path.startswith("data/")) if previous else []
-        reusable = (previous is not None and previous.fingerprint == fingerprint(dedup_identity)
-                    and set(written) <= set(shards)
+        reusable = (previous is not None and set(written) <= set(shards)
+                    and previous.metrics.get("quality_threshold") == _json_threshold(threshold)
                     and previous.metrics.get("decisions_digest") == decisions_digest(map(digest_entry, written)))
 
         def build(writer) -> Built:
             kept_shards = set(written) if reusable else set()
+            shard_counts: dict[str, dict[str, int]] = dict(previous.metrics.get("shard_counts", {})) if reusable else {}
             if not reusable:
                 for rel in artifacts.list_files(writer.uri):
                     artifacts.fs.rm_file(artifacts._path(f"{writer.uri}/{rel}"))
             stats = {"shards_written": 0, "documents_written": 0, "dropped_written": 0}
-            for shard_key in sorted(set(shards) - kept_shards):
+            new_shards = sorted(set(shards) - kept_shards)
+            seen_paragraphs: set[int] = set()
+            # Registration order: every reused shard was registered before every new one.
+            for shard_key in sorted(shards, key=lambda key: registered[key].seq):
+                if shard_key in kept_shards:
+                    if exact_paragraphs:
+                        hashes = read_parquet(artifacts, f"{writer.uri}/paragraph_hashes/{shard_key}.parquet")
+                        seen_paragraphs.update(hashes["paragraph_hash"].to_list())
+                    continue
                 docs = read_parquet(artifacts, f"{shards[shard_key].uri}/documents.parquet")
                 decisions = index_dir.read_parquet(decision_path(registered[shard_key].seq))
-                kept = apply_decisions(docs.select(DOCUMENT_COLUMNS), decisions)
+                kept = apply_decisions(docs, decisions)
+                counts = {"after_dedup": kept.height}
+                if threshold is not None:
+                    low = kept["quality_score"] <= threshold
+                    write_parquet(writer, f"quality_dropped/{shard_key}.parquet",
+                                  kept.filter(low).select("id", "source_id", "quality_score"))
+                    kept = kept.filter(~low)
+                    counts["quality_dropped"] = int(low.sum())
+                if exact_paragraphs:
+                    result = remove_duplicate_paragraphs(kept, seen_paragraphs)
+                    kept = result.documents
+                    write_parquet(writer, f"paragraph_spans/{shard_key}.parquet", result.spans)
+                    write_parquet(writer, f"paragraph_hashes/{shard_key}.parquet",
+                                  pl.DataFrame({"paragraph_hash": pl.Series(result.new_hashes, dtype=pl.UInt64)}))
+                    counts |= {"paragraph_spans": result.spans.height,
+                               "paragraph_chars": int((result.spans["end"] - result.spans["start"]).sum() or 0),
+                               "paragraph_emptied": result.emptied.height}
+                kept = kept.select(DOCUMENT_COLUMNS)
+                counts["documents"] = kept.height
+                shard_counts[shard_key] = counts
                 write_parquet(writer, f"data/{shard_key}.parquet", kept)
                 write_parquet(writer, f"duplicates/{shard_key}.parquet", duplicates_table(decisions))
                 stats["shards_written"] += 1
                 stats["documents_written"] += kept.height
                 stats["dropped_written"] += decisions.height
             entries = [registered[key] for key in shards]
-            total, documents = sum(e.docs for e in entries), sum(e.kept for e in entries)
-            return Built(metrics={**stats, "input_docs": total, "documents": documents, "kept_docs": documents,
+            total = sum(e.docs for e in entries)
+            shard_counts = {key: shard_counts[key] for key in sorted(shards)}
+            summed = {k: sum(c.get(k, 0) for c in shard_counts.values())
+                      for k in ("after_dedup", "quality_dropped", "paragraph_spans", "paragraph_chars",
+                                "paragraph_emptied", "documents")}
+            documents = summed["documents"]
+            optional_metrics = ({"quality_dropped": summed["quality_dropped"]} if quality else {}) | (
+                {k: summed[k] for k in ("paragraph_spans", "paragraph_chars", "paragraph_emptied")}
+                if exact_paragraphs else {})
+            return Built(metrics={**stats, "input_docs": total, "kept_docs": summed["after_dedup"],
+                                  "documents": documents, **optional_metrics,
                                   "drop_fraction": round(1 - documents / total, 6) if total else 0.0,
-                                  "decisions_digest": decisions_digest(map(digest_entry, shards))},
+                                  "quality_threshold": _json_threshold(threshold), "shard_counts": shard_counts,
+                                  "decisions_digest": decisions_digest(map(digest_entry, shards)),
+                                  # What this build wrote: the schema check reads these, not every shard again.
+                                  "written_shards": new_shards},
                          metadata={"dagster/row_count": documents, "shards": len(shards)})
 
-        return materialize_artifact(context, store, config=dedup_identity, upstream=[index], build=build,
+        upstream = [index] + ([threshold_handle] if threshold_handle is not None else [])
+        return materialize_artifact(context, store, config=dedup_identity, upstream=upstream, build=build,
                                     resume=True)
 
     checks = [
@@ -331,6 +352,11 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     # The group's first source (in YAML order) carries the group's index asset.
     index_assets = [build_dedup_index(group, members, dedup_cfg, catalog)] if members[0] is source else []
     return [filtered, *index_assets, deduplicated, *checks]
+
+
+def _json_threshold(threshold: float | None) -> float | str | None:
+    """The threshold as the manifest's metrics store it (JSON has no infinity)."""
+    return "keep all" if threshold == float("-inf") else threshold
 
 
 def _bound_check(asset, key: str, version: str, metric: str, bound: float):
@@ -350,28 +376,35 @@ def _bound_check(asset, key: str, version: str, metric: str, bound: float):
 
 def _schema_check(asset, key: str, version: str):
     @marin_check(asset, name="document_schema",
-                    description="Every output shard has the document columns with string types and unique ids.")
+                 description="The output shards the last build wrote have the document columns with string "
+                             "types and unique ids (earlier shards were checked when they were written and are "
+                             "never rewritten).")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
+        import pyarrow.parquet as pq
+
         artifacts = store.get()
         manifest = checked_manifest(context, store, key, version)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed artifact"})
+        written = {f"data/{shard}.parquet" for shard in manifest.metrics.get("written_shards", [])}
         problems, ids, rows = [], set(), 0
         for entry in manifest.files:
-            if not entry.path.startswith("data/"):
+            if entry.path not in written:
                 continue
-            # The schema and the id column only: the texts are most of the bytes and not needed here.
+            # The schema and the id column only: the texts are most of the bytes and are not read.
             with artifacts.open(f"{manifest.uri}/{entry.path}") as fh:
-                data = fh.read()
-            schema = pl.read_parquet_schema(io.BytesIO(data))
-            missing = [c for c in DOCUMENT_COLUMNS if schema.get(c) != pl.String]
-            if missing:
-                problems.append(f"{entry.path}: missing or non-string {missing}")
-            shard_ids = pl.read_parquet(io.BytesIO(data), columns=["id"])["id"] if "id" in schema else []
+                parquet = pq.ParquetFile(fh)
+                schema = pl.from_arrow(parquet.schema_arrow.empty_table()).schema
+                missing = [c for c in DOCUMENT_COLUMNS if schema.get(c) != pl.String]
+                if missing:
+                    problems.append(f"{entry.path}: missing or non-string {missing}")
+                shard_ids = parquet.read(columns=["id"]).column("id").to_pylist() if "id" in schema else []
             rows += len(shard_ids)
             ids.update(shard_ids)
         if len(ids) != rows:
             problems.append(f"{rows - len(ids)} duplicate ids after dedup")
-        return dg.AssetCheckResult(passed=not problems and rows > 0,
-                                   metadata={"rows": rows, "problems": dg.MetadataValue.json(problems)})
+        documents = manifest.metrics.get("documents", 0)
+        return dg.AssetCheckResult(passed=not problems and documents > 0,
+                                   metadata={"shards_checked": len(written), "rows_checked": rows,
+                                             "problems": dg.MetadataValue.json(problems)})
     return check

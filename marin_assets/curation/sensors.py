@@ -34,8 +34,8 @@ def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartition
     recorded as its observation, so the raw run that follows records the listing it read."""
     from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
-    @dg.sensor(name=f"{source.name}_new_shards", minimum_interval_seconds=60, asset_selection=[raw_key],
-               default_status=dg.DefaultSensorStatus.STOPPED,
+    @dg.sensor(name=f"{source.name}_new_shards", minimum_interval_seconds=30, asset_selection=[raw_key],
+               default_status=dg.DefaultSensorStatus.RUNNING,
                description=f"Watches {source.uri} and adds a partition and a run for each new or changed shard.")
     def new_shards(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         shards = discover_shards(source)

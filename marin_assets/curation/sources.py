@@ -11,6 +11,9 @@ of two special schemes resolved here:
     the long descriptions and licence files of the Python distributions
     installed in the running interpreter, sorted by name.
 
+``hf://datasets/ORG/NAME[@REVISION][/GLOB]`` is read through huggingface_hub's
+``HfFileSystem``, with the revision pinned per file at listing time (:func:`list_hf_files`).
+
 Discovery (:func:`discover_shards`) is deterministic and incremental: see
 :func:`group_into_shards` for why adding a file never changes which files
 an existing shard holds, beyond the single shard the new file lands in.
@@ -30,8 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import types
-import typing
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -41,12 +42,14 @@ from typing import Any, BinaryIO
 
 import yaml
 
-from marin_assets.curation.filters import FilterConfig
+from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_resources.identity import validate_partition_key
+from marin_resources.typed_config import FieldProblem, decode, typed_config
 
-FORMATS = ("text", "jsonl", "parquet", "html", "auto")
+FORMATS = ("text", "jsonl", "parquet", "html", "warc", "auto")
 PYPI_SDIST_SCHEME = "pypi-sdist"
+HF_SCHEME = "hf"
 INSTALLED_DISTS_SCHEME = "installed-dists"
 SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -70,6 +73,7 @@ class SourceConfigError(ValueError):
     """A sources YAML file is invalid; the message names the source and field."""
 
 
+@typed_config
 @dataclass(frozen=True)
 class SourceConfig:
     name: str
@@ -103,9 +107,13 @@ class SourceConfig:
 class CurationConfig:
     sources: tuple[SourceConfig, ...]
     quality: QualityConfig | None = None
-    # Names of sources whose documents train the quality classifier.
-    quality_positive_sources: tuple[str, ...] = ()
-    quality_negative_sources: tuple[str, ...] = ()
+    # Pinned sources whose documents train the fastText quality classifier (see _parse_quality).
+    quality_positive_sources: tuple[SourceConfig, ...] = ()
+    quality_negative_sources: tuple[SourceConfig, ...] = ()
+    # Names of the corpus sources that are scored and share one keep threshold.
+    quality_sources: tuple[str, ...] = ()
+    # An adopted fastText language-ID model (lid.176); None: langid.py.
+    language_id: LanguageIdConfig | None = None
     path: str | None = None
 
     def source(self, name: str) -> SourceConfig:
@@ -152,62 +160,23 @@ class Shard:
 # --------------------------------------------------------------------------- YAML
 
 
-def _check_type(value: Any, annotation: Any, where: str) -> Any:
-    """Validate ``value`` against a simple annotation and coerce lists to tuples."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(annotation)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _check_type(value, option, where)
-            except SourceConfigError as exc:
-                errors.append(str(exc))
-        raise SourceConfigError(errors[0])
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise SourceConfigError(f"{where}: expected a list, got {value!r}")
-        args = typing.get_args(annotation)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_check_type(v, args[0], where) for v in value)
-        if len(value) != len(args):
-            raise SourceConfigError(f"{where}: expected {len(args)} items, got {value!r}")
-        return tuple(_check_type(v, a, where) for v, a in zip(value, args))
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise SourceConfigError(f"{where}: expected true/false, got {value!r}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SourceConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SourceConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise SourceConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported annotation {annotation!r}")
+def _located(where: str, problem: FieldProblem) -> SourceConfigError:
+    """The decoder's problem, prefixed with where in the file it is (an unknown field: its parent)."""
+    path = problem.parent if problem.unknown else problem.dotted
+    separator = "" if not path or path.startswith("[") else "."
+    return SourceConfigError(f"{where}{separator}{path}: {problem.problem}")
 
 
-def _build(cls: type, raw: Any, where: str, base: Any = None) -> Any:
-    """Build a flat config dataclass from a mapping, on top of ``base``."""
-    if not isinstance(raw, Mapping):
-        raise SourceConfigError(f"{where}: expected a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in raw.items():
-        if key not in names:
-            raise SourceConfigError(f"{where}: unknown field {key!r} (allowed: {', '.join(names)})")
-        values[key] = _check_type(value, hints[key], f"{where}.{key}")
-    return dataclasses.replace(base, **values) if base is not None else cls(**values)
+def _decode(tp: Any, raw: Any, where: str, base: Any = None) -> Any:
+    """A config dataclass (or ``tuple[str, ...]``) from YAML data; a mapping goes on top of ``base``."""
+    if base is not None or dataclasses.is_dataclass(tp):
+        if not isinstance(raw, Mapping):
+            raise SourceConfigError(f"{where}: expected a mapping, got {raw!r}")
+        raw = {**dataclasses.asdict(base), **raw} if base is not None else dict(raw)
+    try:
+        return decode(tp, raw)
+    except FieldProblem as exc:
+        raise _located(where, exc) from None
 
 
 def _resolve_uri(uri: str, base_dir: Path) -> str:
@@ -225,7 +194,7 @@ def _resolve_uri(uri: str, base_dir: Path) -> str:
 
 
 _SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceConfig)}
-_QUALITY_EXTRA_KEYS = ("positive_sources", "negative_sources")
+_QUALITY_EXTRA_KEYS = ("positive_sources", "negative_sources", "sources")
 
 
 def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterConfig) -> SourceConfig:
@@ -248,12 +217,12 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
     fmt = raw.get("format", "auto")
     if fmt not in FORMATS:
         raise SourceConfigError(f"{where}.format: {fmt!r} is not one of {', '.join(FORMATS)}")
-    filters = _build(FilterConfig, raw.get("filters") or {}, f"{where}.filters", base=global_filters)
+    filters = _decode(FilterConfig, raw.get("filters") or {}, f"{where}.filters", base=global_filters)
     dedup = raw.get("dedup") or {}
     if not isinstance(dedup, Mapping):
         raise SourceConfigError(f"{where}.dedup: expected a mapping, got {dedup!r}")
     scalar = {k: v for k, v in raw.items() if k not in ("filters", "dedup")}
-    cfg = _build(SourceConfig, scalar, where)
+    cfg = _decode(SourceConfig, scalar, where)
     if "files_per_shard" in raw and "bytes_per_shard" in raw:
         raise SourceConfigError(f"{where}: set files_per_shard or bytes_per_shard, not both")
     if "files_per_shard" in raw:
@@ -279,15 +248,15 @@ def parse_curation_config(data: Any, base_dir: str | Path, origin: str = "<memor
     base = Path(base_dir)
     if not isinstance(data, Mapping):
         raise SourceConfigError(f"{origin}: top level must be a mapping with a 'sources' list")
-    unknown = sorted(set(data) - {"sources", "filters", "quality"})
+    unknown = sorted(set(data) - {"sources", "filters", "quality", "language_id"})
     if unknown:
         raise SourceConfigError(
-            f"{origin}: unknown top-level field {unknown[0]!r} (allowed: sources, filters, quality)"
+            f"{origin}: unknown top-level field {unknown[0]!r} (allowed: sources, filters, quality, language_id)"
         )
     raw_sources = data.get("sources")
     if not isinstance(raw_sources, list) or not raw_sources:
         raise SourceConfigError(f"{origin}: 'sources' must be a non-empty list")
-    global_filters = _build(FilterConfig, data.get("filters") or {}, "filters")
+    global_filters = _decode(FilterConfig, data.get("filters") or {}, "filters")
     sources = []
     seen: set[str] = set()
     for i, raw in enumerate(raw_sources):
@@ -297,33 +266,80 @@ def parse_curation_config(data: Any, base_dir: str | Path, origin: str = "<memor
         seen.add(src.name)
         sources.append(src)
 
-    quality = None
-    positives: tuple[str, ...] = ()
-    negatives: tuple[str, ...] = ()
-    if data.get("quality") is not None:
-        raw_q = data["quality"]
-        if not isinstance(raw_q, Mapping):
-            raise SourceConfigError(f"quality: expected a mapping, got {raw_q!r}")
-        model_fields = {k: v for k, v in raw_q.items() if k not in _QUALITY_EXTRA_KEYS}
-        try:
-            quality = _build(QualityConfig, model_fields, "quality")
-        except SourceConfigError as exc:
-            raise SourceConfigError(f"{exc} (also allowed: {', '.join(_QUALITY_EXTRA_KEYS)})") from None
-        if not 0.0 < quality.keep_fraction <= 1.0:
-            raise SourceConfigError(f"quality.keep_fraction: must be in (0, 1], got {quality.keep_fraction}")
-        positives = _check_type(raw_q.get("positive_sources", []), tuple[str, ...], "quality.positive_sources")
-        negatives = _check_type(raw_q.get("negative_sources", []), tuple[str, ...], "quality.negative_sources")
-        for key, names in (("positive_sources", positives), ("negative_sources", negatives)):
-            for n in names:
-                if n not in seen:
-                    raise SourceConfigError(f"quality.{key}: {n!r} is not a declared source")
+    quality = _parse_quality(data.get("quality"), sources, base, global_filters)
+    language_id = None
+    if data.get("language_id") is not None:
+        language_id = _decode(LanguageIdConfig, data["language_id"], "language_id")
+        language_id = dataclasses.replace(language_id, model_uri=_resolve_uri(language_id.model_uri, base))
     return CurationConfig(
         sources=tuple(sources),
-        quality=quality,
-        quality_positive_sources=positives,
-        quality_negative_sources=negatives,
+        **quality,
+        language_id=language_id,
         path=origin,
     )
+
+
+def _is_pinned(source: SourceConfig) -> bool:
+    """A registry sdist with its sha256, or one file (no glob) with its sha256: nothing else can vary."""
+    if source.sha256 is None:
+        return False
+    if source.uri.startswith(PYPI_SDIST_SCHEME + "://"):
+        return True
+    return not source.uri.startswith(INSTALLED_DISTS_SCHEME + "://") and not _GLOB_CHARS.search(source.uri)
+
+
+def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path,
+                   global_filters: FilterConfig) -> dict[str, Any]:
+    """The ``quality:`` block: classifier settings, pinned training sources, the scored corpus sources.
+
+    Training sources are declared sources (by name) or inline source mappings, and must be pinned so
+    that the classifier never depends on the machine it is trained on.
+    """
+    if raw_q is None:
+        return {}
+    if not isinstance(raw_q, Mapping):
+        raise SourceConfigError(f"quality: expected a mapping, got {raw_q!r}")
+    try:
+        quality = _decode(QualityConfig, {k: v for k, v in raw_q.items() if k not in _QUALITY_EXTRA_KEYS}, "quality")
+    except SourceConfigError as exc:
+        raise SourceConfigError(f"{exc} (also allowed: {', '.join(_QUALITY_EXTRA_KEYS)})") from None
+    except ValueError as exc:
+        raise SourceConfigError(str(exc)) from None
+    if quality.model_uri is not None:
+        quality = dataclasses.replace(quality, model_uri=_resolve_uri(quality.model_uri, base))
+    declared = {s.name: s for s in sources}
+    training: dict[str, tuple[SourceConfig, ...]] = {}
+    for key in ("positive_sources", "negative_sources"):
+        entries = raw_q.get(key, [])
+        if not isinstance(entries, list):
+            raise SourceConfigError(f"quality.{key}: expected a list of source names or mappings, got {entries!r}")
+        parsed = []
+        for i, entry in enumerate(entries):
+            if isinstance(entry, str):
+                if entry not in declared:
+                    raise SourceConfigError(f"quality.{key}: {entry!r} is not a declared source")
+                src = declared[entry]
+            else:
+                src = _parse_source(entry, i, base, global_filters)
+            if not _is_pinned(src):
+                raise SourceConfigError(
+                    f"quality.{key}: source {src.name!r} is not pinned: a classifier trains on a pypi-sdist:// URI "
+                    "with its sha256, or on one file with its sha256 (never on the environment)")
+            parsed.append(src)
+        training[key] = tuple(parsed)
+    trained = quality.classifier == "fasttext" and quality.model_uri is None
+    if trained and not (training["positive_sources"] and training["negative_sources"]):
+        raise SourceConfigError("quality: a trained fastText classifier needs positive_sources and negative_sources "
+                                "(or model_uri and model_sha256 to adopt a model, or classifier: compression)")
+    if not trained and (training["positive_sources"] or training["negative_sources"]):
+        raise SourceConfigError("quality: positive_sources/negative_sources train a model; an adopted model "
+                                "(model_uri) or the compression classifier takes none")
+    scored = _decode(tuple[str, ...], raw_q.get("sources", [s.name for s in sources]), "quality.sources")
+    for name in scored:
+        if name not in declared:
+            raise SourceConfigError(f"quality.sources: {name!r} is not a declared source")
+    return {"quality": quality, "quality_positive_sources": training["positive_sources"],
+            "quality_negative_sources": training["negative_sources"], "quality_sources": scored}
 
 
 def load_curation_config(path: str | Path) -> CurationConfig:
@@ -411,6 +427,23 @@ class ContentHashCache:
     def __exit__(self, *exc) -> None:
         self.db.commit()
         self.db.close()
+
+    def sha256_of_remote(self, fs, path: str, uri: str, size: int | None, mtime: str | None) -> str:
+        """sha256 of a file on a filesystem that keeps no checksum, keyed by its URI, size and
+        modification time (there is no ctime or inode to add): unchanged, it is read once."""
+        key = b"remote:" + uri.encode("utf-8", "surrogateescape")
+        stamp = (-1 if size is None else int(size), str(mtime or ""))
+        row = self.db.execute("SELECT size, mtime_ns, sha256 FROM hashes WHERE path = ?", (key,)).fetchone()
+        if row is not None and mtime is not None and (row[0], row[1]) == stamp:
+            return row[2]
+        digest = hashlib.sha256()
+        with fs.open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+        if mtime is not None:  # without a modification time a cached hash could never be trusted
+            self.db.execute("INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, NULL, NULL, ?)", (key, *stamp,
+                                                                                            digest.hexdigest()))
+        return digest.hexdigest()
 
     def sha256(self, path: str) -> str:
         stamp, key = _stat_stamp(path), os.fsencode(path)  # bytes: a file name need not be UTF-8
@@ -581,6 +614,8 @@ def _resolve_sdist_uri(uri: str, expected_sha256: str | None) -> str:
 
 
 def _resolved_url(uri: str, expected_sha256: str | None) -> str:
+    if HF_SCHEME + "://" in uri:
+        use_hf_endpoint()
     if uri.startswith(PYPI_SDIST_SCHEME + "://"):
         return _resolve_sdist_uri(uri, expected_sha256)
     return uri
@@ -681,17 +716,42 @@ def _info_str(info: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
 
 
 _MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "date_time", "modified")
-_ETAG_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "chksum", "CRC", "sha", "blob_id", "lfs")
+# Checksums of the content that stores keep, strongest first: S3's additional checksums and ETag
+# (an MD5, or an MD5 of part MD5s for multipart uploads), GCS's md5Hash and crc32c (composite objects
+# have only crc32c; GCS's `etag` changes with metadata, so it is not one), a zip member's CRC-32,
+# git's blob sha (github://, git://), an LFS pointer's oid.
+_CONTENT_CHECKSUM_KEYS = ("ChecksumSHA256", "ChecksumSHA1", "ChecksumCRC64NVME", "ChecksumCRC32C", "ChecksumCRC32",
+                          "md5Hash", "crc32c", "ETag", "CRC", "sha", "blob_id", "lfs")
+# Tags that change with more than the content (a tar header's checksum covers its mtime, GCS's etag
+# its metadata): used only when a listing has nothing better, together with the mtime.
+_WEAK_TAG_KEYS = ("etag", "chksum")
+
+
+_QUOTE = '"'  # S3 quotes its ETags
+
+
+def _content_checksum(info: Mapping[str, Any]) -> str | None:
+    """`<key>:<value>` of the strongest content checksum in a listing entry, or None."""
+    for key in _CONTENT_CHECKSUM_KEYS:
+        value = info.get(key)
+        if value not in (None, ""):
+            return f"{key}:{str(value).strip(_QUOTE)}"
+    return None
 
 
 def _file_ref(uri: str, relpath: str, info: Mapping[str, Any], etag: str | None = None) -> FileRef:
+    """A file as its listing describes it. With a content checksum kept by the store, that checksum
+    is its identity and the mtime is left out: a file uploaded again without a change is the same
+    file. Otherwise the mtime and the given tag (an archive's hash for its members), or a weaker
+    one, stand in."""
     size = info.get("size")
+    checksum = None if etag else _content_checksum(info)
     return FileRef(
         uri=uri,
         relpath=relpath,
         size=int(size) if size is not None else None,
-        mtime=_info_str(info, _MTIME_KEYS),
-        etag=etag or _info_str(info, _ETAG_KEYS),
+        mtime=None if checksum else _info_str(info, _MTIME_KEYS),
+        etag=etag or checksum or _info_str(info, _WEAK_TAG_KEYS),
     )
 
 
@@ -723,7 +783,10 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
     from fsspec.implementations.local import LocalFileSystem
 
     uri = source.uri
-    if uri.startswith(INSTALLED_DISTS_SCHEME + "://"):
+    use_hf_endpoint()
+    if uri.startswith(HF_SCHEME + "://"):
+        refs = list_hf_files(source)
+    elif uri.startswith(INSTALLED_DISTS_SCHEME + "://"):
         limit = _parse_special_uri(uri, f"source {source.name!r}.uri")
         refs = _list_installed_dists(limit if isinstance(limit, int) else None)
     elif uri.startswith(PYPI_SDIST_SCHEME + "://"):
@@ -742,6 +805,8 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
     else:
         fs, path = fsspec.core.url_to_fs(uri)
         local = isinstance(fs, LocalFileSystem) and "::" not in uri
+        # fsspec caches instances and their listings: a long-lived process (a sensor) must see today's.
+        fs.invalidate_cache()
         if "::" in uri:
             protocol, target = uri.split("://", 1)[0], uri.split("::", 1)[1]
 
@@ -756,7 +821,7 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
         root = path.rstrip("/") if not _GLOB_CHARS.search(path) and fs.isdir(path) else _glob_root(path)
         refs = []
         with contextlib.ExitStack() as stack:
-            hashes = stack.enter_context(ContentHashCache()) if local else None
+            hashes = stack.enter_context(ContentHashCache())
             for p, info in matches.items():
                 rel = _relative(p, root)
                 refused = None if not local or source.follow_symlinks else _outside_root(p, root)
@@ -767,16 +832,92 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
                                         if os.path.islink(p) else None, refused=refused))
                 elif source.expand_archives and "::" not in uri and _archive_protocol(p):
                     refs.extend(_expand_archive(rebuild(p), rel))
-                elif hashes is not None:
+                elif local:
                     # Content identity: a touched file is the same file, a same-size rewrite is not.
                     try:
                         etag = f"sha256:{hashes.sha256(p)}"
                     except OSError:  # a dangling link or a vanished file: reading it reports the error
                         etag = None
                     refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=etag))
-                else:
+                elif _content_checksum(info) is not None:
                     refs.append(_file_ref(rebuild(p), rel, info))
+                else:
+                    # No checksum kept by the store (plain HTTP, an archive member, memory): hash the
+                    # bytes once, cached by URI, size and modification time.
+                    mtime = _info_str(info, _MTIME_KEYS)
+                    digest = hashes.sha256_of_remote(fs, p, rebuild(p), info.get("size"), mtime)
+                    refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=f"sha256:{digest}"))
     return sorted(refs, key=lambda r: r.relpath)
+
+
+_HF_PATH_RE = re.compile(r"^(?P<kind>datasets/|spaces/|models/)?(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?(?:/(?P<path>.*))?$")
+
+
+def use_hf_endpoint() -> None:
+    """Point fsspec's ``hf://`` filesystem at ``$HF_ENDPOINT`` (a mirror, or a test's stand-in) when it
+    is set. Like the token (``$HF_TOKEN``, which huggingface_hub reads itself), the endpoint is a
+    runtime choice: URIs, and so shard fingerprints, never carry it. huggingface_hub reads
+    ``HF_ENDPOINT`` once at import; this reads it whenever a source is listed or opened."""
+    import fsspec.config
+
+    hf = {k: v for k, v in fsspec.config.conf.get(HF_SCHEME, {}).items() if k != "endpoint"}
+    if os.environ.get("HF_ENDPOINT"):
+        hf["endpoint"] = os.environ["HF_ENDPOINT"].rstrip("/")
+    fsspec.config.conf[HF_SCHEME] = hf
+
+
+def list_hf_files(source: SourceConfig) -> list[FileRef]:
+    """The files of ``hf://datasets/ORG/NAME[@REVISION][/GLOB]``, each pinned to a commit.
+
+    The revision (default ``main``; a branch, tag or sha) is resolved to its commit once, the glob
+    is listed at that commit, and each file's URI names the last commit that changed the file
+    (``hf://datasets/ORG/NAME@<sha>/path``): reading it later gives the same bytes whatever the
+    branch has become, and a new commit that leaves a file alone leaves its URI, and so its shard's
+    fingerprint, alone. The etag is the file's git blob id. A missing repository, revision or path
+    is a ``FileNotFoundError`` with one line saying which.
+    """
+    import fsspec
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
+
+    where = f"source {source.name!r}"
+    match = _HF_PATH_RE.match(source.uri[len(HF_SCHEME) + 3:])
+    if match is None:
+        raise SourceConfigError(f"{where}.uri: expected hf://datasets/ORG/NAME[@REVISION][/GLOB], got {source.uri!r}")
+    kind, repo_id, glob = match["kind"] or "", match["repo"], (match["path"] or "").strip("/")
+    revision = urllib.parse.unquote(match["rev"]) if match["rev"] else None
+    repo_type = {"datasets/": "dataset", "spaces/": "space"}.get(kind, "model")
+    fs = fsspec.filesystem(HF_SCHEME)
+    try:
+        sha = HfApi(endpoint=fs.endpoint, token=fs.token).repo_info(repo_id, repo_type=repo_type,
+                                                                    revision=revision).sha
+    except (RepositoryNotFoundError, HFValidationError):
+        raise FileNotFoundError(f"{where}: no {repo_type} repository {repo_id!r} at {fs.endpoint} (or it is "
+                                "private or gated and HF_TOKEN does not grant access)") from None
+    except RevisionNotFoundError:
+        raise FileNotFoundError(f"{where}: {repo_type} repository {repo_id!r} has no revision {revision!r}") from None
+    root = f"{kind}{repo_id}@{sha}"
+    target = f"{root}/{glob}".rstrip("/")
+    is_dir = not _GLOB_CHARS.search(glob) and fs.isdir(target)
+    try:
+        if is_dir:
+            found = fs.find(target, detail=True, expand_info=True)
+        elif _GLOB_CHARS.search(glob):
+            found = fs.glob(target, detail=True, expand_info=True)
+        else:
+            found = {target: fs.info(target, expand_info=True)}
+    except FileNotFoundError:
+        found = {}
+    files = {p: info for p, info in found.items() if info.get("type") == "file"}
+    if not files:
+        raise FileNotFoundError(f"{where}: {glob or '/'} matches no file in {repo_type} {repo_id} at {sha}")
+    base = target if is_dir else _glob_root(target)
+    refs = []
+    for path, info in files.items():
+        in_repo = path[len(root) + 1:]
+        commit = (info.get("last_commit") or {}).get("oid") or sha
+        refs.append(_file_ref(f"{HF_SCHEME}://{kind}{repo_id}@{commit}/{in_repo}", _relative(path, base), info))
+    return refs
 
 
 def _outside_root(path: str, root: str) -> str | None:
@@ -913,6 +1054,7 @@ def _row_group_starts(uri: str) -> list[int]:
 
 def read_byte_range(uri: str, fmt: str, start: int, end: int) -> bytes:
     """A stand-alone file of the records that start in bytes ``[start, end)`` (see split_large_files)."""
+    use_hf_endpoint()
     if fmt == "jsonl":
         return read_line_range(uri, start, end)
     import fsspec

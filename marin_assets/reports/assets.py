@@ -1,5 +1,7 @@
 """Operational reports: the failure record as an asset, refreshed by a daily schedule."""
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
 import polars as pl
 
@@ -7,6 +9,9 @@ from marin_assets.catalog import Catalog
 from marin_resources.environments import MarinSettings
 from marin_resources.failures import failed_materializations
 from marin_resources.keys import asset_key, stage_owners
+
+if TYPE_CHECKING:
+    from marin_assets.deployment import Deployment  # which reads this module's registry
 
 FAILURE_COLUMNS = {"time": pl.String, "run_id": pl.String, "job": pl.String, "assets": pl.String,
                    "partition": pl.String, "step": pl.String, "error": pl.String, "config": pl.String}
@@ -47,5 +52,5 @@ daily_failure_report = dg.ScheduleDefinition(job=failure_report_job, cron_schedu
                                              description="Refresh the failure report every morning.")
 
 
-def build_reports_stage(settings: MarinSettings) -> tuple[dg.Definitions, Catalog]:
+def build_reports_stage(settings: MarinSettings, deployment: "Deployment") -> tuple[dg.Definitions, Catalog]:
     return dg.Definitions(assets=[failure_report], jobs=[failure_report_job], schedules=[daily_failure_report]), Catalog()

@@ -1,34 +1,42 @@
-"""Scaling-sweep assets, one set per sweep S in `sweeps.yaml`:
+"""Scaling-sweep assets, one set per sweep S of the deployment (`sweeps.yaml`, MARIN_SWEEPS):
 
-    sweep/S            the plan: every budget's candidates (and rejections) as JSON
-    checkpoint[r], eval[r]            one run per fit-budget candidate r (registered here)
-    scaling_fit/S      isoFLOP fit of the fit runs' eval losses: fit JSON, PNG, predictions
-    forecast/S         the frozen forecast of each target budget's chosen run
-    checkpoint[t], eval[t]            the target run t, registered only once forecast/S exists
-    forecast_check/S   actual versus forecast, with an asset check on the interval
+    sweep/S                  the plan: every budget's candidates (and rejections) as JSON
+    sweep_checkpoint/S[r]    one training run per fit-budget candidate r, then the target runs
+    sweep_eval/S[r]          its evaluation
+    sweep_harness_eval/S[r]  the eval suite on it, when S forecasts a harness metric (evaluation stage)
+    scaling_fit/S            isoFLOP fit of the fit runs' eval losses: fit JSON, PNG, predictions
+    forecast/S               the frozen forecast of each target budget's chosen run
+    forecast_check/S         actual versus forecast, with an asset check on the interval
 
-Predict-before-train is enforced by registration: a target run is a partition of `checkpoint`
-only when a committed forecast for the current sweep config is in the store, so it cannot be
+A sweep's runs are the dynamic partitions `S_sweep_runs`, its own, so that the runs of a sweep
+nobody started never make the deployment's named runs (`checkpoint`, `eval`) look unfinished.
+The fit runs follow from the config alone; a target run is added only after forecast/S commits
+(by the `sweep_runs` sensor, or by `marin` when it discovers partitions), so it cannot be
 trained first, and the forecast check also verifies that the forecast was committed before the
-target's training started.
+target's training started. Nothing here reads the store while the code location loads.
 """
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 
 from marin_assets.catalog import Catalog
-from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, SweepPlan, load_sweeps, plan_sweep
-from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_target, eval_loss_key, fit_sweep,
-                                                     forecast_record, runs_table, score_forecast)
-from marin_assets.tokenization.assets import deployment_registry
-from marin_assets.training.spec import register_run
+from marin_assets.deployment import Deployment
+from marin_assets.scaling_sweeps.config import SweepConfig, SweepPlan, plan_sweep
+from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_target, fit_metric_link, fit_sweep,
+                                                     fitted_key, forecast_metric, forecast_record,
+                                                     harness_result_key, is_harness_metric, runs_table,
+                                                     score_forecast, score_metric_forecast)
+from marin_assets.training.assets import SpecLookup, add_run_identities, build_run_assets
+from marin_assets.training.spec import RunSpec
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset, marin_check,
                                        materialize_artifact)
 from marin_resources.display import png_markdown, records_table
-from marin_resources.environments import MarinSettings
+from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.identity import fingerprint
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore
 
 SWEEP_VERSION = "v1"
@@ -36,7 +44,6 @@ SWEEP_VERSION = "v1"
 SCALING_FIT_VERSION = "v2"
 FORECAST_VERSION = "v2"
 FORECAST_CHECK_VERSION = "v2"
-EVAL_KEY = dg.AssetKey(["eval"])
 # A fit run's parameter count from Levanter must match the recipe's (else the vocabulary differs).
 PARAMS_TOLERANCE = 0.005
 
@@ -54,50 +61,101 @@ def stored_forecast(store: ArtifactStore, config: SweepConfig) -> dict[str, Any]
     return read_json(store, manifest.uri, "forecast.json")
 
 
-def register_sweep_runs(plan: SweepPlan, store: ArtifactStore) -> list[str]:
-    """Register fit runs, and the forecast's chosen target runs when the forecast exists; returns target names."""
-    for run in plan.fit_runs():
-        register_run(run.spec)
-    forecast = stored_forecast(store, plan.config)
-    if forecast is None:
-        return []
-    targets = []
-    for budget in plan.config.target_budgets:
-        try:
-            run = chosen_target(plan, forecast, budget)
-        except KeyError:
-            continue  # a forecast of another plan: its target waits for a new forecast
-        register_run(run.spec)
-        targets.append(run.spec.name)
-    return targets
+def checkpoint_key(sweep: str) -> str:
+    return f"sweep_checkpoint/{sweep}"
+
+
+def eval_key(sweep: str) -> str:
+    return f"sweep_eval/{sweep}"
+
+
+def harness_key(sweep: str) -> str:
+    """The eval suite on the sweep's runs (built by the evaluation stage when the sweep forecasts a
+    harness metric)."""
+    return f"sweep_harness_eval/{sweep}"
+
+
+def runs_partitions(sweep: str) -> dg.DynamicPartitionsDefinition:
+    return dg.DynamicPartitionsDefinition(name=f"{sweep}_sweep_runs")
+
+
+@dataclass(frozen=True)
+class SweepRuns:
+    """A sweep's training runs: the plan's fit runs (from the config alone) and the committed
+    forecast's chosen target runs (read from the store when asked, never at load)."""
+
+    plan: SweepPlan
+
+    @property
+    def name(self) -> str:
+        return self.plan.config.name
+
+    def fit(self) -> dict[str, RunSpec]:
+        return {r.spec.name: r.spec for r in self.plan.fit_runs()}
+
+    def targets(self, store: ArtifactStore) -> dict[str, RunSpec]:
+        forecast = stored_forecast(store, self.plan.config)
+        if forecast is None:
+            return {}
+        targets = {}
+        for budget in self.plan.config.target_budgets:
+            try:
+                run = chosen_target(self.plan, forecast, budget)
+            except KeyError:
+                continue  # a forecast of another plan: its target waits for a new forecast
+            targets[run.spec.name] = run.spec
+        return targets
+
+    def names(self, store: ArtifactStore) -> list[str]:
+        return sorted({**self.fit(), **self.targets(store)})
+
+    def spec(self, run: str, store: ArtifactStore) -> RunSpec:
+        fit = self.fit()
+        if run in fit:
+            return fit[run]
+        targets = self.targets(store)
+        if run not in targets:
+            raise dg.Failure(f"{run!r} is neither a fit run of sweep {self.name!r} nor the target of its committed "
+                             f"forecast (targets: {sorted(targets) or 'none until forecast/' + self.name + ' commits'})")
+        return targets[run]
+
+
+def sweep_run_lookup(settings: MarinSettings, runs: SweepRuns) -> SpecLookup:
+    """A sweep run's spec when a step asks; the store (for the forecast's targets) is read then, never at load."""
+    store = store_resource(settings)
+    return lambda run: runs.spec(run, store.get())
 
 
 def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, ArtifactHandle]) -> dict[str, float]:
-    """Eval loss of each fit run, after checking the run trained the planned model for all its steps."""
-    key = eval_loss_key(plan.config.eval_set)
+    """The fitted eval metric (loss, or bpb) of each fit run, after checking the run trained the
+    planned model for all its steps."""
+    key = fitted_key(plan.config)
     losses = {}
     for run in plan.fit_runs():
         name = run.spec.name
         handle = evals.get(name)
         if handle is None:
-            raise SweepFitError(f"no eval of fit run {name!r}; materialize eval --partition {name}")
+            raise SweepFitError(f"no eval of fit run {name!r}; materialize {eval_key(plan.config.name)} "
+                                f"--partition {name}")
         if key not in handle.metrics:
             raise SweepFitError(f"eval[{name}] has no {key!r} (has {sorted(handle.metrics)})")
         manifest = store.read_manifest(handle.uri)
-        checkpoint_ref = next((u for u in manifest.upstream if u.asset_key == "checkpoint"), None) if manifest else None
+        checkpoint_ref = next((u for u in manifest.upstream if u.asset_key == checkpoint_key(plan.config.name)),
+                              None) if manifest else None
         checkpoint = store.read_manifest(checkpoint_ref.uri) if checkpoint_ref else None
         if checkpoint is None:
             raise SweepFitError(f"eval[{name}] does not record its checkpoint")
         if checkpoint.fingerprint != fingerprint(run.spec.identity()):
-            # Same name, another spec (the recipe changed): a drift-reused artifact must not be fitted.
-            # --force would reuse it (drift), and --rebuild alone would resume from its checkpoints.
-            raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the plan's; move its "
-                                f"checkpoints aside ({checkpoint.uri}/checkpoints), then retrain it: "
-                                f"marin materialize checkpoint --partition {name} --rebuild")
+            # Same name, another spec (the recipe changed): the eval is of the old checkpoint. The plan's
+            # spec trains beside it (its identity is in the path), and its eval then replaces this one.
+            raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the plan's "
+                                f"({checkpoint.uri}); train and evaluate the plan's beside it: "
+                                f"marin materialize {eval_key(plan.config.name)} --partition {name}")
         trained = checkpoint.metrics
         if trained.get("final_step") is None:
             raise SweepFitError(f"checkpoint[{name}] records no final step (committed without its training "
-                                f"summary); rebuild it: marin materialize checkpoint --partition {name} --rebuild")
+                                f"summary); rebuild it: marin materialize {checkpoint_key(plan.config.name)} --partition {name} "
+                                "--rebuild")
         if trained["final_step"] != run.spec.num_train_steps:
             raise SweepFitError(f"checkpoint[{name}] finished {trained['final_step']} of "
                                 f"{run.spec.num_train_steps} steps")
@@ -109,18 +167,32 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
     return losses
 
 
-def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list, list, dict[str, Any]]:
+def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: SweepConfig,
+                       catalog: Catalog) -> tuple[list, list]:
     plan = plan_sweep(config)
-    targets = register_sweep_runs(plan, store)
+    runs = SweepRuns(plan)
     identity = config.identity()
     sweep_fp = fingerprint(identity)
     fit_names = [r.spec.name for r in plan.fit_runs()]
     name = config.name
-    # Identity of each artifact; the catalog gives the same to `marin status` for drift detection.
+    # Identity of each artifact; the catalog gives the same to `marin status`, which finds each by it.
     configs = {"sweep": identity,
                "scaling_fit": {"sweep_fingerprint": sweep_fp, "fit_runs": fit_names},
                "forecast": {"sweep_fingerprint": sweep_fp},
-               "forecast_check": {"sweep_fingerprint": sweep_fp, "targets": targets}}
+               # The targets follow from the forecast, an upstream whose data version is recorded.
+               "forecast_check": {"sweep_fingerprint": sweep_fp}}
+    tags = {"marin/sweep": name}
+    partitions = runs_partitions(name)
+    store = store_resource(settings)
+    spec_for = sweep_run_lookup(settings, runs)
+
+    run_assets, run_checks = build_run_assets(
+        checkpoint_key=checkpoint_key(name), eval_key=eval_key(name), partitions=partitions, spec_for=spec_for,
+        mixture_versions={config.mixture: deployment.mixture_versions[config.mixture]},
+        tokenizer_versions={config.tokenizer: deployment.tokenizer_versions[config.tokenizer]},
+        pool=settings.train_pool, group_name="scaling", tags=tags, subject=f" of sweep {name!r}")
+    catalog.add_discoverer(partitions.name, lambda: runs.names(store.get()))
+    add_run_identities(catalog, checkpoint_key(name), eval_key(name), spec_for)
 
     @marin_asset(key=f"sweep/{name}", version=SWEEP_VERSION, identity=configs["sweep"], group_name="scaling",
                  kinds={"json"}, tags={"marin/sweep": name},
@@ -135,19 +207,36 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
 
         return materialize_artifact(context, store, config=configs["sweep"], upstream=[], build=build)
 
-    fit_evals = all_partitions_in(EVAL_KEY, partition_mapping=dg.SpecificPartitionsPartitionMapping(fit_names))
+    fit_runs_only = dg.SpecificPartitionsPartitionMapping(fit_names)
+    metric = forecast_metric(config)
+    linked = is_harness_metric(metric)
+    # A harness metric is checked on the sweep's harness asset; the loss it is linked from stays on sweep_eval/S.
+    checked_key = harness_key(name) if linked else eval_key(name)
+    fit_ins = {"plan_handle": dg.AssetIn(key=sweep.key),
+               "evals": all_partitions_in(eval_key(name), partition_mapping=fit_runs_only)}
+    if linked:
+        fit_ins["harness"] = all_partitions_in(harness_key(name), partition_mapping=fit_runs_only)
 
     @marin_asset(key=f"scaling_fit/{name}", version=SCALING_FIT_VERSION, identity=configs["scaling_fit"],
-                 group_name="scaling", ins={"plan_handle": dg.AssetIn(key=sweep.key), "evals": fit_evals},
-                 kinds={"scipy", "matplotlib"}, tags={"marin/sweep": name},
-                 description=f"The fit runs of sweep `{name}` (eval loss on `{config.eval_set}`) fitted two ways: the "
+                 group_name="scaling", ins=fit_ins, kinds={"scipy", "matplotlib"}, tags={"marin/sweep": name},
+                 description=f"Sweep `{name}`'s fit runs ({fitted_key(config)}) fitted two ways: the "
                              "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
-                             "every target candidate with a bootstrap interval: fit.json, fit.png and joint.png.")
+                             "every target candidate with a bootstrap interval: fit.json, fit.png and joint.png."
+                             + (f" {metric} follows the loss through a {config.link} link fitted over the fit runs."
+                                if linked else ""))
     def scaling_fit(context: dg.AssetExecutionContext, store: MarinStore, plan_handle: ArtifactHandle,
-                    evals: dict[str, ArtifactHandle]):
+                    evals: dict[str, ArtifactHandle], **linked_inputs: dict[str, ArtifactHandle]):
+        # `harness` is an input only when the sweep forecasts a harness metric.
+        harness = linked_inputs.get("harness", {})
         artifacts = store.get()
         try:
-            fitted = fit_sweep(plan, runs_table(plan, eval_losses(artifacts, plan, evals)))
+            losses = eval_losses(artifacts, plan, evals)
+            link = None
+            if linked:
+                key = harness_result_key(metric)
+                values = {n: float(h.metrics[key]) for n, h in harness.items() if key in h.metrics}
+                link = fit_metric_link(config, losses, values)
+            fitted = fit_sweep(plan, runs_table(plan, losses), link)
         except SweepFitError as exc:
             raise dg.Failure(str(exc)) from exc
 
@@ -163,13 +252,15 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
             for target in fitted.result["targets"]:
                 metrics[f"forecast/{target['chosen']}/loss"] = next(
                     c["loss"] for c in target["candidates"] if c["run"] == target["chosen"])
+            if link is not None:
+                metrics.update({f"link/{k}": link[k] for k in ("floor", "ceiling", "k", "loss_mid", "rmse")})
             return Built(metrics=metrics, metadata={
                 "fit_plot": png_markdown(fitted.png, f"isoFLOP fit of {name}"),
                 "joint_plot": png_markdown(fitted.joint_png, f"joint L(N, D) fit of {name}"),
                 "optima": records_table(fitted.result["fit"]["optima"]),
                 "predictions": records_table(fitted.result["fit"]["predictions"])})
 
-        upstream = [plan_handle] + [evals[n] for n in sorted(evals)]
+        upstream = [plan_handle] + [evals[n] for n in sorted(evals)] + [harness[n] for n in sorted(harness)]
         return materialize_artifact(context, store, config=configs["scaling_fit"], upstream=upstream, build=build)
 
     @marin_asset(key=f"forecast/{name}", version=FORECAST_VERSION, identity=configs["forecast"], group_name="scaling",
@@ -188,39 +279,43 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
                 metrics.update({f"{t['run']}/loss": t["loss"], f"{t['run']}/loss_low": t["loss_low"],
                                 f"{t['run']}/loss_high": t["loss_high"]})
                 metrics.update({f"{t['run']}/{m}/loss": f["loss"] for m, f in t["forecasts"].items()})
+                if "metric_predicted" in t:
+                    metrics.update({f"{t['run']}/{record['metric']}": t["metric_predicted"],
+                                    f"{t['run']}/{record['metric']}_low": t["metric_low"],
+                                    f"{t['run']}/{record['metric']}_high": t["metric_high"]})
             return Built(metrics=metrics, metadata={"targets": dg.MetadataValue.json(record["targets"])})
 
         return materialize_artifact(context, store, config=configs["forecast"], upstream=[fit], build=build)
 
-    check_ins: dict[str, dg.AssetIn] = {"forecast_in": dg.AssetIn(key=forecast.key)}
-    if targets:
-        check_ins["evals"] = all_partitions_in(EVAL_KEY,
-                                               partition_mapping=dg.SpecificPartitionsPartitionMapping(targets))
-
     @marin_asset(key=f"forecast_check/{name}", version=FORECAST_CHECK_VERSION, identity=configs["forecast_check"],
-                 group_name="scaling", ins=check_ins, kinds={"json"}, tags={"marin/sweep": name},
-                 description=f"Sweep `{name}`: each target run's eval loss against its forecast (signed error %, "
+                 group_name="scaling", ins={"forecast_in": dg.AssetIn(key=forecast.key),
+                                            "evals": all_partitions_in(checked_key)},
+                 kinds={"json"}, tags={"marin/sweep": name},
+                 description=f"Sweep `{name}`: each target run's {metric} against its forecast (signed error %, "
                              "inside the interval or not, forecast committed before training or not).")
     def forecast_check(context: dg.AssetExecutionContext, store: MarinStore, forecast_in: ArtifactHandle,
-                       **target_evals: dict[str, ArtifactHandle]):
-        # `evals` is an input only once the target runs are known (registered from the stored forecast).
+                       evals: dict[str, ArtifactHandle]):
+        # `evals` holds every run of the sweep that is a partition now: the fit runs, and the target
+        # runs once the committed forecast added them.
         artifacts = store.get()
         record = read_json(artifacts, forecast_in.uri, "forecast.json")
         forecast_manifest = artifacts.read_manifest(forecast_in.uri)
-        evals = target_evals.get("evals", {})
         scores = []
         for target in record["targets"]:
             handle = evals.get(target["run"])
             if handle is None:
-                raise dg.Failure(f"target run {target['run']!r} has no eval input: it is registered when the code "
-                                 f"location loads with forecast/{name} stored; reload, then materialize "
-                                 f"eval --partition {target['run']}")
-            key = eval_loss_key(record["eval_set"])
+                raise dg.Failure(f"target run {target['run']!r} is not yet a partition of {checked_key}: the "
+                                 f"sweep_runs sensor (or marin) adds it once forecast/{name} is committed; then "
+                                 f"materialize {checked_key} --partition {target['run']}")
+            key = harness_result_key(metric) if linked else record.get("metric", fitted_key(config))
             if key not in handle.metrics:
-                raise dg.Failure(f"eval[{target['run']}] has no {key!r}")
-            score = score_forecast(target, float(handle.metrics[key]), config.error_goal)
+                raise dg.Failure(f"{checked_key}[{target['run']}] has no {key!r}")
+            actual = float(handle.metrics[key])
+            score = (score_metric_forecast(target, metric, actual, config.error_goal) if linked
+                     else score_forecast(target, actual, config.error_goal))
             trained = artifacts.read_manifest(
-                next(u.uri for u in artifacts.read_manifest(handle.uri).upstream if u.asset_key == "checkpoint"))
+                next(u.uri for u in artifacts.read_manifest(handle.uri).upstream
+                     if u.asset_key == checkpoint_key(name)))
             # ISO-8601 UTC timestamps compare as strings.
             score["forecast_committed_at"] = forecast_manifest.finished_at
             score["training_started_at"] = trained.started_at
@@ -237,7 +332,8 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
                 metrics.update({f"{s['run']}/{m}/error_pct": b["error_pct"] for m, b in s["by_method"].items()})
             return Built(metrics=metrics, metadata={"targets": dg.MetadataValue.json(scores)})
 
-        upstream = [forecast_in] + [evals[n] for n in sorted(evals)]
+        targets = sorted(s["run"] for s in scores)
+        upstream = [forecast_in] + [evals[n] for n in targets]
         return materialize_artifact(context, store, config=configs["forecast_check"], upstream=upstream, build=build)
 
     @marin_check(forecast_check, name="within_forecast_interval",
@@ -250,8 +346,9 @@ def build_sweep_assets(config: SweepConfig, store: ArtifactStore) -> tuple[list,
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed forecast check"})
         return forecast_check_result(read_json(store.get(), manifest.uri, "check.json"))
 
-    identities = {f"{kind}/{name}": (lambda _partition, config=config: config) for kind, config in configs.items()}
-    return [sweep, scaling_fit, forecast, forecast_check], [within_forecast_interval], identities
+    for kind, kind_config in configs.items():
+        catalog.add_identity(f"{kind}/{name}", lambda _partition, c=kind_config: c)
+    return [sweep, scaling_fit, forecast, forecast_check, *run_assets], [within_forecast_interval, *run_checks]
 
 
 def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:
@@ -268,30 +365,45 @@ def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=passed, metadata=metadata)
 
 
-def available_mixtures(settings: MarinSettings) -> set[str]:
-    """Mixtures of the tokenization registry whose sources are curated in this deployment."""
-    from marin_assets.stages import curated_source_names  # stages lists this module's builder
+def build_sweep_runs_sensor(deployment: Deployment) -> dg.SensorDefinition:
+    """Adds each sweep's fit runs as partitions, and its target runs once its forecast commits.
 
-    return set(deployment_registry(settings, curated_source_names(settings)).mixtures)
+    The cursor keeps, per sweep, the storage id of the last forecast materialization it read, so
+    the store is read only when a new forecast has committed. Training stays manual: it adds
+    partitions and requests no runs."""
+    sweeps = {name: SweepRuns(plan_sweep(config)) for name, config in deployment.sweeps.items()}
+
+    @dg.sensor(name="sweep_runs", minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+               description="Adds the fit runs of every sweep as its partitions, and a sweep's target runs once its "
+                           "forecast is committed (predict before train).")
+    def sweep_runs(context: dg.SensorEvaluationContext, store: MarinStore) -> dg.SensorResult:
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        requests = []
+        for name, runs in sorted(sweeps.items()):
+            wanted = set(runs.fit())
+            latest = context.instance.fetch_materializations(asset_key(f"forecast/{name}"), limit=1).records
+            if latest and latest[0].storage_id != cursor.get(name):
+                wanted |= set(runs.targets(store.get()))
+                cursor[name] = latest[0].storage_id
+            partitions = runs_partitions(name)
+            new = sorted(wanted - set(context.instance.get_dynamic_partitions(partitions.name)))
+            if new:
+                requests.append(partitions.build_add_request(new))
+        if not requests:
+            return dg.SensorResult(skip_reason="every sweep's runs are partitions already",
+                                   cursor=json.dumps(cursor, sort_keys=True))
+        return dg.SensorResult(dynamic_partitions_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
+
+    return sweep_runs
 
 
-def build_scaling_sweeps_stage(settings: MarinSettings, sweeps_file: str | None = None,
-                               mixtures: set[str] | None = None) -> tuple[dg.Definitions, Catalog]:
-    """One asset set per sweep; registers the sweeps' runs with the training registry as a side effect.
-
-    Sweeps on a mixture this deployment does not build are left out, as the training stage leaves
-    out their runs.
-    """
-    store = MarinStore(prefix=settings.prefix).get()
-    mixtures = available_mixtures(settings) if mixtures is None else mixtures
+def build_scaling_sweeps_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+    """One asset set per sweep of the deployment (sweeps on a mixture it does not build are left out)."""
     assets, checks = [], []
     catalog = Catalog()
-    for config in load_sweeps(sweeps_file or DEFAULT_SWEEPS_YAML).values():
-        if config.mixture not in mixtures:
-            continue
-        sweep_assets, sweep_checks, identities = build_sweep_assets(config, store)
+    for config in deployment.sweeps.values():
+        sweep_assets, sweep_checks = build_sweep_assets(settings, deployment, config, catalog)
         assets += sweep_assets
         checks += sweep_checks
-        for key, fn in identities.items():
-            catalog.add_identity(key, fn)
-    return dg.Definitions(assets=assets, asset_checks=checks), catalog
+    sensors = [build_sweep_runs_sensor(deployment)] if deployment.sweeps else []
+    return dg.Definitions(assets=assets, asset_checks=checks, sensors=sensors), catalog

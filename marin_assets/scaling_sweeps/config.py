@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,8 @@ from typing import Any, Literal
 import yaml
 
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec, validate_run
+from marin_resources.typed_config import FieldProblem, decode, typed_config
+from scaling.links import LINKS
 from scaling.recipe import Candidate, MicroRecipe, Recipe, Rejection
 
 DEFAULT_SWEEPS_YAML = Path(__file__).with_name("sweeps.yaml")
@@ -32,6 +32,8 @@ RECIPES: dict[str, type[Recipe]] = {"micro": MicroRecipe, "delphi": Recipe}
 RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9._=+-]+$")
 ParamsColumn = Literal["total", "non_embedding"]
 ForecastMethod = Literal["envelope", "joint"]
+EVAL_METRICS = ("loss", "bpb")
+HARNESS_METRICS = ("acc", "acc_norm")
 
 
 class SweepConfigError(ValueError):
@@ -42,6 +44,7 @@ class SweepConfigError(ValueError):
         super().__init__(f"sweep {sweep!r}: field {field_path!r}: {problem}")
 
 
+@typed_config
 @dataclass(frozen=True)
 class SweepConfig:
     name: str
@@ -73,6 +76,14 @@ class SweepConfig:
     interval: float = 0.95
     error_goal: float = 0.02
     """Relative forecast error the sweep aims for; the forecast check reports against it."""
+    metric: str | None = None
+    """What is forecast and checked: ``eval/<eval_set>/loss`` (the default), ``eval/<eval_set>/bpb``
+    (fitted directly), or a harness task's ``harness_eval/<task>/acc`` (or ``acc_norm``), forecast
+    from the fitted loss through ``link``."""
+    link: Literal["sigmoid"] | None = None
+    """How a harness metric follows the loss (``scaling.links``); required for harness metrics only."""
+    link_floor: float | None = None
+    """The metric's floor for the link, e.g. chance accuracy (0.25 for four choices); None: fitted."""
 
     def build_recipe(self, role: Literal["fit", "target"] = "fit") -> Recipe:
         overrides = {**self.recipe_overrides, **(self.target_recipe_overrides if role == "target" else {})}
@@ -81,6 +92,9 @@ class SweepConfig:
     def identity(self) -> dict[str, Any]:
         """The sweep's config with the recipes fully resolved (so a changed default changes identity)."""
         data = dataclasses.asdict(self)
+        for optional in ("metric", "link", "link_floor"):
+            if data[optional] is None:  # absent from sweeps that fit the default (their fingerprint is unchanged)
+                del data[optional]
         data["recipe_overrides"] = dict(self.recipe_overrides)
         data["target_recipe_overrides"] = dict(self.target_recipe_overrides)
         data["resolved_recipe"] = dataclasses.asdict(self.build_recipe("fit"))
@@ -217,38 +231,6 @@ def plan_sweep(config: SweepConfig) -> SweepPlan:
 # --- loading ------------------------------------------------------------------------------------
 
 
-def _field_value(sweep: str, name: str, tp: Any, value: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
-        origin = typing.get_origin(tp)
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            raise SweepConfigError(sweep, name, f"{value!r} is not one of {list(typing.get_args(tp))}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, list) or not value:
-            raise SweepConfigError(sweep, name, f"expected a non-empty list of numbers, got {value!r}")
-        return tuple(_number(sweep, f"{name}[{i}]", v) for i, v in enumerate(value))
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SweepConfigError(sweep, name, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        return _number(sweep, name, value)
-    if tp is str:
-        if not isinstance(value, str) or not value:
-            raise SweepConfigError(sweep, name, f"expected a non-empty string, got {value!r}")
-        return value
-    if origin is Mapping or tp is Mapping:
-        if not isinstance(value, Mapping):
-            raise SweepConfigError(sweep, name, f"expected a mapping, got {value!r}")
-        return dict(value)
-    raise TypeError(f"unsupported annotation {tp!r} for {name}")
-
-
 def _number(sweep: str, name: str, value: Any) -> float:
     if isinstance(value, str):
         try:
@@ -281,22 +263,19 @@ def sweep_from_dict(name: str, raw: Any) -> SweepConfig:
         raise SweepConfigError(name, "<sweep>", f"expected a mapping, got {type(raw).__name__}")
     if safe_name(name) != name:
         raise SweepConfigError(name, "<name>", "use letters, digits and . _ = + - only")
-    hints = typing.get_type_hints(SweepConfig)
-    fields = {f.name: f for f in dataclasses.fields(SweepConfig) if f.name != "name"}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise SweepConfigError(name, unknown[0], f"unknown field (known: {sorted(fields)})")
-    kwargs: dict[str, Any] = {"name": name}
-    for fname, f in fields.items():
-        if fname in raw:
-            kwargs[fname] = _field_value(name, fname, hints[fname], raw[fname])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise SweepConfigError(name, fname, "required field is missing")
-    kwargs["recipe_overrides"] = _recipe_overrides(name, kwargs["recipe"], kwargs.get("recipe_overrides", {}))
-    kwargs["target_recipe_overrides"] = _recipe_overrides(name, kwargs["recipe"],
-                                                          kwargs.get("target_recipe_overrides", {}),
-                                                          "target_recipe_overrides", kwargs["recipe_overrides"])
-    config = SweepConfig(**kwargs)
+    if "name" in raw:
+        raise SweepConfigError(name, "name", "unknown field (the sweep's name is its key in the file)")
+    data = dict(raw)
+    for field_name in ("fit_budgets", "target_budgets"):
+        if isinstance(data.get(field_name), list):  # YAML 1.1 reads 3e12 (no dot) as a string
+            data[field_name] = [_number(name, f"{field_name}[{i}]", v) for i, v in enumerate(data[field_name])]
+    try:
+        config = decode(SweepConfig, {**data, "name": name})
+    except FieldProblem as exc:
+        raise SweepConfigError(name, exc.dotted or "<sweep>", exc.problem) from None
+    overrides = _recipe_overrides(name, config.recipe, config.recipe_overrides)
+    config = dataclasses.replace(config, recipe_overrides=overrides, target_recipe_overrides=_recipe_overrides(
+        name, config.recipe, config.target_recipe_overrides, "target_recipe_overrides", overrides))
     validate_sweep(config)
     return config
 
@@ -306,6 +285,9 @@ def validate_sweep(config: SweepConfig) -> None:
         if not ok:
             raise SweepConfigError(config.name, field_path, problem)
 
+    for field_name in ("mixture", "tokenizer", "eval_set"):
+        require(bool(getattr(config, field_name)), field_name, "must not be empty")
+    require(bool(config.target_budgets), "target_budgets", "must name at least one budget")
     require(len(config.fit_budgets) >= 3, "fit_budgets",
             f"the envelope fit needs at least 3 budgets, got {len(config.fit_budgets)}")
     require(len(set(config.fit_budgets)) == len(config.fit_budgets), "fit_budgets", "contains duplicates")
@@ -320,6 +302,20 @@ def validate_sweep(config: SweepConfig) -> None:
     require(0 < config.interval < 1, "interval", f"must be in (0, 1), got {config.interval}")
     require(config.bootstrap_samples >= 0, "bootstrap_samples", "must be >= 0")
     require(config.error_goal > 0, "error_goal", "must be positive")
+    metric = config.metric or f"eval/{config.eval_set}/loss"
+    parts = metric.split("/")
+    if parts[0] == "eval":
+        require(len(parts) == 3 and parts[1] == config.eval_set and parts[2] in EVAL_METRICS, "metric",
+                f"an eval metric is eval/{config.eval_set}/<{'|'.join(EVAL_METRICS)}> (the runs evaluate "
+                f"eval_set {config.eval_set!r}), got {metric!r}")
+        require(config.link is None and config.link_floor is None, "link",
+                "an eval metric is fitted directly; a link is for harness metrics")
+    else:
+        require(len(parts) == 3 and parts[0] == "harness_eval" and parts[2] in HARNESS_METRICS, "metric",
+                f"expected eval/<set>/<{'|'.join(EVAL_METRICS)}> or harness_eval/<task>/<{'|'.join(HARNESS_METRICS)}>, "
+                f"got {metric!r}")
+        require(config.link is not None, "link", f"a harness metric needs a link from the loss (one of {list(LINKS)})")
+        require(config.link_floor is None or 0 <= config.link_floor < 1, "link_floor", "must be in [0, 1)")
 
 
 def load_sweeps(path: str | Path = DEFAULT_SWEEPS_YAML) -> dict[str, SweepConfig]:

@@ -45,6 +45,47 @@ def eval_loss_key(eval_set: str) -> str:
     return f"eval/{eval_set}/loss"
 
 
+HARNESS_PREFIX = "harness_eval/"
+
+
+def forecast_metric(config) -> str:
+    """The metric the sweep forecasts and checks (``SweepConfig.metric``, default the eval loss)."""
+    return config.metric or eval_loss_key(config.eval_set)
+
+
+def is_harness_metric(metric: str) -> bool:
+    return metric.startswith(HARNESS_PREFIX)
+
+
+def harness_result_key(metric: str) -> str:
+    """``harness_eval/<task>/acc`` -> ``<task>/acc``, the key in harness_eval's manifest."""
+    return metric.removeprefix(HARNESS_PREFIX)
+
+
+def fitted_key(config) -> str:
+    """The eval asset's metric the scaling law is fitted to: the forecast metric itself, or for a
+    harness metric the eval loss it is linked from."""
+    metric = forecast_metric(config)
+    return eval_loss_key(config.eval_set) if is_harness_metric(metric) else metric
+
+
+def fit_metric_link(config, losses: Mapping[str, float], values: Mapping[str, float]) -> dict[str, Any]:
+    """The link from the fit runs' losses to their harness metric, JSON-ready."""
+    from scaling.links import LinkFitError, fit_sigmoid_link
+
+    names = sorted(losses)
+    missing = [n for n in names if n not in values]
+    if missing:
+        raise SweepFitError(f"sweep {config.name!r}: no {forecast_metric(config)} for fit run(s) {missing} "
+                            "(is its task in the deployment's eval suite?)")
+    try:
+        link = fit_sigmoid_link([losses[n] for n in names], [values[n] for n in names], chance=config.link_floor)
+    except LinkFitError as exc:
+        raise SweepFitError(f"sweep {config.name!r}: {exc}") from exc
+    return {**link.to_dict(), "metric": forecast_metric(config),
+            "pairs": [{"run": n, "loss": losses[n], "metric": values[n]} for n in names]}
+
+
 def runs_table(plan: SweepPlan, losses: Mapping[str, float]) -> list[dict[str, Any]]:
     """One row per fit run: the planned flops/params/tokens and the measured eval loss."""
     fit_runs = plan.fit_runs()
@@ -70,7 +111,8 @@ class SweepFit:
     """The joint L(N, D) fit over the runs, with every target candidate's joint forecast."""
 
 
-def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]]) -> SweepFit:
+def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]], link: dict[str, Any] | None = None) -> SweepFit:
+    """``link``: for a harness metric, ``fit_metric_link``'s result, recorded with the fit."""
     config = plan.config
     table = load_runs(rows)
     targets = {budget: plan.target_candidates(budget) for budget in config.target_budgets}
@@ -118,7 +160,7 @@ def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]]) -> SweepFit:
               "valley_curvature": curvature,
               "joint_fit": {**joint.to_dict(), "bootstrap": {"samples": config.bootstrap_samples,
                                                              "used": int(joint_boot.shape[0]), "resample": "runs"}},
-              "targets": forecasts}
+              "targets": forecasts, "metric": forecast_metric(config), **({"link": link} if link else {})}
     joint_png = plot_joint_forecast(joint, table, [{**s["forecasts"]["joint"], "params": s["params"],
                                                     "tokens": s["tokens"], "label": s["run"]} for s in scored])
     # Plain JSON types only (numpy scalars would not serialize into Dagster metadata).
@@ -131,8 +173,17 @@ def forecast_record(fit_result: Mapping[str, Any]) -> dict[str, Any]:
     for target in fit_result["targets"]:
         chosen = next(c for c in target["candidates"] if c["run"] == target["chosen"])
         targets.append({**chosen, "budget": target["budget"], "envelope_loss": target["envelope"]["loss"]})
+    link = fit_result.get("link")
+    if link is not None:
+        from scaling.links import SigmoidLink, link_interval
+
+        curve = SigmoidLink.from_dict(link)
+        for target in targets:
+            point, low, high = link_interval(curve, target["loss"], target.get("loss_low"), target.get("loss_high"))
+            target.update({"metric_predicted": point, "metric_low": low, "metric_high": high})
     return {"sweep": fit_result["sweep"], "eval_set": fit_result["eval_set"],
-            "method": fit_result["forecast_method"], "targets": targets}
+            "metric": fit_result.get("metric", eval_loss_key(fit_result["eval_set"])),
+            "method": fit_result["forecast_method"], "targets": targets, **({"link": link} if link else {})}
 
 
 def chosen_target(plan: SweepPlan, forecast: Mapping[str, Any], budget: float) -> PlannedRun:
@@ -152,6 +203,17 @@ def _score(forecast: Mapping[str, Any], actual: float, error_goal: float) -> dic
     inside = low is not None and high is not None and low <= actual <= high
     return {"predicted": predicted, "low": low, "high": high, "error_pct": 100.0 * error,
             "within_interval": bool(inside), "within_goal": bool(abs(error) <= error_goal)}
+
+
+def score_metric_forecast(target: Mapping[str, Any], metric: str, actual: float,
+                          error_goal: float) -> dict[str, Any]:
+    """Actual harness metric against its forecast through the link (the loss forecast's interval
+    mapped through the link is the metric's interval)."""
+    linked = {"loss": target["metric_predicted"], "loss_low": target.get("metric_low"),
+              "loss_high": target.get("metric_high")}
+    return {"run": target["run"], "budget": target["budget"], "metric": metric, "actual": actual,
+            "method": f"{target.get('method', 'envelope')}+link", **_score(linked, actual, error_goal),
+            "by_method": {}}
 
 
 def score_forecast(target: Mapping[str, Any], actual: float, error_goal: float) -> dict[str, Any]:

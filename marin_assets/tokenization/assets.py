@@ -3,16 +3,18 @@ mixture/<name> (Levanter's mixture data config). Declared in `registry.yaml` (or
 MARIN_REGISTRY, read into `MarinSettings.registry_file`)."""
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
-from datetime import datetime
+import random
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import yaml
 
+from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
-from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache, cache_shard_order, iter_parquet_texts
+from marin_assets.tokenization.cache import (CacheConfig, appended_shard_keys, build_levanter_cache, cache_shard_order,
+                                             iter_parquet_texts)
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.tokenizer import TokenizerConfig, adopt_tokenizer, train_bpe_tokenizer
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
@@ -20,7 +22,11 @@ from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checke
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
 from marin_resources.keys import asset_key
-from marin_resources.store import MANIFEST_NAME, ArtifactStore, FileEntry, Manifest
+from marin_resources.store import ArtifactStore, Manifest
+from marin_resources.typed_config import FieldProblem, decode
+
+if TYPE_CHECKING:
+    from marin_assets.deployment import Deployment  # which reads this module's registry
 
 REGISTRY_PATH = Path(__file__).with_name("registry.yaml")
 # v2: a trained tokenizer is pinned to the corpus it was first trained on (recorded in its identity,
@@ -68,12 +74,11 @@ class TokenizationRegistry:
     default: TokenizedEntry | None = None
 
 
-def _known(cls, raw: dict, where: str, extra: set[str] = frozenset()) -> dict:
-    allowed = {f.name for f in fields(cls)} | set(extra)
-    unknown = set(raw) - allowed
-    if unknown:
-        raise RegistryError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-    return raw
+def _decoded(tp: type, raw: Any, where: str) -> Any:
+    try:
+        return decode(tp, raw)
+    except FieldProblem as exc:
+        raise RegistryError(f"{where}: field {exc.dotted!r}: {exc.problem}") from None
 
 
 def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, TokenizerEntry],
@@ -82,7 +87,7 @@ def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, Token
     tok = body.pop("tokenizer", None)
     if tok not in tokenizers:
         raise RegistryError(f"{where}: tokenizer {tok!r} is not declared")
-    return TokenizedEntry(source, tok, CacheConfig(**_known(CacheConfig, body, where)))
+    return TokenizedEntry(source, tok, _decoded(CacheConfig, body, where))
 
 
 def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
@@ -105,8 +110,8 @@ def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
             validate_partition_key(version)
         except InvalidPartitionKeyError as e:
             raise RegistryError(f"tokenizer {name!r}: version {version!r} is not a valid path segment: {e}") from e
-        _known(TokenizerConfig, body, f"tokenizer {name!r}")
-        tokenizers[name] = TokenizerEntry(name, TokenizerConfig(**body), train_on, adopt, version)
+        tokenizers[name] = TokenizerEntry(name, _decoded(TokenizerConfig, body, f"tokenizer {name!r}"), train_on,
+                                          adopt, version)
     tokenized = {source: _tokenized_entry(source, body, tokenizers, f"tokenized {source!r}")
                  for source, body in (raw.get("tokenized") or {}).items()}
     default = _tokenized_entry("*", raw["default"], tokenizers, "default") if raw.get("default") else None
@@ -136,10 +141,6 @@ def registry_for_sources(registry: TokenizationRegistry, sources: set[str]) -> T
             tokenized[source] = replace(registry.default, source=source)
     mixtures = {n: e for n, e in registry.mixtures.items() if set(e.weights) <= set(tokenized)}
     return TokenizationRegistry(tokenizers, tokenized, mixtures, registry.default)
-
-
-def deployment_registry(settings: MarinSettings, sources: set[str]) -> TokenizationRegistry:
-    return registry_for_sources(load_registry(settings.registry_file or REGISTRY_PATH), sources)
 
 
 def corpus_files(store: ArtifactStore, uri: str) -> dict[str, str]:
@@ -231,63 +232,12 @@ def build_tokenizer_asset(entry: TokenizerEntry):
 # ---- append-only token caches --------------------------------------------------------------------
 
 
-def _modified_at(info: dict[str, Any]) -> float | None:
-    """A file's modification time in epoch seconds from fsspec's info (local, GCS or S3 spelling)."""
-    for key in ("mtime", "LastModified", "updated"):
-        value = info.get(key)
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, datetime):
-            return value.timestamp()
-        if isinstance(value, str):
-            try:
-                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                continue
-    return None
-
-
-@dataclass(frozen=True)
-class CommittedFiles:
-    """A committed artifact's file entries and when its manifest was written, by the store's clock.
-
-    A file whose size matches its entry and whose mtime is older than the manifest has not been
-    written since it was hashed, so its entry can be reused instead of hashing it again."""
-
-    entries: dict[str, FileEntry]
-    committed_at: float
-
-    @classmethod
-    def of(cls, store: ArtifactStore, manifest: Manifest | None) -> "CommittedFiles | None":
-        if manifest is None:
-            return None
-        try:
-            committed_at = _modified_at(store.fs.info(f"{store._path(manifest.uri)}/{MANIFEST_NAME}"))
-        except FileNotFoundError:
-            return None
-        return None if committed_at is None else cls({f.path: f for f in manifest.files}, committed_at)
-
-    def untouched(self, store: ArtifactStore, uri: str) -> dict[str, FileEntry]:
-        base = store._path(uri).rstrip("/")
-        try:
-            found = store.fs.find(base, withdirs=False, detail=True)
-        except FileNotFoundError:
-            return {}
-        kept = {}
-        for path, info in found.items():
-            entry = self.entries.get(path[len(base):].lstrip("/"))
-            modified = _modified_at(info)
-            if entry is not None and info.get("size") == entry.bytes and modified is not None \
-                    and modified < self.committed_at:
-                kept[entry.path] = entry
-        return kept
-
-
 def build_tokenized_asset(entry: TokenizedEntry):
     key = f"tokenized/{entry.source}"
+    identity = {"cache": asdict(entry.cache)}
 
     @marin_asset(key=key, version=TOKENIZED_VERSION, group_name="tokenization", kinds={"levanter"},
-                 identity={"cache": asdict(entry.cache)},
+                 identity=identity, automation_condition=FOLLOWS_NEW_DATA,
                  ins={"corpus": dg.AssetIn(key=asset_key(f"deduplicated/{entry.source}")),
                       "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))},
                  tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
@@ -299,8 +249,6 @@ def build_tokenized_asset(entry: TokenizedEntry):
     def tokenized(context: dg.AssetExecutionContext, store: MarinStore, corpus: ArtifactHandle,
                   tokenizer: ArtifactHandle):
         artifacts = store.get()
-        # Read before the rebuild withdraws it: entries of files the append leaves alone are reused.
-        committed = CommittedFiles.of(artifacts, artifacts.find(key, TOKENIZED_VERSION, None))
 
         def build(writer) -> Built:
             files = corpus_files(artifacts, corpus.uri)
@@ -312,18 +260,17 @@ def build_tokenized_asset(entry: TokenizedEntry):
                        "validation_tokens": stats.validation.tokens, "skipped_documents": stats.skipped_documents,
                        "shards": stats.shards, "shards_reused": stats.shards_reused,
                        "shards_encoded": stats.shards_encoded, "documents_encoded": stats.documents_encoded}
-            known = committed.untouched(artifacts, writer.uri) if committed is not None else {}
-            return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents,
-                                                    "marin/files_rehash_skipped": len(known)},
-                         known_files=known)
+            return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents})
 
         # Resume keeps the previous cache so that unchanged upstream shards are reused, not re-encoded.
-        return materialize_artifact(context, store, config={"cache": asdict(entry.cache)},
-                                    upstream=[corpus, tokenizer], build=build, resume=True)
+        return materialize_artifact(context, store, config=identity, upstream=[corpus, tokenizer], build=build,
+                                    resume=True)
 
     @marin_check(tokenized, name="decode_roundtrip",
-                    description=f"decode(encode(doc)) == doc on {ROUNDTRIP_SAMPLE} sampled documents, read back "
-                                "through Levanter's TreeCache; row counts match the documents.")
+                 description=f"The shards the last build encoded, and one earlier shard: their documents match "
+                             f"the ledger's row counts, and decode(encode(doc)) == doc on {ROUNDTRIP_SAMPLE} "
+                             "sampled documents read back from the cache; every split's row count matches the "
+                             "manifest and Levanter's ledger.")
     def roundtrip(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         from marin_assets.tokenization.cache import decode_roundtrip_check
 
@@ -332,15 +279,21 @@ def build_tokenized_asset(entry: TokenizedEntry):
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
         refs = {u.asset_key: u for u in manifest.upstream}
-        files = parquet_files(artifacts, refs[f"deduplicated/{entry.source}"].uri)
-        # Rows follow the ledger (append) order; a file the ledger lacks goes last and fails the row count.
-        ledger = {uri: i for i, uri in enumerate(cache_shard_order(manifest.uri))}
-        files.sort(key=lambda uri: ledger.get(uri, len(ledger)))
-        failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, files,
+        wanted = set(parquet_files(artifacts, refs[f"deduplicated/{entry.source}"].uri))
+        ledger = cache_shard_order(manifest.uri)
+        missing = sorted(wanted - set(ledger))
+        # The check costs what the build encoded, not the corpus: a new shard's append reads that shard
+        # (and one earlier shard, a different one as the cache grows), never every shard again.
+        appended = appended_shard_keys(manifest.uri)
+        encoded = set(appended)
+        earlier = [uri for uri in ledger if uri not in encoded]
+        checked = appended + ([random.Random(manifest.data_version).choice(earlier)] if earlier else [])
+        failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, checked,
                                           sample_n=ROUNDTRIP_SAMPLE)
-        return dg.AssetCheckResult(passed=not failures, metadata={
-            "sampled": ROUNDTRIP_SAMPLE, "failures": len(failures),
-            "examples": dg.MetadataValue.json([f.__dict__ for f in failures[:5]])})
+        return dg.AssetCheckResult(passed=not failures and not missing, metadata={
+            "shards_checked": len(checked), "sampled": ROUNDTRIP_SAMPLE, "failures": len(failures),
+            "upstream_files_not_in_cache": len(missing),
+            "examples": dg.MetadataValue.json([f.__dict__ for f in failures[:5]] + missing[:5])})
 
     return tokenized, roundtrip
 
@@ -357,7 +310,7 @@ def build_mixture_asset(entry: MixtureEntry):
     identity = {"weights": dict(sorted(entry.weights.items())), "tokenizer": entry.tokenizer}
 
     @marin_asset(key=f"mixture/{entry.name}", version=MIXTURE_VERSION, identity=identity, ins=ins,
-                 group_name="tokenization", kinds={"levanter", "json"},
+                 group_name="tokenization", kinds={"levanter", "json"}, automation_condition=FOLLOWS_NEW_DATA,
                  tags={"marin/mixture": entry.name, "marin/tokenizer": entry.tokenizer},
                  description=f"Training mixture `{entry.name}` ({', '.join(f'{c}: {w}' for c, w in entry.weights.items())}), "
                              "rendered to Levanter's mixture data config (`data.json`). Deterministic: same spec and "
@@ -386,8 +339,9 @@ def read_mixture_config(store: ArtifactStore, handle: ArtifactHandle) -> dict[st
         return store.resolve(json.load(fh))
 
 
-def build_tokenization_stage(settings: MarinSettings, sources: set[str]) -> tuple[dg.Definitions, Catalog]:
-    registry = deployment_registry(settings, sources)
+def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment") -> tuple[dg.Definitions, Catalog]:
+    """Tokenizers, tokenized caches and mixtures of `deployment.tokenization`."""
+    registry = deployment.tokenization
     catalog = Catalog()
     assets, checks = [], []
     for entry in registry.tokenizers.values():

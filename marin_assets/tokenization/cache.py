@@ -1,9 +1,10 @@
 """Tokenize curated documents into a Levanter cache root (`<root>/train`, `<root>/validation`).
 
 Encoding uses HF `tokenizers` directly (`encode_batch_fast`: multithreaded Rust), not Levanter's Ray
-pipeline. Writing uses Levanter's own store classes (`TreeStore`, `CacheLedger`, `CacheMetadata`),
-imported lazily, so the on-disk format is Levanter's by construction and `TreeCache.load` and
-Levanter's trainer read it unchanged.
+pipeline. Writing uses tensorstore directly, in the layout of Levanter's `TreeStore` and
+`CacheLedger` (see "Levanter's on-disk format" below), so appending a shard does not import Levanter
+(and JAX); `TreeCache.load` and Levanter's trainer read the cache unchanged, which the Levanter
+tests check. Levanter itself is imported once per cache, to derive the metadata its loader expects.
 
 Each split is a TreeCache whose single field is `input_ids` (int32), one row per document:
 `[BOS] + ids(text) + [EOS]`. A document goes to validation when
@@ -38,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from marin_assets.tokenization.tokenizer import local_tokenizer_dir, tokenizer_json_sha256
+from marin_resources.typed_config import typed_config
 
 SPLITS = ("train", "validation")
 INPUT_IDS = "input_ids"
@@ -47,6 +49,7 @@ CACHE_FORMAT_VERSION = 1
 TOKEN_DTYPE = np.int32
 
 
+@typed_config
 @dataclass(frozen=True)
 class CacheConfig:
     """How documents become cache rows.
@@ -430,7 +433,104 @@ def _encode_ahead(
 
 
 # ---------------------------------------------------------------------------------------------
-# Levanter-side writing (lazy imports: levanter pulls in jax and ray)
+# Levanter's on-disk format, written with tensorstore alone
+
+# A split directory as Levanter 1.2's TreeStore lays it out (levanter.store.tree_store and
+# jagged_array): per field a JaggedArrayStore, `<field>/offsets` (int64: [0] = rows, [i] = end of
+# row i in `data`) and `<field>/data`, each a zarr3 array of shape [2**54] stored in shard files of
+# SHARD_CHUNK elements made of ROW_CHUNK-element blosc chunks; next to them `shard_ledger.json`.
+# Written here without importing Levanter (and with it JAX and Ray: ~4 s of CPU in every process
+# that appends a shard); Levanter's TreeCache and trainer read it unchanged, which
+# tests/tokenization/test_tokenization_levanter.py checks on fresh and appended caches.
+ROW_CHUNK = 256 * 1024
+SHARD_CHUNK = ROW_CHUNK * 512
+LEDGER_NAME = "shard_ledger.json"
+_ARRAY_LENGTH = 2**54
+
+
+def _zarr3_array(url: str, dtype: str, fresh: bool):
+    """Open (``fresh``: replace) one of a JaggedArrayStore's arrays, created as Levanter creates it."""
+    import tensorstore as ts
+
+    from marin_resources.object_stores import tensorstore_kvstore
+
+    kvstore = tensorstore_kvstore(url)
+    if kvstore["driver"] == "file":
+        os.makedirs(os.path.dirname(kvstore["path"]), exist_ok=True)
+    spec = {"driver": "zarr3", "kvstore": kvstore, "metadata": {
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [SHARD_CHUNK]}},
+        "codecs": [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [ROW_CHUNK], "codecs": [{"name": "blosc", "configuration": {"clevel": 5}}]}}]}}
+    mode = {"create": True, "delete_existing": True} if fresh else {"create": True, "open": True}
+    return ts.open(spec, dtype=dtype, shape=[_ARRAY_LENGTH], **mode).result()
+
+
+def _read_zarr3_array(url: str):
+    import tensorstore as ts
+
+    from marin_resources.object_stores import tensorstore_kvstore
+
+    return ts.open({"driver": "zarr3", "kvstore": tensorstore_kvstore(url)}, open=True).result()
+
+
+class _JaggedArrayWriter:
+    """Appends rows to, and trims, one field's offsets and data arrays (JaggedArrayStore's layout)."""
+
+    def __init__(self, field_url: str, fresh: bool):
+        self.offsets = _zarr3_array(f"{field_url}/offsets", "int64", fresh)
+        self.data = _zarr3_array(f"{field_url}/data", np.dtype(TOKEN_DTYPE).name, fresh)
+        self.rows = int(self.offsets[0].read().result())
+        self.size = int(self.offsets[self.rows].read().result()) if self.rows else 0
+
+    def trim_to(self, rows: int) -> None:
+        """Drop the rows after the first ``rows`` (zero-filled, as Levanter's trim leaves them)."""
+        if rows >= self.rows:
+            return
+        size = int(self.offsets[rows].read().result()) if rows else 0
+        self.offsets[0].write(rows).result()
+        writes = [self.data[size:self.size].write(0), self.offsets[rows + 1:self.rows + 1].write(0)]
+        for write in writes:
+            write.result()
+        self.rows, self.size = rows, size
+
+    def extend(self, data: np.ndarray, ends: np.ndarray) -> None:
+        """Append rows (``ends``: each new row's end within ``data``); the row count is written last,
+        so a reader never sees a row whose tokens are not there yet."""
+        writes = [self.data[self.size:self.size + data.size].write(data),
+                  self.offsets[self.rows + 1:self.rows + 1 + ends.size].write(ends + self.size)]
+        for write in writes:
+            write.result()
+        self.offsets[0].write(self.rows + ends.size).result()
+        self.rows += int(ends.size)
+        self.size += int(data.size)
+
+
+class _LevanterSplitWriter:
+    """Append rows to one split and keep its Levanter ledger in step with the manifest."""
+
+    def __init__(self, split_dir: str, fresh: bool, committed: list[tuple[str, int]], metadata: dict):
+        self.split_dir = split_dir
+        self.array = _JaggedArrayWriter(f"{split_dir}/{INPUT_IDS}", fresh)
+        self.shard_rows = dict(committed)
+        self.finished_shards = [k for k, _ in committed]
+        self.metadata = metadata
+        # Rows written after the last commit (an interrupted build) or of shards no longer wanted.
+        self.array.trim_to(sum(self.shard_rows.values()))
+        self.flush_ledger()
+
+    def write(self, data: np.ndarray, ends: np.ndarray) -> None:
+        self.array.extend(data, ends)
+
+    def commit(self, shard_key: str, rows: int) -> None:
+        self.shard_rows[shard_key] = rows
+        self.finished_shards.append(shard_key)
+
+    def flush_ledger(self, finished: bool = False) -> None:
+        """Levanter's CacheLedger as its JSON encoding spells it; `is_finished` is what TreeCache.load asks."""
+        _write_json(f"{self.split_dir}/{LEDGER_NAME}", {
+            "total_num_rows": sum(self.shard_rows.values()), "shard_rows": self.shard_rows,
+            "is_finished": finished, "finished_shards": self.finished_shards, "field_counts": {},
+            "metadata": {"preprocessor_metadata": self.metadata}})
 
 
 def _levanter_preprocessor_metadata(tokenizer_dir: str, local_dir: str) -> tuple[dict, int, int]:
@@ -454,45 +554,28 @@ def _levanter_preprocessor_metadata(tokenizer_dir: str, local_dir: str) -> tuple
     return metadata, int(hf_tok.bos_token_id), int(hf_tok.eos_token_id)
 
 
-class _LevanterSplitWriter:
-    """Append rows to one split's TreeStore and keep its ledger in step with the manifest."""
+def _tokenizer_files_sha256(local_dir: str) -> str:
+    """One hash of every file of a tokenizer directory (names and bytes)."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(local_dir)):
+        path = os.path.join(local_dir, name)
+        if os.path.isfile(path):
+            digest.update(name.encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
 
-    def __init__(self, split_dir: str, fresh: bool, committed: list[tuple[str, int]], metadata: dict):
-        from levanter.store.cache import CacheLedger, CacheMetadata
-        from levanter.store.tree_store import TreeStore
 
-        from marin_resources.object_stores import install_tensorstore_paths
-
-        install_tensorstore_paths()
-        self.split_dir = split_dir
-        exemplar = {INPUT_IDS: np.zeros((0,), dtype=TOKEN_DTYPE)}
-        self.store = TreeStore.open(exemplar, split_dir, mode="w" if fresh else "a", cache_metadata=True)
-        rows = sum(r for _, r in committed)
-        # Rows written after the last commit (an interrupted build) or of shards no longer wanted.
-        self.store.trim_to_size(rows)
-        self.ledger = CacheLedger(
-            total_num_rows=rows,
-            shard_rows=dict(committed),
-            is_finished=False,
-            finished_shards=[k for k, _ in committed],
-            field_counts={},
-            metadata=CacheMetadata(preprocessor_metadata=metadata),
-        )
-        self.ledger._serialize_and_commit(split_dir)
-
-    def write(self, data: np.ndarray, ends: np.ndarray) -> None:
-        from levanter.store.jagged_array import PreparedBatch
-
-        self.store.extend_with_batch({INPUT_IDS: PreparedBatch(data=data, offsets=ends, shapes=None)})
-
-    def commit(self, shard_key: str, rows: int) -> None:
-        self.ledger.shard_rows[shard_key] = rows
-        self.ledger.finished_shards.append(shard_key)
-        self.ledger.total_num_rows += rows
-
-    def flush_ledger(self, finished: bool = False) -> None:
-        self.ledger.is_finished = finished
-        self.ledger._serialize_and_commit(self.split_dir)
+def _preprocessor_metadata(tokenizer_dir: str, local_dir: str, previous: dict | None) -> tuple[dict, int, int, str]:
+    """(Levanter metadata, BOS, EOS, tokenizer files' hash). A cache whose manifest recorded them
+    for the same tokenizer files at the same URI reuses them: Levanter (and transformers) are
+    imported only to start a cache, not to append a shard to it."""
+    files_sha = _tokenizer_files_sha256(local_dir)
+    if previous is not None and previous.get("tokenizer_files_sha256") == files_sha \
+            and (previous.get("levanter_metadata") or {}).get("tokenizer") == tokenizer_dir:
+        identity = previous["identity"]
+        return previous["levanter_metadata"], identity["bos_token_id"], identity["eos_token_id"], files_sha
+    return (*_levanter_preprocessor_metadata(tokenizer_dir, local_dir), files_sha)
 
 
 def _shard_entry(shard: _Shard) -> dict:
@@ -543,10 +626,10 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
     with local_tokenizer_dir(tokenizer_dir) as local_tok:
         tokenizer_json = os.path.join(local_tok, "tokenizer.json")
         tok_sha = tokenizer_json_sha256(local_tok)
-        metadata, bos, eos = _levanter_preprocessor_metadata(tokenizer_dir, local_tok)
+        old = _read_json(manifest_uri) if cfg.incremental else None
+        metadata, bos, eos, files_sha = _preprocessor_metadata(tokenizer_dir, local_tok, old)
         identity = _manifest_identity(tok_sha, bos, eos, cfg)
 
-        old = _read_json(manifest_uri) if cfg.incremental else None
         reuse, todo = _reuse_plan(old, identity, shards)
         if old is not None and not todo and reuse == len(old["shards"]) and old.get("finished"):
             return _stats_from_manifest(out_root, old, reused=reuse)
@@ -558,7 +641,8 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
             entries: list[dict] = []
         else:
             entries = old["shards"][:reuse]
-        manifest = {"identity": identity, "levanter_metadata": metadata, "finished": False, "shards": entries}
+        manifest = {"identity": identity, "levanter_metadata": metadata, "tokenizer_files_sha256": files_sha,
+                    "finished": False, "shards": entries, "appended_from": reuse}
         _write_json(manifest_uri, manifest)
 
         writers = {
@@ -672,70 +756,111 @@ def iter_parquet_texts(doc_files: Sequence[str], cfg: CacheConfig | None = None)
             yield from batch.texts
 
 
-def decode_roundtrip_check(
-    cache_root: str, tokenizer_dir: str, doc_files: Sequence[str], sample_n: int = 100, seed: int = 0
-) -> list[RoundtripFailure]:
-    """Check a random sample of documents against their cache rows, read with Levanter's TreeCache.
-
-    For each sampled document: row starts with BOS, ends with EOS, and decode(row[1:-1]) == text.
-    Also checks each split's row count. Returns the failures (empty list: all good).
-    """
-    from levanter.store.cache import TreeCache
-    from tokenizers import Tokenizer
-
-    from marin_resources.object_stores import install_tensorstore_paths
-
-    install_tensorstore_paths()
-    cache_root = cache_root.rstrip("/")
-    manifest = _read_json(f"{cache_root}/{MANIFEST_NAME}")
+def cache_config_of(cache_root: str) -> tuple[CacheConfig, dict]:
+    """How a finished cache split and read its documents, and its recorded identity."""
+    manifest = _read_json(f"{cache_root.rstrip('/')}/{MANIFEST_NAME}")
     if manifest is None or not manifest.get("finished"):
         raise FileNotFoundError(f"no finished tokenized cache at {cache_root}")
     ident = manifest["identity"]
-    cfg = CacheConfig(
-        validation_fraction=ident["validation_fraction"],
-        id_column=ident["id_column"],
-        text_column=ident["text_column"],
-    )
-    rng = random.Random(seed)
-    sample: list[tuple[str, int, str, str]] = []  # (split, row, id, text): reservoir sample
-    rows = {split: 0 for split in SPLITS}
-    seen = 0
+    cfg = CacheConfig(validation_fraction=ident["validation_fraction"], id_column=ident["id_column"],
+                      text_column=ident["text_column"])
+    return cfg, ident
+
+
+def iter_split_documents(doc_files: Sequence[str], cfg: CacheConfig, split: str) -> Iterator[tuple[str, str]]:
+    """(id, text) of the documents a cache puts in ``split``, in cache order: e.g. the held-out
+    documents a downstream task may be built from without touching what the model trained on."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     for uri in doc_files:
         for batch in _iter_clean_batches(_parquet_shard(os.fspath(uri), cfg), cfg):
             for doc_id, text in zip(batch.ids, batch.texts):
+                if is_validation_document(doc_id, cfg.validation_fraction) == (split == "validation"):
+                    yield doc_id, text
+
+
+def decode_roundtrip_check(
+    cache_root: str, tokenizer_dir: str, doc_files: Sequence[str], sample_n: int = 100, seed: int = 0
+) -> list[RoundtripFailure]:
+    """Check ledger shards of a finished cache against their document files, reading rows back.
+
+    `doc_files` are the files of some of the cache's ledger shards, in any order: each shard's rows
+    are located from the manifest's per-shard counts, so only these files are read (checking the
+    shards a build appended costs those shards, not the corpus). Per file: its documents per split
+    match the ledger's count. For a random sample of their documents: the row starts with BOS, ends
+    with EOS, and decode(row[1:-1]) == text. For the whole cache: each split's row count, in the
+    arrays and in Levanter's ledger, matches the manifest. Returns the failures (empty: all good).
+    """
+    from tokenizers import Tokenizer
+
+    cache_root = cache_root.rstrip("/")
+    cfg, ident = cache_config_of(cache_root)
+    manifest = _read_json(f"{cache_root}/{MANIFEST_NAME}")
+    failures: list[RoundtripFailure] = []
+    first_row: dict[str, dict[str, int]] = {split: {} for split in SPLITS}  # shard key -> its first row
+    expected: dict[str, dict[str, int]] = {split: {} for split in SPLITS}  # shard key -> its rows
+    arrays = {}
+    for split in SPLITS:
+        row = 0
+        for entry in manifest["shards"]:
+            first_row[split][entry["key"]], expected[split][entry["key"]] = row, entry[f"{split}_documents"]
+            row += entry[f"{split}_documents"]
+        arrays[split] = (_read_zarr3_array(f"{cache_root}/{split}/{INPUT_IDS}/offsets"),
+                         _read_zarr3_array(f"{cache_root}/{split}/{INPUT_IDS}/data"))
+        stored = int(arrays[split][0][0].read().result())
+        ledger = _read_json(f"{cache_root}/{split}/{LEDGER_NAME}") or {}
+        if stored != row or ledger.get("total_num_rows") != row or not ledger.get("is_finished"):
+            failures.append(RoundtripFailure("", split, -1, f"the manifest gives {row} rows, the arrays hold {stored}, "
+                                             f"Levanter's ledger says {ledger.get('total_num_rows')} "
+                                             f"(finished: {ledger.get('is_finished')})"))
+
+    rng = random.Random(seed)
+    sample: list[tuple[str, int, str, str]] = []  # (split, row, id, text): reservoir sample
+    seen = 0
+    for uri in doc_files:
+        key = os.fspath(uri)
+        if key not in first_row["train"]:
+            failures.append(RoundtripFailure("", "", -1, f"{key} is not a ledger shard of {cache_root}"))
+            continue
+        rows = {split: 0 for split in SPLITS}
+        for batch in _iter_clean_batches(_parquet_shard(key, cfg), cfg):
+            for doc_id, text in zip(batch.ids, batch.texts):
                 split = "validation" if is_validation_document(doc_id, cfg.validation_fraction) else "train"
-                item = (split, rows[split], doc_id, text)
+                item = (split, first_row[split][key] + rows[split], doc_id, text)
                 rows[split] += 1
                 seen += 1
                 if len(sample) < sample_n:
                     sample.append(item)
-                else:
-                    j = rng.randrange(seen)
-                    if j < sample_n:
-                        sample[j] = item
+                elif (j := rng.randrange(seen)) < sample_n:
+                    sample[j] = item
+        for split in SPLITS:
+            if rows[split] != expected[split][key]:
+                failures.append(RoundtripFailure("", split, -1, f"{key}: {rows[split]} documents, the ledger holds "
+                                                 f"{expected[split][key]} rows"))
 
-    failures: list[RoundtripFailure] = []
     with local_tokenizer_dir(tokenizer_dir) as local_tok:
         tok = Tokenizer.from_file(os.path.join(local_tok, "tokenizer.json"))
     bos, eos = ident["bos_token_id"], ident["eos_token_id"]
-    exemplar = {INPUT_IDS: np.zeros((0,), dtype=TOKEN_DTYPE)}
-    for split in SPLITS:
-        cache = TreeCache.load(f"{cache_root}/{split}", exemplar)
-        if len(cache) != rows[split]:
-            failures.append(RoundtripFailure("", split, -1, f"cache has {len(cache)} rows, documents give {rows[split]}"))
+    for split, row, doc_id, text in sorted(sample):
+        offsets, data = arrays[split]
+        if row >= int(offsets[0].read().result()):
+            continue  # counted above
+        bounds = offsets[row:row + 2].read().result()
+        ids = data[int(bounds[0]) if row else 0:int(bounds[1])].read().result()
+        if ids.size < 2 or ids[0] != bos or ids[-1] != eos:
+            failures.append(RoundtripFailure(doc_id, split, row, "row does not start with BOS and end with EOS"))
             continue
-        picked = sorted((r, doc_id, text) for s, r, doc_id, text in sample if s == split)
-        if not picked:
-            continue
-        got = cache.get_batch_sync([r for r, _, _ in picked])
-        for (row, doc_id, text), ex in zip(picked, got):
-            ids = np.asarray(ex[INPUT_IDS])
-            if ids.size < 2 or ids[0] != bos or ids[-1] != eos:
-                failures.append(RoundtripFailure(doc_id, split, row, "row does not start with BOS and end with EOS"))
-                continue
-            decoded = tok.decode(ids[1:-1].tolist(), skip_special_tokens=False)
-            if decoded != text:
-                failures.append(
-                    RoundtripFailure(doc_id, split, row, f"decoded text differs ({len(decoded)} vs {len(text)} chars)")
-                )
+        decoded = tok.decode(ids[1:-1].tolist(), skip_special_tokens=False)
+        if decoded != text:
+            failures.append(
+                RoundtripFailure(doc_id, split, row, f"decoded text differs ({len(decoded)} vs {len(text)} chars)")
+            )
     return failures
+
+
+def appended_shard_keys(cache_root: str) -> list[str]:
+    """Keys of the ledger shards the cache's last build encoded (every shard of a fresh build)."""
+    manifest = _read_json(f"{cache_root.rstrip('/')}/{MANIFEST_NAME}")
+    if manifest is None or not manifest.get("finished"):
+        raise FileNotFoundError(f"no finished tokenized cache at {cache_root}")
+    return [s["key"] for s in manifest["shards"][manifest.get("appended_from", 0):]]

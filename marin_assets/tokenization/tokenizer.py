@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 
 import fsspec
 
+from marin_resources.typed_config import typed_config
+
 TOKENIZER_JSON = "tokenizer.json"
 # Levanter builds its cache exemplar from `tokenizer("hi there")`; every field returned there must
 # exist in the cache, so the tokenizer must not emit token_type_ids.
 MODEL_INPUT_NAMES = ("input_ids", "attention_mask")
 
 
+@typed_config
 @dataclass(frozen=True)
 class TokenizerConfig:
     """How to train a byte-level BPE tokenizer.

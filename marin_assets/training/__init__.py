@@ -10,10 +10,7 @@ from marin_assets.training.spec import (
     ResourceSpec,
     RunSpec,
     RunSpecError,
-    get_run,
     load_run_registry,
-    register_run,
-    registered_runs,
 )
 
 __all__ = [
@@ -22,8 +19,5 @@ __all__ = [
     "ResourceSpec",
     "RunSpec",
     "RunSpecError",
-    "get_run",
     "load_run_registry",
-    "register_run",
-    "registered_runs",
 ]

@@ -2,8 +2,10 @@
 
     mixture/<m> + tokenizer/<t>  -->  checkpoint[run]  -->  eval[run]
 
-Each run is a `RunSpec` from the registry (`runs.yaml`, plus specs registered in Python by
-sweeps). The spec's identity is the artifact's identity; its `resources` are runtime placement.
+Each run is a `RunSpec`: the deployment's named runs (`runs.yaml`) are partitions of `checkpoint`
+and `eval`; each scaling sweep gets its own pair of the same assets (`build_run_assets`) over its
+own runs, so a sweep's unbuilt runs never make the named runs look unfinished. The spec's
+identity is the artifact's identity; its `resources` are runtime placement.
 Training runs in a separate process launched through Dagster Pipes (Levanter and JAX are never
 imported here); a killed or failed run resumes from Levanter's latest checkpoint on re-run.
 """
@@ -13,22 +15,24 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import dagster as dg
 import yaml
 
 from marin_assets.catalog import Catalog
-from marin_assets.tokenization.assets import read_mixture_config
-from marin_assets.training.levanter_config import set_checkpoint_base
-from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, registered_runs
+from marin_assets.deployment import Deployment
+from marin_assets.training.commands import EVAL_REPORT_FILE, eval_command, train_command
+from marin_assets.training.levanter_config import (TRAIN_CONFIG_FILE, WandbSettings, render_train_config,
+                                                   set_checkpoint_base)
+from marin_assets.training.spec import RunSpec
 from marin_assets.training.train_main import SUMMARY_FILE
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
 from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import asset_key
-from marin_resources.launchers import EVAL_REPORT_FILE, TRAIN_CONFIG_FILE, TrainingLauncher
+from marin_resources.launchers import TrainingLauncher
 from marin_resources.store import STORE_SCHEME, ArtifactStore
 
 CHECKPOINT_VERSION = "v1"
@@ -76,32 +80,31 @@ def relocated_train_config(text: str, checkpoint_uri: str, store: ArtifactStore)
     return text.replace(written[:-len(relative)], store.prefix + "/")
 
 
-def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, str],
-                         tokenizer_versions: dict[str, str], pool: str = "cpu-train") -> tuple[dg.Definitions, Catalog]:
-    runs_path = settings.runs_file or DEFAULT_RUNS_YAML
+def launcher_wandb(launcher: TrainingLauncher, spec: RunSpec) -> WandbSettings:
+    """The tracker settings of a run launched by ``launcher`` (online only when it holds an API key)."""
+    return WandbSettings(project=launcher.wandb_project, entity=launcher.wandb_entity,
+                         mode="online" if launcher.wandb_online() else "offline", tags=(spec.mixture,))
 
-    def runs() -> dict[str, RunSpec]:
-        return {name: spec for name, spec in registered_runs(runs_path).items()
-                if spec.mixture in mixture_versions and spec.tokenizer in tokenizer_versions}
 
-    catalog = Catalog()
-    catalog.add_discoverer(RUNS.name, lambda: sorted(runs()))
-    catalog.add_identity("checkpoint", lambda run: runs()[run].identity())
-    catalog.add_identity("eval", lambda run: {"run": runs()[run].identity()})
+SpecLookup = Callable[[str], RunSpec]
+
+
+def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.DynamicPartitionsDefinition,
+                     spec_for: SpecLookup, mixture_versions: dict[str, str], tokenizer_versions: dict[str, str],
+                     pool: str, group_name: str, tags: dict[str, str] | None = None,
+                     subject: str = "") -> tuple[list, list]:
+    """A checkpoint asset and its eval asset over ``partitions``, a run per partition; ``spec_for``
+    gives a partition's `RunSpec` when a step runs (it raises dg.Failure for an unknown run)."""
     upstream_keys = [asset_key(f"mixture/{m}") for m in sorted(mixture_versions)] + \
                     [asset_key(f"tokenizer/{t}") for t in sorted(tokenizer_versions)]
+    tags = {"marin/partitioned_by": "run", **(tags or {})}
 
-    def spec_for(run: str) -> RunSpec:
-        specs = runs()
-        if run not in specs:
-            raise dg.Failure(f"no run named {run!r} in the registry ({runs_path}); known: {sorted(specs)}")
-        return specs[run]
-
-    @marin_asset(key="checkpoint", version=CHECKPOINT_VERSION, partitions_def=RUNS, deps=upstream_keys,
-                 group_name="training", kinds={"levanter", "jax"}, pool=pool, tags={"marin/partitioned_by": "run"},
-                 description="A Levanter training run: `checkpoints/step-N/` in Levanter's layout, the generated "
-                             "`train_config.yaml`, per-step `metrics.jsonl` and a loss curve. Re-materializing a "
-                             "killed or failed run resumes from its latest checkpoint; a finished run is a cache hit.")
+    @marin_asset(key=checkpoint_key, version=CHECKPOINT_VERSION, partitions_def=partitions, deps=upstream_keys,
+                 group_name=group_name, kinds={"levanter", "jax"}, pool=pool, tags=tags,
+                 description=f"A Levanter training run{subject}: `checkpoints/step-N/` in Levanter's layout, the "
+                             "generated `train_config.yaml`, per-step `metrics.jsonl` and a loss curve. "
+                             "Re-materializing a killed or failed run resumes from its latest checkpoint; a "
+                             "finished run is a cache hit.")
     def checkpoint(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher):
         spec = spec_for(context.partition_key)
         check_pool(spec, pool)
@@ -112,13 +115,13 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
 
         def build(writer) -> Built:
             out = local_dir(store, writer)
-            config_path = launcher.write_train_config(spec, data_config, tokenizer.uri, out)
+            config_path = render_train_config(spec, data_config, tokenizer.uri, out, launcher_wandb(launcher, spec))
             if not artifacts.is_local:
                 # Levanter (tensorstore) saves each checkpoint straight into the bucket, where a re-run
                 # on any machine resumes from it; `out` is scratch for logs, uploaded at commit.
                 set_checkpoint_base(config_path, writer.path("checkpoints"))
-            launcher.run_training(context, train_config_path=config_path, output_dir=out, resources=spec.resources,
-                                  extras={"run": spec.name, "fingerprint": spec.fingerprint()})
+            launcher.run_process(context, train_command(config_path, out), resources=spec.resources,
+                                 extras={"run": spec.name, "fingerprint": spec.fingerprint()})
             # The summary file, not the Pipes message, is the record: a lost message must not commit
             # a checkpoint without its metrics.
             summary_path = Path(out) / SUMMARY_FILE
@@ -140,18 +143,17 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
     @marin_check(checkpoint, name="loss_fell",
                     description="The final training loss is finite and lower than the first.")
     def loss_fell(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, "checkpoint", CHECKPOINT_VERSION)
+        manifest = checked_manifest(context, store, checkpoint_key, CHECKPOINT_VERSION)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed checkpoint"})
         first, last = manifest.metrics.get("train_loss_first"), manifest.metrics.get("train_loss_last")
         ok = first is not None and last is not None and math.isfinite(last) and last < first
         return dg.AssetCheckResult(passed=bool(ok), metadata={"train_loss_first": first, "train_loss_last": last})
 
-    @marin_asset(key="eval", version=EVAL_VERSION, partitions_def=RUNS, group_name="training", pool=pool,
-                 tags={"marin/partitioned_by": "run"},
-                 ins={"checkpoint": dg.AssetIn(key=checkpoint.key)}, kinds={"levanter"},
-                 description="Evaluation of a run's final checkpoint with Levanter: loss and bits-per-byte on each "
-                             "validation set, greedy samples, and a JSON report (`eval_report.json`).")
+    @marin_asset(key=eval_key, version=EVAL_VERSION, partitions_def=partitions, group_name=group_name, pool=pool,
+                 ins={"checkpoint": dg.AssetIn(key=checkpoint.key)}, kinds={"levanter"}, tags=tags,
+                 description=f"Evaluation of a run's final checkpoint{subject} with Levanter: loss and bits-per-byte "
+                             "on each validation set, greedy samples, and a JSON report (`eval_report.json`).")
     def evaluation(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher,
                    checkpoint: ArtifactHandle):
         spec = spec_for(context.partition_key)
@@ -167,8 +169,8 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
                 with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src:
                     text = src.read().decode("utf-8")
                 Path(config_path).write_text(relocated_train_config(text, checkpoint.uri, artifacts))
-                launcher.run_eval(context, train_config_path=config_path, output_dir=out, resources=spec.resources,
-                                  extras={"run": spec.name})
+                launcher.run_process(context, eval_command(config_path, out), resources=spec.resources,
+                                     extras={"run": spec.name})
             report = json.loads((Path(out) / EVAL_REPORT_FILE).read_text())
             metrics = {k: v for k, v in report.items() if k.startswith("eval/") and isinstance(v, (int, float))}
             samples = report.get("samples", [])
@@ -179,12 +181,44 @@ def build_training_stage(settings: MarinSettings, mixture_versions: dict[str, st
 
     @marin_check(evaluation, name="bpb_finite", description="Every eval set's bits-per-byte is finite.")
     def bpb_finite(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, "eval", EVAL_VERSION)
+        manifest = checked_manifest(context, store, eval_key, EVAL_VERSION)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed eval"})
         bpb = {k: v for k, v in manifest.metrics.items() if k.endswith("/bpb")}
         return dg.AssetCheckResult(passed=bool(bpb) and all(math.isfinite(v) for v in bpb.values()),
                                    metadata={k: float(v) for k, v in bpb.items()})
 
-    defs = dg.Definitions(assets=[checkpoint, evaluation], asset_checks=[loss_fell, bpb_finite])
-    return defs, catalog
+    return [checkpoint, evaluation], [loss_fell, bpb_finite]
+
+
+def add_run_identities(catalog: Catalog, checkpoint_key: str, eval_key: str, spec_for: SpecLookup) -> None:
+    """What `marin status` compares each run's committed artifacts with."""
+    catalog.add_identity(checkpoint_key, lambda run: spec_for(run).identity())
+    catalog.add_identity(eval_key, lambda run: {"run": spec_for(run).identity()})
+
+
+def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLookup:
+    """The spec of one of the deployment's named runs (`runs.yaml`); dg.Failure for any other name."""
+    runs = dict(deployment.runs)
+
+    def spec_for(run: str) -> RunSpec:
+        if run not in runs:
+            raise dg.Failure(f"no run named {run!r} in this deployment's runs file "
+                             f"({settings.runs_file or 'the bundled runs.yaml'}); known: {sorted(runs)}")
+        return runs[run]
+
+    return spec_for
+
+
+def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+    """`checkpoint` and `eval` over the deployment's named runs (`runs.yaml`)."""
+    runs = dict(deployment.runs)
+    spec_for = named_run_lookup(settings, deployment)
+    catalog = Catalog()
+    catalog.add_discoverer(RUNS.name, lambda: sorted(runs))
+    add_run_identities(catalog, "checkpoint", "eval", spec_for)
+    assets, checks = build_run_assets(checkpoint_key="checkpoint", eval_key="eval", partitions=RUNS,
+                                      spec_for=spec_for, mixture_versions=deployment.mixture_versions,
+                                      tokenizer_versions=deployment.tokenizer_versions, pool=settings.train_pool,
+                                      group_name="training")
+    return dg.Definitions(assets=assets, asset_checks=checks), catalog

@@ -41,6 +41,43 @@ def _byte_lengths(tokenizer, vocab_size: int):
     return lengths
 
 
+def resolve_checkpoint(config, checkpoint_path: str | None = None) -> str:
+    """The checkpoint to load: ``checkpoint_path`` (or the run's checkpoint base), or its latest step."""
+    from levanter.checkpoint import discover_latest_checkpoint
+
+    trainer = config.trainer
+    base = checkpoint_path or trainer.checkpointer.expanded_path(trainer.id)
+    resolved = discover_latest_checkpoint(base) or base
+    if not os.path.exists(os.path.join(resolved, "metadata.json")) and "://" not in resolved:
+        raise FileNotFoundError(f"no Levanter checkpoint at or under {base}")
+    return resolved
+
+
+def load_trained_model(config, checkpoint: str, Vocab):
+    """The run's model with the checkpoint's weights, sharded and cast for compute. Call inside
+    ``trainer.use_device_mesh()`` and the parameter axis mapping."""
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    from levanter.checkpoint import load_checkpoint
+    from levanter.utils.jax_utils import use_cpu_device
+
+    with use_cpu_device():
+        model = eqx.filter_eval_shape(config.model.build, Vocab, key=jax.random.PRNGKey(0))
+        model = load_checkpoint(model, checkpoint, subpath="model", discover_latest=False)
+    model = hax.shard_with_axis_mapping(model, config.trainer.parameter_axis_mapping)
+    return config.trainer.mp.cast_to_compute(model)
+
+
+def eval_batch_axis(trainer):
+    """The batch axis for evaluation: the train batch, rounded down to a multiple of the device count."""
+    import jax
+    from haliax import Axis
+
+    size = max(jax.device_count(), trainer.train_batch_size - trainer.train_batch_size % jax.device_count())
+    return Axis(trainer.batch_axis, size)
+
+
 def evaluate_checkpoint(
     config_path: str,
     *,
@@ -49,19 +86,17 @@ def evaluate_checkpoint(
     max_examples: int | None = None,
     prompts: list[str] | None = None,
     max_new_tokens: int = 48,
+    num_samples: int = DEFAULT_NUM_SAMPLES,
 ) -> dict[str, Any]:
     """Compute the eval report for a Levanter checkpoint of the run described by ``config_path``."""
-    import equinox as eqx
     import haliax as hax
     import jax
     import jax.numpy as jnp
     import numpy as np
     from haliax import Axis
     from haliax.partitioning import round_axis_for_partitioning
-    from levanter.checkpoint import discover_latest_checkpoint, load_checkpoint
     from levanter.layers.attention import AttentionMask
     from levanter.models.lm_model import LmExample, compute_next_token_loss
-    from levanter.utils.jax_utils import use_cpu_device
 
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.object_stores import install_tensorstore_paths
@@ -70,14 +105,11 @@ def evaluate_checkpoint(
     config = parse_train_config(config_path)
     tokenizer = config.data.the_tokenizer
     trainer = config.trainer
-    base = checkpoint_path or trainer.checkpointer.expanded_path(trainer.id)
-    resolved = discover_latest_checkpoint(base) or base
-    if not os.path.exists(os.path.join(resolved, "metadata.json")) and "://" not in resolved:
-        raise FileNotFoundError(f"no Levanter checkpoint at or under {base}")
+    resolved = resolve_checkpoint(config, checkpoint_path)
 
     Pos = config.model.Pos
-    batch_size = max(jax.device_count(), trainer.train_batch_size - trainer.train_batch_size % jax.device_count())
-    Batch = Axis(trainer.batch_axis, batch_size)
+    Batch = eval_batch_axis(trainer)
+    batch_size = Batch.size
     compute_mapping = trainer.compute_axis_mapping
     param_mapping = trainer.parameter_axis_mapping
     vocab_size = len(tokenizer)
@@ -85,11 +117,7 @@ def evaluate_checkpoint(
 
     with trainer.use_device_mesh(), hax.axis_mapping(param_mapping):
         Vocab = round_axis_for_partitioning(Axis("vocab", vocab_size), compute_mapping)
-        with use_cpu_device():
-            model = eqx.filter_eval_shape(config.model.build, Vocab, key=jax.random.PRNGKey(0))
-            model = load_checkpoint(model, resolved, subpath="model", discover_latest=False)
-        model = hax.shard_with_axis_mapping(model, param_mapping)
-        model = trainer.mp.cast_to_compute(model)
+        model = load_trained_model(config, resolved, Vocab)
         bytes_per_token = hax.named(jnp.asarray(_byte_lengths(tokenizer, Vocab.size)), Vocab)
 
         @hax.named_jit
@@ -124,8 +152,8 @@ def evaluate_checkpoint(
                 total_nats += float(nats)
                 total_tokens += float(tokens)
                 total_bytes += float(nbytes)
-            if len(first_examples) < DEFAULT_NUM_SAMPLES:
-                first_examples += [np.asarray(sync.get_batch([i])[0].tokens.array) for i in range(min(n, DEFAULT_NUM_SAMPLES))]
+            if len(first_examples) < num_samples:
+                first_examples += [np.asarray(sync.get_batch([i])[0].tokens.array) for i in range(min(n, num_samples))]
             report[f"eval/{name}/loss"] = total_nats / total_tokens
             report[f"eval/{name}/bpb"] = total_nats / math.log(2) / total_bytes if total_bytes else None
             report[f"eval/{name}/tokens"] = int(total_tokens)
@@ -140,7 +168,7 @@ def evaluate_checkpoint(
         if prompts:
             prompt_ids = [[tokenizer.bos_token_id, *tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
         else:
-            prompt_ids = [list(t[:DEFAULT_PROMPT_TOKENS]) for t in first_examples[:DEFAULT_NUM_SAMPLES]]
+            prompt_ids = [list(t[:DEFAULT_PROMPT_TOKENS]) for t in first_examples[:num_samples]]
         pad = tokenizer.eos_token_id
         samples = []
         for ids in prompt_ids:

@@ -17,6 +17,8 @@ import yaml
 from marin_assets.training.spec import RunSpec
 
 WandbMode = Literal["offline", "online", "disabled"]
+TRAIN_CONFIG_FILE = "train_config.yaml"
+"""The rendered Levanter config, in the run's directory (eval reads it back from the checkpoint artifact)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,13 @@ def write_train_config(config: Mapping[str, Any], path: str | os.PathLike) -> st
     with open(path, "w") as f:
         yaml.safe_dump(dict(config), f, sort_keys=False)
     return str(path)
+
+
+def render_train_config(spec: RunSpec, data_config: Mapping[str, Any], tokenizer_dir: str, output_dir: str,
+                        wandb: WandbSettings) -> str:
+    """Render ``spec`` into ``{output_dir}/train_config.yaml``; returns its path."""
+    config = build_train_config(spec, data_config, tokenizer_dir, output_dir, wandb=wandb)
+    return write_train_config(config, Path(output_dir) / TRAIN_CONFIG_FILE)
 
 
 def parse_train_config(path: str | os.PathLike):

@@ -25,7 +25,7 @@ from dagster_pipes import (
     open_dagster_pipes,
 )
 
-PIPES_BUCKET_ENV = "MARIN_PIPES_BUCKET"
+from marin_resources.object_stores import PIPES_BUCKET_ENV
 
 PATH_KEYS_SUFFIX = ("_path", "_dir", "_png")
 

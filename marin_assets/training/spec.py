@@ -13,17 +13,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
 
+from marin_resources.placement import ResourceSpec
+from marin_resources.typed_config import FieldProblem, decode, typed_config
+
 DEFAULT_RUNS_YAML = Path(__file__).with_name("runs.yaml")
 
-Accelerator = Literal["cpu", "gpu", "tpu"]
 LrSchedule = Literal["cosine", "linear", "constant"]
 
 
@@ -36,6 +36,7 @@ class RunSpecError(ValueError):
         super().__init__(f"run {run!r}: field {field_path!r}: {problem}")
 
 
+@typed_config
 @dataclass(frozen=True)
 class ModelSpec:
     """Levanter ``LlamaConfig`` shape fields (the subset that defines the architecture)."""
@@ -66,6 +67,7 @@ class ModelSpec:
         return self.num_layers * (attention + mlp + norms) + d + embeddings
 
 
+@typed_config
 @dataclass(frozen=True)
 class OptimizerSpec:
     """AdamW with warmup and a decay schedule (Levanter ``AdamConfig``)."""
@@ -82,18 +84,7 @@ class OptimizerSpec:
     max_grad_norm: float | None = 1.0
 
 
-@dataclass(frozen=True)
-class ResourceSpec:
-    """Where a run executes. Runtime only: excluded from the run's identity."""
-
-    accelerator: Accelerator = "cpu"
-    device_count: int = 1
-    tpu_type: str | None = None
-    """e.g. ``v5litepod-16``; required when ``accelerator == "tpu"``."""
-    pool: str | None = None
-    """Scheduling pool (node pool / queue) name, interpreted by the launcher."""
-
-
+@typed_config
 @dataclass(frozen=True)
 class RunSpec:
     name: str
@@ -140,7 +131,10 @@ class RunSpec:
             raise RunSpecError(name, "<run>", f"expected a mapping, got {type(raw).__name__}")
         if "name" in raw and raw["name"] != name:
             raise RunSpecError(name, "name", f"{raw['name']!r} differs from the registry key")
-        spec = _build(cls, {**raw, "name": name}, name, "")
+        try:
+            spec = decode(cls, {**raw, "name": name})
+        except FieldProblem as exc:
+            raise RunSpecError(name, exc.dotted or "<run>", exc.problem) from None
         validate_run(spec)
         return spec
 
@@ -151,76 +145,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
-
-
-def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
-def _coerce(tp: Any, value: Any, run: str, path: str) -> Any:
-    """Check ``value`` against annotation ``tp`` and convert containers; raise RunSpecError on mismatch."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None:
-            if type(None) in options:
-                return None
-            raise RunSpecError(run, path, "must not be null")
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(option, value, run, path)
-            except RunSpecError:
-                continue
-        raise RunSpecError(run, path, f"{_describe(value)} does not match {tp}")
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            raise RunSpecError(run, path, f"{value!r} is not one of {list(allowed)}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise RunSpecError(run, path, f"expected a list, got {_describe(value)}")
-        (item_type, _ellipsis) = typing.get_args(tp)
-        return tuple(_coerce(item_type, v, run, f"{path}[{i}]") for i, v in enumerate(value))
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, run, path)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise RunSpecError(run, path, f"expected a boolean, got {_describe(value)}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise RunSpecError(run, path, f"expected an integer, got {_describe(value)}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RunSpecError(run, path, f"expected a number, got {_describe(value)}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise RunSpecError(run, path, f"expected a string, got {_describe(value)}")
-        return value
-    raise TypeError(f"unsupported annotation {tp!r} at {path}")
-
-
-def _build(cls: type, raw: Any, run: str, path: str) -> Any:
-    prefix = f"{path}." if path else ""
-    if not isinstance(raw, Mapping):
-        raise RunSpecError(run, path or "<run>", f"expected a mapping, got {_describe(raw)}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise RunSpecError(run, prefix + unknown[0], f"unknown field (known: {sorted(fields)})")
-    kwargs = {}
-    for fname, f in fields.items():
-        if fname in raw:
-            kwargs[fname] = _coerce(hints[fname], raw[fname], run, prefix + fname)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise RunSpecError(run, prefix + fname, "required field is missing")
-    return cls(**kwargs)
 
 
 def validate_run(spec: RunSpec) -> None:
@@ -271,8 +195,6 @@ def validate_run(spec: RunSpec) -> None:
 
 # --- registry -----------------------------------------------------------------------------------
 
-_PROGRAMMATIC_RUNS: dict[str, RunSpec] = {}
-
 
 def load_run_registry(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec]:
     """Parse a runs YAML file (``runs: {name: {...}}``) into validated specs keyed by name."""
@@ -281,29 +203,3 @@ def load_run_registry(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec
     if not isinstance(document, Mapping) or not isinstance(document.get("runs"), Mapping):
         raise ValueError(f"{path}: expected a top-level 'runs:' mapping of run name to spec")
     return {str(name): RunSpec.from_dict(str(name), raw) for name, raw in document["runs"].items()}
-
-
-def register_run(spec: RunSpec, *, replace: bool = False) -> RunSpec:
-    """Add a spec built in Python (e.g. by a sweep) to the registry returned by ``registered_runs``."""
-    validate_run(spec)
-    existing = _PROGRAMMATIC_RUNS.get(spec.name)
-    if existing is not None and existing != spec and not replace:
-        raise ValueError(f"run {spec.name!r} is already registered with a different spec")
-    _PROGRAMMATIC_RUNS[spec.name] = spec
-    return spec
-
-
-def registered_runs(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec]:
-    """Runs from the YAML file plus programmatic registrations; a name defined in both is an error."""
-    runs = load_run_registry(path)
-    clashes = sorted(set(runs) & set(_PROGRAMMATIC_RUNS))
-    if clashes:
-        raise ValueError(f"runs defined both in {path} and by register_run: {clashes}")
-    return {**runs, **_PROGRAMMATIC_RUNS}
-
-
-def get_run(name: str, path: str | Path = DEFAULT_RUNS_YAML) -> RunSpec:
-    runs = registered_runs(path)
-    if name not in runs:
-        raise KeyError(f"unknown run {name!r}; known runs: {sorted(runs)}")
-    return runs[name]

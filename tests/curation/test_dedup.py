@@ -599,3 +599,48 @@ def test_dedup_groups_from_the_sources_yaml(tmp_path):
         dedup_group_members(clash.sources[0], clash)
     with pytest.raises(ValueError, match="must be a non-empty string"):
         dedup_group_of(sources({"name": "web", "dedup": {"group": ""}}).sources[0])
+
+
+def test_colliding_documents_of_earlier_shards_are_read_by_row_group(planted_corpus, tmp_path):
+    """A new shard's collisions read the few row groups of earlier shards that hold them, and decide
+    as reading the shards whole does."""
+    config = DedupConfig()
+    texts = planted_corpus["texts"]
+    split = planted_corpus["num_bases"]
+    old_shards = make_shards(texts[:split], 3, config.minhash)
+    groups_read = []
+
+    def by_row_group(shard: Shard) -> ShardInput:
+        path = tmp_path / f"{shard.shard_key}.parquet"
+        shard.docs.write_parquet(path, row_group_size=8)
+
+        def load_rows(rows):
+            import pyarrow.parquet as pq
+
+            real = pq.ParquetFile.read_row_groups
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(pq.ParquetFile, "read_row_groups",
+                              lambda self, groups, **kw: groups_read.append(len(groups)) or real(self, groups, **kw))
+                return dedup.read_parquet_rows(str(path), rows)
+
+        return ShardInput(shard.source, shard.shard_key, "v", lambda: shard.docs, lambda: shard.signatures,
+                          load_rows=load_rows)
+
+    new_docs = frame(texts[split:split + 40], [f"doc-{i}" for i in range(split, split + 40)])
+    new_shard = Shard("shard-new", new_docs, compute_signatures(new_docs, config.minhash))
+    decided = {}
+    for name, inputs in (("whole", shard_inputs), ("rows", lambda shards: [by_row_group(s) for s in shards])):
+        index = IndexDir.local(tmp_path / name)
+        update_index(index, inputs(old_shards), config)
+        update_index(index, inputs([*old_shards, new_shard]), config)
+        decided[name] = index.read_parquet(decision_path(3))
+    assert len(decided["rows"]) >= 20 and decided["rows"].equals(decided["whole"])
+    old_groups = sum(-(-len(s.docs) // 8) for s in old_shards)
+    assert 0 < sum(groups_read) < old_groups / 2
+
+    # Rows come back in the order asked, from any row groups; a row past the end is an error.
+    path = tmp_path / f"{old_shards[0].shard_key}.parquet"
+    wanted = [17, 3, 16, 0]
+    assert dedup.read_parquet_rows(str(path), wanted).equals(old_shards[0].docs.select("id", "text", "source_id")[wanted])
+    with pytest.raises(IndexError):
+        dedup.read_parquet_rows(str(path), [len(old_shards[0].docs)])

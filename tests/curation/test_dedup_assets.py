@@ -40,7 +40,7 @@ def materialize(env, key):
 
 
 def manifest(tmp_path, key):
-    path = tmp_path / "store" / key / "v1" / ".artifact.json"
+    (path,) = (tmp_path / "store" / key).glob("v1-*/.artifact.json")
     return {entry["path"]: entry["sha256"] for entry in json.loads(path.read_text())["files"]}
 
 
@@ -52,11 +52,11 @@ def test_new_shard_appends_and_old_data_files_keep_their_bytes(env, tmp_path):
                            "duplicates/a.txt.parquet", "duplicates/b.txt.parquet", "duplicates/z-shared.txt.parquet"]
     store = tmp_path / "store"
     # Group order is (shard key, source): books' shared.txt comes before web's z-shared.txt and is kept.
-    dropped = pl.read_parquet(store / "deduplicated/web/v1/duplicates/z-shared.txt.parquet")
+    dropped = pl.read_parquet(next(store.glob("deduplicated/web/v1-*")) / "duplicates/z-shared.txt.parquet")
     assert dropped.select("dropped_source", "kept_source", "kept_shard", "reason").rows() == [
         ("web", "books", "shared.txt", "exact")]
-    assert pl.read_parquet(store / "deduplicated/web/v1/data/z-shared.txt.parquet").height == 0
-    assert pl.read_parquet(store / "deduplicated/books/v1/data/shared.txt.parquet").height == 1
+    assert pl.read_parquet(next(store.glob("deduplicated/web/v1-*")) / "data/z-shared.txt.parquet").height == 0
+    assert pl.read_parquet(next(store.glob("deduplicated/books/v1-*")) / "data/shared.txt.parquet").height == 1
 
     # A new web shard whose name sorts first and which copies books' kept document: it is seen last.
     (tmp_path / "web" / "0-new.txt").write_text((tmp_path / "books" / "shared.txt").read_text())
@@ -65,7 +65,8 @@ def test_new_shard_appends_and_old_data_files_keep_their_bytes(env, tmp_path):
     after = manifest(tmp_path, "deduplicated/web")
     assert {path: after[path] for path in web} == web, "an earlier data or duplicates file changed"
     assert sorted(set(after) - set(web)) == ["data/0-new.txt.parquet", "duplicates/0-new.txt.parquet"]
-    assert pl.read_parquet(store / "deduplicated/web/v1/duplicates/0-new.txt.parquet")["kept_shard"].to_list() == [
+    web_dir = next(store.glob("deduplicated/web/v1-*"))
+    assert pl.read_parquet(web_dir / "duplicates/0-new.txt.parquet")["kept_shard"].to_list() == [
         "shared.txt"]
     materialize(env, "deduplicated/books")
     assert manifest(tmp_path, "deduplicated/books") == books

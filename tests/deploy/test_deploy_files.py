@@ -87,6 +87,7 @@ def test_helm_and_instance_yaml_agree():
         == (helm_launcher["runK8sConfig"]["podSpecConfig"]["serviceAccountName"])
     )
     assert launcher["fail_pod_on_run_failure"] == helm_launcher["failPodOnRunFailure"]
+    assert launcher["resources"] == helm_launcher["resources"]
 
     monitoring, helm_monitoring = (
         INSTANCE["run_monitoring"],

@@ -150,3 +150,56 @@ def test_set_pools_script_sets_per_pool_limits(dagster_home):
         assert limits == {"cpu-train": 4, "gpu": 3, "tpu": 1}
     finally:
         instance.dispose()
+
+
+def test_each_partition_run_is_its_own_kubernetes_job(dagster_home, monkeypatch):
+    """Rendered, not run (no cluster here): the instance's K8sRunLauncher turns the run of each
+    shard partition into one Job in the runs namespace, running the code location's image with
+    the run worker's requests, the runs' service account and the database password by reference."""
+    import dagster as dg
+    import kubernetes
+    from dagster._core.code_pointer import ModuleCodePointer
+    from dagster._core.launcher import LaunchRunContext
+    from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
+    from dagster_gcp.gcs import compute_log_manager as gcs_logs
+
+    monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda: None)
+    monkeypatch.setattr(gcs_logs.storage, "Client", _GcsClient)
+    for name in ("MARIN_TRAINING_IMAGE", "MARIN_TRAINING_NAMESPACE", "MARIN_GPU_TYPE"):
+        monkeypatch.setenv(name, f"value-of-{name}")
+
+    @dg.asset(key=["filtered", "web"], partitions_def=dg.StaticPartitionsDefinition(["shard-00000", "shard-00001"]))
+    def filtered():
+        return None
+
+    job = dg.Definitions(assets=[filtered]).resolve_implicit_global_asset_job_def()
+    origin = JobPythonOrigin(job.name, RepositoryPythonOrigin(
+        "/opt/venv/bin/python", ModuleCodePointer("marin_assets.definitions", "defs", working_directory="/app"),
+        container_image="us-docker.pkg.dev/p/marin/marin-dagster:abc"))
+    instance = dg.DagsterInstance.from_config(str(dagster_home))
+    try:
+        created = []
+        launcher = instance.run_launcher
+        monkeypatch.setattr(launcher._api_client, "create_namespaced_job_with_retries",
+                            lambda body, namespace: created.append((namespace, body)))
+        runs = [instance.create_run_for_job(job, tags={"dagster/partition": shard}, job_code_origin=origin,
+                                            asset_selection={filtered.key})
+                for shard in ("shard-00000", "shard-00001")]
+        for run in runs:
+            launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+    finally:
+        instance.dispose()
+
+    assert [namespace for namespace, _ in created] == ["marin-runs", "marin-runs"]
+    jobs = [body for _, body in created]
+    assert [j.metadata.labels["dagster/run-id"] for j in jobs] == [r.run_id for r in runs]
+    assert len({j.metadata.name for j in jobs}) == 2
+    for body in jobs:
+        pod = body.spec.template.spec
+        (container,) = pod.containers
+        assert container.image == "us-docker.pkg.dev/p/marin/marin-dagster:abc"
+        assert container.args[:5] == ["/opt/venv/bin/python", "-m", "dagster", "api", "execute_run"]
+        assert container.resources.requests == {"cpu": "2", "memory": "4Gi"}
+        assert pod.service_account_name == "marin-dagster-runs"
+        password = next(e for e in container.env if e.name == "DAGSTER_PG_PASSWORD")
+        assert password.value is None and password.value_from.secret_key_ref.name == "dagster-postgresql-secret"

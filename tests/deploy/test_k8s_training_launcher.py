@@ -5,6 +5,7 @@ is materialized, so a wiring break between spec and launcher fails here. The fak
 tests/deploy/fake_train_main.py in place of the training entry point, so no training happens.
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import pytest
 import yaml
 
 from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stage
+from marin_assets.training.spec import load_run_registry
 from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
 from marin_resources.environments import MarinSettings, build_resources
+from marin_resources.identity import fingerprint
 from marin_resources.k8s import K8sSpecError, K8sTrainingLauncher, SecretEnvRefConfig, tpu_slice
 from marin_resources.store import producer_info, writing
 
@@ -41,9 +44,9 @@ def commit_inputs(store) -> None:
     mixture = {"cache_dir": None, "train_weights": {"m": 1.0},
                "configs": {"m": {"cache_dir": f"{store.prefix}/caches/m", "train_urls": [], "validation_urls": []}}}
     for key, name, payload in (("mixture/m", "data.json", mixture), ("tokenizer/t", "tokenizer.json", {"model": {}})):
-        with writing(store, key, "v1", None, run_id="test") as writer:
+        with writing(store, key, "v1", None, fingerprint=fingerprint({"name": key}), run_id="test") as writer:
             writer.write_json(name, payload)
-            writer.commit(fingerprint=key, config={"name": key}, upstream=[], producer=producer_info("test"))
+            writer.commit(config={"name": key}, upstream=[], producer=producer_info("test"))
 
 
 def make_deployment(tmp_path, cluster, prefix: str, storage_options: dict | None = None, **launcher_kwargs):
@@ -79,9 +82,10 @@ def deployment(tmp_path, cluster, instance):
     return (*make_deployment(tmp_path, cluster, str(tmp_path / "store"), store_claim="marin-store"), instance)
 
 
-def materialize_checkpoint(deployment, run: str, pool: str, cluster):
+def materialize_checkpoint(deployment, run: str, pool: str, cluster, synthetic_deployment):
     settings, resources, instance = deployment
-    defs, _ = build_training_stage(settings, {"m": "v1"}, {"t": "v1"}, pool=pool)
+    runs = load_run_registry(settings.runs_file)
+    defs, _ = build_training_stage(dataclasses.replace(settings, train_pool=pool), synthetic_deployment(runs=runs))
     [checkpoint] = [a for a in defs.assets if a.key == dg.AssetKey("checkpoint")]
     slots_while_running = []
     cluster.on_pod_start.append(
@@ -92,8 +96,8 @@ def materialize_checkpoint(deployment, run: str, pool: str, cluster):
     return result, slots_while_running
 
 
-def test_8_h100_run_gets_a_pod_with_8_gpus_on_h100_nodes_holding_the_gpu_slot(deployment, cluster):
-    result, slots = materialize_checkpoint(deployment, "h100x8", "gpu", cluster)
+def test_8_h100_run_gets_a_pod_with_8_gpus_on_h100_nodes_holding_the_gpu_slot(deployment, cluster, synthetic_deployment):
+    result, slots = materialize_checkpoint(deployment, "h100x8", "gpu", cluster, synthetic_deployment)
     assert result.success, result.all_events
 
     [ran] = cluster.pods.values()
@@ -114,8 +118,8 @@ def test_8_h100_run_gets_a_pod_with_8_gpus_on_h100_nodes_holding_the_gpu_slot(de
     assert manifest is not None and manifest.metrics["final_step"] == 7
 
 
-def test_v5litepod_16_run_is_a_4_host_indexed_job_with_a_4x4_topology(deployment, cluster):
-    result, slots = materialize_checkpoint(deployment, "v5e16", "tpu", cluster)
+def test_v5litepod_16_run_is_a_4_host_indexed_job_with_a_4x4_topology(deployment, cluster, synthetic_deployment):
+    result, slots = materialize_checkpoint(deployment, "v5e16", "tpu", cluster, synthetic_deployment)
     assert result.success, result.all_events
 
     [job] = cluster.jobs.values()
@@ -136,8 +140,8 @@ def test_v5litepod_16_run_is_a_4_host_indexed_job_with_a_4x4_topology(deployment
     assert manifest is not None
 
 
-def test_a_run_asking_for_another_pool_is_refused_before_any_pod(deployment, cluster):
-    result, _ = materialize_checkpoint(deployment, "gpu-in-tpu-pool", "gpu", cluster)
+def test_a_run_asking_for_another_pool_is_refused_before_any_pod(deployment, cluster, synthetic_deployment):
+    result, _ = materialize_checkpoint(deployment, "gpu-in-tpu-pool", "gpu", cluster, synthetic_deployment)
     assert not result.success
     [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
     assert "asks for pool 'tpu'" in str(failure.event_specific_data.error)
@@ -166,7 +170,7 @@ def test_unknown_or_odd_tpu_types_and_device_count_mismatches_are_refused(tmp_pa
 
 @pytest.mark.parametrize("run, pool, hosts", [("h100x8", "gpu", 1), ("v5e16", "tpu", 4)])
 def test_on_a_bucket_the_training_pod_mounts_nothing_and_its_run_directory_travels_through_the_bucket(
-        tmp_path, cluster, instance, s3_env, run, pool, hosts):
+        tmp_path, cluster, instance, s3_env, run, pool, hosts, synthetic_deployment):
     """A pod with only the bucket: its disk starts without the run worker's files and loses its own
     when it ends, so the config it reads and the summary the asset commits both went through S3."""
     import shutil
@@ -190,7 +194,7 @@ def test_on_a_bucket_the_training_pod_mounts_nothing_and_its_run_directory_trave
     cluster.on_pod_start.append(pod_disk_is_its_own)
     cluster.on_pod_exit.append(pod_disk_is_its_own)
 
-    result = materialize_checkpoint((settings, resources, instance), run, pool, cluster)[0]
+    result = materialize_checkpoint((settings, resources, instance), run, pool, cluster, synthetic_deployment)[0]
     assert result.success, [str(e.event_specific_data.error) for e in result.all_events if e.is_step_failure]
 
     assert len(cluster.pods) == hosts and all(p.exit_code == 0 for p in cluster.pods.values())

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,7 @@ def test_materialize_status_and_noop(env, tmp_path):
     first = json.loads(marin(env, "materialize", "deduplicated/letters", "--json").stdout)
     assert first["success"]
     manifests = [Path(m) for m in first["manifests"]]
-    assert any("deduplicated/letters/v1/.artifact.json" in str(m) for m in manifests)
+    assert any(re.search(r"deduplicated/letters/v1-[0-9a-f]{8}/\.artifact\.json$", str(m)) for m in manifests)
     for m in manifests:
         body = json.loads(m.read_text())
         assert body["files"] and body["data_version"] and body["producer"]["run_id"]
@@ -58,23 +59,33 @@ def test_materialize_status_and_noop(env, tmp_path):
     letters = [s for s in status if "letters" in s["asset_key"]]
     assert letters and all(s["state"] == "fresh" for s in letters)
 
-    # A changed source file makes exactly its shard stale, and only that shard is rebuilt.
+    # A changed source file makes exactly its shard stale, and everything built from it says why.
     bravo = Path(env["MARIN_SOURCES"]).parent / "letters" / "bravo.txt"
     bravo.write_text(bravo.read_text() + " A postscript arrived later. " + TEXT)
     changed = {(s["asset_key"], s["partition"]): s for s in json.loads(marin(env, "status", "--json").stdout)}
     assert changed[("raw/letters", "bravo.txt")]["state"] == "stale"
-    assert "source data changed" in changed[("raw/letters", "bravo.txt")]["cause"]
+    assert changed[("raw/letters", "bravo.txt")]["cause"] == "upstream external/letters[bravo.txt] changed (data)"
     assert changed[("raw/letters", "alpha.txt")]["state"] == "fresh"
+    for key in ("documents/letters", "filtered/letters"):
+        assert changed[(key, "bravo.txt")]["state"] == "stale" and changed[(key, "alpha.txt")]["state"] == "fresh"
+    assert changed[("documents/letters", "bravo.txt")]["cause"] == "upstream raw/letters[bravo.txt] is stale"
+    why = marin(env, "status", "--why", "filtered/letters", "--partition", "bravo.txt").stdout.splitlines()
+    assert why == ["filtered/letters[bravo.txt]: stale: upstream documents/letters[bravo.txt] is stale",
+                   "  documents/letters[bravo.txt]: stale: upstream raw/letters[bravo.txt] is stale",
+                   "    raw/letters[bravo.txt]: stale: upstream external/letters[bravo.txt] changed (data)"]
     rebuilt = json.loads(marin(env, "materialize", "deduplicated/letters", "--json").stdout)
     assert [s["partition"] for s in rebuilt["steps"] if s["ran"]] == ["bravo.txt", None]
 
-    # A config change under the same code version shows as drift, with the field named.
+    # A config change builds beside the old artifact: missing until built, with the field named.
     sources = Path(env["MARIN_SOURCES"])
     sources.write_text(sources.read_text() + "    filters:\n      min_words: 5\n")
-    drifted = json.loads(marin(env, "status", "--json").stdout)
-    filtered = [s for s in drifted if s["asset_key"] == "filtered/letters"]
-    assert filtered and all(s["state"] == "stale" and "config drift" in s["cause"] and "min_words" in s["cause"]
+    changed = json.loads(marin(env, "status", "--json").stdout)
+    filtered = [s for s in changed if s["asset_key"] == "filtered/letters"]
+    assert filtered and all(s["state"] == "missing" and s["kind"] == "config" and "min_words" in s["cause"]
                             for s in filtered)
+    dedup = next(s for s in changed if s["asset_key"] == "deduplicated/letters")
+    assert dedup["state"] == "stale" and dedup["cause"] == "upstream dedup_index/letters is stale"
+    assert any(line.strip().startswith("filtered/letters[alpha.txt]: missing: config changed: ") for line in dedup["why"])
 
 
 def test_bad_partition_and_unknown_asset_are_clear_errors(env):
@@ -86,7 +97,7 @@ def test_bad_partition_and_unknown_asset_are_clear_errors(env):
 
 def test_rebuild_withdraws_one_partition_and_keeps_its_manifest(env, tmp_path):
     marin(env, "materialize", "documents/letters", "--partition", "alpha.txt")
-    manifest = tmp_path / "store" / "documents" / "letters" / "v1" / "alpha.txt" / ".artifact.json"
+    (manifest,) = (tmp_path / "store" / "documents" / "letters").glob("v1-*/alpha.txt/.artifact.json")
     before = json.loads(manifest.read_text())
 
     rebuilt = marin(env, "materialize", "documents/letters", "--partition", "alpha.txt", "--rebuild", "--json")
@@ -107,12 +118,14 @@ def test_rebuild_withdraws_one_partition_and_keeps_its_manifest(env, tmp_path):
 def test_demo_materializes_with_every_materialize_option_at_its_default():
     from marin_assets.cli import build_parser, demo_materialize_args
 
-    args = demo_materialize_args()
-    assert (args.selection, args.partition) == ("eval", "nano-shakespeare")
-    assert not (args.force or args.rebuild or args.json)
-    # Every option of `marin materialize` exists on the demo's arguments (a new flag cannot break the demo).
+    run, sweep = demo_materialize_args()
+    assert (run.selection, run.partition) == ("eval", "nano-shakespeare")
+    assert (sweep.selection, sweep.partition) == ("scaling_fit/demo", None)
     materialize = build_parser()._subparsers._group_actions[0].choices["materialize"]
-    assert {a.dest for a in materialize._actions if a.dest != "help"} <= set(vars(args))
+    for args in (run, sweep):
+        assert not (args.force or args.rebuild or args.json)
+        # Every option of `marin materialize` exists on the demo's arguments (a new flag cannot break the demo).
+        assert {a.dest for a in materialize._actions if a.dest != "help"} <= set(vars(args))
 
 
 def test_partitions_run_in_parallel_and_a_failure_spares_its_siblings(env, tmp_path, monkeypatch):
@@ -132,6 +145,7 @@ def test_partitions_run_in_parallel_and_a_failure_spares_its_siblings(env, tmp_p
     assert sorted(steps) == ["alpha.txt", "bravo.txt", "broken.txt", "charlie.txt"]
     assert not steps["broken.txt"]["success"] and "FileNotFoundError" in steps["broken.txt"]["error"]
     assert all(steps[p]["success"] and steps[p]["ran"] for p in ("alpha.txt", "bravo.txt", "charlie.txt"))
+    assert "FAILED: 4 run(s) (1 failed: broken.txt)" in first.stderr
 
     monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])  # the instance's SQLite paths name it
     with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
@@ -149,3 +163,67 @@ def test_partitions_run_in_parallel_and_a_failure_spares_its_siblings(env, tmp_p
 
     again = json.loads(marin(env, "materialize", "filtered/letters", "--json", check=False).stdout)
     assert [s["partition"] for s in again["steps"] if s["ran"]] == ["broken.txt"]
+
+
+def test_a_run_killed_mid_partition_loses_nothing_and_the_rerun_redoes_only_it(tmp_path, monkeypatch):
+    """kill -9 of one partition's run worker while it builds: the CLI reports that run failed and
+    finishes its siblings; what the run had committed stays, nothing half-written is committed,
+    and the rerun builds that partition alone."""
+    import signal
+    import time
+
+    import dagster as dg
+
+    from marin_assets.planning import Planner
+    from marin_resources.store import ArtifactStore
+
+    data = tmp_path / "shards"
+    data.mkdir()
+    lines = [json.dumps({"id": f"{name}-{i}", "text": f"Note {i} of {name}. {BODIES[name] * 3}"}) + "\n"
+             for name in BODIES for i in range(3)]
+    (data / "small.jsonl").write_text("".join(lines))
+    # Big enough that its documents and filtered steps take seconds: the kill lands inside them.
+    (data / "big.jsonl").write_text("".join(lines * 2000))
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(f"sources:\n  - name: notes\n    uri: {data}/*.jsonl\n    format: jsonl\n"
+                       "    id_field: id\n    files_per_shard: 1\n    filters: {languages: []}\n")
+    home, store = tmp_path / "home", tmp_path / "store"
+    env = {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(store), "DAGSTER_HOME": str(home),
+           "MARIN_ENV": "local"}
+    cli = subprocess.Popen([sys.executable, "-m", "marin_assets.cli", "materialize", "filtered/notes", "--json"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    raw_committed = store / "raw" / "notes" / "v1" / "big.jsonl" / ".artifact.json"
+    filtered_committed = store / "filtered" / "notes" / "v1" / "big.jsonl" / ".artifact.json"
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    killed = None
+    try:
+        deadline = time.monotonic() + 300
+        while killed is None and time.monotonic() < deadline and cli.poll() is None:
+            time.sleep(0.1)
+            if not raw_committed.exists():
+                continue
+            with dg.DagsterInstance.from_config(str(home)) as instance:
+                (run,) = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "big.jsonl"}))
+                pid = Planner(dg.Definitions(), None, None, instance).run_worker_pid(run.run_id)
+            assert not filtered_committed.exists(), "the big partition finished before it could be killed"
+            os.kill(int(pid), signal.SIGKILL)
+            killed = run.run_id
+        out, err = cli.communicate(timeout=600)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert killed, f"the big partition's run never committed raw/notes\n{cli.stderr}"
+    assert cli.returncode == 1, err
+    steps = {s["partition"]: s for s in json.loads(out)["steps"]}
+    assert steps["small.jsonl"]["success"] and not steps["big.jsonl"]["success"], steps
+    assert steps["big.jsonl"]["run_id"] == killed and "died without reporting an end" in steps["big.jsonl"]["error"]
+    # What the killed run committed is whole (raw, perhaps documents); filtered was never committed.
+    artifacts = ArtifactStore(str(store))
+    committed = [m for key in ("raw/notes", "documents/notes", "filtered/notes")
+                 if (m := artifacts.find(key, "v1", "big.jsonl")) is not None]
+    assert [m.asset_key for m in committed][:1] == ["raw/notes"] and not filtered_committed.exists()
+    assert all(artifacts.verify(m) == [] for m in committed)
+
+    again = json.loads(marin(env, "materialize", "filtered/notes", "--json").stdout)
+    assert again["success"] and [s["partition"] for s in again["steps"] if s["ran"]] == ["big.jsonl"]
+    assert json.loads(filtered_committed.read_text())["metrics"]["input_documents"] == len(lines) * 2000

@@ -1,8 +1,10 @@
 """The code location loads through Dagster's own tooling, without the heavy ML stack."""
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,6 +26,37 @@ def test_loading_never_imports_jax_levanter_haliax_or_ray(tmp_path):
     env = {**os.environ, "MARIN_PREFIX": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == ""
+
+
+def test_loading_never_touches_the_store(tmp_path):
+    """The code location loads with its store on an S3 endpoint that records every connection: the
+    dagster code server's load (definitions, asset graph, sensors and their partitions) opens none."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    connections = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            connections.append(conn.getpeername())
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    probe = ("import marin_assets.definitions as d; g = d.defs.resolve_asset_graph(); "
+             "d.defs.get_repository_def().get_all_jobs(); print(len(g.get_all_asset_keys()))")
+    env = {**os.environ, "MARIN_PREFIX": "s3://marin-unreachable/store", "DAGSTER_HOME": str(tmp_path),
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{listener.getsockname()[1]}", "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "x", "AWS_EC2_METADATA_DISABLED": "true"}
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=REPO,
+                             timeout=300)
+    finally:
+        listener.close()
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) > 20
+    assert connections == []
 
 
 def test_every_asset_has_a_code_version_and_description():

@@ -1,19 +1,21 @@
-"""materialize_artifact through real Dagster runs: skip, drift, data versions, handles downstream."""
+"""materialize_artifact through real Dagster runs: skip, configs side by side, data versions, handles downstream."""
 
 import dagster as dg
 import pytest
 
 from marin_resources.artifacts import (ArtifactHandle, ArtifactHandleIOManager, Built, MarinStore, all_partitions_in,
                                        marin_asset, materialize_artifact)
-from marin_resources.freshness import FingerprintDriftError
+from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key, marin_key
+from marin_resources.store import ArtifactStore
 
 SHARDS = dg.DynamicPartitionsDefinition(name="test_shards")
 
 WORDS, JOINED = asset_key("test/words"), asset_key("test/joined")
 
 
-def make_defs(prefix, *, greeting="hello", strict=False, version="v1"):
+def make_defs(prefix, *, greeting="hello", version="v1", source=None):
+    """`source`: {partition: listing hash} of an outside input that test/words records, as raw assets do."""
     config = {"greeting": greeting}
 
     @marin_asset(key="test/words", version=version, partitions_def=SHARDS)
@@ -22,7 +24,9 @@ def make_defs(prefix, *, greeting="hello", strict=False, version="v1"):
             with w.open("words.txt") as fh:
                 fh.write(f"{config['greeting']} {context.partition_key}".encode())
             return Built(metrics={"words": 2})
-        return materialize_artifact(context, store, config=config, upstream=[], build=build)
+        outside = [] if source is None else [ArtifactHandle("external/src", context.partition_key, "x", "file:///src",
+                                                            source[context.partition_key])]
+        return materialize_artifact(context, store, config=config, upstream=outside, build=build)
 
     @marin_asset(key="test/joined", version="v1", ins={"shards": all_partitions_in("test/words")})
     def joined(context: dg.AssetExecutionContext, store: MarinStore, shards: dict[str, ArtifactHandle]):
@@ -33,7 +37,7 @@ def make_defs(prefix, *, greeting="hello", strict=False, version="v1"):
             return Built(metrics={"shards": len(shards)})
         return materialize_artifact(context, store, config={}, upstream=list(shards.values()), build=build)
 
-    store = MarinStore(prefix=str(prefix), strict_fingerprints=strict)
+    store = MarinStore(prefix=str(prefix))
     return [words, joined], {"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store)}
 
 
@@ -63,29 +67,41 @@ def test_build_then_skip_then_rebuild_downstream_on_new_data(tmp_path, instance)
     joined = dg.materialize(assets, selection=[JOINED], resources=resources, instance=instance)
     j = materialization(joined, "test/joined")
     assert j.metadata["shards"].value == 2
-    text = (tmp_path / "test/joined/v1/joined.txt").read_text()
+    text = open(f"{ArtifactStore(str(tmp_path)).find('test/joined', 'v1', None).uri}/joined.txt").read()
     assert text == "hello a hello b"
     # Unchanged upstream: the join is a no-op.
     rejoined = dg.materialize(assets, selection=[JOINED], resources=resources, instance=instance)
     assert materialization(rejoined, "test/joined").metadata["marin/reused"].value is True
 
 
-def test_drift_warns_and_reuses_by_default_and_strict_refuses(tmp_path, instance):
+def test_two_configs_coexist_and_going_back_is_a_no_op(tmp_path, instance):
+    store = ArtifactStore(str(tmp_path))
     assets, resources = make_defs(tmp_path)
-    dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
+    first = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
+    hello = store.find("test/words", "v1", "a")
     assets, resources = make_defs(tmp_path, greeting="bonjour")
-    drifted = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources,
+    changed = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources,
                              instance=instance)
-    m = materialization(drifted, "test/words")
-    assert m.metadata["marin/reused"].value is True
-    assert m.metadata["marin/fingerprint_drift"].value == {"changed_fields": ["greeting"]}
-    assert (tmp_path / "test/words/v1/a/words.txt").read_text() == "hello a"
-    logs = instance.all_logs(drifted.run_id)
-    assert any("config drift" in (r.user_message or "") and r.level >= 30 for r in logs)
+    m = materialization(changed, "test/words")
+    assert m.metadata["marin/reused"].value is False
+    assert "config changed: greeting" in m.metadata["marin/decision"].value
+    bonjour = store.find("test/words", "v1", "a")  # the ref follows the latest materialization
+    assert bonjour.uri != hello.uri
+    assert bonjour.uri.endswith(f"/test/words/v1-{fingerprint({'greeting': 'bonjour'})[:8]}/a")
+    assert (tmp_path / f"test/words/v1-{fingerprint({'greeting': 'hello'})[:8]}/a/words.txt").read_text() == "hello a"
+    assert open(f"{bonjour.uri}/words.txt").read() == "bonjour a"
 
-    assets, resources = make_defs(tmp_path, greeting="bonjour", strict=True)
-    with pytest.raises(FingerprintDriftError, match="greeting"):
-        dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
+    # Back to the first config: nothing is built, the old artifact becomes current again.
+    assets, resources = make_defs(tmp_path)
+    back = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
+    m = materialization(back, "test/words")
+    assert m.metadata["marin/reused"].value is True and m.metadata["marin/repointed"].value is True
+    assert m.tags["dagster/data_version"] == materialization(first, "test/words").tags["dagster/data_version"]
+    assert store.find("test/words", "v1", "a").uri == hello.uri
+    # Downstream reads the current one.
+    dg.materialize(assets, selection=[WORDS], partition_key="b", resources=resources, instance=instance)
+    dg.materialize(assets, selection=[JOINED], resources=resources, instance=instance)
+    assert open(f"{store.find('test/joined', 'v1', None).uri}/joined.txt").read().startswith("hello a")
 
 
 def test_new_code_version_writes_beside_the_old(tmp_path, instance):
@@ -93,8 +109,8 @@ def test_new_code_version_writes_beside_the_old(tmp_path, instance):
     dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
     assets, resources = make_defs(tmp_path, greeting="hi", version="v2")
     dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
-    assert (tmp_path / "test/words/v1/a/words.txt").read_text() == "hello a"
-    assert (tmp_path / "test/words/v2/a/words.txt").read_text() == "hi a"
+    assert (tmp_path / f"test/words/v1-{fingerprint({'greeting': 'hello'})[:8]}/a/words.txt").read_text() == "hello a"
+    assert (tmp_path / f"test/words/v2-{fingerprint({'greeting': 'hi'})[:8]}/a/words.txt").read_text() == "hi a"
 
 
 def test_missing_upstream_is_a_clear_failure(tmp_path, instance):
@@ -107,7 +123,6 @@ def test_value_io_manager_round_trips_tables_and_json_with_a_manifest(tmp_path, 
     import polars as pl
 
     from marin_resources.io_managers import ValueIOManagerFactory
-    from marin_resources.store import ArtifactStore
 
     @dg.asset(key=["test", "table"], metadata={"marin/version": "v3"})
     def table() -> pl.DataFrame:
@@ -123,14 +138,13 @@ def test_value_io_manager_round_trips_tables_and_json_with_a_manifest(tmp_path, 
     assert result.success
     manifest = ArtifactStore(str(tmp_path)).find("test/table", "v3", None)
     assert [f.path for f in manifest.files] == ["value.parquet"] and manifest.metrics == {"rows": 3, "columns": 1}
-    assert (tmp_path / "test/summary/v1/value.json").read_text().strip().startswith("{")
+    assert (tmp_path / f"test/summary/v1-{fingerprint({})[:8]}/value.json").read_text().strip().startswith("{")
     assert result.output_for_node("test__summary") == {"total": 6}
 
 
 def test_planner_follows_partition_mappings(tmp_path, instance):
     from marin_assets.catalog import Catalog
     from marin_assets.planning import Planner, parse_key
-    from marin_resources.store import ArtifactStore
 
     @dg.asset(key=asset_key("test/fit"), ins={"words": dg.AssetIn(
         key=asset_key("test/words"), partition_mapping=dg.SpecificPartitionsPartitionMapping(["a"]))})
@@ -143,3 +157,56 @@ def test_planner_follows_partition_mappings(tmp_path, instance):
     plan = {tuple(marin_key(k) for k in keys): parts for keys, parts in planner.plan(parse_key("test/fit"), None)}
     assert plan[("test/words",)] == ["a"]  # only the mapped partition, not "b"
     assert planner.parent_partitions(parse_key("test/joined"), None, parse_key("test/words")) == {"a", "b"}
+
+
+def test_status_follows_one_rule_and_causes_propagate_downstream(tmp_path, instance):
+    """The planner's states come from the rule the assets apply: a stale input makes its consumers
+    stale with the cause chain; a config change is 'missing' beside the old artifact and, once
+    materialized, fresh again."""
+    from marin_assets.catalog import Catalog
+    from marin_assets.planning import Planner, parse_key
+
+    source, greeting = {"a": "listing-a1", "b": "listing-b1"}, {"value": "hello"}
+
+    def run(selection, partition=None):
+        assets, resources = make_defs(tmp_path, greeting=greeting["value"], source=source)
+        dg.materialize(assets, selection=[asset_key(selection)], partition_key=partition, resources=resources, instance=instance)
+
+    def states():
+        assets, resources = make_defs(tmp_path, greeting=greeting["value"], source=source)
+        catalog = Catalog()
+        catalog.add_identity("test/words", lambda p: {"greeting": greeting["value"]})
+        catalog.add_identity("test/joined", lambda p: {})
+        catalog.add_external("test/words", lambda p: {"external/src": source[p]})
+        planner = Planner(dg.Definitions(assets=assets, resources=resources), catalog, ArtifactStore(str(tmp_path)),
+                          instance)
+        return {(s.asset_key, s.partition): s for s in planner.status([parse_key("test/words"),
+                                                                        parse_key("test/joined")])}
+
+    for partition in ("a", "b"):
+        run("test/words", partition)
+    run("test/joined")
+    assert {s.state for s in states().values()} == {"fresh"}
+
+    source["a"] = "listing-a2"  # the outside file of shard a changed
+    now = states()
+    assert now[("test/words", "a")].state == "stale"
+    assert now[("test/words", "a")].cause == "upstream external/src[a] changed (data)"
+    assert now[("test/words", "b")].state == "fresh"
+    joined = now[("test/joined", None)]
+    assert joined.state == "stale" and joined.cause == "upstream test/words[a] is stale"
+    assert joined.decision.chain() == ["test/joined: stale: upstream test/words[a] is stale",
+                                       "  test/words[a]: stale: upstream external/src[a] changed (data)"]
+    run("test/words", "a")
+    # Rebuilt from the new listing, with the same bytes: the same data version, so the join stays fresh.
+    assert {s.state for s in states().values()} == {"fresh"}
+
+    greeting["value"] = "bonjour"  # a config change: built beside, missing until then
+    now = states()
+    assert now[("test/words", "a")].state == "missing" and "config changed: greeting" in now[("test/words", "a")].cause
+    assert now[("test/joined", None)].cause == "upstream test/words[a] is missing, test/words[b] is missing"
+    for partition in ("a", "b"):
+        run("test/words", partition)
+    assert states()[("test/joined", None)].cause == "upstream test/words[a], test/words[b] changed (data)"
+    run("test/joined")
+    assert {s.state for s in states().values()} == {"fresh"}

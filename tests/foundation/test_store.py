@@ -14,19 +14,23 @@ from marin_resources.identity import InvalidPartitionKeyError, changed_fields, f
 from marin_resources.store import (MANIFEST_NAME, ArtifactLockedError, ArtifactStore, UpstreamRef,
                                    content_data_version, producer_info, writing)
 
+FP = fingerprint({})
+
 
 def commit_text(store, key, version, partition, text, config=None, upstream=()):
-    with writing(store, key, version, partition, run_id="run-test") as w:
+    with writing(store, key, version, partition, fingerprint=fingerprint(config or {}), run_id="run-test") as w:
         with w.open("data/part-0.txt") as fh:
             fh.write(text.encode())
-        return w.commit(fingerprint=fingerprint(config or {}), config=config or {}, upstream=list(upstream),
+        return w.commit(config=config or {}, upstream=list(upstream),
                         producer=producer_info("run-test"), metrics={"chars": len(text)})
 
 
 def test_location_is_readable_and_versioned(tmp_path):
     store = ArtifactStore(str(tmp_path))
-    assert store.artifact_uri("tokenized/shakespeare", "v1", None) == f"{tmp_path}/tokenized/shakespeare/v1"
-    assert store.artifact_uri("raw/letters", "v2", "shard-0001") == f"{tmp_path}/raw/letters/v2/shard-0001"
+    assert store.artifact_uri("tokenized/shakespeare", "v1", None, fingerprint=FP) == \
+        f"{tmp_path}/tokenized/shakespeare/v1-{FP[:8]}"
+    assert store.artifact_uri("raw/letters", "v2", "shard-0001", fingerprint=FP) == \
+        f"{tmp_path}/raw/letters/v2-{FP[:8]}/shard-0001"
     commit_text(store, "raw/letters", "v1", "s1", "old")
     commit_text(store, "raw/letters", "v2", "s1", "new")
     assert store.find("raw/letters", "v1", "s1").metrics == {"chars": 3}
@@ -38,7 +42,7 @@ def test_manifest_fields(tmp_path):
     store = ArtifactStore(str(tmp_path))
     up = UpstreamRef("raw/letters", "s1", "abc", "file:///x")
     m = commit_text(store, "documents/letters", "v1", "s1", "hello", config={"a": 1}, upstream=[up])
-    raw = json.loads((tmp_path / "documents/letters/v1/s1" / MANIFEST_NAME).read_text())
+    raw = json.loads((tmp_path / f"documents/letters/v1-{fingerprint({'a': 1})[:8]}/s1" / MANIFEST_NAME).read_text())
     for field in ("asset_key", "partition", "code_version", "fingerprint", "config", "data_version", "files",
                   "upstream", "producer", "started_at", "finished_at", "metrics"):
         assert field in raw, field
@@ -65,7 +69,7 @@ def test_partition_keys_that_escape_are_rejected(tmp_path, bad):
     with pytest.raises(InvalidPartitionKeyError):
         validate_partition_key(bad)
     with pytest.raises(InvalidPartitionKeyError):
-        ArtifactStore(str(tmp_path)).artifact_uri("raw/x", "v1", bad)
+        ArtifactStore(str(tmp_path)).artifact_uri("raw/x", "v1", bad, fingerprint=FP)
 
 
 def test_fingerprint_is_canonical_and_diff_names_fields():
@@ -77,7 +81,7 @@ def test_fingerprint_is_canonical_and_diff_names_fields():
 
 def test_uncommitted_artifact_does_not_exist_and_is_cleared(tmp_path):
     store = ArtifactStore(str(tmp_path))
-    w = store.begin("raw/x", "v1", "p", run_id="r1")
+    w = store.begin("raw/x", "v1", "p", fingerprint=FP, run_id="r1")
     with w.open("half.bin") as fh:
         fh.write(b"partial")
     w.release()
@@ -89,23 +93,24 @@ def test_uncommitted_artifact_does_not_exist_and_is_cleared(tmp_path):
 def test_rebuild_removes_the_manifest_before_touching_files(tmp_path):
     store = ArtifactStore(str(tmp_path))
     commit_text(store, "raw/x", "v1", "p", "first")
-    w = store.begin("raw/x", "v1", "p", run_id="r2")
+    w = store.begin("raw/x", "v1", "p", fingerprint=FP, run_id="r2")
     assert store.find("raw/x", "v1", "p") is None
     w.release()
 
 
 _KILLED_WRITER = textwrap.dedent("""
     import sys, time
+    from marin_resources.identity import fingerprint
     from marin_resources.store import ArtifactStore, producer_info
     store = ArtifactStore(sys.argv[1])
-    w = store.begin("raw/big", "v1", "p", run_id="victim")
+    w = store.begin("raw/big", "v1", "p", fingerprint=fingerprint({}), run_id="victim")
     for i in range(10_000):
         with w.open(f"part-{i:05d}.bin") as fh:
             fh.write(b"x" * 4096)
         if i == 20:
             print("writing", flush=True)
         time.sleep(0.001)
-    w.commit(fingerprint="f", config={}, upstream=[], producer=producer_info("victim"))
+    w.commit(config={}, upstream=[], producer=producer_info("victim"))
 """)
 
 
@@ -115,7 +120,7 @@ def test_kill_midway_leaves_nothing_that_looks_complete(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     store = ArtifactStore(str(tmp_path))
-    assert any((tmp_path / "raw/big/v1/p").iterdir())  # files were written ...
+    assert any((tmp_path / f"raw/big/v1-{FP[:8]}/p").iterdir())  # files were written ...
     assert store.find("raw/big", "v1", "p") is None  # ... but nothing is served
     # The dead writer's lease is stale (its pid is gone), so a new writer proceeds and commits.
     m = commit_text(store, "raw/big", "v1", "p", "recovered")
@@ -126,13 +131,13 @@ def test_live_lease_blocks_a_second_writer(tmp_path):
     store = ArtifactStore(str(tmp_path))
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        path = store._path(store.artifact_uri("raw/x", "v1", "p"))
+        path = store._path(store.artifact_uri("raw/x", "v1", "p", fingerprint=FP))
         os.makedirs(path)
         with open(f"{path}/.lock", "w") as fh:
             json.dump({"run_id": "other", "host": os.uname().nodename, "pid": sleeper.pid,
                        "created": time.time(), "token": "t"}, fh)
         with pytest.raises(ArtifactLockedError, match="being written by run other"):
-            store.begin("raw/x", "v1", "p", run_id="me")
+            store.begin("raw/x", "v1", "p", fingerprint=FP, run_id="me")
     finally:
         sleeper.kill()
 
@@ -141,7 +146,34 @@ def test_verify_names_a_changed_file(tmp_path):
     store = ArtifactStore(str(tmp_path))
     m = commit_text(store, "raw/x", "v1", None, "abc")
     assert store.verify(m) == []
-    target = tmp_path / "raw/x/v1/data/part-0.txt"
+    target = tmp_path / f"raw/x/v1-{FP[:8]}/data/part-0.txt"
     target.write_bytes(b"abd")
     problems = store.verify(store.find("raw/x", "v1", None))
     assert len(problems) == 1 and "data/part-0.txt" in problems[0]
+
+
+def test_resumed_commit_hashes_only_what_the_build_wrote(tmp_path, monkeypatch):
+    store = ArtifactStore(str(tmp_path))
+
+    def build(files: dict[str, bytes], resume: bool):
+        with writing(store, "cache/x", "v1", None, fingerprint="f", run_id="run-test", resume=resume) as w:
+            for rel, data in files.items():
+                with w.open(rel) as fh:
+                    fh.write(data)
+            manifest = w.commit(config={}, upstream=[], producer=producer_info("run-test"))
+            return manifest, w.files_rehash_skipped
+
+    first, _ = build({"old-0": b"a", "old-1": b"bb", "tail": b"ccc"}, resume=False)
+    hashed = []
+    real_hash = ArtifactStore.hash_file
+    monkeypatch.setattr(ArtifactStore, "hash_file", lambda self, uri, rel: hashed.append(rel) or real_hash(self, uri, rel))
+    time.sleep(0.01)  # the store's clock must tell the rewrite from the last commit
+    second, skipped = build({"tail": b"ddd", "new": b"e"}, resume=True)  # same size, new bytes: rehashed
+    assert sorted(hashed) == ["new", "tail"] and skipped == 2
+    assert {f.path: f.sha256 for f in second.files} == {**{f.path: f.sha256 for f in first.files if f.path != "tail"},
+                                                        "tail": real_hash(store, second.uri, "tail").sha256,
+                                                        "new": real_hash(store, second.uri, "new").sha256}
+    assert store.verify(second) == []
+    hashed.clear()
+    _, skipped = build({}, resume=False)  # not resumed: nothing is vouched for (and the files are gone)
+    assert hashed == [] and skipped == 0

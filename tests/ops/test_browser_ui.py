@@ -181,7 +181,7 @@ def test_launch_materialization_from_the_ui(dagster_ui):
                 page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click(modifiers=["Shift"])
                 editor = page.locator(".CodeMirror").first
                 # The launchpad scaffolds its config after it opens; text typed before that is replaced.
-                expect(editor).to_contain_text("strict_fingerprints")
+                expect(editor).to_contain_text("storage_options")
                 editor.click()
                 page.keyboard.press("Control+End")
                 page.keyboard.insert_text("\n" + IN_PROCESS)

@@ -20,18 +20,18 @@ def test_commit_read_verify_on_object_store(cloud):
     prefix, options = cloud
     store = ArtifactStore(prefix, options)
     assert not store.is_local
-    with writing(store, "raw/letters", "v1", "s1", run_id="r1") as w:
+    with writing(store, "raw/letters", "v1", "s1", fingerprint=fingerprint({}), run_id="r1") as w:
         with w.open("files/a.txt") as fh:
             fh.write(b"hello")
         (w.staging_dir() / "local.txt").write_text("from a tool that needs a path")
-        m = w.commit(fingerprint=fingerprint({}), config={}, upstream=[], producer=producer_info("r1"))
+        m = w.commit(config={}, upstream=[], producer=producer_info("r1"))
     found = store.find("raw/letters", "v1", "s1")
     assert found.data_version == m.data_version
     assert sorted(f.path for f in found.files) == ["files/a.txt", "local.txt"]
     assert store.verify(found) == []
     assert not store.fs.exists(store._path(found.uri) + "/.lock")
     # Uncommitted writes are invisible.
-    w2 = store.begin("raw/letters", "v1", "s2", run_id="r2")
+    w2 = store.begin("raw/letters", "v1", "s2", fingerprint=fingerprint({}), run_id="r2")
     with w2.open("x.bin") as fh:
         fh.write(b"partial")
     w2.release()
@@ -83,7 +83,7 @@ def test_transient_errors_are_retried_with_backoff():
 def test_store_survives_injected_faults_on_object_store(s3_prefix, monkeypatch):
     prefix, options = s3_prefix
     store = ArtifactStore(prefix, options)
-    with writing(store, "raw/x", "v1", None, run_id="r") as w:
+    with writing(store, "raw/x", "v1", None, fingerprint="f", run_id="r") as w:
         with w.open("a.txt") as fh:
             fh.write(b"abc")
         real_pipe = store.fs.pipe_file
@@ -96,5 +96,5 @@ def test_store_survives_injected_faults_on_object_store(s3_prefix, monkeypatch):
 
         monkeypatch.setattr(store.fs, "pipe_file", flaky_pipe)
         monkeypatch.setattr("marin_resources.retry.time.sleep", lambda s: None)
-        w.commit(fingerprint="f", config={}, upstream=[], producer={})
+        w.commit(config={}, upstream=[], producer={})
     assert store.find("raw/x", "v1", None) is not None

@@ -138,7 +138,7 @@ def test_flipped_byte_fails_verification_and_changes_the_chain_hash(built, tmp_p
     recorded = bill_of_materials(build_lineage(artifacts, manifest))["chain_hash"]
     assert bill_of_materials(build_lineage(artifacts, manifest, verify=True))["chain_hash"] == recorded
 
-    (target,) = copy.glob("raw/harbour/v1/*/files/south.txt")
+    (target,) = copy.glob("raw/harbour/v1-*/*/files/south.txt")
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0x01
     target.write_bytes(bytes(data))
@@ -158,3 +158,33 @@ def test_flipped_byte_fails_verification_and_changes_the_chain_hash(built, tmp_p
     assert flipped["verified"] is True and flipped["chain_hash"] != recorded
     raw_south = next(a for a in flipped["artifacts"] if a["asset_key"] == "raw/harbour" and "south" in a["partition"])
     assert raw_south["observed_data_version"] != raw_south["data_version"]
+
+
+def test_signed_bom_verifies_and_fails_after_one_flipped_byte(built, tmp_path):
+    env, store, _ = built
+    key = tmp_path / "bom.key"
+    keygen, signed, gc = run_batch(env, ["keygen", str(key)],
+                                   ["lineage", "deduplicated/harbour", "--bom", "--sign", str(key)],
+                                   ["gc", "--dry-run"])
+    assert keygen["code"] == 0 and signed["code"] == 0, signed["stderr"]
+    # Everything in the store is current or an input of it: nothing to collect.
+    assert gc["code"] == 0 and "0 artifact version(s), 0 bytes would be removed (dry run)" in gc["stdout"], gc
+    document = json.loads(signed["stdout"])
+    assert document["signature"]["algorithm"] == "ed25519"
+    bom_file = tmp_path / "bom.json"
+    bom_file.write_text(signed["stdout"])
+    pub = f"{key}.pub"
+
+    target = next(p for p in sorted(store.glob("filtered/harbour/v1-*/north.txt/**/*"))
+                  if p.is_file() and not p.name.startswith("."))
+    original = target.read_bytes()
+    good, = run_batch(env, ["lineage", "--verify-bom", str(bom_file), "--pubkey", pub])
+    data = bytearray(original)
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    try:
+        bad, = run_batch(env, ["lineage", "--verify-bom", str(bom_file), "--pubkey", pub])
+    finally:
+        target.write_bytes(original)  # the module's store is shared
+    assert good["code"] == 0 and "signature good" in good["stdout"], good["stderr"]
+    assert bad["code"] == 1 and f"{target}: sha256" in bad["stderr"] and "chain hash" in bad["stderr"]

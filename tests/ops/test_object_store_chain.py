@@ -95,6 +95,13 @@ def s3_chain(s3_server, tmp_path_factory):
     return {"env": env, "root": root, "cwd": root / "cwd", "fs": fs, "store": f"{bucket}/store"}
 
 
+def at(fs, pattern: str) -> str | None:
+    """The one path matching `pattern` (an identity directory is `v1-<fingerprint>`), or None."""
+    found = fs.glob(pattern, refresh=True)
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
 def complete_steps(fs, checkpoints: str) -> list[int]:
     found = fs.glob(f"{checkpoints}/step-*/metadata.json", refresh=True)
     return sorted(int(p.split("/step-")[1].split("/")[0]) for p in found)
@@ -104,10 +111,10 @@ def test_s3_chain_killed_mid_training_resumes_from_the_bucket_on_a_fresh_scratch
     env, cwd, fs, store = s3_chain["env"], s3_chain["cwd"], s3_chain["fs"], s3_chain["store"]
     marin(env, cwd, "materialize", "mixture/shakespeare")
     # Levanter's own loader reads the cache from the bucket (what training does first).
-    cache = f"s3://{store}/tokenized/shakespeare/v1/train"
+    cache = f"s3://{at(fs, f'{store}/tokenized/shakespeare/v1-*')}/train"
     assert fs.exists(f"{cache[5:]}/input_ids/offsets/zarr.json"), fs.find(cache[5:])
 
-    checkpoints = f"{store}/checkpoint/v1/{RUN}/checkpoints"
+    checkpoints = f"{store}/checkpoint/v1-*/{RUN}/checkpoints"  # a glob: the directory appears with training
     proc = marin_process(env, cwd, "materialize", "checkpoint", "--partition", RUN, start_new_session=True)
     deadline = time.monotonic() + 600
     while not complete_steps(fs, checkpoints):
@@ -119,13 +126,13 @@ def test_s3_chain_killed_mid_training_resumes_from_the_bucket_on_a_fresh_scratch
     proc.communicate()
     saved = complete_steps(fs, checkpoints)
     assert saved[-1] < STEPS - 1, "training finished before it could be killed"
-    assert not fs.exists(f"{store}/checkpoint/v1/{RUN}/.artifact.json")
+    assert at(fs, f"{store}/checkpoint/v1-*/{RUN}/.artifact.json") is None
     # A fresh machine: nothing of the first attempt is left on local disk.
     shutil.rmtree(env["TMPDIR"])
     os.mkdir(env["TMPDIR"])
 
     marin(env, cwd, "materialize", "eval", "--partition", RUN)
-    manifest = json.loads(fs.cat(f"{store}/checkpoint/v1/{RUN}/.artifact.json"))
+    manifest = json.loads(fs.cat(at(fs, f"{store}/checkpoint/v1-*/{RUN}/.artifact.json")))
     metrics = manifest["metrics"]
     # Killed between two saves: the resumed attempt starts right after the last step saved then.
     assert metrics["resumed_from_step"] == saved[-1] + 1, (saved, metrics)
@@ -135,7 +142,7 @@ def test_s3_chain_killed_mid_training_resumes_from_the_bucket_on_a_fresh_scratch
     files = {f["path"] for f in manifest["files"]}
     assert f"checkpoints/step-{STEPS - 1}/metadata.json" in files and "metrics.jsonl" in files
     assert f"checkpoints/step-{saved[-1]}/metadata.json" in files
-    evaluation = json.loads(fs.cat(f"{store}/eval/v1/{RUN}/.artifact.json"))["metrics"]
+    evaluation = json.loads(fs.cat(at(fs, f"{store}/eval/v1-*/{RUN}/.artifact.json")))["metrics"]
     assert math.isfinite(evaluation["eval/shakespeare/bpb"]) and evaluation["eval/shakespeare/tokens"] > 0
 
     code, _, err = marin(env, cwd, "lineage", "eval", "--partition", RUN, "--verify")
@@ -154,11 +161,11 @@ def test_gcs_chain_trains_in_the_bucket_and_evals(gcs_tensorstore_server, tmp_pa
     fs.mkdir(bucket)
     store = f"{bucket}/store"
     marin(env, tmp_path / "cwd", "materialize", "eval", "--partition", RUN)
-    metrics = json.loads(fs.cat(f"{store}/checkpoint/v1/{RUN}/.artifact.json"))["metrics"]
+    metrics = json.loads(fs.cat(at(fs, f"{store}/checkpoint/v1-*/{RUN}/.artifact.json")))["metrics"]
     assert metrics["resumed_from_step"] == 0 and metrics["attempt"] == 0 and metrics["final_step"] == STEPS
-    assert complete_steps(fs, f"{store}/checkpoint/v1/{RUN}/checkpoints")[-1] == STEPS - 1
-    assert fs.exists(f"{store}/tokenized/shakespeare/v1/train/input_ids/offsets/zarr.json")
-    evaluation = json.loads(fs.cat(f"{store}/eval/v1/{RUN}/.artifact.json"))["metrics"]
+    assert complete_steps(fs, f"{store}/checkpoint/v1-*/{RUN}/checkpoints")[-1] == STEPS - 1
+    assert at(fs, f"{store}/tokenized/shakespeare/v1-*/train/input_ids/offsets/zarr.json")
+    evaluation = json.loads(fs.cat(at(fs, f"{store}/eval/v1-*/{RUN}/.artifact.json")))["metrics"]
     assert math.isfinite(evaluation["eval/shakespeare/bpb"])
     assert list((tmp_path / "cwd").iterdir()) == []
 
@@ -188,6 +195,21 @@ def test_jax_s3_specs_go_to_the_bucket_not_a_local_path():
 
     kvstore = serialization.get_tensorstore_spec("s3://bucket/a/b", ocdbt=False)["kvstore"]
     assert kvstore["driver"] == "s3" and kvstore["bucket"] == "bucket" and kvstore["path"] == "a/b"
+
+
+def test_the_cache_writers_kvstore_is_the_one_jax_builds(monkeypatch):
+    """The token cache is written without JAX (tensorstore_kvstore); Levanter reads it through JAX's
+    spec, as install_tensorstore_paths fixes it. Both must name the same objects."""
+    from marin_resources.object_stores import install_tensorstore_paths, tensorstore_kvstore
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    install_tensorstore_paths()
+    import jax.experimental.array_serialization.serialization as serialization
+
+    for url in ("s3://bucket/store/tokenized/x/v1/train/input_ids/data", "gs://bucket/a/b/", "/tmp/cache/offsets"):
+        assert tensorstore_kvstore(url) == serialization.get_tensorstore_spec(url, ocdbt=False)["kvstore"], url
+    with pytest.raises(ValueError, match="bucket and a path"):
+        tensorstore_kvstore("s3://bucket")
 
 
 def test_processes_get_the_store_location_and_tensorstore_the_gcs_emulator():

@@ -5,6 +5,7 @@ import json
 import dagster as dg
 
 from marin_assets.curation.assets import build_curation_stage
+from marin_assets.deployment import Deployment
 from marin_assets.curation.sensors import diff_shards
 from marin_assets.curation.sources import discover_shards, load_curation_config
 from marin_assets.planning import Planner, parse_key
@@ -21,7 +22,7 @@ def write_sources(tmp_path, watched):
 
 def make_defs(tmp_path, sources):
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-    stage_defs, catalog = build_curation_stage(settings)
+    stage_defs, catalog = build_curation_stage(settings, Deployment.load(settings))
     defs = dg.Definitions.merge(stage_defs, dg.Definitions(resources=build_resources(settings)))
     return defs, catalog
 

@@ -107,7 +107,8 @@ def write_corpus(root: Path) -> list[str]:
 
 
 EXPECTED_QUARANTINE = {"malformed_json": 2, "invalid_encoding": 1, "binary": 2, "empty": 1, "too_large": 3,
-                       "unreadable": 1, "outside_root": 1, "missing_text_field": 0, "record_error": 0}
+                       "unreadable": 1, "outside_root": 1, "missing_text_field": 0, "record_error": 0,
+                       "truncated": 0, "not_html": 0, "http_status": 0}
 
 
 def marin(env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -146,7 +147,7 @@ def _ok(proc: subprocess.CompletedProcess) -> dict | list:
 
 
 def _downstream_texts(store: Path, source: str) -> list[str]:
-    files = sorted((store / "deduplicated" / source / "v1" / "data").glob("*.parquet"))
+    files = sorted((store / "deduplicated" / source).glob("v1-*/data/*.parquet"))
     return pl.concat([pl.read_parquet(f) for f in files])["text"].to_list()
 
 
@@ -159,7 +160,7 @@ def test_every_good_document_reaches_deduplicated(built):
 
 
 def test_every_bad_record_is_quarantined_with_its_reason(built):
-    (shard,) = (built["store"] / "documents" / "corpus" / "v1").iterdir()
+    (shard,) = next((built["store"] / "documents" / "corpus").glob("v1-*")).iterdir()
     manifest = json.loads((shard / ".artifact.json").read_text())["metrics"]
     quarantine = pl.read_parquet(shard / "quarantine.parquet")
     counts = {r: quarantine.filter(pl.col("reason") == r).height for r in EXPECTED_QUARANTINE}
@@ -186,7 +187,7 @@ def test_no_byte_of_a_link_target_outside_the_root_is_stored(built):
                     if frame.schema[column] in (pl.String, pl.Binary):
                         assert not any(SECRET in (v.encode() if isinstance(v, str) else v)
                                        for v in frame[column].drop_nulls()), (path, column)
-    listing = json.loads(next(built["store"].glob("raw/corpus/v1/*/listing.json")).read_text())
+    listing = json.loads(next(built["store"].glob("raw/corpus/v1-*/*/listing.json")).read_text())
     (link,) = [item for item in listing if item["relpath"] == "out_link.txt"]
     assert link["bytes"] == 0 and "outside the source root" in link["refused"]
 

@@ -65,8 +65,14 @@ def copy(base, tmp_path):
     return tmp_path / "store", {**env, "MARIN_PREFIX": str(tmp_path / "store"), "DAGSTER_HOME": str(tmp_path / "home")}
 
 
+def one(root: Path, key: str, partition: str | None = None) -> Path:
+    """The artifact directory of `key[partition]` at v1 (each test builds one config of it)."""
+    (found,) = (root / key).glob("v1-*" + (f"/{partition}" if partition else ""))
+    return found
+
+
 def raw_south(store: Path) -> Path:
-    return store / "raw/harbour/v1/south.txt/files/south.txt"
+    return one(store, "raw/harbour", "south.txt") / "files/south.txt"
 
 
 def flip_byte(path: Path) -> bytes:
@@ -78,7 +84,8 @@ def flip_byte(path: Path) -> bytes:
 
 
 def documents_text(store: Path) -> str:
-    return "\n".join(pl.read_parquet(store / "documents/harbour/v1/south.txt/documents.parquet")["text"].to_list())
+    documents = pl.read_parquet(one(store, "documents/harbour", "south.txt") / "documents.parquet")
+    return "\n".join(documents["text"].to_list())
 
 
 def test_deleted_file_is_reported_and_rebuilt(copy):
@@ -123,7 +130,7 @@ def test_flipped_byte_is_found_by_verify_and_never_carried_downstream(copy):
 
 def test_forged_data_version_is_rebuilt_not_adopted(copy):
     store, env = copy
-    manifest_path = store / "raw/harbour/v1/south.txt" / MANIFEST_NAME
+    manifest_path = one(store, "raw/harbour", "south.txt") / MANIFEST_NAME
     manifest = json.loads(manifest_path.read_text())
     real = manifest["data_version"]
     manifest["data_version"] = FORGED
@@ -140,7 +147,7 @@ def test_forged_data_version_is_rebuilt_not_adopted(copy):
 
 def test_rebuild_of_a_partition_another_writer_holds_withdraws_nothing(copy):
     store, env = copy
-    partition_dir = store / "documents/harbour/v1/south.txt"
+    partition_dir = one(store, "documents/harbour", "south.txt")
     writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         (partition_dir / ".lock").write_text(json.dumps({
@@ -186,15 +193,15 @@ def reused(result, key):
 
 def test_damaged_target_is_rebuilt_by_materialize_artifact(tmp_path, words_built):
     assets, resources, instance = words_built
-    (tmp_path / "test/words/v1/a/words.txt").unlink()
+    (one(tmp_path, "test/words", "a") / "words.txt").unlink()
     again = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
     assert again.success and reused(again, "test/words") is False
-    assert (tmp_path / "test/words/v1/a/words.txt").read_text() == "hello a"
+    assert (one(tmp_path, "test/words", "a") / "words.txt").read_text() == "hello a"
 
 
 def test_forged_input_is_refused(tmp_path, words_built):
     assets, resources, instance = words_built
-    manifest_path = tmp_path / "test/words/v1/b" / MANIFEST_NAME
+    manifest_path = one(tmp_path, "test/words", "b") / MANIFEST_NAME
     manifest_path.write_text(manifest_path.read_text().replace(
         json.loads(manifest_path.read_text())["data_version"], FORGED))
     result = dg.materialize(assets, selection=[JOINED], resources=resources, instance=instance,
@@ -227,10 +234,10 @@ def test_damaged_artifact_of_a_resuming_builder_is_built_from_scratch(tmp_path):
     incremental, resources = incremental_defs(tmp_path)
     with dg.instance_for_test() as instance:
         assert dg.materialize([incremental], resources=resources, instance=instance).success
-        (tmp_path / "test/incremental/v1/data/chunk-0").unlink()
+        (one(tmp_path, "test/incremental") / "data/chunk-0").unlink()
         again = dg.materialize([incremental], resources=resources, instance=instance)
     assert again.success and reused(again, "test/incremental") is False
-    assert (tmp_path / "test/incremental/v1/data/chunk-0").read_bytes() == b"rows"
+    assert (one(tmp_path, "test/incremental") / "data/chunk-0").read_bytes() == b"rows"
     artifacts = ArtifactStore(str(tmp_path))
     assert artifacts.verify(artifacts.find("test/incremental", "v1", None)) == []
 
@@ -244,10 +251,10 @@ def test_rebuild_of_a_damaged_resuming_artifact_starts_from_scratch(tmp_path):
     with dg.instance_for_test() as instance:
         planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
         assert all(s.success for s in planner.materialize(asset_key("test/incremental"), None, log=lambda m: None))
-        (tmp_path / "test/incremental/v1/data/chunk-0").unlink()
+        (one(tmp_path, "test/incremental") / "data/chunk-0").unlink()
         said = []
         planner.retract(asset_key("test/incremental"), None, log=said.append)
         assert any("missing; its files are cleared, it is built from scratch" in line for line in said), said
         assert all(s.success for s in planner.materialize(asset_key("test/incremental"), None,
                                                           log=said.append, verify=True))
-    assert (tmp_path / "test/incremental/v1/data/chunk-0").read_bytes() == b"rows"
+    assert (one(tmp_path, "test/incremental") / "data/chunk-0").read_bytes() == b"rows"

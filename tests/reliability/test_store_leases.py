@@ -49,45 +49,45 @@ def read_lease(store: ArtifactStore, uri: str) -> dict | None:
 def commit(writer, text="bytes"):
     with writer.open("data.txt") as fh:
         fh.write(text.encode())
-    return writer.commit(fingerprint="f", config={}, upstream=[], producer=producer_info(writer.run_id))
+    return writer.commit(config={}, upstream=[], producer=producer_info(writer.run_id))
 
 
 @pytest.mark.parametrize("age_s, taken", [(100.0, True), (10.0, False)])
 def test_lease_of_a_writer_on_another_host_expires_after_90s_without_renewal(prefix, age_s, taken):
     store = ArtifactStore(*prefix)
-    uri = store.artifact_uri("raw/x", "v1", "p")
+    uri = store.artifact_uri("raw/x", "v1", "p", fingerprint="f")
     renewed = time.time() - age_s
     put_lease(store, uri, {"run_id": "dead", "host": "another-host", "pid": 1, "created": renewed - 3600,
                            "renewed": renewed, "token": "t"})
     if taken:
-        with writing(store, "raw/x", "v1", "p", run_id="me") as w:
+        with writing(store, "raw/x", "v1", "p", fingerprint="f", run_id="me") as w:
             assert read_lease(store, uri)["run_id"] == "me"
             commit(w)
         assert store.find("raw/x", "v1", "p") is not None and read_lease(store, uri) is None
     else:
         with pytest.raises(ArtifactLockedError, match="being written by run dead .*host another-host.*renewed 10s ago"):
-            store.begin("raw/x", "v1", "p", run_id="me")
+            store.begin("raw/x", "v1", "p", fingerprint="f", run_id="me")
 
 
 def test_heartbeat_keeps_a_working_writers_lease(tmp_path):
     store = ArtifactStore(str(tmp_path), lease_heartbeat_s=0.1, lease_timeout_s=0.5)
-    uri = store.artifact_uri("raw/x", "v1", "p")
-    w = store.begin("raw/x", "v1", "p", run_id="slow")
+    uri = store.artifact_uri("raw/x", "v1", "p", fingerprint="f")
+    w = store.begin("raw/x", "v1", "p", fingerprint="f", run_id="slow")
     first = read_lease(store, uri)["renewed"]
     time.sleep(1.2)  # well past the timeout: only the heartbeat keeps the lease
     assert read_lease(store, uri)["renewed"] > first + 0.5
     with pytest.raises(ArtifactLockedError, match="being written by run slow"):
-        ArtifactStore(str(tmp_path), lease_timeout_s=0.5).begin("raw/x", "v1", "p", run_id="eager")
+        ArtifactStore(str(tmp_path), lease_timeout_s=0.5).begin("raw/x", "v1", "p", fingerprint="f", run_id="eager")
     commit(w)
     assert read_lease(store, uri) is None
 
 
 def test_a_writer_that_lost_its_lease_neither_commits_nor_removes_the_new_lease(prefix):
     first = ArtifactStore(*prefix)
-    uri = first.artifact_uri("raw/x", "v1", "p")
-    a = first.begin("raw/x", "v1", "p", run_id="a")
+    uri = first.artifact_uri("raw/x", "v1", "p", fingerprint="f")
+    a = first.begin("raw/x", "v1", "p", fingerprint="f", run_id="a")
     # A second store that counts every lease as expired takes A's over (as after 90 s of silence).
-    b = ArtifactStore(*prefix, lease_timeout_s=0).begin("raw/x", "v1", "p", run_id="b")
+    b = ArtifactStore(*prefix, lease_timeout_s=0).begin("raw/x", "v1", "p", fingerprint="f", run_id="b")
     assert read_lease(first, uri)["run_id"] == "b"
     with pytest.raises(ArtifactLockedError, match="not committing, its lease was taken over by run b"):
         commit(a, "from a")
@@ -119,11 +119,11 @@ _RACER = textwrap.dedent("""
     while not (gate / "go").exists():
         time.sleep(0.002)
     try:
-        with writing(store, "tokenized/race", "v1", "p", run_id=run_id) as w:
+        with writing(store, "tokenized/race", "v1", "p", fingerprint="f", run_id=run_id) as w:
             with w.open("data.txt") as fh:
                 fh.write(run_id.encode())
             time.sleep(3)  # still writing when every other racer has tried
-            w.commit(fingerprint="f", config={}, upstream=[], producer=producer_info(run_id))
+            w.commit(config={}, upstream=[], producer=producer_info(run_id))
         print("committed")
     except ArtifactLockedError as exc:
         print(f"locked: {exc}")
@@ -173,7 +173,7 @@ def test_gcs_lease_writes_carry_generation_preconditions(gcs_prefix, monkeypatch
         return out
 
     monkeypatch.setattr(store.fs, "call", recording_call)
-    with writing(store, "raw/x", "v1", "p", run_id="me") as w:
+    with writing(store, "raw/x", "v1", "p", fingerprint="f", run_id="me") as w:
         commit(w)
     (create, renew, delete) = sent
     assert create[:2] == ("POST", "0")

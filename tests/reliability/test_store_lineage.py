@@ -16,10 +16,10 @@ from marin_resources.store import (MANIFEST_NAME, ArtifactStore, FileEntry, Upst
 
 
 def commit(store, key, text, upstream=()):
-    with writing(store, key, "v1", None, run_id="run-test") as w:
+    with writing(store, key, "v1", None, fingerprint=fingerprint({}), run_id="run-test") as w:
         with w.open("data.txt") as fh:
             fh.write(text.encode())
-        return w.commit(fingerprint=fingerprint({}), config={}, upstream=list(upstream),
+        return w.commit(config={}, upstream=list(upstream),
                         producer=producer_info("run-test"))
 
 
@@ -30,7 +30,7 @@ def chain(tmp_path):
     commit(store, "tokenized/x", "tokens of the original text",
            upstream=[UpstreamRef("filtered/x", None, filtered.data_version, filtered.uri)])
     root = bill_of_materials(build_lineage(store, store.find("tokenized/x", "v1", None)))["chain_hash"]
-    return store, tmp_path / "filtered/x/v1", root
+    return store, tmp_path / f"filtered/x/v1-{fingerprint({})[:8]}", root
 
 
 def rewrite(directory, text, *, update_data_version):

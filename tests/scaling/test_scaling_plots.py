@@ -30,3 +30,13 @@ def test_every_plot_returns_png_and_writes_it(tmp_path, known_law):
         assert data.startswith(PNG) and len(data) > 10_000
         assert path.read_bytes() == data
     assert plot_envelope(fit).startswith(PNG)  # bytes only, no file
+
+
+def test_summary_plots_three_runs_a_budget_whose_bootstrap_cannot_vary():
+    """Three runs a budget leave no residual to resample: every replicate is the point fit, and
+    its percentiles may miss the point by rounding; the plot draws no negative bar (the demo sweep)."""
+    rows = [{"flops": c, "params": n, "tokens": c / (6 * n), "loss": 6.0 - 0.1 * k + 0.02 * (j - 1) ** 2}
+            for k, c in enumerate((2.5e10, 3.5e10, 5e10)) for j, n in enumerate((17e3, 35e3, 82e3))]
+    runs = load_runs(rows)
+    fit = fit_isoflop_runs(runs, [5e11], IsoflopOptions(bootstrap_samples=20))
+    assert plot_isoflop_summary(fit, runs).startswith(PNG)

@@ -9,17 +9,19 @@ import dagster as dg
 import pytest
 import yaml
 
+from marin_assets.evaluation.assets import HARNESS_EVAL_VERSION, build_evaluation_stage
 from marin_assets.scaling_sweeps import assets as sweep_assets
 from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep, sweep_from_dict
 from marin_assets.scaling_sweeps.forecasting import fit_sweep, forecast_record, runs_table, score_forecast
-from marin_assets.training import spec as spec_module
-from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION, build_training_stage
+from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore, UpstreamRef, producer_info, writing
 
 SWEEP = "syn"
+CHECKPOINT, EVAL, RUNS = f"sweep_checkpoint/{SWEEP}", f"sweep_eval/{SWEEP}", f"{SWEEP}_sweep_runs"
+HARNESS = f"sweep_harness_eval/{SWEEP}"
 SWEEP_CONFIG = {
     "recipe": "micro",
     "recipe_overrides": {"vocab_size": 4096, "seq_len": 128},
@@ -37,39 +39,41 @@ def law(params: float, tokens: float) -> float:
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    # Registrations are process-global; each test starts from an empty programmatic registry.
-    monkeypatch.setattr(spec_module, "_PROGRAMMATIC_RUNS", {})
+def env(tmp_path):
     sweeps_file = tmp_path / "sweeps.yaml"
     sweeps_file.write_text(yaml.safe_dump({"sweeps": {SWEEP: SWEEP_CONFIG}}))
-    runs_file = tmp_path / "runs.yaml"
-    runs_file.write_text("runs: {}\n")
-    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_RUNS": str(runs_file)})
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SWEEPS": str(sweeps_file)})
     return settings, sweeps_file
 
 
-def load(settings, sweeps_file):
-    """What the code location does: sweep stage (registers runs) plus training stage."""
-    sweep_defs, sweep_catalog = sweep_assets.build_scaling_sweeps_stage(settings, str(sweeps_file), {"m"})
-    training_defs, training_catalog = build_training_stage(settings, {"m": "v1"}, {"t": "v1"})
-    defs = dg.Definitions.merge(sweep_defs, training_defs, dg.Definitions(resources=build_resources(settings)))
-    return defs, training_catalog.discoverers["runs"](), sweep_catalog
+@pytest.fixture
+def load(synthetic_deployment):
+    """`load(settings, sweeps_file)`: what the code location does (the sweep stage), and the sweep's
+    runs as the planner discovers them."""
+    return lambda settings, sweeps_file: load_stage(settings, synthetic_deployment(sweeps=load_sweeps(sweeps_file)))
+
+
+def load_stage(settings, deployment):
+    defs, catalog = sweep_assets.build_scaling_sweeps_stage(settings, deployment)
+    defs = dg.Definitions.merge(defs, dg.Definitions(resources=build_resources(settings)))
+    return defs, catalog.discoverers[RUNS](), catalog
 
 
 def write_run(store: ArtifactStore, run, loss: float, *, spec=None, parameter_count=None) -> None:
     """A committed checkpoint (as training reports it) and its eval (as evaluation reports it)."""
     spec = spec or run.spec
     parameter_count = parameter_count or run.candidate.params
-    with writing(store, "checkpoint", CHECKPOINT_VERSION, run.spec.name, run_id="test") as w:
+    with writing(store, CHECKPOINT, CHECKPOINT_VERSION, run.spec.name, fingerprint=fingerprint(spec.identity()),
+                 run_id="test") as w:
         w.write_json("train_summary.json", {"final_step": run.spec.num_train_steps})
-        checkpoint = w.commit(fingerprint=fingerprint(spec.identity()), config=spec.identity(), upstream=[],
+        checkpoint = w.commit(config=spec.identity(), upstream=[],
                               producer=producer_info("test"),
                               metrics={"final_step": run.spec.num_train_steps, "parameter_count": parameter_count})
-    with writing(store, "eval", EVAL_VERSION, run.spec.name, run_id="test") as w:
+    config = {"run": run.spec.identity()}
+    with writing(store, EVAL, EVAL_VERSION, run.spec.name, fingerprint=fingerprint(config), run_id="test") as w:
         w.write_json("eval_report.json", {"eval/m/loss": loss})
-        config = {"run": run.spec.identity()}
-        w.commit(fingerprint=fingerprint(config), config=config,
-                 upstream=[UpstreamRef("checkpoint", run.spec.name, checkpoint.data_version, checkpoint.uri)],
+        w.commit(config=config,
+                 upstream=[UpstreamRef(CHECKPOINT, run.spec.name, checkpoint.data_version, checkpoint.uri)],
                  producer=producer_info("test"), metrics={"eval/m/loss": loss})
 
 
@@ -78,29 +82,50 @@ def materialize(defs, instance, *keys):
                           instance=instance, resources=defs.resources, raise_on_error=False)
 
 
-def test_registration_gives_path_safe_partitions_and_targets_wait_for_the_forecast(env):
+def sensor_tick(defs, instance, cursor: str | None) -> tuple[list[str], str]:
+    """One tick of the `sweep_runs` sensor with its partition requests applied: the keys it added, its cursor."""
+    sensor = next(s for s in defs.sensors if s.name == "sweep_runs")
+    result = sensor(dg.build_sensor_context(instance=instance, cursor=cursor,
+                                            resources={"store": defs.resources["store"]}))
+    added = []
+    for request in result.dynamic_partitions_requests or []:
+        assert request.partitions_def_name == RUNS
+        instance.add_dynamic_partitions(RUNS, list(request.partition_keys))
+        added += request.partition_keys
+    return sorted(added), result.cursor
+
+
+def test_sweep_runs_are_their_own_partitions_and_targets_wait_for_the_forecast(env, load):
     settings, sweeps_file = env
-    _, partitions, catalog = load(settings, sweeps_file)
+    defs, partitions, catalog = load(settings, sweeps_file)
     plan = plan_sweep(load_sweeps(sweeps_file)[SWEEP])
     assert partitions == sorted(r.spec.name for r in plan.fit_runs())
     assert not any(name.startswith(f"{SWEEP}-3e14") for name in partitions)
-    assert set(spec_module.registered_runs(settings.runs_file)) == set(partitions)
-    assert {"sweep/syn", "scaling_fit/syn", "forecast/syn", "forecast_check/syn"} <= set(catalog.identities)
+    graph = defs.resolve_asset_graph()
+    for key in (CHECKPOINT, EVAL):
+        assert graph.get(dg.AssetKey(key.split("/"))).partitions_def.name == RUNS
+    assert {"sweep/syn", "scaling_fit/syn", "forecast/syn", "forecast_check/syn", CHECKPOINT, EVAL} <= \
+        set(catalog.identities)
 
 
-def test_a_sweep_on_a_mixture_this_deployment_lacks_is_left_out(env):
+def test_a_sweep_on_a_mixture_this_deployment_lacks_is_left_out(env, synthetic_deployment):
     settings, sweeps_file = env
-    defs, _ = sweep_assets.build_scaling_sweeps_stage(settings, str(sweeps_file), {"other"})
-    assert not list(defs.assets or []) and not spec_module.registered_runs(settings.runs_file)
+    deployment = synthetic_deployment(sweeps=load_sweeps(sweeps_file), mixture="other")
+    defs, _ = sweep_assets.build_scaling_sweeps_stage(settings, deployment)
+    assert not list(defs.assets or []) and not list(defs.sensors or [])
 
 
-def test_fit_forecast_then_check_inside_and_outside_the_interval(env):
+def test_fit_forecast_then_check_inside_and_outside_the_interval(env, load):
     settings, sweeps_file = env
     defs, partitions, _ = load(settings, sweeps_file)
     store = ArtifactStore(settings.prefix)
     plan = plan_sweep(load_sweeps(sweeps_file)[SWEEP])
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("runs", partitions)
+    # The sensor adds the fit runs as partitions, and nothing more until a forecast commits.
+    added, cursor = sensor_tick(defs, instance, None)
+    assert added == partitions
+    added, cursor = sensor_tick(defs, instance, cursor)
+    assert added == []
     for run in plan.fit_runs():
         write_run(store, run, law(run.candidate.params, run.candidate.tokens))
 
@@ -119,10 +144,10 @@ def test_fit_forecast_then_check_inside_and_outside_the_interval(env):
     truth = law(target["params"], target["tokens"])
     assert abs(target["loss"] - truth) / truth < 0.01 and target["loss_low"] <= truth <= target["loss_high"]
 
-    # Reloading the code location registers the chosen target run, which the check now reads.
-    defs, partitions, _ = load(settings, sweeps_file)
-    assert target["run"] in partitions
-    instance.add_dynamic_partitions("runs", [target["run"]])
+    # The committed forecast makes the chosen target a partition: the sensor adds it, and discovery lists it.
+    added, _ = sensor_tick(defs, instance, cursor)
+    assert added == [target["run"]]
+    assert target["run"] in load(settings, sweeps_file)[1]
     chosen = next(r for r in plan.target_candidates(3e14) if r.spec.name == target["run"])
 
     write_run(store, chosen, truth)
@@ -138,27 +163,27 @@ def test_fit_forecast_then_check_inside_and_outside_the_interval(env):
     assert not check.passed
 
 
-def test_forecast_check_before_the_target_is_registered_says_what_to_do(env):
+def test_forecast_check_before_the_target_is_a_partition_says_what_to_do(env, load):
     settings, sweeps_file = env
     defs, partitions, _ = load(settings, sweeps_file)
     store = ArtifactStore(settings.prefix)
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("runs", partitions)
+    instance.add_dynamic_partitions(RUNS, partitions)
     for run in plan_sweep(load_sweeps(sweeps_file)[SWEEP]).fit_runs():
         write_run(store, run, law(run.candidate.params, run.candidate.tokens))
     result = materialize(defs, instance, "sweep/syn", "scaling_fit/syn", "forecast/syn", "forecast_check/syn")
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
-    assert "is registered when the code location loads" in failure.step_failure_data.error.message
+    assert "is not yet a partition of sweep_eval/syn" in failure.step_failure_data.error.message
 
 
 @pytest.mark.parametrize("problem", ["parameter count", "another spec"])
-def test_scaling_fit_refuses_a_run_that_is_not_the_planned_one(env, problem):
+def test_scaling_fit_refuses_a_run_that_is_not_the_planned_one(env, load, problem):
     settings, sweeps_file = env
     defs, partitions, _ = load(settings, sweeps_file)
     store = ArtifactStore(settings.prefix)
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("runs", partitions)
+    instance.add_dynamic_partitions(RUNS, partitions)
     runs = plan_sweep(load_sweeps(sweeps_file)[SWEEP]).fit_runs()
     for run in runs[1:]:
         write_run(store, run, law(run.candidate.params, run.candidate.tokens))
@@ -214,3 +239,128 @@ def test_check_result_needs_interval_and_forecast_before_training():
     assert not sweep_assets.forecast_check_result(
         {"targets": [{**target, "within_interval": False, "forecast_before_training": True}]}).passed
     assert not sweep_assets.forecast_check_result({"targets": []}).passed
+
+
+LINKED = {"metric": "harness_eval/plays_next_line/acc", "link": "sigmoid", "link_floor": 0.25}
+TRUE_LINK = {"floor": 0.25, "ceiling": 0.9, "k": 2.0, "loss_mid": 6.3}  # the fit runs span losses 5.6..8.4
+
+
+def accuracy(loss: float) -> float:
+    """The harness accuracy a run at ``loss`` scores (a sigmoid of the loss, as the link assumes)."""
+    from scaling.links import SigmoidLink
+
+    return float(SigmoidLink(**TRUE_LINK, rmse=0.0, points=0).predict(loss))
+
+
+def write_harness(store: ArtifactStore, run, acc: float) -> None:
+    """A committed sweep_harness_eval/syn[run] (as the evaluation stage reports it) over the run's checkpoint."""
+    checkpoint = store.find(CHECKPOINT, CHECKPOINT_VERSION, run.spec.name)
+    config = {"run": run.spec.identity(), "suite": "s"}
+    with writing(store, HARNESS, HARNESS_EVAL_VERSION, run.spec.name, fingerprint=fingerprint(config),
+                 run_id="test") as w:
+        w.write_json("harness_report.json", {"plays_next_line/acc": acc})
+        w.commit(config=config,
+                 upstream=[UpstreamRef(CHECKPOINT, run.spec.name, checkpoint.data_version, checkpoint.uri)],
+                 producer=producer_info("test"), metrics={"plays_next_line/acc": acc, "plays_next_line/n": 400})
+
+
+@pytest.fixture
+def linked(tmp_path, synthetic_deployment):
+    """`(settings, plan, load_linked)` for sweep `syn` forecasting a harness accuracy; `load_linked()`
+    is the sweep stage and the evaluation stage's harness asset of the sweep (its artifacts are
+    written through the store here, never launched), and the sweep's runs."""
+    sweeps_file = tmp_path / "sweeps.yaml"
+    sweeps_file.write_text(yaml.safe_dump({"sweeps": {SWEEP: {**SWEEP_CONFIG, **LINKED}}}))
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store")})
+    sweeps = load_sweeps(sweeps_file)
+    deployment = synthetic_deployment(sweeps=sweeps)
+
+    def load_linked():
+        defs, partitions, _ = load_stage(settings, deployment)
+        evaluation, catalog = build_evaluation_stage(settings, deployment)
+        assert HARNESS in catalog.identities
+        harness = [a for a in evaluation.assets if a.key == dg.AssetKey(HARNESS.split("/"))]
+        return dg.Definitions.merge(defs, dg.Definitions(assets=harness)), partitions
+
+    return settings, plan_sweep(sweeps[SWEEP]), load_linked
+
+
+def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(linked):
+    settings, plan, load_linked = linked
+    defs, partitions = load_linked()
+    graph = defs.resolve_asset_graph()
+    harness = graph.get(dg.AssetKey(HARNESS.split("/")))
+    assert harness.partitions_def.name == RUNS and harness.parent_keys == {dg.AssetKey(CHECKPOINT.split("/"))}
+    assert {dg.AssetKey(["scaling_fit", SWEEP]), dg.AssetKey(["forecast_check", SWEEP])} <= harness.child_keys
+    store = ArtifactStore(settings.prefix)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(RUNS, partitions)
+    for run in plan.fit_runs():
+        loss = law(run.candidate.params, run.candidate.tokens)
+        write_run(store, run, loss)
+        write_harness(store, run, accuracy(loss))
+    assert materialize(defs, instance, "sweep/syn", "scaling_fit/syn", "forecast/syn").success
+    fit = store.find("scaling_fit/syn", sweep_assets.SCALING_FIT_VERSION, None)
+    assert fit.metrics["link/k"] == pytest.approx(TRUE_LINK["k"], rel=0.05)
+    assert fit.metrics["link/loss_mid"] == pytest.approx(TRUE_LINK["loss_mid"], rel=0.01)
+    forecast = json.loads(store.local_path(
+        f"{store.find('forecast/syn', sweep_assets.FORECAST_VERSION, None).uri}/forecast.json").read_text())
+    assert forecast["metric"] == LINKED["metric"]
+    target = forecast["targets"][0]
+    truth = accuracy(law(target["params"], target["tokens"]))
+    assert target["metric_low"] <= target["metric_predicted"] <= target["metric_high"]
+    assert target["metric_predicted"] == pytest.approx(truth, abs=0.01)
+
+    # The check compares the target's harness accuracy with the linked forecast.
+    defs, partitions = load_linked()
+    assert target["run"] in partitions
+    instance.add_dynamic_partitions(RUNS, [target["run"]])
+    chosen = next(r for r in plan.target_candidates(3e14) if r.spec.name == target["run"])
+    write_run(store, chosen, law(target["params"], target["tokens"]))
+    write_harness(store, chosen, truth)
+    result = materialize(defs, instance, "forecast_check/syn")
+    assert result.success
+    (check,) = result.get_asset_check_evaluations()
+    assert check.passed and check.metadata[f"{target['run']}/actual"].value == pytest.approx(truth)
+    write_harness(store, chosen, 0.25)  # back at chance: far outside the interval
+    (check,) = materialize(defs, instance, "forecast_check/syn").get_asset_check_evaluations()
+    assert not check.passed
+
+
+def test_a_linked_fit_without_a_runs_harness_eval_names_it(linked):
+    settings, plan, load_linked = linked
+    defs, partitions = load_linked()
+    store = ArtifactStore(settings.prefix)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(RUNS, partitions)
+    fit_runs = plan.fit_runs()
+    for run in fit_runs:
+        loss = law(run.candidate.params, run.candidate.tokens)
+        write_run(store, run, loss)
+        if run is not fit_runs[0]:
+            write_harness(store, run, accuracy(loss))
+    result = materialize(defs, instance, "sweep/syn", "scaling_fit/syn")
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert f"upstream {HARNESS}[{fit_runs[0].spec.name}] has no committed artifact" in \
+        failure.step_failure_data.error.message
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"metric": "eval/other/loss"}, "an eval metric is eval/m/<loss|bpb>"),
+    ({"metric": "harness_eval/t/acc"}, "a harness metric needs a link"),
+    ({"metric": "harness_eval/t/f1", "link": "sigmoid"}, "expected eval/<set>/<loss|bpb> or harness_eval"),
+    ({"metric": "eval/m/bpb", "link": "sigmoid"}, "a link is for harness metrics"),
+    ({"link": "cubic"}, "'cubic' is not one of 'sigmoid'"),
+])
+def test_a_sweep_names_a_metric_it_can_fit(change, problem):
+    from marin_assets.scaling_sweeps.config import SweepConfigError
+
+    with pytest.raises(SweepConfigError, match=problem.replace("[", r"\[").replace("]", r"\]").replace("|", r"\|")):
+        sweep_from_dict(SWEEP, {**SWEEP_CONFIG, **change})
+
+
+def test_the_default_metric_leaves_a_sweeps_identity_unchanged():
+    config = sweep_from_dict(SWEEP, SWEEP_CONFIG)
+    assert "metric" not in config.identity() and "link" not in config.identity()
+    assert sweep_from_dict(SWEEP, {**SWEEP_CONFIG, "metric": "eval/m/bpb"}).identity()["metric"] == "eval/m/bpb"

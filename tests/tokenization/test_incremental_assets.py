@@ -23,6 +23,7 @@ from marin_assets.tokenization.cache import CacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.artifacts import VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
+from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore
 
@@ -34,7 +35,7 @@ TOKENIZED = TokenizedEntry(SOURCE, TOKENIZER.name, CacheConfig(validation_fracti
 # The files an append may rewrite: Levanter keeps the row count in offsets[0] and packs the first
 # 128 Mi tokens of a split into one zarr shard file, so both live in c/0 for a cache this small.
 APPEND_REWRITES = {f"{split}/{name}" for split in ("train", "validation")
-                   for name in ("shard_ledger.json", "shard_ledger.json.bak", "input_ids/offsets/c/0",
+                   for name in ("shard_ledger.json", "input_ids/offsets/c/0",
                                 "input_ids/data/c/0")} \
     | {"marin_tokenize_manifest.json"}
 
@@ -48,6 +49,9 @@ def _snapshot(root: Path) -> dict[str, str]:
             if p.is_file() and not p.name.startswith(".")}
 
 
+DEDUP_FP = fingerprint({})
+
+
 class Pipeline:
     """A store holding `deduplicated/letters`, and the tokenizer and tokenized assets over it."""
 
@@ -56,16 +60,17 @@ class Pipeline:
         self.settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store")})
         self.store = ArtifactStore(self.settings.prefix)
         self.instance = dg.DagsterInstance.ephemeral()
-        self.dedup_uri = self.store.artifact_uri(f"deduplicated/{SOURCE}", DEDUP_VERSION, None)
+        self.dedup_uri = self.store.artifact_uri(f"deduplicated/{SOURCE}", DEDUP_VERSION, None, fingerprint=DEDUP_FP)
 
     def commit_corpus(self, shards: dict[str, list[str]]) -> None:
         """Commit deduplicated/letters with these new shard files; files already there stay as they are."""
-        writer = self.store.begin(f"deduplicated/{SOURCE}", DEDUP_VERSION, None, run_id="dedup", resume=True)
+        writer = self.store.begin(f"deduplicated/{SOURCE}", DEDUP_VERSION, None, fingerprint=DEDUP_FP, run_id="dedup",
+                                  resume=True)
         data = self.store.local_path(self.dedup_uri) / "data"
         data.mkdir(parents=True, exist_ok=True)
         for key, texts in shards.items():
             self.write_docs(str(data / f"{key}.parquet"), texts)
-        writer.commit(fingerprint="dedup", config={}, upstream=[], producer={})
+        writer.commit(config={}, upstream=[], producer={})
 
     def assets(self, tokenizer: TokenizerEntry = TOKENIZER):
         dedup = dg.AssetSpec(key=asset_key(f"deduplicated/{SOURCE}"), metadata={
@@ -86,7 +91,7 @@ class Pipeline:
         return Planner(defs, catalog, self.store, self.instance)
 
     def cache_root(self) -> Path:
-        return self.store.local_path(self.store.artifact_uri(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None))
+        return self.store.local_path(self.store.find(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None).uri)
 
 
 def _metadata(result: dg.ExecuteInProcessResult, key: str) -> dict:
@@ -126,7 +131,8 @@ def test_new_shard_is_encoded_once_and_appended(pipeline, corpus, monkeypatch):
     real_hash = ArtifactStore.hash_file
 
     def counting_hash(self, uri, rel):
-        if uri.endswith(f"tokenized/{SOURCE}/{TOKENIZED_VERSION}"):
+        if uri.rsplit("/", 1)[0].endswith(f"tokenized/{SOURCE}") and \
+                uri.rsplit("/", 1)[1].startswith(f"{TOKENIZED_VERSION}-"):
             hashed.append(rel)
         return real_hash(self, uri, rel)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from marin_assets.definitions import build_definitions
-from marin_assets.stages import curated_source_names
-from marin_assets.tokenization.assets import RegistryError, deployment_registry, load_registry
+from marin_assets.deployment import Deployment
+from marin_assets.tokenization.assets import RegistryError, load_registry
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import marin_key
 
@@ -40,8 +40,9 @@ def _tokenization_keys(settings: MarinSettings) -> set[str]:
 
 def test_bundled_registry_tokenizes_every_curated_source():
     settings = MarinSettings.from_env({})
-    registry = deployment_registry(settings, curated_source_names(settings))
-    assert set(registry.tokenized) == curated_source_names(settings) == {"shakespeare", "installed_packages"}
+    deployment = Deployment.load(settings)
+    registry = deployment.tokenization
+    assert set(registry.tokenized) == deployment.source_names == {"shakespeare", "installed_packages"}
     # The source's own entry wins over the default.
     assert registry.tokenized["shakespeare"].cache.validation_fraction == 0.1
     assert registry.tokenized["installed_packages"].tokenizer == "shakespeare"
@@ -57,7 +58,7 @@ def test_marin_registry_replaces_the_bundled_file(tmp_path, sources):
     assert settings.registry_file == str(registry)
     assert _tokenization_keys(settings) == {"tokenizer/letters_bpe", "tokenized/letters", "tokenized/notes",
                                             "tokenized/memos", "mixture/letters"}
-    resolved = deployment_registry(settings, curated_source_names(settings))
+    resolved = Deployment.load(settings).tokenization
     assert resolved.tokenizers["letters_bpe"].version == "v7"
     assert resolved.tokenized["memos"].cache.validation_fraction == 0.05
     assert resolved.tokenized["notes"].cache.validation_fraction == 0.5

@@ -121,15 +121,33 @@ def test_ledger_is_finished_and_names_each_shard(built, shards):
         assert ledger.metadata.preprocessor_metadata["append_eos"] is True
 
 
-def test_decode_roundtrip_check_passes_and_can_fail(built, shards, tokenizer_dir):
+def test_decode_roundtrip_check_passes_and_can_fail(built, shards, tokenizer_dir, write_docs, corpus, tmp_path):
+    import shutil
+
+    import tensorstore as ts
+
     root, _ = built
     assert decode_roundtrip_check(root, tokenizer_dir, shards, sample_n=50) == []
-    # Documents in a different order do not match the rows: the check must say so.
-    failures = decode_roundtrip_check(root, tokenizer_dir, [shards[1], shards[0], shards[2]], sample_n=50)
-    assert failures and all(f.reason.startswith("decoded text differs") for f in failures)
-    # Fewer documents than rows: row counts differ.
-    failures = decode_roundtrip_check(root, tokenizer_dir, shards[:2], sample_n=10)
-    assert {f.row for f in failures} == {-1}
+    # Any subset, in any order: each file is checked against its own ledger rows only.
+    assert decode_roundtrip_check(root, tokenizer_dir, [shards[2], shards[0]], sample_n=50) == []
+    # A file that is not a ledger shard.
+    stranger = write_docs(str(tmp_path / "stranger.parquet"), corpus[:3])
+    failures = decode_roundtrip_check(root, tokenizer_dir, [stranger], sample_n=10)
+    assert [f.reason for f in failures] == [f"{stranger} is not a ledger shard of {root}"]
+    copy = str(tmp_path / "copy")
+    shutil.copytree(root, copy)
+    # Rows whose tokens were overwritten decode to other text.
+    data = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": f"{copy}/train/input_ids/data"}}).result()
+    data[5:400].write(7).result()
+    failures = decode_roundtrip_check(copy, tokenizer_dir, shards, sample_n=1000)
+    assert failures and {f.split for f in failures} == {"train"}
+    assert all(f.reason.startswith(("decoded text differs", "row does not start")) for f in failures)
+    # An array holding fewer rows than the manifest says.
+    offsets = ts.open({"driver": "zarr3", "kvstore": {"driver": "file",
+                                                      "path": f"{copy}/validation/input_ids/offsets"}}).result()
+    offsets[0].write(1).result()
+    failures = decode_roundtrip_check(copy, tokenizer_dir, shards[:1], sample_n=10)
+    assert any(f.split == "validation" and f.row == -1 and "the arrays hold 1" in f.reason for f in failures)
 
 
 def test_validation_split_is_deterministic_across_builds(built, shards, tokenizer_dir, cfg, tmp_path):
@@ -316,10 +334,15 @@ def test_append_rewrites_only_the_tail_of_levanters_zarr_shards(shards, tokenize
     tail byte-identical: what a cache larger than 128 Mi tokens gets at full size."""
     import levanter.store.jagged_array as jagged
 
+    import marin_assets.tokenization.cache as cache_mod
+
     full_root, _ = built
     expected = {split: _rows(f"{full_root}/{split}") for split in ("train", "validation")}  # read at full size
-    monkeypatch.setattr(jagged, "DEFAULT_CHUNK_SIZE", 1024)
-    monkeypatch.setattr(jagged, "DEFAULT_WRITE_CHUNK_SIZE", 4096)
+    # Ours writes the arrays; Levanter's reader checks their chunk grid against its own constants.
+    for module, row, shard in ((cache_mod, "ROW_CHUNK", "SHARD_CHUNK"),
+                               (jagged, "DEFAULT_CHUNK_SIZE", "DEFAULT_WRITE_CHUNK_SIZE")):
+        monkeypatch.setattr(module, row, 1024)
+        monkeypatch.setattr(module, shard, 4096)
     root = tmp_path / "small-shards"
 
     def files() -> dict[str, str]:
@@ -341,3 +364,24 @@ def test_append_rewrites_only_the_tail_of_levanters_zarr_shards(shards, tokenize
     for split in ("train", "validation"):
         for a, b in zip(_rows(str(root / split)), expected[split], strict=True):
             assert np.array_equal(a, b)
+
+
+def test_appending_a_shard_imports_neither_levanter_nor_jax(shards, tokenizer_dir, cfg, built, tmp_path):
+    """The fixed cost of one new shard: a process that appends it loads no Levanter, JAX, Ray or
+    transformers (the metadata Levanter expects is in the manifest); Levanter reads the result."""
+    import subprocess
+    import sys
+
+    full_root, _ = built
+    root = str(tmp_path / "root")
+    build_levanter_cache(shards[:2], tokenizer_dir, root, cfg)
+    code = ("import json, sys\nfrom marin_assets.tokenization.cache import CacheConfig, build_levanter_cache\n"
+            f"stats = build_levanter_cache({shards!r}, {tokenizer_dir!r}, {root!r}, {cfg!r})\n"
+            "print(json.dumps([stats.shards_encoded, stats.shards_reused,\n"
+            "                  sorted(m for m in ('levanter', 'jax', 'ray', 'transformers') if m in sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == [1, 2, []]
+    for split in ("train", "validation"):
+        for a, b in zip(_rows(f"{root}/{split}"), _rows(f"{full_root}/{split}"), strict=True):
+            assert np.array_equal(a, b)
+    assert decode_roundtrip_check(root, tokenizer_dir, shards[2:], sample_n=100) == []

@@ -2,14 +2,10 @@ import dataclasses
 
 import pytest
 
-from marin_assets.training import spec as spec_module
 from marin_assets.training.spec import (
     ResourceSpec,
     RunSpecError,
-    get_run,
     load_run_registry,
-    register_run,
-    registered_runs,
 )
 
 from conftest import tiny_spec
@@ -78,18 +74,3 @@ def test_registry_validation_names_run_and_field(tmp_path, edit, field, message)
     assert message in str(err.value) and "'r1'" in str(err.value)
 
 
-def test_register_run_programmatically(tmp_path, monkeypatch):
-    monkeypatch.setattr(spec_module, "_PROGRAMMATIC_RUNS", {})
-    path = _write(tmp_path, GOOD)
-    sweep = [tiny_spec(f"sweep-lr{lr}", optimizer=dataclasses.replace(tiny_spec().optimizer, learning_rate=lr)) for lr in (1e-3, 3e-3)]
-    for s in sweep:
-        register_run(s)
-    assert set(registered_runs(path)) == {"r1", "sweep-lr0.001", "sweep-lr0.003"}
-    assert get_run("sweep-lr0.003", path).optimizer.learning_rate == 3e-3
-    with pytest.raises(ValueError, match="already registered"):
-        register_run(dataclasses.replace(sweep[0], seed=5))
-    register_run(tiny_spec("r1"))
-    with pytest.raises(ValueError, match="both"):
-        registered_runs(path)
-    with pytest.raises(RunSpecError, match="num_train_steps"):
-        register_run(tiny_spec("bad", steps=0))

@@ -1,0 +1,86 @@
+"""The `filtered/<source>` step as pure functions: heuristic rules, the optional quality score
+and MinHash signatures over a frame of documents, one chunk at a time, and the merge of the
+chunks into the shard's outputs.
+
+A shard filtered in one piece or as row ranges on Ray (`marin_resources.data_parallel`) gives
+the same frames row for row, so the same Parquet bytes and data version: every decision is
+per document, and the merge puts the rows back in one-piece order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from marin_assets.curation.fasttext_models import FastTextClassifier
+from marin_assets.curation.filters import FilterConfig, apply_filters
+from marin_assets.curation.minhash import MinHashConfig, SignatureTable, compute_signatures
+from marin_assets.curation.quality import QualityConfig, QualityScorer
+
+
+@dataclass(frozen=True)
+class FilterTask:
+    """What filtering a shard needs besides its documents; sent once to every chunk's worker.
+
+    Models travel as their bytes, so the task pickles to a Ray worker; each chunk loads them."""
+
+    filters: FilterConfig
+    minhash: MinHashConfig
+    quality: QualityConfig | None = None
+    quality_model: bytes | None = None  # the fastText classifier's bytes (None: compression, or no quality)
+    language_model: bytes | None = None  # an adopted fastText language-ID model (None: langid)
+
+    def identifier(self):
+        if self.language_model is None:
+            return None
+        model = FastTextClassifier(self.language_model, "language model")
+
+        def identify(texts: list[str], sample_chars: int) -> tuple[list[str], list[float]]:
+            langs, probs = model.top_labels(texts, sample_chars)
+            return langs, probs.tolist()
+
+        return identify
+
+
+@dataclass
+class FilteredChunk:
+    kept: pl.DataFrame  # with a quality_score column when the source is scored
+    dropped: pl.DataFrame
+    counts: dict[str, int]
+    hashvalues: np.ndarray  # MinHash signatures of `kept`, row-aligned
+
+
+@dataclass
+class FilteredShard:
+    kept: pl.DataFrame
+    dropped: pl.DataFrame
+    counts: dict[str, int]  # rule -> documents it dropped
+    signatures: SignatureTable
+
+
+def filter_chunk(docs: pl.DataFrame, task: FilterTask) -> FilteredChunk:
+    """Rules (with language id), then the quality score of what they kept, then its signatures.
+    The keep threshold is corpus-wide, so it is applied later, in `deduplicated/`."""
+    result = apply_filters(docs, task.filters, task.identifier())
+    kept = result.kept
+    if task.quality is not None:
+        scorer = QualityScorer(task.quality, task.quality_model)
+        scores = scorer.score(kept["text"].to_list()) if kept.height else np.zeros(0)
+        kept = kept.with_columns(pl.Series("quality_score", scores, dtype=pl.Float64))
+    return FilteredChunk(kept, result.dropped, dict(result.per_rule_drop_counts),
+                         compute_signatures(kept, task.minhash).hashvalues)
+
+
+def merge_chunks(chunks: list[FilteredChunk], task: FilterTask) -> FilteredShard:
+    """The chunks of one shard, in row order, as the shard's outputs (as if filtered in one piece)."""
+    kept = pl.concat([c.kept for c in chunks], how="vertical").rechunk()
+    dropped = pl.concat([c.dropped for c in chunks], how="vertical").rechunk()
+    counts: dict[str, int] = {}
+    for chunk in chunks:
+        for rule, n in chunk.counts.items():
+            counts[rule] = counts.get(rule, 0) + n
+    hashvalues = np.concatenate([c.hashvalues for c in chunks]).astype(np.uint32, copy=False)
+    signatures = SignatureTable(ids=kept["id"].to_numpy().astype(object), hashvalues=hashvalues, config=task.minhash)
+    return FilteredShard(kept, dropped, counts, signatures)

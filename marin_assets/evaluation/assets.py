@@ -1,0 +1,312 @@
+"""Evaluation beyond loss:
+
+    tokenized/<source>  -->  eval_task/<task>  --+
+    checkpoint[run]  ----------------------------+-->  harness_eval[run]
+    sweep_checkpoint/<sweep>[run]  --------------+-->  sweep_harness_eval/<sweep>[run]
+
+``eval_task/<task>`` is an offline multiple-choice task built from a source's held-out documents
+(``next_line``), stored as an lm-eval task YAML and its JSON-lines data. ``harness_eval[run]`` runs
+the deployment's eval suite (``suites.yaml``) on the run's final checkpoint through Levanter's eval
+harness, launched exactly like ``eval``: the ``launcher`` resource (Pipes locally, Kubernetes pods
+in production). lm-eval's version and every task config's hash are part of its identity.
+A sweep that forecasts a harness metric gets the same asset over its own runs,
+``sweep_harness_eval/<sweep>``, which its scaling fit and forecast check read.
+"""
+
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import yaml
+
+from marin_assets.catalog import Catalog
+from marin_assets.deployment import Deployment
+from marin_assets.evaluation.harness_main import ERROR_FILE
+from marin_assets.evaluation.next_line import (DATA_FILE_SUFFIX, TASK_FILE_SUFFIX, NextLineTaskSpec, build_items,
+                                               render_task_yaml, write_items)
+from marin_assets.evaluation.suites import (Suite, SuiteError, SuiteRegistry, chance_levels, lm_eval_task_files,
+                                            load_suites, render_harness_config, suite_identity)
+from marin_assets.scaling_sweeps.assets import SweepRuns, harness_key, runs_partitions, sweep_run_lookup
+from marin_assets.scaling_sweeps.assets import checkpoint_key as sweep_checkpoint_key
+from marin_assets.scaling_sweeps.config import plan_sweep
+from marin_assets.scaling_sweeps.forecasting import forecast_metric, is_harness_metric
+from marin_assets.training.assets import RUNS, SpecLookup, check_pool, local_dir, named_run_lookup
+from marin_assets.training.commands import HARNESS_REPORT_FILE, harness_command
+from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
+from marin_assets.training.spec import RunSpec
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
+                                       materialize_artifact)
+from marin_resources.environments import MarinSettings
+from marin_resources.keys import asset_key
+from marin_resources.launchers import TrainingLauncher
+
+EVAL_TASK_VERSION = "v1"
+HARNESS_EVAL_VERSION = "v1"
+HARNESS_CONFIG_FILE = "harness_config.json"
+TASKS_DIR = "tasks"
+PREVIEW_ITEMS = 3
+
+
+def eval_task_key(name: str) -> str:
+    return f"eval_task/{name}"
+
+
+# ---- eval_task/<name> ----------------------------------------------------------------------------
+
+
+def held_out_documents(store, tokenized: ArtifactHandle, source: str) -> list[tuple[str, str]]:
+    """The documents ``tokenized/<source>`` put in its validation split, read back from the
+    deduplicated shards it was built from (so the task is text the model never trained on)."""
+    from marin_assets.tokenization.assets import corpus_files
+    from marin_assets.tokenization.cache import cache_config_of, iter_split_documents
+
+    manifest = store.read_manifest(tokenized.uri)
+    refs = {u.asset_key: u for u in (manifest.upstream if manifest else [])}
+    corpus = refs.get(f"deduplicated/{source}")
+    if corpus is None:
+        raise dg.Failure(f"{tokenized.asset_key} records no deduplicated/{source} input; rebuild it")
+    cfg, _ = cache_config_of(tokenized.uri)
+    return list(iter_split_documents(list(corpus_files(store, corpus.uri)), cfg, "validation"))
+
+
+def build_eval_task_asset(spec: NextLineTaskSpec):
+    source_key = f"tokenized/{spec.source}"
+
+    @marin_asset(key=eval_task_key(spec.name), version=EVAL_TASK_VERSION, identity=spec.identity(),
+                 ins={"tokenized": dg.AssetIn(key=asset_key(source_key))}, group_name="evaluation",
+                 kinds={"lm-eval"},
+                 description=f"Offline multiple-choice task `{spec.name}`: the true next line of a passage among "
+                             f"{spec.choices} lines of about its length from the same held-out document of "
+                             f"{source_key}'s validation split (never trained on). An lm-eval task YAML "
+                             f"(`{spec.name}{TASK_FILE_SUFFIX}`) over JSON lines (`{spec.name}{DATA_FILE_SUFFIX}`); "
+                             "deterministic in its config and the held-out text.")
+    def eval_task(context: dg.AssetExecutionContext, store: MarinStore, tokenized: ArtifactHandle):
+        artifacts = store.get()
+
+        def build(writer) -> Built:
+            documents = held_out_documents(artifacts, tokenized, spec.source)
+            items = build_items(documents, spec)
+            if not items:
+                raise dg.Failure(f"offline task {spec.name!r}: the {len(documents)} held-out document(s) of "
+                                 f"{source_key} yield no item; lower min_chars or context_lines, or hold out more")
+            data_file = f"{spec.name}{DATA_FILE_SUFFIX}"
+            with writer.open(data_file) as fh:
+                fh.write(write_items(items).encode())
+            with writer.open(f"{spec.name}{TASK_FILE_SUFFIX}") as fh:
+                # Relative: harness_eval resolves it against the directory it copies the task to.
+                fh.write(render_task_yaml(spec, data_file).encode())
+            per_doc: dict[str, int] = {}
+            for item in items:
+                per_doc[item.doc_id] = per_doc.get(item.doc_id, 0) + 1
+            return Built(metrics={"items": len(items), "held_out_documents": len(documents),
+                                  "documents_used": len(per_doc), "choices": spec.choices, "chance": spec.chance},
+                         metadata={"dagster/row_count": len(items),
+                                   "preview": dg.MetadataValue.json([i.to_json() for i in items[:PREVIEW_ITEMS]]),
+                                   "items_per_document": dg.MetadataValue.json(per_doc)})
+
+        return materialize_artifact(context, store, config=spec.identity(), upstream=[tokenized], build=build)
+
+    return eval_task
+
+
+# ---- harness_eval[run] ---------------------------------------------------------------------------
+
+
+def localize_task(store, task: ArtifactHandle, name: str, task_dir: Path) -> None:
+    """Copy an offline task into ``task_dir``, its data files made absolute paths there."""
+    task_dir.mkdir(parents=True, exist_ok=True)
+    with store.open(f"{task.uri}/{name}{TASK_FILE_SUFFIX}") as fh:
+        config = yaml.safe_load(fh.read().decode())
+    files = config.get("dataset_kwargs", {}).get("data_files", {})
+    for split, rel in files.items():
+        target = task_dir / Path(rel).name
+        try:
+            with store.open(f"{task.uri}/{rel}") as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        except FileNotFoundError:
+            raise dg.Failure(f"offline task {name!r}: data file {task.uri}/{rel} is missing; "
+                             f"rebuild it: marin materialize {task.asset_key}") from None
+        files[split] = str(target)
+    (task_dir / f"{name}{TASK_FILE_SUFFIX}").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def check_lm_eval_tasks(registry: SuiteRegistry, suite: Suite) -> None:
+    """Refuse a suite naming a task lm-eval does not have, before any process starts."""
+    for task in registry.lm_eval_tasks_of(suite):
+        try:
+            lm_eval_task_files(task.task)
+        except SuiteError as exc:
+            raise dg.Failure(f"suite {suite.name!r}: {exc}") from None
+
+
+def harness_metrics(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report.items()
+            if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def results_table(report: dict[str, Any], chance: dict[str, float]) -> str:
+    """Markdown: one row per task, accuracy ± stderr and chance."""
+    tasks = sorted({k.rsplit("/", 1)[0] for k in report if k.endswith("/acc")})
+    rows = ["| task | acc | acc_norm | n | chance |", "|---|---|---|---|---|"]
+    for task in tasks:
+        def cell(metric: str) -> str:
+            value, err = report.get(f"{task}/{metric}"), report.get(f"{task}/{metric}_stderr")
+            return "" if value is None else f"{value:.4f} ± {err:.4f}" if err is not None else f"{value:.4f}"
+        rows.append(f"| {task} | {cell('acc')} | {cell('acc_norm')} | {report.get(f'{task}/n', '')} | "
+                    f"{chance.get(task, '')} |")
+    for key in sorted(k for k in report if k.startswith("eval/") and k.endswith("/bpb")):
+        rows.append(f"| {key} | {report[key]:.4f} | | | |")
+    return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class HarnessSuite:
+    """The deployment's eval suite, resolved once per load: what every harness asset runs and reads."""
+
+    registry: SuiteRegistry
+    suite: Suite
+    tasks: tuple[str, ...]
+    """The suite's offline tasks built here: inputs ``eval_task/<task>``."""
+    heldout: dict[str, str]
+    """Each bits-per-byte source tokenized here, and its tokenizer: inputs ``tokenized/<source>``."""
+    missing: tuple[str, ...]
+    """What the suite needs that this deployment does not build."""
+
+    @classmethod
+    def resolve(cls, registry: SuiteRegistry, suite: Suite, tasks: set[str],
+                tokenized_sources: dict[str, str]) -> "HarnessSuite":
+        offline = {t.task for t in suite.tasks if t.task in registry.offline_tasks}
+        missing = sorted({eval_task_key(t) for t in offline - tasks}
+                         | {f"tokenized/{s}" for s in suite.bpb if s not in tokenized_sources})
+        return cls(registry, suite, tuple(sorted(offline & tasks)),
+                   {s: tokenized_sources[s] for s in suite.bpb if s in tokenized_sources}, tuple(missing))
+
+    def identity(self, spec: RunSpec) -> dict[str, Any]:
+        return {"run": spec.identity(), **suite_identity(self.registry, self.suite)}
+
+
+def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
+                        partitions: dg.DynamicPartitionsDefinition, spec_for: SpecLookup, pool: str,
+                        group_name: str, tags: dict[str, str] | None = None, subject: str = ""):
+    """The suite on each run's final checkpoint (``checkpoint_key``), a run per partition, and its
+    ``beats_chance`` check; ``spec_for`` gives a partition's `RunSpec` when a step runs (dg.Failure
+    for an unknown run)."""
+    registry, suite = harness.registry, harness.suite
+    ins = {"checkpoint": dg.AssetIn(key=asset_key(checkpoint_key))}
+    ins.update({f"task_{t}": dg.AssetIn(key=asset_key(eval_task_key(t))) for t in harness.tasks})
+    ins.update({f"heldout_{s}": dg.AssetIn(key=asset_key(f"tokenized/{s}")) for s in harness.heldout})
+    chance = chance_levels(registry, suite)
+
+    @marin_asset(key=key, version=HARNESS_EVAL_VERSION, partitions_def=partitions, ins=ins,
+                 group_name=group_name, pool=pool, kinds={"levanter", "lm-eval"}, tags=tags,
+                 metadata={"suite": suite.name},
+                 description=f"Suite `{suite.name}` on a run's final checkpoint{subject} through Levanter's eval "
+                             f"harness (lm-eval): {', '.join(t.name for t in suite.tasks) or 'no tasks'}"
+                             f"{'; bits-per-byte on held-out ' + ', '.join(suite.bpb) if suite.bpb else ''}. "
+                             "Per task `<task>/acc`, `<task>/acc_norm` and their stderr in the manifest; lm-eval's "
+                             "version and the task configs' hashes are part of its identity.")
+    def harness_eval(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher,
+                     checkpoint: ArtifactHandle, **inputs: ArtifactHandle):
+        spec = spec_for(context.partition_key)
+        check_pool(spec, pool)
+        if harness.missing:
+            raise dg.Failure(f"suite {suite.name!r} needs {', '.join(harness.missing)}, which this deployment "
+                             "does not build (see the tokenization registry and suites.yaml)")
+        check_lm_eval_tasks(registry, suite)
+        artifacts = store.get()
+        heldout = {s: inputs[f"heldout_{s}"] for s in harness.heldout}
+        for source, tokenizer in harness.heldout.items():
+            if tokenizer != spec.tokenizer:
+                raise dg.Failure(f"held-out set {source!r} is tokenized with tokenizer/{tokenizer}, "
+                                 f"run {spec.name!r} with tokenizer/{spec.tokenizer}: bits-per-byte would be meaningless")
+        task_handles = {k.removeprefix("task_"): h for k, h in inputs.items() if k.startswith("task_")}
+        config = harness.identity(spec)
+
+        def build(writer) -> Built:
+            out = Path(local_dir(store, writer))
+            out.mkdir(parents=True, exist_ok=True)
+            for name, handle in task_handles.items():
+                localize_task(artifacts, handle, name, out / TASKS_DIR)
+            harness_config = render_harness_config(registry, suite, str(out / TASKS_DIR) if task_handles else None)
+            harness_config["bpb"] = {s: h.uri for s, h in heldout.items()}
+            harness_path = out / HARNESS_CONFIG_FILE
+            harness_path.write_text(json.dumps(harness_config, indent=2))
+            with tempfile.TemporaryDirectory(prefix="marin-harness-") as scratch:
+                config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
+                with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src, open(config_path, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                try:
+                    launcher.run_process(context, harness_command(config_path, str(harness_path), str(out)),
+                                         resources=spec.resources, extras={"run": spec.name, "suite": suite.name})
+                except dg.DagsterExecutionInterruptedError:
+                    raise
+                except Exception:
+                    error = out / ERROR_FILE
+                    if error.exists():  # bad input: the process's one line, not a traceback
+                        raise dg.Failure(f"{key}[{spec.name}]: {error.read_text().strip()}") from None
+                    raise
+            report = json.loads((out / HARNESS_REPORT_FILE).read_text())
+            return Built(metrics=harness_metrics(report),
+                         metadata={"suite": suite.name, "lm_eval_version": str(config.get("lm_eval", "")),
+                                   "results": dg.MetadataValue.md(results_table(report, chance)),
+                                   "task_configs": dg.MetadataValue.json(config.get("task_configs", {}))})
+
+        upstream = [checkpoint, *[task_handles[k] for k in sorted(task_handles)],
+                    *[heldout[k] for k in sorted(heldout)]]
+        return materialize_artifact(context, store, config=config, upstream=upstream, build=build)
+
+    @marin_check(harness_eval, name="beats_chance",
+                 description="Every offline task's accuracy is above chance by more than two standard errors.")
+    def beats_chance(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
+        manifest = checked_manifest(context, store, key, HARNESS_EVAL_VERSION)
+        if manifest is None:
+            return dg.AssetCheckResult(passed=False, metadata={"error": f"no committed {key}"})
+        margins = {}
+        for task, level in chance.items():
+            acc, err = manifest.metrics.get(f"{task}/acc"), manifest.metrics.get(f"{task}/acc_stderr")
+            margins[task] = None if acc is None or err is None else float(acc - 2 * err - level)
+        passed = bool(margins) and all(m is not None and math.isfinite(m) and m > 0 for m in margins.values())
+        # A warning: an early checkpoint of a sweep may honestly be at chance.
+        return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.WARN,
+                                   metadata={f"{t}/margin_over_chance": m for t, m in margins.items() if m is not None})
+
+    return harness_eval, beats_chance
+
+
+def build_evaluation_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+    """`eval_task/<task>` for the offline tasks on sources tokenized here; `harness_eval` over the
+    deployment's named runs, and `sweep_harness_eval/<sweep>` over the runs of each sweep that
+    forecasts a harness metric."""
+    tokenized_sources = {s: e.tokenizer for s, e in deployment.tokenization.tokenized.items()}
+    registry = load_suites(settings.suites_file)
+    catalog = Catalog()
+    assets: list = []
+    tasks: set[str] = set()
+    for spec in registry.offline_tasks.values():
+        if spec.source in tokenized_sources:
+            assets.append(build_eval_task_asset(spec))
+            catalog.add_identity(eval_task_key(spec.name), lambda p, s=spec: s.identity())
+            tasks.add(spec.name)
+    harness = HarnessSuite.resolve(registry, registry.suite(settings.eval_suite), tasks, tokenized_sources)
+    run_sets = [dict(key="harness_eval", checkpoint_key="checkpoint", partitions=RUNS,
+                     spec_for=named_run_lookup(settings, deployment), group_name="evaluation")]
+    for name, config in sorted(deployment.sweeps.items()):
+        if is_harness_metric(forecast_metric(config)):
+            run_sets.append(dict(key=harness_key(name), checkpoint_key=sweep_checkpoint_key(name),
+                                 partitions=runs_partitions(name),
+                                 spec_for=sweep_run_lookup(settings, SweepRuns(plan_sweep(config))),
+                                 group_name="scaling", tags={"marin/sweep": name}, subject=f" of sweep {name!r}"))
+    checks = []
+    for run_set in run_sets:
+        asset, check = build_harness_asset(harness, pool=settings.train_pool, **run_set)
+        assets.append(asset)
+        checks.append(check)
+        catalog.add_identity(run_set["key"], lambda run, f=run_set["spec_for"]: harness.identity(f(run)))
+    return dg.Definitions(assets=assets, asset_checks=checks), catalog

@@ -1,0 +1,44 @@
+"""The training and evaluation processes, as commands a launcher runs (`ProcessCommand`).
+
+Their entry modules and the files they write are defined here, next to the config they read
+(`levanter_config.TRAIN_CONFIG_FILE`); a launcher only starts what it is given.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from marin_resources.launchers import ProcessCommand
+
+TRAIN_MODULE = "marin_assets.training.train_main"
+EVAL_MODULE = "marin_assets.training.eval_main"
+EVAL_REPORT_FILE = "eval_report.json"
+HARNESS_MODULE = "marin_assets.evaluation.harness_main"
+HARNESS_REPORT_FILE = "harness_report.json"
+
+
+def train_command(train_config_path: str, output_dir: str) -> ProcessCommand:
+    """``train_main --config CFG --output-dir OUT``: train (or resume) into ``output_dir``."""
+    return ProcessCommand("train", TRAIN_MODULE, ("--config", train_config_path, "--output-dir", output_dir),
+                          output_dir, inputs=(train_config_path,))
+
+
+def eval_command(train_config_path: str, output_dir: str, *, checkpoint_path: str | None = None,
+                 extra_args: Sequence[str] = ()) -> ProcessCommand:
+    """``eval_main --config CFG --output OUT/eval_report.json``: evaluate the run's latest checkpoint
+    (or ``checkpoint_path``). ``extra_args`` e.g. ``--max-examples N``, ``--prompt TEXT``, ``--eval-set NAME``."""
+    args = ["--config", train_config_path, "--output", os.path.join(output_dir, EVAL_REPORT_FILE)]
+    args += (["--checkpoint", checkpoint_path] if checkpoint_path else []) + list(extra_args)
+    return ProcessCommand("eval", EVAL_MODULE, tuple(args), output_dir, inputs=(train_config_path,))
+
+
+def harness_command(train_config_path: str, harness_config_path: str, output_dir: str, *,
+                    checkpoint_path: str | None = None) -> ProcessCommand:
+    """``harness_main --config CFG --harness HARNESS --output OUT/harness_report.json``: run an eval
+    suite on the run's latest checkpoint (or ``checkpoint_path``). The harness config is a file
+    under ``output_dir``, so it travels with the run directory."""
+    args = ["--config", train_config_path, "--output", os.path.join(output_dir, HARNESS_REPORT_FILE),
+            "--harness", harness_config_path]
+    args += ["--checkpoint", checkpoint_path] if checkpoint_path else []
+    return ProcessCommand("harness", HARNESS_MODULE, tuple(args), output_dir, inputs=(train_config_path,))

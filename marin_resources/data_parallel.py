@@ -1,0 +1,53 @@
+"""Data parallelism inside one run: a step with one large input (a huge shard) maps a pure
+function over row ranges of it.
+
+Partitions already spread a corpus over processes and pods, one run each; this is for the one
+input too big for one core's patience. `DataParallel` (the default everywhere) runs the input in
+one piece in the step's process. `RayDataParallel` cuts it into ranges of about `chunk_bytes`
+and runs one Ray task per range through dagster-ray's resource, on a local Ray started lazily,
+the first time a step has more than one range, with a bounded CPU count, no dashboard and no
+usage stats. Which one a deployment gets is chosen by environment (`MARIN_RAY`, see
+`marin_resources.environments`); the results are the same either way, so the choice never
+enters an artifact's identity.
+
+`RayDataParallel` lives in `marin_resources.ray_parallel`, imported only where it is chosen;
+Ray itself only inside its `map`, never when the code location loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import dagster as dg
+import numpy as np
+
+Chunk = TypeVar("Chunk")
+Result = TypeVar("Result")
+
+
+def byte_ranges(sizes: Sequence[int], target_bytes: int | None) -> list[tuple[int, int]]:
+    """Consecutive row ranges ``[start, end)`` covering every row in order: a row belongs to the
+    range of ``target_bytes`` its first byte falls in (counting every row's bytes before it), so
+    each range holds about ``target_bytes``. None: one range."""
+    if target_bytes is None or len(sizes) == 0:
+        return [(0, len(sizes))]
+    if target_bytes <= 0:
+        raise ValueError(f"chunk size must be positive, got {target_bytes}")
+    sizes = np.asarray(sizes, dtype=np.int64)
+    bucket = (np.cumsum(sizes) - sizes) // target_bytes
+    bounds = [0, *(np.flatnonzero(np.diff(bucket)) + 1).tolist(), len(sizes)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+class DataParallel(dg.ConfigurableResource):
+    """A step's input in one piece, in the step's own process."""
+
+    def ranges(self, sizes: Sequence[int]) -> list[tuple[int, int]]:
+        """How rows of these byte sizes are cut into chunks."""
+        return byte_ranges(sizes, None)
+
+    def map(self, context: dg.AssetExecutionContext, fn: Callable[[Chunk, Any], Result], chunks: Sequence[Chunk],
+            shared: Any) -> list[Result]:
+        """``[fn(chunk, shared) for chunk in chunks]``, in order."""
+        return [fn(chunk, shared) for chunk in chunks]

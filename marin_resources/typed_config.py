@@ -1,0 +1,108 @@
+"""One typed decoder for the YAML configs (sources, tokenization registry, runs, sweeps).
+
+pydantic validates plain data (a parsed YAML mapping) against our frozen config dataclasses:
+strictly, with JSON's types (an integer field refuses ``"10"`` and ``true``, a number field takes
+an integer, a tuple field takes a list), and unknown fields are refused. The first problem comes
+back as a `FieldProblem`: the dotted path of the field and a sentence naming what was wrong,
+which each config's own error type wraps with the source, run or sweep it belongs to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import types
+import typing
+from typing import Any
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+STRICT = ConfigDict(extra="forbid", strict=True)
+T = typing.TypeVar("T")
+
+
+def typed_config(cls: type[T]) -> type[T]:
+    """Class decorator: decode this dataclass strictly and refuse unknown fields."""
+    cls.__pydantic_config__ = STRICT  # type: ignore[attr-defined]
+    return cls
+
+
+class FieldProblem(ValueError):
+    """A config value at ``path`` (field names and list indices) is wrong; ``unknown`` when the
+    field itself does not exist (the last path element names it)."""
+
+    def __init__(self, path: tuple[str | int, ...], problem: str, *, unknown: bool = False):
+        self.path, self.problem, self.unknown = path, problem, unknown
+        super().__init__(f"{self.dotted or '<config>'}: {problem}")
+
+    @property
+    def dotted(self) -> str:
+        return dotted(self.path)
+
+    @property
+    def parent(self) -> str:
+        """Where an unknown field was found (empty at the top level)."""
+        return dotted(self.path[:-1])
+
+
+def dotted(path: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+@functools.cache
+def _adapter(tp: Any) -> TypeAdapter:
+    return TypeAdapter(tp)
+
+
+def decode(tp: type[T] | Any, raw: Any) -> T:
+    """``raw`` as an instance of ``tp`` (a `typed_config` dataclass, or a type such as
+    ``tuple[str, ...]``); raises `FieldProblem` naming the first wrong field."""
+    try:
+        text = json.dumps(raw, allow_nan=True)
+    except (TypeError, ValueError) as exc:
+        raise FieldProblem((), f"not plain data: {exc}") from None
+    try:
+        return _adapter(tp).validate_json(text)
+    except ValidationError as exc:
+        raise _problem(tp, exc.errors(include_url=False)[0]) from None
+
+
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _problem(tp: Any, error: dict[str, Any]) -> FieldProblem:
+    path = tuple(p for p in error["loc"] if isinstance(p, (str, int)))
+    kind, value = error["type"], error.get("input")
+    if kind == "unexpected_keyword_argument":
+        known = sorted(f.name for f in dataclasses.fields(_class_at(tp, path[:-1])))
+        return FieldProblem(path, f"unknown field {path[-1]!r} (known: {', '.join(known)})", unknown=True)
+    if kind in ("missing", "missing_argument"):
+        return FieldProblem(path, "required field is missing")
+    if kind == "literal_error":
+        return FieldProblem(path, f"{value!r} is not one of {error['ctx']['expected']}")
+    expected = {"int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+                "float_type": "a number", "float_parsing": "a number", "bool_type": "a boolean",
+                "bool_parsing": "a boolean", "string_type": "a string", "list_type": "a list",
+                "tuple_type": "a list", "dataclass_type": "a mapping", "dict_type": "a mapping",
+                "mapping_type": "a mapping", "finite_number": "a finite number"}.get(kind)
+    if expected is not None:
+        return FieldProblem(path, f"expected {expected}, got {_describe(value)}")
+    message = error["msg"].removeprefix("Value error, ")
+    return FieldProblem(path, message)
+
+
+def _class_at(tp: Any, path: tuple[str | int, ...]) -> Any:
+    """The dataclass that holds the field at ``path`` inside ``tp``."""
+    for part in path:
+        if isinstance(part, int):
+            tp = next(a for a in typing.get_args(tp) if a is not Ellipsis)
+            continue
+        tp = typing.get_type_hints(tp)[part]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp

@@ -1,0 +1,124 @@
+"""One shard's filtering in chunks: on a local Ray through dagster-ray, the same bytes and data
+version as in one piece; and Ray is never imported when the code location loads."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
+from marin_assets.curation.minhash import MinHashConfig
+from marin_assets.curation.quality import QualityConfig
+from marin_assets.deployment import Deployment
+from marin_resources.data_parallel import DataParallel, byte_ranges
+from marin_resources.environments import MarinSettings, build_resources
+
+LICENSES = "/usr/share/common-licenses"
+SOURCES = f"""sources:
+  - name: licenses
+    uri: {LICENSES}/*
+    format: text
+    files_per_shard: 100
+    filters: {{min_words: 1000}}  # the short licences (BSD, CC0, ...) are dropped
+"""
+
+
+def test_byte_ranges_cover_every_row_in_order():
+    assert byte_ranges([5, 5, 5, 5, 20, 1, 1], 10) == [(0, 2), (2, 4), (4, 5), (5, 7)]
+    assert byte_ranges([3, 3], None) == [(0, 2)]
+    assert byte_ranges([], 10) == [(0, 0)]
+    with pytest.raises(ValueError, match="positive"):
+        byte_ranges([1], 0)
+
+
+@pytest.fixture(scope="module")
+def licenses(tmp_path_factory):
+    """The licence texts as one shard's documents, read by the source's own reader."""
+    from marin_assets.curation.readers import read_shard
+    from marin_assets.curation.sources import discover_shards, load_curation_config
+
+    sources = tmp_path_factory.mktemp("licenses") / "sources.yaml"
+    sources.write_text(SOURCES)
+    source = load_curation_config(str(sources)).sources[0]
+    (shard,) = discover_shards(source)
+    return sources, source, read_shard(source, shard).documents
+
+
+def test_chunks_merge_to_the_one_piece_result_with_and_without_a_quality_score(licenses):
+    _, source, docs = licenses
+    for task in (FilterTask(source.filters, MinHashConfig()),
+                 FilterTask(source.filters, MinHashConfig(), QualityConfig(classifier="compression"))):
+        whole = merge_chunks([filter_chunk(docs, task)], task)
+        ranges = byte_ranges(docs["text"].str.len_bytes().to_list(), 30_000)
+        assert len(ranges) > 3
+        parts = merge_chunks([filter_chunk(docs.slice(a, b - a), task) for a, b in ranges], task)
+        assert parts.kept.equals(whole.kept) and parts.dropped.equals(whole.dropped)
+        assert parts.counts == whole.counts and whole.dropped.height > 0
+        assert (parts.signatures.hashvalues == whole.signatures.hashvalues).all()
+        assert list(parts.signatures.ids) == list(whole.signatures.ids)
+
+
+def _filtered(tmp_path: Path, sources: Path, data_parallel: DataParallel | None):
+    """Materialize filtered/licenses in this process; its manifest and the run's event log."""
+    from marin_assets.curation.assets import build_curation_stage
+
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
+    stage, catalog = build_curation_stage(settings, Deployment.load(settings))
+    resources = build_resources(settings)
+    if data_parallel is not None:
+        resources["data_parallel"] = data_parallel
+    defs = dg.Definitions.merge(stage, dg.Definitions(resources=resources))
+    (partition,) = catalog.discoverers["licenses_shards"]()
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("licenses_shards", [partition])
+        keys = [dg.AssetKey(["raw", "licenses"]), dg.AssetKey(["documents", "licenses"]),
+                dg.AssetKey(["filtered", "licenses"])]
+        result = dg.materialize(list(defs.assets), selection=keys, partition_key=partition, instance=instance,
+                                resources=defs.resources)
+        assert result.success
+        messages = [e.user_message for e in instance.all_logs(result.run_id)]
+    (manifest,) = (tmp_path / "store" / "filtered" / "licenses").glob("v*/*/.artifact.json")
+    return json.loads(manifest.read_text()), manifest.parent, messages
+
+
+@pytest.mark.slow  # starts a local Ray (10-40 s on 2 loaded cores)
+def test_a_shard_filtered_on_ray_equals_the_one_piece_build(licenses, tmp_path):
+    from marin_resources.ray_parallel import local_ray_parallel
+
+    sources, _, _ = licenses
+    serial, serial_dir, _ = _filtered(tmp_path / "serial", sources, None)
+    on_ray, ray_dir, messages = _filtered(tmp_path / "ray", sources, local_ray_parallel(num_cpus=2,
+                                                                                         chunk_bytes=30_000))
+    assert on_ray["data_version"] == serial["data_version"]
+    assert {f["path"]: f["sha256"] for f in on_ray["files"]} == {f["path"]: f["sha256"] for f in serial["files"]}
+    for name in ("documents.parquet", "dropped.parquet", "signatures.parquet"):
+        assert (ray_dir / name).read_bytes() == (serial_dir / name).read_bytes()
+    # Spread over Ray tasks on a cluster of exactly the CPUs it was given, shut down after the run.
+    assert any("chunks as Ray tasks on 2 CPU(s)" in m for m in messages), messages
+    import ray
+
+    assert not ray.is_initialized()
+
+
+def test_ray_is_chosen_by_environment_and_not_imported_when_the_code_location_loads(tmp_path):
+    from marin_resources.ray_parallel import RayDataParallel
+
+    local = build_resources(MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path), "MARIN_RAY": "local",
+                                                    "MARIN_RAY_CPUS": "3", "MARIN_RAY_CHUNK_MB": "8"}))
+    chosen = local["data_parallel"]
+    assert isinstance(chosen, RayDataParallel) and chosen.chunk_bytes == 8 * 1024 * 1024
+    assert chosen.ray.ray_init_options["num_cpus"] == 3 and chosen.ray.ray_init_options["include_dashboard"] is False
+    assert type(build_resources(MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path)}))["data_parallel"]) \
+        is DataParallel
+    for bad in ({"MARIN_RAY": "cluster"}, {"MARIN_RAY_CPUS": "0"}, {"MARIN_RAY_CHUNK_MB": "big"}):
+        with pytest.raises(ValueError, match="MARIN_RAY"):
+            MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path), **bad})
+
+    probe = ("import sys, marin_assets.definitions as d; "
+             "print(type(d.defs.resources['data_parallel']).__name__, 'ray' in sys.modules)")
+    env = {"MARIN_RAY": "local", "MARIN_PREFIX": str(tmp_path / "store"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["RayDataParallel", "False"], out.stderr[-2000:]

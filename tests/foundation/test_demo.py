@@ -1,0 +1,47 @@
+"""`marin demo` end to end, as a user runs it on a fresh clone: the Shakespeare chain to
+eval[nano-shakespeare], then the built-in `demo` sweep (3 budgets x 3 model sizes, each a few
+seconds of training) to its scaling fit; run again, it builds nothing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from marin_assets.scaling_sweeps.assets import SCALING_FIT_VERSION
+from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep
+from marin_resources.store import ArtifactStore
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def demo(env) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "marin_assets.cli", "demo"], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def test_demo_reaches_a_scaling_fit_and_is_a_noop_the_second_time(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARIN_")}
+    env.update({"DAGSTER_HOME": str(tmp_path / "home"), "MARIN_PREFIX": str(tmp_path / "store")})
+    first = demo(env)
+    assert "scaling_fit/demo" in first.stdout
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    fit = store.find("scaling_fit/demo", SCALING_FIT_VERSION, None)
+    assert fit is not None, first.stdout[-3000:]
+    assert {"fit.json", "fit.png", "joint.png"} <= {f.path for f in fit.files}
+    result = json.loads(store.local_path(f"{fit.uri}/fit.json").read_text())
+    assert len(result["runs"]) == 9 and len(result["fit"]["optima"]) == 3
+    assert fit.metrics["runs"] == 9
+    # The named run's checkpoint stays its own asset: the sweep's nine are partitions of sweep_checkpoint/demo.
+    assert store.find("checkpoint", "v1", "nano-shakespeare") is not None
+    runs = [r.spec.name for r in plan_sweep(load_sweeps()["demo"]).fit_runs()]
+    assert len(runs) == 9 and all(store.find("sweep_checkpoint/demo", "v1", r) is not None for r in runs)
+
+    again = demo(env)
+    assert again.stdout.count("ok: 0 run(s)") == 2, again.stdout[-3000:]
