@@ -277,6 +277,10 @@ class ArtifactStore:
             text = self.retrying(lambda: self.fs.cat_file(path).decode("utf-8"))
         except FileNotFoundError:
             return None
+        return self.parse_manifest(text, uri)
+
+    def parse_manifest(self, text: str, uri: str) -> Manifest:
+        """A manifest as stored at ``uri``, its store-relative references resolved against this prefix."""
         manifest = Manifest.from_json(text, uri=uri)
         manifest.upstream = [dataclasses.replace(u, uri=self.resolve(u.uri)) for u in manifest.upstream]
         manifest.metrics = self.resolve(manifest.metrics)
