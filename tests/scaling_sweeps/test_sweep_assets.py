@@ -103,7 +103,7 @@ def test_sweep_runs_are_their_own_partitions_and_targets_wait_for_the_forecast(e
     assert not any(name.startswith(f"{SWEEP}-3e14") for name in partitions)
     graph = defs.resolve_asset_graph()
     for key in (CHECKPOINT, EVAL):
-        assert graph.get(dg.AssetKey(key.split("/"))).partitions_def.name == RUNS
+        assert graph.get(asset_key(key)).partitions_def.name == RUNS
     assert {"sweep/syn", "scaling_fit/syn", "forecast/syn", "forecast_check/syn", CHECKPOINT, EVAL} <= \
         set(catalog.identities)
 
@@ -279,7 +279,7 @@ def linked(tmp_path, synthetic_deployment):
         defs, partitions, _ = load_stage(settings, deployment)
         evaluation, catalog = build_evaluation_stage(settings, deployment)
         assert HARNESS in catalog.identities
-        harness = [a for a in evaluation.assets if a.key == dg.AssetKey(HARNESS.split("/"))]
+        harness = [a for a in evaluation.assets if a.key == asset_key(HARNESS)]
         return dg.Definitions.merge(defs, dg.Definitions(assets=harness)), partitions
 
     return settings, plan_sweep(sweeps[SWEEP]), load_linked
@@ -289,9 +289,9 @@ def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(linked):
     settings, plan, load_linked = linked
     defs, partitions = load_linked()
     graph = defs.resolve_asset_graph()
-    harness = graph.get(dg.AssetKey(HARNESS.split("/")))
-    assert harness.partitions_def.name == RUNS and harness.parent_keys == {dg.AssetKey(CHECKPOINT.split("/"))}
-    assert {dg.AssetKey(["scaling_fit", SWEEP]), dg.AssetKey(["forecast_check", SWEEP])} <= harness.child_keys
+    harness = graph.get(asset_key(HARNESS))
+    assert harness.partitions_def.name == RUNS and harness.parent_keys == {asset_key(CHECKPOINT)}
+    assert {asset_key(f"scaling_fit/{SWEEP}"), asset_key(f"forecast_check/{SWEEP}")} <= harness.child_keys
     store = ArtifactStore(settings.prefix)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(RUNS, partitions)
