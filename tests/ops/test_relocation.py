@@ -12,6 +12,7 @@ from marin_assets.planning import InProcessRuns, Planner
 from marin_assets.tokenization.assets import MIXTURE_VERSION, MixtureEntry, build_mixture_asset, read_mixture_config
 from marin_assets.training.assets import relocated_train_config
 from marin_resources.artifacts import VERSION_METADATA_KEY, ArtifactHandle, ArtifactHandleIOManager, MarinStore
+from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
 from marin_resources.lineage import build_lineage
 from marin_resources.store import MANIFEST_NAME, STORE_SCHEME, ArtifactStore, UpstreamRef, writing
@@ -23,9 +24,9 @@ MIXTURE = MixtureEntry("harbour", "harbour_bpe", {"letters": 1.0})
 
 def commit_stand_in(store: ArtifactStore, key: str, upstream: list[UpstreamRef]) -> ArtifactHandle:
     """A committed tokenizer or cache (its bytes do not matter here, its references do)."""
-    with writing(store, key, "v1", None, run_id="stand-in") as writer:
+    with writing(store, key, "v1", None, fingerprint=fingerprint({}), run_id="stand-in") as writer:
         writer.write_json("stand-in.json", {"key": key})
-        return ArtifactHandle.from_manifest(writer.commit(fingerprint="", config={}, upstream=upstream, producer={}))
+        return ArtifactHandle.from_manifest(writer.commit(config={}, upstream=upstream, producer={}))
 
 
 def mixture_defs(prefix: str):
@@ -57,7 +58,8 @@ def test_a_copied_store_verifies_and_serves_from_its_new_prefix(curation_planner
     with dg.instance_for_test() as instance:
         assert dg.materialize([*defs.assets], selection=[asset_key("mixture/harbour")], resources=defs.resources,
                               instance=instance).success
-    on_disk = json.loads((tmp_path / "store/mixture/harbour" / MIXTURE_VERSION / "data.json").read_text())
+    mixture_uri = old.find("mixture/harbour", MIXTURE_VERSION, None).uri
+    on_disk = json.loads((old.local_path(mixture_uri) / "data.json").read_text())
     assert on_disk["tokenizer"].startswith(STORE_SCHEME) and str(tmp_path) not in json.dumps(on_disk)
 
     moved = tmp_path / "moved" / "store"
@@ -77,8 +79,9 @@ def test_a_copied_store_verifies_and_serves_from_its_new_prefix(curation_planner
     # The reused mixture serves its caches and tokenizer from the new place.
     handle = ArtifactHandle.from_manifest(store.find("mixture/harbour", MIXTURE_VERSION, None))
     config = read_mixture_config(store, handle)
-    assert config["tokenizer"] == f"{store.prefix}/tokenizer/harbour_bpe/v1"
-    assert {c["cache_dir"] for c in config["configs"].values()} == {f"{store.prefix}/tokenized/letters/v1"}
+    assert config["tokenizer"] == store.find("tokenizer/harbour_bpe", "v1", None).uri
+    assert config["tokenizer"] == tokenizer.uri.replace(old.prefix, store.prefix)
+    assert {c["cache_dir"] for c in config["configs"].values()} == {store.find("tokenized/letters", "v1", None).uri}
     defs = mixture_defs(store.prefix)
     with dg.instance_for_test() as instance:
         again = dg.materialize([*defs.assets], selection=[asset_key("mixture/harbour")], resources=defs.resources,
