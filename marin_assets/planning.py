@@ -299,18 +299,23 @@ class Planner:
 
         Only runs of the DefaultRunLauncher have a local worker; on a cluster Dagster's run
         monitoring (the daemon) fails the run of a lost pod."""
-        if not isinstance(self.instance.run_launcher, dg.DefaultRunLauncher):
-            return None
-        pid = self.run_worker_pid(run_id)
-        if pid is None or not process_gone(pid):
+        pid = self.gone_worker_pid(run_id)
+        if pid is None:
             return None
         # The worker writes the run's end before it exits: read the record after seeing it gone.
         run = self.instance.get_run_by_id(run_id)
         if run is None or run.is_finished:
             return None
-        why = f"its worker process (pid {pid}) died without reporting an end"
+        why = worker_died(pid)
         self.fail_orphaned_run(run, why)
         return why
+
+    def gone_worker_pid(self, run_id: str) -> str | None:
+        """The pid of a run's local worker process when that process is gone; None otherwise."""
+        if not isinstance(self.instance.run_launcher, dg.DefaultRunLauncher):
+            return None
+        pid = self.run_worker_pid(run_id)
+        return pid if pid is not None and process_gone(pid) else None
 
     def run_worker_pid(self, run_id: str) -> str | None:
         """The pid a run worker reported when it started (its engine event), if it was launched."""
@@ -474,6 +479,10 @@ class Planner:
         else:
             step.error = failure_message(self.instance, run.run_id) if not ok else \
                 f"ERROR check(s) failed: {'; '.join(failed)}"
+            # The code server that started a killed worker may mark its run failed before the
+            # planner's health check does, with Dagster's generic message: name the cause instead.
+            if not ok and step.error == OUTSIDE_FAILURE and (pid := self.gone_worker_pid(run.run_id)):
+                step.error = worker_died(pid)
         return step
 
 
@@ -603,6 +612,15 @@ def process_gone(pid: str | int) -> bool:
 def failed_error_checks(evaluations) -> list[str]:
     """`asset:check (metadata)` for each failed ERROR-severity check evaluation: they fail the command."""
     return [describe_check(e) for e in evaluations if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR]
+
+
+# What Dagster records when a run is marked failed with no message (e.g. by the code server that
+# started a worker which then died).
+OUTSIDE_FAILURE = "This run has been marked as failed from outside the execution context."
+
+
+def worker_died(pid: str) -> str:
+    return f"its worker process (pid {pid}) died without reporting an end"
 
 
 def quiet_run_config() -> dict:
