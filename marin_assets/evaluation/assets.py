@@ -203,6 +203,7 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
     ins.update({f"task_{t}": dg.AssetIn(key=asset_key(eval_task_key(t))) for t in harness.tasks})
     ins.update({f"heldout_{s}": dg.AssetIn(key=asset_key(f"tokenized/{s}")) for s in harness.heldout})
     chance = chance_levels(registry, suite)
+    tags = {"marin/partitioned_by": "run", **(tags or {})}
 
     @marin_asset(key=key, version=HARNESS_EVAL_VERSION, partitions_def=partitions, ins=ins,
                  group_name=group_name, pool=pool, kinds={"levanter", "lm-eval"}, tags=tags,
