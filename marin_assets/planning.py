@@ -23,6 +23,7 @@ from marin_resources.artifacts import asset_key_str as key_str
 from marin_resources.failures import describe_check
 from marin_resources.freshness import Decision, damage_summary, decide, label_of
 from marin_resources.identity import InvalidPartitionKeyError, fingerprint, validate_partition_key
+from marin_resources.keys import parse_selection
 from marin_resources.store import ArtifactStore, Manifest, UpstreamRef
 
 Log = Callable[[str], None]
@@ -58,7 +59,8 @@ class StepResult:
 
 
 def parse_key(key: str) -> dg.AssetKey:
-    return dg.AssetKey([p for p in key.split("/") if p])
+    """The asset a user named: a marin key (`filtered/shakespeare`) or the asset key the UI shows."""
+    return parse_selection(key)
 
 
 class Planner:
@@ -91,7 +93,36 @@ class Planner:
             for retired in sorted(known - set(keys)):
                 self.instance.delete_dynamic_partition(name, retired)
             added[name] = new
+        self.observe_sources(names)
         return added
+
+    def observe_sources(self, names: Iterable[str] | None = None) -> int:
+        """Record each source shard's listing fingerprint as the data version of its observable source
+        asset (`external/<source>`), where it differs from the last one recorded, so Dagster's own
+        staleness (the UI's "Unsynced") sees a changed source as `marin status` does. Returns how
+        many observations were recorded."""
+        from dagster._core.definitions.data_version import DATA_VERSION_TAG
+
+        current: dict[dg.AssetKey, dict[str, str]] = {}
+        for consumer, external in sorted(self.catalog.externals.items()):
+            key = parse_key(consumer)
+            pdef = self.graph.get(key).partitions_def if self.graph.has(key) else None
+            if pdef is None or (names is not None and getattr(pdef, "name", None) not in names):
+                continue
+            for partition in self.partitions_of(key):
+                for ext_key, version in external(partition).items():
+                    if self.graph.has(parse_key(ext_key)):
+                        current.setdefault(parse_key(ext_key), {})[partition] = version
+        recorded = 0
+        for key, versions in current.items():
+            last = self.instance.event_log_storage.get_latest_tags_by_partition(
+                key, dg.DagsterEventType.ASSET_OBSERVATION, [DATA_VERSION_TAG], asset_partitions=list(versions))
+            for partition, version in sorted(versions.items()):
+                if last.get(partition, {}).get(DATA_VERSION_TAG) != version:
+                    self.instance.report_runless_asset_event(dg.AssetObservation(
+                        asset_key=key, partition=partition, tags={DATA_VERSION_TAG: version}))
+                    recorded += 1
+        return recorded
 
     def partitions_of(self, key: dg.AssetKey) -> list[str | None]:
         pdef = self.graph.get(key).partitions_def
@@ -268,18 +299,23 @@ class Planner:
 
         Only runs of the DefaultRunLauncher have a local worker; on a cluster Dagster's run
         monitoring (the daemon) fails the run of a lost pod."""
-        if not isinstance(self.instance.run_launcher, dg.DefaultRunLauncher):
-            return None
-        pid = self.run_worker_pid(run_id)
-        if pid is None or not process_gone(pid):
+        pid = self.gone_worker_pid(run_id)
+        if pid is None:
             return None
         # The worker writes the run's end before it exits: read the record after seeing it gone.
         run = self.instance.get_run_by_id(run_id)
         if run is None or run.is_finished:
             return None
-        why = f"its worker process (pid {pid}) died without reporting an end"
+        why = worker_died(pid)
         self.fail_orphaned_run(run, why)
         return why
+
+    def gone_worker_pid(self, run_id: str) -> str | None:
+        """The pid of a run's local worker process when that process is gone; None otherwise."""
+        if not isinstance(self.instance.run_launcher, dg.DefaultRunLauncher):
+            return None
+        pid = self.run_worker_pid(run_id)
+        return pid if pid is not None and process_gone(pid) else None
 
     def run_worker_pid(self, run_id: str) -> str | None:
         """The pid a run worker reported when it started (its engine event), if it was launched."""
@@ -303,7 +339,7 @@ class Planner:
                        for run_id in sorted(runs)
                        for entry in self.instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
                        if entry.dagster_event is not None]
-        return failed_error_checks([e for e in evaluations if e.asset_key.to_user_string() in wanted])
+        return failed_error_checks([e for e in evaluations if key_str(e.asset_key) in wanted])
 
     def require_asset(self, target: dg.AssetKey) -> None:
         if target not in self.graph.get_all_asset_keys():
@@ -443,6 +479,10 @@ class Planner:
         else:
             step.error = failure_message(self.instance, run.run_id) if not ok else \
                 f"ERROR check(s) failed: {'; '.join(failed)}"
+            # The code server that started a killed worker may mark its run failed before the
+            # planner's health check does, with Dagster's generic message: name the cause instead.
+            if not ok and step.error == OUTSIDE_FAILURE and (pid := self.gone_worker_pid(run.run_id)):
+                step.error = worker_died(pid)
         return step
 
 
@@ -572,6 +612,15 @@ def process_gone(pid: str | int) -> bool:
 def failed_error_checks(evaluations) -> list[str]:
     """`asset:check (metadata)` for each failed ERROR-severity check evaluation: they fail the command."""
     return [describe_check(e) for e in evaluations if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR]
+
+
+# What Dagster records when a run is marked failed with no message (e.g. by the code server that
+# started a worker which then died).
+OUTSIDE_FAILURE = "This run has been marked as failed from outside the execution context."
+
+
+def worker_died(pid: str) -> str:
+    return f"its worker process (pid {pid}) died without reporting an end"
 
 
 def quiet_run_config() -> dict:

@@ -17,8 +17,10 @@ from typing import Any
 
 import dagster as dg
 
+from marin_resources.display import display_metadata
 from marin_resources.freshness import damage_summary, decide, label_of
 from marin_resources.identity import fingerprint as compute_fingerprint
+from marin_resources.keys import asset_key, marin_key, stage_owners
 from marin_resources.object_stores import check_store_reachable
 from marin_resources.secrets import scrub
 from marin_resources.store import (ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info,
@@ -77,13 +79,20 @@ def _store_for(prefix: str, storage_options_json: str) -> ArtifactStore:
 
 
 def asset_key_str(key: dg.AssetKey) -> str:
-    return "/".join(key.path)
+    """The marin key (store path, CLI name) of an asset: see marin_resources.keys."""
+    return marin_key(key)
+
+
+def marin_check(asset: dg.AssetsDefinition, **kwargs: Any):
+    """`dg.asset_check` on a marin asset, partitioned as the asset is: each partition's check runs in
+    that partition's run, right after its materialization, and the UI shows it on that partition."""
+    return dg.asset_check(asset=asset, partitions_def=asset.partitions_def, **kwargs)
 
 
 def checked_manifest(context: dg.AssetCheckExecutionContext, store: MarinStore, key: str,
                      version: str) -> Manifest | None:
-    """The committed artifact an asset check inspects: the run's partition (none when unpartitioned)."""
-    return store.get().find(key, version, context.run.tags.get("dagster/partition"))
+    """The committed artifact an asset check inspects: the check's partition (none when unpartitioned)."""
+    return store.get().find(key, version, context.partition_key if context.has_partition_key else None)
 
 
 def store_version(context: dg.AssetExecutionContext) -> str:
@@ -147,19 +156,19 @@ def materialize_artifact(
         extra["marin/build_seconds"] = round(time.monotonic() - started, 3)
 
     handle = ArtifactHandle.from_manifest(manifest)
-    metadata = {
+    # The code version is Dagster's own (shown with the definition); the store's path shows in the uri.
+    metadata = display_metadata({
         "marin/uri": dg.MetadataValue.path(manifest.uri),
         "marin/manifest": dg.MetadataValue.path(f"{manifest.uri}/.artifact.json"),
         "marin/fingerprint": manifest.fingerprint,
-        "marin/code_version": manifest.code_version,
         "marin/reused": decision.action == "reuse",
         "marin/decision": decision.reason,
         "marin/bytes": sum(f.bytes for f in manifest.files),
         "marin/files": len(manifest.files),
         "marin/producer_run_id": str(manifest.producer.get("run_id")),
-        **{k: _metadata_value(v) for k, v in manifest.metrics.items()},
+        **manifest.metrics,
         **extra,
-    }
+    })
     return dg.Output(handle, metadata=scrub(metadata), data_version=dg.DataVersion(manifest.data_version))
 
 
@@ -182,12 +191,6 @@ def refuse_damaged_inputs(artifacts: ArtifactStore, upstream: Sequence[ArtifactH
         if problems:
             raise dg.Failure(f"refusing damaged input {handle.asset_key}: {damage_summary(problems)}; "
                              f"rebuild it: marin materialize {label}")
-
-
-def _metadata_value(value: Any) -> Any:
-    if isinstance(value, (dict, list)):
-        return dg.MetadataValue.json(value)
-    return value
 
 
 class ArtifactHandleIOManager(dg.ConfigurableIOManager):
@@ -233,18 +236,20 @@ class ArtifactHandleIOManager(dg.ConfigurableIOManager):
 def all_partitions_in(key: str | dg.AssetKey, **kwargs: Any) -> dg.AssetIn:
     """An input that receives every upstream partition as `{partition: ArtifactHandle}`."""
     metadata = {ALL_PARTITIONS_METADATA_KEY: True, **kwargs.pop("metadata", {})}
-    asset_key = key if isinstance(key, dg.AssetKey) else dg.AssetKey(key.split("/"))
-    return dg.AssetIn(key=asset_key, metadata=metadata, **kwargs)
+    return dg.AssetIn(key=key if isinstance(key, dg.AssetKey) else asset_key(key), metadata=metadata, **kwargs)
 
 
 def marin_asset(*, key: str, version: str, identity: Any | None = None, **asset_kwargs: Any):
     """`dg.asset` for store-backed artifacts.
 
+    `key` is the marin key (`filtered/shakespeare`); the Dagster key follows marin_resources.keys.
     `version` is the code version used in storage paths (with the identity fingerprint beside it).
     When the asset's identity config is static, a short fingerprint of it is appended to Dagster's
-    code version too, so that the UI marks the asset stale after a config change.
+    code version too, so that the UI marks the asset stale after a config change. The stage's
+    owners are set from `group_name`.
     """
     dagster_version = version if identity is None else f"{version}+{compute_fingerprint(identity)[:8]}"
     metadata = {VERSION_METADATA_KEY: version, **asset_kwargs.pop("metadata", {})}
-    return dg.asset(key=dg.AssetKey(key.split("/")), code_version=dagster_version, metadata=metadata,
+    owners = asset_kwargs.pop("owners", None) or stage_owners(asset_kwargs.get("group_name", ""))
+    return dg.asset(key=asset_key(key), code_version=dagster_version, metadata=metadata, owners=owners,
                     io_manager_key="artifact_io_manager", **asset_kwargs)

@@ -10,6 +10,8 @@ from typing import Any
 
 import dagster as dg
 
+from marin_resources.keys import marin_key
+
 
 def failed_materializations(instance: dg.DagsterInstance, limit: int = 200) -> list[dict[str, Any]]:
     """One row per failed step of a failed run, and per failed ERROR check of any finished run: run
@@ -28,8 +30,8 @@ def failed_materializations(instance: dg.DagsterInstance, limit: int = 200) -> l
         for entry in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED):
             event = entry.dagster_event
             if event is not None and event.asset_key is not None:
-                planned.setdefault(event.step_key, []).append(event.asset_key.to_user_string())
-        assets = sorted({"/".join(k.path) for k in (run.asset_selection or [])}
+                planned.setdefault(event.step_key, []).append(marin_key(event.asset_key))
+        assets = sorted({marin_key(k) for k in (run.asset_selection or [])}
                         | {k for keys in planned.values() for k in keys})
         for entry in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
             event = entry.dagster_event
@@ -58,7 +60,7 @@ def _failed_error_checks(instance: dg.DagsterInstance, run_id: str) -> list[dict
         evaluation = event.event_specific_data if event is not None else None
         if evaluation is None or evaluation.passed or evaluation.severity != dg.AssetCheckSeverity.ERROR:
             continue
-        rows.append({"step": event.step_key, "failed_assets": [evaluation.asset_key.to_user_string()],
+        rows.append({"step": event.step_key, "failed_assets": [marin_key(evaluation.asset_key)],
                      "error": f"AssetCheckFailed: {describe_check(evaluation)}", "time": _iso(entry.timestamp)})
     return rows
 
@@ -66,7 +68,7 @@ def _failed_error_checks(instance: dg.DagsterInstance, run_id: str) -> list[dict
 def describe_check(evaluation) -> str:
     """`asset:check (key=value, ...)` of one check evaluation."""
     details = ", ".join(f"{k}={getattr(v, 'value', v)}" for k, v in sorted((evaluation.metadata or {}).items()))
-    return f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name} ({details})"
+    return f"{marin_key(evaluation.asset_key)}:{evaluation.check_name} ({details})"
 
 
 def _describe(err) -> str:

@@ -19,6 +19,7 @@ from upath import UPath
 
 from marin_resources.artifacts import VERSION_METADATA_KEY, MarinStore
 from marin_resources.identity import fingerprint, validate_partition_key
+from marin_resources.keys import marin_key
 from marin_resources.store import producer_info, version_dir, writing
 
 PARQUET_NAME = "value.parquet"
@@ -40,14 +41,14 @@ class ValueIOManager(dg.UPathIOManager):
         return str(metadata.get(VERSION_METADATA_KEY, "v1"))
 
     def get_asset_relative_path(self, context: dg.InputContext | dg.OutputContext) -> UPath:
-        return UPath(*context.asset_key.path, version_dir(self._version(context), VALUE_FINGERPRINT))
+        return UPath(*marin_key(context.asset_key).split("/"), version_dir(self._version(context), VALUE_FINGERPRINT))
 
     def get_path_for_partition(self, context, path: UPath, partition: str) -> UPath:
         return path / validate_partition_key(partition)
 
     def dump_to_path(self, context: dg.OutputContext, obj: Any, path: UPath) -> None:
         store = self._marin_store.get()
-        key = "/".join(context.asset_key.path)
+        key = marin_key(context.asset_key)
         partition = context.asset_partition_key if context.has_asset_partitions else None
         with writing(store, key, self._version(context), partition, fingerprint=VALUE_FINGERPRINT,
                      run_id=context.run_id) as writer:

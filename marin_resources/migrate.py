@@ -45,7 +45,7 @@ def manifests(store: ArtifactStore) -> list[Manifest]:
     for path in sorted(store.fs.find(store.root, withdirs=False)):
         if path.endswith(suffix):
             uri = store.prefix + path[len(store.root):-len(suffix)]
-            found.append(Manifest.from_json(store.fs.cat_file(path).decode("utf-8"), uri=uri))
+            found.append(store.parse_manifest(store.fs.cat_file(path).decode("utf-8"), uri))
     return found
 
 

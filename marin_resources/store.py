@@ -50,6 +50,10 @@ from marin_resources.secrets import scrub
 
 MANIFEST_NAME = ".artifact.json"
 LOCK_NAME = ".lock"
+# A reference to another artifact of the same store, relative to its prefix: `store://raw/x/v1/shard`.
+# Manifests and configs written inside artifacts use it, so a store copied to another prefix
+# (another bucket, another disk) still points at itself; readers resolve it against their prefix.
+STORE_SCHEME = "store://"
 REFS_DIR = ".refs"
 # Ref file name of an unpartitioned artifact: partition keys start with a letter or digit, so no clash.
 UNPARTITIONED_REF = "_"
@@ -141,6 +145,17 @@ def _data_version_problems(manifest: Manifest) -> list[str]:
         return []
     return [f"{manifest.uri}/{MANIFEST_NAME}: data_version {manifest.data_version[:12]} is not the content hash "
             f"{listed[:12]} of its listed files"]
+
+
+def _map_strings(value: Any, fn) -> Any:
+    """`fn` applied to every string in JSON-like data (dicts, lists, strings)."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, fn) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -237,6 +252,19 @@ class ArtifactStore:
             raise ValueError(f"{uri} is outside the store prefix {self.prefix}")
         return self.root + uri[len(self.prefix):]
 
+    def portable(self, value: Any) -> Any:
+        """`value` (a URI, or JSON-like data holding URIs) with every URI under this store's prefix
+        written as `store://<path>`; anything outside the store is kept as it is."""
+        def relative(text: str) -> str:
+            inside = text == self.prefix or text.startswith(self.prefix + "/")
+            return STORE_SCHEME + text[len(self.prefix):].lstrip("/") if inside else text
+        return _map_strings(value, relative)
+
+    def resolve(self, value: Any) -> Any:
+        """The inverse of `portable`: `store://<path>` URIs become URIs under this store's prefix."""
+        return _map_strings(value, lambda text: f"{self.prefix}/{text[len(STORE_SCHEME):]}".rstrip("/")
+                            if text.startswith(STORE_SCHEME) else text)
+
     def local_path(self, uri: str) -> Path:
         if not self.is_local:
             raise ValueError(f"{uri} is not on local disk")
@@ -249,7 +277,14 @@ class ArtifactStore:
             text = self.retrying(lambda: self.fs.cat_file(path).decode("utf-8"))
         except FileNotFoundError:
             return None
-        return Manifest.from_json(text, uri=uri)
+        return self.parse_manifest(text, uri)
+
+    def parse_manifest(self, text: str, uri: str) -> Manifest:
+        """A manifest as stored at ``uri``, its store-relative references resolved against this prefix."""
+        manifest = Manifest.from_json(text, uri=uri)
+        manifest.upstream = [dataclasses.replace(u, uri=self.resolve(u.uri)) for u in manifest.upstream]
+        manifest.metrics = self.resolve(manifest.metrics)
+        return manifest
 
     def find(self, asset_key: str, code_version: str, partition: str | None, *,
              fingerprint: str | None = None) -> Manifest | None:
@@ -438,7 +473,11 @@ class ArtifactStore:
         return f"{manifest.uri}/{MANIFEST_NAME}.retracted-{stamp}"
 
     def write_manifest(self, manifest: Manifest) -> None:
-        self._write_atomic(f"{self._path(manifest.uri)}/{MANIFEST_NAME}", manifest.to_json().encode("utf-8"))
+        # On disk, references to other artifacts are store-relative; in memory they are URIs.
+        stored = dataclasses.replace(manifest, metrics=self.portable(manifest.metrics),
+                                     upstream=[dataclasses.replace(u, uri=self.portable(u.uri))
+                                               for u in manifest.upstream])
+        self._write_atomic(f"{self._path(manifest.uri)}/{MANIFEST_NAME}", stored.to_json().encode("utf-8"))
 
     def _write_atomic(self, path: str, data: bytes) -> None:
         """All or nothing: write-then-rename on local disk, one PUT on object stores."""

@@ -21,9 +21,10 @@ from marin_assets.curation.sensors import build_new_shard_sensor
 from marin_assets.curation.sources import (FileRef, Shard, SourceConfig, discover_shards, open_binary,
                                            read_byte_range)
 from marin_assets.deployment import Deployment
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
+from marin_resources.keys import asset_key, stage_owners
 from marin_resources.store import UpstreamRef
 
 RAW_VERSION = "v1"
@@ -36,24 +37,28 @@ def shards_partitions(source: SourceConfig) -> dg.DynamicPartitionsDefinition:
 
 
 _LISTING_TTL_S = 30.0
-_listings: dict[tuple[str, str], tuple[float, list[Shard]]] = {}
+_listings: dict[tuple[str, str], tuple[float, dict[str, Shard]]] = {}
 
 
-def current_shards(source: SourceConfig) -> list[Shard]:
+def _listing(source: SourceConfig) -> dict[str, Shard]:
     """Discovery, memoized briefly: one CLI or sensor pass lists a source once, not once per shard."""
     now = time.monotonic()
     cached = _listings.get((source.name, source.uri))
     if cached is None or now - cached[0] > _LISTING_TTL_S:
-        cached = (now, discover_shards(source))
+        cached = (now, {shard.key: shard for shard in discover_shards(source)})
         _listings[(source.name, source.uri)] = cached
     return cached[1]
 
 
+def current_shards(source: SourceConfig) -> list[Shard]:
+    return list(_listing(source).values())
+
+
 def shard_by_key(source: SourceConfig, key: str) -> Shard:
-    for shard in current_shards(source):
-        if shard.key == key:
-            return shard
-    raise dg.Failure(f"source {source.name!r} has no shard {key!r} any more (files moved or removed?)")
+    shard = _listing(source).get(key)
+    if shard is None:
+        raise dg.Failure(f"source {source.name!r} has no shard {key!r} any more (files moved or removed?)")
+    return shard
 
 
 def read_original_bytes(ref: FileRef, source: SourceConfig) -> bytes:
@@ -70,23 +75,53 @@ def read_original_bytes(ref: FileRef, source: SourceConfig) -> bytes:
         return fh.read()
 
 
+def external_key(source: SourceConfig) -> str:
+    """The marin key under which manifests record a source's listing: `external/<source>`."""
+    return f"external/{source.name}"
+
+
+def build_source_observation(source: SourceConfig, partitions: dg.DynamicPartitionsDefinition):
+    """`external/<source>`: the source itself, an observable source asset. Its data version per shard
+    is the listing's fingerprint (paths, sizes, checksums), the version `raw/<source>` records as
+    its input; a changed file makes that raw shard "Unsynced" in the UI, as `marin status` calls
+    it stale. The planner records an observation whenever a shard's fingerprint changes."""
+
+    @dg.observable_source_asset(
+        key=asset_key(external_key(source)), partitions_def=partitions, group_name="curation",
+        tags={"marin/source": source.name, "dagster/kind/source": ""},
+        description=f"Source `{source.name}` as listed at {source.uri}: one data version per shard, the "
+                    "fingerprint of its files' paths, sizes and checksums.")
+    def external(context) -> dg.DataVersionsByPartition:
+        known = set(context.instance.get_dynamic_partitions(partitions.name))
+        return dg.DataVersionsByPartition({shard.key: dg.DataVersion(shard.fingerprint)
+                                           for shard in discover_shards(source) if shard.key in known})
+
+    from dagster._core.definitions.external_asset import create_external_asset_from_source_asset
+
+    # The decorator takes no owners; as the AssetsDefinition Dagster makes of it anyway, it does.
+    return create_external_asset_from_source_asset(external).map_asset_specs(
+        lambda spec: spec.replace_attributes(owners=stage_owners("curation")))
+
+
 def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
     partitions = shards_partitions(source)
     name = source.name
     source_identity = {k: v for k, v in asdict(source).items() if k not in ("filters", "dedup")}
     catalog.add_discoverer(partitions.name, lambda: [s.key for s in current_shards(source)])
     catalog.add_identity(f"raw/{name}", lambda partition: {"source": source_identity, "shard": partition})
-    catalog.add_external(f"raw/{name}", lambda partition: {f"external/{name}": shard_by_key(source, partition).fingerprint})
+    catalog.add_external(f"raw/{name}",
+                         lambda partition: {external_key(source): shard_by_key(source, partition).fingerprint})
     catalog.add_identity(f"documents/{name}", lambda partition: {"source": source_identity})
+    external = build_source_observation(source, partitions)
 
     @marin_asset(key=f"raw/{name}", version=RAW_VERSION, partitions_def=partitions, group_name="curation",
-                 identity={"source": source_identity},
+                 identity={"source": source_identity}, tags={"marin/source": name}, deps=[external.key],
                  kinds={"files"}, description=f"Raw bytes of source `{name}` ({source.uri}), one shard per partition.")
     def raw(context: dg.AssetExecutionContext, store: MarinStore) -> dg.Output[ArtifactHandle]:
         shard = shard_by_key(source, context.partition_key)
         # The listing (paths, sizes, content checksums) stands in for the outside world's data version.
-        external = UpstreamRef(asset_key=f"external/{name}", partition=shard.key, data_version=shard.fingerprint,
-                               uri=source.uri)
+        source_ref = UpstreamRef(asset_key=external_key(source), partition=shard.key, data_version=shard.fingerprint,
+                                 uri=source.uri)
 
         def build(writer) -> Built:
             total = 0
@@ -108,10 +143,10 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                          metadata={"source_uri": source.uri})
 
         return materialize_artifact(context, store, config={"source": source_identity, "shard": shard.key},
-                                    upstream=[_as_handle(external)], build=build)
+                                    upstream=[_as_handle(source_ref)], build=build)
 
     @marin_asset(key=f"documents/{name}", version=DOCUMENTS_VERSION, partitions_def=partitions,
-                 identity={"source": source_identity},
+                 identity={"source": source_identity}, tags={"marin/source": name},
                  group_name="curation", kinds={"parquet"}, ins={"raw": dg.AssetIn(key=raw.key)},
                  automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Normalized documents of `{name}` (id, text, source, source_id, metadata) "
@@ -142,13 +177,13 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
 
         return materialize_artifact(context, store, config={"source": source_identity}, upstream=[raw], build=build)
 
-    @dg.asset_check(asset=documents, description="Quarantined records stay under "
+    @marin_check(documents, description="Quarantined records stay under "
                                                  f"{MAX_QUARANTINE_FRACTION:.0%} of the shard; none are dropped silently.")
     def documents_quarantine_bound(context: dg.AssetCheckExecutionContext, store: MarinStore):
         return _metric_bound_check(store, f"documents/{name}", DOCUMENTS_VERSION, context,
                                    "quarantine_fraction", MAX_QUARANTINE_FRACTION)
 
-    @dg.asset_check(asset=documents, description="Every input record is either a document or quarantined.")
+    @marin_check(documents, description="Every input record is either a document or quarantined.")
     def documents_accounted(context: dg.AssetCheckExecutionContext, store: MarinStore):
         m = _manifest_for_check(store, f"documents/{name}", DOCUMENTS_VERSION, context)
         total = m.metrics["documents"] + m.metrics["quarantined"]
@@ -156,13 +191,14 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                                    metadata={"records": m.metrics["records"], "documents": m.metrics["documents"],
                                              "quarantined": m.metrics["quarantined"]})
 
-    return [raw, documents, documents_quarantine_bound, documents_accounted,
-            build_new_shard_sensor(source, partitions, raw.key)]
+    return [external, raw, documents, documents_quarantine_bound, documents_accounted,
+            build_new_shard_sensor(source, partitions, raw.key, external.key)]
 
 
 def build_source_family(source: SourceConfig, config, catalog: Catalog) -> list:
     base = build_source_assets(source, catalog)
-    documents = base[1]
+    documents_key = asset_key(f"documents/{source.name}")
+    documents = next(a for a in base if isinstance(a, dg.AssetsDefinition) and a.key == documents_key)
     return base + build_refinement_assets(source, config, shards_partitions(source), documents.key, catalog)
 
 

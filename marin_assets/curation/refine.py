@@ -27,9 +27,10 @@ from marin_assets.curation.model_assets import (CLASSIFIER_KEY, LANGUAGE_MODEL_K
 from marin_assets.curation.paragraphs import remove_duplicate_paragraphs
 from marin_assets.curation.sources import CurationConfig, SourceConfig
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
-                                       marin_asset, materialize_artifact)
+                                       marin_asset, marin_check, materialize_artifact)
 from marin_resources.data_parallel import DataParallel
 from marin_resources.identity import fingerprint
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore
 
 FILTERED_VERSION = "v1"
@@ -90,7 +91,7 @@ def dedup_group_members(source: SourceConfig, config: CurationConfig) -> list[So
 
 
 def dedup_index_key(group: str) -> dg.AssetKey:
-    return dg.AssetKey(["dedup_index", group])
+    return asset_key(f"dedup_index/{group}")
 
 
 def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupConfig, catalog: Catalog):
@@ -100,7 +101,8 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
     ins = {f"shards_{member.name}": all_partitions_in(f"filtered/{member.name}") for member in members}
 
     @marin_asset(key=f"dedup_index/{group}", version=DEDUP_INDEX_VERSION, identity=identity, ins=ins,
-                 group_name="curation", kinds={"parquet"}, automation_condition=FOLLOWS_NEW_DATA,
+                 group_name="curation", kinds={"parquet"}, tags={"marin/dedup_group": group},
+                 automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Dedup index of group `{group}` ({', '.join(m.name for m in members)}): shard order, "
                              "each shard's keep/drop decisions, and the LSH and exact keys of kept documents as "
                              f"sorted runs in {dedup_cfg.index_partitions} bucket-hash ranges. Append-only: a new "
@@ -179,12 +181,12 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
 
     ins: dict[str, dg.AssetIn] = {"documents": dg.AssetIn(key=documents_key)}
     if uses_model:
-        ins["classifier"] = dg.AssetIn(key=dg.AssetKey(CLASSIFIER_KEY))
+        ins["classifier"] = dg.AssetIn(key=asset_key(CLASSIFIER_KEY))
     if language_model:
-        ins["language_model"] = dg.AssetIn(key=dg.AssetKey(LANGUAGE_MODEL_KEY))
+        ins["language_model"] = dg.AssetIn(key=asset_key(LANGUAGE_MODEL_KEY))
 
     @marin_asset(key=f"filtered/{name}", version=FILTERED_VERSION, partitions_def=partitions, ins=ins,
-                 identity=filtered_identity,
+                 identity=filtered_identity, tags={"marin/source": name},
                  group_name="curation", kinds={"parquet", "polars"},
                  automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Documents of `{name}` that pass language id and the Gopher/C4 heuristics, with their "
@@ -232,10 +234,10 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
 
     dedup_ins = {"index": dg.AssetIn(key=dedup_index_key(group))}
     if quality is not None:
-        dedup_ins["threshold"] = dg.AssetIn(key=dg.AssetKey(THRESHOLD_KEY))
+        dedup_ins["threshold"] = dg.AssetIn(key=asset_key(THRESHOLD_KEY))
 
     @marin_asset(key=f"deduplicated/{name}", version=DEDUP_VERSION, ins=dedup_ins, identity=dedup_identity,
-                 automation_condition=FOLLOWS_NEW_DATA,
+                 tags={"marin/source": name, "marin/dedup_group": group}, automation_condition=FOLLOWS_NEW_DATA,
                  group_name="curation", kinds={"parquet"},
                  description=f"`{name}` after exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication against "
                              f"dedup group `{group}`"
@@ -358,7 +360,7 @@ def _json_threshold(threshold: float | None) -> float | str | None:
 
 
 def _bound_check(asset, key: str, version: str, metric: str, bound: float):
-    @dg.asset_check(asset=asset, name=f"{metric}_bound",
+    @marin_check(asset, name=f"{metric}_bound",
                     description=f"`{metric}` stays at or under {bound}; a filter or dedup that drops most of a "
                                 "corpus is a misconfiguration, not a result.")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
@@ -373,10 +375,10 @@ def _bound_check(asset, key: str, version: str, metric: str, bound: float):
 
 
 def _schema_check(asset, key: str, version: str):
-    @dg.asset_check(asset=asset, name="document_schema",
-                    description="The output shards the last build wrote have the document columns with string "
-                                "types and unique ids (earlier shards were checked when they were written and are "
-                                "never rewritten).")
+    @marin_check(asset, name="document_schema",
+                 description="The output shards the last build wrote have the document columns with string "
+                             "types and unique ids (earlier shards were checked when they were written and are "
+                             "never rewritten).")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         import pyarrow.parquet as pq
 

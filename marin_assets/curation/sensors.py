@@ -29,7 +29,11 @@ def diff_shards(shards: list[Shard], known_partitions: set[str], cursor: dict[st
 
 
 def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartitionsDefinition,
-                           raw_key: dg.AssetKey) -> dg.SensorDefinition:
+                           raw_key: dg.AssetKey, source_key: dg.AssetKey) -> dg.SensorDefinition:
+    """`source_key`: the source's observable asset; each new or changed shard's fingerprint is
+    recorded as its observation, so the raw run that follows records the listing it read."""
+    from dagster._core.definitions.data_version import DATA_VERSION_TAG
+
     @dg.sensor(name=f"{source.name}_new_shards", minimum_interval_seconds=30, asset_selection=[raw_key],
                default_status=dg.DefaultSensorStatus.RUNNING,
                description=f"Watches {source.uri} and adds a partition and a run for each new or changed shard.")
@@ -46,6 +50,8 @@ def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartition
                                    cursor=json.dumps(delta.cursor, sort_keys=True))
         return dg.SensorResult(
             run_requests=requests,
+            asset_events=[dg.AssetObservation(asset_key=source_key, partition=s.key, tags={DATA_VERSION_TAG: s.fingerprint})
+                          for s in delta.new + delta.changed],
             dynamic_partitions_requests=[partitions.build_add_request([s.key for s in delta.new])] if delta.new else [],
             cursor=json.dumps(delta.cursor, sort_keys=True))
 

@@ -41,9 +41,10 @@ from marin_assets.training.assets import RUNS, SpecLookup, check_pool, local_dir
 from marin_assets.training.commands import HARNESS_REPORT_FILE, harness_command
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
 from marin_assets.training.spec import RunSpec
-from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, \
-    materialize_artifact
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
+                                       materialize_artifact)
 from marin_resources.environments import MarinSettings
+from marin_resources.keys import asset_key
 from marin_resources.launchers import TrainingLauncher
 
 EVAL_TASK_VERSION = "v1"
@@ -55,10 +56,6 @@ PREVIEW_ITEMS = 3
 
 def eval_task_key(name: str) -> str:
     return f"eval_task/{name}"
-
-
-def asset_key(key: str) -> dg.AssetKey:
-    return dg.AssetKey(key.split("/"))
 
 
 # ---- eval_task/<name> ----------------------------------------------------------------------------
@@ -206,6 +203,7 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
     ins.update({f"task_{t}": dg.AssetIn(key=asset_key(eval_task_key(t))) for t in harness.tasks})
     ins.update({f"heldout_{s}": dg.AssetIn(key=asset_key(f"tokenized/{s}")) for s in harness.heldout})
     chance = chance_levels(registry, suite)
+    tags = {"marin/partitioned_by": "run", **(tags or {})}
 
     @marin_asset(key=key, version=HARNESS_EVAL_VERSION, partitions_def=partitions, ins=ins,
                  group_name=group_name, pool=pool, kinds={"levanter", "lm-eval"}, tags=tags,
@@ -265,8 +263,8 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
                     *[heldout[k] for k in sorted(heldout)]]
         return materialize_artifact(context, store, config=config, upstream=upstream, build=build)
 
-    @dg.asset_check(asset=harness_eval, name="beats_chance",
-                    description="Every offline task's accuracy is above chance by more than two standard errors.")
+    @marin_check(harness_eval, name="beats_chance",
+                 description="Every offline task's accuracy is above chance by more than two standard errors.")
     def beats_chance(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         manifest = checked_manifest(context, store, key, HARNESS_EVAL_VERSION)
         if manifest is None:
@@ -305,7 +303,7 @@ def build_evaluation_stage(settings: MarinSettings, deployment: Deployment) -> t
             run_sets.append(dict(key=harness_key(name), checkpoint_key=sweep_checkpoint_key(name),
                                  partitions=runs_partitions(name),
                                  spec_for=sweep_run_lookup(settings, SweepRuns(plan_sweep(config))),
-                                 group_name="scaling", tags={"sweep": name}, subject=f" of sweep {name!r}"))
+                                 group_name="scaling", tags={"marin/sweep": name}, subject=f" of sweep {name!r}"))
     checks = []
     for run_set in run_sets:
         asset, check = build_harness_asset(harness, pool=settings.train_pool, **run_set)

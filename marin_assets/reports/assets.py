@@ -8,6 +8,7 @@ import polars as pl
 from marin_assets.catalog import Catalog
 from marin_resources.environments import MarinSettings
 from marin_resources.failures import failed_materializations
+from marin_resources.keys import asset_key, stage_owners
 
 if TYPE_CHECKING:
     from marin_assets.deployment import Deployment  # which reads this module's registry
@@ -16,8 +17,9 @@ FAILURE_COLUMNS = {"time": pl.String, "run_id": pl.String, "job": pl.String, "as
                    "partition": pl.String, "step": pl.String, "error": pl.String, "config": pl.String}
 
 
-@dg.asset(key=["reports", "failures"], group_name="reports", code_version="v1", metadata={"marin/version": "v1"},
-          kinds={"parquet"},
+@dg.asset(key=asset_key("reports/failures"), group_name="reports", code_version="v1",
+          metadata={"marin/version": "v1"},
+          kinds={"parquet"}, owners=stage_owners("reports"),
           description="Every failed materialization recorded by the instance (run id, assets, partition, run config, "
                       "error, time). Failed experiments are part of the record.")
 def failure_report(context: dg.AssetExecutionContext) -> dg.Output[pl.DataFrame]:

@@ -16,7 +16,6 @@ trained first, and the forecast check also verifies that the forecast was commit
 target's training started. Nothing here reads the store while the code location loads.
 """
 
-import base64
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +31,12 @@ from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_targe
                                                      score_forecast, score_metric_forecast)
 from marin_assets.training.assets import SpecLookup, add_run_identities, build_run_assets
 from marin_assets.training.spec import RunSpec
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset,
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset, marin_check,
                                        materialize_artifact)
+from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.identity import fingerprint
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore
 
 SWEEP_VERSION = "v1"
@@ -125,10 +126,6 @@ def sweep_run_lookup(settings: MarinSettings, runs: SweepRuns) -> SpecLookup:
     return lambda run: runs.spec(run, store.get())
 
 
-def png_markdown(png: bytes, title: str) -> dg.MetadataValue:
-    return dg.MetadataValue.md(f"![{title}](data:image/png;base64,{base64.b64encode(png).decode()})")
-
-
 def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, ArtifactHandle]) -> dict[str, float]:
     """The fitted eval metric (loss, or bpb) of each fit run, after checking the run trained the
     planned model for all its steps."""
@@ -184,7 +181,7 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                "forecast": {"sweep_fingerprint": sweep_fp},
                # The targets follow from the forecast, an upstream whose data version is recorded.
                "forecast_check": {"sweep_fingerprint": sweep_fp}}
-    tags = {"sweep": name}
+    tags = {"marin/sweep": name}
     partitions = runs_partitions(name)
     store = store_resource(settings)
     spec_for = sweep_run_lookup(settings, runs)
@@ -198,7 +195,8 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
     add_run_identities(catalog, checkpoint_key(name), eval_key(name), spec_for)
 
     @marin_asset(key=f"sweep/{name}", version=SWEEP_VERSION, identity=configs["sweep"], group_name="scaling",
-                 description=f"IsoFLOP plan of sweep {name!r}: fit budgets {list(config.fit_budgets)}, target "
+                 kinds={"json"}, tags={"marin/sweep": name},
+                 description=f"IsoFLOP plan of sweep `{name}`: fit budgets {list(config.fit_budgets)}, target "
                              f"budgets {list(config.target_budgets)}; every candidate and rejection (plan.json).")
     def sweep(context: dg.AssetExecutionContext, store: MarinStore):
         def build(writer) -> Built:
@@ -220,8 +218,8 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
         fit_ins["harness"] = all_partitions_in(harness_key(name), partition_mapping=fit_runs_only)
 
     @marin_asset(key=f"scaling_fit/{name}", version=SCALING_FIT_VERSION, identity=configs["scaling_fit"],
-                 group_name="scaling", ins=fit_ins,
-                 description=f"Sweep {name!r}'s fit runs ({fitted_key(config)}) fitted two ways: the "
+                 group_name="scaling", ins=fit_ins, kinds={"scipy", "matplotlib"}, tags={"marin/sweep": name},
+                 description=f"Sweep `{name}`'s fit runs ({fitted_key(config)}) fitted two ways: the "
                              "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
                              "every target candidate with a bootstrap interval: fit.json, fit.png and joint.png."
                              + (f" {metric} follows the loss through a {config.link} link fitted over the fit runs."
@@ -259,15 +257,16 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
             return Built(metrics=metrics, metadata={
                 "fit_plot": png_markdown(fitted.png, f"isoFLOP fit of {name}"),
                 "joint_plot": png_markdown(fitted.joint_png, f"joint L(N, D) fit of {name}"),
-                "optima": dg.MetadataValue.json(fitted.result["fit"]["optima"]),
-                "predictions": dg.MetadataValue.json(fitted.result["fit"]["predictions"])})
+                "optima": records_table(fitted.result["fit"]["optima"]),
+                "predictions": records_table(fitted.result["fit"]["predictions"])})
 
         upstream = [plan_handle] + [evals[n] for n in sorted(evals)] + [harness[n] for n in sorted(harness)]
         return materialize_artifact(context, store, config=configs["scaling_fit"], upstream=upstream, build=build)
 
     @marin_asset(key=f"forecast/{name}", version=FORECAST_VERSION, identity=configs["forecast"], group_name="scaling",
+                 kinds={"json"}, tags={"marin/sweep": name},
                  ins={"fit": dg.AssetIn(key=scaling_fit.key)},
-                 description=f"The forecast of sweep {name!r}'s target runs, frozen before they train: for each "
+                 description=f"The forecast of the target runs of sweep `{name}`, frozen before they train: for each "
                              "target budget, the candidate nearest the forecast optimum and its loss interval. "
                              "Its existence registers the target runs as partitions of checkpoint/eval.")
     def forecast(context: dg.AssetExecutionContext, store: MarinStore, fit: ArtifactHandle):
@@ -291,7 +290,8 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
     @marin_asset(key=f"forecast_check/{name}", version=FORECAST_CHECK_VERSION, identity=configs["forecast_check"],
                  group_name="scaling", ins={"forecast_in": dg.AssetIn(key=forecast.key),
                                             "evals": all_partitions_in(checked_key)},
-                 description=f"Sweep {name!r}: each target run's {metric} against its forecast (signed error %, "
+                 kinds={"json"}, tags={"marin/sweep": name},
+                 description=f"Sweep `{name}`: each target run's {metric} against its forecast (signed error %, "
                              "inside the interval or not, forecast committed before training or not).")
     def forecast_check(context: dg.AssetExecutionContext, store: MarinStore, forecast_in: ArtifactHandle,
                        evals: dict[str, ArtifactHandle]):
@@ -336,7 +336,7 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
         upstream = [forecast_in] + [evals[n] for n in targets]
         return materialize_artifact(context, store, config=configs["forecast_check"], upstream=upstream, build=build)
 
-    @dg.asset_check(asset=forecast_check, name="within_forecast_interval",
+    @marin_check(forecast_check, name="within_forecast_interval",
                     description="Every target's actual eval loss lies inside its primary forecast's interval, and the "
                                 "forecast was committed before the target trained. Metadata: signed error % per "
                                 "target, for the primary and every other recorded method.")
@@ -381,7 +381,7 @@ def build_sweep_runs_sensor(deployment: Deployment) -> dg.SensorDefinition:
         requests = []
         for name, runs in sorted(sweeps.items()):
             wanted = set(runs.fit())
-            latest = context.instance.fetch_materializations(dg.AssetKey(["forecast", name]), limit=1).records
+            latest = context.instance.fetch_materializations(asset_key(f"forecast/{name}"), limit=1).records
             if latest and latest[0].storage_id != cursor.get(name):
                 wanted |= set(runs.targets(store.get()))
                 cursor[name] = latest[0].storage_id

@@ -17,10 +17,11 @@ from marin_assets.tokenization.cache import (CacheConfig, appended_shard_keys, b
                                              iter_parquet_texts)
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.tokenizer import TokenizerConfig, adopt_tokenizer, train_bpe_tokenizer
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore, Manifest
 from marin_resources.typed_config import FieldProblem, decode
 
@@ -190,7 +191,7 @@ def pin_note(manifest: Manifest, store: ArtifactStore) -> str | None:
 
 def build_tokenizer_asset(entry: TokenizerEntry):
     key = f"tokenizer/{entry.name}"
-    ins = {f"corpus_{src}": dg.AssetIn(key=dg.AssetKey(["deduplicated", src])) for src in entry.train_on}
+    ins = {f"corpus_{src}": dg.AssetIn(key=asset_key(f"deduplicated/{src}")) for src in entry.train_on}
     description = (f"Byte-level BPE tokenizer (vocab {entry.config.vocab_size}) trained on "
                    f"{', '.join(entry.train_on)}; a Hugging Face tokenizer directory that AutoTokenizer and "
                    "Levanter load offline. Pinned: trained once on the corpus as it was then; new shards do not "
@@ -199,7 +200,7 @@ def build_tokenizer_asset(entry: TokenizerEntry):
 
     @marin_asset(key=key, version=entry.version, ins=ins, group_name="tokenization",
                  identity={"tokenizer": asdict(entry.config), "adopt": entry.adopt, "train_on": list(entry.train_on)},
-                 kinds={"huggingface"}, description=description)
+                 kinds={"huggingface"}, tags={"marin/tokenizer": entry.name}, description=description)
     def tokenizer(context: dg.AssetExecutionContext, store: MarinStore, **corpora: ArtifactHandle):
         artifacts = store.get()
         current = {name.removeprefix("corpus_"): h for name, h in sorted(corpora.items())}
@@ -237,8 +238,9 @@ def build_tokenized_asset(entry: TokenizedEntry):
 
     @marin_asset(key=key, version=TOKENIZED_VERSION, group_name="tokenization", kinds={"levanter"},
                  identity=identity, automation_condition=FOLLOWS_NEW_DATA,
-                 ins={"corpus": dg.AssetIn(key=dg.AssetKey(["deduplicated", entry.source])),
-                      "tokenizer": dg.AssetIn(key=dg.AssetKey(["tokenizer", entry.tokenizer]))},
+                 ins={"corpus": dg.AssetIn(key=asset_key(f"deduplicated/{entry.source}")),
+                      "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))},
+                 tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
                  description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "
                              "a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
                              "(BOS + text + EOS per document), validation chosen by a hash of the document id. "
@@ -264,11 +266,11 @@ def build_tokenized_asset(entry: TokenizedEntry):
         return materialize_artifact(context, store, config=identity, upstream=[corpus, tokenizer], build=build,
                                     resume=True)
 
-    @dg.asset_check(asset=tokenized, name="decode_roundtrip",
-                    description=f"The shards the last build encoded, and one earlier shard: their documents match "
-                                f"the ledger's row counts, and decode(encode(doc)) == doc on {ROUNDTRIP_SAMPLE} "
-                                "sampled documents read back from the cache; every split's row count matches the "
-                                "manifest and Levanter's ledger.")
+    @marin_check(tokenized, name="decode_roundtrip",
+                 description=f"The shards the last build encoded, and one earlier shard: their documents match "
+                             f"the ledger's row counts, and decode(encode(doc)) == doc on {ROUNDTRIP_SAMPLE} "
+                             "sampled documents read back from the cache; every split's row count matches the "
+                             "manifest and Levanter's ledger.")
     def roundtrip(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         from marin_assets.tokenization.cache import decode_roundtrip_check
 
@@ -303,12 +305,13 @@ def mixture_spec(entry: MixtureEntry, caches: dict[str, ArtifactHandle], tokeniz
 
 
 def build_mixture_asset(entry: MixtureEntry):
-    ins = {f"cache_{c}": dg.AssetIn(key=dg.AssetKey(["tokenized", c])) for c in entry.weights}
-    ins["tokenizer"] = dg.AssetIn(key=dg.AssetKey(["tokenizer", entry.tokenizer]))
+    ins = {f"cache_{c}": dg.AssetIn(key=asset_key(f"tokenized/{c}")) for c in entry.weights}
+    ins["tokenizer"] = dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))
     identity = {"weights": dict(sorted(entry.weights.items())), "tokenizer": entry.tokenizer}
 
     @marin_asset(key=f"mixture/{entry.name}", version=MIXTURE_VERSION, identity=identity, ins=ins,
-                 group_name="tokenization", kinds={"levanter"}, automation_condition=FOLLOWS_NEW_DATA,
+                 group_name="tokenization", kinds={"levanter", "json"}, automation_condition=FOLLOWS_NEW_DATA,
+                 tags={"marin/mixture": entry.name, "marin/tokenizer": entry.tokenizer},
                  description=f"Training mixture `{entry.name}` ({', '.join(f'{c}: {w}' for c, w in entry.weights.items())}), "
                              "rendered to Levanter's mixture data config (`data.json`). Deterministic: same spec and "
                              "same cache data versions give the same bytes.")
@@ -318,7 +321,8 @@ def build_mixture_asset(entry: MixtureEntry):
 
         def build(writer) -> Built:
             data = render_levanter_data_config(mixture_spec(entry, by_name, tokenizer))
-            writer.write_json("data.json", data)
+            # Caches and tokenizer as store-relative URIs: a copied store's mixture reads its own caches.
+            writer.write_json("data.json", store.get().portable(data))
             return Built(metrics={"components": len(by_name),
                                   "train_components": sum(1 for w in entry.weights.values() if w > 0)},
                          metadata={"data_config": dg.MetadataValue.json(data)})
@@ -330,8 +334,9 @@ def build_mixture_asset(entry: MixtureEntry):
 
 
 def read_mixture_config(store: ArtifactStore, handle: ArtifactHandle) -> dict[str, Any]:
+    """A mixture's Levanter data config, its caches and tokenizer resolved against this store."""
     with store.open(f"{handle.uri}/data.json") as fh:
-        return json.load(fh)
+        return store.resolve(json.load(fh))
 
 
 def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment") -> tuple[dg.Definitions, Catalog]:

@@ -10,16 +10,15 @@ Training runs in a separate process launched through Dagster Pipes (Levanter and
 imported here); a killed or failed run resumes from Levanter's latest checkpoint on re-run.
 """
 
-import base64
 import json
 import math
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import dagster as dg
+import yaml
 
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
@@ -28,10 +27,13 @@ from marin_assets.training.levanter_config import (TRAIN_CONFIG_FILE, WandbSetti
                                                    set_checkpoint_base)
 from marin_assets.training.spec import RunSpec
 from marin_assets.training.train_main import SUMMARY_FILE
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset,
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
+from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings
+from marin_resources.keys import asset_key
 from marin_resources.launchers import TrainingLauncher
+from marin_resources.store import STORE_SCHEME, ArtifactStore
 
 CHECKPOINT_VERSION = "v1"
 EVAL_VERSION = "v1"
@@ -66,14 +68,22 @@ def check_pool(spec: RunSpec, asset_pool: str) -> None:
                          f"pool {asset_pool!r}; set MARIN_TRAIN_POOL={wanted} where such runs are launched")
 
 
+def relocated_train_config(text: str, checkpoint_uri: str, store: ArtifactStore) -> str:
+    """A checkpoint's Levanter config (absolute paths, as Levanter needs them) as seen from where the
+    checkpoint is now: when the store was copied to another prefix, every path under the prefix it
+    was written under points under this store's prefix instead."""
+    base = str(yaml.safe_load(text)["trainer"]["checkpointer"]["base_path"])
+    written = base.rstrip("/").removesuffix("/checkpoints")
+    relative = store.portable(checkpoint_uri).removeprefix(STORE_SCHEME)
+    if written == checkpoint_uri or not written.endswith("/" + relative):
+        return text
+    return text.replace(written[:-len(relative)], store.prefix + "/")
+
+
 def launcher_wandb(launcher: TrainingLauncher, spec: RunSpec) -> WandbSettings:
     """The tracker settings of a run launched by ``launcher`` (online only when it holds an API key)."""
     return WandbSettings(project=launcher.wandb_project, entity=launcher.wandb_entity,
                          mode="online" if launcher.wandb_online() else "offline", tags=(spec.mixture,))
-
-
-def png_markdown(path: Path) -> dg.MetadataValue:
-    return dg.MetadataValue.md(f"![loss curve](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})")
 
 
 SpecLookup = Callable[[str], RunSpec]
@@ -85,8 +95,9 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                      subject: str = "") -> tuple[list, list]:
     """A checkpoint asset and its eval asset over ``partitions``, a run per partition; ``spec_for``
     gives a partition's `RunSpec` when a step runs (it raises dg.Failure for an unknown run)."""
-    upstream_keys = [dg.AssetKey(["mixture", m]) for m in sorted(mixture_versions)] + \
-                    [dg.AssetKey(["tokenizer", t]) for t in sorted(tokenizer_versions)]
+    upstream_keys = [asset_key(f"mixture/{m}") for m in sorted(mixture_versions)] + \
+                    [asset_key(f"tokenizer/{t}") for t in sorted(tokenizer_versions)]
+    tags = {"marin/partitioned_by": "run", **(tags or {})}
 
     @marin_asset(key=checkpoint_key, version=CHECKPOINT_VERSION, partitions_def=partitions, deps=upstream_keys,
                  group_name=group_name, kinds={"levanter", "jax"}, pool=pool, tags=tags,
@@ -100,8 +111,7 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
         artifacts = store.get()
         mixture = find_handle(store, f"mixture/{spec.mixture}", mixture_versions[spec.mixture])
         tokenizer = find_handle(store, f"tokenizer/{spec.tokenizer}", tokenizer_versions[spec.tokenizer])
-        with artifacts.open(f"{mixture.uri}/data.json") as fh:
-            data_config = json.load(fh)
+        data_config = read_mixture_config(artifacts, mixture)
 
         def build(writer) -> Built:
             out = local_dir(store, writer)
@@ -119,17 +129,18 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                 raise dg.Failure(f"training exited without writing {summary_path}")
             summary = json.loads(summary_path.read_text())
             metrics = {k: summary[k] for k in TRAIN_METRIC_KEYS if summary.get(k) is not None}
-            metadata: dict[str, Any] = {"run": spec.name, "wandb": str(summary.get("wandb_run_dir", ""))}
+            # W&B's run directory is in the metrics (wandb_run_dir), shown once.
+            metadata: dict[str, Any] = {"run": spec.name}
             curve = Path(out) / "loss_curve.png"
             if curve.exists():
-                metadata["loss_curve"] = png_markdown(curve)
+                metadata["loss_curve"] = png_markdown(curve.read_bytes(), f"loss curve of {spec.name}")
             return Built(metrics=metrics, metadata=metadata)
 
         # resume=True keeps Levanter's checkpoints from an interrupted attempt.
         return materialize_artifact(context, store, config=spec.identity(), upstream=[mixture, tokenizer],
                                     build=build, resume=True)
 
-    @dg.asset_check(asset=checkpoint, name="loss_fell",
+    @marin_check(checkpoint, name="loss_fell",
                     description="The final training loss is finite and lower than the first.")
     def loss_fell(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         manifest = checked_manifest(context, store, checkpoint_key, CHECKPOINT_VERSION)
@@ -155,19 +166,20 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                 # The run's config names its checkpoints by URI (a local path, or the bucket), so
                 # eval only needs a local copy of the config file itself.
                 config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
-                with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src, open(config_path, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
+                with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src:
+                    text = src.read().decode("utf-8")
+                Path(config_path).write_text(relocated_train_config(text, checkpoint.uri, artifacts))
                 launcher.run_process(context, eval_command(config_path, out), resources=spec.resources,
                                      extras={"run": spec.name})
             report = json.loads((Path(out) / EVAL_REPORT_FILE).read_text())
             metrics = {k: v for k, v in report.items() if k.startswith("eval/") and isinstance(v, (int, float))}
             samples = report.get("samples", [])
-            return Built(metrics=metrics, metadata={"samples": dg.MetadataValue.json(samples)})
+            return Built(metrics=metrics, metadata={"samples": records_table(samples)} if samples else {})
 
         return materialize_artifact(context, store, config={"run": spec.identity()}, upstream=[checkpoint],
                                     build=build)
 
-    @dg.asset_check(asset=evaluation, name="bpb_finite", description="Every eval set's bits-per-byte is finite.")
+    @marin_check(evaluation, name="bpb_finite", description="Every eval set's bits-per-byte is finite.")
     def bpb_finite(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         manifest = checked_manifest(context, store, eval_key, EVAL_VERSION)
         if manifest is None:

@@ -15,6 +15,7 @@ from marin_assets.curation.quality import QualityConfig
 from marin_assets.deployment import Deployment
 from marin_resources.data_parallel import DataParallel, byte_ranges
 from marin_resources.environments import MarinSettings, build_resources
+from marin_resources.keys import asset_key
 
 LICENSES = "/usr/share/common-licenses"
 SOURCES = f"""sources:
@@ -74,8 +75,7 @@ def _filtered(tmp_path: Path, sources: Path, data_parallel: DataParallel | None)
     (partition,) = catalog.discoverers["licenses_shards"]()
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("licenses_shards", [partition])
-        keys = [dg.AssetKey(["raw", "licenses"]), dg.AssetKey(["documents", "licenses"]),
-                dg.AssetKey(["filtered", "licenses"])]
+        keys = [asset_key(f"{stage}/licenses") for stage in ("raw", "documents", "filtered")]
         result = dg.materialize(list(defs.assets), selection=keys, partition_key=partition, instance=instance,
                                 resources=defs.resources)
         assert result.success

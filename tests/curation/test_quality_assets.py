@@ -19,6 +19,7 @@ from marin_assets.curation.sketch import QuantileSketch, keep_threshold
 from marin_assets.curation.sources import discover_shards, load_curation_config
 from marin_assets.deployment import Deployment
 from marin_resources.environments import MarinSettings, build_resources
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore
 from tests.curation.test_quality import LANGUAGE_SENTENCES
 
@@ -92,7 +93,7 @@ class Graph:
         self.store = ArtifactStore(self.prefix)
 
     def run(self, key: str, partition: str | None = None, raise_on_error: bool = True):
-        return dg.materialize(self.assets, selection=[key], partition_key=partition, instance=self.instance,
+        return dg.materialize(self.assets, selection=[asset_key(key)], partition_key=partition, instance=self.instance,
                               resources=self.resources, raise_on_error=raise_on_error)
 
     def filtered(self, name: str) -> list[str]:

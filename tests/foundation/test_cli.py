@@ -192,9 +192,9 @@ def test_a_run_killed_mid_partition_loses_nothing_and_the_rerun_redoes_only_it(t
            "MARIN_ENV": "local"}
     cli = subprocess.Popen([sys.executable, "-m", "marin_assets.cli", "materialize", "filtered/notes", "--json"],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    def committed_manifest(key: str) -> Path | None:
-        """The big partition's manifest of ``key`` (its directory names the config: v1-<fingerprint>)."""
-        return next((store / key).glob("v1-*/big.jsonl/.artifact.json"), None)
+
+    def committed(stage: str) -> list[Path]:  # identity in the path: `{key}/v1-{fingerprint[:8]}/{partition}`
+        return list((store / stage / "notes").glob("v1-*/big.jsonl/.artifact.json"))
 
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     killed = None
@@ -202,12 +202,12 @@ def test_a_run_killed_mid_partition_loses_nothing_and_the_rerun_redoes_only_it(t
         deadline = time.monotonic() + 300
         while killed is None and time.monotonic() < deadline and cli.poll() is None:
             time.sleep(0.1)
-            if committed_manifest("raw/notes") is None:
+            if not committed("raw"):
                 continue
             with dg.DagsterInstance.from_config(str(home)) as instance:
                 (run,) = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "big.jsonl"}))
                 pid = Planner(dg.Definitions(), None, None, instance).run_worker_pid(run.run_id)
-            assert committed_manifest("filtered/notes") is None, "the big partition finished before it could be killed"
+            assert not committed("filtered"), "the big partition finished before it could be killed"
             os.kill(int(pid), signal.SIGKILL)
             killed = run.run_id
         out, err = cli.communicate(timeout=600)
@@ -218,18 +218,15 @@ def test_a_run_killed_mid_partition_loses_nothing_and_the_rerun_redoes_only_it(t
     assert cli.returncode == 1, err
     steps = {s["partition"]: s for s in json.loads(out)["steps"]}
     assert steps["small.jsonl"]["success"] and not steps["big.jsonl"]["success"], steps
-    # Whichever notices first fails the run: the planner's worker check ("died without reporting an
-    # end") or Dagster's own watcher of the launched process ("marked as failed from outside ...").
-    assert steps["big.jsonl"]["run_id"] == killed
-    assert re.search("died without reporting an end|marked as failed from outside the execution context",
-                     steps["big.jsonl"]["error"]), steps["big.jsonl"]["error"]
+    assert steps["big.jsonl"]["run_id"] == killed and "died without reporting an end" in steps["big.jsonl"]["error"]
     # What the killed run committed is whole (raw, perhaps documents); filtered was never committed.
     artifacts = ArtifactStore(str(store))
-    committed = [m for key in ("raw/notes", "documents/notes", "filtered/notes")
-                 if (m := artifacts.find(key, "v1", "big.jsonl")) is not None]
-    assert [m.asset_key for m in committed][:1] == ["raw/notes"] and committed_manifest("filtered/notes") is None
-    assert all(artifacts.verify(m) == [] for m in committed)
+    kept = [m for key in ("raw/notes", "documents/notes", "filtered/notes")
+            if (m := artifacts.find(key, "v1", "big.jsonl")) is not None]
+    assert [m.asset_key for m in kept][:1] == ["raw/notes"] and not committed("filtered")
+    assert all(artifacts.verify(m) == [] for m in kept)
 
     again = json.loads(marin(env, "materialize", "filtered/notes", "--json").stdout)
     assert again["success"] and [s["partition"] for s in again["steps"] if s["ran"]] == ["big.jsonl"]
-    assert json.loads(committed_manifest("filtered/notes").read_text())["metrics"]["input_documents"] == len(lines) * 2000
+    (filtered,) = committed("filtered")
+    assert json.loads(filtered.read_text())["metrics"]["input_documents"] == len(lines) * 2000

@@ -65,5 +65,28 @@ def test_every_asset_has_a_code_version_and_description():
     graph = d.defs.resolve_asset_graph()
     for key in graph.get_all_asset_keys():
         node = graph.get(key)
-        assert node.code_version, key
+        assert node.code_version or node.is_observable, key  # a source's version is its observed listing
         assert node.description, key
+
+
+def test_every_node_label_names_stage_and_subject_and_maps_back_to_its_marin_key():
+    """The UI labels a node with the last key component: unique, naming stage and subject; every
+    asset has a group, owners and kinds; the marin key (store path, CLI name) round-trips."""
+    import marin_assets.definitions as d
+    from marin_resources.keys import asset_key, marin_key, parse_selection
+
+    graph = d.defs.resolve_asset_graph()
+    keys = list(graph.get_all_asset_keys())
+    labels = [k.path[-1] for k in keys]
+    assert len(set(labels)) == len(labels), sorted(labels)
+    for key in keys:
+        node = graph.get(key)
+        assert node.group_name != "default" and node.owners and node.kinds, key
+        marin = marin_key(key)
+        assert asset_key(marin) == key and parse_selection(marin) == key
+        assert parse_selection(key.to_user_string()) == key  # the UI's spelling works on the CLI too
+        if "/" in marin:
+            stage, subject = marin.split("/")
+            assert key.path[-1] == f"{subject}_{stage}"
+    assert asset_key("filtered/shakespeare").path == ["filtered", "shakespeare_filtered"]
+    assert marin_key(asset_key("checkpoint")) == "checkpoint"

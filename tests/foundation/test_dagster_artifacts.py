@@ -6,9 +6,12 @@ import pytest
 from marin_resources.artifacts import (ArtifactHandle, ArtifactHandleIOManager, Built, MarinStore, all_partitions_in,
                                        marin_asset, materialize_artifact)
 from marin_resources.identity import fingerprint
+from marin_resources.keys import asset_key, marin_key
 from marin_resources.store import ArtifactStore
 
 SHARDS = dg.DynamicPartitionsDefinition(name="test_shards")
+
+WORDS, JOINED = asset_key("test/words"), asset_key("test/joined")
 
 
 def make_defs(prefix, *, greeting="hello", version="v1", source=None):
@@ -39,7 +42,7 @@ def make_defs(prefix, *, greeting="hello", version="v1", source=None):
 
 
 def materialization(result, key):
-    return [m for m in result.asset_materializations_for_node(key.replace("/", "__"))][0]
+    return [m for m in result.asset_materializations_for_node(asset_key(key).to_python_identifier())][0]
 
 
 @pytest.fixture
@@ -51,33 +54,33 @@ def instance():
 
 def test_build_then_skip_then_rebuild_downstream_on_new_data(tmp_path, instance):
     assets, resources = make_defs(tmp_path)
-    first = dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    first = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
     m1 = materialization(first, "test/words")
     assert m1.metadata["marin/reused"].value is False
-    dg.materialize(assets, selection=["test/words"], partition_key="b", resources=resources, instance=instance)
+    dg.materialize(assets, selection=[WORDS], partition_key="b", resources=resources, instance=instance)
 
-    again = dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    again = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
     m2 = materialization(again, "test/words")
     assert m2.metadata["marin/reused"].value is True
     assert m2.tags["dagster/data_version"] == m1.tags["dagster/data_version"]
 
-    joined = dg.materialize(assets, selection=["test/joined"], resources=resources, instance=instance)
+    joined = dg.materialize(assets, selection=[JOINED], resources=resources, instance=instance)
     j = materialization(joined, "test/joined")
     assert j.metadata["shards"].value == 2
     text = open(f"{ArtifactStore(str(tmp_path)).find('test/joined', 'v1', None).uri}/joined.txt").read()
     assert text == "hello a hello b"
     # Unchanged upstream: the join is a no-op.
-    rejoined = dg.materialize(assets, selection=["test/joined"], resources=resources, instance=instance)
+    rejoined = dg.materialize(assets, selection=[JOINED], resources=resources, instance=instance)
     assert materialization(rejoined, "test/joined").metadata["marin/reused"].value is True
 
 
 def test_two_configs_coexist_and_going_back_is_a_no_op(tmp_path, instance):
     store = ArtifactStore(str(tmp_path))
     assets, resources = make_defs(tmp_path)
-    first = dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    first = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
     hello = store.find("test/words", "v1", "a")
     assets, resources = make_defs(tmp_path, greeting="bonjour")
-    changed = dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources,
+    changed = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources,
                              instance=instance)
     m = materialization(changed, "test/words")
     assert m.metadata["marin/reused"].value is False
@@ -90,22 +93,22 @@ def test_two_configs_coexist_and_going_back_is_a_no_op(tmp_path, instance):
 
     # Back to the first config: nothing is built, the old artifact becomes current again.
     assets, resources = make_defs(tmp_path)
-    back = dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    back = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
     m = materialization(back, "test/words")
     assert m.metadata["marin/reused"].value is True and m.metadata["marin/repointed"].value is True
     assert m.tags["dagster/data_version"] == materialization(first, "test/words").tags["dagster/data_version"]
     assert store.find("test/words", "v1", "a").uri == hello.uri
     # Downstream reads the current one.
-    dg.materialize(assets, selection=["test/words"], partition_key="b", resources=resources, instance=instance)
-    dg.materialize(assets, selection=["test/joined"], resources=resources, instance=instance)
+    dg.materialize(assets, selection=[WORDS], partition_key="b", resources=resources, instance=instance)
+    dg.materialize(assets, selection=[JOINED], resources=resources, instance=instance)
     assert open(f"{store.find('test/joined', 'v1', None).uri}/joined.txt").read().startswith("hello a")
 
 
 def test_new_code_version_writes_beside_the_old(tmp_path, instance):
     assets, resources = make_defs(tmp_path)
-    dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
     assets, resources = make_defs(tmp_path, greeting="hi", version="v2")
-    dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
     assert (tmp_path / f"test/words/v1-{fingerprint({'greeting': 'hello'})[:8]}/a/words.txt").read_text() == "hello a"
     assert (tmp_path / f"test/words/v2-{fingerprint({'greeting': 'hi'})[:8]}/a/words.txt").read_text() == "hi a"
 
@@ -113,7 +116,7 @@ def test_new_code_version_writes_beside_the_old(tmp_path, instance):
 def test_missing_upstream_is_a_clear_failure(tmp_path, instance):
     assets, resources = make_defs(tmp_path)
     with pytest.raises(dg.Failure, match="no committed artifact"):
-        dg.materialize(assets, selection=["test/joined"], resources=resources, instance=instance)
+        dg.materialize(assets, selection=[JOINED], resources=resources, instance=instance)
 
 
 def test_value_io_manager_round_trips_tables_and_json_with_a_manifest(tmp_path, instance):
@@ -143,15 +146,15 @@ def test_planner_follows_partition_mappings(tmp_path, instance):
     from marin_assets.catalog import Catalog
     from marin_assets.planning import Planner, parse_key
 
-    @dg.asset(key=["test", "fit"], ins={"words": dg.AssetIn(
-        key=dg.AssetKey(["test", "words"]), partition_mapping=dg.SpecificPartitionsPartitionMapping(["a"]))})
+    @dg.asset(key=asset_key("test/fit"), ins={"words": dg.AssetIn(
+        key=asset_key("test/words"), partition_mapping=dg.SpecificPartitionsPartitionMapping(["a"]))})
     def fit(words):
         return 1
 
     assets, resources = make_defs(tmp_path)
     defs = dg.Definitions(assets=[*assets, fit], resources=resources)
     planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
-    plan = {tuple(k.to_user_string() for k in keys): parts for keys, parts in planner.plan(parse_key("test/fit"), None)}
+    plan = {tuple(marin_key(k) for k in keys): parts for keys, parts in planner.plan(parse_key("test/fit"), None)}
     assert plan[("test/words",)] == ["a"]  # only the mapped partition, not "b"
     assert planner.parent_partitions(parse_key("test/joined"), None, parse_key("test/words")) == {"a", "b"}
 
@@ -167,7 +170,7 @@ def test_status_follows_one_rule_and_causes_propagate_downstream(tmp_path, insta
 
     def run(selection, partition=None):
         assets, resources = make_defs(tmp_path, greeting=greeting["value"], source=source)
-        dg.materialize(assets, selection=[selection], partition_key=partition, resources=resources, instance=instance)
+        dg.materialize(assets, selection=[asset_key(selection)], partition_key=partition, resources=resources, instance=instance)
 
     def states():
         assets, resources = make_defs(tmp_path, greeting=greeting["value"], source=source)

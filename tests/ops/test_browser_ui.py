@@ -1,5 +1,7 @@
-"""The Dagster web UI, driven by headless Chromium: the curation graph renders, and a
-materialization launched from the UI is queued, dequeued by the daemon and succeeds.
+"""The Dagster web UI, driven by headless Chromium: every node label of the global graph is
+unique; a materialization launched from the UI is queued, dequeued by the daemon and succeeds;
+the runs `marin materialize` started are listed with their assets, on the timeline, and one is
+re-executed from the UI; a partitioned check shows its partition.
 
 `dagster-webserver` and `dagster-daemon` run against a temporary DAGSTER_HOME (the embedded
 default: SQLite, queued runs) on 127.0.0.1, each started and stopped by its process group.
@@ -88,7 +90,13 @@ def wait_until(what: str, check, timeout: float, procs: list[subprocess.Popen], 
 
 LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus
     locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
-RUNS = """{ runsOrError { ... on Runs { results { runId status runConfigYaml assetSelection { path } } } } }"""
+RUNS = """{ runsOrError { ... on Runs { results { runId parentRunId status runConfigYaml assetSelection { path }
+    tags { key value } } } } }"""
+ASSET_NODES = """{ assetNodes { assetKey { path } groupName } }"""
+CHECK_EXECUTIONS = """{ assetCheckExecutions(assetKey: {path: ["documents", "beacon_documents"]},
+    checkName: "documents_accounted", limit: 5) { runId partition evaluation { timestamp
+    targetMaterialization { timestamp runId } } } }"""
+PARTITION = "lighthouse.txt"  # the one shard of the fixture's source
 
 
 @pytest.fixture
@@ -150,16 +158,26 @@ def test_launch_materialization_from_the_ui(dagster_ui):
             page.add_locator_handler(page.get_by_text("Join the Dagster community"), lambda: skip.click())
 
             try:
-                page.goto(f"{base}/locations/marin/asset-groups/curation")
-                # raw, documents, filtered, dedup_index, deduplicated: with five nodes the graph opens
-                # zoomed out, where node labels show but not their status lines.
-                page.get_by_text("beacon", exact=True).nth(4).wait_for()
-                assert page.get_by_text("beacon", exact=True).count() == 5
+                # The global graph, every group expanded: each node is labelled by its key's last
+                # component, which names stage and subject (beacon_raw, beacon_filtered, ...).
+                nodes = graphql(base, ASSET_NODES)["assetNodes"]
+                groups = sorted({n["groupName"] for n in nodes})
+                page.set_viewport_size({"width": 2400, "height": 1400})  # nodes off screen are not drawn
+                page.goto(f"{base}/asset-groups?expanded=" + ",".join(f"global@global:{g}" for g in groups))
+                tooltips = page.locator("[data-tooltip]")
+                wanted = {n["assetKey"]["path"][-1] for n in nodes}
+                labels = wait_until("every node label in the global graph", lambda: (
+                    found if wanted <= set(found := [t for t in tooltips.evaluate_all(
+                        "els => els.map(e => e.getAttribute('data-tooltip'))") if t not in groups]) else None),
+                    60, procs, logs)
+                assert len(labels) == len(set(labels)) == len(nodes), sorted(labels)
+                assert {"beacon_raw", "beacon_filtered", "beacon_external", "beacon_deduplicated"} <= set(labels)
                 assert ArtifactStore(str(store)).find("deduplicated/beacon", "v1", None) is None  # not built yet
                 page.screenshot(path=str(ARTIFACTS / "browser_ui_graph.png"))
+                page.set_viewport_size({"width": 1400, "height": 900})
 
                 # Shift-click opens the launchpad; add the executor config and launch.
-                page.goto(f"{base}/assets/deduplicated/beacon")
+                page.goto(f"{base}/assets/deduplicated/beacon_deduplicated")
                 page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click(modifiers=["Shift"])
                 editor = page.locator(".CodeMirror").first
                 # The launchpad scaffolds its config after it opens; text typed before that is replaced.
@@ -173,13 +191,53 @@ def test_launch_materialization_from_the_ui(dagster_ui):
 
                 def finished_run():
                     runs = [r for r in graphql(base, RUNS)["runsOrError"]["results"]
-                            if [a["path"] for a in r["assetSelection"] or []] == [["deduplicated", "beacon"]]]
+                            if [a["path"] for a in r["assetSelection"] or []] == [["deduplicated",
+                                                                                   "beacon_deduplicated"]]]
                     return runs[0] if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
 
                 run = wait_until("the launched run to finish", finished_run, 120, procs, logs)
                 page.goto(f"{base}/runs/{run['runId']}")
                 page.get_by_text(re.compile(r"^RUN_(SUCCESS|FAILURE|CANCELED)$")).first.wait_for()
                 page.screenshot(path=str(ARTIFACTS / "browser_ui_run.png"))
+
+                # The runs `marin materialize` started are runs of the code location's asset job:
+                # listed with their assets, on the timeline, and re-executable from the UI.
+                cli_runs = {r["runId"]: r for r in graphql(base, RUNS)["runsOrError"]["results"]
+                            if {"key": "marin/cli", "value": "materialize"} in r["tags"]}
+                [index_run] = [r for r in cli_runs.values()
+                               if r["assetSelection"] == [{"path": ["dedup_index", "beacon_dedup_index"]}]]
+                page.goto(f"{base}/runs")
+                for run_id, cli_run in cli_runs.items():
+                    # The list is virtualized divs, not a table: a row is the run id's nearest ancestor
+                    # that also holds its status.
+                    row = page.get_by_text(run_id[:8], exact=True).first.locator(
+                        "xpath=ancestor::*[contains(., 'Success')][1]")
+                    shown = "beacon_dedup_index" if cli_run is index_run else f"{len(cli_run['assetSelection'])} assets"
+                    expect(row).to_contain_text(shown)
+                page.goto(f"{base}/overview/activity/timeline")
+                expect(page.get_by_text("Jobless asset materializations").first).to_be_visible()
+                page.goto(f"{base}/runs/{index_run['runId']}")
+                page.locator("button", has_text=re.compile(r"Re-execute all")).click()
+
+                def reexecution():
+                    runs = [r for r in graphql(base, RUNS)["runsOrError"]["results"]
+                            if r["parentRunId"] == index_run["runId"]]
+                    return runs[0] if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+                again = wait_until("the re-executed CLI run to finish", reexecution, 120, procs, logs)
+                assert again["status"] == "SUCCESS", logs[1].read_text()[-4000:]
+                assert again["assetSelection"] == index_run["assetSelection"]
+
+                # A partitioned check ran in its partition's run, after the materialization it judges,
+                # and shows that partition.
+                [execution] = graphql(base, CHECK_EXECUTIONS)["assetCheckExecutions"]
+                evaluation = execution["evaluation"]
+                assert execution["partition"] == PARTITION and execution["runId"] in cli_runs
+                assert evaluation["targetMaterialization"]["runId"] == execution["runId"]
+                assert evaluation["timestamp"] > evaluation["targetMaterialization"]["timestamp"]
+                page.goto(f"{base}/assets/documents/beacon_documents?view=checks")
+                expect(page.get_by_text("Partition", exact=True).locator("xpath=..")).to_contain_text(PARTITION)
+                page.screenshot(path=str(ARTIFACTS / "browser_ui_check.png"))
             except Exception:
                 page.screenshot(path=str(ARTIFACTS / "browser_ui_failure.png"))  # what the UI showed
                 raise
@@ -190,3 +248,4 @@ def test_launch_materialization_from_the_ui(dagster_ui):
     assert "in_process" in run["runConfigYaml"]
     manifest = ArtifactStore(str(store)).find("deduplicated/beacon", "v1", None)
     assert manifest is not None and manifest.producer["run_id"] == run["runId"]
+    assert ArtifactStore(str(store)).find("dedup_index/beacon", "v1", None).producer["run_id"] == index_run["runId"]

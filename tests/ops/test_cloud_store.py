@@ -6,6 +6,7 @@ import pytest
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
 from marin_resources.identity import fingerprint
 from marin_resources.io_managers import ValueIOManagerFactory
+from marin_resources.keys import asset_key
 from marin_resources.retry import with_retries
 from marin_resources.store import ArtifactStore, producer_info, writing
 
@@ -49,7 +50,7 @@ def test_assets_and_io_managers_on_object_store(cloud, tmp_path):
             return Built(metrics={"n": 1})
         return materialize_artifact(context, store, config={"k": 1}, upstream=[], build=build)
 
-    @dg.asset(key=["cloud", "summary"])
+    @dg.asset(key=["cloud", "summary"], ins={"blob": dg.AssetIn(key=asset_key("cloud/blob"))})
     def summary(blob) -> dict:
         return {"uri": blob.uri}
 
@@ -59,7 +60,7 @@ def test_assets_and_io_managers_on_object_store(cloud, tmp_path):
         first = dg.materialize([blob, summary], resources=resources, instance=instance)
         again = dg.materialize([blob], resources=resources, instance=instance)
     assert first.success
-    assert again.asset_materializations_for_node("cloud__blob")[0].metadata["marin/reused"].value is True
+    assert again.asset_materializations_for_node("cloud__blob_cloud")[0].metadata["marin/reused"].value is True
     assert first.output_for_node("cloud__summary")["uri"].startswith(prefix)
     assert ArtifactStore(prefix, options).find("cloud/summary", "v1", None) is not None
 

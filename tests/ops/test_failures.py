@@ -57,7 +57,7 @@ def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, curation_planne
     assert shard_row["assets"] == shard_row["failed_assets"] == ["raw/valley"]
     assert shard_row["partition"] == vanishing
     assert shard_row["error"].startswith("FileNotFoundError") and "vanishing.txt" in shard_row["error"]
-    assert shard_row["step"] == "raw__valley"
+    assert shard_row["step"] == "raw__valley_raw"
     assert shard_row["tags"]["marin/cli"] == "materialize"
     assert parse_time(shard_row["time"]) >= started
 

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,12 +94,12 @@ def test_assets_materialize_and_race_safely_on_postgres(pg_home, tmp_path):
         assert first.success
         store = ArtifactStore(prefix)
         manifest = store.find("ops/daily_counts", "v1", "2024-01-01")
-        event = instance.get_latest_materialization_event(dg.AssetKey(["ops", "daily_counts"]))
+        event = instance.get_latest_materialization_event(asset_key("ops/daily_counts"))
         assert event.run_id == first.run_id
         assert event.asset_materialization.tags["dagster/data_version"] == manifest.data_version
         assert event.asset_materialization.metadata["marin/reused"].value is False
         again = dg.materialize(assets, partition_key="2024-01-01", instance=instance, resources=resources)
-        reused = again.asset_materializations_for_node("ops__daily_counts")[0]
+        reused = again.asset_materializations_for_node("ops__daily_counts_ops")[0]
         assert reused.metadata["marin/reused"].value is True
 
         # Two writers of the same partition at once, each its own process and Dagster run.
@@ -142,7 +143,7 @@ def test_assets_materialize_and_race_safely_on_postgres(pg_home, tmp_path):
         assert sorted(f.path for f in committed.files) == ["counts.json", "summary.txt"]
         assert json.loads(Path(committed.uri, "counts.json").read_text())["writer"] == winners[0]["run_id"]
         assert not Path(committed.uri, ".lock").exists()
-        latest = instance.get_latest_materialization_event(dg.AssetKey(["ops", "daily_counts"]))
+        latest = instance.get_latest_materialization_event(asset_key("ops/daily_counts"))
         assert latest.run_id == winners[0]["run_id"]
         assert latest.asset_materialization.tags["dagster/data_version"] == committed.data_version
     finally:

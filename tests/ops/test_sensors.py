@@ -55,6 +55,10 @@ def test_sensor_adds_partition_and_requests_only_the_new_shard(tmp_path):
         keys = sorted(r.partition_key for r in result.run_requests)
         assert len(keys) == 2
         assert result.dynamic_partitions_requests[0].partition_keys == keys
+        # Each shard's listing fingerprint is observed as the source asset's data version.
+        listed = discover_shards(load_curation_config(write_sources(tmp_path, watched)).source("letters"))
+        assert sorted((e.partition, e.tags["dagster/data_version"]) for e in result.asset_events) == sorted(
+            (s.key, s.fingerprint) for s in listed)
         instance.add_dynamic_partitions("letters_shards", keys)
 
         cursor = result.cursor
@@ -99,6 +103,6 @@ def test_failure_report_asset_lists_failed_runs(tmp_path):
         failed = dg.materialize([broken], instance=instance, raise_on_error=False)
         assert not failed.success
         result = dg.materialize([failure_report], instance=instance, resources={"io_manager": io})
-    frame = result.output_for_node("reports__failures")
+    frame = result.output_for_node("reports__failures_reports")
     assert frame.height == 1 and frame["run_id"][0] == failed.run_id
     assert "planted failure" in frame["error"][0] and frame["assets"][0] == "broken"

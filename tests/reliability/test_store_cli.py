@@ -22,6 +22,7 @@ import polars as pl
 import pytest
 
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
+from marin_resources.keys import asset_key
 from marin_resources.store import MANIFEST_NAME, ArtifactStore
 from tests.foundation.test_dagster_artifacts import make_defs
 
@@ -29,6 +30,8 @@ FORGED = "0" * 64
 LINES = ["The ferry left the harbour before dawn with a cargo of salt, rope and letters for the island.",
          "An old keeper trimmed the lamp each evening and wrote the weather into a narrow ledger.",
          "Children on the quay counted the gulls and argued about which boat would come home first."]
+
+WORDS, JOINED = asset_key("test/words"), asset_key("test/joined")
 
 
 def marin(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
@@ -179,19 +182,19 @@ def words_built(tmp_path):
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("test_shards", ["a", "b"])
         for part in ("a", "b"):
-            assert dg.materialize(assets, selection=["test/words"], partition_key=part, resources=resources,
+            assert dg.materialize(assets, selection=[WORDS], partition_key=part, resources=resources,
                                   instance=instance).success
         yield assets, resources, instance
 
 
 def reused(result, key):
-    return result.asset_materializations_for_node(key.replace("/", "__"))[0].metadata["marin/reused"].value
+    return result.asset_materializations_for_node(asset_key(key).to_python_identifier())[0].metadata["marin/reused"].value
 
 
 def test_damaged_target_is_rebuilt_by_materialize_artifact(tmp_path, words_built):
     assets, resources, instance = words_built
     (one(tmp_path, "test/words", "a") / "words.txt").unlink()
-    again = dg.materialize(assets, selection=["test/words"], partition_key="a", resources=resources, instance=instance)
+    again = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
     assert again.success and reused(again, "test/words") is False
     assert (one(tmp_path, "test/words", "a") / "words.txt").read_text() == "hello a"
 
@@ -201,7 +204,7 @@ def test_forged_input_is_refused(tmp_path, words_built):
     manifest_path = one(tmp_path, "test/words", "b") / MANIFEST_NAME
     manifest_path.write_text(manifest_path.read_text().replace(
         json.loads(manifest_path.read_text())["data_version"], FORGED))
-    result = dg.materialize(assets, selection=["test/joined"], resources=resources, instance=instance,
+    result = dg.materialize(assets, selection=[JOINED], resources=resources, instance=instance,
                             raise_on_error=False)
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
@@ -247,11 +250,11 @@ def test_rebuild_of_a_damaged_resuming_artifact_starts_from_scratch(tmp_path):
     defs = dg.Definitions(assets=[incremental], resources=resources)
     with dg.instance_for_test() as instance:
         planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
-        assert all(s.success for s in planner.materialize(dg.AssetKey(["test", "incremental"]), None, log=lambda m: None))
+        assert all(s.success for s in planner.materialize(asset_key("test/incremental"), None, log=lambda m: None))
         (one(tmp_path, "test/incremental") / "data/chunk-0").unlink()
         said = []
-        planner.retract(dg.AssetKey(["test", "incremental"]), None, log=said.append)
+        planner.retract(asset_key("test/incremental"), None, log=said.append)
         assert any("missing; its files are cleared, it is built from scratch" in line for line in said), said
-        assert all(s.success for s in planner.materialize(dg.AssetKey(["test", "incremental"]), None,
+        assert all(s.success for s in planner.materialize(asset_key("test/incremental"), None,
                                                           log=said.append, verify=True))
     assert (one(tmp_path, "test/incremental") / "data/chunk-0").read_bytes() == b"rows"

@@ -16,6 +16,7 @@ from marin_assets.scaling_sweeps.forecasting import fit_sweep, forecast_record, 
 from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.identity import fingerprint
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore, UpstreamRef, producer_info, writing
 
 SWEEP = "syn"
@@ -77,8 +78,8 @@ def write_run(store: ArtifactStore, run, loss: float, *, spec=None, parameter_co
 
 
 def materialize(defs, instance, *keys):
-    return dg.materialize(list(defs.assets) + list(defs.asset_checks), selection=list(keys), instance=instance,
-                          resources=defs.resources, raise_on_error=False)
+    return dg.materialize(list(defs.assets) + list(defs.asset_checks), selection=[asset_key(k) for k in keys],
+                          instance=instance, resources=defs.resources, raise_on_error=False)
 
 
 def sensor_tick(defs, instance, cursor: str | None) -> tuple[list[str], str]:
@@ -102,7 +103,7 @@ def test_sweep_runs_are_their_own_partitions_and_targets_wait_for_the_forecast(e
     assert not any(name.startswith(f"{SWEEP}-3e14") for name in partitions)
     graph = defs.resolve_asset_graph()
     for key in (CHECKPOINT, EVAL):
-        assert graph.get(dg.AssetKey(key.split("/"))).partitions_def.name == RUNS
+        assert graph.get(asset_key(key)).partitions_def.name == RUNS
     assert {"sweep/syn", "scaling_fit/syn", "forecast/syn", "forecast_check/syn", CHECKPOINT, EVAL} <= \
         set(catalog.identities)
 
@@ -135,7 +136,7 @@ def test_fit_forecast_then_check_inside_and_outside_the_interval(env, load):
     assert len(fit["runs"]) == len(plan.fit_runs()) and all(o["interior"] for o in fit["fit"]["optima"])
     for png in ("fit.png", "joint.png"):
         assert store.local_path(f"{fit_manifest.uri}/{png}").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    plot = result.asset_materializations_for_node("scaling_fit__syn")[0].metadata["fit_plot"].value
+    plot = result.asset_materializations_for_node("scaling_fit__syn_scaling_fit")[0].metadata["fit_plot"].value
     assert base64.b64decode(plot.split("base64,")[1].rstrip(")"))[:4] == b"\x89PNG"
 
     forecast_manifest = store.find("forecast/syn", sweep_assets.FORECAST_VERSION, None)
@@ -278,7 +279,7 @@ def linked(tmp_path, synthetic_deployment):
         defs, partitions, _ = load_stage(settings, deployment)
         evaluation, catalog = build_evaluation_stage(settings, deployment)
         assert HARNESS in catalog.identities
-        harness = [a for a in evaluation.assets if a.key == dg.AssetKey(HARNESS.split("/"))]
+        harness = [a for a in evaluation.assets if a.key == asset_key(HARNESS)]
         return dg.Definitions.merge(defs, dg.Definitions(assets=harness)), partitions
 
     return settings, plan_sweep(sweeps[SWEEP]), load_linked
@@ -288,9 +289,9 @@ def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(linked):
     settings, plan, load_linked = linked
     defs, partitions = load_linked()
     graph = defs.resolve_asset_graph()
-    harness = graph.get(dg.AssetKey(HARNESS.split("/")))
-    assert harness.partitions_def.name == RUNS and harness.parent_keys == {dg.AssetKey(CHECKPOINT.split("/"))}
-    assert {dg.AssetKey(["scaling_fit", SWEEP]), dg.AssetKey(["forecast_check", SWEEP])} <= harness.child_keys
+    harness = graph.get(asset_key(HARNESS))
+    assert harness.partitions_def.name == RUNS and harness.parent_keys == {asset_key(CHECKPOINT)}
+    assert {asset_key(f"scaling_fit/{SWEEP}"), asset_key(f"forecast_check/{SWEEP}")} <= harness.child_keys
     store = ArtifactStore(settings.prefix)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(RUNS, partitions)

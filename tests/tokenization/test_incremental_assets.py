@@ -24,6 +24,7 @@ from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.artifacts import VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.identity import fingerprint
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore
 
 SOURCE = "letters"
@@ -72,7 +73,7 @@ class Pipeline:
         writer.commit(config={}, upstream=[], producer={})
 
     def assets(self, tokenizer: TokenizerEntry = TOKENIZER):
-        dedup = dg.AssetSpec(key=dg.AssetKey(["deduplicated", SOURCE]), metadata={
+        dedup = dg.AssetSpec(key=asset_key(f"deduplicated/{SOURCE}"), metadata={
             VERSION_METADATA_KEY: DEDUP_VERSION}).with_io_manager_key("artifact_io_manager")
         tokenized, roundtrip = build_tokenized_asset(TOKENIZED)
         return [dedup, build_tokenizer_asset(tokenizer), tokenized, roundtrip]
@@ -94,7 +95,7 @@ class Pipeline:
 
 
 def _metadata(result: dg.ExecuteInProcessResult, key: str) -> dict:
-    event = next(e for e in result.get_asset_materialization_events() if e.asset_key == dg.AssetKey(key.split("/")))
+    event = next(e for e in result.get_asset_materialization_events() if e.asset_key == asset_key(key))
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 

@@ -9,6 +9,7 @@ from marin_assets.definitions import build_definitions
 from marin_assets.deployment import Deployment
 from marin_assets.tokenization.assets import RegistryError, load_registry
 from marin_resources.environments import MarinSettings
+from marin_resources.keys import marin_key
 
 REGISTRY = """
 tokenizers:
@@ -33,7 +34,7 @@ def sources(tmp_path):
 
 def _tokenization_keys(settings: MarinSettings) -> set[str]:
     defs, _ = build_definitions(settings)
-    return {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()
+    return {marin_key(k) for k in defs.resolve_asset_graph().get_all_asset_keys()
             if k.path[0] in ("tokenizer", "tokenized", "mixture")}
 
 

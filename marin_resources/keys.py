@@ -1,0 +1,52 @@
+"""Marin keys and Dagster asset keys: one rule, used by every part that names an asset.
+
+A *marin key* is what the store, the manifests and the `marin` CLI use: `stage/subject`
+(`filtered/shakespeare`, `tokenizer/shakespeare`, `scaling_fit/micro-delphi`) or a single word
+(`checkpoint`, `eval`, `quality_classifier`). Store paths are built from it and never change.
+
+The Dagster asset key of `stage/subject` is `[stage, subject_stage]`: the web UI labels a graph
+node with the last component only, so that component names both the subject and the stage
+(`shakespeare_filtered`), unique across the graph, while the first component keeps the catalog's
+folders by stage. A one-word key is its own asset key. See docs/ui.md.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+# Who answers for each stage's assets (Dagster owners are e-mail addresses or `team:` names).
+STAGE_OWNERS = {"curation": "team:marin-curation", "tokenization": "team:marin-tokenization",
+                "training": "team:marin-training", "evaluation": "team:marin-evaluation",
+                "scaling": "team:marin-scaling", "reports": "team:marin-ops"}
+
+
+def asset_key(marin_key: str) -> dg.AssetKey:
+    """The Dagster asset key of a marin key (`filtered/shakespeare` -> `filtered/shakespeare_filtered`)."""
+    parts = [p for p in marin_key.split("/") if p]
+    if len(parts) == 1:
+        return dg.AssetKey(parts)
+    if len(parts) != 2:
+        raise ValueError(f"asset key {marin_key!r}: expected `stage/subject` or one word")
+    stage, subject = parts
+    return dg.AssetKey([stage, f"{subject}_{stage}"])
+
+
+def marin_key(key: dg.AssetKey) -> str:
+    """The marin key of a Dagster asset key; the inverse of `asset_key`."""
+    path = list(key.path)
+    if len(path) == 2 and path[1].endswith(f"_{path[0]}") and len(path[1]) > len(path[0]) + 1:
+        return f"{path[0]}/{path[1][:-len(path[0]) - 1]}"
+    return "/".join(path)
+
+
+def parse_selection(text: str) -> dg.AssetKey:
+    """What a user typed on the command line: a marin key (`filtered/shakespeare`) or the asset key
+    the web UI shows (`filtered/shakespeare_filtered`)."""
+    parts = [p for p in text.split("/") if p]
+    if len(parts) == 2 and parts[1].endswith(f"_{parts[0]}"):
+        return dg.AssetKey(parts)
+    return asset_key(text)
+
+
+def stage_owners(group: str) -> list[str]:
+    return [STAGE_OWNERS[group]] if group in STAGE_OWNERS else []
