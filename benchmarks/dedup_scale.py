@@ -35,7 +35,6 @@ from __future__ import annotations
 import benchmarks.one_core  # noqa: F401, I001 -- first: one thread per pool, before numpy is imported
 
 import argparse  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 import glob  # noqa: E402
 import hashlib  # noqa: E402

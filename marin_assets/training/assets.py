@@ -22,6 +22,7 @@ import yaml
 
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
+from marin_assets.tokenization.assets import read_mixture_config
 from marin_assets.training.commands import EVAL_REPORT_FILE, eval_command, train_command
 from marin_assets.training.levanter_config import (TRAIN_CONFIG_FILE, WandbSettings, render_train_config,
                                                    set_checkpoint_base)

@@ -5,7 +5,6 @@ raw bytes are rebuilt (its documents become stale in both). `marin status` also 
 downstream of a stale input stale ("upstream X is stale"); Dagster's status does not propagate, so
 those are compared by their own inputs: fresh in both."""
 
-import dagster as dg
 import pytest
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest

@@ -8,14 +8,10 @@ code, protected there by the read-and-compare step (docs/identity.md).
 """
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 
