@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def demo(env) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "marin_assets.cli", "demo"], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=1800)
+                          text=True, timeout=3600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
 
