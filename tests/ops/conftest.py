@@ -40,10 +40,11 @@ def start(cmd: list[str], port: int, tmp_path_factory, env: dict | None = None) 
     return proc
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """Stop a process group: SIGTERM, then SIGKILL after ``grace_s``."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
+        proc.wait(timeout=grace_s)
     except ProcessLookupError:
         pass
     except subprocess.TimeoutExpired:

@@ -11,7 +11,6 @@ process group is ended in teardown.
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import dagster as dg
 
 from marin_assets.tokenization.assets import MIXTURE_VERSION, TOKENIZED_VERSION
 from marin_resources.store import ArtifactStore
+from tests.ops.conftest import stop
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -101,14 +101,7 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
         arrived = True
         print(f"new file -> mixture committed in {time.monotonic() - started:.0f} s")
     finally:
-        try:
-            os.killpg(daemon.pid, signal.SIGTERM)
-            daemon.wait(timeout=30)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.wait()
+        stop(daemon, grace_s=30)
         if not arrived:  # the whole daemon log, for the CI artifacts (the assertion quotes its tail)
             (REPO / "tests" / "artifacts").mkdir(exist_ok=True)
             shutil.copy(log, REPO / "tests" / "artifacts" / "automation_daemon.log")
