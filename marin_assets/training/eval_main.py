@@ -29,6 +29,8 @@ from marin_assets.training.reporting import Reporter, open_reporter
 
 DEFAULT_PROMPT_TOKENS = 12
 DEFAULT_NUM_SAMPLES = 3
+# Batches of validation examples fetched per call of the dataset (see the evaluation loop).
+FETCH_BATCHES = 64
 
 
 def _byte_lengths(tokenizer, vocab_size: int):
@@ -135,25 +137,35 @@ def evaluate_checkpoint(
         unknown = sorted(set(names) - set(datasets))
         if unknown:
             raise ValueError(f"eval sets {unknown} not found; validation sets are {sorted(datasets)}")
+        def stack_leaf(*leaves):
+            if isinstance(leaves[0], hax.NamedArray):
+                return hax.named(np.stack([np.asarray(x.array) for x in leaves]), (Batch, *leaves[0].axes))
+            return np.stack([np.asarray(x) for x in leaves])
+
         first_examples: list[np.ndarray] = []
         for name in names:
             sync = datasets[name].as_sync_dataset()
             n = len(sync) if max_examples is None else min(max_examples, len(sync))
             if n == 0:
                 raise ValueError(f"validation set {name!r} is empty")
-            total_nats = total_tokens = total_bytes = 0.0
-            for start in range(0, n, batch_size):
-                examples = sync.get_batch(list(range(start, min(start + batch_size, n))))
-                real = len(examples)
-                examples = examples + [examples[0]] * (batch_size - real)
-                stacked = jax.tree_util.tree_map(lambda *xs: hax.stack(Batch, xs), *examples, is_leaf=lambda x: isinstance(x, hax.NamedArray))
-                valid = hax.named(jnp.arange(batch_size) < real, Batch).astype(jnp.int32)
-                nats, tokens, nbytes = batch_totals(model, stacked, valid)
-                total_nats += float(nats)
-                total_tokens += float(tokens)
-                total_bytes += float(nbytes)
+            totals = []
+            # Examples are fetched a block of batches at a time: each synchronous get_batch runs its own
+            # event loop, and per batch that cost more than the model (a loop reset warns with a
+            # pretty-printed model each time). Batches are stacked in numpy, so no eager op compiles.
+            for block in range(0, n, batch_size * FETCH_BATCHES):
+                fetched = sync.get_batch(list(range(block, min(block + batch_size * FETCH_BATCHES, n))))
+                for start in range(0, len(fetched), batch_size):
+                    examples = fetched[start:start + batch_size]
+                    real = len(examples)
+                    examples = examples + [examples[0]] * (batch_size - real)
+                    stacked = jax.tree_util.tree_map(stack_leaf, *examples,
+                                                     is_leaf=lambda x: isinstance(x, hax.NamedArray))
+                    valid = hax.named((np.arange(batch_size) < real).astype(np.int32), Batch)
+                    # Kept on the device and summed once: a float() per batch would wait for each.
+                    totals.append(batch_totals(model, stacked, valid))
+            total_nats, total_tokens, total_bytes = (float(sum(np.float64(t[i]) for t in totals)) for i in range(3))
             if len(first_examples) < num_samples:
-                first_examples += [np.asarray(sync.get_batch([i])[0].tokens.array) for i in range(min(n, num_samples))]
+                first_examples += [np.asarray(ex.tokens.array) for ex in sync.get_batch(list(range(min(n, num_samples))))]
             report[f"eval/{name}/loss"] = total_nats / total_tokens
             report[f"eval/{name}/bpb"] = total_nats / math.log(2) / total_bytes if total_bytes else None
             report[f"eval/{name}/tokens"] = int(total_tokens)
@@ -178,7 +190,8 @@ def evaluate_checkpoint(
             buffer[: len(ids)] = ids
             position = len(ids)
             while len(generated) < max_new_tokens and position < Pos.size:
-                tok = int(next_token(model, hax.named(jnp.asarray(buffer), Pos), position - 1))
+                # The index goes in as an array: a Python int is static to named_jit, one compile per position.
+                tok = int(next_token(model, hax.named(jnp.asarray(buffer), Pos), jnp.asarray(position - 1)))
                 if tok == tokenizer.eos_token_id:
                     break
                 buffer[position] = tok
