@@ -803,9 +803,10 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
             for m, info in _glob_files(afs, member_glob).items()
         ]
     else:
-        fs, path = fsspec.core.url_to_fs(uri)
+        # A fresh instance, not fsspec's cached one: a long-lived process (a sensor) must see today's
+        # listing, through the credentials and endpoint its environment names now.
+        fs, path = fsspec.core.url_to_fs(uri, **({} if "::" in uri else {"skip_instance_cache": True}))
         local = isinstance(fs, LocalFileSystem) and "::" not in uri
-        # fsspec caches instances and their listings: a long-lived process (a sensor) must see today's.
         fs.invalidate_cache()
         if "::" in uri:
             protocol, target = uri.split("://", 1)[0], uri.split("::", 1)[1]
