@@ -221,7 +221,8 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                  group_name="scaling", ins=fit_ins, kinds={"scipy", "matplotlib"}, tags={"marin/sweep": name},
                  description=f"Sweep `{name}`'s fit runs ({fitted_key(config)}) fitted two ways: the "
                              "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
-                             "every target candidate with a bootstrap interval: fit.json, fit.png and joint.png."
+                             "every target candidate with a bootstrap interval: fit.json, joint.png, and fit.png when the "
+                             "envelope is identifiable (three budgets with an interior optimum)."
                              + (f" {metric} follows the loss through a {config.link} link fitted over the fit runs."
                                 if linked else ""))
     def scaling_fit(context: dg.AssetExecutionContext, store: MarinStore, plan_handle: ArtifactHandle,
@@ -242,23 +243,29 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
 
         def build(writer) -> Built:
             writer.write_json("fit.json", fitted.result)
-            for file_name, png in (("fit.png", fitted.png), ("joint.png", fitted.joint_png)):
-                with writer.open(file_name) as fh:
-                    fh.write(png)
-            law, joint = fitted.result["fit"]["law"], fitted.result["joint_fit"]
-            metrics = {"E": law["E"], "A": law["A"], "alpha": law["alpha"], "params_exponent": law["params_exponent"],
-                       "tokens_exponent": law["tokens_exponent"], "runs": len(fitted.result["runs"]),
-                       **{f"joint/{k}": joint[k] for k in ("E", "A", "B", "alpha", "beta")}}
+            pngs = {"fit.png": fitted.png, "joint.png": fitted.joint_png}
+            for file_name, png in pngs.items():
+                if png is not None:
+                    with writer.open(file_name) as fh:
+                        fh.write(png)
+            envelope, joint = fitted.result["fit"], fitted.result["joint_fit"]
+            metrics = {"runs": len(fitted.result["runs"]), **{f"joint/{k}": joint[k] for k in ("E", "A", "B", "alpha", "beta")}}
+            metadata = {"joint_plot": png_markdown(fitted.joint_png, f"joint L(N, D) fit of {name}")}
+            if "law" in envelope:
+                law = envelope["law"]
+                metrics.update({"E": law["E"], "A": law["A"], "alpha": law["alpha"],
+                                "params_exponent": law["params_exponent"], "tokens_exponent": law["tokens_exponent"]})
+                metadata.update({"fit_plot": png_markdown(fitted.png, f"isoFLOP fit of {name}"),
+                                 "optima": records_table(envelope["optima"]),
+                                 "predictions": records_table(envelope["predictions"])})
+            else:
+                metadata["envelope_not_fitted"] = envelope["error"]
             for target in fitted.result["targets"]:
                 metrics[f"forecast/{target['chosen']}/loss"] = next(
                     c["loss"] for c in target["candidates"] if c["run"] == target["chosen"])
             if link is not None:
                 metrics.update({f"link/{k}": link[k] for k in ("floor", "ceiling", "k", "loss_mid", "rmse")})
-            return Built(metrics=metrics, metadata={
-                "fit_plot": png_markdown(fitted.png, f"isoFLOP fit of {name}"),
-                "joint_plot": png_markdown(fitted.joint_png, f"joint L(N, D) fit of {name}"),
-                "optima": records_table(fitted.result["fit"]["optima"]),
-                "predictions": records_table(fitted.result["fit"]["predictions"])})
+            return Built(metrics=metrics, metadata=metadata)
 
         upstream = [plan_handle] + [evals[n] for n in sorted(evals)] + [harness[n] for n in sorted(harness)]
         return materialize_artifact(context, store, config=configs["scaling_fit"], upstream=upstream, build=build)

@@ -105,8 +105,8 @@ def runs_table(plan: SweepPlan, losses: Mapping[str, float]) -> list[dict[str, A
 class SweepFit:
     result: dict[str, Any]
     """JSON-ready: runs, the isoFLOP and joint fits, and every target candidate's forecasts."""
-    png: bytes
-    """IsoFLOP profiles and the envelope with its predictions."""
+    png: bytes | None
+    """IsoFLOP profiles and the envelope with its predictions; None when the envelope was not fitted."""
     joint_png: bytes
     """The joint L(N, D) fit over the runs, with every target candidate's joint forecast."""
 
@@ -124,23 +124,34 @@ def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]], link: dict[str, Any] 
     predict = list(config.target_budgets) + flops.tolist()
     options = IsoflopOptions(bootstrap_samples=config.bootstrap_samples, seed=config.seed, interval=config.interval)
     try:
-        iso = fit_isoflop_runs(table, predict, options)
         joint = fit_chinchilla_arrays(table.params, table.tokens, table.loss)
-    except ValueError as exc:  # RunsError is a ValueError
+    except ValueError as exc:
         raise SweepFitError(f"sweep {config.name!r}: {exc}") from exc
+    # The envelope needs three budgets whose valley has an interior minimum. When it is not the
+    # primary method, budgets without one (tiny runs whose best model is the smallest) leave it
+    # unfitted, with the reason recorded, and the joint law still forecasts.
+    iso, envelope_error = None, None
+    try:
+        iso = fit_isoflop_runs(table, predict, options)
+    except ValueError as exc:  # RunsError is a ValueError
+        if config.forecast_method == "envelope":
+            raise SweepFitError(f"sweep {config.name!r}: {exc}") from exc
+        envelope_error = str(exc)
     from scaling.plots import plot_isoflop_summary, plot_joint_forecast
 
-    png = plot_isoflop_summary(iso, table)
-    curvature = float(np.mean([b.params_coef[2] for b in iso.budgets]))
-    first = len(config.target_budgets)
-    envelope_point = iso.law.loss(flops) + curvature * (np.log(n) - np.log(iso.law.params(flops))) ** 2
-    envelope_boot = iso.boot_loss[:, first:] + curvature * (np.log(n) - np.log(iso.boot_params[:, first:])) ** 2
     joint_point = joint.predict(n, d)
     joint_boot = bootstrap_chinchilla(joint, table.params, table.tokens, table.loss, n, d,
                                       samples=config.bootstrap_samples, seed=config.seed)
-    by_method = {method: (point, *percentile_interval(boot, config.interval))
-                 for method, point, boot in (("envelope", envelope_point, envelope_boot),
-                                             ("joint", joint_point, joint_boot))}
+    by_method = {"joint": (joint_point, *percentile_interval(joint_boot, config.interval))}
+    png, curvature, predictions = None, None, [None] * len(config.target_budgets)
+    if iso is not None:
+        png = plot_isoflop_summary(iso, table)
+        curvature = float(np.mean([b.params_coef[2] for b in iso.budgets]))
+        first = len(config.target_budgets)
+        envelope_point = iso.law.loss(flops) + curvature * (np.log(n) - np.log(iso.law.params(flops))) ** 2
+        envelope_boot = iso.boot_loss[:, first:] + curvature * (np.log(n) - np.log(iso.boot_params[:, first:])) ** 2
+        by_method["envelope"] = (envelope_point, *percentile_interval(envelope_boot, config.interval))
+        predictions = iso.predictions()
     scored = []
     for i, run in enumerate(candidates):
         forecasts = {method: {"loss": float(point[i]), "loss_low": finite_or_none(low[i]),
@@ -149,14 +160,14 @@ def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]], link: dict[str, Any] 
         scored.append({"run": run.spec.name, "budget": run.candidate.budget, "hidden_dim": run.candidate.hidden_dim,
                        "params": n[i], "tokens": d[i], "flops": flops[i],
                        **forecasts[config.forecast_method], "method": config.forecast_method, "forecasts": forecasts})
-    predictions = iso.predictions()
     forecasts = []
     for i, budget in enumerate(targets):
         mine = [s for s in scored if s["budget"] == budget]
         chosen = min(mine, key=lambda s: s["loss"])
         forecasts.append({"budget": budget, "envelope": predictions[i], "candidates": mine, "chosen": chosen["run"]})
     result = {"sweep": config.name, "params_column": config.params, "eval_set": config.eval_set,
-              "forecast_method": config.forecast_method, "runs": rows, "fit": iso.to_dict(),
+              "forecast_method": config.forecast_method, "runs": rows,
+              "fit": iso.to_dict() if iso is not None else {"error": envelope_error},
               "valley_curvature": curvature,
               "joint_fit": {**joint.to_dict(), "bootstrap": {"samples": config.bootstrap_samples,
                                                              "used": int(joint_boot.shape[0]), "resample": "runs"}},
@@ -172,7 +183,8 @@ def forecast_record(fit_result: Mapping[str, Any]) -> dict[str, Any]:
     targets = []
     for target in fit_result["targets"]:
         chosen = next(c for c in target["candidates"] if c["run"] == target["chosen"])
-        targets.append({**chosen, "budget": target["budget"], "envelope_loss": target["envelope"]["loss"]})
+        envelope = target.get("envelope")
+        targets.append({**chosen, "budget": target["budget"], "envelope_loss": envelope["loss"] if envelope else None})
     link = fit_result.get("link")
     if link is not None:
         from scaling.links import SigmoidLink, link_interval

@@ -2,6 +2,7 @@
 training, with eval losses from a known law L(N, D) = E + A / N^a + B / D^b."""
 
 import base64
+import math
 import dataclasses
 import json
 
@@ -12,7 +13,8 @@ import yaml
 from marin_assets.evaluation.assets import HARNESS_EVAL_VERSION, build_evaluation_stage
 from marin_assets.scaling_sweeps import assets as sweep_assets
 from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep, sweep_from_dict
-from marin_assets.scaling_sweeps.forecasting import fit_sweep, forecast_record, runs_table, score_forecast
+from marin_assets.scaling_sweeps.forecasting import (SweepFitError, fit_sweep, forecast_record, runs_table,
+                                                     score_forecast)
 from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.identity import fingerprint
@@ -220,6 +222,29 @@ def test_both_methods_forecast_every_candidate_and_the_primary_one_picks_the_tar
     assert score["method"] == "joint" and score["within_goal"]
     assert set(score["by_method"]) == {"envelope", "joint"}
     assert score["by_method"]["joint"]["error_pct"] == pytest.approx(score["error_pct"])
+
+
+def test_without_interior_valleys_a_joint_sweep_still_fits_and_says_why_the_envelope_is_missing():
+    """Runs so data-starved that the smallest model wins at every budget, the loss rising ever less
+    steeply with size (as in the demo's sweep): no budget's valley is convex, so the envelope cannot
+    be fitted. A sweep whose primary method is the joint law records why and forecasts anyway; one
+    that relies on the envelope fails."""
+    def data_starved(run):
+        return 3.0 + 0.2 * math.sqrt(math.log(run.candidate.params))
+
+    joint_plan = plan_sweep(sweep_from_dict(SWEEP, {**SWEEP_CONFIG, "forecast_method": "joint"}))
+    rows = runs_table(joint_plan, {r.spec.name: data_starved(r) for r in joint_plan.fit_runs()})
+    fitted = fit_sweep(joint_plan, rows)
+    assert "usable optimum" in fitted.result["fit"]["error"] and fitted.png is None and fitted.joint_png
+    (target,) = fitted.result["targets"]
+    assert target["envelope"] is None and all(set(c["forecasts"]) == {"joint"} for c in target["candidates"])
+    (frozen,) = forecast_record(fitted.result)["targets"]
+    assert frozen["envelope_loss"] is None and frozen["method"] == "joint"
+
+    envelope_plan = plan_sweep(sweep_from_dict(SWEEP, SWEEP_CONFIG))
+    with pytest.raises(SweepFitError, match="usable optimum"):
+        fit_sweep(envelope_plan, runs_table(envelope_plan, {r.spec.name: data_starved(r)
+                                                             for r in envelope_plan.fit_runs()}))
 
 
 @pytest.mark.parametrize("actual, inside", [(4.0, True), (3.9, True), (4.31, False), (3.7, False)])
