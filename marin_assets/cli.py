@@ -30,7 +30,10 @@ DEMO_TARGET = "eval"
 DEMO_PARTITION = "nano-shakespeare"
 DEMO_SWEEP = "demo"
 """The built-in sweep the demo fits after its run: 3 budgets x 3 model sizes of a few seconds each."""
-POOL_LIMITS = {"cpu-train": 1, "gpu": 1, "tpu": 1}
+# Local limits. Two CPU trainings at a time: a small Levanter run spends most of its wall time in
+# single-threaded work (start-up, tracing, compilation, the Python step loop; a demo sweep run: 36 s,
+# of which 10 s in steps), so a second one fills the other core. One accelerator run per device.
+POOL_LIMITS = {"cpu-train": 2, "gpu": 1, "tpu": 1}
 
 
 def ensure_dagster_home() -> Path:
