@@ -18,7 +18,6 @@ The report holds, per task, ``<task>/acc``, ``<task>/acc_stderr``, ``<task>/acc_
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from marin_assets.evaluation.suites import lm_eval_version
-from marin_assets.training.process import die_with_parent, send_output_to
+from marin_assets.training.process import parse_process_args, process_parser
 from marin_assets.training.reporting import open_reporter
 
 ERROR_FILE = "harness_error.txt"
@@ -249,16 +248,12 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
 
 
 def main(argv: list[str] | None = None) -> None:
-    die_with_parent()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = process_parser(__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the run's Levanter train config YAML")
     parser.add_argument("--harness", required=True, help="the rendered suite (harness_config.json)")
     parser.add_argument("--checkpoint", help="checkpoint dir (or a parent to search); default: the run's latest")
     parser.add_argument("--output", required=True, help="where to write the JSON report")
-    parser.add_argument("--asset-key", help="asset to report the materialization for (multi-asset steps)")
-    parser.add_argument("--log-file", help="append stdout and stderr to this file instead of the terminal")
-    args = parser.parse_args(argv)
-    send_output_to(args.log_file)
+    args = parse_process_args(parser, argv)
     out_dir = Path(args.output).parent
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(args.harness) as fh:

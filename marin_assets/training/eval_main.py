@@ -17,14 +17,13 @@ Reuses Levanter for the model, checkpoint loading, validation datasets and the p
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.process import die_with_parent, send_output_to
+from marin_assets.training.process import parse_process_args, process_parser
 from marin_assets.training.reporting import Reporter, open_reporter
 
 DEFAULT_PROMPT_TOKENS = 12
@@ -208,8 +207,7 @@ def evaluate_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> None:
-    die_with_parent()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = process_parser(__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the run's Levanter train config YAML")
     parser.add_argument("--checkpoint", help="checkpoint dir (or a parent to search); default: the run's latest")
     parser.add_argument("--output", required=True, help="where to write the JSON report")
@@ -217,10 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-examples", type=int, help="evaluate at most this many sequences per set")
     parser.add_argument("--prompt", action="append", dest="prompts", help="sampling prompt (repeatable)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--asset-key", help="asset to report the materialization for (multi-asset steps)")
-    parser.add_argument("--log-file", help="append stdout and stderr to this file instead of the terminal")
-    args = parser.parse_args(argv)
-    send_output_to(args.log_file)
+    args = parse_process_args(parser, argv)
     reporter: Reporter
     with open_reporter() as reporter:
         report = evaluate_checkpoint(

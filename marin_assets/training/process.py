@@ -1,5 +1,6 @@
 """Process hygiene for the training and eval entry points."""
 
+import argparse
 import ctypes
 import os
 import signal
@@ -36,3 +37,20 @@ def send_output_to(log_file: str | None) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def process_parser(description: str) -> argparse.ArgumentParser:
+    """The argument parser of a launched entry point (train, eval, harness), with the options every
+    launcher passes; the process is tied to its launcher's lifetime first (`die_with_parent`)."""
+    die_with_parent()
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--asset-key", help="asset to report the materialization for (multi-asset steps)")
+    parser.add_argument("--log-file", help="append stdout and stderr to this file instead of the terminal")
+    return parser
+
+
+def parse_process_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse, then send this process's output where ``--log-file`` says."""
+    args = parser.parse_args(argv)
+    send_output_to(args.log_file)
+    return args

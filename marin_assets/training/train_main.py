@@ -17,7 +17,6 @@ to the bucket); Levanter loads the latest ``step-N`` on start, so relaunching af
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -26,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.process import die_with_parent, send_output_to
+from marin_assets.training.process import parse_process_args, process_parser
 from marin_assets.training.metrics import (
     median,
     mfu,
@@ -459,15 +458,11 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
 
 
 def main(argv: list[str] | None = None) -> None:
-    die_with_parent()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = process_parser(__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="Levanter TrainLmConfig YAML (from build_train_config)")
     parser.add_argument("--output-dir", help="run directory; defaults to the config file's directory")
     parser.add_argument("--report-every", type=int, help="send a Pipes progress message every N steps")
-    parser.add_argument("--asset-key", help="asset to report the materialization for (multi-asset steps)")
-    parser.add_argument("--log-file", help="append stdout and stderr to this file instead of the terminal")
-    args = parser.parse_args(argv)
-    send_output_to(args.log_file)
+    args = parse_process_args(parser, argv)
     output_dir = Path(args.output_dir or os.path.dirname(os.path.abspath(args.config)))
     # W&B writes its run directory under WANDB_DIR; keep it with the run's other outputs.
     os.environ.setdefault("WANDB_DIR", str(output_dir))
