@@ -85,14 +85,14 @@ def plan_gc(store: ArtifactStore, assets: dict[str, tuple[bool, str]], current: 
     for uri, manifest in sorted(candidates.items()):
         if uri in referenced:
             plan.kept.append(uri)
-        elif store.fs.exists(f"{store._path(uri)}/{LOCK_NAME}"):
+        elif store.fs.exists(f"{store.fs_path(uri)}/{LOCK_NAME}"):
             plan.skipped.append((uri, "a writer holds its lease"))
         else:
             plan.removed.append((uri, _size(store, uri)))
     gone = {uri for uri, _ in plan.removed}
     for key in assets:
         for ref_path, target in _refs(store, key):
-            if target in gone or (target not in candidates and not store.fs.exists(store._path(target))):
+            if target in gone or (target not in candidates and not store.fs.exists(store.fs_path(target))):
                 plan.stale_refs.append(ref_path)
     return plan
 
@@ -102,7 +102,7 @@ def run_gc(store: ArtifactStore, plan: GcPlan) -> None:
     then identity directories left empty and refs that name removed artifacts."""
     parents = set()
     for uri, _ in plan.removed:
-        path = store._path(uri)
+        path = store.fs_path(uri)
         if store.fs.exists(f"{path}/{MANIFEST_NAME}"):
             store.fs.rm_file(f"{path}/{MANIFEST_NAME}")
         store.fs.rm(path, recursive=True)
@@ -137,7 +137,7 @@ def _artifact_dirs(store: ArtifactStore, key: str,
 
 def _refs(store: ArtifactStore, key: str) -> list[tuple[str, str]]:
     """(ref path, the artifact URI it names) of every ref of one asset."""
-    base = f"{store._path(f'{store.prefix}/{key}')}/{REFS_DIR}"
+    base = f"{store.fs_path(f'{store.prefix}/{key}')}/{REFS_DIR}"
     try:
         paths = store.fs.find(base, withdirs=False)
     except FileNotFoundError:
@@ -168,6 +168,6 @@ def _closure(store: ArtifactStore, roots: Iterable[str]) -> set[str]:
 
 def _size(store: ArtifactStore, uri: str) -> int:
     try:
-        return int(store.fs.du(store._path(uri), total=True))
+        return int(store.fs.du(store.fs_path(uri), total=True))
     except FileNotFoundError:
         return 0

@@ -69,9 +69,9 @@ def migrate(store: ArtifactStore, *, dry_run: bool = False, verify: bool = True,
             result.already += 1
         elif manifest.uri != old_uri(store, manifest):
             result.refused.append(f"{manifest.uri}: not where either layout puts {manifest.asset_key}; left alone")
-        elif store.fs.exists(f"{store._path(manifest.uri)}/{LOCK_NAME}"):
+        elif store.fs.exists(f"{store.fs_path(manifest.uri)}/{LOCK_NAME}"):
             result.refused.append(f"{manifest.uri}: a writer holds its lease; migrate when it is done")
-        elif store.fs.exists(store._path(target)):
+        elif store.fs.exists(store.fs_path(target)):
             result.refused.append(f"{manifest.uri}: {target} already exists; left alone")
         else:
             to_move.append((manifest, target))
@@ -136,7 +136,7 @@ def _files_naming(store: ArtifactStore, artifacts: list[str], old_uris: list[str
 
 
 def _move_dir(store: ArtifactStore, old: str, new: str) -> None:
-    src, dst = store._path(old), store._path(new)
+    src, dst = store.fs_path(old), store.fs_path(new)
     store.fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
     if store.is_local:
         import os
@@ -155,8 +155,8 @@ def _move_dir(store: ArtifactStore, old: str, new: str) -> None:
 
 def _remove_empty_old_dirs(store: ArtifactStore, old_uris: list[str]) -> None:
     """The old `{key}/{code_version}` directories that the moves left empty."""
-    parents = {store._path(uri).rsplit("/", 1)[0] for uri in old_uris}
-    for path in sorted(parents | {store._path(uri) for uri in old_uris}, reverse=True):
+    parents = {store.fs_path(uri).rsplit("/", 1)[0] for uri in old_uris}
+    for path in sorted(parents | {store.fs_path(uri) for uri in old_uris}, reverse=True):
         try:
             if store.fs.exists(path) and not store.fs.find(path, withdirs=False):
                 store.fs.rm(path, recursive=True)

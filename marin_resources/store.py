@@ -246,7 +246,7 @@ class ArtifactStore:
         return "/".join([self.prefix, *self._key_segments(asset_key), REFS_DIR, validate_partition_key(code_version),
                          name])
 
-    def _path(self, uri: str) -> str:
+    def fs_path(self, uri: str) -> str:
         """fsspec path (no protocol) for a URI under this store."""
         if not uri.startswith(self.prefix):
             raise ValueError(f"{uri} is outside the store prefix {self.prefix}")
@@ -268,11 +268,11 @@ class ArtifactStore:
     def local_path(self, uri: str) -> Path:
         if not self.is_local:
             raise ValueError(f"{uri} is not on local disk")
-        return Path(self._path(uri))
+        return Path(self.fs_path(uri))
 
     # ---- reading ---------------------------------------------------------------------------
     def read_manifest(self, uri: str) -> Manifest | None:
-        path = f"{self._path(uri)}/{MANIFEST_NAME}"
+        path = f"{self.fs_path(uri)}/{MANIFEST_NAME}"
         try:
             text = self.retrying(lambda: self.fs.cat_file(path).decode("utf-8"))
         except FileNotFoundError:
@@ -302,7 +302,7 @@ class ArtifactStore:
     def current_fingerprint(self, asset_key: str, code_version: str, partition: str | None) -> str | None:
         """The fingerprint the ref of ``asset_key[partition]`` at ``code_version`` names, if any."""
         try:
-            text = self.retrying(lambda: self.fs.cat_file(self._path(
+            text = self.retrying(lambda: self.fs.cat_file(self.fs_path(
                 self.ref_uri(asset_key, code_version, partition))).decode("utf-8"))
         except FileNotFoundError:
             return None
@@ -314,7 +314,7 @@ class ArtifactStore:
         if self.current_fingerprint(manifest.asset_key, manifest.code_version, manifest.partition) == \
                 manifest.fingerprint:
             return False
-        path = self._path(self.ref_uri(manifest.asset_key, manifest.code_version, manifest.partition))
+        path = self.fs_path(self.ref_uri(manifest.asset_key, manifest.code_version, manifest.partition))
         # No URI: the prefix is a runtime choice, and a moved bucket keeps its refs.
         body = json.dumps({"fingerprint": manifest.fingerprint, "pointed_at": utc_now()}, sort_keys=True).encode()
         self._write_atomic(path, body)
@@ -337,14 +337,14 @@ class ArtifactStore:
     def _dirs(self, uri: str) -> list[str]:
         """Names of the directories directly under ``uri``, hidden ones (refs) left out."""
         try:
-            entries = self.fs.ls(self._path(uri), detail=True)
+            entries = self.fs.ls(self.fs_path(uri), detail=True)
         except FileNotFoundError:
             return []
         names = (e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
         return sorted(n for n in names if not n.startswith("."))
 
     def open(self, uri: str, mode: str = "rb"):
-        return self.fs.open(self._path(uri), mode)
+        return self.fs.open(self.fs_path(uri), mode)
 
     def list_files(self, uri: str) -> list[str]:
         """Relative paths of every file under an artifact directory, manifest and lease excluded."""
@@ -357,7 +357,7 @@ class ArtifactStore:
     def file_stats(self, uri: str) -> dict[str, FileStat]:
         """`{relative path: size and mtime}` of every file under an artifact directory, manifest and
         lease excluded, from one listing."""
-        base = self._path(uri)
+        base = self.fs_path(uri)
         try:
             found = self.fs.find(base, withdirs=False, detail=True)
         except FileNotFoundError:
@@ -374,14 +374,14 @@ class ArtifactStore:
     def manifest_written_at(self, uri: str) -> float | None:
         """When the artifact's manifest was written, by the store's clock (None: no manifest or no mtime)."""
         try:
-            return modified_at(self.fs.info(f"{self._path(uri)}/{MANIFEST_NAME}"))
+            return modified_at(self.fs.info(f"{self.fs_path(uri)}/{MANIFEST_NAME}"))
         except FileNotFoundError:
             return None
 
     def hash_file(self, uri: str, rel: str) -> FileEntry:
         h = hashlib.sha256()
         size = 0
-        with self.fs.open(f"{self._path(uri)}/{rel}", "rb") as fh:
+        with self.fs.open(f"{self.fs_path(uri)}/{rel}", "rb") as fh:
             while chunk := fh.read(_HASH_CHUNK):
                 h.update(chunk)
                 size += len(chunk)
@@ -421,7 +421,7 @@ class ArtifactStore:
     def begin(self, asset_key: str, code_version: str, partition: str | None, *, fingerprint: str, run_id: str,
               resume: bool = False) -> "ArtifactWriter":
         uri = self.artifact_uri(asset_key, code_version, partition, fingerprint=fingerprint)
-        path = self._path(uri)
+        path = self.fs_path(uri)
         self.fs.makedirs(path, exist_ok=True)
         lease = self._lease(path, run_id)
         previous = None
@@ -460,7 +460,7 @@ class ArtifactStore:
         first: while another writer holds it, this raises ArtifactLockedError and nothing is
         withdrawn."""
         stamp = utc_now().replace(":", "").replace("-", "")
-        directory = self._path(manifest.uri)
+        directory = self.fs_path(manifest.uri)
         path = f"{directory}/{MANIFEST_NAME}"
         lease = self._lease(directory, run_id)
         try:
@@ -477,7 +477,7 @@ class ArtifactStore:
         stored = dataclasses.replace(manifest, metrics=self.portable(manifest.metrics),
                                      upstream=[dataclasses.replace(u, uri=self.portable(u.uri))
                                                for u in manifest.upstream])
-        self._write_atomic(f"{self._path(manifest.uri)}/{MANIFEST_NAME}", stored.to_json().encode("utf-8"))
+        self._write_atomic(f"{self.fs_path(manifest.uri)}/{MANIFEST_NAME}", stored.to_json().encode("utf-8"))
 
     def _write_atomic(self, path: str, data: bytes) -> None:
         """All or nothing: write-then-rename on local disk, one PUT on object stores."""
@@ -514,7 +514,7 @@ class ArtifactWriter:
         return f"{self.uri}/{rel}"
 
     def open(self, rel: str, mode: str = "wb"):
-        fs_path = self.store._path(self.path(rel))
+        fs_path = self.store.fs_path(self.path(rel))
         self.store.fs.makedirs(fs_path.rsplit("/", 1)[0], exist_ok=True)
         return self.store.fs.open(fs_path, mode)
 
@@ -542,7 +542,7 @@ class ArtifactWriter:
             # Regular files only, as list_files counts them: tools leave links behind (W&B's
             # latest-run and log links), some dangling once their target is gone.
             local = [p for p in sorted(self._staging.rglob("*")) if p.is_file() and not p.is_symlink()]
-            remote = [f"{self.store._path(self.uri)}/{p.relative_to(self._staging).as_posix()}" for p in local]
+            remote = [f"{self.store.fs_path(self.uri)}/{p.relative_to(self._staging).as_posix()}" for p in local]
             self.store.retrying(lambda: self.store.fs.put([str(p) for p in local], remote))
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None

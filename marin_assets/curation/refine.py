@@ -127,7 +127,7 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
                 load_signatures=lambda: signatures_of(handle), load_rows=load_rows)
 
         def build(writer) -> Built:
-            index = IndexDir(artifacts.fs, artifacts._path(writer.uri))
+            index = IndexDir(artifacts.fs, artifacts.fs_path(writer.uri))
             update = update_index(index, [shard_input(*h) for h in handles], dedup_cfg,
                                   batch_shards=DEDUP_BATCH_SHARDS)
             if update.reset_reason:
@@ -251,7 +251,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     def deduplicated(context: dg.AssetExecutionContext, store: MarinStore, index: ArtifactHandle,
                      **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
         artifacts = store.get()
-        index_dir = IndexDir(artifacts.fs, artifacts._path(index.uri))
+        index_dir = IndexDir(artifacts.fs, artifacts.fs_path(index.uri))
         index_manifest = artifacts.read_manifest(index.uri)
         # The index pins the filtered shards it decided on; reading them through it keeps one lineage path.
         shards = {str(ref.partition): ref for ref in index_manifest.upstream if ref.asset_key == f"filtered/{name}"}
@@ -283,7 +283,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             shard_counts: dict[str, dict[str, int]] = dict(previous.metrics.get("shard_counts", {})) if reusable else {}
             if not reusable:
                 for rel in artifacts.list_files(writer.uri):
-                    artifacts.fs.rm_file(artifacts._path(f"{writer.uri}/{rel}"))
+                    artifacts.fs.rm_file(artifacts.fs_path(f"{writer.uri}/{rel}"))
             stats = {"shards_written": 0, "documents_written": 0, "dropped_written": 0}
             new_shards = sorted(set(shards) - kept_shards)
             seen_paragraphs: set[int] = set()

@@ -131,7 +131,7 @@ def test_live_lease_blocks_a_second_writer(tmp_path):
     store = ArtifactStore(str(tmp_path))
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        path = store._path(store.artifact_uri("raw/x", "v1", "p", fingerprint=FP))
+        path = store.fs_path(store.artifact_uri("raw/x", "v1", "p", fingerprint=FP))
         os.makedirs(path)
         with open(f"{path}/.lock", "w") as fh:
             json.dump({"run_id": "other", "host": os.uname().nodename, "pid": sleeper.pid,

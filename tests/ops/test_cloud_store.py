@@ -29,7 +29,7 @@ def test_commit_read_verify_on_object_store(cloud):
     assert found.data_version == m.data_version
     assert sorted(f.path for f in found.files) == ["files/a.txt", "local.txt"]
     assert store.verify(found) == []
-    assert not store.fs.exists(store._path(found.uri) + "/.lock")
+    assert not store.fs.exists(store.fs_path(found.uri) + "/.lock")
     # Uncommitted writes are invisible.
     w2 = store.begin("raw/letters", "v1", "s2", fingerprint=fingerprint({}), run_id="r2")
     with w2.open("x.bin") as fh:

@@ -219,7 +219,7 @@ def incremental_defs(prefix):
     @marin_asset(key="test/incremental", version="v1")
     def incremental(context: dg.AssetExecutionContext, store: MarinStore):
         def build(w):
-            if not store.get().fs.exists(store.get()._path(w.path("ledger.json"))):
+            if not store.get().fs.exists(store.get().fs_path(w.path("ledger.json"))):
                 with w.open("data/chunk-0") as fh:
                     fh.write(b"rows")
                 w.write_json("ledger.json", {"done": ["chunk-0"]})

@@ -28,8 +28,8 @@ def prefix(request, tmp_path):
 
 
 def put_lease(store: ArtifactStore, uri: str, body: dict) -> None:
-    path = f"{store._path(uri)}/{LOCK_NAME}"
-    store.fs.makedirs(store._path(uri), exist_ok=True)
+    path = f"{store.fs_path(uri)}/{LOCK_NAME}"
+    store.fs.makedirs(store.fs_path(uri), exist_ok=True)
     store.fs.pipe_file(path, json.dumps(body).encode())
     store.fs.invalidate_cache()
 
@@ -37,7 +37,7 @@ def put_lease(store: ArtifactStore, uri: str, body: dict) -> None:
 def read_lease(store: ArtifactStore, uri: str) -> dict | None:
     store.fs.invalidate_cache()
     try:
-        return json.loads(store.fs.cat_file(f"{store._path(uri)}/{LOCK_NAME}"))
+        return json.loads(store.fs.cat_file(f"{store.fs_path(uri)}/{LOCK_NAME}"))
     except FileNotFoundError:
         return None
 
