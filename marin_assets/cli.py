@@ -34,6 +34,7 @@ DEMO_SWEEP = "demo"
 # single-threaded work (start-up, tracing, compilation, the Python step loop; a demo sweep run: 36 s,
 # of which 10 s in steps), so a second one fills the other core. One accelerator run per device.
 POOL_LIMITS = {"cpu-train": 2, "gpu": 1, "tpu": 1}
+GRPC_TIMEOUT_S = 600
 
 
 def ensure_dagster_home() -> Path:
@@ -483,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Read by MarinSettings when the code location loads, after this point.
     os.environ["MARIN_PROCESS_OUTPUT"] = args.process_output
+    # Dagster waits 60 s for the code server to answer a run launch; on a loaded machine (an 800 MB
+    # build, two cores, load 40+) it answered later and runs failed before they started.
+    os.environ.setdefault("DAGSTER_GRPC_TIMEOUT_SECONDS", str(GRPC_TIMEOUT_S))
     from marin_resources.object_stores import StoreUnavailableError
 
     try:
