@@ -14,6 +14,7 @@ from marin_resources.migrate import migrate
 from marin_resources.signing import generate_keypair, sign_bom, verify_signed_bom
 from marin_resources.store import (MANIFEST_NAME, ArtifactStore, FileEntry, Manifest, UpstreamRef,
                                    content_data_version, producer_info, writing)
+from tests.ops.conftest import gcs_prefix, gcs_server, s3_prefix, s3_server  # noqa: F401 - fixtures
 
 
 def commit(store, key, partition, text, config, upstream=(), version="v1"):
@@ -84,9 +85,8 @@ def test_gc_keeps_pins_keep_patterns_and_leased_directories(versions):
 def write_old_layout(store, key, partition, text, config, upstream=(), name="data.txt"):
     """An artifact as the `{key}/{code_version}/{partition}` layout committed it."""
     uri = "/".join([store.prefix, key, "v1"] + ([partition] if partition else []))
-    os.makedirs(uri, exist_ok=True)
-    with open(f"{uri}/{name}", "w") as fh:
-        fh.write(text)
+    store.fs.makedirs(store.fs_path(uri), exist_ok=True)
+    store.fs.pipe(store.fs_path(f"{uri}/{name}"), text.encode())
     files = [store.hash_file(uri, name)]
     manifest = Manifest(key, partition, "v1", fingerprint(config), config, content_data_version(files), files,
                         list(upstream), producer_info("old"), "t0", "t1", {}, uri)
@@ -119,6 +119,29 @@ def test_migrate_moves_the_old_layout_rewrites_inputs_and_verifies(tmp_path):
     assert result.old_paths == []
     assert plan_gc(store, {"raw/x": (True, "v1"), "filtered/x": (True, "v1"), "deduplicated/x": (False, "v1")},
                    current=[moved]).removed == []
+
+
+@pytest.mark.parametrize("cloud", ["s3_prefix", "gcs_prefix"])
+def test_migrate_on_an_object_store_copies_then_deletes_and_verifies(request, cloud):
+    """On a bucket a move is a copy (manifest last) and a delete (manifest first): afterwards every
+    artifact is at its new path, verified, with its inputs rewritten, and nothing is left behind."""
+    prefix, options = request.getfixturevalue(cloud)
+    store = ArtifactStore(prefix, options)
+    raw = write_old_layout(store, "raw/x", "p", "raw bytes", {"shard": "p"})
+    dedup = write_old_layout(store, "deduplicated/x", None, "unique", {"bands": 8}, [ref(raw)])
+    chain = bill_of_materials(build_lineage(store, store.read_manifest(dedup.uri)))["chain_hash"]
+
+    result = migrate(store, log=lambda _: None)
+    assert result.problems == [] and len(result.moved) == 2 and result.files == 2
+    moved = store.find("deduplicated/x", "v1", None)
+    assert moved.uri == f"{prefix}/deduplicated/x/v1-{fingerprint({'bands': 8})[:8]}"
+    assert moved.upstream[0].uri == store.find("raw/x", "v1", "p").uri
+    store.fs.invalidate_cache()
+    assert not store.fs.exists(store.fs_path(raw.uri)) and not store.fs.exists(store.fs_path(dedup.uri))
+    node = build_lineage(store, moved, verify=True)
+    assert [p for n in node.unique() for p in n.problems] == []
+    assert bill_of_materials(node)["chain_hash"] == chain
+    assert migrate(store, log=lambda _: None).already == 2
 
 
 def test_migrate_reports_a_damaged_artifact(tmp_path):
