@@ -269,7 +269,8 @@ def per_shard(megabytes: int, baseline_rev: str) -> dict:
     # The rules have changed since the baseline, so the kept sets may differ: compare by id.
     both = ours_kept.join(base_kept, on="id", how="inner", suffix="_base")
     only_ours, only_base = ours_kept.height - both.height, base_kept.height - both.height
-    same = only_ours == 0 and only_base == 0 and bool((both["lang"] == both["lang_base"]).all())
+    other_language = int((both["lang"] != both["lang_base"]).sum())
+    same = only_ours == 0 and only_base == 0 and other_language == 0
     score_diff = float((both["lang_score"] - both["lang_score_base"]).abs().max() or 0.0)
     print(f"\nper-shard steps on a {mb:.1f} MB JSONL shard of real-paragraph documents (CPU s, one polars thread)")
     print(f"{'step':<30} {baseline_rev + ' s':>10} {'now s':>8} {baseline_rev + ' MB/s':>14} {'now MB/s':>9}")
@@ -280,7 +281,7 @@ def per_shard(megabytes: int, baseline_rev: str) -> dict:
     print(f"{'all per-shard steps':<30} {total_base:>10.2f} {total_ours:>8.2f} {mb / total_base:>14.2f} "
           f"{mb / total_ours:>9.2f}   (goal >= 8 MB/s per core)")
     print(f"same kept documents and languages: {same} (kept only now: {only_ours}, only by {baseline_rev}: "
-          f"{only_base}, different language: {int((both['lang'] != both['lang_base']).sum())} of {both.height}); "
+          f"{only_base}, different language: {other_language} of {both.height}); "
           f"largest language-score difference {score_diff:.1e}")
     return {"shard_megabytes": round(mb, 2), "baseline_rev": baseline_rev,
             "baseline_mb_per_s_per_core": round(mb / total_base, 2), "mb_per_s_per_core": round(mb / total_ours, 2),

@@ -803,12 +803,14 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
             for m, info in _glob_files(afs, member_glob).items()
         ]
     else:
-        # A fresh instance, not fsspec's cached one: a long-lived process (a sensor) must see today's
-        # listing, through the credentials and endpoint its environment names now.
-        fs, path = fsspec.core.url_to_fs(uri, **({} if "::" in uri else {"skip_instance_cache": True}))
-        local = isinstance(fs, LocalFileSystem) and "::" not in uri
-        fs.invalidate_cache()
-        if "::" in uri:
+        # A long-lived process (a sensor) must see today's listing, through the credentials and
+        # endpoint its environment names now: a fresh instance, not fsspec's cached one. A chained
+        # URL's filesystem comes from the cache, so its listings are dropped instead.
+        chained = "::" in uri
+        fs, path = fsspec.core.url_to_fs(uri, **({} if chained else {"skip_instance_cache": True}))
+        local = isinstance(fs, LocalFileSystem) and not chained
+        if chained:
+            fs.invalidate_cache()
             protocol, target = uri.split("://", 1)[0], uri.split("::", 1)[1]
 
             def rebuild(p: str) -> str:

@@ -136,6 +136,7 @@ def evaluate_checkpoint(
         unknown = sorted(set(names) - set(datasets))
         if unknown:
             raise ValueError(f"eval sets {unknown} not found; validation sets are {sorted(datasets)}")
+
         def stack_leaf(*leaves):
             if isinstance(leaves[0], hax.NamedArray):
                 return hax.named(np.stack([np.asarray(x.array) for x in leaves]), (Batch, *leaves[0].axes))
@@ -162,7 +163,7 @@ def evaluate_checkpoint(
                     valid = hax.named((np.arange(batch_size) < real).astype(np.int32), Batch)
                     # Kept on the device and summed once: a float() per batch would wait for each.
                     totals.append(batch_totals(model, stacked, valid))
-            total_nats, total_tokens, total_bytes = (float(sum(np.float64(t[i]) for t in totals)) for i in range(3))
+            total_nats, total_tokens, total_bytes = np.asarray(totals, dtype=np.float64).sum(axis=0).tolist()
             if len(first_examples) < num_samples:
                 first_examples += [np.asarray(ex.tokens.array) for ex in sync.get_batch(list(range(min(n, num_samples))))]
             report[f"eval/{name}/loss"] = total_nats / total_tokens
