@@ -86,7 +86,15 @@ def planner():
 
 
 def cmd_materialize(args: argparse.Namespace) -> int:
-    from marin_assets.planning import WorkspaceRuns, parse_key
+    from marin_assets.planning import parse_key
+
+    return materialize_targets([(parse_key(args.selection), args.partition)], args)
+
+
+def materialize_targets(targets: list, args: argparse.Namespace) -> int:
+    """Build ``targets`` (asset key, partition or None) and their stale upstream as one plan, so
+    independent branches run side by side; ``args`` are `marin materialize`'s options."""
+    from marin_assets.planning import WorkspaceRuns
     from marin_resources.store import ArtifactLockedError
 
     plan, settings, _ = planner()
@@ -99,24 +107,27 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         if args.rebuild:
-            plan.retract(parse_key(args.selection), args.partition, log=say)
+            for key, partition in targets:
+                plan.retract(key, partition, log=say)
         # A rebuild reads its inputs again, so it re-hashes them: tampered bytes are never carried downstream.
         with stdout_to_stderr(args.json), WorkspaceRuns(plan.instance, str(REPO_ROOT / "workspace.yaml")) as runs:
-            steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force,
-                                     verify=args.verify or args.rebuild, runs=runs, max_parallel=args.max_parallel)
+            steps = plan.materialize_all(targets, log=say, force=args.force, verify=args.verify or args.rebuild,
+                                         runs=runs, max_parallel=args.max_parallel)
     except (KeyError, ValueError) as exc:
         print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
     except ArtifactLockedError as exc:
         print(f"marin: {exc}", file=sys.stderr)
         return 1
-    failed = [s for s in steps if not s.success]
+    failed = [s for s in steps if not s.success and not s.skipped]
+    skipped = sum(s.skipped for s in steps)
     ran = sum(s.ran for s in steps)
     failures = f" ({len(failed)} failed: {', '.join(str(s.partition or s.asset_keys[0]) for s in failed)})" \
         if failed else ""
-    say(f"{'FAILED' if failed else 'ok'}: {ran} run(s){failures}, {len(steps) - ran} fresh step(s) skipped, "
+    ok = all(s.success for s in steps)
+    say(f"{'ok' if ok else 'FAILED'}: {ran} run(s){failures}, {len(steps) - ran - skipped} fresh step(s) skipped"
+        f"{f', {skipped} step(s) not run after a failure' if skipped else ''}, "
         f"{time.monotonic() - started:.1f}s, prefix {settings.prefix}")
-    ok = not failed
     if args.json:
         print(json.dumps({"success": ok, "prefix": settings.prefix,
                           "steps": [s.__dict__ for s in steps],
@@ -379,24 +390,24 @@ def cmd_failures(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo_materialize_args() -> list[argparse.Namespace]:
-    """What the demo's two commands parse to, every option at its default:
-    `marin materialize eval --partition nano-shakespeare`, then `marin materialize scaling_fit/demo`."""
-    parser = build_parser()
-    return [parser.parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION]),
-            parser.parse_args(["materialize", f"scaling_fit/{DEMO_SWEEP}"])]
+def demo_materialize_args() -> argparse.Namespace:
+    """The demo's options: `marin materialize`'s, every one at its default."""
+    return build_parser().parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION])
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from marin_assets.planning import parse_key
+
     started = time.monotonic()
-    steps = ("raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval",
-             f"sweep/{DEMO_SWEEP} -> 9 sweep runs (sweep_checkpoint, sweep_eval) -> isoFLOP fit")
-    for materialize, path in zip(demo_materialize_args(), steps):
-        where = f"{materialize.selection}[{materialize.partition}]" if materialize.partition else materialize.selection
-        print(f"marin demo: materializing {where} and everything upstream of it: {path}")
-        code = cmd_materialize(materialize)
-        if code != 0:
-            return code
+    print(f"marin demo: materializing {DEMO_TARGET}[{DEMO_PARTITION}] and scaling_fit/{DEMO_SWEEP}, and everything "
+          "upstream of them, as one plan:\n"
+          "  raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval\n"
+          f"  mixture -> sweep/{DEMO_SWEEP} -> 9 sweep runs (sweep_checkpoint, sweep_eval) -> isoFLOP fit\n"
+          "  (the sweep's runs train beside the named run, two at a time)")
+    code = materialize_targets([(parse_key(DEMO_TARGET), DEMO_PARTITION), (parse_key(f"scaling_fit/{DEMO_SWEEP}"), None)],
+                               demo_materialize_args())
+    if code != 0:
+        return code
     _, settings, instance = planner()
     home = os.environ["DAGSTER_HOME"]
     print(f"\ndemo finished in {time.monotonic() - started:.1f}s\n"

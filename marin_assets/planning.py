@@ -56,6 +56,17 @@ class StepResult:
     seconds: float = 0.0
     manifests: list[str] = field(default_factory=list)
     error: str | None = None
+    skipped: bool = False  # not run because a step it reads from did not succeed
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """One run of a plan: a group of assets sharing a partitions definition, for one partition, run
+    after the steps (indices into the plan) whose artifacts it reads."""
+
+    keys: list[dg.AssetKey]
+    partition: str | None
+    after: frozenset[int]
 
 
 def parse_key(key: str) -> dg.AssetKey:
@@ -236,26 +247,33 @@ class Planner:
 
     # ---- execution -------------------------------------------------------------------------
     def plan(self, target: dg.AssetKey, partition: str | None) -> list[tuple[list[dg.AssetKey], list[str | None]]]:
-        """Target plus its upstream as runs: assets sharing a partitions definition run together.
+        """`plan_all` of one target."""
+        return self.plan_all([(target, partition)])
+
+    def plan_all(self, targets: list[tuple[dg.AssetKey, str | None]]
+                 ) -> list[tuple[list[dg.AssetKey], list[str | None]]]:
+        """The targets plus their upstream as groups: assets sharing a partitions definition run together.
 
         An asset's stage is one past its latest parent with a different partitions definition, so
-        a run never needs an asset from a later run; groups execute in stage order.
+        a group never needs an asset from a later group; groups are listed in stage order.
         """
-        self.require_asset(target)
-        wanted = dg.AssetSelection.assets(target).upstream().resolve(self.graph)
+        for target, partition in targets:
+            self.require_asset(target)
+            if partition is not None and self.graph.get(target).partitions_def is None:
+                raise ValueError(f"{key_str(target)} is not partitioned; drop --partition")
+        wanted = dg.AssetSelection.assets(*[t for t, _ in targets]).upstream().resolve(self.graph)
         ordered = [k for k in self.graph.toposorted_asset_keys if k in wanted and self.graph.get(k).is_materializable]
-        target_pdef = self.graph.get(target).partitions_def
-        if partition is not None and target_pdef is None:
-            raise ValueError(f"{key_str(target)} is not partitioned; drop --partition")
         stage: dict[dg.AssetKey, int] = {}
         for key in ordered:
             pdef = self.graph.get(key).partitions_def
             stage[key] = max((stage[p] + (self.graph.get(p).partitions_def != pdef)
                               for p in self.graph.get(key).parent_keys if p in stage), default=0)
-        # Partitions each asset must provide: the target's, then what each child reads, through
+        # Partitions each asset must provide: the targets', then what each child reads, through
         # the partition mappings (a sweep fit reads only its own runs' evals).
-        needed: dict[dg.AssetKey, set] = {
-            target: {partition} if partition is not None else set(self.partitions_of(target))}
+        needed: dict[dg.AssetKey, set] = {}
+        for target, partition in targets:
+            needed.setdefault(target, set()).update(
+                {partition} if partition is not None else self.partitions_of(target))
         for key in reversed(ordered):
             for parent in self.graph.get(key).parent_keys:
                 if parent in stage:
@@ -271,6 +289,23 @@ class Planner:
             if parts:
                 planned.append((keys, parts))
         return planned
+
+    def steps_of(self, targets: list[tuple[dg.AssetKey, str | None]]) -> list[PlannedStep]:
+        """The plan as steps, one per group and partition (one Dagster run each), in plan order, each
+        naming the earlier steps whose artifacts it reads."""
+        planned = self.plan_all(targets)
+        group_of = {key: g for g, (keys, _) in enumerate(planned) for key in keys}
+        index: dict[tuple[int, str | None], int] = {}
+        steps: list[PlannedStep] = []
+        for g, (keys, parts) in enumerate(planned):
+            for part in parts:
+                after = {index[(group_of[parent], p)]
+                         for key in keys for parent in self.graph.get(key).parent_keys
+                         if group_of.get(parent, g) != g
+                         for p in self.parent_partitions(key, part, parent) if (group_of[parent], p) in index}
+                index[(g, part)] = len(steps)
+                steps.append(PlannedStep(keys, part, frozenset(after)))
+        return steps
 
     def reap_orphaned_runs(self, log: Log = print) -> list[str]:
         """Mark runs of this CLI whose process died (kill -9, OOM, power) as failed, and free their
@@ -384,85 +419,114 @@ class Planner:
             log(f"  retract {label}: {damage_summary(damage)}; its files are cleared, it is built from scratch")
         return kept
 
-    def materialize(self, target: dg.AssetKey, partition: str | None, *, log: Log = print,
-                    run_config: dict | None = None, force: bool = False, verify: bool = False,
-                    runs: RunSubmitter | None = None, max_parallel: int | None = None) -> list[StepResult]:
-        """Run the stale, missing or damaged steps of the target's plan. With `verify`, every
+    def materialize(self, target: dg.AssetKey, partition: str | None, **options) -> list[StepResult]:
+        """`materialize_all` of one target."""
+        return self.materialize_all([(target, partition)], **options)
+
+    def materialize_all(self, targets: list[tuple[dg.AssetKey, str | None]], *, log: Log = print,
+                        run_config: dict | None = None, force: bool = False, verify: bool = False,
+                        runs: RunSubmitter | None = None, max_parallel: int | None = None) -> list[StepResult]:
+        """Run the stale, missing or damaged steps of the targets' plan. With `verify`, every
         committed artifact in the plan is re-hashed before it counts as fresh, and every build
         re-hashes the inputs it reads.
 
-        Stages run in order; within a stage every partition is its own Dagster run, submitted
-        through ``runs`` with at most ``max_parallel`` in flight (default: `default_parallelism`). A
-        failed partition does not stop its siblings: the stage finishes, and the plan stops before
-        the next stage, whose inputs would be incomplete."""
+        Every step (a group of assets for one partition) is its own Dagster run, submitted through
+        ``runs`` as soon as the steps it reads from have succeeded, with at most ``max_parallel`` in
+        flight (default: `default_parallelism`), in plan order; pools still bound each asset. So
+        independent partitions and independent branches (a sweep's runs beside a named run) overlap.
+        A step is judged fresh or not only when it is ready, after its inputs were built. A failed
+        step does not stop its siblings; the steps that read it are not run, and say why."""
         self.reap_orphaned_runs(log)
-        self.require_partition(target, partition)
+        for target, partition in targets:
+            self.require_partition(target, partition)
         runs = runs or InProcessRuns(self.defs, self.instance)
         limit = max(1, min(max_parallel or default_parallelism(self.instance), runs.max_parallel))
         tags = {CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()),
                 **({VERIFY_TAG: "true"} if verify else {})}
-        results: list[StepResult] = []
-        for keys, parts in self.plan(target, partition):
-            names = [key_str(k) for k in keys]
-            to_build = []
-            memo: dict = {}  # one per stage: the stages before it were just built
-            for part in parts:
-                label = ", ".join(names) + (f" [{part}]" if part else "")
-                states = [self.state(k, part, verify=verify, memo=memo) for k in keys
-                          if self.version_of(k) is not None]
-                if not force and states and all(s.state == "fresh" for s in states):
-                    step = StepResult(names, part, False, True, manifests=[f"{s.uri}/.artifact.json" for s in states])
-                    # A reused artifact keeps the verdict of the checks that ran when it was built.
-                    failed = self.failed_checks_of_producers(keys, part)
-                    if failed:
-                        step.success, step.error = False, f"ERROR check(s) failed when built: {'; '.join(failed)}"
-                        log(f"  fresh   {label}, but {step.error}")
-                    else:
-                        log(f"  fresh   {label}")
-                    results.append(step)
-                    continue
-                causes = "; ".join(f"{s.asset_key}: {s.cause}" for s in states if s.state != "fresh")
-                to_build.append((part, label, causes or "forced"))
-            results.extend(self._run_stage(keys, to_build, runs, limit, run_config or quiet_run_config(), tags, log))
-            if not all(r.success for r in results):
-                return results
-        return results
-
-    def _run_stage(self, keys: list[dg.AssetKey], to_build: list, runs: RunSubmitter, limit: int,
-                   run_config: dict, tags: dict, log: Log) -> list[StepResult]:
-        """One run per partition, at most ``limit`` in flight; results in submission order."""
-        names = [key_str(k) for k in keys]
-        checks = [c for c in self.graph.asset_check_keys if c.asset_key in keys]
-        pending, in_flight, done = list(to_build), {}, {}
+        run_config = run_config or quiet_run_config()
+        steps = self.steps_of(targets)
+        # Assessments of finished steps and their inputs: only a step whose inputs are all finished is
+        # assessed, and a step that is then built drops its own entries when it ends.
+        memo: dict = {}
+        results: dict[int, StepResult] = {}
+        pending, in_flight = list(range(len(steps))), {}
         next_health_check = time.monotonic() + WORKER_CHECK_S
         while pending or in_flight:
-            while pending and len(in_flight) < limit:
-                part, label, cause = pending.pop(0)
-                log(f"  build   {label}  ({cause})")
-                started = time.monotonic()
-                run_id = runs.submit(keys, checks, part, run_config, tags)
-                in_flight[run_id] = (part, label, started)
+            for i in list(pending):
+                if len(in_flight) >= limit:
+                    break
+                step = steps[i]
+                unfinished = [d for d in step.after if d not in results]
+                failed = [d for d in step.after if d in results and not results[d].success]
+                if failed:
+                    pending.remove(i)
+                    # A failure propagates as a skip, so each failure is reported once, where it happened.
+                    log(f"  skip    {self._label(step)}  (input {self._label(steps[failed[0]])} did not succeed)")
+                    results[i] = StepResult([key_str(k) for k in step.keys], step.partition, False, False,
+                                            error="skipped: an input did not succeed", skipped=True)
+                    continue
+                if unfinished:
+                    continue
+                pending.remove(i)
+                fresh = None if force else self._fresh_result(step, verify, memo, log)
+                if fresh is not None:
+                    results[i] = fresh
+                    continue
+                log(f"  build   {self._label(step)}  ({self._causes(step, verify, memo) or 'forced'})")
+                checks = [c for c in self.graph.asset_check_keys if c.asset_key in step.keys]
+                run_id = runs.submit(step.keys, checks, step.partition, run_config, tags)
+                in_flight[run_id] = (i, time.monotonic())
             finished = [(run_id, run) for run_id in in_flight
                         if (run := self.instance.get_run_by_id(run_id)) is not None and run.is_finished]
             if not finished:
                 if time.monotonic() >= next_health_check:
                     next_health_check = time.monotonic() + WORKER_CHECK_S
-                    for run_id in list(in_flight):
+                    for run_id, (i, _) in list(in_flight.items()):
                         why = self.lost_worker(run_id)
                         if why:
-                            log(f"          {in_flight[run_id][1]}: {why}")
+                            log(f"          {self._label(steps[i])}: {why}")
                 time.sleep(0.2)
                 continue
             for run_id, run in finished:
-                part, label, started = in_flight.pop(run_id)
-                step = self._run_result(names, keys, part, run, round(time.monotonic() - started, 2))
-                if step.success:
-                    log(f"          {label}: done in {step.seconds:.1f}s (run {run_id[:8]})")
+                i, started = in_flight.pop(run_id)
+                step = steps[i]
+                for key in step.keys:
+                    memo.pop((key, step.partition), None)
+                result = self._run_result([key_str(k) for k in step.keys], step.keys, step.partition, run,
+                                          round(time.monotonic() - started, 2))
+                if result.success:
+                    log(f"          {self._label(step)}: done in {result.seconds:.1f}s (run {run_id[:8]})")
                 else:
-                    log(f"          {label}: FAILED (run {run_id}): {step.error}")
-                done[run_id] = step
-        order = {part: i for i, (part, _, _) in enumerate(to_build)}
-        return sorted(done.values(), key=lambda s: order[s.partition])
+                    log(f"          {self._label(step)}: FAILED (run {run_id}): {result.error}")
+                results[i] = result
+        return [results[i] for i in sorted(results)]
+
+    @staticmethod
+    def _label(step: PlannedStep) -> str:
+        return ", ".join(key_str(k) for k in step.keys) + (f" [{step.partition}]" if step.partition else "")
+
+    def _states(self, step: PlannedStep, verify: bool, memo: dict) -> list[PartitionState]:
+        return [self.state(k, step.partition, verify=verify, memo=memo) for k in step.keys
+                if self.version_of(k) is not None]
+
+    def _causes(self, step: PlannedStep, verify: bool, memo: dict) -> str:
+        return "; ".join(f"{s.asset_key}: {s.cause}" for s in self._states(step, verify, memo) if s.state != "fresh")
+
+    def _fresh_result(self, step: PlannedStep, verify: bool, memo: dict, log: Log) -> StepResult | None:
+        """The result of a step whose artifacts are all fresh (nothing to run), else None."""
+        states = self._states(step, verify, memo)
+        if not states or any(s.state != "fresh" for s in states):
+            return None
+        result = StepResult([key_str(k) for k in step.keys], step.partition, False, True,
+                            manifests=[f"{s.uri}/.artifact.json" for s in states])
+        # A reused artifact keeps the verdict of the checks that ran when it was built.
+        failed = self.failed_checks_of_producers(step.keys, step.partition)
+        if failed:
+            result.success, result.error = False, f"ERROR check(s) failed when built: {'; '.join(failed)}"
+            log(f"  fresh   {self._label(step)}, but {result.error}")
+        else:
+            log(f"  fresh   {self._label(step)}")
+        return result
 
     def _run_result(self, names: list[str], keys: list[dg.AssetKey], part: str | None, run: dg.DagsterRun,
                     seconds: float) -> StepResult:

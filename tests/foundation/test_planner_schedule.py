@@ -1,0 +1,117 @@
+"""The planner runs a step as soon as the steps it reads from have succeeded: a long partition of one
+stage does not hold back a later stage's step that does not read it, and a failed step skips only
+the steps that read it."""
+
+import uuid
+
+import dagster as dg
+import pytest
+
+from marin_assets.catalog import Catalog
+from marin_assets.planning import InProcessRuns, Planner, parse_key
+from marin_resources.keys import asset_key
+from marin_resources.store import ArtifactStore
+
+SHARDS = dg.StaticPartitionsDefinition(["broken", "fast", "slow"])
+# Its own partitions definition, so that it is a step of its own, not one run with test/fast_only.
+WHOLE = dg.StaticPartitionsDefinition(["whole"])
+
+
+class HeldBackRuns:
+    """In-process runs, except that the run of partition ``held`` finishes only once ``until`` has
+    been submitted and built: a planner that waited for every partition of a stage would wait on it
+    forever (the test's timeout)."""
+
+    max_parallel = 8
+
+    def __init__(self, defs: dg.Definitions, instance: dg.DagsterInstance, held: str, until: dg.AssetKey):
+        self.inner, self.instance, self.held, self.until = InProcessRuns(defs, instance), instance, held, until
+        self.waiting: tuple | None = None
+        self.order: list[str] = []
+
+    def submit(self, keys, checks, partition, run_config, tags) -> str:
+        if partition == self.held:
+            placeholder = uuid.uuid4().hex
+            self.instance.add_run(dg.DagsterRun(job_name="held_back", run_id=placeholder,
+                                                status=dg.DagsterRunStatus.STARTED))
+            self.waiting = (placeholder, keys, checks, partition, run_config, tags)
+            return placeholder
+        run_id = self.run(keys, checks, partition, run_config, tags)
+        if keys == [self.until] and self.waiting is not None:
+            placeholder, *request = self.waiting
+            status = self.instance.get_run_by_id(self.run(*request)).status
+            self.instance.delete_run(placeholder)
+            self.instance.add_run(dg.DagsterRun(job_name="held_back", run_id=placeholder, status=status))
+        return run_id
+
+    def run(self, keys, checks, partition, run_config, tags) -> str:
+        self.order.append(keys[0].path[-1] + (f"[{partition}]" if partition else ""))
+        return self.inner.submit(keys, checks, partition, run_config, tags)
+
+
+@pytest.mark.timeout(30)
+def test_a_step_starts_when_its_own_inputs_are_done_and_a_failure_skips_only_its_readers(tmp_path):
+    @dg.asset(key=asset_key("test/shard"), partitions_def=SHARDS)
+    def shard(context: dg.AssetExecutionContext) -> None:
+        if context.partition_key == "broken":
+            raise ValueError("this shard cannot be read")
+
+    @dg.asset(key=asset_key("test/fast_only"), deps=[dg.AssetDep(
+        shard, partition_mapping=dg.SpecificPartitionsPartitionMapping(["fast"]))])
+    def fast_only() -> None: ...
+
+    @dg.asset(key=asset_key("test/every_shard"), partitions_def=WHOLE,
+              deps=[dg.AssetDep(shard, partition_mapping=dg.AllPartitionMapping())])
+    def every_shard() -> None: ...
+
+    defs = dg.Definitions(assets=[shard, fast_only, every_shard])
+    log: list[str] = []
+    with dg.instance_for_test() as instance:
+        planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
+        runs = HeldBackRuns(defs, instance, held="slow", until=fast_only.key)
+        steps = planner.materialize_all([(parse_key("test/fast_only"), None), (parse_key("test/every_shard"), None),
+                                         (parse_key("test/shard"), "slow")], log=log.append, runs=runs, max_parallel=4)
+
+    outcome = {(tuple(s.asset_keys), s.partition): (s.ran, s.success, s.skipped) for s in steps}
+    assert outcome == {
+        (("test/shard",), "broken"): (True, False, False),
+        (("test/shard",), "fast"): (True, True, False),
+        (("test/shard",), "slow"): (True, True, False),
+        (("test/fast_only",), None): (True, True, False),
+        (("test/every_shard",), "whole"): (False, False, True),  # reads the broken shard
+    }, log
+    # The slow shard ran last: test/fast_only did not wait for it.
+    assert runs.order == ["shard_test[broken]", "shard_test[fast]", "fast_only_test", "shard_test[slow]"]
+    assert "  skip    test/every_shard [whole]  (input test/shard [broken] did not succeed)" in log
+
+
+def test_the_plan_of_several_targets_is_one_plan_whose_steps_name_what_they_read(tmp_path):
+    @dg.asset(key=asset_key("test/shard"), partitions_def=SHARDS)
+    def shard() -> None: ...
+
+    @dg.asset(key=asset_key("test/fast_only"), deps=[dg.AssetDep(
+        shard, partition_mapping=dg.SpecificPartitionsPartitionMapping(["fast"]))])
+    def fast_only() -> None: ...
+
+    @dg.asset(key=asset_key("test/every_shard"), partitions_def=WHOLE,
+              deps=[dg.AssetDep(shard, partition_mapping=dg.AllPartitionMapping())])
+    def every_shard() -> None: ...
+
+    defs = dg.Definitions(assets=[shard, fast_only, every_shard])
+    with dg.instance_for_test() as instance:
+        planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
+        alone = planner.steps_of([(parse_key("test/fast_only"), None)])
+        both = planner.steps_of([(parse_key("test/fast_only"), None), (parse_key("test/every_shard"), None)])
+        with pytest.raises(ValueError, match="not partitioned"):
+            planner.steps_of([(parse_key("test/fast_only"), "fast")])
+
+    def named(steps):
+        return {(s.keys[0].path[-1], s.partition): {(steps[i].keys[0].path[-1], steps[i].partition) for i in s.after}
+                for s in steps}
+
+    assert named(alone) == {("shard_test", "fast"): set(), ("fast_only_test", None): {("shard_test", "fast")}}
+    assert named(both) == {
+        ("shard_test", "broken"): set(), ("shard_test", "fast"): set(), ("shard_test", "slow"): set(),
+        ("fast_only_test", None): {("shard_test", "fast")},
+        ("every_shard_test", "whole"): {("shard_test", p) for p in ("broken", "fast", "slow")},
+    }
