@@ -12,7 +12,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import dagster as dg
@@ -67,6 +67,9 @@ class PlannedStep:
     keys: list[dg.AssetKey]
     partition: str | None
     after: frozenset[int]
+    serves: int = 0
+    """The first of the plan's targets this step is needed for: steps start in that order (the
+    targets' order is the caller's priority), then in plan order."""
 
 
 def parse_key(key: str) -> dg.AssetKey:
@@ -305,7 +308,16 @@ class Planner:
                          for p in self.parent_partitions(key, part, parent) if (group_of[parent], p) in index}
                 index[(g, part)] = len(steps)
                 steps.append(PlannedStep(keys, part, frozenset(after)))
-        return steps
+        serves = [len(targets)] * len(steps)
+        for t, (target, partition) in enumerate(targets):
+            reached = [i for i, step in enumerate(steps)
+                       if target in step.keys and (partition is None or step.partition == partition)]
+            while reached:
+                i = reached.pop()
+                if serves[i] > t:
+                    serves[i] = t
+                    reached.extend(steps[i].after)
+        return [replace(step, serves=serves[i]) for i, step in enumerate(steps)]
 
     def reap_orphaned_runs(self, log: Log = print) -> list[str]:
         """Mark runs of this CLI whose process died (kill -9, OOM, power) as failed, and free their
@@ -449,7 +461,8 @@ class Planner:
         # assessed, and a step that is then built drops its own entries when it ends.
         memo: dict = {}
         results: dict[int, StepResult] = {}
-        pending, in_flight = list(range(len(steps))), {}
+        # A step's inputs serve at least the targets it serves, so they still come before it.
+        pending, in_flight = sorted(range(len(steps)), key=lambda i: (steps[i].serves, i)), {}
         next_health_check = time.monotonic() + WORKER_CHECK_S
         while pending or in_flight:
             for i in list(pending):

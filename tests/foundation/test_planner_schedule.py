@@ -81,7 +81,7 @@ def test_a_step_starts_when_its_own_inputs_are_done_and_a_failure_skips_only_its
         (("test/every_shard",), "whole"): (False, False, True),  # reads the broken shard
     }, log
     # The slow shard ran last: test/fast_only did not wait for it.
-    assert runs.order == ["shard_test[broken]", "shard_test[fast]", "fast_only_test", "shard_test[slow]"]
+    assert runs.order == ["shard_test[fast]", "shard_test[broken]", "fast_only_test", "shard_test[slow]"]
     assert "  skip    test/every_shard [whole]  (input test/shard [broken] did not succeed)" in log
 
 
@@ -115,3 +115,7 @@ def test_the_plan_of_several_targets_is_one_plan_whose_steps_name_what_they_read
         ("fast_only_test", None): {("shard_test", "fast")},
         ("every_shard_test", "whole"): {("shard_test", p) for p in ("broken", "fast", "slow")},
     }
+    # Steps start in the order of the targets they serve: the first target's inputs first.
+    assert {(s.keys[0].path[-1], s.partition): s.serves for s in both} == {
+        ("shard_test", "fast"): 0, ("fast_only_test", None): 0,
+        ("shard_test", "broken"): 1, ("shard_test", "slow"): 1, ("every_shard_test", "whole"): 1}
