@@ -242,6 +242,9 @@ class _FeatureTables:
     four_prefix: np.ndarray
     four: np.ndarray
     n_features: int
+    # A byte that is in no feature and never in UTF-8 text (or None): put between texts, it ends
+    # every n-gram that would cross into the next text, so no per-byte "bytes left" array is needed.
+    separator: int | None = None
 
 
 def feature_ngrams(identifier) -> dict[int, bytes]:
@@ -295,7 +298,11 @@ def _feature_tables(ngrams: dict[int, bytes], n_features: int) -> _FeatureTables
     rows = {prefix: row for row, prefix in enumerate(prefixes)}
     for gram, index in fours:
         four[rows[gram[:3]], gram[3]] = index
-    return _FeatureTables(tuple(short), four_prefix, four, n_features)
+    used = {byte for gram in ngrams.values() for byte in gram}
+    # 0xC0, 0xC1 and 0xF5..0xFF never occur in UTF-8.
+    separator = next((b for b in (0xFF, 0xFE, 0xFD, 0xFC, 0xFB, 0xFA, 0xF9, 0xF8, 0xF7, 0xF6, 0xF5, 0xC1, 0xC0)
+                      if b not in used), None)
+    return _FeatureTables(tuple(short), four_prefix, four, n_features, separator)
 
 
 @dataclass(frozen=True)
@@ -358,30 +365,63 @@ def language_features(texts: list[str], sample_chars: int = 5000) -> np.ndarray:
     hits are summed per (text, feature) with one ``bincount`` (one per order would zero
     and add a texts x features array four times).
     """
-    tables = _language_model().tables
+    return _language_feature_counts(texts, sample_chars).toarray().astype(np.int64)
+
+
+def _feature_hits(texts: list[str], sample_chars: int, tables: _FeatureTables) -> np.ndarray:
+    """``row * n_features + feature`` for every feature occurrence (in no particular order)."""
     n_feats = tables.n_features
     encoded = [t[:sample_chars].encode("utf-8") for t in texts]
     lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
-    data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-    row_offset = np.repeat(np.arange(len(encoded), dtype=np.int64) * n_feats, lengths)
-    # Bytes left in its own text from each position on: an n-gram fits when this is >= n.
-    left = np.repeat(np.cumsum(lengths), lengths) - np.arange(data.size)
-    keys = []  # row * n_feats + feature, one per occurrence
-    code = data.astype(np.uint32)
+    if tables.separator is None:
+        data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        # Bytes left in its own text from each position on: an n-gram fits when this is >= n.
+        left = np.repeat(np.cumsum(lengths), lengths) - np.arange(data.size)
+        starts = np.cumsum(lengths) - lengths
+    else:
+        # One separator byte between texts: no feature contains it, so no n-gram found crosses.
+        data = np.frombuffer(bytes([tables.separator]).join(encoded), dtype=np.uint8)
+        left = None
+        starts = np.cumsum(lengths + 1) - (lengths + 1)
+    hits = []  # (positions, features), one pair per order
+    code = data.astype(np.intp)
     for n in (1, 2, 3):
         if n > 1:
             code = (code[:-1] << 8) | data[n - 1 :]
         feature = tables.short[n - 1][code]
-        at = np.flatnonzero((feature >= 0) & (left[: code.size] >= n))
-        keys.append(row_offset[at] + feature[at])
+        found = feature >= 0
+        if left is not None:
+            found &= left[: code.size] >= n
+        at = np.flatnonzero(found)
+        hits.append((at, feature[at]))
     # Four-byte n-grams: the first three bytes (``code`` now) pick a row, the fourth the entry.
     row = tables.four_prefix[code[:-1]]
-    at = np.flatnonzero((row >= 0) & (left[: row.size] >= 4))
-    feature = tables.four[row[at], data[at + 3]]
+    found = row >= 0
+    if left is not None:
+        found &= left[: row.size] >= 4
+    at = np.flatnonzero(found)
+    feature = tables.four.reshape(-1)[row[at].astype(np.intp) * 256 + data[at + 3]]
     found = feature >= 0
-    keys.append(row_offset[at[found]] + feature[found])
-    counts = np.bincount(np.concatenate(keys), minlength=len(encoded) * n_feats)
-    return counts.reshape(len(encoded), n_feats)
+    hits.append((at[found], feature[found]))
+    positions = np.concatenate([h[0] for h in hits])
+    features = np.concatenate([h[1] for h in hits]).astype(np.int64)
+    rows = np.searchsorted(starts, positions, side="right") - 1
+    return rows * n_feats + features
+
+
+def _language_feature_counts(texts: list[str], sample_chars: int) -> sparse.csr_matrix:
+    """:func:`language_features` as a float64 CSR matrix with sorted column indices (the matrix
+    ``csr_matrix(language_features(...), dtype=float64)`` is, built without a dense pass)."""
+    tables = _language_model().tables
+    n_feats = tables.n_features
+    counts = np.bincount(_feature_hits(texts, sample_chars, tables), minlength=len(texts) * n_feats)
+    nonzero = np.flatnonzero(counts)
+    indptr = np.searchsorted(nonzero, np.arange(len(texts) + 1, dtype=np.int64) * n_feats)
+    index = np.int32 if counts.size < 2**31 else np.int64
+    return sparse.csr_matrix(
+        (counts[nonzero].astype(np.float64), (nonzero % n_feats).astype(index), indptr.astype(index)),
+        shape=(len(texts), n_feats),
+    )
 
 
 def identify_language(
@@ -401,7 +441,7 @@ def identify_language(
     for start in range(0, len(texts), batch_size):
         batch = texts[start : start + batch_size]
         # Most features are absent from a document: a sparse product skips their zero rows.
-        log_probs = np.asarray(sparse.csr_matrix(language_features(batch, sample_chars), dtype=np.float64) @ weights)
+        log_probs = np.asarray(_language_feature_counts(batch, sample_chars) @ weights)
         log_probs += priors
         best = log_probs.argmax(axis=1)
         # Probability of the best class: 1 / sum_j exp(lp_j - lp_best), stable since lp_j <= lp_best.
