@@ -521,12 +521,18 @@ def _language_feature_counts(texts: list[str], sample_chars: int) -> sparse.csr_
     ``csr_matrix(language_features(...), dtype=float64)`` is, built without a dense pass)."""
     tables = _language_model().tables
     n_feats = tables.n_features
-    counts = np.bincount(_feature_hits(texts, sample_chars, tables), minlength=len(texts) * n_feats)
-    nonzero = np.flatnonzero(counts)
+    # Sorting the hits (a few per byte) and counting equal neighbours is cheaper than a bincount
+    # over every (text, feature) cell and a scan of it for the non-zero ones.
+    hits = np.sort(_feature_hits(texts, sample_chars, tables))
+    first = np.ones(hits.size, dtype=bool)
+    first[1:] = hits[1:] != hits[:-1]
+    starts = np.flatnonzero(first)
+    nonzero = hits[starts]
+    counts = np.diff(starts, append=hits.size)
     indptr = np.searchsorted(nonzero, np.arange(len(texts) + 1, dtype=np.int64) * n_feats)
-    index = np.int32 if counts.size < 2**31 else np.int64
+    index = np.int32 if len(texts) * n_feats < 2**31 else np.int64
     return sparse.csr_matrix(
-        (counts[nonzero].astype(np.float64), (nonzero % n_feats).astype(index), indptr.astype(index)),
+        (counts.astype(np.float64), (nonzero % n_feats).astype(index), indptr.astype(index)),
         shape=(len(texts), n_feats),
     )
 
