@@ -142,8 +142,13 @@ def garbage_fraction(text: str) -> float:
         return 0.0
     if text.isascii():
         data = text.encode("ascii")
-        return (len(data) - len(data.translate(None, _ASCII_GARBAGE))) / len(text)
-    return len(_GARBAGE_RE.findall(text)) / len(text)
+    else:
+        data = text.encode("utf-8", "surrogatepass")
+        # The non-ASCII garbage (U+0080..U+009F, U+E000..U+F8FF, U+FFFD) starts with one of these
+        # bytes in UTF-8; without them only ASCII bytes can be garbage.
+        if b"\xc2" in data or b"\xee" in data or b"\xef" in data:
+            return len(_GARBAGE_RE.findall(text)) / len(text)
+    return (len(data) - len(data.translate(None, _ASCII_GARBAGE))) / len(text)
 
 
 def normalize_text(text: str) -> str:
@@ -265,8 +270,8 @@ _PRODUCER_LINE_RE = re.compile(
 
 
 # Every match of the marker patterns contains one of these (lower-cased; no character but the
-# ASCII capital matches these letters under re.IGNORECASE), and every inline notice "<<".
-_GUTENBERG_MARKER_WORDS = ("gutenberg", "project", "**the", "*end*the")
+# ASCII capital matches these letters under re.IGNORECASE), and every inline notice "<<":
+# "gutenberg", "project", "**the", "*end*the".
 
 
 def _may_hold_gutenberg_markup(text: str) -> bool:
@@ -275,7 +280,7 @@ def _may_hold_gutenberg_markup(text: str) -> bool:
     if "<<" in text:
         return True
     lowered = text.lower()
-    return any(word in lowered for word in _GUTENBERG_MARKER_WORDS)
+    return "gutenberg" in lowered or "project" in lowered or "**the" in lowered or "*end*the" in lowered
 
 
 def strip_gutenberg(text: str) -> tuple[str, bool]:
@@ -346,10 +351,14 @@ class _Collector:
             self.quarantine(source_id, Reason.EMPTY, "no text after normalisation", raw)
             return
         # Everything that can raise happens before the first append, so columns never go out of step.
-        row = {"id": hashlib.sha256(text.encode("utf-8")).hexdigest(), "text": text, "source": self.source.name,
-               "source_id": source_id, "metadata": json.dumps(metadata, sort_keys=True, default=str)}
-        for column, value in row.items():
-            self.docs[column].append(value)
+        doc_id = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        encoded_metadata = json.dumps(metadata, sort_keys=True, default=str)
+        docs = self.docs
+        docs["id"].append(doc_id)
+        docs["text"].append(text)
+        docs["source"].append(self.source.name)
+        docs["source_id"].append(source_id)
+        docs["metadata"].append(encoded_metadata)
 
     @contextlib.contextmanager
     def record(self, source_id: str, raw: bytes):

