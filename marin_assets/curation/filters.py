@@ -137,10 +137,15 @@ def enabled_rules(cfg: FilterConfig) -> list[str]:
     return [r for r in RULE_ORDER if (bool(cfg.languages) if r == "language" else getattr(cfg, r) is not None)]
 
 
-def _duplicate_stats(df: pl.DataFrame, unit: str) -> pl.DataFrame:
-    """Per document: characters in repeated lines/paragraphs over all characters.
+def _duplicate_fractions(df: pl.DataFrame, unit: str) -> np.ndarray:
+    """Per document: characters in repeated lines/paragraphs over all characters (0.0 without any).
 
-    Returns a frame with ``_doc`` and ``duplicate_{unit}_fraction``.
+    Pieces are stripped, empty ones left out, and grouped per document by a 64-bit hash of
+    their text rather than the text itself (same groups up to negligible collisions); a group
+    weighs its first piece's characters times its size, and everything past the first piece
+    is repeated. The grouping is a sort: by document and the hash's top 40 bits in one stable
+    uint64 argsort, or by document and the whole hash where two hashes of one document share
+    their top 40 bits.
     """
     pieces = pl.col("text")
     if unit == "paragraph":
@@ -155,22 +160,33 @@ def _duplicate_stats(df: pl.DataFrame, unit: str) -> pl.DataFrame:
         .explode("_piece")
         .with_columns(pl.col("_piece").str.strip_chars())
         .filter(pl.col("_piece").str.len_bytes() > 0)
-        # Group by a 64-bit hash rather than the string: same groups (up to
-        # negligible collisions), much less hashing and copying of text.
         .select("_doc", pl.col("_piece").hash(seed=0).alias("_hash"), pl.col("_piece").str.len_chars().alias("_chars"))
-        .group_by("_doc", "_hash")
-        .agg(pl.len().alias("_count"), pl.col("_chars").first())
-        .group_by("_doc")
-        .agg(
-            (pl.col("_chars") * pl.col("_count")).sum().alias("_total"),
-            (pl.col("_chars") * (pl.col("_count") - 1)).sum().alias("_dup"),
-        )
-        .select(
-            "_doc",
-            (pl.col("_dup") / pl.col("_total")).cast(pl.Float64).alias(f"duplicate_{unit}_fraction"),
-        )
+        .collect()
     )
-    return per_piece.collect()
+    docs = per_piece["_doc"].to_numpy().astype(np.uint64)
+    hashes = per_piece["_hash"].to_numpy()
+    chars = per_piece["_chars"].to_numpy().astype(np.int64)
+    if docs.size and int(docs[-1]) < 1 << 24:
+        order = np.argsort((docs << np.uint64(40)) | (hashes >> np.uint64(24)), kind="stable")
+        docs, hashes, chars = docs[order], hashes[order], chars[order]
+        same_prefix = (docs[1:] == docs[:-1]) & ((hashes[1:] >> np.uint64(24)) == (hashes[:-1] >> np.uint64(24)))
+        if np.any(same_prefix & (hashes[1:] != hashes[:-1])):
+            order = np.lexsort((hashes, docs))  # stable too: each group starts at its first piece
+            docs, hashes, chars = docs[order], hashes[order], chars[order]
+    elif docs.size:
+        order = np.lexsort((hashes, docs))
+        docs, hashes, chars = docs[order], hashes[order], chars[order]
+    group_start = np.ones(docs.size, dtype=bool)
+    group_start[1:] = (docs[1:] != docs[:-1]) | (hashes[1:] != hashes[:-1])
+    starts = np.flatnonzero(group_start)
+    count = np.diff(starts, append=docs.size)
+    first_chars = chars[starts]
+    group_doc = docs[starts].astype(np.int64)
+    total = np.bincount(group_doc, weights=first_chars * count, minlength=df.height)
+    duplicated = np.bincount(group_doc, weights=first_chars * (count - 1), minlength=df.height)
+    fractions = np.zeros(df.height, dtype=np.float64)
+    np.divide(duplicated, total, out=fractions, where=total > 0)
+    return fractions
 
 
 # Character classes as the regex engine of polars sees them, per code point, filled in on first
@@ -319,12 +335,10 @@ def text_stats(df: pl.DataFrame) -> pl.DataFrame:
         .alias("ellipsis_line_fraction"),
         "n_stop_words",
     )
-    for unit in ("line", "paragraph"):
-        col = f"duplicate_{unit}_fraction"
-        stats = stats.join(_duplicate_stats(df, unit), on="_doc", how="left").with_columns(
-            pl.col(col).fill_null(0.0)
-        )
-    return stats.sort("_doc").drop("_doc")
+    return stats.drop("_doc").with_columns(
+        pl.Series(f"duplicate_{unit}_fraction", _duplicate_fractions(df, unit), dtype=pl.Float64)
+        for unit in ("line", "paragraph")
+    )
 
 
 @lru_cache(maxsize=1)
