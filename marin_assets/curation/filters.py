@@ -137,6 +137,11 @@ def enabled_rules(cfg: FilterConfig) -> list[str]:
     return [r for r in RULE_ORDER if (bool(cfg.languages) if r == "language" else getattr(cfg, r) is not None)]
 
 
+# The duplicate statistics sort by (document, hash >> this) in one uint64: 40 hash bits for up
+# to 2**24 documents.
+_DUPLICATE_SORT_SHIFT = 24
+
+
 def _duplicate_fractions(df: pl.DataFrame, unit: str) -> np.ndarray:
     """Per document: characters in repeated lines/paragraphs over all characters (0.0 without any).
 
@@ -166,10 +171,11 @@ def _duplicate_fractions(df: pl.DataFrame, unit: str) -> np.ndarray:
     docs = per_piece["_doc"].to_numpy().astype(np.uint64)
     hashes = per_piece["_hash"].to_numpy()
     chars = per_piece["_chars"].to_numpy().astype(np.int64)
-    if docs.size and int(docs[-1]) < 1 << 24:
-        order = np.argsort((docs << np.uint64(40)) | (hashes >> np.uint64(24)), kind="stable")
+    shift = np.uint64(_DUPLICATE_SORT_SHIFT)
+    if docs.size and int(docs[-1]) < 1 << _DUPLICATE_SORT_SHIFT:
+        order = np.argsort((docs << (np.uint64(64) - shift)) | (hashes >> shift), kind="stable")
         docs, hashes, chars = docs[order], hashes[order], chars[order]
-        same_prefix = (docs[1:] == docs[:-1]) & ((hashes[1:] >> np.uint64(24)) == (hashes[:-1] >> np.uint64(24)))
+        same_prefix = (docs[1:] == docs[:-1]) & ((hashes[1:] >> shift) == (hashes[:-1] >> shift))
         if np.any(same_prefix & (hashes[1:] != hashes[:-1])):
             order = np.lexsort((hashes, docs))  # stable too: each group starts at its first piece
             docs, hashes, chars = docs[order], hashes[order], chars[order]

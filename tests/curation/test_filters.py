@@ -149,6 +149,25 @@ def test_word_counts_equal_the_regex_counts():
             assert np.array_equal(got, want.to_numpy()), name
 
 
+
+@pytest.mark.parametrize("shift", [24, 62])  # 62: hash prefixes collide, the exact fallback sort runs
+def test_duplicate_fractions_equal_a_plain_count(monkeypatch, shift):
+    import random
+    from collections import Counter
+
+    from marin_assets.curation import filters
+
+    monkeypatch.setattr(filters, "_DUPLICATE_SORT_SHIFT", shift)
+    rng = random.Random(2)
+    lines = ["a", "b b", " a ", "ccc", "", "  ", "dd d", "é", "\t"]
+    texts = ["", "x"] + ["\n".join(rng.choice(lines) for _ in range(rng.randint(1, 12))) for _ in range(400)]
+    got = filters._duplicate_fractions(_frame(texts), "line")
+    for text, fraction in zip(texts, got):
+        counts = Counter(p.strip() for p in text.split("\n") if p.strip())
+        total = sum(len(p) * c for p, c in counts.items())
+        assert fraction == (sum(len(p) * (c - 1) for p, c in counts.items()) / total if total else 0.0)
+
+
 def test_language_identification():
     langs, scores = identify_language(
         [
