@@ -511,10 +511,11 @@ def _feature_hits(texts: list[str], sample_chars: int, tables: _FeatureTables) -
         left = None
         starts = np.cumsum(lengths + 1) - (lengths + 1)
     hits = []  # (positions, features), one pair per order
-    code = data.astype(np.intp)
-    for n in (1, 2, 3):
+    # The narrowest integer each n-gram's code fits in: the lookups read less memory.
+    code = data
+    for n, dtype in ((1, np.uint8), (2, np.uint16), (3, np.uint32)):
         if n > 1:
-            code = (code[:-1] << 8) | data[n - 1 :]
+            code = (code[:-1].astype(dtype) << dtype(8)) | data[n - 1 :]
         feature = tables.short[n - 1][code]
         found = feature >= 0
         if left is not None:
