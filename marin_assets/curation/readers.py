@@ -271,7 +271,7 @@ _PRODUCER_LINE_RE = re.compile(
 
 # Every match of the marker patterns contains one of these (lower-cased; no character but the
 # ASCII capital matches these letters under re.IGNORECASE), and every inline notice "<<":
-# "gutenberg", "project", "**the", "*end*the".
+# "gutenberg", "**the", "*end*the", or both "***" and "project" (the third end marker).
 
 
 def _may_hold_gutenberg_markup(text: str) -> bool:
@@ -280,7 +280,8 @@ def _may_hold_gutenberg_markup(text: str) -> bool:
     if "<<" in text:
         return True
     lowered = text.lower()
-    return "gutenberg" in lowered or "project" in lowered or "**the" in lowered or "*end*the" in lowered
+    return ("gutenberg" in lowered or "**the" in lowered or "*end*the" in lowered
+            or ("***" in text and "project" in lowered))
 
 
 def strip_gutenberg(text: str) -> tuple[str, bool]:
