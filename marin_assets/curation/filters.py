@@ -276,15 +276,21 @@ def _word_counts_batch(texts: list[str]) -> tuple[np.ndarray, ...]:
 
 
 def _word_counts(texts: list[str]) -> tuple[np.ndarray, ...]:
-    parts, start, size = [], 0, 0
-    for index, text in enumerate(texts):
-        size += len(text) + 1
-        if size >= _WORD_STATS_BATCH_CHARS or index == len(texts) - 1:
-            parts.append(_word_counts_batch(texts[start : index + 1]))
-            start, size = index + 1, 0
-    if not parts:
-        return tuple(np.zeros(0, dtype=np.int64) for _ in range(5))
-    return tuple(np.concatenate(column) for column in zip(*parts))
+    """:func:`_word_counts_batch` over all texts in batches of about _WORD_STATS_BATCH_CHARS
+    characters; ASCII texts are batched apart from the others, so most batches are one byte
+    per character rather than four (each text's counts are its own, whatever its batch)."""
+    ascii_texts = np.fromiter(map(str.isascii, texts), dtype=bool, count=len(texts))
+    counts = tuple(np.zeros(len(texts), dtype=np.int64) for _ in range(5))
+    for group in (np.flatnonzero(ascii_texts), np.flatnonzero(~ascii_texts)):
+        start, size = 0, 0
+        for position, index in enumerate(group.tolist()):
+            size += len(texts[index]) + 1
+            if size >= _WORD_STATS_BATCH_CHARS or position == group.size - 1:
+                members = group[start : position + 1]
+                for column, values in zip(counts, _word_counts_batch([texts[i] for i in members.tolist()])):
+                    column[members] = values
+                start, size = position + 1, 0
+    return counts
 
 
 def text_stats(df: pl.DataFrame) -> pl.DataFrame:
