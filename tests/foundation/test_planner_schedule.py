@@ -49,8 +49,10 @@ class HeldBackRuns:
         return self.inner.submit(keys, checks, partition, run_config, tags)
 
 
-@pytest.mark.timeout(30)
-def test_a_step_starts_when_its_own_inputs_are_done_and_a_failure_skips_only_its_readers(tmp_path):
+def three_assets() -> dg.Definitions:
+    """test/shard (three partitions; "broken" fails), test/fast_only (reads shard "fast") and
+    test/every_shard (reads every shard)."""
+
     @dg.asset(key=asset_key("test/shard"), partitions_def=SHARDS)
     def shard(context: dg.AssetExecutionContext) -> None:
         if context.partition_key == "broken":
@@ -64,11 +66,16 @@ def test_a_step_starts_when_its_own_inputs_are_done_and_a_failure_skips_only_its
               deps=[dg.AssetDep(shard, partition_mapping=dg.AllPartitionMapping())])
     def every_shard() -> None: ...
 
-    defs = dg.Definitions(assets=[shard, fast_only, every_shard])
+    return dg.Definitions(assets=[shard, fast_only, every_shard])
+
+
+@pytest.mark.timeout(30)
+def test_a_step_starts_when_its_own_inputs_are_done_and_a_failure_skips_only_its_readers(tmp_path):
+    defs = three_assets()
     log: list[str] = []
     with dg.instance_for_test() as instance:
         planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
-        runs = HeldBackRuns(defs, instance, held="slow", until=fast_only.key)
+        runs = HeldBackRuns(defs, instance, held="slow", until=asset_key("test/fast_only"))
         steps = planner.materialize_all([(parse_key("test/fast_only"), None), (parse_key("test/every_shard"), None),
                                          (parse_key("test/shard"), "slow")], log=log.append, runs=runs, max_parallel=4)
 
@@ -86,18 +93,7 @@ def test_a_step_starts_when_its_own_inputs_are_done_and_a_failure_skips_only_its
 
 
 def test_the_plan_of_several_targets_is_one_plan_whose_steps_name_what_they_read(tmp_path):
-    @dg.asset(key=asset_key("test/shard"), partitions_def=SHARDS)
-    def shard() -> None: ...
-
-    @dg.asset(key=asset_key("test/fast_only"), deps=[dg.AssetDep(
-        shard, partition_mapping=dg.SpecificPartitionsPartitionMapping(["fast"]))])
-    def fast_only() -> None: ...
-
-    @dg.asset(key=asset_key("test/every_shard"), partitions_def=WHOLE,
-              deps=[dg.AssetDep(shard, partition_mapping=dg.AllPartitionMapping())])
-    def every_shard() -> None: ...
-
-    defs = dg.Definitions(assets=[shard, fast_only, every_shard])
+    defs = three_assets()
     with dg.instance_for_test() as instance:
         planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
         alone = planner.steps_of([(parse_key("test/fast_only"), None)])
