@@ -50,4 +50,4 @@ def test_demo_reaches_a_scaling_fit_and_is_a_noop_the_second_time(tmp_path):
     assert len(runs) == 9 and all(store.find("sweep_checkpoint/demo", "v1", r) is not None for r in runs)
 
     again = demo(env)
-    assert again.stdout.count("ok: 0 run(s)") == 1, again.stdout[-3000:]
+    assert again.stdout.count("ok: 0 run(s)") == 2, again.stdout[-3000:]
