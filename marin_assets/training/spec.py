@@ -100,8 +100,6 @@ class RunSpec:
     eval_sets: tuple[str, ...] = ()
     """Mixture components whose validation split is evaluated; empty means all of them."""
     steps_per_eval: int = 1000
-    """Levanter evaluates during training every this many steps (after the first step, each multiple,
-    and the last); at or past ``num_train_steps``, not at all: the eval asset evaluates the final checkpoint."""
     max_eval_batches: int | None = None
     checkpoint_every: int = 1000
     """Permanent checkpoint cadence in steps (a final checkpoint is always written)."""

@@ -194,21 +194,7 @@ def _metrics_tracker_config_class() -> type:
     return StepMetricsTrackerConfig
 
 
-# The qualified name of the evaluation hook `train_lm.main` registers (levanter.eval.cb_tagged_lm_evaluate).
-_LEVANTER_EVAL_HOOK = "cb_tagged_lm_evaluate.<locals>.eval_callback"
-
-
-def in_training_eval(trainer_config) -> bool:
-    """Whether Levanter evaluates during training: only when ``steps_per_eval`` falls inside the run.
-
-    Levanter's hook fires at every multiple of ``steps_per_eval`` counting step 0, and once more,
-    forced, after the last step, so a run with ``steps_per_eval`` past its end would still evaluate
-    twice, over whole validation sets (a sweep run's configuration). Such a run asks for no curve;
-    its eval asset evaluates the final checkpoint, once."""
-    return trainer_config.steps_per_eval < trainer_config.num_train_steps
-
-
-def _final_checkpoint_trainer_class(before_save: Callable[[], None] | None = None, *, evaluate: bool = True) -> type:
+def _final_checkpoint_trainer_class(before_save: Callable[[], None] | None = None) -> type:
     """Levanter's Trainer, plus a guaranteed checkpoint of the final step.
 
     ``Trainer.train`` ends with ``run_hooks(force=True)``, but plain-function hooks drop ``force``,
@@ -216,8 +202,7 @@ def _final_checkpoint_trainer_class(before_save: Callable[[], None] | None = Non
     the time interval; and ``train_lm.main`` does not wait for the async write before exiting.
     Eval and downstream stages need the final weights, so after training we save (if needed)
     and wait with the same checkpointer instance Levanter created. ``before_save`` runs as each
-    checkpoint save begins. Without ``evaluate``, Levanter's evaluation hook is not registered
-    (`in_training_eval`); evaluation does not touch the training state, so the weights are the same.
+    checkpoint save begins.
     """
     from levanter.checkpoint import Checkpointer
     from levanter.trainer import Trainer
@@ -226,8 +211,6 @@ def _final_checkpoint_trainer_class(before_save: Callable[[], None] | None = Non
         _marin_checkpointer: Checkpointer | None = None
 
         def add_hook(self, fn=None, *, every: int = 1):
-            if not evaluate and getattr(fn, "__qualname__", "") == _LEVANTER_EVAL_HOOK:
-                return None
             if isinstance(getattr(fn, "__self__", None), Checkpointer):
                 self._marin_checkpointer = checkpointer = fn.__self__
                 if before_save is not None:
@@ -438,8 +421,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     # train_lm.main constructs `Trainer` by module-global name; swap in the subclass for this call only.
     original_trainer = train_lm.Trainer
     train_lm.Trainer = _final_checkpoint_trainer_class(
-        before_save=None if mirror is None else lambda: mirror.push(METRICS_FILE),
-        evaluate=in_training_eval(config.trainer))
+        before_save=None if mirror is None else lambda: mirror.push(METRICS_FILE))
     try:
         train_lm.main(config)
     finally:

@@ -52,8 +52,7 @@ def test_kill9_resume_through_pipes_then_eval(tmp_path, tiny_artifact, tiny_mixt
     from marin_assets.training.commands import eval_command, train_command
     from marin_assets.training.levanter_config import build_train_config, write_train_config
 
-    # Levanter evaluates during training (its last evaluation is compared with eval_main's below).
-    spec = tiny_spec(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, steps_per_eval=STEPS // 2)
+    spec = tiny_spec(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
     config_path = write_train_config(
         build_train_config(spec, tiny_mixture, tokenizer_dir, str(out), watch_interval=0), out / "train_config.yaml"
     )
