@@ -30,9 +30,6 @@ DEMO_TARGET = "eval"
 DEMO_PARTITION = "nano-shakespeare"
 DEMO_SWEEP = "demo"
 """The built-in sweep the demo fits after its run: 3 budgets x 3 model sizes of a few seconds each."""
-DEMO_TARGETS = ((DEMO_TARGET, DEMO_PARTITION), (f"scaling_fit/{DEMO_SWEEP}", None))
-DEMO_PATHS = ("raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval",
-              f"sweep/{DEMO_SWEEP} -> 9 sweep runs (sweep_checkpoint, sweep_eval) -> isoFLOP fit")
 # Local limits. Two CPU trainings at a time: a small Levanter run spends most of its wall time in
 # single-threaded work (start-up, tracing, compilation, the Python step loop; a demo sweep run: 36 s,
 # of which 10 s in steps), so a second one fills the other core. One accelerator run per device.
@@ -89,15 +86,7 @@ def planner():
 
 
 def cmd_materialize(args: argparse.Namespace) -> int:
-    from marin_assets.planning import parse_key
-
-    return materialize_targets([(parse_key(args.selection), args.partition)], args)
-
-
-def materialize_targets(targets: list, args: argparse.Namespace) -> int:
-    """Build ``targets`` (asset key, partition or None) and their stale upstream as one plan, so
-    independent branches run side by side; ``args`` are `marin materialize`'s options."""
-    from marin_assets.planning import WorkspaceRuns
+    from marin_assets.planning import WorkspaceRuns, parse_key
     from marin_resources.store import ArtifactLockedError
 
     plan, settings, _ = planner()
@@ -110,12 +99,11 @@ def materialize_targets(targets: list, args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         if args.rebuild:
-            for key, partition in targets:
-                plan.retract(key, partition, log=say)
+            plan.retract(parse_key(args.selection), args.partition, log=say)
         # A rebuild reads its inputs again, so it re-hashes them: tampered bytes are never carried downstream.
         with stdout_to_stderr(args.json), WorkspaceRuns(plan.instance, str(REPO_ROOT / "workspace.yaml")) as runs:
-            steps = plan.materialize_all(targets, log=say, force=args.force, verify=args.verify or args.rebuild,
-                                         runs=runs, max_parallel=args.max_parallel)
+            steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force,
+                                     verify=args.verify or args.rebuild, runs=runs, max_parallel=args.max_parallel)
     except (KeyError, ValueError) as exc:
         print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
@@ -393,22 +381,25 @@ def cmd_failures(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo_materialize_args() -> argparse.Namespace:
-    """The demo's options: `marin materialize`'s, every one at its default."""
-    return build_parser().parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION])
+def demo_materialize_args() -> list[argparse.Namespace]:
+    """What the demo's two commands parse to, every option at its default:
+    `marin materialize eval --partition nano-shakespeare`, then `marin materialize scaling_fit/demo`."""
+    parser = build_parser()
+    return [parser.parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION]),
+            parser.parse_args(["materialize", f"scaling_fit/{DEMO_SWEEP}"])]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from marin_assets.planning import parse_key
-
     started = time.monotonic()
     # One after the other, not as one plan, so that the named run trains alone: beside sweep runs
     # the Levanter processes compete for the two cores (measured: the named run still training
     # after 8 minutes instead of about 4, each sweep run beside it 190-197 s).
-    for (target, partition), path in zip(DEMO_TARGETS, DEMO_PATHS):
-        print(f"marin demo: materializing {target}{f'[{partition}]' if partition else ''} and everything "
-              f"upstream of it: {path}")
-        code = materialize_targets([(parse_key(target), partition)], demo_materialize_args())
+    steps = ("raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval",
+             f"sweep/{DEMO_SWEEP} -> 9 sweep runs (sweep_checkpoint, sweep_eval) -> isoFLOP fit")
+    for materialize, path in zip(demo_materialize_args(), steps):
+        where = f"{materialize.selection}[{materialize.partition}]" if materialize.partition else materialize.selection
+        print(f"marin demo: materializing {where} and everything upstream of it: {path}")
+        code = cmd_materialize(materialize)
         if code != 0:
             return code
     _, settings, instance = planner()

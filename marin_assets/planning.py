@@ -444,8 +444,8 @@ class Planner:
 
         Every step (a group of assets for one partition) is its own Dagster run, submitted through
         ``runs`` as soon as the steps it reads from have succeeded, with at most ``max_parallel`` in
-        flight (default: `default_parallelism`), in plan order; pools still bound each asset. So
-        independent partitions and independent branches (a sweep's runs beside a named run) overlap.
+        flight (default: `default_parallelism`), in the order of the targets they serve, then in plan
+        order; pools still bound each asset. So independent partitions and branches overlap.
         A step is judged fresh or not only when it is ready, after its inputs were built. A failed
         step does not stop its siblings; the steps that read it are not run, and say why."""
         self.reap_orphaned_runs(log)

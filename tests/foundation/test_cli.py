@@ -118,11 +118,14 @@ def test_rebuild_withdraws_one_partition_and_keeps_its_manifest(env, tmp_path):
 def test_demo_materializes_with_every_materialize_option_at_its_default():
     from marin_assets.cli import build_parser, demo_materialize_args
 
-    args = demo_materialize_args()
+    run, sweep = demo_materialize_args()
+    assert (run.selection, run.partition) == ("eval", "nano-shakespeare")
+    assert (sweep.selection, sweep.partition) == ("scaling_fit/demo", None)
     materialize = build_parser()._subparsers._group_actions[0].choices["materialize"]
-    assert not (args.force or args.rebuild or args.json or args.verify) and args.max_parallel is None
-    # Every option of `marin materialize` exists on the demo's arguments (a new flag cannot break the demo).
-    assert {a.dest for a in materialize._actions if a.dest != "help"} <= set(vars(args))
+    for args in (run, sweep):
+        assert not (args.force or args.rebuild or args.json)
+        # Every option of `marin materialize` exists on the demo's arguments (a new flag cannot break the demo).
+        assert {a.dest for a in materialize._actions if a.dest != "help"} <= set(vars(args))
 
 
 def test_partitions_run_in_parallel_and_a_failure_spares_its_siblings(env, tmp_path, monkeypatch):
