@@ -27,7 +27,8 @@ from marin_assets.training.commands import EVAL_REPORT_FILE, eval_command, train
 from marin_assets.training.levanter_config import (TRAIN_CONFIG_FILE, WandbSettings, render_train_config,
                                                    set_checkpoint_base)
 from marin_assets.training.spec import RunSpec
-from marin_assets.training.train_main import SUMMARY_FILE
+from marin_assets.training.eval_main import REPORT_VERSION
+from marin_assets.training.train_main import FINAL_EVAL_FILE, SUMMARY_FILE
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
 from marin_resources.display import png_markdown, records_table
@@ -121,7 +122,7 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                 # Levanter (tensorstore) saves each checkpoint straight into the bucket, where a re-run
                 # on any machine resumes from it; `out` is scratch for logs, uploaded at commit.
                 set_checkpoint_base(config_path, writer.path("checkpoints"))
-            launcher.run_process(context, train_command(config_path, out), resources=spec.resources,
+            launcher.run_process(context, train_command(config_path, out, final_eval=True), resources=spec.resources,
                                  extras={"run": spec.name, "fingerprint": spec.fingerprint()})
             # The summary file, not the Pipes message, is the record: a lost message must not commit
             # a checkpoint without its metrics.
@@ -163,6 +164,11 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
 
         def build(writer) -> Built:
             out = local_dir(store, writer)
+            report = final_eval_report(artifacts, checkpoint)
+            if report is not None:
+                context.log.info(f"adopting {FINAL_EVAL_FILE}, written by the training process of {spec.name}")
+                Path(out, EVAL_REPORT_FILE).write_text(json.dumps(report, indent=2))
+                return eval_built(report, evaluated_by="training process")
             with tempfile.TemporaryDirectory(prefix="marin-eval-") as scratch:
                 # The run's config names its checkpoints by URI (a local path, or the bucket), so
                 # eval only needs a local copy of the config file itself.
@@ -172,10 +178,7 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                 Path(config_path).write_text(relocated_train_config(text, checkpoint.uri, artifacts))
                 launcher.run_process(context, eval_command(config_path, out), resources=spec.resources,
                                      extras={"run": spec.name})
-            report = json.loads((Path(out) / EVAL_REPORT_FILE).read_text())
-            metrics = {k: v for k, v in report.items() if k.startswith("eval/") and isinstance(v, (int, float))}
-            samples = report.get("samples", [])
-            return Built(metrics=metrics, metadata={"samples": records_table(samples)} if samples else {})
+            return eval_built(json.loads((Path(out) / EVAL_REPORT_FILE).read_text()), evaluated_by="eval process")
 
         return materialize_artifact(context, store, config={"run": spec.identity()}, upstream=[checkpoint],
                                     build=build)
@@ -190,6 +193,25 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                                    metadata={k: float(v) for k, v in bpb.items()})
 
     return [checkpoint, evaluation], [loss_fell, bpb_finite]
+
+
+def final_eval_report(store: ArtifactStore, checkpoint: ArtifactHandle) -> dict[str, Any] | None:
+    """The checkpoint's final-eval report (`train_main --final-eval`), if it has one this eval code
+    would have written: None for a checkpoint from before it, or one whose report is of another version."""
+    try:
+        with store.open(f"{checkpoint.uri}/{FINAL_EVAL_FILE}") as fh:
+            report = json.loads(fh.read().decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    return report if report.get("report_version") == REPORT_VERSION else None
+
+
+def eval_built(report: dict[str, Any], *, evaluated_by: str) -> Built:
+    metrics = {k: v for k, v in report.items() if k.startswith("eval/") and isinstance(v, (int, float))}
+    metadata: dict[str, Any] = {"evaluated_by": evaluated_by}
+    if report.get("samples"):
+        metadata["samples"] = records_table(report["samples"])
+    return Built(metrics=metrics, metadata=metadata)
 
 
 def add_run_identities(catalog: Catalog, checkpoint_key: str, eval_key: str, spec_for: SpecLookup) -> None:

@@ -18,10 +18,11 @@ HARNESS_MODULE = "marin_assets.evaluation.harness_main"
 HARNESS_REPORT_FILE = "harness_report.json"
 
 
-def train_command(train_config_path: str, output_dir: str) -> ProcessCommand:
-    """``train_main --config CFG --output-dir OUT``: train (or resume) into ``output_dir``."""
-    return ProcessCommand("train", TRAIN_MODULE, ("--config", train_config_path, "--output-dir", output_dir),
-                          output_dir, inputs=(train_config_path,))
+def train_command(train_config_path: str, output_dir: str, *, final_eval: bool = False) -> ProcessCommand:
+    """``train_main --config CFG --output-dir OUT [--final-eval]``: train (or resume) into
+    ``output_dir``; with ``final_eval``, then evaluate the final checkpoint in the same process."""
+    args = ("--config", train_config_path, "--output-dir", output_dir) + (("--final-eval",) if final_eval else ())
+    return ProcessCommand("train", TRAIN_MODULE, args, output_dir, inputs=(train_config_path,))
 
 
 def eval_command(train_config_path: str, output_dir: str, *, checkpoint_path: str | None = None,

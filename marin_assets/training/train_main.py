@@ -9,6 +9,11 @@ small Levanter ``Tracker`` that groups each step's values into one record, appen
 ``{output_dir}/metrics.jsonl``, adds an MFU estimate and forwards it through Dagster Pipes.
 So Levanter's training loop runs verbatim; there is no copy of ``train_lm.main`` to keep in sync.
 
+Final evaluation (``--final-eval``): once training has finished, the process evaluates the final
+checkpoint with ``eval_main.evaluate_checkpoint`` while Levanter and JAX are loaded and writes
+``{output_dir}/final_eval_report.json``; eval/<run> adopts that report instead of starting a
+process of its own (for a small run, the second process cost as much as its training steps).
+
 Resume: the config points Levanter's checkpointer at ``{output_dir}/checkpoints``, or, when the
 store is a bucket, at the artifact's ``checkpoints/`` there (tensorstore writes each step straight
 to the bucket); Levanter loads the latest ``step-N`` on start, so relaunching after a crash or
@@ -39,6 +44,7 @@ from marin_assets.training.spec import ModelSpec
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "train_summary.json"
+FINAL_EVAL_FILE = "final_eval_report.json"
 LOSS_CURVE_FILE = "loss_curve.png"
 # Per-step values copied from Levanter's log calls into metrics.jsonl, under our names.
 _LEVANTER_KEYS = {
@@ -462,13 +468,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="Levanter TrainLmConfig YAML (from build_train_config)")
     parser.add_argument("--output-dir", help="run directory; defaults to the config file's directory")
     parser.add_argument("--report-every", type=int, help="send a Pipes progress message every N steps")
+    parser.add_argument("--final-eval", action="store_true",
+                        help=f"evaluate the final checkpoint into OUTPUT_DIR/{FINAL_EVAL_FILE}")
     args = parse_process_args(parser, argv)
     output_dir = Path(args.output_dir or os.path.dirname(os.path.abspath(args.config)))
     # W&B writes its run directory under WANDB_DIR; keep it with the run's other outputs.
     os.environ.setdefault("WANDB_DIR", str(output_dir))
     with open_reporter() as reporter:
         summary = train(args.config, output_dir, reporter, report_every=args.report_every)
+        if args.final_eval:
+            write_final_eval(args.config, output_dir, reporter)
         reporter.materialization(summary, asset_key=args.asset_key)
+
+
+def write_final_eval(config_path: str, output_dir: Path, reporter: Reporter) -> None:
+    """The final checkpoint's eval report, as the eval process would write it with its defaults.
+
+    A failure here is logged and leaves no report: the trained checkpoint still commits, and
+    eval/<run> then evaluates in its own process, where the same error fails that step.
+    """
+    from marin_assets.training.eval_main import evaluate_checkpoint, write_report
+
+    path = output_dir / FINAL_EVAL_FILE
+    if path.exists():
+        return
+    started = time.time()
+    try:
+        report = evaluate_checkpoint(config_path)
+    except Exception as exc:  # noqa: BLE001 - reported, and redone by eval/<run>
+        reporter.log(f"final evaluation failed ({type(exc).__name__}: {exc}); eval/<run> will evaluate in "
+                     "its own process")
+        return
+    write_report(report, path)
+    reporter.log(f"final evaluation in {time.time() - started:.1f}s: " + ", ".join(
+        f"{k} = {v:.4f}" for k, v in report.items() if k.endswith(("/loss", "/bpb")) and v is not None))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from marin_assets.training.train_main import SUMMARY_FILE
 parser = argparse.ArgumentParser()
 parser.add_argument("--config", required=True)
 parser.add_argument("--output-dir", required=True)
+parser.add_argument("--final-eval", action="store_true")  # accepted; this stand-in evaluates nothing
 args = parser.parse_args()
 
 config = yaml.safe_load(Path(args.config).read_text())

@@ -74,9 +74,10 @@ def test_kill9_resume_through_pipes_then_eval(tmp_path, tiny_artifact, tiny_mixt
     resumable = _complete_checkpoint_steps(out / "checkpoints")[-1]
     assert resumable < STEPS - 1, "run finished before it could be killed"
 
-    # 2) Relaunch through the Pipes launcher with the same output dir: continues from the checkpoint.
+    # 2) Relaunch through the Pipes launcher with the same output dir: continues from the checkpoint,
+    #    then evaluates the final checkpoint in the same process (what eval/<run> adopts).
     meta, messages = _run_in_dagster(
-        lambda context, launcher: launcher.run_process(context, train_command(config_path, str(out)))
+        lambda context, launcher: launcher.run_process(context, train_command(config_path, str(out), final_eval=True))
     )
     assert meta["attempt"] == 1
     assert meta["resumed_from_step"] == resumable + 1
@@ -107,6 +108,15 @@ def test_kill9_resume_through_pipes_then_eval(tmp_path, tiny_artifact, tiny_mixt
     assert bpb == pytest.approx(loss / math.log(2) * report["eval/stdlib-docs/tokens"] / report["eval/stdlib-docs/bytes"])
     assert len(report["samples"]) == 3 and all(s["prompt"] for s in report["samples"])
     assert eval_meta["eval/stdlib-docs/loss"] == pytest.approx(loss)
+
+    # 3b) The training process's final evaluation is the report the eval process writes with its
+    #     defaults, value for value: eval/<run> adopts it in place of launching that process.
+    from marin_assets.training.eval_main import REPORT_VERSION
+    from marin_assets.training.train_main import FINAL_EVAL_FILE
+    _run_in_dagster(lambda context, launcher: launcher.run_process(context, eval_command(config_path, str(out / "full"))))
+    final = json.load(open(out / FINAL_EVAL_FILE))
+    assert final["report_version"] == REPORT_VERSION and final["checkpoint_path"].endswith(f"step-{STEPS - 1}")
+    assert final == json.load(open(out / "full" / "eval_report.json"))
 
     # 4) The offline harness suite on the same checkpoint, through the launcher: a line-end task built from the
     #    fixture's held-out documents (every 10th docstring, never trained on). This 32-wide, 200-step model is
