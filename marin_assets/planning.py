@@ -465,9 +465,10 @@ class Planner:
         pending, in_flight = sorted(range(len(steps)), key=lambda i: (steps[i].serves, i)), {}
         next_health_check = time.monotonic() + WORKER_CHECK_S
         while pending or in_flight:
+            # Every ready step is judged first, then the stale ones start: so a step whose siblings
+            # all turn out fresh can take along the global step that reads them (`_follower`).
+            stale: list[int] = []
             for i in list(pending):
-                if len(in_flight) >= limit:
-                    break
                 step = steps[i]
                 unfinished = [d for d in step.after if d not in results]
                 failed = [d for d in step.after if d in results and not results[d].success]
@@ -480,38 +481,61 @@ class Planner:
                     continue
                 if unfinished:
                     continue
-                pending.remove(i)
                 fresh = None if force else self._fresh_result(step, verify, memo, log)
                 if fresh is not None:
+                    pending.remove(i)
                     results[i] = fresh
                     continue
+                stale.append(i)
+            for i in stale:
+                if len(in_flight) >= limit:
+                    break
+                step = steps[i]
+                pending.remove(i)
                 log(f"  build   {self._label(step)}  ({self._causes(step, verify, memo) or 'forced'})")
-                checks = [c for c in self.graph.asset_check_keys if c.asset_key in step.keys]
-                run_id = runs.submit(step.keys, checks, step.partition, run_config, tags)
-                in_flight[run_id] = (i, time.monotonic())
+                follower = self._follower(i, steps, pending, results)
+                group = [i] if follower is None else [i, follower]
+                if follower is not None:
+                    pending.remove(follower)
+                    log(f"          with {self._label(steps[follower])} in the same run (it reads it, and "
+                        "nothing else it reads is left to build)")
+                keys = [k for g in group for k in steps[g].keys]
+                checks = [c for c in self.graph.asset_check_keys if c.asset_key in keys]
+                run_id = runs.submit(keys, checks, step.partition, run_config, tags)
+                in_flight[run_id] = (group, time.monotonic())
             finished = [(run_id, run) for run_id in in_flight
                         if (run := self.instance.get_run_by_id(run_id)) is not None and run.is_finished]
             if not finished:
                 if time.monotonic() >= next_health_check:
                     next_health_check = time.monotonic() + WORKER_CHECK_S
-                    for run_id, (i, _) in list(in_flight.items()):
+                    for run_id, (group, _) in list(in_flight.items()):
                         why = self.lost_worker(run_id)
                         if why:
-                            log(f"          {self._label(steps[i])}: {why}")
+                            log(f"          {self._label(steps[group[0]])}: {why}")
                 time.sleep(0.2)
                 continue
             for run_id, run in finished:
-                i, started = in_flight.pop(run_id)
-                step = steps[i]
-                for key in step.keys:
-                    memo.pop((key, step.partition), None)
-                result = self._run_result([key_str(k) for k in step.keys], step.keys, step.partition, run,
-                                          round(time.monotonic() - started, 2))
-                if result.success:
-                    log(f"          {self._label(step)}: done in {result.seconds:.1f}s (run {run_id[:8]})")
-                else:
-                    log(f"          {self._label(step)}: FAILED (run {run_id}): {result.error}")
-                results[i] = result
+                group, started = in_flight.pop(run_id)
+                seconds = round(time.monotonic() - started, 2)
+                for position, i in enumerate(group):
+                    step = steps[i]
+                    for key in step.keys:
+                        memo.pop((key, step.partition), None)
+                    if position and not results[group[0]].success:
+                        # Built on an input that failed (e.g. an ERROR check after its materialization):
+                        # what this run committed for it is withdrawn, as if it had not run.
+                        withdrawn = self._withdraw(step.keys, run_id)
+                        log(f"  skip    {self._label(step)}  (input {self._label(steps[group[0]])} did not succeed"
+                            + (f"; withdrew what this run committed for {', '.join(withdrawn)})" if withdrawn else ")"))
+                        results[i] = StepResult([key_str(k) for k in step.keys], step.partition, False, False,
+                                                error="skipped: an input did not succeed", skipped=True)
+                        continue
+                    result = self._run_result(step.keys, step.partition, run, seconds, alone=len(group) == 1)
+                    if result.success:
+                        log(f"          {self._label(step)}: done in {result.seconds:.1f}s (run {run_id[:8]})")
+                    else:
+                        log(f"          {self._label(step)}: FAILED (run {run_id}): {result.error}")
+                    results[i] = result
         return [results[i] for i in sorted(results)]
 
     @staticmethod
@@ -541,15 +565,47 @@ class Planner:
             log(f"  fresh   {self._label(step)}")
         return result
 
-    def _run_result(self, names: list[str], keys: list[dg.AssetKey], part: str | None, run: dg.DagsterRun,
-                    seconds: float) -> StepResult:
-        """What a finished run did, from its record and event log in the instance."""
-        evaluations = [e.dagster_event.event_specific_data for e in
-                       self.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
-                       if e.dagster_event is not None]
+    def _follower(self, i: int, steps: list[PlannedStep], pending: list[int], results: dict[int, StepResult]
+                  ) -> int | None:
+        """An unpartitioned step that reads step ``i`` and nothing else still to build: it joins
+        ``i``'s run. So one new shard is one run through the global steps after it (its partition,
+        then dedup and the token cache), not two; a first build, where sibling shards are still
+        running when the last one starts, is unchanged. A follower that turns out fresh is a reuse
+        inside the run (`materialize_artifact`)."""
+        if steps[i].partition is None:
+            return None
+        for j in pending:
+            step = steps[j]
+            if step.partition is None and i in step.after and all(
+                    d == i or (d in results and results[d].success) for d in step.after):
+                return j
+        return None
+
+    def _withdraw(self, keys: list[dg.AssetKey], run_id: str) -> list[str]:
+        """Retract the unpartitioned artifacts of ``keys`` that run ``run_id`` committed; their names."""
+        withdrawn = []
+        for key in keys:
+            manifest = self.current(key, None) if self.version_of(key) is not None else None
+            if manifest is not None and manifest.producer.get("run_id") == run_id:
+                self.store.retract(manifest, run_id=f"withdraw-{run_id[:8]}")
+                withdrawn.append(key_str(key))
+        return withdrawn
+
+    def _run_result(self, keys: list[dg.AssetKey], part: str | None, run: dg.DagsterRun, seconds: float, *,
+                    alone: bool = True) -> StepResult:
+        """What a finished run did for ``keys``, from its record and event log in the instance. In a run
+        that also held other steps (not ``alone``), the keys succeeded if each was materialized."""
+        evaluations = [d for e in self.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+                       if e.dagster_event is not None
+                       and (d := e.dagster_event.event_specific_data).asset_key in keys]
         failed = failed_error_checks(evaluations)
         ok = run.status == dg.DagsterRunStatus.SUCCESS
-        step = StepResult(names, part, True, ok and not failed, run.run_id, seconds)
+        if not ok and not alone:
+            materialized = {e.dagster_event.asset_key for e in
+                            self.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+                            if e.dagster_event is not None}
+            ok = all(k in materialized for k in keys)
+        step = StepResult([key_str(k) for k in keys], part, True, ok and not failed, run.run_id, seconds)
         if step.success:
             step.manifests = [f"{self.current(k, part).uri}/.artifact.json"
                               for k in keys if self.version_of(k) is not None]

@@ -92,7 +92,16 @@ def marin_check(asset: dg.AssetsDefinition, **kwargs: Any):
 def checked_manifest(context: dg.AssetCheckExecutionContext, store: MarinStore, key: str,
                      version: str) -> Manifest | None:
     """The committed artifact an asset check inspects: the check's partition (none when unpartitioned)."""
-    return store.get().find(key, version, context.partition_key if context.has_partition_key else None)
+    return store.get().find(key, version, asset_partition(context))
+
+
+def asset_partition(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> str | None:
+    """The partition an asset (or check) is built for; None when it is unpartitioned, also inside a run
+    that has a partition (a global step that joined the run of the one shard it was waiting for,
+    see the planner's `_follower`), where Dagster's `has_partition_key` is true for every step."""
+    if context.op_execution_context.assets_def.partitions_def is None:
+        return None
+    return context.partition_key
 
 
 def store_version(context: dg.AssetExecutionContext) -> str:
@@ -116,7 +125,7 @@ def materialize_artifact(
     """
     artifacts = store.get()
     key = asset_key_str(context.asset_key)
-    partition = context.partition_key if context.has_partition_key else None
+    partition = asset_partition(context)
     version = store_version(context)
     fp = compute_fingerprint(config)
     refs = [h.ref() for h in upstream]

@@ -61,6 +61,8 @@ def test_new_shard_appends_and_old_data_files_keep_their_bytes(env, tmp_path):
     (tmp_path / "web" / "0-new.txt").write_text((tmp_path / "books" / "shared.txt").read_text())
     steps = materialize(env, "deduplicated/web")["steps"]
     assert [step["partition"] for step in steps if step["ran"]] == ["0-new.txt", None]
+    # One run: the new shard's partition, then the global dedup steps that read it, nothing else to build.
+    assert len({step["run_id"] for step in steps if step["ran"]}) == 1
     after = manifest(tmp_path, "deduplicated/web")
     assert {path: after[path] for path in web} == web, "an earlier data or duplicates file changed"
     assert sorted(set(after) - set(web)) == ["data/0-new.txt.parquet", "duplicates/0-new.txt.parquet"]

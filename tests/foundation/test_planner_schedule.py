@@ -30,14 +30,14 @@ class HeldBackRuns:
         self.order: list[str] = []
 
     def submit(self, keys, checks, partition, run_config, tags) -> str:
-        if partition == self.held:
+        if partition == self.held and not any(self.until.path[-1] in run for run in self.order):
             placeholder = uuid.uuid4().hex
             self.instance.add_run(dg.DagsterRun(job_name="held_back", run_id=placeholder,
                                                 status=dg.DagsterRunStatus.STARTED))
             self.waiting = (placeholder, keys, checks, partition, run_config, tags)
             return placeholder
         run_id = self.run(keys, checks, partition, run_config, tags)
-        if keys == [self.until] and self.waiting is not None:
+        if self.until in keys and self.waiting is not None:
             placeholder, *request = self.waiting
             status = self.instance.get_run_by_id(self.run(*request)).status
             self.instance.delete_run(placeholder)
@@ -45,7 +45,7 @@ class HeldBackRuns:
         return run_id
 
     def run(self, keys, checks, partition, run_config, tags) -> str:
-        self.order.append(keys[0].path[-1] + (f"[{partition}]" if partition else ""))
+        self.order.append("+".join(k.path[-1] for k in keys) + (f"[{partition}]" if partition else ""))
         return self.inner.submit(keys, checks, partition, run_config, tags)
 
 
@@ -87,8 +87,10 @@ def test_a_step_starts_when_its_own_inputs_are_done_and_a_failure_skips_only_its
         (("test/fast_only",), None): (True, True, False),
         (("test/every_shard",), "whole"): (False, False, True),  # reads the broken shard
     }, log
-    # The slow shard ran last: test/fast_only did not wait for it.
-    assert runs.order == ["shard_test[fast]", "shard_test[broken]", "fast_only_test", "shard_test[slow]"]
+    # The slow shard ran last: test/fast_only did not wait for it. It reads only the fast shard, so it
+    # joined that shard's run.
+    assert runs.order == ["shard_test+fast_only_test[fast]", "shard_test[broken]", "shard_test[slow]"]
+    assert "          with test/fast_only in the same run (it reads it, and nothing else it reads is left to build)" in log
     assert "  skip    test/every_shard [whole]  (input test/shard [broken] did not succeed)" in log
 
 
