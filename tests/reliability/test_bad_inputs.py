@@ -213,8 +213,13 @@ def test_a_failed_error_check_fails_the_command_and_is_recorded(built):
     summary = json.loads(proc.stdout)
     (failed,) = [s for s in summary["steps"] if not s["success"] and not s["skipped"]]
     assert not summary["success"] and "documents/allbad:documents_quarantine_bound" in failed["error"]
-    # deduplicated/allbad reads the failed partition, so it is not run.
+    # deduplicated/allbad reads the failed partition, so it is not run: it joined that shard's run
+    # (its only input), and what that run committed for it was withdrawn when the shard's check failed.
     assert summary["steps"][-1]["skipped"] and summary["steps"][-1]["partition"] is None
+    assert "in the same run" in proc.stderr and "withdrew what this run committed for" in proc.stderr, proc.stderr[-3000:]
+    from marin_resources.store import ArtifactStore
+    artifacts = ArtifactStore(str(built["store"]))
+    assert all(artifacts.find(key, "v1", None) is None for key in ("dedup_index/allbad", "deduplicated/allbad"))
     rows = [r for r in _ok(built["runs"]["failures"]) if r["partition"] == "noise.txt"]
     assert any(r["error"].startswith("AssetCheckFailed: documents/allbad:documents_quarantine_bound")
                and "quarantine_fraction=1.0" in r["error"] for r in rows)
