@@ -81,6 +81,12 @@ class Command:
     def __post_init__(self) -> None:
         self.ran = [s for s in self.steps if s["ran"]]
 
+    @property
+    def runs(self) -> dict[str, float]:
+        """Seconds of each Dagster run the command started: steps that shared a run (a global step
+        that joined a shard's run) count once."""
+        return {s["run_id"]: s["seconds"] for s in self.ran}
+
     def stage_seconds(self, dagster_home: str) -> dict[str, float]:
         """Seconds per stage (asset key's first segment), from each run's STEP_START/STEP_SUCCESS events."""
         import dagster as dg
@@ -220,13 +226,13 @@ def run_size(megabytes: int, workdir: Path, source: str, shard_mb: float) -> dic
     home = env["DAGSTER_HOME"]
     seconds, added_seconds = first.stage_seconds(home), added.stage_seconds(home)
     per_shard_s = sum(seconds.get(s, 0.0) for s in PER_SHARD_STAGES)
-    in_run_s = sum(s["seconds"] for s in first.ran)
+    in_run_s = sum(first.runs.values())
     one_shard_s = in_run_s / shards
-    one_shard_runs = len(first.ran) / shards
-    added_in_run_s = sum(s["seconds"] for s in added.ran)
+    one_shard_runs = len(first.runs) / shards
+    added_in_run_s = sum(added.runs.values())
     return {
         "megabytes": round(corpus_mb, 1), "shards": shards, "documents_planted": len(writer.planted),
-        "wall_s": first.wall_s, "cpu_s": first.cpu_s, "runs": len(first.ran), "in_run_s": round(in_run_s, 1),
+        "wall_s": first.wall_s, "cpu_s": first.cpu_s, "runs": len(first.runs), "in_run_s": round(in_run_s, 1),
         "mb_per_s_wall": round(corpus_mb / first.wall_s, 2),
         "stage_mb_per_s": {stage: round(corpus_mb / s, 2) for stage, s in sorted(seconds.items()) if s > 0},
         "per_shard_stages_mb_per_s": round(corpus_mb / per_shard_s, 2) if per_shard_s else None,
@@ -237,12 +243,12 @@ def run_size(megabytes: int, workdir: Path, source: str, shard_mb: float) -> dic
                                               if per_shard_s else None),
         "peak_rss_mb": first.peak_rss_mb,
         "stage_seconds": {k: round(v, 1) for k, v in sorted(seconds.items())},
-        "new_shard": {"megabytes": round(new_mb, 1), "runs": len(added.ran), "rebuilt": added.rebuilt(),
+        "new_shard": {"megabytes": round(new_mb, 1), "runs": len(added.runs), "rebuilt": added.rebuilt(),
                       "in_run_s": round(added_in_run_s, 1), "wall_s": added.wall_s, "cpu_s": added.cpu_s,
                       "peak_rss_mb": added.peak_rss_mb,
                       "one_shard_runs": round(one_shard_runs, 2), "one_shard_in_run_s": round(one_shard_s, 1),
                       "seconds_over_one_shard": round(added_in_run_s / one_shard_s, 2) if one_shard_s else None,
-                      "runs_over_one_shard": round(len(added.ran) / one_shard_runs, 2) if one_shard_runs else None,
+                      "runs_over_one_shard": round(len(added.runs) / one_shard_runs, 2) if one_shard_runs else None,
                       "stage_seconds": {k: round(v, 1) for k, v in sorted(added_seconds.items())}},
         "dedup": quality, "dedup_after_new_shard": after_quality,
         "load_average_1m": [round(load_before[0], 2), round(load_after[0], 2)],
@@ -268,7 +274,7 @@ def debian_copyright(workdir: Path) -> dict:
     load = os.getloadavg()[0]
     command = materialize(env, "deduplicated/debian")
     return {"files": len(files), "megabytes": round(sum(f.stat().st_size for f in files) / 1e6, 1),
-            "wall_s": command.wall_s, "runs": len(command.ran), "cpu_s": command.cpu_s,
+            "wall_s": command.wall_s, "runs": len(command.runs), "cpu_s": command.cpu_s,
             "peak_rss_mb": command.peak_rss_mb, "load_average_1m": round(load, 2)}
 
 

@@ -113,10 +113,11 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     failed = [s for s in steps if not s.success and not s.skipped]
     skipped = sum(s.skipped for s in steps)
     ran = sum(s.ran for s in steps)
+    runs = len({s.run_id for s in steps if s.ran})  # a global step that joined a shard's run shares it
     failures = f" ({len(failed)} failed: {', '.join(str(s.partition or s.asset_keys[0]) for s in failed)})" \
         if failed else ""
     ok = all(s.success for s in steps)
-    say(f"{'ok' if ok else 'FAILED'}: {ran} run(s){failures}, {len(steps) - ran - skipped} fresh step(s) skipped"
+    say(f"{'ok' if ok else 'FAILED'}: {runs} run(s){failures}, {len(steps) - ran - skipped} fresh step(s) skipped"
         f"{f', {skipped} step(s) not run after a failure' if skipped else ''}, "
         f"{time.monotonic() - started:.1f}s, prefix {settings.prefix}")
     if args.json:

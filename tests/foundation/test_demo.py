@@ -12,6 +12,7 @@ import pytest
 
 from marin_assets.scaling_sweeps.assets import SCALING_FIT_VERSION
 from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep
+from marin_assets.training.train_main import FINAL_EVAL_FILE
 from marin_resources.store import ArtifactStore
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,13 @@ def test_demo_reaches_a_scaling_fit_and_is_a_noop_the_second_time(tmp_path):
         assert "usable optimum" in result["fit"]["error"], result["fit"]
     assert fit.metrics["runs"] == 9
     # The named run's checkpoint stays its own asset: the sweep's nine are partitions of sweep_checkpoint/demo.
-    assert store.find("checkpoint", "v1", "nano-shakespeare") is not None
+    checkpoint = store.find("checkpoint", "v1", "nano-shakespeare")
+    assert checkpoint is not None
+    # Its evaluation is the report its training process wrote (no second Levanter process).
+    final = json.loads((Path(checkpoint.uri) / FINAL_EVAL_FILE).read_text())
+    evaluation = store.find("eval", "v1", "nano-shakespeare")
+    assert evaluation.metrics["eval/shakespeare/loss"] == final["eval/shakespeare/loss"]
+    assert not (Path(evaluation.uri) / "eval_output.log").exists()  # the eval process's log
     runs = [r.spec.name for r in plan_sweep(load_sweeps()["demo"]).fit_runs()]
     assert len(runs) == 9 and all(store.find("sweep_checkpoint/demo", "v1", r) is not None for r in runs)
 
