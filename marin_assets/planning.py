@@ -593,8 +593,9 @@ class Planner:
 
     def _run_result(self, keys: list[dg.AssetKey], part: str | None, run: dg.DagsterRun, seconds: float, *,
                     alone: bool = True) -> StepResult:
-        """What a finished run did for ``keys``, from its record and event log in the instance. In a run
-        that also held other steps (not ``alone``), the keys succeeded if each was materialized."""
+        """What a finished run did for ``keys``, from its record and event log in the instance. In a
+        failed run that also held other steps (not ``alone``), the keys succeeded if each was
+        materialized and each of their checks was evaluated (a check that raised has no evaluation)."""
         evaluations = [d for e in self.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
                        if e.dagster_event is not None
                        and (d := e.dagster_event.event_specific_data).asset_key in keys]
@@ -604,7 +605,9 @@ class Planner:
             materialized = {e.dagster_event.asset_key for e in
                             self.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
                             if e.dagster_event is not None}
-            ok = all(k in materialized for k in keys)
+            evaluated = {(d.asset_key, d.check_name) for d in evaluations}
+            ok = all(k in materialized for k in keys) and all(
+                (c.asset_key, c.name) in evaluated for c in self.graph.asset_check_keys if c.asset_key in keys)
         step = StepResult([key_str(k) for k in keys], part, True, ok and not failed, run.run_id, seconds)
         if step.success:
             step.manifests = [f"{self.current(k, part).uri}/.artifact.json"

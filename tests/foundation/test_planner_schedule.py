@@ -117,3 +117,42 @@ def test_the_plan_of_several_targets_is_one_plan_whose_steps_name_what_they_read
     assert {(s.keys[0].path[-1], s.partition): s.serves for s in both} == {
         ("shard_test", "fast"): 0, ("fast_only_test", None): 0,
         ("shard_test", "broken"): 1, ("shard_test", "slow"): 1, ("every_shard_test", "whole"): 1}
+
+
+def leader_and_follower(*, follower_fails: bool = False, check_raises: bool = False) -> dg.Definitions:
+    """test/one (partition "a") and test/after_one, unpartitioned, which reads only that partition."""
+    one_part = dg.StaticPartitionsDefinition(["a"])
+
+    @dg.asset(key=asset_key("test/one"), partitions_def=one_part)
+    def one() -> None: ...
+
+    @dg.asset_check(asset=one, partitions_def=one_part)
+    def one_is_readable() -> dg.AssetCheckResult:
+        if check_raises:
+            raise RuntimeError("the check could not read the shard")
+        return dg.AssetCheckResult(passed=True)
+
+    @dg.asset(key=asset_key("test/after_one"), deps=[one])
+    def after_one() -> None:
+        if follower_fails:
+            raise ValueError("the global step failed")
+
+    return dg.Definitions(assets=[one, after_one], asset_checks=[one_is_readable])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("follower_fails, check_raises, expected", [
+    (False, False, {"a": (True, False), None: (True, False)}),
+    (True, False, {"a": (True, False), None: (False, False)}),   # the shard stands; the global step failed
+    (False, True, {"a": (False, False), None: (False, True)}),   # a raising check fails the shard
+])
+def test_a_global_step_joins_the_run_of_the_one_shard_it_waits_for(tmp_path, follower_fails, check_raises, expected):
+    defs = leader_and_follower(follower_fails=follower_fails, check_raises=check_raises)
+    log: list[str] = []
+    with dg.instance_for_test() as instance:
+        planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
+        steps = planner.materialize_all([(parse_key("test/after_one"), None)], log=log.append)
+    assert {s.partition: (s.success, s.skipped) for s in steps} == expected, log
+    ran = [s for s in steps if s.ran]
+    assert len({s.run_id for s in ran}) == 1, log
+    assert any("with test/after_one in the same run" in line for line in log)
