@@ -464,11 +464,14 @@ class Planner:
         # A step's inputs serve at least the targets it serves, so they still come before it.
         pending, in_flight = sorted(range(len(steps)), key=lambda i: (steps[i].serves, i)), {}
         next_health_check = time.monotonic() + WORKER_CHECK_S
+        # Ready steps judged stale and waiting for a slot: a verdict stays, since their inputs are done.
+        stale: set[int] = set()
         while pending or in_flight:
             # Every ready step is judged first, then the stale ones start: so a step whose siblings
             # all turn out fresh can take along the global step that reads them (`_follower`).
-            stale: list[int] = []
             for i in list(pending):
+                if i in stale:
+                    continue
                 step = steps[i]
                 unfinished = [d for d in step.after if d not in results]
                 failed = [d for d in step.after if d in results and not results[d].success]
@@ -486,12 +489,13 @@ class Planner:
                     pending.remove(i)
                     results[i] = fresh
                     continue
-                stale.append(i)
-            for i in stale:
+                stale.add(i)
+            for i in [j for j in pending if j in stale]:  # in pending's (start) order
                 if len(in_flight) >= limit:
                     break
                 step = steps[i]
                 pending.remove(i)
+                stale.discard(i)
                 log(f"  build   {self._label(step)}  ({self._causes(step, verify, memo) or 'forced'})")
                 follower = self._follower(i, steps, pending, results)
                 group = [i] if follower is None else [i, follower]
@@ -500,8 +504,7 @@ class Planner:
                     log(f"          with {self._label(steps[follower])} in the same run (it reads it, and "
                         "nothing else it reads is left to build)")
                 keys = [k for g in group for k in steps[g].keys]
-                checks = [c for c in self.graph.asset_check_keys if c.asset_key in keys]
-                run_id = runs.submit(keys, checks, step.partition, run_config, tags)
+                run_id = runs.submit(keys, self._checks_of(keys), step.partition, run_config, tags)
                 in_flight[run_id] = (group, time.monotonic())
             finished = [(run_id, run) for run_id in in_flight
                         if (run := self.instance.get_run_by_id(run_id)) is not None and run.is_finished]
@@ -565,6 +568,9 @@ class Planner:
             log(f"  fresh   {self._label(step)}")
         return result
 
+    def _checks_of(self, keys: list[dg.AssetKey]) -> list[dg.AssetCheckKey]:
+        return [c for c in self.graph.asset_check_keys if c.asset_key in keys]
+
     def _follower(self, i: int, steps: list[PlannedStep], pending: list[int], results: dict[int, StepResult]
                   ) -> int | None:
         """An unpartitioned step that reads step ``i`` and nothing else still to build: it joins
@@ -607,7 +613,7 @@ class Planner:
                             if e.dagster_event is not None}
             evaluated = {(d.asset_key, d.check_name) for d in evaluations}
             ok = all(k in materialized for k in keys) and all(
-                (c.asset_key, c.name) in evaluated for c in self.graph.asset_check_keys if c.asset_key in keys)
+                (c.asset_key, c.name) in evaluated for c in self._checks_of(keys))
         step = StepResult([key_str(k) for k in keys], part, True, ok and not failed, run.run_id, seconds)
         if step.success:
             step.manifests = [f"{self.current(k, part).uri}/.artifact.json"
