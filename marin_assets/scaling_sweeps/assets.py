@@ -140,6 +140,11 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
         if key not in handle.metrics:
             raise SweepFitError(f"eval[{name}] has no {key!r} (has {sorted(handle.metrics)})")
         manifest = store.read_manifest(handle.uri)
+        if manifest is not None and manifest.fingerprint != fingerprint(run.spec.eval_identity()):
+            # E.g. the whole split where the sweep now scores a sample: losses of two samples don't mix.
+            raise SweepFitError(f"eval[{name}] scored another sample than the sweep's (eval_examples "
+                                f"{plan.config.eval_examples}); re-evaluate it: marin materialize "
+                                f"{eval_key(plan.config.name)} --partition {name}")
         checkpoint_ref = next((u for u in manifest.upstream if u.asset_key == checkpoint_key(plan.config.name)),
                               None) if manifest else None
         checkpoint = store.read_manifest(checkpoint_ref.uri) if checkpoint_ref else None

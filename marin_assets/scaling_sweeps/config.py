@@ -70,6 +70,9 @@ class SweepConfig:
     seed: int = 0
     steps_per_eval: int = 100_000
     max_eval_batches: int | None = None
+    eval_examples: int | None = None
+    """Validation sequences each run's eval/<run> scores, evenly spaced and the same for every run
+    (`RunSpec.final_eval_examples`); None scores the whole split."""
     checkpoint_every: int = 100_000
     min_lr_ratio: float = 0.1
     bootstrap_samples: int = 200
@@ -92,7 +95,7 @@ class SweepConfig:
     def identity(self) -> dict[str, Any]:
         """The sweep's config with the recipes fully resolved (so a changed default changes identity)."""
         data = dataclasses.asdict(self)
-        for optional in ("metric", "link", "link_floor"):
+        for optional in ("metric", "link", "link_floor", "eval_examples"):
             if data[optional] is None:  # absent from sweeps that fit the default (their fingerprint is unchanged)
                 del data[optional]
         data["recipe_overrides"] = dict(self.recipe_overrides)
@@ -194,6 +197,7 @@ def run_spec(config: SweepConfig, candidate: Candidate) -> RunSpec:
         steps_per_eval=config.steps_per_eval,
         max_eval_batches=config.max_eval_batches,
         checkpoint_every=config.checkpoint_every,
+        final_eval_examples=config.eval_examples,
         resources=ResourceSpec(),
     )
     validate_run(spec)
@@ -300,6 +304,7 @@ def validate_sweep(config: SweepConfig) -> None:
                 f"{budget:g} is not above the largest fit budget {largest_fit:g}; a forecast must extrapolate")
     require(config.max_steps is None or config.max_steps > 0, "max_steps", "must be positive or null")
     require(0 < config.interval < 1, "interval", f"must be in (0, 1), got {config.interval}")
+    require(config.eval_examples is None or config.eval_examples > 0, "eval_examples", "must be positive or null")
     require(config.bootstrap_samples >= 0, "bootstrap_samples", "must be >= 0")
     require(config.error_goal > 0, "error_goal", "must be positive")
     metric = config.metric or f"eval/{config.eval_set}/loss"

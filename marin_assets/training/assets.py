@@ -122,8 +122,9 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                 # Levanter (tensorstore) saves each checkpoint straight into the bucket, where a re-run
                 # on any machine resumes from it; `out` is scratch for logs, uploaded at commit.
                 set_checkpoint_base(config_path, writer.path("checkpoints"))
-            launcher.run_process(context, train_command(config_path, out, final_eval=True), resources=spec.resources,
-                                 extras={"run": spec.name, "fingerprint": spec.fingerprint()})
+            launcher.run_process(context, train_command(config_path, out, final_eval=True,
+                                                        final_eval_examples=spec.final_eval_examples),
+                                 resources=spec.resources, extras={"run": spec.name, "fingerprint": spec.fingerprint()})
             # The summary file, not the Pipes message, is the record: a lost message must not commit
             # a checkpoint without its metrics.
             summary_path = Path(out) / SUMMARY_FILE
@@ -164,7 +165,7 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
 
         def build(writer) -> Built:
             out = local_dir(store, writer)
-            report = final_eval_report(artifacts, checkpoint)
+            report = final_eval_report(artifacts, checkpoint, spec.final_eval_examples)
             if report is not None:
                 context.log.info(f"adopting {FINAL_EVAL_FILE}, written by the training process of {spec.name}")
                 Path(out, EVAL_REPORT_FILE).write_text(json.dumps(report, indent=2))
@@ -176,12 +177,12 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                 with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src:
                     text = src.read().decode("utf-8")
                 Path(config_path).write_text(relocated_train_config(text, checkpoint.uri, artifacts))
-                launcher.run_process(context, eval_command(config_path, out), resources=spec.resources,
-                                     extras={"run": spec.name})
+                sample = [] if spec.final_eval_examples is None else ["--sample-examples", str(spec.final_eval_examples)]
+                launcher.run_process(context, eval_command(config_path, out, extra_args=sample),
+                                     resources=spec.resources, extras={"run": spec.name})
             return eval_built(json.loads((Path(out) / EVAL_REPORT_FILE).read_text()), evaluated_by="eval process")
 
-        return materialize_artifact(context, store, config={"run": spec.identity()}, upstream=[checkpoint],
-                                    build=build)
+        return materialize_artifact(context, store, config=spec.eval_identity(), upstream=[checkpoint], build=build)
 
     @marin_check(evaluation, name="bpb_finite", description="Every eval set's bits-per-byte is finite.")
     def bpb_finite(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
@@ -195,15 +196,18 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
     return [checkpoint, evaluation], [loss_fell, bpb_finite]
 
 
-def final_eval_report(store: ArtifactStore, checkpoint: ArtifactHandle) -> dict[str, Any] | None:
+def final_eval_report(store: ArtifactStore, checkpoint: ArtifactHandle,
+                      sample_examples: int | None = None) -> dict[str, Any] | None:
     """The checkpoint's final-eval report (`train_main --final-eval`), if it has one this eval code
-    would have written: None for a checkpoint from before it, or one whose report is of another version."""
+    would have written for this sample (None: every sequence): None for a checkpoint from before it,
+    or one whose report is of another version or scored another sample."""
     try:
         with store.open(f"{checkpoint.uri}/{FINAL_EVAL_FILE}") as fh:
             report = json.loads(fh.read().decode("utf-8"))
     except FileNotFoundError:
         return None
-    return report if report.get("report_version") == REPORT_VERSION else None
+    same_sample = report.get("sample_examples") == sample_examples
+    return report if report.get("report_version") == REPORT_VERSION and same_sample else None
 
 
 def eval_built(report: dict[str, Any], *, evaluated_by: str) -> Built:
@@ -217,7 +221,7 @@ def eval_built(report: dict[str, Any], *, evaluated_by: str) -> Built:
 def add_run_identities(catalog: Catalog, checkpoint_key: str, eval_key: str, spec_for: SpecLookup) -> None:
     """What `marin status` compares each run's committed artifacts with."""
     catalog.add_identity(checkpoint_key, lambda run: spec_for(run).identity())
-    catalog.add_identity(eval_key, lambda run: {"run": spec_for(run).identity()})
+    catalog.add_identity(eval_key, lambda run: spec_for(run).eval_identity())
 
 
 def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLookup:

@@ -18,10 +18,14 @@ HARNESS_MODULE = "marin_assets.evaluation.harness_main"
 HARNESS_REPORT_FILE = "harness_report.json"
 
 
-def train_command(train_config_path: str, output_dir: str, *, final_eval: bool = False) -> ProcessCommand:
-    """``train_main --config CFG --output-dir OUT [--final-eval]``: train (or resume) into
-    ``output_dir``; with ``final_eval``, then evaluate the final checkpoint in the same process."""
+def train_command(train_config_path: str, output_dir: str, *, final_eval: bool = False,
+                  final_eval_examples: int | None = None) -> ProcessCommand:
+    """``train_main --config CFG --output-dir OUT [--final-eval [--final-eval-examples N]]``: train (or
+    resume) into ``output_dir``; with ``final_eval``, then evaluate the final checkpoint in the same
+    process (every validation sequence, or ``final_eval_examples`` evenly spaced)."""
     args = ("--config", train_config_path, "--output-dir", output_dir) + (("--final-eval",) if final_eval else ())
+    if final_eval and final_eval_examples is not None:
+        args += ("--final-eval-examples", str(final_eval_examples))
     return ProcessCommand("train", TRAIN_MODULE, args, output_dir, inputs=(train_config_path,))
 
 

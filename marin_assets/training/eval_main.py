@@ -3,8 +3,8 @@
 Usage: ``python -m marin_assets.training.eval_main --config OUTPUT_DIR/train_config.yaml
 [--checkpoint PATH] --output OUTPUT_DIR/eval_report.json``
 
-Definitions (per validation set, over every sequence of its Levanter validation dataset, or the
-first ``--max-examples``):
+Definitions (per validation set, over every sequence of its Levanter validation dataset, the first
+``--max-examples``, or ``--sample-examples`` evenly spaced over the set):
 - loss = total next-token cross-entropy (nats) / number of predicted tokens, where the predicted
   tokens are those under Levanter's causal loss mask (every position but the last of each sequence).
 - bpb = total nats / ln 2 / total UTF-8 bytes of the predicted tokens. A token's byte length is
@@ -33,6 +33,14 @@ FETCH_BATCHES = 64
 REPORT_VERSION = 1
 """Bumped when a change of this module changes what a report holds; a final-eval report written by
 the training process (`train_main --final-eval`) is adopted by eval/<run> only at this version."""
+
+
+def evenly_spaced(total: int, count: int | None) -> list[int]:
+    """``count`` indices spread evenly over ``range(total)``, starting at 0 (all of them when ``count``
+    is None or at least ``total``). Deterministic, so every run of a sweep scores the same sequences."""
+    if count is None or count >= total:
+        return list(range(total))
+    return [i * total // count for i in range(count)]
 
 
 def _byte_lengths(tokenizer, vocab_size: int):
@@ -90,11 +98,15 @@ def evaluate_checkpoint(
     checkpoint_path: str | None = None,
     eval_sets: list[str] | None = None,
     max_examples: int | None = None,
+    sample_examples: int | None = None,
     prompts: list[str] | None = None,
     max_new_tokens: int = 48,
     num_samples: int = DEFAULT_NUM_SAMPLES,
 ) -> dict[str, Any]:
-    """Compute the eval report for a Levanter checkpoint of the run described by ``config_path``."""
+    """Compute the eval report for a Levanter checkpoint of the run described by ``config_path``:
+    every sequence of each set, its first ``max_examples``, or ``sample_examples`` evenly spaced."""
+    if max_examples is not None and sample_examples is not None:
+        raise ValueError("give max_examples (the first N sequences) or sample_examples (N evenly spaced), not both")
     import haliax as hax
     import jax
     import jax.numpy as jnp
@@ -120,6 +132,8 @@ def evaluate_checkpoint(
     param_mapping = trainer.parameter_axis_mapping
     vocab_size = len(tokenizer)
     report: dict[str, Any] = {"report_version": REPORT_VERSION, "checkpoint_path": resolved}
+    if sample_examples is not None:  # absent for other reports, which eval/<run> reads as "not a sample"
+        report["sample_examples"] = sample_examples
 
     with trainer.use_device_mesh(), hax.axis_mapping(param_mapping):
         Vocab = round_axis_for_partitioning(Axis("vocab", vocab_size), compute_mapping)
@@ -153,12 +167,13 @@ def evaluate_checkpoint(
             n = len(sync) if max_examples is None else min(max_examples, len(sync))
             if n == 0:
                 raise ValueError(f"validation set {name!r} is empty")
+            indices = evenly_spaced(n, sample_examples)
             totals = []
             # Examples are fetched a block of batches at a time: each synchronous get_batch runs its own
             # event loop, and per batch that cost more than the model (a loop reset warns with a
             # pretty-printed model each time). Batches are stacked in numpy, so no eager op compiles.
-            for block in range(0, n, batch_size * FETCH_BATCHES):
-                fetched = sync.get_batch(list(range(block, min(block + batch_size * FETCH_BATCHES, n))))
+            for block in range(0, len(indices), batch_size * FETCH_BATCHES):
+                fetched = sync.get_batch(indices[block:block + batch_size * FETCH_BATCHES])
                 for start in range(0, len(fetched), batch_size):
                     examples = fetched[start:start + batch_size]
                     real = len(examples)
@@ -175,6 +190,7 @@ def evaluate_checkpoint(
             report[f"eval/{name}/bpb"] = total_nats / math.log(2) / total_bytes if total_bytes else None
             report[f"eval/{name}/tokens"] = int(total_tokens)
             report[f"eval/{name}/bytes"] = int(total_bytes)
+            report[f"eval/{name}/sequences"] = len(indices)
 
         @hax.named_jit
         def next_token(model, tokens: hax.NamedArray, index):
@@ -224,7 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", help="checkpoint dir (or a parent to search); default: the run's latest")
     parser.add_argument("--output", required=True, help="where to write the JSON report")
     parser.add_argument("--eval-set", action="append", dest="eval_sets", help="validation set name (repeatable)")
-    parser.add_argument("--max-examples", type=int, help="evaluate at most this many sequences per set")
+    parser.add_argument("--max-examples", type=int, help="evaluate at most this many sequences per set (the first)")
+    parser.add_argument("--sample-examples", type=int,
+                        help="evaluate this many sequences per set, evenly spaced over it (the same for every run)")
     parser.add_argument("--prompt", action="append", dest="prompts", help="sampling prompt (repeatable)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parse_process_args(parser, argv)
@@ -235,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
             checkpoint_path=args.checkpoint,
             eval_sets=args.eval_sets,
             max_examples=args.max_examples,
+            sample_examples=args.sample_examples,
             prompts=args.prompts,
             max_new_tokens=args.max_new_tokens,
         )

@@ -103,6 +103,10 @@ class RunSpec:
     max_eval_batches: int | None = None
     checkpoint_every: int = 1000
     """Permanent checkpoint cadence in steps (a final checkpoint is always written)."""
+    final_eval_examples: int | None = None
+    """eval/<run> scores this many validation sequences per set, evenly spaced over the set (the same
+    ones for every run of that set), instead of every sequence. Not part of the checkpoint's identity:
+    it changes what is measured, not the weights (`eval_identity`)."""
     resources: ResourceSpec = field(default_factory=ResourceSpec)
 
     @property
@@ -114,10 +118,19 @@ class RunSpec:
         return self.train_batch_size * self.model.seq_len
 
     def identity(self) -> dict[str, Any]:
-        """Everything that determines the trained weights: all fields except ``resources``."""
+        """Everything that determines the trained weights: all fields except ``resources`` and
+        ``final_eval_examples``."""
         data = dataclasses.asdict(self)
-        del data["resources"]
+        del data["resources"], data["final_eval_examples"]
         return _jsonable(data)
+
+    def eval_identity(self) -> dict[str, Any]:
+        """What defines eval/<run>: the run, and the evaluated sample when it is not the whole split
+        (absent then, so evaluations of the whole split keep their fingerprint)."""
+        data: dict[str, Any] = {"run": self.identity()}
+        if self.final_eval_examples is not None:
+            data["examples"] = self.final_eval_examples
+        return data
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of ``identity()``."""
@@ -182,6 +195,8 @@ def validate_run(spec: RunSpec) -> None:
     require(spec.steps_per_eval > 0, "steps_per_eval", f"must be positive, got {spec.steps_per_eval}")
     require(spec.max_eval_batches is None or spec.max_eval_batches > 0, "max_eval_batches", "must be positive or null")
     require(spec.checkpoint_every > 0, "checkpoint_every", f"must be positive, got {spec.checkpoint_every}")
+    require(spec.final_eval_examples is None or spec.final_eval_examples > 0, "final_eval_examples",
+            "must be positive or null")
     require(len(set(spec.eval_sets)) == len(spec.eval_sets), "eval_sets", "contains duplicates")
     r = spec.resources
     require(r.device_count > 0, "resources.device_count", f"must be positive, got {r.device_count}")

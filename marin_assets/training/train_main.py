@@ -470,6 +470,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-every", type=int, help="send a Pipes progress message every N steps")
     parser.add_argument("--final-eval", action="store_true",
                         help=f"evaluate the final checkpoint into OUTPUT_DIR/{FINAL_EVAL_FILE}")
+    parser.add_argument("--final-eval-examples", type=int,
+                        help="with --final-eval: score this many sequences per set, evenly spaced (default: all)")
     args = parse_process_args(parser, argv)
     output_dir = Path(args.output_dir or os.path.dirname(os.path.abspath(args.config)))
     # W&B writes its run directory under WANDB_DIR; keep it with the run's other outputs.
@@ -477,12 +479,14 @@ def main(argv: list[str] | None = None) -> None:
     with open_reporter() as reporter:
         summary = train(args.config, output_dir, reporter, report_every=args.report_every)
         if args.final_eval:
-            write_final_eval(args.config, output_dir, reporter)
+            write_final_eval(args.config, output_dir, reporter, sample_examples=args.final_eval_examples)
         reporter.materialization(summary, asset_key=args.asset_key)
 
 
-def write_final_eval(config_path: str, output_dir: Path, reporter: Reporter) -> None:
-    """The final checkpoint's eval report, as the eval process would write it with its defaults.
+def write_final_eval(config_path: str, output_dir: Path, reporter: Reporter, *,
+                     sample_examples: int | None = None) -> None:
+    """The final checkpoint's eval report, as the eval process would write it for the run's
+    ``final_eval_examples`` (``sample_examples``; None scores every sequence).
 
     A failure here is logged and leaves no report: the trained checkpoint still commits, and
     eval/<run> then evaluates in its own process, where the same error fails that step.
@@ -494,7 +498,7 @@ def write_final_eval(config_path: str, output_dir: Path, reporter: Reporter) -> 
         return
     started = time.time()
     try:
-        report = evaluate_checkpoint(config_path)
+        report = evaluate_checkpoint(config_path, sample_examples=sample_examples)
     except Exception as exc:  # noqa: BLE001 - reported, and redone by eval/<run>
         reporter.log(f"final evaluation failed ({type(exc).__name__}: {exc}); eval/<run> will evaluate in "
                      "its own process")

@@ -53,8 +53,14 @@ def test_demo_reaches_a_scaling_fit_and_is_a_noop_the_second_time(tmp_path):
     evaluation = store.find("eval", "v1", "nano-shakespeare")
     assert evaluation.metrics["eval/shakespeare/loss"] == final["eval/shakespeare/loss"]
     assert not (Path(evaluation.uri) / "eval_output.log").exists()  # the eval process's log
-    runs = [r.spec.name for r in plan_sweep(load_sweeps()["demo"]).fit_runs()]
+    sweep = load_sweeps()["demo"]
+    runs = [r.spec.name for r in plan_sweep(sweep).fit_runs()]
     assert len(runs) == 9 and all(store.find("sweep_checkpoint/demo", "v1", r) is not None for r in runs)
+    # Each sweep eval is the training process's report on the sweep's fixed sample of the split.
+    for run in runs:
+        evaluation = store.find("sweep_eval/demo", "v1", run)
+        assert evaluation.metrics["eval/shakespeare/sequences"] == sweep.eval_examples, run
+        assert not (Path(evaluation.uri) / "eval_output.log").exists(), run
 
     again = demo(env)
     assert again.stdout.count("ok: 0 run(s)") == 2, again.stdout[-3000:]

@@ -61,7 +61,7 @@ def load_stage(settings, deployment):
     return defs, catalog.discoverers[RUNS](), catalog
 
 
-def write_run(store: ArtifactStore, run, loss: float, *, spec=None, parameter_count=None) -> None:
+def write_run(store: ArtifactStore, run, loss: float, *, spec=None, parameter_count=None, eval_spec=None) -> None:
     """A committed checkpoint (as training reports it) and its eval (as evaluation reports it)."""
     spec = spec or run.spec
     parameter_count = parameter_count or run.candidate.params
@@ -71,7 +71,7 @@ def write_run(store: ArtifactStore, run, loss: float, *, spec=None, parameter_co
         checkpoint = w.commit(config=spec.identity(), upstream=[],
                               producer=producer_info("test"),
                               metrics={"final_step": run.spec.num_train_steps, "parameter_count": parameter_count})
-    config = {"run": run.spec.identity()}
+    config = (eval_spec or run.spec).eval_identity()
     with writing(store, EVAL, EVAL_VERSION, run.spec.name, fingerprint=fingerprint(config), run_id="test") as w:
         w.write_json("eval_report.json", {"eval/m/loss": loss})
         w.commit(config=config,
@@ -198,6 +198,25 @@ def test_scaling_fit_refuses_a_run_that_is_not_the_planned_one(env, load, proble
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert problem in failure.step_failure_data.error.message
+
+
+def test_scaling_fit_refuses_an_eval_of_another_sample_than_the_sweeps(env, load):
+    settings, sweeps_file = env
+    sweeps_file.write_text(yaml.safe_dump({"sweeps": {SWEEP: {**SWEEP_CONFIG, "eval_examples": 256}}}))
+    defs, partitions, _ = load(settings, sweeps_file)
+    store = ArtifactStore(settings.prefix)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(RUNS, partitions)
+    runs = plan_sweep(load_sweeps(sweeps_file)[SWEEP]).fit_runs()
+    assert all(run.spec.final_eval_examples == 256 for run in runs)
+    for run in runs[1:]:
+        write_run(store, run, law(run.candidate.params, run.candidate.tokens))
+    # Evaluated on the whole split before the sweep declared its sample.
+    write_run(store, runs[0], 5.0, eval_spec=dataclasses.replace(runs[0].spec, final_eval_examples=None))
+    result = materialize(defs, instance, "sweep/syn", "scaling_fit/syn")
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "scored another sample than the sweep's (eval_examples 256)" in failure.step_failure_data.error.message
 
 
 def test_both_methods_forecast_every_candidate_and_the_primary_one_picks_the_target():
@@ -388,4 +407,6 @@ def test_a_sweep_names_a_metric_it_can_fit(change, problem):
 def test_the_default_metric_leaves_a_sweeps_identity_unchanged():
     config = sweep_from_dict(SWEEP, SWEEP_CONFIG)
     assert "metric" not in config.identity() and "link" not in config.identity()
+    assert "eval_examples" not in config.identity()
+    assert sweep_from_dict(SWEEP, {**SWEEP_CONFIG, "eval_examples": 64}).identity()["eval_examples"] == 64
     assert sweep_from_dict(SWEEP, {**SWEEP_CONFIG, "metric": "eval/m/bpb"}).identity()["metric"] == "eval/m/bpb"
