@@ -83,3 +83,19 @@ def synthetic_deployment():
         return Deployment.resolve(curation, registry, runs or {}, sweeps or {})
 
     return make
+
+
+def pytest_collection_modifyitems(config, items):
+    """Whole files, longest first: files with a `heaviest` test, then files with a `slow` one, then
+    the rest, each group in collection order. Under pytest-xdist (`--dist loadfile
+    --no-loadscope-reorder`, see pyproject.toml; xdist would otherwise put the files with the most
+    tests first) a worker takes the next file as it frees up, so the minutes-long files start at
+    once instead of last; within a file the order is kept, so module fixtures are built once."""
+    def rank(item) -> int:
+        return 0 if item.get_closest_marker("heaviest") else 1 if item.get_closest_marker("slow") else 2
+
+    file_rank: dict[str, int] = {}
+    for item in items:
+        file_rank[item.path] = min(file_rank.get(item.path, 2), rank(item))
+    first_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (file_rank[item.path], first_seen[item.path]))

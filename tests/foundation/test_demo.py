@@ -15,7 +15,7 @@ from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep
 from marin_assets.training.train_main import FINAL_EVAL_FILE
 from marin_resources.store import ArtifactStore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heaviest]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from marin_assets.tokenization.assets import MIXTURE_VERSION, TOKENIZED_VERSION
 from marin_resources.store import ArtifactStore
@@ -53,6 +54,7 @@ def committed(store: ArtifactStore, key: str, version: str):
     return store.find(key, version, None)
 
 
+@pytest.mark.heaviest
 def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatch):
     letters = tmp_path / "letters"
     letters.mkdir()

@@ -19,7 +19,7 @@ import pytest
 
 from marin_resources.object_stores import fix_kvstore, store_process_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heaviest]
 
 RUN = "tiny"
 STEPS = 100

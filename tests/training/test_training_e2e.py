@@ -18,7 +18,7 @@ from marin_resources.launchers import LocalPipesLauncher
 import data_fixtures
 from conftest import SUBPROCESS_ENV, tiny_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heaviest]
 
 STEPS = 200
 CHECKPOINT_EVERY = 10
