@@ -140,8 +140,9 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
         if key not in handle.metrics:
             raise SweepFitError(f"eval[{name}] has no {key!r} (has {sorted(handle.metrics)})")
         manifest = store.read_manifest(handle.uri)
-        if manifest is not None and manifest.fingerprint != fingerprint(run.spec.eval_identity()):
+        if manifest is not None and manifest.config.get("examples") != run.spec.final_eval_examples:
             # E.g. the whole split where the sweep now scores a sample: losses of two samples don't mix.
+            # (An eval of another spec's checkpoint is caught below, by the checkpoint's fingerprint.)
             raise SweepFitError(f"eval[{name}] scored another sample than the sweep's (eval_examples "
                                 f"{plan.config.eval_examples}); re-evaluate it: marin materialize "
                                 f"{eval_key(plan.config.name)} --partition {name}")

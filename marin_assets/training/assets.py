@@ -177,8 +177,7 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                 with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src:
                     text = src.read().decode("utf-8")
                 Path(config_path).write_text(relocated_train_config(text, checkpoint.uri, artifacts))
-                sample = [] if spec.final_eval_examples is None else ["--sample-examples", str(spec.final_eval_examples)]
-                launcher.run_process(context, eval_command(config_path, out, extra_args=sample),
+                launcher.run_process(context, eval_command(config_path, out, sample_examples=spec.final_eval_examples),
                                      resources=spec.resources, extras={"run": spec.name})
             return eval_built(json.loads((Path(out) / EVAL_REPORT_FILE).read_text()), evaluated_by="eval process")
 

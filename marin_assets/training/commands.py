@@ -30,11 +30,14 @@ def train_command(train_config_path: str, output_dir: str, *, final_eval: bool =
 
 
 def eval_command(train_config_path: str, output_dir: str, *, checkpoint_path: str | None = None,
-                 extra_args: Sequence[str] = ()) -> ProcessCommand:
+                 sample_examples: int | None = None, extra_args: Sequence[str] = ()) -> ProcessCommand:
     """``eval_main --config CFG --output OUT/eval_report.json``: evaluate the run's latest checkpoint
-    (or ``checkpoint_path``). ``extra_args`` e.g. ``--max-examples N``, ``--prompt TEXT``, ``--eval-set NAME``."""
+    (or ``checkpoint_path``) on every validation sequence, or ``sample_examples`` evenly spaced.
+    ``extra_args`` e.g. ``--max-examples N``, ``--prompt TEXT``, ``--eval-set NAME``."""
     args = ["--config", train_config_path, "--output", os.path.join(output_dir, EVAL_REPORT_FILE)]
-    args += (["--checkpoint", checkpoint_path] if checkpoint_path else []) + list(extra_args)
+    args += ["--checkpoint", checkpoint_path] if checkpoint_path else []
+    args += ["--sample-examples", str(sample_examples)] if sample_examples is not None else []
+    args += list(extra_args)
     return ProcessCommand("eval", EVAL_MODULE, tuple(args), output_dir, inputs=(train_config_path,))
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from marin_assets.training.assets import eval_built, final_eval_report
-from marin_assets.training.commands import train_command
+from marin_assets.training.commands import eval_command, train_command
 from marin_assets.training.eval_main import REPORT_VERSION, evenly_spaced
 from marin_assets.training.spec import validate_run
 from marin_assets.training.train_main import FINAL_EVAL_FILE
@@ -75,3 +75,4 @@ def test_the_sample_is_part_of_evals_identity_not_the_checkpoints():
         validate_run(dataclasses.replace(spec, final_eval_examples=0))
     command = train_command("/o/c.yaml", "/o", final_eval=True, final_eval_examples=1024)
     assert command.args[-3:] == ("--final-eval", "--final-eval-examples", "1024")
+    assert eval_command("/o/c.yaml", "/o", sample_examples=1024).args[-2:] == ("--sample-examples", "1024")
