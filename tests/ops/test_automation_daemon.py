@@ -27,6 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # Generous: sensor and automation ticks every 30 s, each run a worker process on a loaded 2-core machine.
 ARRIVAL_TIMEOUT_S = 480
+RUN_END_TIMEOUT_S = 180
+UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+              dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 LETTERS = {
     "alpha": "The harbour master counted the boats at dawn and wrote each name in a heavy green ledger. ",
     "bravo": "In the mountain village the school bell rang twice and the children climbed the steep path. ",
@@ -48,6 +51,19 @@ mixtures:
 def write_letter(directory: Path, name: str, body: str) -> None:
     (directory / f"{name}.txt").write_text("\n\n".join(f"Letter {name}, part {i}. " + body * (3 + i)
                                                        for i in range(6)))
+
+
+def failure_messages(instance: dg.DagsterInstance, run_ids: list[str]) -> str:
+    """Each failed run's error events, so a CI failure says why a run failed, not only that it did."""
+    lines = []
+    for run_id in run_ids:
+        for record in instance.all_logs(run_id):
+            event = record.dagster_event
+            if event is not None and (event.is_failure or event.event_type_value in ("ENGINE_EVENT", "RUN_CANCELED")):
+                error = getattr(event.event_specific_data, "error", None)
+                lines.append(f"{run_id} {event.event_type_value}: {event.message or ''} "
+                             f"{error.to_string() if error is not None else ''}")
+    return "\n".join(lines)
 
 
 def committed(store: ArtifactStore, key: str, version: str):
@@ -102,6 +118,14 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
             time.sleep(2)
         arrived = True
         print(f"new file -> mixture committed in {time.monotonic() - started:.0f} s")
+        # The mixture is committed before its run ends; stopping the daemon then would kill that run
+        # worker and record an interrupted run. Wait until no run is queued or in flight.
+        monkeypatch.setenv("DAGSTER_HOME", str(home))
+        finish_by = time.monotonic() + RUN_END_TIMEOUT_S
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            while instance.get_runs_count(dg.RunsFilter(statuses=UNFINISHED)):
+                assert time.monotonic() < finish_by, f"runs unfinished {RUN_END_TIMEOUT_S} s after the mixture"
+                time.sleep(1)
     finally:
         stop(daemon, grace_s=30)
         if not arrived:  # the whole daemon log, for the CI artifacts (the assertion quotes its tail)
@@ -117,11 +141,10 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
 
     # Every run came from the daemon's sensors, none from a command: the new shard's raw run from
     # its sensor, the rest from automation.
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
     with dg.DagsterInstance.from_config(str(home)) as instance:
         daemon_runs = [r.dagster_run for r in instance.get_run_records(dg.RunsFilter(created_after=None))
                        if "marin/cli" not in r.dagster_run.tags]
-        assert daemon_runs and all(r.status == dg.DagsterRunStatus.SUCCESS for r in daemon_runs), \
-            [(r.run_id, r.status) for r in daemon_runs]
+        failed = [r.run_id for r in daemon_runs if r.status != dg.DagsterRunStatus.SUCCESS]
+        assert daemon_runs and not failed, failure_messages(instance, failed)
         sensors = {r.tags.get("dagster/sensor_name") for r in daemon_runs}
         assert sensors == {"letters_new_shards", "automation"}, json.dumps(sorted(map(str, sensors)))
