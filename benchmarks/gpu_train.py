@@ -142,11 +142,11 @@ def main(argv: list[str] | None = None) -> dict:
         name=f"bench-{args.size}", model=size.model, mixture="stdlib-docs", tokenizer="stdlib-docs",
         optimizer=OptimizerSpec(learning_rate=3e-3, warmup=0.1), train_batch_size=batch, num_train_steps=steps,
         steps_per_eval=10 * steps, max_eval_batches=1, checkpoint_every=10 * steps,
-        resources=ResourceSpec(accelerator=accelerator, device_count=1))
+        # No gradient-norm logging, which compiles a second train step.
+        watch_every=0, resources=ResourceSpec(accelerator=accelerator, device_count=1))
     run_dir = work / "run"
     mixture = fixtures.single_cache_mixture(spec.mixture, cache_root, tokenizer_dir)
-    # watch_interval=0: no gradient-norm logging, which compiles a second train step.
-    config = build_train_config(spec, mixture, tokenizer_dir, str(run_dir), watch_interval=0)
+    config = build_train_config(spec, mixture, tokenizer_dir, str(run_dir))
     config["model"]["gradient_checkpointing"] = args.gradient_checkpointing
     if args.attn_backend:
         config["model"]["attn_backend"] = args.attn_backend

@@ -74,6 +74,9 @@ class SweepConfig:
     """Validation sequences each run's eval/<run> scores, evenly spaced and the same for every run
     (`RunSpec.final_eval_examples`); None scores the whole split."""
     checkpoint_every: int = 100_000
+    watch_every: int = 10
+    """Each run's `RunSpec.watch_every`: steps between gradient and parameter norm logs, 0 for none.
+    Observability only: in neither the sweep's identity nor its runs'."""
     min_lr_ratio: float = 0.1
     bootstrap_samples: int = 200
     interval: float = 0.95
@@ -95,6 +98,7 @@ class SweepConfig:
     def identity(self) -> dict[str, Any]:
         """The sweep's config with the recipes fully resolved (so a changed default changes identity)."""
         data = dataclasses.asdict(self)
+        del data["watch_every"]
         for optional in ("metric", "link", "link_floor", "eval_examples"):
             if data[optional] is None:  # absent from sweeps that fit the default (their fingerprint is unchanged)
                 del data[optional]
@@ -198,6 +202,7 @@ def run_spec(config: SweepConfig, candidate: Candidate) -> RunSpec:
         max_eval_batches=config.max_eval_batches,
         checkpoint_every=config.checkpoint_every,
         final_eval_examples=config.eval_examples,
+        watch_every=config.watch_every,
         resources=ResourceSpec(),
     )
     validate_run(spec)
@@ -305,6 +310,7 @@ def validate_sweep(config: SweepConfig) -> None:
     require(config.max_steps is None or config.max_steps > 0, "max_steps", "must be positive or null")
     require(0 < config.interval < 1, "interval", f"must be in (0, 1), got {config.interval}")
     require(config.eval_examples is None or config.eval_examples > 0, "eval_examples", "must be positive or null")
+    require(config.watch_every >= 0, "watch_every", "must be >= 0 (0 turns the norm logs off)")
     require(config.bootstrap_samples >= 0, "bootstrap_samples", "must be >= 0")
     require(config.error_goal > 0, "error_goal", "must be positive")
     metric = config.metric or f"eval/{config.eval_set}/loss"

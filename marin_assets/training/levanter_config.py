@@ -87,15 +87,13 @@ def build_train_config(
     *,
     wandb: WandbSettings = WandbSettings(),
     temporary_checkpoint_interval: str = "10m",
-    watch_interval: int = 10,
 ) -> dict[str, Any]:
     """Levanter ``TrainLmConfig`` dict for ``spec`` training on ``data_config`` (a mixture dict).
 
     Checkpoints go to ``{output_dir}/checkpoints/step-N`` (no run-id subdirectory) every
     ``spec.checkpoint_every`` steps, plus a temporary one every ``temporary_checkpoint_interval``
-    of wall time, so a relaunch with the same ``output_dir`` resumes. ``watch_interval`` is how
-    often Levanter logs gradient/parameter norms; 0 turns that off, which saves compiling a
-    second variant of the train step (tens of seconds on CPU).
+    of wall time, so a relaunch with the same ``output_dir`` resumes. Levanter logs gradient and
+    parameter norms every ``spec.watch_every`` steps.
     """
     tokenizer_dir = str(tokenizer_dir)
     output_dir = str(output_dir)
@@ -146,7 +144,7 @@ def build_train_config(
             "require_accelerator": on_accelerator,
             "ray": {"auto_start_cluster": False},
             "log_dir": os.path.join(output_dir, "logs"),
-            "watch": {"interval": watch_interval},
+            "watch": {"interval": spec.watch_every},
             "log_jaxprs": False,
             "log_xla_hlo": False,
             "tracker": {

@@ -107,6 +107,9 @@ class RunSpec:
     """eval/<run> scores this many validation sequences per set, evenly spaced over the set (the same
     ones for every run of that set), instead of every sequence. Not part of the checkpoint's identity:
     it changes what is measured, not the weights (`eval_identity`)."""
+    watch_every: int = 10
+    """Steps between Levanter's gradient and parameter norm logs; 0 turns them off, which also saves
+    compiling a second variant of the train step. Observability only, so not part of the identity."""
     resources: ResourceSpec = field(default_factory=ResourceSpec)
 
     @property
@@ -118,10 +121,10 @@ class RunSpec:
         return self.train_batch_size * self.model.seq_len
 
     def identity(self) -> dict[str, Any]:
-        """Everything that determines the trained weights: all fields except ``resources`` and
-        ``final_eval_examples``."""
+        """Everything that determines the trained weights: all fields except ``resources``,
+        ``final_eval_examples`` and ``watch_every``."""
         data = dataclasses.asdict(self)
-        del data["resources"], data["final_eval_examples"]
+        del data["resources"], data["final_eval_examples"], data["watch_every"]
         return _jsonable(data)
 
     def eval_identity(self) -> dict[str, Any]:
@@ -197,6 +200,7 @@ def validate_run(spec: RunSpec) -> None:
     require(spec.checkpoint_every > 0, "checkpoint_every", f"must be positive, got {spec.checkpoint_every}")
     require(spec.final_eval_examples is None or spec.final_eval_examples > 0, "final_eval_examples",
             "must be positive or null")
+    require(spec.watch_every >= 0, "watch_every", f"must be >= 0 (0 turns the norm logs off), got {spec.watch_every}")
     require(len(set(spec.eval_sets)) == len(spec.eval_sets), "eval_sets", "contains duplicates")
     r = spec.resources
     require(r.device_count > 0, "resources.device_count", f"must be positive, got {r.device_count}")

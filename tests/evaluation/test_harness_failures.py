@@ -1,5 +1,6 @@
 """harness_eval on bad input: one clear line, the failure recorded in the instance (`marin failures`), no hang."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def harness_deployment(tmp_path, monkeypatch):
                          run_id="seed") as writer:
                 out = store.local_path(writer.uri)
                 mixture = single_cache_mixture("stdlib-docs", str(tmp_path / "cache"), str(empty_tokenizer))
-                write_train_config(build_train_config(spec, mixture, str(empty_tokenizer), str(out), watch_interval=0),
+                write_train_config(build_train_config(dataclasses.replace(spec, watch_every=0), mixture, str(empty_tokenizer), str(out)),
                                    Path(out) / "train_config.yaml")
                 writer.commit(config=spec.identity(), upstream=[],
                               producer=producer_info("seed"))

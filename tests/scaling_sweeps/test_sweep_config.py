@@ -70,6 +70,7 @@ def test_max_steps_drops_candidates_with_a_reason():
     ({"params": "embedding"}, "params"),
     ({"colour": "red"}, "colour"),
     ({"fit_budgets": [1e12, "lots", 3e12]}, "fit_budgets[1]"),
+    ({"watch_every": -5}, "watch_every"),
 ])
 def test_invalid_configs_name_the_field(change, field):
     with pytest.raises(SweepConfigError) as info:
@@ -99,3 +100,13 @@ def test_target_recipe_overrides_widen_only_the_target_budgets():
     assert narrow_target < wide_target  # smaller models, at more tokens per parameter
     assert wide_config.identity()["resolved_target_recipe"]["max_tokens_per_param"] == 100_000.0
     assert wide_config.identity() != sweep_from_dict("s", BASE).identity()
+
+
+def test_watch_every_reaches_every_run_and_no_fingerprint():
+    watched = sweep_from_dict("s", BASE)
+    unwatched = sweep_from_dict("s", {**BASE, "watch_every": 0})
+    assert unwatched.identity() == watched.identity()
+    pairs = zip(plan_sweep(watched).fit_runs(), plan_sweep(unwatched).fit_runs())
+    for a, b in pairs:
+        assert (a.spec.watch_every, b.spec.watch_every) == (10, 0)
+        assert a.spec.fingerprint() == b.spec.fingerprint()

@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 
 import pytest
 
@@ -36,6 +37,9 @@ def test_config_parses_into_levanter_train_lm_config(tmp_path, tiny_artifact, ti
     assert parsed.trainer.tracker.mode == "offline" and parsed.trainer.tracker.project == "p"
     assert parsed.optimizer.learning_rate == spec.optimizer.learning_rate
     assert parsed.trainer.num_train_steps == 30 and parsed.trainer.train_batch_size == 8
+    assert parsed.trainer.watch.interval == spec.watch_every == 10
+    unwatched = build_train_config(dataclasses.replace(spec, watch_every=0), tiny_mixture, tokenizer_dir, str(tmp_path))
+    assert not parse_train_config(write_train_config(unwatched, tmp_path / "unwatched.yaml")).trainer.watch.is_enabled
     # the caller's mixture dict is not mutated
     assert "shuffle" not in tiny_mixture
 

@@ -16,6 +16,8 @@ def test_fingerprint_ignores_resources_but_not_identity_fields():
     on_tpu = dataclasses.replace(base, resources=ResourceSpec(accelerator="tpu", device_count=8, tpu_type="v5litepod-8", pool="tpu"))
     assert base.fingerprint() == on_tpu.fingerprint()
     assert "resources" not in base.identity()
+    # Norm logging is observability: turning it off retrains nothing.
+    assert base.fingerprint() == dataclasses.replace(base, watch_every=0).fingerprint()
     assert base.fingerprint() != dataclasses.replace(base, seed=1).fingerprint()
     wider = dataclasses.replace(base, model=dataclasses.replace(base.model, hidden_dim=64))
     assert base.fingerprint() != wider.fingerprint()
@@ -63,6 +65,7 @@ def test_registry_roundtrip_and_defaults(tmp_path):
         (("hidden_dim: 32", "hidden_dim: 33"), "model.hidden_dim", "not divisible"),
         (("    tokenizer: t\n", ""), "tokenizer", "required field is missing"),
         (("num_train_steps: 10", "num_train_steps: 10\n    resources: {accelerator: tpu}"), "resources.tpu_type", "exactly when"),
+        (("num_train_steps: 10", "num_train_steps: 10\n    watch_every: -1"), "watch_every", "must be >= 0"),
     ],
 )
 def test_registry_validation_names_run_and_field(tmp_path, edit, field, message):

@@ -52,9 +52,9 @@ def test_kill9_resume_through_pipes_then_eval(tmp_path, tiny_artifact, tiny_mixt
     from marin_assets.training.commands import eval_command, train_command
     from marin_assets.training.levanter_config import build_train_config, write_train_config
 
-    spec = tiny_spec(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
+    spec = tiny_spec(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, watch_every=0)
     config_path = write_train_config(
-        build_train_config(spec, tiny_mixture, tokenizer_dir, str(out), watch_interval=0), out / "train_config.yaml"
+        build_train_config(spec, tiny_mixture, tokenizer_dir, str(out)), out / "train_config.yaml"
     )
 
     # 1) Plain CLI (no Pipes), killed with SIGKILL once the first checkpoint is complete.
