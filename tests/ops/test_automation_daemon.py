@@ -18,6 +18,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
 
 from marin_assets.tokenization.assets import MIXTURE_VERSION, TOKENIZED_VERSION
 from marin_resources.store import ArtifactStore
@@ -28,8 +29,6 @@ BIN = Path(sys.executable).parent
 # Generous: sensor and automation ticks every 30 s, each run a worker process on a loaded 2-core machine.
 ARRIVAL_TIMEOUT_S = 480
 RUN_END_TIMEOUT_S = 180
-UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-              dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 LETTERS = {
     "alpha": "The harbour master counted the boats at dawn and wrote each name in a heavy green ledger. ",
     "bravo": "In the mountain village the school bell rang twice and the children climbed the steep path. ",
@@ -123,7 +122,7 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
         monkeypatch.setenv("DAGSTER_HOME", str(home))
         finish_by = time.monotonic() + RUN_END_TIMEOUT_S
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            while instance.get_runs_count(dg.RunsFilter(statuses=UNFINISHED)):
+            while instance.get_runs_count(dg.RunsFilter(statuses=NOT_FINISHED_STATUSES)):
                 assert time.monotonic() < finish_by, f"runs unfinished {RUN_END_TIMEOUT_S} s after the mixture"
                 time.sleep(1)
     finally:
