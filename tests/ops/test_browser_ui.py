@@ -152,7 +152,10 @@ def test_launch_materialization_from_the_ui(dagster_ui):
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
+            # Under CI load a page can sit on "Loading runs..." for longer than Playwright's 5 s
+            # default for expect (the timeline did, in one CI run): give expect the page's timeout.
             page.set_default_timeout(45_000)
+            expect.set_options(timeout=45_000)
             # A first visit may get Dagster's newsletter prompt, which covers the page.
             # Over the launchpad's own dialog its Skip button is not the only one: take the topmost.
             skip = page.get_by_role("button", name="Skip", exact=True).last
@@ -182,8 +185,7 @@ def test_launch_materialization_from_the_ui(dagster_ui):
                 page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click(modifiers=["Shift"])
                 editor = page.locator(".CodeMirror").first
                 # The launchpad scaffolds its config after it opens; text typed before that is replaced.
-                # Playwright's 5 s default for expect is shorter than Dagster's prompt plus its dismissal.
-                expect(editor).to_contain_text("storage_options", timeout=45_000)
+                expect(editor).to_contain_text("storage_options")
                 editor.click()
                 page.keyboard.press("Control+End")
                 page.keyboard.insert_text("\n" + IN_PROCESS)
