@@ -150,7 +150,7 @@ def materialize_artifact(
         log = context.log.warning if decision.state == "damaged" else context.log.info
         log(f"building {key}[{partition}]: {decision.reason}")
         refuse_damaged_inputs(artifacts, upstream, check)
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.process_time()
         # Files of a damaged artifact cannot be trusted to resume from (an incremental builder would
         # see its own ledger and skip the missing part): it is built from scratch.
         resume = resume and decision.state != "damaged"
@@ -163,6 +163,8 @@ def materialize_artifact(
         if resume:
             extra["marin/files_rehash_skipped"] = writer.files_rehash_skipped
         extra["marin/build_seconds"] = round(time.monotonic() - started, 3)
+        # What the build cost in cores (all of this process's threads; not work sent to Ray workers).
+        extra["marin/build_cpu_seconds"] = round(time.process_time() - cpu_started, 3)
 
     handle = ArtifactHandle.from_manifest(manifest)
     # The code version is Dagster's own (shown with the definition); the store's path shows in the uri.
