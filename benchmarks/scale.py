@@ -53,6 +53,7 @@ import polars as pl  # noqa: E402
 import psutil  # noqa: E402
 
 from benchmarks.scale_corpus import CorpusWriter  # noqa: E402
+from marin_resources.display import parse_duration  # noqa: E402
 from marin_resources.store import MANIFEST_NAME, Manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -119,7 +120,7 @@ class Command:
                 materialization = event.dagster_event.step_materialization_data.materialization
                 value = materialization.metadata.get("marin/build_cpu_seconds")
                 if value is not None:
-                    out[materialization.asset_key.path[0]] += float(value.value)
+                    out[materialization.asset_key.path[0]] += parse_duration(value.value)
         return dict(out)
 
     def rebuilt(self) -> list[str]:

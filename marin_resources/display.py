@@ -38,6 +38,15 @@ def human_duration(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
+def parse_duration(text: str) -> float:
+    """Seconds of a :func:`human_duration` string (to its precision), for code that reads the UI's metadata."""
+    parts = text.split()
+    units = {"s": 1, "min": 60, "h": 3600}
+    if len(parts) % 2 or not parts or any(unit not in units for unit in parts[1::2]):
+        raise ValueError(f"not a duration: {text!r}")
+    return sum(float(number) * units[unit] for number, unit in zip(parts[0::2], parts[1::2]))
+
+
 def is_byte_count(name: str) -> bool:
     leaf = name.rsplit("/", 1)[-1]
     return leaf == "bytes" or leaf.endswith("_bytes")

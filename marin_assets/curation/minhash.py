@@ -393,11 +393,15 @@ def minhash_texts(texts: Sequence[str], config: MinHashConfig) -> np.ndarray:
     """(len(texts), num_perm) uint32 MinHash signatures; a text without tokens gets all 2**32-1."""
     if config.hash_mode == "sha1":
         hashes32, doc_index = _sha1_shingle_hashes(texts, config.shingle_size)
-    else:
-        hashed = shingle_hashes(texts, config.shingle_size)
-        hashes32 = (hashed.hashes >> np.uint64(32)).astype(np.uint32)
-        doc_index = hashed.doc_index
-    return _min_permuted(hashes32, doc_index, len(texts), config)
+        return _min_permuted(hashes32, doc_index, len(texts), config)
+    # A batch of whole documents at a time: each signature depends on its own document only, and
+    # the shard's shingles (8 bytes each, plus their document index) are never held at once.
+    signatures = np.empty((len(texts), config.num_perm), dtype=np.uint32)
+    for start, end in _text_batches(texts):
+        batch = _shingle_hashes_batch(texts[start:end], config.shingle_size)
+        hashes32 = (batch.hashes >> np.uint64(32)).astype(np.uint32)
+        signatures[start:end] = _min_permuted(hashes32, batch.doc_index, end - start, config)
+    return signatures
 
 
 def empty_signature_mask(hashvalues: np.ndarray) -> np.ndarray:

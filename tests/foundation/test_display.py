@@ -3,7 +3,9 @@ the manifest keeps the raw values."""
 
 import dagster as dg
 
-from marin_resources.display import display_metadata, human_bytes, human_duration, records_table
+import pytest
+
+from marin_resources.display import display_metadata, human_bytes, human_duration, parse_duration, records_table
 
 
 def test_floats_bytes_and_durations_read_well():
@@ -15,6 +17,15 @@ def test_floats_bytes_and_durations_read_well():
     assert shown["train_seconds"].value == "1 h 06 min" and shown["marin/build_seconds"].value == "2.72 s"
     assert shown["marin/reused"] is False and shown["loss"] != shown["loss"]  # NaN stays NaN
     assert human_bytes(5 * 2**40) == "5 TiB" and human_duration(61) == "1 min 01 s"
+
+
+def test_durations_read_back_to_their_precision():
+    for seconds, text in [(2.71828, "2.72 s"), (61, "1 min 01 s"), (4000.2, "1 h 06 min"), (0.0004, "0.0004 s")]:
+        assert human_duration(seconds) == text
+        assert parse_duration(text) == pytest.approx(seconds, rel=0.02, abs=30 if seconds >= 3600 else 0)
+    for bad in ("", "3", "2.7 sec", "1 min 5"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad)
 
 
 def test_eval_samples_are_a_table():
