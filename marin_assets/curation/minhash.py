@@ -483,14 +483,18 @@ class SignatureTable:
         return cls(ids=frame["id"].to_numpy().astype(object), hashvalues=hashvalues, config=config)
 
 
-def compute_signatures(docs: pl.DataFrame, config: MinHashConfig) -> SignatureTable:
-    """Signatures of one shard's documents (columns ``id`` and ``text`` are used)."""
+def compute_signatures(docs: pl.DataFrame, config: MinHashConfig, texts: list[str] | None = None) -> SignatureTable:
+    """Signatures of one shard's documents (columns ``id`` and ``text`` are used; ``texts``: the
+    ``text`` column as a list, when the caller has it)."""
     for column in ("id", "text"):
         if column not in docs.columns:
             raise ValueError(f"documents need an {column!r} column; got {docs.columns}")
     if docs["text"].null_count() or docs["id"].null_count():
         raise ValueError("documents have null id or text values")
-    texts = docs["text"].to_list()
+    if texts is None:
+        texts = docs["text"].to_list()
+    elif len(texts) != docs.height:
+        raise ValueError(f"{len(texts)} texts for {docs.height} documents")
     return SignatureTable(
         ids=docs["id"].to_numpy().astype(object),
         hashvalues=minhash_texts(texts, config),

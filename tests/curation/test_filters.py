@@ -98,11 +98,13 @@ def test_drop_counts_add_up_and_columns_are_kept():
     assert result.kept.columns == ["id", "text", "source", "lang", "lang_score"]
     assert result.dropped.columns == [*result.kept.columns, "reason", "failed_rules"]
     assert result.dropped["reason"].null_count() == 0
+    # The kept texts handed on to MinHash are the kept rows' texts, in order.
+    assert result.kept_texts == result.kept["text"].to_list() and 0 < len(result.kept_texts) < len(texts)
 
 
 def test_empty_frame():
     result = apply_filters(_frame([]), FilterConfig())
-    assert result.kept.height == 0 and "lang" in result.kept.columns
+    assert result.kept.height == 0 and "lang" in result.kept.columns and result.kept_texts == []
     assert "reason" in result.dropped.columns
 
 
