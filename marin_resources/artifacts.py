@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,6 +111,13 @@ def store_version(context: dg.AssetExecutionContext) -> str:
     return str(spec.metadata[VERSION_METADATA_KEY])
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process's threads plus its finished, waited-for children (a training or
+    eval process the build launched); not Ray's workers, which are not its children."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def materialize_artifact(
     context: dg.AssetExecutionContext,
     store: MarinStore,
@@ -150,7 +158,7 @@ def materialize_artifact(
         log = context.log.warning if decision.state == "damaged" else context.log.info
         log(f"building {key}[{partition}]: {decision.reason}")
         refuse_damaged_inputs(artifacts, upstream, check)
-        started, cpu_started = time.monotonic(), time.process_time()
+        started, cpu_started = time.monotonic(), cpu_seconds()
         # Files of a damaged artifact cannot be trusted to resume from (an incremental builder would
         # see its own ledger and skip the missing part): it is built from scratch.
         resume = resume and decision.state != "damaged"
@@ -163,8 +171,7 @@ def materialize_artifact(
         if resume:
             extra["marin/files_rehash_skipped"] = writer.files_rehash_skipped
         extra["marin/build_seconds"] = round(time.monotonic() - started, 3)
-        # What the build cost in cores (all of this process's threads; not work sent to Ray workers).
-        extra["marin/build_cpu_seconds"] = round(time.process_time() - cpu_started, 3)
+        extra["marin/build_cpu_seconds"] = round(cpu_seconds() - cpu_started, 3)  # what it cost in cores
 
     handle = ArtifactHandle.from_manifest(manifest)
     # The code version is Dagster's own (shown with the definition); the store's path shows in the uri.

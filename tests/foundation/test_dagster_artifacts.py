@@ -210,3 +210,17 @@ def test_status_follows_one_rule_and_causes_propagate_downstream(tmp_path, insta
     assert states()[("test/joined", None)].cause == "upstream test/words[a], test/words[b] changed (data)"
     run("test/joined")
     assert {s.state for s in states().values()} == {"fresh"}
+
+
+def test_build_cpu_seconds_count_the_process_a_build_waits_for():
+    """A build that launches a process (training, eval) is charged that process's CPU once it is
+    waited for, as `marin/build_cpu_seconds` reports it."""
+    import subprocess
+    import sys
+
+    from marin_resources.artifacts import cpu_seconds
+
+    before = cpu_seconds()
+    # The child spins until it has used 0.3 s of its own CPU, however busy the machine is.
+    subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass"], check=True)
+    assert cpu_seconds() - before >= 0.3
