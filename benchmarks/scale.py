@@ -90,17 +90,23 @@ class Command:
         that joined a shard's run) count once."""
         return {s["run_id"]: s["seconds"] for s in self.ran}
 
-    def stage_seconds(self, dagster_home: str) -> dict[str, float]:
-        """Seconds per stage (asset key's first segment), from each run's STEP_START/STEP_SUCCESS events."""
+    def run_events(self, dagster_home: str, of_type):
+        """Each run's events of these types from the instance, one run's list at a time."""
         import dagster as dg
 
         os.environ["DAGSTER_HOME"] = dagster_home  # the instance's dagster.yaml reads it
         instance = dg.DagsterInstance.from_config(dagster_home)
-        out: dict[str, float] = defaultdict(float)
         for run_id in sorted({s["run_id"] for s in self.ran if s.get("run_id")}):
+            yield instance.all_logs(run_id, of_type=of_type)
+
+    def stage_seconds(self, dagster_home: str) -> dict[str, float]:
+        """Seconds per stage (asset key's first segment), from each run's STEP_START/STEP_SUCCESS events."""
+        import dagster as dg
+
+        out: dict[str, float] = defaultdict(float)
+        for events in self.run_events(dagster_home, {dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS}):
             started: dict[str, float] = {}
-            for event in instance.all_logs(run_id, of_type={dg.DagsterEventType.STEP_START,
-                                                             dg.DagsterEventType.STEP_SUCCESS}):
+            for event in events:
                 if event.dagster_event.event_type == dg.DagsterEventType.STEP_START:
                     started[event.step_key] = event.timestamp
                 elif event.step_key in started:
@@ -112,11 +118,9 @@ class Command:
         materialization): what the work costs in cores, whatever else shared them meanwhile."""
         import dagster as dg
 
-        os.environ["DAGSTER_HOME"] = dagster_home
-        instance = dg.DagsterInstance.from_config(dagster_home)
         out: dict[str, float] = defaultdict(float)
-        for run_id in sorted({s["run_id"] for s in self.ran if s.get("run_id")}):
-            for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+        for events in self.run_events(dagster_home, {dg.DagsterEventType.ASSET_MATERIALIZATION}):
+            for event in events:
                 materialization = event.dagster_event.step_materialization_data.materialization
                 value = materialization.metadata.get("marin/build_cpu_seconds")
                 if value is not None:

@@ -65,13 +65,13 @@ def filter_chunk(docs: pl.DataFrame, task: FilterTask) -> FilteredChunk:
     The keep threshold is corpus-wide, so it is applied later, in `deduplicated/`."""
     result = apply_filters(docs, task.filters, task.identifier())
     kept = result.kept
+    texts = kept["text"].to_list() if result.kept_texts is None else result.kept_texts
     if task.quality is not None:
         scorer = QualityScorer(task.quality, task.quality_model)
-        texts = kept["text"].to_list() if result.kept_texts is None else result.kept_texts
         scores = scorer.score(texts) if kept.height else np.zeros(0)
         kept = kept.with_columns(pl.Series("quality_score", scores, dtype=pl.Float64))
     return FilteredChunk(kept, result.dropped, dict(result.per_rule_drop_counts),
-                         compute_signatures(kept, task.minhash, result.kept_texts).hashvalues)
+                         compute_signatures(kept, task.minhash, texts).hashvalues)
 
 
 def merge_chunks(chunks: list[FilteredChunk], task: FilterTask) -> FilteredShard:

@@ -669,9 +669,10 @@ def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentif
         )["failed_rules"]
     ).with_columns(pl.col("failed_rules").list.first().alias("reason"))
 
-    dropped = marked.filter(pl.col("reason").is_not_null())
-    kept = marked.filter(pl.col("reason").is_null()).drop("failed_rules", "reason")
+    keep = marked["reason"].is_null()
+    dropped = marked.filter(~keep)
+    kept = marked.filter(keep).drop("failed_rules", "reason")
     for reason, n in dropped.group_by("reason").len().iter_rows():
         counts[reason] = n
-    kept_texts = None if texts is None else list(itertools.compress(texts, marked["reason"].is_null().to_list()))
+    kept_texts = None if texts is None else list(itertools.compress(texts, keep.to_list()))
     return FilterResult(kept, dropped.select([*kept.columns, "reason", "failed_rules"]), counts, kept_texts)

@@ -28,7 +28,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import BinaryIO, Literal
 
@@ -309,14 +309,18 @@ def _text_batches(texts: Sequence[str]) -> list[tuple[int, int]]:
     return batches
 
 
-def shingle_hashes(texts: Sequence[str], shingle_size: int) -> ShingleHashes:
-    """64-bit hashes of every shingle occurrence of every text (``fast`` mode definition)."""
+def _batched_shingle_hashes(texts: Sequence[str], shingle_size: int) -> Iterator[tuple[int, int, ShingleHashes]]:
+    """(start, end, shingle hashes of texts[start:end], documents counted from start) per batch of whole texts."""
     if not 1 <= shingle_size <= _MAX_SHINGLE_SIZE:
         raise ValueError(f"shingle_size must be in [1, {_MAX_SHINGLE_SIZE}], got {shingle_size}")
-    parts = []
     for start, end in _text_batches(texts):
-        batch = _shingle_hashes_batch(texts[start:end], shingle_size)
-        parts.append((batch.hashes, batch.doc_index + start))
+        yield start, end, _shingle_hashes_batch(texts[start:end], shingle_size)
+
+
+def shingle_hashes(texts: Sequence[str], shingle_size: int) -> ShingleHashes:
+    """64-bit hashes of every shingle occurrence of every text (``fast`` mode definition)."""
+    parts = [(batch.hashes, batch.doc_index + start)
+             for start, _, batch in _batched_shingle_hashes(texts, shingle_size)]
     if not parts:
         return ShingleHashes(np.zeros(0, np.uint64), np.zeros(0, np.int64))
     return ShingleHashes(
@@ -397,8 +401,7 @@ def minhash_texts(texts: Sequence[str], config: MinHashConfig) -> np.ndarray:
     # A batch of whole documents at a time: each signature depends on its own document only, and
     # the shard's shingles (8 bytes each, plus their document index) are never held at once.
     signatures = np.empty((len(texts), config.num_perm), dtype=np.uint32)
-    for start, end in _text_batches(texts):
-        batch = _shingle_hashes_batch(texts[start:end], config.shingle_size)
+    for start, end, batch in _batched_shingle_hashes(texts, config.shingle_size):
         hashes32 = (batch.hashes >> np.uint64(32)).astype(np.uint32)
         signatures[start:end] = _min_permuted(hashes32, batch.doc_index, end - start, config)
     return signatures
