@@ -21,6 +21,7 @@ from marin_assets.curation.sensors import build_new_shard_sensor
 from marin_assets.curation.sources import (FileRef, Shard, SourceConfig, discover_shards, open_binary,
                                            read_byte_range)
 from marin_assets.deployment import Deployment
+from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
 from marin_resources.environments import MarinSettings
@@ -155,6 +156,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
         artifacts = store.get()
 
         def build(writer) -> Built:
+            keep_freed_memory()
             with artifacts.open(f"{raw.uri}/listing.json") as fh:
                 listing = json.load(fh)
             stored = Shard(source=name, key=context.partition_key, files=tuple(

@@ -216,11 +216,11 @@ def _learn_char_classes(codepoints: np.ndarray) -> None:
 
 
 def _char_classes(codepoints: np.ndarray) -> np.ndarray:
-    classes = _CHAR_CLASSES[codepoints]
+    classes = np.take(_CHAR_CLASSES, codepoints)  # np.take: fancy indexing by uint8/uint32 costs twice as much
     unknown = (classes & _KNOWN) == 0
     if unknown.any():
         _learn_char_classes(np.unique(codepoints[unknown]))
-        classes = _CHAR_CLASSES[codepoints]
+        classes = np.take(_CHAR_CLASSES, codepoints)
     return classes
 
 
@@ -529,26 +529,31 @@ def _feature_hits(texts: list[str], sample_chars: int, tables: _FeatureTables) -
         left = None
         starts = np.cumsum(lengths + 1) - (lengths + 1)
     hits = []  # (positions, features), one pair per order
-    # The narrowest integer each n-gram's code fits in: the lookups read less memory.
+    # The narrowest integer each n-gram's code fits in: the lookups read less memory. `np.take`
+    # rather than `table[code]`: fancy indexing with an unsigned index costs about twice as much.
     code = data
     for n, dtype in ((1, np.uint8), (2, np.uint16), (3, np.uint32)):
         if n > 1:
             code = (code[:-1].astype(dtype) << dtype(8)) | data[n - 1 :]
-        feature = tables.short[n - 1][code]
+        feature = np.take(tables.short[n - 1], code)
         found = feature != 0
         if left is not None:
             found &= left[: code.size] >= n
         at = np.flatnonzero(found)
-        hits.append((at, feature[at]))
+        hits.append((at, np.take(feature, at)))
     # Four-byte n-grams: the first three bytes (``code`` now) pick a row, the fourth the entry.
-    row = tables.four_prefix[code[:-1]]
+    row = np.take(tables.four_prefix, code[:-1])
     found = row != 0
     if left is not None:
         found &= left[: row.size] >= 4
     at = np.flatnonzero(found)
-    feature = tables.four.reshape(-1)[(row[at].astype(np.intp) - 1) * 256 + data[at + 3]]
-    found = feature != 0
-    hits.append((at[found], feature[found]))
+    entry = np.take(row, at).astype(np.intp)
+    entry -= 1
+    entry <<= 8
+    entry += np.take(data, at + 3)
+    feature = np.take(tables.four.reshape(-1), entry)
+    found = np.flatnonzero(feature != 0)  # indices: two gathers by a bool mask cost more
+    hits.append((np.take(at, found), np.take(feature, found)))
     positions = np.concatenate([h[0] for h in hits])
     # int32 cells whenever they fit (a batch of identify_language always does): they sort faster.
     cell = np.int32 if len(texts) * n_feats < 2**31 else np.int64

@@ -26,6 +26,7 @@ from marin_assets.curation.model_assets import (CLASSIFIER_KEY, LANGUAGE_MODEL_K
                                                 load_model_bytes, read_threshold, score_sketch)
 from marin_assets.curation.paragraphs import remove_duplicate_paragraphs
 from marin_assets.curation.sources import CurationConfig, SourceConfig
+from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
                                        marin_asset, marin_check, materialize_artifact)
 from marin_resources.data_parallel import DataParallel
@@ -200,6 +201,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
         artifacts = store.get()
 
         def build(writer) -> Built:
+            keep_freed_memory()
             docs = read_parquet(artifacts, f"{documents.uri}/documents.parquet")
             task = FilterTask(source.filters, dedup_cfg.minhash, quality,
                               load_model_bytes(artifacts, optional["classifier"]) if uses_model else None,
