@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from marin_assets.tokenization.shard_files import ShardFileWriter, ShardLayout
 from marin_assets.tokenization.tokenizer import local_tokenizer_dir, tokenizer_json_sha256
 from marin_resources.typed_config import typed_config
 
@@ -446,6 +447,8 @@ ROW_CHUNK = 256 * 1024
 SHARD_CHUNK = ROW_CHUNK * 512
 LEDGER_NAME = "shard_ledger.json"
 _ARRAY_LENGTH = 2**54
+# Values zeroed per write when trimming (bounds the zeros held in memory).
+_ZERO_PIECE = 16 * ROW_CHUNK
 
 
 def _zarr3_array(url: str, dtype: str, fresh: bool):
@@ -474,33 +477,38 @@ def _read_zarr3_array(url: str):
 
 
 class _JaggedArrayWriter:
-    """Appends rows to, and trims, one field's offsets and data arrays (JaggedArrayStore's layout)."""
+    """Appends rows to, and trims, one field's offsets and data arrays (JaggedArrayStore's layout).
+
+    Tensorstore creates the arrays and reads them; the writes go through `ShardFileWriter`, which
+    rewrites a shard file holding one inner chunk in memory, where tensorstore would hold the whole
+    file (up to 512 MB of tokens for the tail shard of a large cache)."""
 
     def __init__(self, field_url: str, fresh: bool):
-        self.offsets = _zarr3_array(f"{field_url}/offsets", "int64", fresh)
-        self.data = _zarr3_array(f"{field_url}/data", np.dtype(TOKEN_DTYPE).name, fresh)
-        self.rows = int(self.offsets[0].read().result())
-        self.size = int(self.offsets[self.rows].read().result()) if self.rows else 0
+        offsets = _zarr3_array(f"{field_url}/offsets", "int64", fresh)
+        data = _zarr3_array(f"{field_url}/data", np.dtype(TOKEN_DTYPE).name, fresh)
+        self.rows = int(offsets[0].read().result())
+        self.size = int(offsets[self.rows].read().result()) if self.rows else 0
+        self._offsets_at = lambda row: int(offsets[row].read().result())
+        self.offsets = ShardFileWriter(f"{field_url}/offsets", ShardLayout.of(offsets.spec().to_json()["metadata"]))
+        self.data = ShardFileWriter(f"{field_url}/data", ShardLayout.of(data.spec().to_json()["metadata"]))
 
     def trim_to(self, rows: int) -> None:
         """Drop the rows after the first ``rows`` (zero-filled, as Levanter's trim leaves them)."""
         if rows >= self.rows:
             return
-        size = int(self.offsets[rows].read().result()) if rows else 0
-        self.offsets[0].write(rows).result()
-        writes = [self.data[size:self.size].write(0), self.offsets[rows + 1:self.rows + 1].write(0)]
-        for write in writes:
-            write.result()
+        size = self._offsets_at(rows) if rows else 0
+        self.offsets.write(0, np.array([rows], dtype=np.int64))
+        for files, start, stop in ((self.data, size, self.size), (self.offsets, rows + 1, self.rows + 1)):
+            for piece in range(start, stop, _ZERO_PIECE):
+                files.write(piece, np.zeros(min(_ZERO_PIECE, stop - piece), dtype=files.layout.dtype))
         self.rows, self.size = rows, size
 
     def extend(self, data: np.ndarray, ends: np.ndarray) -> None:
         """Append rows (``ends``: each new row's end within ``data``); the row count is written last,
         so a reader never sees a row whose tokens are not there yet."""
-        writes = [self.data[self.size:self.size + data.size].write(data),
-                  self.offsets[self.rows + 1:self.rows + 1 + ends.size].write(ends + self.size)]
-        for write in writes:
-            write.result()
-        self.offsets[0].write(self.rows + ends.size).result()
+        self.data.write(self.size, data)
+        self.offsets.write(self.rows + 1, ends + self.size)
+        self.offsets.write(0, np.array([self.rows + ends.size], dtype=np.int64))
         self.rows += int(ends.size)
         self.size += int(data.size)
 
