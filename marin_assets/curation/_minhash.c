@@ -102,7 +102,7 @@ static int sign_documents(const uint8_t *bytes, const int64_t *doc_ends, Py_ssiz
 
 static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *name) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (view->itemsize != itemsize && !(itemsize == 1 && view->itemsize == 1)) {
+    if (view->itemsize != itemsize) {
         PyErr_Format(PyExc_ValueError, "%s: expected items of %zd bytes, got %zd", name, itemsize, view->itemsize);
         PyBuffer_Release(view);
         return -1;
@@ -119,64 +119,48 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int w
  *   out: uint32 (len(doc_ends), num_perm), filled with 2**32 - 1 by the caller
  */
 static PyObject *signatures(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *data_obj, *ends_obj, *a_obj, *b_obj, *mult_obj, *out_obj;
+    PyObject *objs[6];
     Py_ssize_t shingle_size;
     unsigned long long base;
-    if (!PyArg_ParseTuple(args, "OOnOOOKO", &data_obj, &ends_obj, &shingle_size, &a_obj, &b_obj, &mult_obj, &base,
-                          &out_obj))
+    if (!PyArg_ParseTuple(args, "OOnOOOKO", &objs[0], &objs[1], &shingle_size, &objs[2], &objs[3], &objs[4], &base,
+                          &objs[5]))
         return NULL;
-    Py_buffer data, ends, a, b, mult, out;
+    static const Py_ssize_t itemsizes[6] = {1, 8, 4, 4, 8, 4};
+    static const char *names[6] = {"data", "doc_ends", "a", "b", "multipliers", "out"};
+    Py_buffer views[6];
     int got = 0;
-    if (get_buffer(data_obj, &data, 1, 0, "data") < 0) goto fail;
-    got = 1;
-    if (get_buffer(ends_obj, &ends, 8, 0, "doc_ends") < 0) goto fail;
-    got = 2;
-    if (get_buffer(a_obj, &a, 4, 0, "a") < 0) goto fail;
-    got = 3;
-    if (get_buffer(b_obj, &b, 4, 0, "b") < 0) goto fail;
-    got = 4;
-    if (get_buffer(mult_obj, &mult, 8, 0, "multipliers") < 0) goto fail;
-    got = 5;
-    if (get_buffer(out_obj, &out, 4, 1, "out") < 0) goto fail;
-    got = 6;
+    PyObject *result = NULL;
+    for (; got < 6; got++)
+        if (get_buffer(objs[got], &views[got], itemsizes[got], got == 5, names[got]) < 0) goto done;
+    Py_buffer *data = &views[0], *ends = &views[1], *a = &views[2], *b = &views[3], *mult = &views[4], *out = &views[5];
 
-    Py_ssize_t num_docs = ends.len / 8, num_perm = a.len / 4;
-    if (b.len / 4 != num_perm || out.len / 4 != num_docs * num_perm || shingle_size < 1 ||
-        mult.len / 8 < shingle_size) {
+    Py_ssize_t num_docs = ends->len / 8, num_perm = a->len / 4;
+    if (b->len / 4 != num_perm || out->len / 4 != num_docs * num_perm || shingle_size < 1 ||
+        mult->len / 8 < shingle_size) {
         PyErr_SetString(PyExc_ValueError, "signatures: inconsistent array sizes");
-        goto fail;
+        goto done;
     }
-    const uint8_t *bytes = (const uint8_t *)data.buf;
-    const int64_t *doc_ends = (const int64_t *)ends.buf;
-    const uint64_t *multipliers = (const uint64_t *)mult.buf;
+    const int64_t *doc_ends = ends->buf;
     for (Py_ssize_t d = 0; d < num_docs; d++) {
         int64_t start = d == 0 ? 0 : doc_ends[d - 1] + 1, end = doc_ends[d];
-        if (start < 0 || end < start || end > data.len) {
+        if (start < 0 || end < start || end > data->len) {
             PyErr_SetString(PyExc_ValueError, "signatures: doc_ends out of range");
-            goto fail;
+            goto done;
         }
     }
-
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = sign_documents(bytes, doc_ends, num_docs, shingle_size, multipliers, base, a.buf, b.buf, num_perm, out.buf);
+    status = sign_documents(data->buf, doc_ends, num_docs, shingle_size, mult->buf, base, a->buf, b->buf, num_perm,
+                            out->buf);
     Py_END_ALLOW_THREADS
-    if (status < 0) {
+    if (status < 0)
         PyErr_NoMemory();
-        goto fail;
-    }
-    for (int i = got; i > 0; i--) {
-        Py_buffer *views[] = {&data, &ends, &a, &b, &mult, &out};
-        PyBuffer_Release(views[i - 1]);
-    }
-    Py_RETURN_NONE;
+    else
+        result = Py_NewRef(Py_None);
 
-fail:
-    for (int i = got; i > 0; i--) {
-        Py_buffer *views[] = {&data, &ends, &a, &b, &mult, &out};
-        PyBuffer_Release(views[i - 1]);
-    }
-    return NULL;
+done:
+    for (int i = got; i > 0; i--) PyBuffer_Release(&views[i - 1]);
+    return result;
 }
 
 static PyMethodDef methods[] = {

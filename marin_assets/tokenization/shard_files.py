@@ -170,7 +170,7 @@ class ShardFileWriter:
         replaces the old one."""
         index = np.full((self.layout.chunks_per_shard, 2), _ABSENT, dtype="<u8")
         staged = f"{path}.{uuid.uuid4().hex}.partial"
-        self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         position = 0
         try:
             with self.fs.open(staged, "wb") as out:
