@@ -557,7 +557,10 @@ def save_signatures(table: SignatureTable, destination: str | os.PathLike | Bina
             "signature": pa.FixedSizeListArray.from_arrays(flat, table.config.num_perm),
         }
     ).replace_schema_metadata({_PARQUET_CONFIG_KEY: table.config.to_json().encode()})
-    pq.write_table(arrow, destination)
+    # Plain pages, uncompressed: signatures and hex ids are random, so arrow's default dictionary
+    # attempt and snappy only cost time (0.24 CPU-s for a 25 MB shard's first write in a process,
+    # against 0.04) and the file comes out larger (5.0 MB against 4.5).
+    pq.write_table(arrow, destination, use_dictionary=False, compression="none")
 
 
 def load_signatures(
