@@ -6,8 +6,7 @@
  * of every position and a sort of every hit; tests/curation/test_filters.py compares the two.
  * Plain C API and the buffer protocol, so it builds without numpy's headers.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_kernel_buffers.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,16 +106,6 @@ static int batch_counts(const uint8_t *data, const int64_t *starts, Py_ssize_t n
     free(counts);
     free(touched);
     return status;
-}
-
-static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *name) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: expected items of %zd bytes, got %zd", name, itemsize, view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
 }
 
 /* feature_counts(data, starts, short1, short2, codes3, four, n_features, indptr)

@@ -1,14 +1,13 @@
 /* MinHash signatures of the "fast" mode in one pass per document (marin_assets/curation/minhash.py).
  *
  * The numpy implementation in minhash.py is the definition; this computes the same signatures bit
- * for bit (tests/curation/test_minhash_kernel.py compares them) at a fraction of the CPU: the token
+ * for bit (tests/curation/test_minhash.py compares them) at a fraction of the CPU: the token
  * hashes, the shingle hashes and the 128 permutations of each shingle stay in registers instead of
  * going through shard-sized numpy temporaries. Plain C API and the buffer protocol, so it builds
  * without numpy's headers; target_clones picks AVX-512, AVX2 or baseline code at load time, so one
  * build runs on any x86-64.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_kernel_buffers.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,16 +96,6 @@ static int sign_documents(const uint8_t *bytes, const int64_t *doc_ends, Py_ssiz
         }
     }
     free(tokens);
-    return 0;
-}
-
-static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *name) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: expected items of %zd bytes, got %zd", name, itemsize, view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
     return 0;
 }
 

@@ -430,9 +430,8 @@ _KERNEL_BATCH_CHARS = 4 << 20
 
 def _kernel_minhash_texts(texts: Sequence[str], config: MinHashConfig) -> np.ndarray:
     """``numpy_minhash_texts`` through the compiled kernel: tokens, shingles and the permutations of
-    each shingle in one pass per document, 2-3x less CPU."""
-    if not 1 <= config.shingle_size <= _MAX_SHINGLE_SIZE:
-        raise ValueError(f"shingle_size must be in [1, {_MAX_SHINGLE_SIZE}], got {config.shingle_size}")
+    each shingle in one pass per document, 2-3x less CPU. (MinHashConfig bounds shingle_size; the
+    kernel refuses fewer multipliers than that.)"""
     a, b = permutations(config.num_perm, config.seed)
     multipliers = np.ascontiguousarray(SHINGLE_POSITION_MULTIPLIERS[: config.shingle_size])
     signatures = np.full((len(texts), config.num_perm), _UINT32_MAX, dtype=np.uint32)

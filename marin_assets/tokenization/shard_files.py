@@ -116,8 +116,8 @@ class ShardFileWriter:
     def shard_path(self, shard: int) -> str:
         return f"{self.root}/c/{shard}"
 
-    def read_index(self, path: str) -> tuple[np.ndarray, int] | None:
-        """(chunks x 2 array of offset and size, file size) of a shard file; None if there is none."""
+    def read_index(self, path: str) -> np.ndarray | None:
+        """A shard file's index (chunks x 2: offset and size of each inner chunk); None if there is no file."""
         try:
             size = self.fs.size(path)
         except FileNotFoundError:
@@ -128,7 +128,7 @@ class ShardFileWriter:
         body, crc = raw[:-_CRC_BYTES], raw[-_CRC_BYTES:]
         if google_crc32c.value(body).to_bytes(_CRC_BYTES, "little") != crc:
             raise ValueError(f"{path}: the shard index fails its crc32c check")
-        return np.frombuffer(body, dtype="<u8").reshape(-1, 2).copy(), size
+        return np.frombuffer(body, dtype="<u8").reshape(-1, 2)
 
     def write(self, start: int, values: np.ndarray) -> None:
         """Store `values` at positions [start, start + len(values)), leaving every other value as it is."""
@@ -159,13 +159,13 @@ class ShardFileWriter:
         encoded = dict(zip(range(first, last + 1), self.codec.encode(chunks)))
         self._rewrite(path, old, encoded)
 
-    def _old_chunk(self, path: str, old: tuple[np.ndarray, int] | None, chunk: int) -> bytes | None:
-        if old is None or old[0][chunk, 0] == _ABSENT:
+    def _old_chunk(self, path: str, old: np.ndarray | None, chunk: int) -> bytes | None:
+        if old is None or old[chunk, 0] == _ABSENT:
             return None
-        offset, size = (int(v) for v in old[0][chunk])
+        offset, size = (int(v) for v in old[chunk])
         return self.fs.cat_file(path, start=offset, end=offset + size)
 
-    def _rewrite(self, path: str, old: tuple[np.ndarray, int] | None, encoded: dict[int, bytes | None]) -> None:
+    def _rewrite(self, path: str, old: np.ndarray | None, encoded: dict[int, bytes | None]) -> None:
         """The shard file with `encoded` in place of those chunks, streamed to a new file that then
         replaces the old one."""
         index = np.full((self.layout.chunks_per_shard, 2), _ABSENT, dtype="<u8")
@@ -192,7 +192,7 @@ class ShardFileWriter:
                 pass
             raise
 
-    def _pieces(self, path: str, old: tuple[np.ndarray, int] | None, encoded: dict[int, bytes | None]):
+    def _pieces(self, path: str, old: np.ndarray | None, encoded: dict[int, bytes | None]):
         """In chunk order: ([(chunk, offset in piece, size)], old file offset, size, bytes or None to copy).
 
         Unchanged chunks that lie back to back in the old file are copied as one piece of at most
@@ -202,8 +202,8 @@ class ShardFileWriter:
         for chunk in range(self.layout.chunks_per_shard):
             if chunk in encoded:
                 data = encoded[chunk]
-            elif old is not None and old[0][chunk, 0] != _ABSENT:
-                offset, size = (int(v) for v in old[0][chunk])
+            elif old is not None and old[chunk, 0] != _ABSENT:
+                offset, size = (int(v) for v in old[chunk])
                 if run and offset == run_end and run_end + size - run_start <= _COPY_PIECE_BYTES:
                     run.append((chunk, offset - run_start, size))
                     run_end += size
