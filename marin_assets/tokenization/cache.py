@@ -491,6 +491,8 @@ class _JaggedArrayWriter:
         self._offsets_at = lambda row: int(offsets[row].read().result())
         self.offsets = ShardFileWriter(f"{field_url}/offsets", ShardLayout.of(offsets.spec().to_json()["metadata"]))
         self.data = ShardFileWriter(f"{field_url}/data", ShardLayout.of(data.spec().to_json()["metadata"]))
+        for files in (self.offsets, self.data):
+            files.remove_staged()  # a killed run's half-written shard file
 
     def trim_to(self, rows: int) -> None:
         """Drop the rows after the first ``rows`` (zero-filled, as Levanter's trim leaves them)."""

@@ -29,6 +29,8 @@ _ABSENT = np.uint64(2**64 - 1)
 _CRC_BYTES = 4
 # Encoded bytes of unchanged chunks are copied in pieces of at most this size.
 _COPY_PIECE_BYTES = 32 << 20
+# A shard file being written is staged as `c/<shard>.<random>.partial`, then moved over `c/<shard>`.
+_STAGED_SUFFIX = ".partial"
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,15 @@ class ShardFileWriter:
     def shard_path(self, shard: int) -> str:
         return f"{self.root}/c/{shard}"
 
+    def remove_staged(self) -> int:
+        """Delete staged files a killed writer left beside the shard files (they are never read, but
+        an artifact's commit would list them); how many there were. Only the array's one writer (the
+        artifact's lease holder) may call this."""
+        staged = self.fs.glob(f"{self.root}/c/*{_STAGED_SUFFIX}")
+        for path in staged:
+            self.fs.rm_file(path)
+        return len(staged)
+
     def read_index(self, path: str) -> np.ndarray | None:
         """A shard file's index (chunks x 2: offset and size of each inner chunk); None if there is no file."""
         try:
@@ -169,7 +180,7 @@ class ShardFileWriter:
         """The shard file with `encoded` in place of those chunks, streamed to a new file that then
         replaces the old one."""
         index = np.full((self.layout.chunks_per_shard, 2), _ABSENT, dtype="<u8")
-        staged = f"{path}.{uuid.uuid4().hex}.partial"
+        staged = f"{path}.{uuid.uuid4().hex}{_STAGED_SUFFIX}"
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         position = 0
         try:

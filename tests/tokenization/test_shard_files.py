@@ -90,3 +90,13 @@ def test_other_layouts_are_refused():
                     "chunk_shape": [8], "codecs": [], "index_location": "start"}}]}
     with pytest.raises(ValueError, match="not a layout"):
         ShardLayout.of(metadata)
+
+
+def test_a_killed_writers_staged_file_is_removed_and_the_shard_kept(pair):
+    _, writer, _, tmp_path = pair
+    writer.write(0, np.arange(40))
+    before = shard_files(str(tmp_path / "ours"))
+    (tmp_path / "ours" / "c" / "0.deadbeef.partial").write_bytes(b"half a shard")
+    assert writer.remove_staged() == 1
+    assert shard_files(str(tmp_path / "ours")) == before
+    np.testing.assert_array_equal(open_array_for_read(tmp_path / "ours")[0:40].read().result(), np.arange(40))
