@@ -1,4 +1,4 @@
-/* Buffer-protocol arguments of the curation kernels (_langid.c, _minhash.c). */
+/* Buffer-protocol arguments of the curation kernels (_langid.c, _minhash.c, _textstats.c). */
 #ifndef MARIN_KERNEL_BUFFERS_H
 #define MARIN_KERNEL_BUFFERS_H
 

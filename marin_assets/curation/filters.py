@@ -202,7 +202,7 @@ def _duplicate_fractions(df: pl.DataFrame, unit: str) -> np.ndarray:
 
 # Character classes as the regex engine of polars sees them, per code point, filled in on first
 # sight of a code point (by asking polars) so they agree with the patterns above exactly.
-_SPACE, _LETTER, _PUNCT_OR_SYMBOL, _KNOWN = 1, 2, 4, 8
+_SPACE, _LETTER, _PUNCT_OR_SYMBOL, _KNOWN, _WORD = 1, 2, 4, 8, 16
 _CHAR_CLASSES = np.zeros(0x110000, dtype=np.uint8)
 # Characters per numpy batch of the word statistics (4 bytes each as UTF-32, plus temporaries).
 _WORD_STATS_BATCH_CHARS = 1 << 20
@@ -211,7 +211,8 @@ _WORD_STATS_BATCH_CHARS = 1 << 20
 def _learn_char_classes(codepoints: np.ndarray) -> None:
     chars = pl.Series([chr(c) for c in codepoints.tolist()], dtype=pl.String)
     classes = np.full(len(chars), _KNOWN, dtype=np.uint8)
-    for flag, pattern in ((_SPACE, r"^\s$"), (_LETTER, r"^\p{L}$"), (_PUNCT_OR_SYMBOL, r"^[\p{P}\p{S}]$")):
+    for flag, pattern in ((_SPACE, r"^\s$"), (_LETTER, r"^\p{L}$"), (_PUNCT_OR_SYMBOL, r"^[\p{P}\p{S}]$"),
+                          (_WORD, r"^\w$")):
         classes |= np.where(chars.str.contains(pattern).to_numpy(), flag, 0).astype(np.uint8)
     _CHAR_CLASSES[codepoints] = classes
 
@@ -298,46 +299,74 @@ def _word_counts(texts: list[str]) -> tuple[np.ndarray, ...]:
     return counts
 
 
-def text_stats(df: pl.DataFrame, texts: list[str] | None = None) -> pl.DataFrame:
-    """Per-document statistics the rules read, one row per row of ``df`` (``texts``: its ``text``
-    column as a list, when the caller has it)."""
+try:  # the compiled counts of text_stats' patterns (marin_assets/curation/_textstats.c)
+    from marin_assets.curation import _textstats
+except ImportError:  # built without a C compiler: numpy and polars count the same
+    _textstats = None
+
+# The kernel's output columns, in its order: text_stats' names for them.
+_TEXT_COUNT_COLUMNS = ("n_words", "_nonspace", "_word_cores", "_non_core_chars", "_alpha_words", "_lines",
+                       "_symbols", "_bullet_lines", "_ellipsis_lines", "n_stop_words")
+
+
+def _compiled_text_counts(texts: list[str]) -> pl.DataFrame:
+    """text_stats' pattern counts from the compiled kernel, one column per _TEXT_COUNT_COLUMNS."""
+    counts = np.empty((len(texts), len(_TEXT_COUNT_COLUMNS)), dtype=np.int64)
+    if not _textstats.text_counts(texts, _CHAR_CLASSES, counts):
+        # Characters no text has shown yet: learn all of them (in batches), then count.
+        batch: list[str] = []
+        size = 0
+        for text in (t for t in texts if not t.isascii()):
+            batch.append(text)
+            size += len(text)
+            if size >= _WORD_STATS_BATCH_CHARS:
+                _char_classes(np.frombuffer("".join(batch).encode("utf-32-le"), dtype=np.uint32))
+                batch, size = [], 0
+        _char_classes(np.frombuffer("".join(batch).encode("utf-32-le"), dtype=np.uint32))
+        if not _textstats.text_counts(texts, _CHAR_CLASSES, counts):
+            raise RuntimeError("text_counts: a character class is still unknown after learning them")
+    return pl.DataFrame({name: counts[:, i] for i, name in enumerate(_TEXT_COUNT_COLUMNS)})
+
+
+def _pattern_counts(df: pl.DataFrame, texts: list[str] | None) -> pl.DataFrame:
+    """The counts text_stats derives its ratios from, one column per _TEXT_COUNT_COLUMNS: from the
+    compiled kernel, else numpy's word counts and polars' regex counts (also where a text is null)."""
     text = pl.col("text")
-    # Each pattern is matched once; the ratios are derived from the counts afterwards
-    # (an eager select does not share a count used by several expressions).
     if df["text"].null_count() == 0:
+        texts = df["text"].to_list() if texts is None else list(texts)
+        if _textstats is not None:
+            return _compiled_text_counts(texts)
         # The word counts from one classification of every character (see _word_counts_batch):
         # the same numbers as the regex counts below, in a quarter of the time.
-        n_words, nonspace, word_cores, non_core_chars, alpha_words = _word_counts(
-            df["text"].to_list() if texts is None else texts)
-        word_columns = [
-            pl.Series("n_words", n_words, dtype=pl.Float64),
-            pl.Series("_nonspace", nonspace, dtype=pl.Float64),
-            pl.Series("_word_cores", word_cores, dtype=pl.Float64),
-            pl.Series("_non_core_chars", non_core_chars, dtype=pl.UInt32),
-            pl.Series("_alpha_words", alpha_words, dtype=pl.UInt32),
-        ]
+        word_columns = [pl.Series(name, values) for name, values in zip(_TEXT_COUNT_COLUMNS, _word_counts(texts))]
     else:
         word_columns = [
-            text.str.count_matches(WORD_PATTERN).cast(pl.Float64).alias("n_words"),
-            (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64).alias("_nonspace"),
-            text.str.count_matches(WORD_CORE_PATTERN).cast(pl.Float64).alias("_word_cores"),
+            text.str.count_matches(WORD_PATTERN).alias("n_words"),
+            (text.str.len_chars() - text.str.count_matches(r"\s")).alias("_nonspace"),
+            text.str.count_matches(WORD_CORE_PATTERN).alias("_word_cores"),
             # Characters outside the word cores: what is left once the cores are removed.
             text.str.replace_all(WORD_CORE_PATTERN, "").str.count_matches(r"\S").alias("_non_core_chars"),
             text.str.count_matches(ALPHA_WORD_PATTERN).alias("_alpha_words"),
         ]
-    counts = df.select(
-        pl.int_range(pl.len(), dtype=pl.UInt32).alias("_doc"),
+    # Each pattern is matched once; the ratios are derived from the counts afterwards
+    # (an eager select does not share a count used by several expressions).
+    return df.select(
         *word_columns,
-        text.str.count_matches(NONEMPTY_LINE_PATTERN).cast(pl.Float64).alias("_lines"),
+        text.str.count_matches(NONEMPTY_LINE_PATTERN).alias("_lines"),
         text.str.count_matches(SYMBOL_PATTERN).alias("_symbols"),
         text.str.count_matches(BULLET_LINE_PATTERN).alias("_bullet_lines"),
         text.str.count_matches(ELLIPSIS_LINE_PATTERN).alias("_ellipsis_lines"),
-        text.str.count_matches(STOP_WORD_PATTERN).cast(pl.Float64).alias("n_stop_words"),
-    )
-    n_words, n_lines = pl.col("n_words"), pl.col("_lines")
+        text.str.count_matches(STOP_WORD_PATTERN).alias("n_stop_words"),
+    ).cast(pl.Int64)
+
+
+def text_stats(df: pl.DataFrame, texts: list[str] | None = None) -> pl.DataFrame:
+    """Per-document statistics the rules read, one row per row of ``df`` (``texts``: its ``text``
+    column as a list, when the caller has it)."""
+    counts = _pattern_counts(df, texts)
+    n_words, n_lines = pl.col("n_words").cast(pl.Float64), pl.col("_lines")
     stats = counts.select(
-        "_doc",
-        "n_words",
+        n_words,
         pl.when(pl.col("_word_cores") > 0)
         .then((pl.col("_nonspace") - pl.col("_non_core_chars")) / pl.col("_word_cores"))
         .otherwise(0.0)
@@ -352,9 +381,9 @@ def text_stats(df: pl.DataFrame, texts: list[str] | None = None) -> pl.DataFrame
         .then(pl.col("_ellipsis_lines") / n_lines)
         .otherwise(0.0)
         .alias("ellipsis_line_fraction"),
-        "n_stop_words",
+        pl.col("n_stop_words").cast(pl.Float64),
     )
-    return stats.drop("_doc").with_columns(
+    return stats.with_columns(
         pl.Series(f"duplicate_{unit}_fraction", _duplicate_fractions(df, unit), dtype=pl.Float64)
         for unit in ("line", "paragraph")
     )

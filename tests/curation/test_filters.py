@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from marin_assets.curation import filters
 from marin_assets.curation.filters import (
     RULE_ORDER,
     _language_identifier,
@@ -121,35 +122,103 @@ def test_text_stats_values():
 
 
 
-def test_word_counts_equal_the_regex_counts():
-    """text_stats' numpy word counts are the regex counts, on text mixing every character class."""
-    import random
+def _regex_counts(texts: list[str]) -> dict[str, np.ndarray]:
+    """text_stats' counts as polars' regex engine gives them: the definition."""
+    text = pl.col("text")
+    expected = pl.DataFrame({"text": texts}).select(
+        text.str.count_matches(filters.WORD_PATTERN).alias("n_words"),
+        (text.str.len_chars() - text.str.count_matches(r"\s")).alias("_nonspace"),
+        text.str.count_matches(filters.WORD_CORE_PATTERN).alias("_word_cores"),
+        text.str.replace_all(filters.WORD_CORE_PATTERN, "").str.count_matches(r"\S").alias("_non_core_chars"),
+        text.str.count_matches(filters.ALPHA_WORD_PATTERN).alias("_alpha_words"),
+        text.str.count_matches(filters.NONEMPTY_LINE_PATTERN).alias("_lines"),
+        text.str.count_matches(filters.SYMBOL_PATTERN).alias("_symbols"),
+        text.str.count_matches(filters.BULLET_LINE_PATTERN).alias("_bullet_lines"),
+        text.str.count_matches(filters.ELLIPSIS_LINE_PATTERN).alias("_ellipsis_lines"),
+        text.str.count_matches(filters.STOP_WORD_PATTERN).alias("n_stop_words"),
+    ).cast(pl.Int64)
+    return {name: expected[name].to_numpy() for name in filters._TEXT_COUNT_COLUMNS}
 
-    from marin_assets.curation import filters
+
+@pytest.fixture(scope="module")
+def mixed_texts() -> list[str]:
+    """Texts mixing every character class the patterns tell apart, and the lines they look at."""
+    import random
 
     pool = (list("ab Z9_ \t\n\r\x0b\x0c.,;:!?'\"-()[]#*+$|/\\…") + ["...", "—", "«", "»", "€", "©", "😀", "é", "ß",
             "ж", "中", "٣", "\u0301", "\u00a0", "\u2028", "\u3000", "\x85", "\u200b", "\ufeff", "\ue000", "x", "word"])
+    # Line starts and ends, bullets, and stop words in every case and next to every kind of neighbour.
+    pool += ["\n", "\n", "\n  ", "\n\t", "\r\n", "•", "‣", "◦", "▪", "▫", "●", "○", "■", "□", "–", "* ", "- ",
+             "\n- ", "\n• ", "...\n", "… \n", "....", "the", "The", "THE", "tHe", "that", "thAt", "be", "to",
+             "of", "and", "And", "have", "with", "WITH", "theé", "thé", "th", "the_", "_the", "the9", "ǅ", "K", "ſ"]
     rng = random.Random(0)
-    texts = ["", " ", "-", "a", "a-b", "-a-", "--", " .a. ", "\u00a0x\u00a0"]
-    texts += ["".join(rng.choice(pool) for _ in range(rng.randint(1, 60))) for _ in range(3000)]
-    texts += ["".join(rng.choice(pool[:40]) for _ in range(rng.randint(1, 60))) for _ in range(500)]  # ASCII
-    text = pl.col("text")
-    expected = pl.DataFrame({"text": texts}).select(
-        text.str.count_matches(filters.WORD_PATTERN).cast(pl.Int64),
-        (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Int64).alias("nonspace"),
-        text.str.count_matches(filters.WORD_CORE_PATTERN).cast(pl.Int64).alias("cores"),
-        text.str.replace_all(filters.WORD_CORE_PATTERN, "").str.count_matches(r"\S").cast(pl.Int64).alias("rest"),
-        text.str.count_matches(filters.ALPHA_WORD_PATTERN).cast(pl.Int64).alias("alpha"),
-    )
+    texts = ["", " ", "-", "a", "a-b", "-a-", "--", " .a. ", "\u00a0x\u00a0", "the", "...", "- ", "-", "\n-", "#",
+             "the\nthe", "a...\n", "a…", "  * x", "\t—", "x\n\n"]
+    texts += ["".join(rng.choice(pool) for _ in range(rng.randint(1, 60))) for _ in range(4000)]
+    ascii_pool = [p for p in pool if p.isascii()]
+    texts += ["".join(rng.choice(ascii_pool) for _ in range(rng.randint(1, 60))) for _ in range(1000)]
+    return texts
+
+
+def test_word_counts_equal_the_regex_counts(mixed_texts):
+    """The numpy word counts (text_stats without the compiled kernel) are the regex counts."""
+    expected = _regex_counts(mixed_texts)
     for batch in (1 << 20, 50):  # one batch, and many small ones
         filters._WORD_STATS_BATCH_CHARS, saved = batch, filters._WORD_STATS_BATCH_CHARS
         try:
-            counts = filters._word_counts(texts)
+            counts = filters._word_counts(mixed_texts)
         finally:
             filters._WORD_STATS_BATCH_CHARS = saved
-        for got, (name, want) in zip(counts, expected.to_dict().items()):
-            assert np.array_equal(got, want.to_numpy()), name
+        for got, name in zip(counts, filters._TEXT_COUNT_COLUMNS):
+            assert np.array_equal(got, expected[name]), name
 
+
+def test_compiled_text_counts_equal_the_regex_counts(mixed_texts, monkeypatch):
+    """Every count of the compiled kernel is polars' regex count, also for characters whose class
+    it has to learn first (every class beyond the first 0x3000 code points forgotten)."""
+    expected = _regex_counts(mixed_texts)
+    assert all(np.count_nonzero(expected[name]) > 100 for name in filters._TEXT_COUNT_COLUMNS)  # each exercised
+    forgetful = filters._CHAR_CLASSES.copy()
+    forgetful[0x3000:] = 0
+    monkeypatch.setattr(filters, "_CHAR_CLASSES", forgetful)
+    for texts in (mixed_texts, mixed_texts[::-1]):  # learning, then known
+        counts = filters._compiled_text_counts(texts)
+        for name in filters._TEXT_COUNT_COLUMNS:
+            want = expected[name] if texts is mixed_texts else expected[name][::-1]
+            assert np.array_equal(counts[name].to_numpy(), want), name
+    assert forgetful[ord("😀")] & filters._KNOWN
+
+
+def test_text_stats_are_the_same_with_and_without_the_kernel(mixed_texts, monkeypatch):
+    frame = _frame(mixed_texts)
+    compiled = text_stats(frame)
+    monkeypatch.setattr(filters, "_textstats", None)
+    assert compiled.equals(text_stats(frame))
+    with_null = pl.DataFrame({"text": mixed_texts[:50] + [None]})  # the regex path
+    assert text_stats(with_null).head(50).equals(compiled.head(50))
+
+
+def test_stop_word_letters_fold_only_from_ascii():
+    """The kernel matches stop words by ASCII case folding: no other character folds to their letters
+    in polars' case-insensitive regex."""
+    letters = sorted(set("".join(filters.STOP_WORDS)))
+    chars = pl.Series([chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000])
+    folds = chars.filter(chars.str.contains(f"(?i)^[{''.join(letters)}]$")).to_list()
+    assert sorted(folds) == sorted(letters + [c.upper() for c in letters])
+
+
+def test_the_compiled_text_stats_kernel_is_built_here():
+    assert filters._textstats is not None
+
+
+def test_text_stats_kernel_rejects_bad_arguments():
+    out = np.empty((2, len(filters._TEXT_COUNT_COLUMNS)), dtype=np.int64)
+    with pytest.raises(ValueError, match="classes"):
+        filters._textstats.text_counts(["a", "b"], filters._CHAR_CLASSES[:10], out)
+    with pytest.raises(ValueError, match="out"):
+        filters._textstats.text_counts(["a"], filters._CHAR_CLASSES, out)
+    with pytest.raises(TypeError, match="not a str"):
+        filters._textstats.text_counts(["a", b"b"], filters._CHAR_CLASSES, out)
 
 
 @pytest.mark.parametrize("shift", [24, 62])  # 62: hash prefixes collide, the exact fallback sort runs
