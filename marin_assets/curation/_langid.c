@@ -12,12 +12,12 @@
 #include <string.h>
 
 typedef struct {
-    const uint16_t *short1, *short2, *four;
-    /* Per 3-byte code: (3-byte feature + 1) << 16 | (4-byte feature row + 1); one load answers
-     * both lookups. Only the few thousand non-zero entries are written, so the rest of its 64 MB
-     * stays the kernel's shared zero page. */
-    const uint32_t *codes3;
-    Py_ssize_t four_rows, n_features;
+    /* filters._FeatureTables.kernel: `two` answers the 2-byte lookup and picks the row of `three`
+     * for the third byte, whose entry answers the 3-byte lookup and picks the row of `four` for
+     * the fourth byte. Row 0 of `three` and of `four` is zeros. */
+    const uint16_t *one, *four;
+    const uint32_t *two, *three;
+    Py_ssize_t n_features;
 } Tables;
 
 typedef struct {
@@ -59,21 +59,18 @@ static void count_text(const uint8_t *text, Py_ssize_t length, const Tables *t, 
     } while (0)
     for (Py_ssize_t p = 0; p < length; p++) {
         int32_t junk = (int32_t)(p & 7);
-        uint32_t code = text[p];
-        uint32_t entry = t->short1[code];
+        uint32_t entry = t->one[text[p]];
         if (entry) COUNT((int32_t)entry + JUNK_SLOTS - 1); /* 1- and 2-byte features are rare: a branch */
         if (p + 1 >= length) continue;
-        code = (code << 8) | text[p + 1];
-        entry = t->short2[code];
+        uint32_t two = t->two[(uint32_t)text[p] << 8 | text[p + 1]];
+        entry = two & 0xFFFF;
         if (entry) COUNT((int32_t)entry + JUNK_SLOTS - 1);
         if (p + 2 >= length) continue;
-        code = (code << 8) | text[p + 2];
-        uint32_t packed = t->codes3[code];
-        entry = packed >> 16;
+        uint32_t three = t->three[(Py_ssize_t)(two >> 16) * 256 + text[p + 2]];
+        entry = three >> 16;
         COUNT(entry ? (int32_t)entry + JUNK_SLOTS - 1 : junk);
         if (p + 3 >= length) continue;
-        /* Row 0 (no 4-byte feature starts with these three bytes) reads a row of zeros. */
-        entry = t->four[(Py_ssize_t)(uint16_t)packed * 256 + text[p + 3]];
+        entry = t->four[(Py_ssize_t)(three & 0xFFFF) * 256 + text[p + 3]];
         COUNT(entry ? (int32_t)entry + JUNK_SLOTS - 1 : 8 + junk);
     }
 #undef COUNT
@@ -108,10 +105,26 @@ static int batch_counts(const uint8_t *data, const int64_t *starts, Py_ssize_t n
     return status;
 }
 
-/* feature_counts(data, starts, short1, short2, codes3, four, n_features, indptr)
- *   data: the texts' bytes back to back; starts: int64, len(texts) + 1 offsets into data
- *   short1/2: uint16 tables of 256 and 65536 entries; codes3: uint32 of 16777216 (see Tables);
- *   four: uint16, a row of zeros then the 4-byte feature rows, 256 each; indptr: int64 out
+/* Whether every entry of the tables is in range: a feature index + 1 at most n_features, a row
+ * of `three` or `four` that exists. The tables are small (about 3 MB), so this costs little. */
+static int tables_in_range(const Tables *t, Py_ssize_t three_rows, Py_ssize_t four_rows) {
+    for (Py_ssize_t i = 0; i < 256; i++)
+        if (t->one[i] > t->n_features) return 0;
+    for (Py_ssize_t i = 0; i < 65536; i++)
+        if ((t->two[i] & 0xFFFF) > t->n_features || (t->two[i] >> 16) >= three_rows) return 0;
+    for (Py_ssize_t i = 0; i < three_rows * 256; i++)
+        if ((t->three[i] >> 16) > t->n_features || (t->three[i] & 0xFFFF) >= four_rows) return 0;
+    for (Py_ssize_t i = 0; i < four_rows * 256; i++)
+        if (t->four[i] > t->n_features) return 0;
+    for (Py_ssize_t i = 0; i < 256; i++)
+        if (t->three[i] || t->four[i]) return 0; /* row 0 of each: zeros */
+    return 1;
+}
+
+/* feature_counts(data, starts, one, two, three, four, n_features, indptr)
+ *   data: the texts' bytes back to back; starts: int64, len(texts) + 1 offsets into data;
+ *   one: uint16, 256 entries; two: uint32, 65536; three: uint32 and four: uint16, rows of 256
+ *   (see Tables); indptr: int64 out
  * Returns (indices, counts): bytes of int32 each, the CSR column indices (ascending per row) and
  * values. */
 static PyObject *feature_counts(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -120,8 +133,8 @@ static PyObject *feature_counts(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOnO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &n_features,
                           &indptr_obj))
         return NULL;
-    static const Py_ssize_t itemsizes[6] = {1, 8, 2, 2, 4, 2};
-    static const char *names[6] = {"data", "starts", "short1", "short2", "codes3", "four"};
+    static const Py_ssize_t itemsizes[6] = {1, 8, 2, 4, 4, 2};
+    static const char *names[6] = {"data", "starts", "one", "two", "three", "four"};
     Py_buffer views[7];
     int got = 0;
     PyObject *result = NULL;
@@ -132,8 +145,8 @@ static PyObject *feature_counts(PyObject *Py_UNUSED(self), PyObject *args) {
 
     Py_ssize_t n_texts = views[1].len / 8 - 1;
     const int64_t *starts = views[1].buf;
-    if (n_texts < 0 || views[6].len / 8 != n_texts + 1 || views[2].len != 256 * 2 || views[3].len != 65536 * 2 ||
-        views[4].len != (Py_ssize_t)16777216 * 4 || views[5].len % 512 || views[5].len == 0 || n_features < 1 ||
+    if (n_texts < 0 || views[6].len / 8 != n_texts + 1 || views[2].len != 256 * 2 || views[3].len != 65536 * 4 ||
+        views[4].len % 1024 || views[4].len == 0 || views[5].len % 512 || views[5].len == 0 || n_features < 1 ||
         n_features > 65535) {
         PyErr_SetString(PyExc_ValueError, "feature_counts: inconsistent table or array sizes");
         goto done;
@@ -144,10 +157,11 @@ static PyObject *feature_counts(PyObject *Py_UNUSED(self), PyObject *args) {
             goto done;
         }
     }
-    /* `four` carries a row of zeros first: row r + 1 of it is row r of the feature rows. Entries
-     * are trusted to be in range (the tables are built by filters._feature_tables, and checking
-     * 16M entries per call would cost more than the count). */
-    Tables tables = {views[2].buf, views[3].buf, views[5].buf, views[4].buf, views[5].len / 512, n_features};
+    Tables tables = {views[2].buf, views[5].buf, views[3].buf, views[4].buf, n_features};
+    if (!tables_in_range(&tables, views[4].len / 1024, views[5].len / 512)) {
+        PyErr_SetString(PyExc_ValueError, "feature_counts: a table entry is out of range");
+        goto done;
+    }
     Entries entries = {NULL, NULL, 0, 0};
     int status;
     Py_BEGIN_ALLOW_THREADS

@@ -8,14 +8,13 @@ loop per document. Each threshold in :class:`FilterConfig` can be set to
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import re
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import polars as pl
@@ -399,29 +398,45 @@ def _language_identifier():
 
 @dataclass(frozen=True)
 class _FeatureTables:
-    """langid's byte n-gram features as lookup tables, for counting them with numpy.
+    """langid's byte n-gram features as lookup tables, for counting them.
 
-    ``short[n - 1]`` maps the big-endian code of an n-byte sequence (n = 1..3) to its
-    feature index + 1, or 0. A four-byte feature is found in two steps: ``four_prefix`` maps
-    its first three bytes to a row of ``four`` + 1 (or 0), and that row's entry for the fourth
-    byte is the feature index + 1, or 0.
+    The numpy twin's (built on first use, 64 MB): ``short[n - 1]`` maps the big-endian code of
+    an n-byte sequence (n = 1..3) to its feature index + 1, or 0. A four-byte feature is found in
+    two steps: ``four_prefix`` maps its first three bytes to a row of ``four`` + 1 (or 0), and
+    that row's entry for the fourth byte is the feature index + 1, or 0.
 
-    0 for "none" lets the two 16M-entry tables start as ``np.zeros``: pages of zeros that are
-    never written are never allocated, where filling them with -1 cost 0.18 s of page faults
-    in every process that filters.
+    The compiled kernel's (``kernel``, about 3 MB: see _langid.c), one load per n-gram order:
+    ``two[code of 2 bytes]`` is ``row << 16 | 2-byte feature + 1``, where ``row`` picks a row of
+    ``three`` (0: a row of zeros, no longer feature starts with these bytes); ``three[row, third
+    byte]`` is ``(3-byte feature + 1) << 16 | row of padded_four``; ``padded_four`` is ``four``
+    after a row of zeros. Small and dense, these are built from the n-grams in milliseconds,
+    where 16M-entry tables cost every filtering process about 0.25 s of page faults.
     """
 
-    short: tuple[np.ndarray, ...]
-    four_prefix: np.ndarray
-    four: np.ndarray
+    ngrams: dict[int, bytes]
     n_features: int
+    one: np.ndarray  # uint16, 256: 1-byte feature index + 1, or 0
+    four: np.ndarray  # uint16 rows of 256, one per distinct first three bytes of a 4-byte feature
+    four_prefixes: list[bytes]  # the three bytes of each row of ``four``, ascending
+    kernel: tuple[np.ndarray, np.ndarray, np.ndarray]  # two, three, padded_four
     # A byte that is in no feature and never in UTF-8 text (or None): put between texts, it ends
     # every n-gram that would cross into the next text, so no per-byte "bytes left" array is needed.
     separator: int | None = None
-    # The compiled kernel's tables (see _langid.c): per 3-byte code, ``(3-byte feature + 1) << 16 |
-    # four_prefix`` (written only where non-zero, so most of its pages are never allocated), and
-    # ``four`` after a row of zeros (the row a code without 4-byte features reads).
-    kernel: tuple[np.ndarray, np.ndarray] | None = None
+
+    @cached_property
+    def short(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tables = (self.one, np.zeros(256**2, dtype=np.uint16), np.zeros(256**3, dtype=np.uint16))
+        for index, gram in self.ngrams.items():
+            if len(gram) in (2, 3):
+                tables[len(gram) - 1][int.from_bytes(gram, "big")] = index + 1
+        return tables
+
+    @cached_property
+    def four_prefix(self) -> np.ndarray:
+        table = np.zeros(256**3, dtype=np.uint16)
+        for row, prefix in enumerate(self.four_prefixes):
+            table[int.from_bytes(prefix, "big")] = row + 1
+        return table
 
 
 def feature_ngrams(identifier) -> dict[int, bytes]:
@@ -460,32 +475,36 @@ def _feature_tables(ngrams: dict[int, bytes], n_features: int) -> _FeatureTables
     if max(len(g) for g in ngrams.values()) > 4 or len(ngrams) != n_features or n_features >= 2**16 - 1:
         raise ValueError("langid model has features this counter does not handle (longer than 4 bytes, "
                          "or more than 65534)")
-    short = []
-    for n in (1, 2, 3):
-        table = np.zeros(256**n, dtype=np.uint16)
-        for index, gram in ngrams.items():
-            if len(gram) == n:
-                table[int.from_bytes(gram, "big")] = index + 1
-        short.append(table)
-    four_prefix = np.zeros(256**3, dtype=np.uint16)
-    fours = [(gram, index) for index, gram in ngrams.items() if len(gram) == 4]
-    prefixes = sorted({gram[:3] for gram, _ in fours})
-    four = np.zeros((len(prefixes), 256), dtype=np.uint16)
-    for row, prefix in enumerate(prefixes):
-        four_prefix[int.from_bytes(prefix, "big")] = row + 1
-    rows = {prefix: row for row, prefix in enumerate(prefixes)}
-    for gram, index in fours:
-        four[rows[gram[:3]], gram[3]] = index + 1
+    by_order: list[dict[bytes, int]] = [{}, {}, {}, {}]  # n-gram -> feature index + 1, per length
+    for index, gram in ngrams.items():
+        by_order[len(gram) - 1][gram] = index + 1
+    one = np.zeros(256, dtype=np.uint16)
+    for gram, feature in by_order[0].items():
+        one[gram[0]] = feature
+    four_prefixes = sorted({gram[:3] for gram in by_order[3]})
+    four_row = {prefix: row + 1 for row, prefix in enumerate(four_prefixes)}  # rows of padded_four
+    padded_four = np.zeros((len(four_prefixes) + 1, 256), dtype=np.uint16)
+    for gram, feature in by_order[3].items():
+        padded_four[four_row[gram[:3]], gram[3]] = feature
+    # The kernel's 3-byte codes: a 3-byte feature, or the first three bytes of a 4-byte one.
+    codes3 = sorted(set(by_order[2]) | set(four_row))
+    three_row = {pair: row + 1 for row, pair in enumerate(sorted({code[:2] for code in codes3}))}
+    if len(three_row) >= 2**16:
+        raise ValueError("langid model has more 2-byte prefixes than the kernel's tables hold")
+    two = np.zeros(256**2, dtype=np.uint32)
+    for gram, feature in by_order[1].items():
+        two[int.from_bytes(gram, "big")] = feature
+    for pair, row in three_row.items():
+        two[int.from_bytes(pair, "big")] |= row << 16
+    three = np.zeros((len(three_row) + 1, 256), dtype=np.uint32)
+    for code in codes3:
+        three[three_row[code[:2]], code[2]] = by_order[2].get(code, 0) << 16 | four_row.get(code, 0)
     used = {byte for gram in ngrams.values() for byte in gram}
     # 0xC0, 0xC1 and 0xF5..0xFF never occur in UTF-8.
     separator = next((b for b in (0xFF, 0xFE, 0xFD, 0xFC, 0xFB, 0xFA, 0xF9, 0xF8, 0xF7, 0xF6, 0xF5, 0xC1, 0xC0)
                       if b not in used), None)
-    tables = _FeatureTables(tuple(short), four_prefix, four, n_features, separator)
-    codes = np.union1d(np.flatnonzero(short[2]), np.flatnonzero(four_prefix))
-    codes3 = np.zeros(256**3, dtype=np.uint32)
-    codes3[codes] = (short[2][codes].astype(np.uint32) << 16) | four_prefix[codes]
-    padded_four = np.concatenate([np.zeros((1, 256), dtype=np.uint16), four])
-    return dataclasses.replace(tables, kernel=(codes3, padded_four))
+    return _FeatureTables(ngrams, n_features, one, padded_four[1:], four_prefixes, (two, three, padded_four),
+                          separator)
 
 
 @dataclass(frozen=True)
@@ -620,8 +639,8 @@ def _language_feature_counts(texts: list[str], sample_chars: int) -> sparse.csr_
     starts = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=starts[1:])
     indptr = np.empty(len(texts) + 1, dtype=np.int64)
-    indices, counts = _kernel.feature_counts(b"".join(encoded), starts, tables.short[0], tables.short[1],
-                                             *tables.kernel, tables.n_features, indptr)
+    indices, counts = _kernel.feature_counts(b"".join(encoded), starts, tables.one, *tables.kernel,
+                                             tables.n_features, indptr)
     return sparse.csr_matrix(
         (np.frombuffer(counts, dtype=np.int32).astype(np.float64), np.frombuffer(indices, dtype=np.int32), indptr),
         shape=(len(texts), tables.n_features),

@@ -333,16 +333,22 @@ def test_language_id_kernel_rejects_inconsistent_arrays():
     from marin_assets.curation import filters
 
     tables = filters._language_model().tables
+    two, three, four = tables.kernel
     starts, indptr = np.array([0, 3], dtype=np.int64), np.empty(2, dtype=np.int64)
     with pytest.raises(ValueError, match="inconsistent"):
-        filters._kernel.feature_counts(b"abc", starts, tables.short[0], tables.short[0], *tables.kernel,
-                                       tables.n_features, indptr)
+        filters._kernel.feature_counts(b"abc", starts, tables.one, two[:256], three, four, tables.n_features, indptr)
     with pytest.raises(ValueError, match="out of range"):
-        filters._kernel.feature_counts(b"ab", starts, tables.short[0], tables.short[1], *tables.kernel,
-                                       tables.n_features, indptr)
+        filters._kernel.feature_counts(b"ab", starts, tables.one, *tables.kernel, tables.n_features, indptr)
+    # An entry naming a row past the end of the next table, or a feature past n_features.
+    for broken in (two.copy(), three.copy()):
+        flat = broken.reshape(-1)
+        flat[np.flatnonzero(flat)[0]] |= np.uint32(0xFFFF0000 if broken.ndim == 1 else 0xFFFF)
+        arrays = (broken, three, four) if broken.ndim == 1 else (two, broken, four)
+        with pytest.raises(ValueError, match="table entry is out of range"):
+            filters._kernel.feature_counts(b"abc", starts, tables.one, *arrays, tables.n_features, indptr)
     for text, any_features in ((b"", False), (b"the weather", True)):
         starts[1] = len(text)
-        indices, counts = filters._kernel.feature_counts(text, starts, tables.short[0], tables.short[1],
-                                                         *tables.kernel, tables.n_features, indptr)
+        indices, counts = filters._kernel.feature_counts(text, starts, tables.one, *tables.kernel,
+                                                         tables.n_features, indptr)
         assert indptr.tolist() == [0, len(indices) // 4] and len(counts) == len(indices)
         assert (len(indices) > 0) == any_features
