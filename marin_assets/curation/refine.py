@@ -18,8 +18,8 @@ import polars as pl
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
 from marin_assets.curation.dedup import (DOCUMENT_ROW_GROUP, DedupConfig, IndexDir, ShardInput, apply_decisions,
-                                         decision_path, decisions_digest, duplicates_table, read_parquet_rows,
-                                         read_registry, update_index)
+                                         decision_path, decisions_digest, duplicates_table, parquet_bytes,
+                                         read_parquet_rows, read_registry, update_index)
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.minhash import MinHashConfig, load_signatures, save_signatures
 from marin_assets.curation.model_assets import (CLASSIFIER_KEY, LANGUAGE_MODEL_KEY, SKETCH_FILE, THRESHOLD_KEY,
@@ -153,11 +153,10 @@ def read_parquet(store: ArtifactStore, uri: str) -> pl.DataFrame:
 
 
 def write_parquet(writer, rel: str, frame: pl.DataFrame, row_group_size: int | None = None) -> int:
-    buf = io.BytesIO()
-    frame.write_parquet(buf, compression="zstd", row_group_size=row_group_size)
+    data = parquet_bytes(frame, row_group_size)
     with writer.open(rel) as fh:
-        fh.write(buf.getvalue())
-    return len(buf.getvalue())
+        fh.write(data)
+    return len(data)
 
 
 def build_refinement_assets(source: SourceConfig, config: CurationConfig, partitions: dg.PartitionsDefinition,
