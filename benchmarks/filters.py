@@ -59,6 +59,7 @@ from marin_assets.curation.filters import (
     enabled_rules,
 )
 from marin_assets.curation import filters as current_filters
+from marin_assets.curation.dedup import parquet_bytes
 from marin_assets.curation.minhash import MinHashConfig, compute_signatures, save_signatures
 from marin_assets.curation import readers
 from marin_assets.curation.readers import read_shard
@@ -233,7 +234,7 @@ def shard_steps(path: Path, filters_module, mojibake_check) -> tuple[dict[str, f
     steps["raw: copy bytes"], data = cpu_time(path.read_bytes)
     steps["documents: read + normalise"], read = cpu_time(lambda: read_shard(source, shard))
     docs = read.documents
-    steps["documents: write parquet"], _ = cpu_time(lambda: docs.write_parquet(io.BytesIO(), compression="zstd"))
+    steps["documents: write parquet"], _ = cpu_time(lambda: parquet_bytes(docs))
     cfg = source.filters
     steps["filtered: language id"], with_lang = cpu_time(
         lambda: filters_module.add_language_columns(docs, cfg.language_sample_chars))
@@ -242,8 +243,7 @@ def shard_steps(path: Path, filters_module, mojibake_check) -> tuple[dict[str, f
     result = filters_module.apply_filters(docs, cfg)
     steps["filtered: minhash"], signatures = cpu_time(lambda: compute_signatures(result.kept, MinHashConfig()))
     steps["filtered: write parquet"], _ = cpu_time(lambda: (
-        save_signatures(signatures, io.BytesIO()), result.kept.write_parquet(io.BytesIO(), compression="zstd"),
-        result.dropped.write_parquet(io.BytesIO(), compression="zstd")))
+        save_signatures(signatures, io.BytesIO()), parquet_bytes(result.kept), parquet_bytes(result.dropped)))
     del data
     return steps, result.kept.select("id", "lang", "lang_score")
 

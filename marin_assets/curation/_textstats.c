@@ -5,10 +5,12 @@
  * mixing every character class. Each character is classified once through `classes`, the table
  * filters._CHAR_CLASSES that polars' own regex engine filled in, so \s, \w, \p{L} and [\p{P}\p{S}]
  * mean here what they mean there. The texts are read in CPython's own storage (1, 2 or 4 bytes per
- * character): nothing is encoded or copied.
+ * character): nothing is encoded or copied. `duplicate_chars` gives the characters in repeated
+ * lines and paragraphs behind filters._duplicate_fractions, the same way.
  */
 #include "_kernel_buffers.h"
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* filters._CHAR_CLASSES flags. */
@@ -145,6 +147,25 @@ static inline __attribute__((always_inline)) void count_text(const void *data, i
     memcpy(out, counts, sizeof(counts));
 }
 
+/* 1 if every character of every text has a known class, 0 if not, -1 (TypeError set) if an item
+ * of `texts` is not a str. A text of only ASCII is known: filters learns the first 0x3000 code
+ * points on import. */
+static int classes_known(PyObject *texts, const uint8_t *table) {
+    for (Py_ssize_t t = 0; t < PyList_GET_SIZE(texts); t++) {
+        PyObject *text = PyList_GET_ITEM(texts, t);
+        if (!PyUnicode_Check(text)) {
+            PyErr_Format(PyExc_TypeError, "texts[%zd] is not a str", t);
+            return -1;
+        }
+        if (PyUnicode_IS_ASCII(text)) continue;
+        const void *data = PyUnicode_DATA(text);
+        int kind = PyUnicode_KIND(text);
+        for (Py_ssize_t i = 0, length = PyUnicode_GET_LENGTH(text); i < length; i++)
+            if (!(table[char_at(data, kind, i)] & KNOWN)) return 0;
+    }
+    return 1;
+}
+
 /* text_counts(texts, classes, out)
  *   texts: a list of str; classes: uint8, 0x110000 entries (filters._CHAR_CLASSES);
  *   out: int64, len(texts) * N_COLUMNS, written row by row
@@ -166,25 +187,10 @@ static PyObject *text_counts(PyObject *Py_UNUSED(self), PyObject *args) {
         goto done;
     }
     const uint8_t *table = classes.buf;
-    /* First every character's class must be known; a text of only ASCII (max char < 128) is
-     * (filters learns the first 0x3000 code points on import). */
-    for (Py_ssize_t t = 0; t < n; t++) {
-        PyObject *text = PyList_GET_ITEM(texts, t);
-        if (!PyUnicode_Check(text)) {
-            PyErr_Format(PyExc_TypeError, "text_counts: texts[%zd] is not a str", t);
-            goto done;
-        }
-        if (PyUnicode_IS_ASCII(text)) continue;
-        const void *data = PyUnicode_DATA(text);
-        int kind = PyUnicode_KIND(text);
-        Py_ssize_t length = PyUnicode_GET_LENGTH(text);
-        for (Py_ssize_t i = 0; i < length; i++) {
-            uint32_t c = char_at(data, kind, i);
-            if (!(table[c] & KNOWN)) {
-                result = Py_NewRef(Py_False);
-                goto done;
-            }
-        }
+    int known = classes_known(texts, table);
+    if (known <= 0) {
+        if (known == 0) result = Py_NewRef(Py_False);
+        goto done;
     }
     int64_t *rows = out.buf;
     for (Py_ssize_t t = 0; t < n; t++) {
@@ -205,8 +211,181 @@ done:
     return result;
 }
 
+/* A piece of a text (a line or a paragraph, stripped of \s at both ends), by its hash. */
+typedef struct {
+    uint64_t hash;
+    Py_ssize_t start, length; /* in characters */
+} Piece;
+
+typedef struct {
+    Piece *pieces;
+    Py_ssize_t size, capacity;
+    int32_t *slots; /* open addressing over `pieces`: index, or -1 */
+    Py_ssize_t n_slots;
+} Pieces;
+
+static uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    for (; n >= 8; p += 8, n -= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        h = (h ^ word) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    uint64_t word = 0;
+    memcpy(&word, p, (size_t)n);
+    h = (h ^ word) * 0x94D049BB133111EBull;
+    return h ^ (h >> 29);
+}
+
+/* Add characters [start, end) of the text, stripped of \s, as a piece (nothing if empty). */
+static inline __attribute__((always_inline)) int add_piece(Pieces *ps, const void *data, int kind, Py_ssize_t start, Py_ssize_t end,
+                     const uint8_t *classes) {
+    while (start < end && (classes[char_at(data, kind, start)] & SPACE)) start++;
+    while (end > start && (classes[char_at(data, kind, end - 1)] & SPACE)) end--;
+    if (start == end) return 0;
+    if (ps->size == ps->capacity) {
+        Py_ssize_t grown = ps->capacity ? 2 * ps->capacity : 1024;
+        Piece *pieces = realloc(ps->pieces, grown * sizeof(Piece));
+        if (!pieces) return -1;
+        ps->pieces = pieces, ps->capacity = grown;
+    }
+    Piece *piece = &ps->pieces[ps->size++];
+    piece->start = start, piece->length = end - start;
+    piece->hash = hash_bytes((const uint8_t *)data + start * kind, (end - start) * kind);
+    return 0;
+}
+
+/* Characters in all of the text's pieces, and in the pieces equal to an earlier one. */
+static int repeated_chars(Pieces *ps, const void *data, int kind, int64_t *duplicated, int64_t *total) {
+    *duplicated = *total = 0;
+    Py_ssize_t wanted = 16;
+    while (wanted < 2 * ps->size) wanted *= 2;
+    if (wanted > ps->n_slots) {
+        int32_t *slots = realloc(ps->slots, wanted * sizeof(int32_t));
+        if (!slots) return -1;
+        ps->slots = slots, ps->n_slots = wanted;
+    }
+    memset(ps->slots, 0xFF, wanted * sizeof(int32_t));
+    const uint8_t *bytes = data;
+    for (Py_ssize_t i = 0; i < ps->size; i++) {
+        const Piece *piece = &ps->pieces[i];
+        *total += piece->length;
+        for (Py_ssize_t slot = (Py_ssize_t)(piece->hash & (uint64_t)(wanted - 1));; slot = (slot + 1) & (wanted - 1)) {
+            int32_t j = ps->slots[slot];
+            if (j < 0) {
+                ps->slots[slot] = (int32_t)i;
+                break;
+            }
+            const Piece *seen = &ps->pieces[j];
+            if (seen->hash == piece->hash && seen->length == piece->length &&
+                memcmp(bytes + seen->start * kind, bytes + piece->start * kind, piece->length * kind) == 0) {
+                *duplicated += piece->length;
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Lines: split at '\n'. Paragraphs: split at each PARAGRAPH_BREAK_PATTERN match (\n[ \t]*\n\s*,
+ * leftmost first, not overlapping) and at each NUL (filters marks the breaks with NUL, then
+ * splits at NULs). Writes line duplicated, line total, paragraph duplicated, paragraph total. */
+static inline __attribute__((always_inline)) int duplicates_of_text(Pieces *ps, const void *data, int kind,
+                                                                    Py_ssize_t length, const uint8_t *classes,
+                                                                    int64_t *out) {
+    ps->size = 0;
+    Py_ssize_t start = 0;
+    for (Py_ssize_t i = 0; i <= length; i++) {
+        if (i == length || char_at(data, kind, i) == '\n') {
+            if (add_piece(ps, data, kind, start, i, classes) < 0) return -1;
+            start = i + 1;
+        }
+    }
+    if (repeated_chars(ps, data, kind, &out[0], &out[1]) < 0) return -1;
+    ps->size = 0;
+    start = 0;
+    for (Py_ssize_t i = 0; i < length;) {
+        uint32_t c = char_at(data, kind, i);
+        Py_ssize_t next = i + 1; /* where the next piece starts, if i ends one */
+        if (c == '\n') {
+            Py_ssize_t j = i + 1;
+            while (j < length && (char_at(data, kind, j) == ' ' || char_at(data, kind, j) == '\t')) j++;
+            if (j < length && char_at(data, kind, j) == '\n') {
+                for (j++; j < length && (classes[char_at(data, kind, j)] & SPACE); j++) {
+                }
+                next = j;
+            } else {
+                i++;
+                continue;
+            }
+        } else if (c != 0) {
+            i++;
+            continue;
+        }
+        if (add_piece(ps, data, kind, start, i, classes) < 0) return -1;
+        start = i = next;
+    }
+    if (add_piece(ps, data, kind, start, length, classes) < 0) return -1;
+    return repeated_chars(ps, data, kind, &out[2], &out[3]);
+}
+
+/* duplicate_chars(texts, classes, out)
+ *   texts, classes: as text_counts'; out: int64, len(texts) * 4, written row by row: characters in
+ *   repeated lines, in all lines, in repeated paragraphs, in all paragraphs (a piece repeats when it
+ *   equals an earlier piece of the same text; pieces are stripped of \s and empty ones left out)
+ * Returns True, or False when some character's class is not known yet (nothing is counted). */
+static PyObject *duplicate_chars(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *texts, *classes_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyList_Type, &texts, &classes_obj, &out_obj)) return NULL;
+    Py_buffer classes, out;
+    if (get_buffer(classes_obj, &classes, 1, 0, "classes") < 0) return NULL;
+    if (get_buffer(out_obj, &out, 8, 1, "out") < 0) {
+        PyBuffer_Release(&classes);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(texts);
+    Pieces pieces = {NULL, 0, 0, NULL, 0};
+    if (classes.len != 0x110000 || out.len != n * 4 * 8) {
+        PyErr_SetString(PyExc_ValueError, "duplicate_chars: classes needs 0x110000 entries and out len(texts) * 4");
+        goto done;
+    }
+    const uint8_t *table = classes.buf;
+    int known = classes_known(texts, table);
+    if (known <= 0) {
+        if (known == 0) result = Py_NewRef(Py_False);
+        goto done;
+    }
+    int64_t *rows = out.buf;
+    for (Py_ssize_t t = 0; t < n; t++) {
+        PyObject *text = PyList_GET_ITEM(texts, t);
+        const void *data = PyUnicode_DATA(text);
+        Py_ssize_t length = PyUnicode_GET_LENGTH(text);
+        int status;
+        switch (PyUnicode_KIND(text)) {
+            case PyUnicode_1BYTE_KIND: status = duplicates_of_text(&pieces, data, 1, length, table, rows + 4 * t); break;
+            case PyUnicode_2BYTE_KIND: status = duplicates_of_text(&pieces, data, 2, length, table, rows + 4 * t); break;
+            default: status = duplicates_of_text(&pieces, data, 4, length, table, rows + 4 * t); break;
+        }
+        if (status < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    result = Py_NewRef(Py_True);
+
+done:
+    free(pieces.pieces);
+    free(pieces.slots);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&classes);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"text_counts", text_counts, METH_VARARGS, "filters.text_stats' regex counts of a list of str."},
+    {"duplicate_chars", duplicate_chars, METH_VARARGS, "Characters in repeated lines and paragraphs of a list of str."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -308,31 +308,53 @@ _TEXT_COUNT_COLUMNS = ("n_words", "_nonspace", "_word_cores", "_non_core_chars",
                        "_symbols", "_bullet_lines", "_ellipsis_lines", "n_stop_words")
 
 
+def _learn_classes_of(texts: list[str]) -> None:
+    """Learn the character classes of every character in ``texts`` (in batches of about
+    _WORD_STATS_BATCH_CHARS characters as UTF-32)."""
+    batch: list[str] = []
+    size = 0
+    for text in (t for t in texts if not t.isascii()):
+        batch.append(text)
+        size += len(text)
+        if size >= _WORD_STATS_BATCH_CHARS:
+            _char_classes(np.frombuffer("".join(batch).encode("utf-32-le"), dtype=np.uint32))
+            batch, size = [], 0
+    _char_classes(np.frombuffer("".join(batch).encode("utf-32-le"), dtype=np.uint32))
+
+
+def _run_kernel(kernel: Callable, texts: list[str], columns: int) -> np.ndarray:
+    """A _textstats kernel's int64 rows for ``texts``, learning unknown character classes first."""
+    out = np.empty((len(texts), columns), dtype=np.int64)
+    if not kernel(texts, _CHAR_CLASSES, out):
+        _learn_classes_of(texts)  # characters no text has shown yet
+        if not kernel(texts, _CHAR_CLASSES, out):
+            raise RuntimeError(f"{kernel.__name__}: a character class is still unknown after learning them")
+    return out
+
+
 def _compiled_text_counts(texts: list[str]) -> pl.DataFrame:
     """text_stats' pattern counts from the compiled kernel, one column per _TEXT_COUNT_COLUMNS."""
-    counts = np.empty((len(texts), len(_TEXT_COUNT_COLUMNS)), dtype=np.int64)
-    if not _textstats.text_counts(texts, _CHAR_CLASSES, counts):
-        # Characters no text has shown yet: learn all of them (in batches), then count.
-        batch: list[str] = []
-        size = 0
-        for text in (t for t in texts if not t.isascii()):
-            batch.append(text)
-            size += len(text)
-            if size >= _WORD_STATS_BATCH_CHARS:
-                _char_classes(np.frombuffer("".join(batch).encode("utf-32-le"), dtype=np.uint32))
-                batch, size = [], 0
-        _char_classes(np.frombuffer("".join(batch).encode("utf-32-le"), dtype=np.uint32))
-        if not _textstats.text_counts(texts, _CHAR_CLASSES, counts):
-            raise RuntimeError("text_counts: a character class is still unknown after learning them")
+    counts = _run_kernel(_textstats.text_counts, texts, len(_TEXT_COUNT_COLUMNS))
     return pl.DataFrame({name: counts[:, i] for i, name in enumerate(_TEXT_COUNT_COLUMNS)})
+
+
+def _compiled_duplicate_fractions(texts: list[str]) -> dict[str, np.ndarray]:
+    """:func:`_duplicate_fractions` of both units from the compiled kernel (pieces grouped by their
+    text rather than its hash), by unit."""
+    chars = _run_kernel(_textstats.duplicate_chars, texts, 4).astype(np.float64)
+    fractions = {}
+    for unit, (duplicated, total) in (("line", chars[:, 0:2].T), ("paragraph", chars[:, 2:4].T)):
+        fractions[unit] = np.zeros(len(texts), dtype=np.float64)
+        np.divide(duplicated, total, out=fractions[unit], where=total > 0)
+    return fractions
 
 
 def _pattern_counts(df: pl.DataFrame, texts: list[str] | None) -> pl.DataFrame:
     """The counts text_stats derives its ratios from, one column per _TEXT_COUNT_COLUMNS: from the
-    compiled kernel, else numpy's word counts and polars' regex counts (also where a text is null)."""
+    compiled kernel, else numpy's word counts and polars' regex counts (all regex where ``texts``
+    is None: a text is null)."""
     text = pl.col("text")
-    if df["text"].null_count() == 0:
-        texts = df["text"].to_list() if texts is None else list(texts)
+    if texts is not None:
         if _textstats is not None:
             return _compiled_text_counts(texts)
         # The word counts from one classification of every character (see _word_counts_batch):
@@ -362,6 +384,12 @@ def _pattern_counts(df: pl.DataFrame, texts: list[str] | None) -> pl.DataFrame:
 def text_stats(df: pl.DataFrame, texts: list[str] | None = None) -> pl.DataFrame:
     """Per-document statistics the rules read, one row per row of ``df`` (``texts``: its ``text``
     column as a list, when the caller has it)."""
+    if df["text"].null_count():
+        texts = None
+    elif texts is None:
+        texts = df["text"].to_list()
+    else:
+        texts = list(texts)
     counts = _pattern_counts(df, texts)
     n_words, n_lines = pl.col("n_words").cast(pl.Float64), pl.col("_lines")
     stats = counts.select(
@@ -382,10 +410,12 @@ def text_stats(df: pl.DataFrame, texts: list[str] | None = None) -> pl.DataFrame
         .alias("ellipsis_line_fraction"),
         pl.col("n_stop_words").cast(pl.Float64),
     )
+    if texts is not None and _textstats is not None:
+        fractions = _compiled_duplicate_fractions(texts)
+    else:
+        fractions = {unit: _duplicate_fractions(df, unit) for unit in ("line", "paragraph")}
     return stats.with_columns(
-        pl.Series(f"duplicate_{unit}_fraction", _duplicate_fractions(df, unit), dtype=pl.Float64)
-        for unit in ("line", "paragraph")
-    )
+        pl.Series(f"duplicate_{unit}_fraction", values, dtype=pl.Float64) for unit, values in fractions.items())
 
 
 @lru_cache(maxsize=1)

@@ -219,6 +219,10 @@ def test_text_stats_kernel_rejects_bad_arguments():
         filters._textstats.text_counts(["a"], filters._CHAR_CLASSES, out)
     with pytest.raises(TypeError, match="not a str"):
         filters._textstats.text_counts(["a", b"b"], filters._CHAR_CLASSES, out)
+    with pytest.raises(ValueError, match="out"):
+        filters._textstats.duplicate_chars(["a", "b"], filters._CHAR_CLASSES, out)
+    with pytest.raises(TypeError, match="not a str"):
+        filters._textstats.duplicate_chars(["a", 1], filters._CHAR_CLASSES, np.empty((2, 4), dtype=np.int64))
 
 
 @pytest.mark.parametrize("shift", [24, 62])  # 62: hash prefixes collide, the exact fallback sort runs
@@ -237,6 +241,26 @@ def test_duplicate_fractions_equal_a_plain_count(monkeypatch, shift):
         counts = Counter(p.strip() for p in text.split("\n") if p.strip())
         total = sum(len(p) * c for p, c in counts.items())
         assert fraction == (sum(len(p) * (c - 1) for p, c in counts.items()) / total if total else 0.0)
+
+
+def test_compiled_duplicate_fractions_equal_the_polars_ones(mixed_texts):
+    """The kernel's duplicate fractions are _duplicate_fractions' (polars: split, strip, hash), on
+    texts built from a few repeating pieces and every kind of break between them, and on the
+    mixed texts."""
+    import random
+
+    rng = random.Random(3)
+    pieces = ["a", "b b", " a ", "ccc", "", "  ", "dd d", "é", "\t", "中文", "😀 x", "a\u00a0", "\u3000a", "\r", "a\r"]
+    breaks = ["\n", "\n\n", "\n \t\n", "\n\n\n  ", "\r\n", "\r\n\r\n", "\n\u00a0\n", "\n \u2028\n", "\x00",
+              "\n\x00\n", " ", "\n \n\u3000 x"]
+    texts = ["", "x", "\n", "\n\n", "\x00", "a\n\na", "a\n \n a"] + [
+        "".join(rng.choice(pieces) + rng.choice(breaks) for _ in range(rng.randint(1, 14))) for _ in range(3000)]
+    for sample in (texts, mixed_texts):
+        compiled = filters._compiled_duplicate_fractions(sample)
+        for unit in ("line", "paragraph"):
+            expected = filters._duplicate_fractions(_frame(sample), unit)
+            assert sample is mixed_texts or np.count_nonzero(expected) > 100  # repeats are exercised
+            assert np.array_equal(compiled[unit], expected), unit
 
 
 def test_language_identification():
