@@ -70,7 +70,8 @@ static inline __attribute__((always_inline)) uint32_t char_at(const void *data, 
 
 /* The counts of one text into `out` (N_COLUMNS entries). Inlined per storage kind, so that
  * char_at's branch on the kind folds away. */
-static inline __attribute__((always_inline)) void count_text(const void *data, int kind, Py_ssize_t length, const uint8_t *classes, int64_t *out) {
+static inline __attribute__((always_inline)) void count_text(const void *data, int kind, Py_ssize_t length,
+                                                             const uint8_t *classes, int64_t *out) {
     int64_t counts[N_COLUMNS] = {0};
     /* The current \S run (a word): its length, first and last core position in it, a letter seen. */
     Py_ssize_t run = 0, first_core = -1, last_core = -1;
@@ -166,51 +167,6 @@ static int classes_known(PyObject *texts, const uint8_t *table) {
     return 1;
 }
 
-/* text_counts(texts, classes, out)
- *   texts: a list of str; classes: uint8, 0x110000 entries (filters._CHAR_CLASSES);
- *   out: int64, len(texts) * N_COLUMNS, written row by row
- * Returns True, or False when some character's class is not known yet (no KNOWN flag): then nothing
- * is counted, and the caller learns the classes and calls again. */
-static PyObject *text_counts(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *texts, *classes_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "O!OO", &PyList_Type, &texts, &classes_obj, &out_obj)) return NULL;
-    Py_buffer classes, out;
-    if (get_buffer(classes_obj, &classes, 1, 0, "classes") < 0) return NULL;
-    if (get_buffer(out_obj, &out, 8, 1, "out") < 0) {
-        PyBuffer_Release(&classes);
-        return NULL;
-    }
-    PyObject *result = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(texts);
-    if (classes.len != 0x110000 || out.len != n * N_COLUMNS * 8) {
-        PyErr_SetString(PyExc_ValueError, "text_counts: classes needs 0x110000 entries and out len(texts) * 10");
-        goto done;
-    }
-    const uint8_t *table = classes.buf;
-    int known = classes_known(texts, table);
-    if (known <= 0) {
-        if (known == 0) result = Py_NewRef(Py_False);
-        goto done;
-    }
-    int64_t *rows = out.buf;
-    for (Py_ssize_t t = 0; t < n; t++) {
-        PyObject *text = PyList_GET_ITEM(texts, t);
-        const void *data = PyUnicode_DATA(text);
-        Py_ssize_t length = PyUnicode_GET_LENGTH(text);
-        switch (PyUnicode_KIND(text)) {
-            case PyUnicode_1BYTE_KIND: count_text(data, PyUnicode_1BYTE_KIND, length, table, rows + t * N_COLUMNS); break;
-            case PyUnicode_2BYTE_KIND: count_text(data, PyUnicode_2BYTE_KIND, length, table, rows + t * N_COLUMNS); break;
-            default: count_text(data, PyUnicode_4BYTE_KIND, length, table, rows + t * N_COLUMNS); break;
-        }
-    }
-    result = Py_NewRef(Py_True);
-
-done:
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&classes);
-    return result;
-}
-
 /* A piece of a text (a line or a paragraph, stripped of \s at both ends), by its hash. */
 typedef struct {
     uint64_t hash;
@@ -239,8 +195,8 @@ static uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
 }
 
 /* Add characters [start, end) of the text, stripped of \s, as a piece (nothing if empty). */
-static inline __attribute__((always_inline)) int add_piece(Pieces *ps, const void *data, int kind, Py_ssize_t start, Py_ssize_t end,
-                     const uint8_t *classes) {
+static inline __attribute__((always_inline)) int add_piece(Pieces *ps, const void *data, int kind, Py_ssize_t start,
+                                                           Py_ssize_t end, const uint8_t *classes) {
     while (start < end && (classes[char_at(data, kind, start)] & SPACE)) start++;
     while (end > start && (classes[char_at(data, kind, end - 1)] & SPACE)) end--;
     if (start == end) return 0;
@@ -330,12 +286,13 @@ static inline __attribute__((always_inline)) int duplicates_of_text(Pieces *ps, 
     return repeated_chars(ps, data, kind, &out[2], &out[3]);
 }
 
-/* duplicate_chars(texts, classes, out)
- *   texts, classes: as text_counts'; out: int64, len(texts) * 4, written row by row: characters in
- *   repeated lines, in all lines, in repeated paragraphs, in all paragraphs (a piece repeats when it
- *   equals an earlier piece of the same text; pieces are stripped of \s and empty ones left out)
- * Returns True, or False when some character's class is not known yet (nothing is counted). */
-static PyObject *duplicate_chars(PyObject *Py_UNUSED(self), PyObject *args) {
+/* Calls `per_text(state, text, classes, row)` for each text of `texts` with its row of `columns`
+ * int64 in `out`: the argument handling of text_counts and duplicate_chars below. Returns True,
+ * False when some character's class is not known yet (nothing is counted), or NULL with an error
+ * set (MemoryError when `per_text` returns -1). */
+typedef int (*PerText)(void *state, PyObject *text, const uint8_t *classes, int64_t *row);
+
+static PyObject *for_each_text(PyObject *args, const char *name, Py_ssize_t columns, PerText per_text, void *state) {
     PyObject *texts, *classes_obj, *out_obj;
     if (!PyArg_ParseTuple(args, "O!OO", &PyList_Type, &texts, &classes_obj, &out_obj)) return NULL;
     Py_buffer classes, out;
@@ -346,29 +303,17 @@ static PyObject *duplicate_chars(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     PyObject *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(texts);
-    Pieces pieces = {NULL, 0, 0, NULL, 0};
-    if (classes.len != 0x110000 || out.len != n * 4 * 8) {
-        PyErr_SetString(PyExc_ValueError, "duplicate_chars: classes needs 0x110000 entries and out len(texts) * 4");
+    if (classes.len != 0x110000 || out.len != n * columns * 8) {
+        PyErr_Format(PyExc_ValueError, "%s: classes needs 0x110000 entries and out len(texts) * %zd", name, columns);
         goto done;
     }
-    const uint8_t *table = classes.buf;
-    int known = classes_known(texts, table);
+    int known = classes_known(texts, classes.buf);
     if (known <= 0) {
         if (known == 0) result = Py_NewRef(Py_False);
         goto done;
     }
-    int64_t *rows = out.buf;
     for (Py_ssize_t t = 0; t < n; t++) {
-        PyObject *text = PyList_GET_ITEM(texts, t);
-        const void *data = PyUnicode_DATA(text);
-        Py_ssize_t length = PyUnicode_GET_LENGTH(text);
-        int status;
-        switch (PyUnicode_KIND(text)) {
-            case PyUnicode_1BYTE_KIND: status = duplicates_of_text(&pieces, data, 1, length, table, rows + 4 * t); break;
-            case PyUnicode_2BYTE_KIND: status = duplicates_of_text(&pieces, data, 2, length, table, rows + 4 * t); break;
-            default: status = duplicates_of_text(&pieces, data, 4, length, table, rows + 4 * t); break;
-        }
-        if (status < 0) {
+        if (per_text(state, PyList_GET_ITEM(texts, t), classes.buf, (int64_t *)out.buf + t * columns) < 0) {
             PyErr_NoMemory();
             goto done;
         }
@@ -376,10 +321,57 @@ static PyObject *duplicate_chars(PyObject *Py_UNUSED(self), PyObject *args) {
     result = Py_NewRef(Py_True);
 
 done:
-    free(pieces.pieces);
-    free(pieces.slots);
     PyBuffer_Release(&out);
     PyBuffer_Release(&classes);
+    return result;
+}
+
+/* The text's storage kind as a constant in each call, so that char_at's branch folds away. */
+#define BY_KIND(text, call_with_kind)                                                     \
+    switch (PyUnicode_KIND(text)) {                                                       \
+        case PyUnicode_1BYTE_KIND: call_with_kind(PyUnicode_1BYTE_KIND); break;           \
+        case PyUnicode_2BYTE_KIND: call_with_kind(PyUnicode_2BYTE_KIND); break;           \
+        default: call_with_kind(PyUnicode_4BYTE_KIND); break;                             \
+    }
+
+static int counts_of(void *Py_UNUSED(state), PyObject *text, const uint8_t *classes, int64_t *row) {
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t length = PyUnicode_GET_LENGTH(text);
+#define COUNT(kind) count_text(data, kind, length, classes, row)
+    BY_KIND(text, COUNT)
+#undef COUNT
+    return 0;
+}
+
+static int duplicates_of(void *pieces, PyObject *text, const uint8_t *classes, int64_t *row) {
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t length = PyUnicode_GET_LENGTH(text);
+    int status = 0;
+#define DUPLICATES(kind) status = duplicates_of_text(pieces, data, kind, length, classes, row)
+    BY_KIND(text, DUPLICATES)
+#undef DUPLICATES
+    return status;
+}
+
+/* text_counts(texts, classes, out)
+ *   texts: a list of str; classes: uint8, 0x110000 entries (filters._CHAR_CLASSES);
+ *   out: int64, len(texts) * N_COLUMNS, written row by row
+ * Returns True, or False when some character's class is not known yet (no KNOWN flag): then nothing
+ * is counted, and the caller learns the classes and calls again. */
+static PyObject *text_counts(PyObject *Py_UNUSED(self), PyObject *args) {
+    return for_each_text(args, "text_counts", N_COLUMNS, counts_of, NULL);
+}
+
+/* duplicate_chars(texts, classes, out)
+ *   texts, classes: as text_counts'; out: int64, len(texts) * 4, written row by row: characters in
+ *   repeated lines, in all lines, in repeated paragraphs, in all paragraphs (a piece repeats when it
+ *   equals an earlier piece of the same text; pieces are stripped of \s and empty ones left out)
+ * Returns True, or False when some character's class is not known yet (nothing is counted). */
+static PyObject *duplicate_chars(PyObject *Py_UNUSED(self), PyObject *args) {
+    Pieces pieces = {NULL, 0, 0, NULL, 0};
+    PyObject *result = for_each_text(args, "duplicate_chars", 4, duplicates_of, &pieces);
+    free(pieces.pieces);
+    free(pieces.slots);
     return result;
 }
 
