@@ -447,8 +447,6 @@ ROW_CHUNK = 256 * 1024
 SHARD_CHUNK = ROW_CHUNK * 512
 LEDGER_NAME = "shard_ledger.json"
 _ARRAY_LENGTH = 2**54
-# Values zeroed per write when trimming (bounds the zeros held in memory).
-_ZERO_PIECE = 16 * ROW_CHUNK
 
 
 def _zarr3_array(url: str, dtype: str, fresh: bool):
@@ -500,9 +498,8 @@ class _JaggedArrayWriter:
             return
         size = self._offsets_at(rows) if rows else 0
         self.offsets.write(0, np.array([rows], dtype=np.int64))
-        for files, start, stop in ((self.data, size, self.size), (self.offsets, rows + 1, self.rows + 1)):
-            for piece in range(start, stop, _ZERO_PIECE):
-                files.write(piece, np.zeros(min(_ZERO_PIECE, stop - piece), dtype=files.layout.dtype))
+        self.data.zero(size, self.size)
+        self.offsets.zero(rows + 1, self.rows + 1)
         self.rows, self.size = rows, size
 
     def extend(self, data: np.ndarray, ends: np.ndarray) -> None:

@@ -151,6 +151,36 @@ class ShardFileWriter:
             low, high = max(start, base), min(end, base + shard_length)
             self._write_in_shard(shard, low - base, values[low - start:high - start])
 
+    def zero(self, start: int, stop: int) -> None:
+        """Set positions [start, stop) to zero, the fill value: whole inner chunks are dropped from
+        their shard file without being encoded, and each shard file is rewritten once (or deleted,
+        when nothing but zeros is left in it)."""
+        shard_length = self.layout.shard_length
+        for shard in range(start // shard_length, (stop - 1) // shard_length + 1 if stop > start else 0):
+            base = shard * shard_length
+            self._zero_in_shard(shard, max(start, base) - base, min(stop, base + shard_length) - base)
+
+    def _zero_in_shard(self, shard: int, low: int, high: int) -> None:
+        n = self.layout.chunk_length
+        path = self.shard_path(shard)
+        old = self.read_index(path)
+        if old is None:
+            return  # no file: every value is already zero
+        encoded: dict[int, bytes | None] = {}
+        partial: dict[int, np.ndarray] = {}
+        for chunk in range(low // n, (high - 1) // n + 1):
+            if old[chunk, 0] == _ABSENT:
+                continue  # already zeros
+            chunk_low, chunk_high = max(low, chunk * n) - chunk * n, min(high, (chunk + 1) * n) - chunk * n
+            if chunk_high - chunk_low == n:
+                encoded[chunk] = None
+            else:
+                partial[chunk] = self.codec.decode(self._old_chunk(path, old, chunk)).copy()
+                partial[chunk][chunk_low:chunk_high] = 0
+        encoded.update(zip(partial, self.codec.encode(list(partial.values()))))
+        if encoded:
+            self._rewrite(path, old, encoded)
+
     def _write_in_shard(self, shard: int, offset: int, values: np.ndarray) -> None:
         n = self.layout.chunk_length
         path = self.shard_path(shard)
@@ -178,7 +208,14 @@ class ShardFileWriter:
 
     def _rewrite(self, path: str, old: np.ndarray | None, encoded: dict[int, bytes | None]) -> None:
         """The shard file with `encoded` in place of those chunks, streamed to a new file that then
-        replaces the old one."""
+        replaces the old one. A shard left with no chunk (all zeros) has no file, as tensorstore
+        leaves it."""
+        kept = [chunk for chunk in range(self.layout.chunks_per_shard) if chunk not in encoded
+                and old is not None and old[chunk, 0] != _ABSENT]
+        if not kept and all(data is None for data in encoded.values()):
+            if old is not None:
+                self.fs.rm_file(path)
+            return
         index = np.full((self.layout.chunks_per_shard, 2), _ABSENT, dtype="<u8")
         staged = f"{path}.{uuid.uuid4().hex}{_STAGED_SUFFIX}"
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)

@@ -49,6 +49,8 @@ WRITES = [
     (80, np.zeros(8, dtype=np.int32)),   # an all-zero chunk is left out of its shard file
     (75, np.arange(300, 309)),           # after a gap (absent chunks) in shard 2
     (40, np.zeros(30, dtype=np.int32)),  # zeroing, as a trim does
+    (32, np.zeros(32, dtype=np.int32)),  # shard 1 all zeros: its file goes, as tensorstore deletes it
+    (160, np.zeros(8, dtype=np.int32)),  # zeros in a shard with no file: none is made
 ]
 
 
@@ -64,6 +66,20 @@ def test_same_values_and_same_bytes_as_tensorstore(pair):
 
 def open_array_for_read(path):
     return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}, open=True).result()
+
+
+@pytest.mark.parametrize("start, stop", [(3, 5), (4, 70), (8, 32), (0, 128), (70, 70), (100, 200)])
+def test_zeroing_a_range_gives_tensorstores_bytes(pair, start, stop):
+    """zero() (a trim) gives the values and files tensorstore gives for a write of zeros: partial
+    chunks kept around the range, whole chunks dropped, an emptied shard's file deleted."""
+    reference, writer, ours, tmp_path = pair
+    for at, values in WRITES[:3] + [(75, np.arange(300, 309))]:
+        reference[at:at + values.size].write(values.astype(np.int32)).result()
+        writer.write(at, values)
+    reference[start:stop].write(np.zeros(stop - start, dtype=np.int32)).result()
+    writer.zero(start, stop)
+    assert np.array_equal(ours[0:256].read().result(), reference[0:256].read().result())
+    assert shard_files(str(tmp_path / "ours")) == shard_files(str(tmp_path / "reference"))
 
 
 def test_no_partial_file_is_left_behind(pair):
