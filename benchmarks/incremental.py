@@ -49,7 +49,7 @@ from pathlib import Path  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from marin_assets.curation.sources import ensure_pypi_sdist  # noqa: E402
-from marin_resources.store import ArtifactStore, Manifest  # noqa: E402
+from marin_resources.store import REFS_DIR, ArtifactStore, Manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = "plays"
@@ -134,8 +134,10 @@ def step_seconds(home: str, run_ids: list[str]) -> dict[str, float]:
     for run_id in run_ids:
         for stat in instance.get_run_step_stats(run_id):
             if stat.start_time is not None and stat.end_time is not None:
-                asset, rest = stat.step_key.split("__", 1)  # raw__plays -> raw; checks get their own row
-                name = asset if rest in (SOURCE, f"{SOURCE}_bpe") else f"{asset} checks"
+                # raw__plays_raw -> raw, tokenizer__plays_bpe_tokenizer -> tokenizer; a check's step
+                # (raw__plays_raw_<check>) counts in "<asset> checks".
+                asset, rest = stat.step_key.split("__", 1)
+                name = asset if rest in (f"{SOURCE}_{asset}", f"{SOURCE}_bpe_{asset}") else f"{asset} checks"
                 totals[name] = round(totals.get(name, 0.0) + stat.end_time - stat.start_time, 2)
     return totals
 
@@ -144,10 +146,11 @@ def snapshot(prefix: str, stage: str) -> dict[str, tuple[str, str]]:
     """shard -> (data version, finished at) of every committed artifact of a per-shard stage."""
     store = ArtifactStore(prefix)
     out = {}
-    for shard_dir in sorted(Path(prefix, stage, SOURCE, "v1").iterdir()):
-        manifest = store.find(f"{stage}/{SOURCE}", "v1", shard_dir.name)
+    # Each partition's ref names its current identity (artifacts live under `v1-<fingerprint>/`).
+    for ref in sorted(Path(prefix, stage, SOURCE, REFS_DIR, "v1").iterdir()):
+        manifest = store.find(f"{stage}/{SOURCE}", "v1", ref.name)
         if manifest is not None:
-            out[shard_dir.name] = (manifest.data_version, manifest.finished_at)
+            out[ref.name] = (manifest.data_version, manifest.finished_at)
     return out
 
 
@@ -228,7 +231,8 @@ def main() -> None:
         print(f"{m.scenario:<28} {m.runs:>5} {len(m.shards_built):>13} {m.fresh_skipped:>6} {m.wall_s:>8.1f} "
               f"{m.in_run_s:>9.1f}")
     ran = {**added.step_s, **full.step_s}
-    steps = [k for a in (*PER_SHARD, "deduplicated", "tokenizer", "tokenized") for k in (a, f"{a} checks") if k in ran]
+    steps = [k for a in (*PER_SHARD, "dedup_index", "deduplicated", "tokenizer", "tokenized")
+             for k in (a, f"{a} checks") if k in ran]
     print(f"\nseconds per asset step (summed over partitions):\n{'step':<20} {'+1 file':>8} {'full':>8}")
     for step in steps:
         print(f"{step:<20} {added.step_s.get(step, 0.0):>8.1f} {full.step_s.get(step, 0.0):>8.1f}")
