@@ -106,7 +106,7 @@ static int batch_counts(const uint8_t *data, const int64_t *starts, Py_ssize_t n
 }
 
 /* Whether every entry of the tables is in range: a feature index + 1 at most n_features, a row
- * of `three` or `four` that exists. The tables are small (about 3 MB), so this costs little. */
+ * of `three` or `four` that exists. The tables are small (about 2 MB), so this costs little. */
 static int tables_in_range(const Tables *t, Py_ssize_t three_rows, Py_ssize_t four_rows) {
     for (Py_ssize_t i = 0; i < 256; i++)
         if (t->one[i] > t->n_features) return 0;

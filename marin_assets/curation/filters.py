@@ -435,7 +435,7 @@ class _FeatureTables:
     two steps: ``four_prefix`` maps its first three bytes to a row of ``four`` + 1 (or 0), and
     that row's entry for the fourth byte is the feature index + 1, or 0.
 
-    The compiled kernel's (``kernel``, about 3 MB: see _langid.c), one load per n-gram order:
+    The compiled kernel's (``kernel``, about 2 MB: see _langid.c), one load per n-gram order:
     ``two[code of 2 bytes]`` is ``row << 16 | 2-byte feature + 1``, where ``row`` picks a row of
     ``three`` (0: a row of zeros, no longer feature starts with these bytes); ``three[row, third
     byte]`` is ``(3-byte feature + 1) << 16 | row of padded_four``; ``padded_four`` is ``four``
