@@ -19,6 +19,7 @@ from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, ren
 from marin_assets.tokenization.tokenizer import TokenizerConfig, adopt_tokenizer, train_bpe_tokenizer
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
+from marin_resources.data_parallel import DataParallel
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
 from marin_resources.keys import asset_key
@@ -244,15 +245,18 @@ def build_tokenized_asset(entry: TokenizedEntry):
                  description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "
                              "a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
                              "(BOS + text + EOS per document), validation chosen by a hash of the document id. "
-                             "Append-only: each deduplicated shard is one ledger shard, encoded once; a new shard "
-                             "is appended.")
-    def tokenized(context: dg.AssetExecutionContext, store: MarinStore, corpus: ArtifactHandle,
-                  tokenizer: ArtifactHandle):
+                             "Append-only: each deduplicated shard is one ledger shard, encoded once as its own unit "
+                             "of work (a Ray task each when Ray is chosen), then assembled; a new shard is appended.")
+    def tokenized(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
+                  corpus: ArtifactHandle, tokenizer: ArtifactHandle):
         artifacts = store.get()
 
         def build(writer) -> Built:
             files = corpus_files(artifacts, corpus.uri)
-            stats = build_levanter_cache(list(files), tokenizer.uri, writer.uri, entry.cache, fingerprints=files)
+            # Each shard to encode is one unit of work: in this process, or one Ray task each.
+            stats = build_levanter_cache(list(files), tokenizer.uri, writer.uri, entry.cache, fingerprints=files,
+                                         parallel_map=lambda fn, items, shared: data_parallel.map(context, fn, items,
+                                                                                                  shared))
             metrics = {"documents": stats.documents, "tokens": stats.tokens, "text_bytes": stats.text_bytes,
                        "bytes_per_token": round(stats.bytes_per_token, 4),
                        "train_documents": stats.train.documents, "train_tokens": stats.train.tokens,

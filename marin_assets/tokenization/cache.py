@@ -1,7 +1,9 @@
 """Tokenize curated documents into a Levanter cache root (`<root>/train`, `<root>/validation`).
 
 Encoding uses HF `tokenizers` directly (`encode_batch_fast`: multithreaded Rust), not Levanter's Ray
-pipeline. Writing uses tensorstore directly, in the layout of Levanter's `TreeStore` and
+pipeline, one shard at a time as its own unit of work (see "Per-shard encoding"): in the build's
+process, or spread over workers by the `parallel_map` a caller passes (one Ray task per shard).
+Assembly then moves the encoded rows into the cache in ledger order. Writing uses tensorstore directly, in the layout of Levanter's `TreeStore` and
 `CacheLedger` (see "Levanter's on-disk format" below), so appending a shard does not import Levanter
 (and JAX); `TreeCache.load` and Levanter's trainer read the cache unchanged, which the Levanter
 tests check. Levanter itself is imported once per cache, to derive the metadata its loader expects.
@@ -21,6 +23,7 @@ therefore always appended, wherever its name sorts. A manifest next to the split
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -31,6 +34,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -135,10 +139,19 @@ def is_validation_document(doc_id: str, fraction: float) -> bool:
 
 
 @dataclass(frozen=True)
+class ShardSpec:
+    """A Parquet document file to encode, as a worker is told it: its URI and content fingerprint."""
+
+    key: str
+    fingerprint: str | None
+
+
+@dataclass(frozen=True)
 class _Shard:
     key: str
     fingerprint: str | None  # None: contents unknown, never reused
     open_batches: Callable[[], Iterator[pa.RecordBatch]]
+    file: ShardSpec | None = None  # how a worker elsewhere opens it; None: documents held in this process
 
 
 @dataclass
@@ -174,7 +187,8 @@ def _parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None) -
                 raise ValueError(f"{uri}: missing column(s) {sorted(missing)}; has {sorted(names)}")
             yield from pf.iter_batches(batch_size=cfg.batch_rows, columns=[cfg.id_column, cfg.text_column])
 
-    return _Shard(key=uri, fingerprint=fingerprint or _file_fingerprint(fs, path), open_batches=open_batches)
+    fingerprint = fingerprint or _file_fingerprint(fs, path)
+    return _Shard(key=uri, fingerprint=fingerprint, open_batches=open_batches, file=ShardSpec(uri, fingerprint))
 
 
 def _iterator_shard(documents: Iterable[tuple[str, str]], name: str, cfg: CacheConfig) -> _Shard:
@@ -335,31 +349,6 @@ def cache_shard_order(cache_root: str) -> list[str]:
 # Encoding
 
 
-@dataclass
-class _SplitBuffer:
-    """Encoded rows of one split waiting to be written (rows already carry BOS/EOS)."""
-
-    chunks: list[np.ndarray] = field(default_factory=list)
-    lengths: list[np.ndarray] = field(default_factory=list)
-    tokens: int = 0
-    rows: int = 0
-
-    def add(self, data: np.ndarray, lengths: np.ndarray) -> None:
-        if len(lengths):
-            self.chunks.append(data)
-            self.lengths.append(lengths)
-            self.tokens += int(data.size)
-            self.rows += int(lengths.size)
-
-    def take(self) -> tuple[np.ndarray, np.ndarray] | None:
-        if not self.rows:
-            return None
-        data = np.concatenate(self.chunks)
-        ends = np.cumsum(np.concatenate(self.lengths), dtype=np.int64)
-        self.chunks, self.lengths, self.tokens, self.rows = [], [], 0, 0
-        return data, ends
-
-
 def _frame_rows(flat: np.ndarray, lengths: np.ndarray, bos: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
     """Concatenated token ids of n docs -> concatenated `[BOS] ids [EOS]` rows and their lengths."""
     row_lengths = lengths + 2
@@ -408,29 +397,110 @@ class _Encoder:
         return out
 
 
-def _batches_with_shard_ends(shards: Sequence[_Shard], cfg: CacheConfig) -> Iterator[tuple[int, _DocBatch | None]]:
-    """(shard index, batch) for every batch of every shard, then (index, None) when a shard ends.
-
-    One stream over all shards keeps reading and encoding running across shard boundaries."""
-    for i, shard in enumerate(shards):
-        for batch in shard.open_batches():
-            yield i, _clean(batch, cfg)
-        yield i, None
-
-
-def _encode_ahead(
-    encoder: _Encoder, batches: Iterator[tuple[int, _DocBatch | None]]
-) -> Iterator[tuple[int, _DocBatch | None, list]]:
-    """Yield (shard index, batch, encodings) while the next batch is already being encoded."""
+def _encode_ahead(encoder: _Encoder, batches: Iterator[_DocBatch]) -> Iterator[tuple[_DocBatch, list]]:
+    """Yield (batch, encodings) while the next batch is already being encoded."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as pool:
-        ahead: tuple[int, _DocBatch | None, Future | None] | None = None
-        for shard_index, batch in batches:
-            job = pool.submit(encoder.encode_texts, batch.texts) if batch is not None and batch.texts else None
+        ahead: tuple[_DocBatch, Future | None] | None = None
+        for batch in batches:
+            job = pool.submit(encoder.encode_texts, batch.texts) if batch.texts else None
             if ahead is not None:
-                yield ahead[0], ahead[1], ahead[2].result() if ahead[2] is not None else []
-            ahead = (shard_index, batch, job)
+                yield ahead[0], ahead[1].result() if ahead[1] is not None else []
+            ahead = (batch, job)
         if ahead is not None:
-            yield ahead[0], ahead[1], ahead[2].result() if ahead[2] is not None else []
+            yield ahead[0], ahead[1].result() if ahead[1] is not None else []
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-shard encoding: the unit of work that fans out
+#
+# Each shard is encoded on its own (in the build's process, or as a Ray task on any node) into
+# plain files under `<cache root>/.encoded/<shard digest>/`: per split, the rows' tokens (int32,
+# little-endian, BOS and EOS included) and their lengths (int64), then `entry.json`, the shard's
+# ledger entry, written last: a shard is encoded once it is there. Assembly then only moves
+# those bytes into Levanter's arrays, in ledger order. A build killed after some shards were
+# encoded finds them again (same cache identity, same file fingerprint) and encodes only the rest;
+# `.encoded` is removed when the cache is finished, before the artifact is committed.
+
+ENCODED_DIR = ".encoded"
+_ENCODED_ENTRY = "entry.json"
+_ROW_FILES = {"tokens": np.dtype("<i4"), "lengths": np.dtype("<i8")}
+
+
+@dataclass(frozen=True)
+class EncodeJob:
+    """What the encoding of every shard of one build shares (shipped once to each worker)."""
+
+    tokenizer_dir: str
+    bos: int
+    eos: int
+    cfg: CacheConfig
+    identity: dict
+    encoded_root: str
+
+    def shard_dir(self, key: str, fingerprint: str | None) -> str:
+        digest = hashlib.sha256(json.dumps([self.identity, key, fingerprint], sort_keys=True).encode()).hexdigest()
+        return f"{self.encoded_root}/{digest[:32]}"
+
+
+class ShardEncodingError(ValueError):
+    """Some shards could not be encoded; the others were, and are kept for the rerun."""
+
+
+def encode_parquet_shard(spec: ShardSpec, job: EncodeJob) -> dict:
+    """Encode one Parquet shard into its row files; returns its ledger entry, or `{"key", "error"}`
+    when it fails, so that one bad shard is reported alone while its siblings finish."""
+    try:
+        return _encode_shard(_parquet_shard(spec.key, job.cfg, spec.fingerprint), job)
+    except Exception as exc:  # noqa: BLE001 - reported per shard by the build
+        return {"key": spec.key, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _encode_shard(shard: _Shard, job: EncodeJob) -> dict:
+    out = job.shard_dir(shard.key, shard.fingerprint)
+    fs, path = fsspec.core.url_to_fs(out)
+    if shard.fingerprint is not None and (done := _read_json(f"{out}/{_ENCODED_ENTRY}")) is not None:
+        return done  # encoded by an earlier, interrupted build
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # keep Rust threads on in forked workers
+    fs.makedirs(path, exist_ok=True)
+    entry = _shard_entry(shard)
+    with local_tokenizer_dir(job.tokenizer_dir) as local_tok:
+        encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), job.bos, job.eos, job.cfg)
+    with contextlib.ExitStack() as files:
+        rows = {(split, kind): files.enter_context(fs.open(f"{path}/{split}.{kind}", "wb"))
+                for split in SPLITS for kind in _ROW_FILES}
+        for batch, encodings in _encode_ahead(encoder, _iter_clean_batches(shard, job.cfg)):
+            entry["skipped_documents"] += batch.skipped
+            if not batch.texts:
+                continue
+            entry["text_bytes"] += batch.text_bytes
+            for split, (data, lengths) in encoder.frame(batch, encodings).items():
+                rows[split, "tokens"].write(data.astype(_ROW_FILES["tokens"], copy=False).tobytes())
+                rows[split, "lengths"].write(lengths.astype(_ROW_FILES["lengths"], copy=False).tobytes())
+                entry[f"{split}_documents"] += int(lengths.size)
+                entry[f"{split}_tokens"] += int(data.size)
+    _write_json(f"{out}/{_ENCODED_ENTRY}", entry)
+    return entry
+
+
+def _encoded_rows(job: EncodeJob, entry: dict, split: str, max_tokens: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """A shard's encoded rows of one split as (tokens, row ends), in pieces of whole rows holding
+    about `max_tokens` tokens each (at least one row)."""
+    fs, base = fsspec.core.url_to_fs(f"{job.shard_dir(entry['key'], entry['fingerprint'])}/{split}")
+    with fs.open(f"{base}.lengths", "rb") as fh:
+        lengths = np.frombuffer(fh.read(), dtype=_ROW_FILES["lengths"])
+    if lengths.size != entry[f"{split}_documents"] or int(lengths.sum()) != entry[f"{split}_tokens"]:
+        raise ValueError(f"{fs.unstrip_protocol(base)}.lengths does not match its entry: {lengths.size} rows, "
+                         f"{int(lengths.sum())} tokens")
+    ends = np.cumsum(lengths, dtype=np.int64)
+    width = _ROW_FILES["tokens"].itemsize
+    with fs.open(f"{base}.tokens", "rb") as fh:
+        first = 0
+        while first < lengths.size:
+            start = int(ends[first - 1]) if first else 0
+            last = max(first + 1, int(np.searchsorted(ends, start + max_tokens, side="right")))
+            data = np.frombuffer(fh.read((int(ends[last - 1]) - start) * width), dtype=_ROW_FILES["tokens"])
+            yield data.astype(TOKEN_DTYPE, copy=False), ends[first:last] - start
+            first = last
 
 
 # ---------------------------------------------------------------------------------------------
@@ -618,126 +688,133 @@ def _reuse_plan(manifest: dict | None, identity: dict, shards: Sequence[_Shard])
     return keep, [s for s in shards if s.key not in kept]
 
 
-def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: CacheConfig) -> CacheStats:
+ParallelMap = Callable[[Callable[[Any, Any], Any], Sequence[Any], Any], list]
+
+
+def in_process_map(fn: Callable[[Any, Any], Any], items: Sequence[Any], shared: Any) -> list:
+    """``[fn(item, shared) for item in items]``: the shards encoded one after another in this process."""
+    return [fn(item, shared) for item in items]
+
+
+def _encode_all(todo: Sequence[_Shard], job: EncodeJob, parallel_map: ParallelMap) -> list[dict]:
+    """Ledger entries of `todo`, in order, each shard encoded as its own unit of work. Raises
+    `ShardEncodingError` naming every shard that failed, after the others were encoded."""
+    if all(shard.file is not None for shard in todo):
+        entries = parallel_map(encode_parquet_shard, [shard.file for shard in todo], job)
+    else:  # documents held in this process (an iterator) cannot be shipped to a worker
+        entries = [_encode_shard(shard, job) for shard in todo]
+    failed = [entry for entry in entries if "error" in entry]
+    if failed:
+        listed = "; ".join(f"{entry['key']}: {entry['error']}" for entry in failed[:5])
+        raise ShardEncodingError(f"{len(failed)} of {len(todo)} shard(s) could not be encoded ({listed}); "
+                                 f"the other {len(todo) - len(failed)} are encoded and kept for the rerun")
+    return entries
+
+
+def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: CacheConfig,
+           parallel_map: ParallelMap = in_process_map) -> CacheStats:
     if not shards:
         raise ValueError("no documents to tokenize: the shard list is empty")
     keys = [s.key for s in shards]
     if len(set(keys)) != len(keys):
         raise ValueError("duplicate document files in the input list")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # keep Rust threads on in forked workers
 
     out_root = out_root.rstrip("/")
     manifest_uri = f"{out_root}/{MANIFEST_NAME}"
     fs, root_path = fsspec.core.url_to_fs(out_root)
 
     with local_tokenizer_dir(tokenizer_dir) as local_tok:
-        tokenizer_json = os.path.join(local_tok, "tokenizer.json")
         tok_sha = tokenizer_json_sha256(local_tok)
         old = _read_json(manifest_uri) if cfg.incremental else None
         metadata, bos, eos, files_sha = _preprocessor_metadata(tokenizer_dir, local_tok, old)
-        identity = _manifest_identity(tok_sha, bos, eos, cfg)
+    identity = _manifest_identity(tok_sha, bos, eos, cfg)
 
-        reuse, todo = _reuse_plan(old, identity, shards)
-        if old is not None and not todo and reuse == len(old["shards"]) and old.get("finished"):
-            return _stats_from_manifest(out_root, old, reused=reuse)
+    reuse, todo = _reuse_plan(old, identity, shards)
+    if old is not None and not todo and reuse == len(old["shards"]) and old.get("finished"):
+        return _stats_from_manifest(out_root, old, reused=reuse)
 
-        if reuse == 0:
-            for name in (*SPLITS, MANIFEST_NAME):
-                if fs.exists(f"{root_path}/{name}"):
-                    fs.rm(f"{root_path}/{name}", recursive=True)
-            entries: list[dict] = []
-        else:
-            entries = old["shards"][:reuse]
-        manifest = {"identity": identity, "levanter_metadata": metadata, "tokenizer_files_sha256": files_sha,
-                    "finished": False, "shards": entries, "appended_from": reuse}
-        _write_json(manifest_uri, manifest)
+    job = EncodeJob(tokenizer_dir, bos, eos, cfg, identity, f"{out_root}/{ENCODED_DIR}")
+    # Encoding first, every shard as its own unit: the cache is not touched until all are encoded,
+    # so a shard that fails leaves the previous cache as it was, and never a hole in a new one.
+    encoded = _encode_all(todo, job, parallel_map)
 
-        writers = {
-            split: _LevanterSplitWriter(
-                f"{out_root}/{split}",
-                fresh=reuse == 0,
-                committed=[(e["key"], e[f"{split}_documents"]) for e in entries],
-                metadata=metadata,
-            )
-            for split in SPLITS
-        }
-        encoder = _Encoder(tokenizer_json, bos, eos, cfg)
-        buffers = {split: _SplitBuffer() for split in SPLITS}
-        completed: list[dict] = []  # shards fully encoded, waiting for their last rows to be written
+    if reuse == 0:
+        for name in (*SPLITS, MANIFEST_NAME):
+            if fs.exists(f"{root_path}/{name}"):
+                fs.rm(f"{root_path}/{name}", recursive=True)
+        entries: list[dict] = []
+    else:
+        entries = old["shards"][:reuse]
+    manifest = {"identity": identity, "levanter_metadata": metadata, "tokenizer_files_sha256": files_sha,
+                "finished": False, "shards": entries, "appended_from": reuse}
+    _write_json(manifest_uri, manifest)
+    writers = {
+        split: _LevanterSplitWriter(
+            f"{out_root}/{split}",
+            fresh=reuse == 0,
+            committed=[(e["key"], e[f"{split}_documents"]) for e in entries],
+            metadata=metadata,
+        )
+        for split in SPLITS
+    }
 
-        def write_and_commit(batches: dict, to_commit: list[dict]) -> None:
-            for split, batch in batches.items():
-                if batch is not None:
-                    writers[split].write(*batch)
-            if to_commit:
-                for entry in to_commit:
-                    for split in SPLITS:
-                        writers[split].commit(entry["key"], entry[f"{split}_documents"])
-                for split in SPLITS:
-                    writers[split].flush_ledger()
-                manifest["shards"].extend(to_commit)
-                _write_json(manifest_uri, manifest)
-
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer") as pool:
-            pending: Future | None = None
-
-            def flush() -> None:
-                nonlocal pending, completed
-                batches = {split: buffers[split].take() for split in SPLITS}
-                if pending is not None:
-                    pending.result()  # at most one write in flight: bounds memory, surfaces errors
-                pending = pool.submit(write_and_commit, batches, completed)
-                completed = []
-
-            todo_entries = [_shard_entry(shard) for shard in todo]
-            stream = _prefetch(_batches_with_shard_ends(todo, cfg))
-            for shard_index, batch, encodings in _encode_ahead(encoder, stream):
-                entry = todo_entries[shard_index]
-                if batch is None:  # end of this shard: commit it with the next write
-                    completed.append(entry)
-                    continue
-                entry["skipped_documents"] += batch.skipped
-                if not batch.texts:
-                    continue
-                entry["text_bytes"] += batch.text_bytes
-                for split, (data, lengths) in encoder.frame(batch, encodings).items():
-                    buffers[split].add(data, lengths)
-                    entry[f"{split}_documents"] += int(lengths.size)
-                    entry[f"{split}_tokens"] += int(data.size)
-                if sum(b.tokens for b in buffers.values()) >= cfg.flush_tokens:
-                    flush()
-            flush()
-            pending.result()
-
+    def commit(done: list[dict]) -> None:
+        for entry in done:
+            for split in SPLITS:
+                writers[split].commit(entry["key"], entry[f"{split}_documents"])
         for split in SPLITS:
-            # The ledger goes through fsspec, the arrays through tensorstore: a tensorstore path
-            # that resolves elsewhere (as s3:// once did, to ./s3:/) must not leave a finished
-            # ledger over no data.
-            arrays = f"{root_path}/{split}/{INPUT_IDS}/offsets/zarr.json"
-            if not fs.exists(arrays):
-                raise RuntimeError(f"cache {out_root}/{split}: Levanter wrote its rows, but {fs.unstrip_protocol(arrays)} "
-                                   "is not in the store; tensorstore wrote them elsewhere")
-            writers[split].flush_ledger(finished=True)
-        manifest["finished"] = True
+            writers[split].flush_ledger()
+        manifest["shards"].extend(done)
         _write_json(manifest_uri, manifest)
+
+    # Assembly: the encoded rows moved into Levanter's arrays in ledger order; the ledger and the
+    # manifest are written every `flush_tokens` tokens (a killed assembly resumes from there).
+    pending, written = [], 0
+    for entry in encoded:
+        for split in SPLITS:
+            for data, ends in _encoded_rows(job, entry, split, cfg.flush_tokens):
+                writers[split].write(data, ends)
+        pending.append(entry)
+        written += entry["train_tokens"] + entry["validation_tokens"]
+        if written >= cfg.flush_tokens:
+            commit(pending)
+            pending, written = [], 0
+    commit(pending)
+
+    for split in SPLITS:
+        # The ledger goes through fsspec, the arrays through tensorstore: a tensorstore path
+        # that resolves elsewhere (as s3:// once did, to ./s3:/) must not leave a finished
+        # ledger over no data.
+        arrays = f"{root_path}/{split}/{INPUT_IDS}/offsets/zarr.json"
+        if not fs.exists(arrays):
+            raise RuntimeError(f"cache {out_root}/{split}: Levanter wrote its rows, but {fs.unstrip_protocol(arrays)} "
+                               "is not in the store; tensorstore wrote them elsewhere")
+        writers[split].flush_ledger(finished=True)
+    manifest["finished"] = True
+    _write_json(manifest_uri, manifest)
+    if fs.exists(f"{root_path}/{ENCODED_DIR}"):
+        fs.rm(f"{root_path}/{ENCODED_DIR}", recursive=True)
     return _stats_from_manifest(out_root, manifest, reused=reuse)
 
 
 def build_levanter_cache(doc_files: Sequence[str], tokenizer_dir: str, out_root: str, cfg: CacheConfig,
-                         fingerprints: Mapping[str, str] | None = None) -> CacheStats:
+                         fingerprints: Mapping[str, str] | None = None,
+                         parallel_map: ParallelMap = in_process_map) -> CacheStats:
     """Tokenize Parquet document files into the Levanter cache root `out_root`.
 
     On a fresh build `doc_files` order is the row order. With `cfg.incremental`, ledger shards already
     in `out_root` whose files are unchanged stay where they are (see `_reuse_plan`) and only the other
     files are encoded, appended in `doc_files` order. `fingerprints` maps a file to a content
     fingerprint (the sha256 its producer recorded); files without one are fingerprinted by size and
-    mtime/ETag.
+    mtime/ETag. `parallel_map` runs the shards' encoding (`encode_parquet_shard`, one call per file
+    to encode): one after another here by default, or spread over workers (a Ray cluster); the
+    cache's bytes do not depend on it.
     """
     if isinstance(doc_files, str):
         raise TypeError("doc_files must be a list of Parquet paths/URIs, not a single string")
     fingerprints = fingerprints or {}
     shards = [_parquet_shard(os.fspath(u), cfg, fingerprints.get(os.fspath(u))) for u in doc_files]
-    return _build(shards, tokenizer_dir, out_root, cfg)
+    return _build(shards, tokenizer_dir, out_root, cfg, parallel_map)
 
 
 def build_levanter_cache_from_documents(

@@ -195,38 +195,131 @@ def test_incremental_append_trim_and_change(shards, tokenizer_dir, cfg, built, w
     assert (rebuilt.shards_encoded, rebuilt.shards_reused) == (1, 0)
 
 
-def test_interrupted_build_resumes_to_the_same_cache(shards, tokenizer_dir, cfg, built, monkeypatch, tmp_path):
+def _same_rows(root: str, other: str) -> None:
+    for split in ("train", "validation"):
+        for a, b in zip(_rows(f"{root}/{split}"), _rows(f"{other}/{split}"), strict=True):
+            assert np.array_equal(a, b)
+
+
+def _file_hashes(root: str) -> dict[str, str]:
+    out = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _process_pool_map(fn, items, shared):
+    """Shards encoded by two worker processes (spawned: they import the module by name, as Ray's
+    workers do), finishing in whatever order they finish."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(fn, items, [shared] * len(items)))
+
+
+def test_fanned_out_encoding_gives_the_serial_builds_bytes(built, shards, tokenizer_dir, cfg, tmp_path):
+    serial_root, serial = built
+    root = str(tmp_path / "fanned")
+    fanned = build_levanter_cache(shards, tokenizer_dir, root, cfg, parallel_map=_process_pool_map)
+    assert fanned == serial.__class__(**{**serial.to_dict(), "cache_root": root,
+                                         "train": serial.train, "validation": serial.validation})
+    hashes = _file_hashes(root)
+    assert hashes == _file_hashes(serial_root)  # every array shard file, ledger and manifest
+    assert not any(path.startswith(".encoded") for path in hashes)  # the per-shard rows are gone
+
+    # An append spread over workers equals the serial append too.
+    grown = str(tmp_path / "grown")
+    build_levanter_cache(shards[:1], tokenizer_dir, grown, cfg)
+    build_levanter_cache(shards, tokenizer_dir, grown, cfg, parallel_map=_process_pool_map)
+    serial_grown = str(tmp_path / "serial_grown")
+    build_levanter_cache(shards[:1], tokenizer_dir, serial_grown, cfg)
+    build_levanter_cache(shards, tokenizer_dir, serial_grown, cfg)
+    assert _file_hashes(grown) == _file_hashes(serial_grown)
+
+
+def test_a_shard_that_fails_to_encode_is_reported_alone(shards, tokenizer_dir, cfg, built, monkeypatch, tmp_path):
     from levanter.store.cache import TreeCache
 
     import marin_assets.tokenization.cache as cache_mod
 
-    full_root, full = built
+    full_root, _ = built
+    root = str(tmp_path / "failing")
+    build_levanter_cache(shards[:1], tokenizer_dir, root, cfg)
+    before = _file_hashes(root)
+    real_encode = cache_mod._Encoder.encode_texts
+    bad = shards[1]
+    encoded: list[str] = []
+
+    def encode_texts(self, texts):
+        if self.failing:
+            raise RuntimeError("simulated bad shard")
+        return real_encode(self, texts)
+
+    real_encode_shard = cache_mod._encode_shard
+
+    def encode_shard(shard, job):
+        encoded.append(shard.key)
+        monkeypatch.setattr(cache_mod._Encoder, "failing", shard.key == bad, raising=False)
+        return real_encode_shard(shard, job)
+
+    monkeypatch.setattr(cache_mod._Encoder, "encode_texts", encode_texts)
+    monkeypatch.setattr(cache_mod, "_encode_shard", encode_shard)
+    with pytest.raises(cache_mod.ShardEncodingError, match=r"1 of 2 shard\(s\).*part-1.*simulated bad shard") as err:
+        build_levanter_cache(shards, tokenizer_dir, root, cfg)
+    assert shards[2] not in str(err.value)
+    assert encoded == shards[1:]  # the sibling after the bad shard was still encoded
+    # The committed cache was not touched: it is the one-shard cache, finished, and Levanter reads it.
+    assert {k: v for k, v in _file_hashes(root).items() if not k.startswith(".encoded")} == before
+    assert len(TreeCache.load(f"{root}/train", EXEMPLAR)) > 0
+
+    encoded.clear()
+    monkeypatch.setattr(cache_mod._Encoder, "encode_texts", real_encode)
+    resumed = build_levanter_cache(shards, tokenizer_dir, root, cfg)
+    assert encoded == shards[1:] and (resumed.shards_reused, resumed.shards_encoded) == (1, 2)
+    _same_rows(root, full_root)
+
+
+def test_a_killed_assembly_resumes_without_encoding_again(shards, tokenizer_dir, cfg, built, monkeypatch, tmp_path):
+    from levanter.store.cache import TreeCache
+
+    import marin_assets.tokenization.cache as cache_mod
+
+    full_root, _ = built
     root = str(tmp_path / "crash")
-    real_frame = cache_mod._Encoder.frame
-    calls = {"n": 0}
+    real_write = cache_mod._LevanterSplitWriter.write
 
-    def failing_frame(self, batch, encodings):
-        calls["n"] += 1
-        if calls["n"] == 9:  # part-way through the second shard, after some flushes
+    def failing_write(self, data, ends):
+        if self.finished_shards:  # the first write after a ledger commit
             raise RuntimeError("simulated crash")
-        return real_frame(self, batch, encodings)
+        return real_write(self, data, ends)
 
-    monkeypatch.setattr(cache_mod._Encoder, "frame", failing_frame)
+    monkeypatch.setattr(cache_mod._LevanterSplitWriter, "write", failing_write)
     with pytest.raises(RuntimeError, match="simulated crash"):
         build_levanter_cache(shards, tokenizer_dir, root, cfg)
-    monkeypatch.setattr(cache_mod._Encoder, "frame", real_frame)
+    monkeypatch.setattr(cache_mod._LevanterSplitWriter, "write", real_write)
 
     with pytest.raises(FileNotFoundError, match="not finished"):
         TreeCache.load(f"{root}/train", EXEMPLAR)  # Levanter refuses a half-built cache
     with open(f"{root}/{MANIFEST_NAME}") as f:
-        committed = len(json.load(f)["shards"])
-    assert committed == 1
+        assert len(json.load(f)["shards"]) == 1
 
+    encodes = {"n": 0}
+    real_encode = cache_mod._Encoder.encode_texts
+
+    def counting_encode(self, texts):
+        encodes["n"] += 1
+        return real_encode(self, texts)
+
+    monkeypatch.setattr(cache_mod._Encoder, "encode_texts", counting_encode)
     resumed = build_levanter_cache(shards, tokenizer_dir, root, cfg)
+    assert encodes["n"] == 0  # every shard's rows were already encoded: assembly only moves them
     assert (resumed.shards_reused, resumed.shards_encoded) == (1, 2)
-    for split in ("train", "validation"):
-        for a, b in zip(_rows(f"{root}/{split}"), _rows(f"{full_root}/{split}"), strict=True):
-            assert np.array_equal(a, b)
+    _same_rows(root, full_root)
+    assert not os.path.exists(f"{root}/.encoded")
 
 
 def test_bad_inputs_give_clear_errors(tokenizer_dir, write_docs, tmp_path):
