@@ -10,9 +10,12 @@ One ``update_index`` call adds shards that the index has not seen:
 2. Keys (per new shard): one exact key (the first 64 bits of the hex sha256 ``id``) and, for
    documents with tokens, one LSH key per band of the cached MinHash signature. Keys are split by
    bucket-hash range into ``index_partitions`` partitions.
-3. Collisions (per partition, one at a time): the new keys of the partition are matched against
-   that partition's runs of kept documents on disk, one run file at a time; groups of two or more
-   documents with at least one new document survive. Peak memory is one partition, not the corpus.
+3. Collisions (per partition): the new keys, spilled to the index by partition, are matched
+   against that partition's runs of kept documents, one run file at a time; groups of two or more
+   documents with at least one new document survive. Each partition's pass (``partition_pass``)
+   is a pure function of that partition's files, so the passes are independent units of work
+   (``parallel_map``: in turn in one process, or one Ray task each); their outputs are merged in
+   partition order. Peak memory of a pass is one partition, not the corpus.
 4. Centre assignment (new documents in order): a document is dropped if it is an exact copy of a
    kept document (a "centre"), or else if its exact Jaccard with a colliding centre reaches the
    threshold (the earliest such centre is kept in its place); otherwise it becomes a centre. Only
@@ -183,6 +186,12 @@ def _key_run_path(partition: int, batch: int) -> str:
     return f"keys/p{partition:04d}/{batch:06d}.parquet"
 
 
+def _pending_keys_dir(partition: int) -> str:
+    """Where the batch being decided spills its new shards' keys of one partition: in the index
+    itself, so that a partition's pass can run on any worker that reaches the store."""
+    return f"pending/p{partition:04d}"
+
+
 class IndexDir:
     """An index directory on any fsspec filesystem (the `dedup_index` artifact, or a temp dir)."""
 
@@ -283,6 +292,8 @@ def _open_index(
             folder == "decisions" and (number is None or number >= next_seq)
         )
         if stale:
+            index.remove(rel)
+        elif folder == "pending":  # the keys of a batch that never committed
             index.remove(rel)
         elif folder not in ("keys", "decisions", "registry"):
             raise ValueError(f"unexpected file {rel} in the dedup index")
@@ -558,6 +569,42 @@ def _validated(shard: ShardInput, config: DedupConfig) -> tuple[pl.DataFrame, Si
     return docs, signatures
 
 
+@dataclass(frozen=True)
+class CollisionPass:
+    """One batch's candidate step, shared by its partitions' passes: the index, and how many
+    committed batches (key runs per partition) the new keys are matched against."""
+
+    index: IndexDir
+    committed_batches: int
+
+    def new_keys(self, partition: int) -> pl.DataFrame:
+        spilled = self.index.files(_pending_keys_dir(partition))
+        return pl.concat([self.index.read_parquet(rel) for rel in spilled]) if spilled \
+            else pl.DataFrame(schema=KEY_SCHEMA)
+
+
+def partition_pass(partition: int, job: CollisionPass) -> tuple[pl.DataFrame, dict[str, int]]:
+    """The candidate step of one bucket-hash range: its colliding keys (`partition_collisions`) and
+    what reading the index cost. A pure function of the partition's files, so the partitions of a
+    batch are independent units of work (one Ray task each when Ray is chosen)."""
+    stats = {"index_row_groups": 0, "index_row_groups_read": 0}
+    keys = job.new_keys(partition)
+    old_runs = [
+        (lambda buckets, rel=_key_run_path(partition, number): read_run(job.index, rel, buckets, stats))
+        for number in range(job.committed_batches)
+    ]
+    found = partition_collisions(old_runs, keys)
+    return found, {**stats, "partition_keys": len(keys) + len(found)}
+
+
+ParallelMap = Callable[[Callable[[Any, Any], Any], Sequence[Any], Any], list]
+
+
+def in_process_map(fn: Callable[[Any, Any], Any], items: Sequence[Any], shared: Any) -> list:
+    """``[fn(item, shared) for item in items]``: one partition after another in this process."""
+    return [fn(item, shared) for item in items]
+
+
 def _index_batch(
     index: IndexDir,
     batch: list[RegisteredShard],
@@ -565,10 +612,10 @@ def _index_batch(
     shard_by_seq: dict[int, ShardInput],
     config: DedupConfig,
     stats: dict[str, int | float],
-    work: Path,
+    parallel_map: ParallelMap,
 ) -> None:
     partitions = config.index_partitions
-    # Keys of every new shard, one shard at a time, spilled to local disk by partition.
+    # Keys of every new shard, one shard at a time, spilled to the index by partition.
     for shard in batch:
         docs, signatures = _validated(shard_by_seq[shard.seq], config)
         keys, without_tokens = shard_keys(signatures, shard.seq, config)
@@ -576,24 +623,15 @@ def _index_batch(
         stats["input_docs"] += len(docs)
         stats["docs_without_tokens"] += without_tokens
         for partition, frame in split_by_partition(keys, partitions).items():
-            path = work / f"p{partition:04d}" / f"{shard.seq:06d}.parquet"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            frame.write_parquet(path)
+            index.write_parquet(f"{_pending_keys_dir(partition)}/{shard.seq:06d}.parquet", frame)
 
-    def new_keys(partition: int) -> pl.DataFrame:
-        runs = sorted((work / f"p{partition:04d}").glob("*.parquet"))
-        return pl.concat([pl.read_parquet(run) for run in runs]) if runs else pl.DataFrame(schema=KEY_SCHEMA)
-
-    # Candidate step: one bucket range at a time.
+    # Candidate step: one bucket range per unit of work, merged in partition order.
+    job = CollisionPass(index, batch_number)
     collisions = []
-    for partition in range(partitions):
-        keys = new_keys(partition)
-        old_runs = [
-            (lambda buckets, rel=_key_run_path(partition, number): read_run(index, rel, buckets, stats))
-            for number in range(batch_number)
-        ]
-        found = partition_collisions(old_runs, keys)
-        stats["max_partition_keys"] = max(stats["max_partition_keys"], len(keys) + len(found))
+    for found, costs in parallel_map(partition_pass, list(range(partitions)), job):
+        stats["index_row_groups"] += costs["index_row_groups"]
+        stats["index_row_groups_read"] += costs["index_row_groups_read"]
+        stats["max_partition_keys"] = max(stats["max_partition_keys"], costs["partition_keys"])
         collisions.append(found)
     colliding = pl.concat(collisions)
     stats["colliding_keys"] += len(colliding)
@@ -630,22 +668,27 @@ def _index_batch(
         stats["kept_docs"] += shard.kept
     dropped_docs = pl.Series("doc", [dropped for dropped, *_ in drops], dtype=pl.UInt64)
     for partition in range(partitions):
-        kept_keys = new_keys(partition).filter(~pl.col("doc").is_in(dropped_docs.implode()))
+        kept_keys = job.new_keys(partition).filter(~pl.col("doc").is_in(dropped_docs.implode()))
         index.write_parquet(_key_run_path(partition, batch_number), kept_keys.sort("bucket", "band", "doc"),
                             row_group_size=RUN_ROW_GROUP_KEYS)
     # Written last: the batch exists from here on.
     body = {"batch": batch_number, "config": config.to_json(), "shards": [asdict(shard) for shard in batch]}
     index.write_bytes(_registry_path(batch_number), json.dumps(body, indent=1, sort_keys=True).encode())
+    for rel in index.files("pending"):
+        index.remove(rel)
 
 
 def update_index(
-    index: IndexDir, shards: Sequence[ShardInput], config: DedupConfig, *, batch_shards: int = 8
+    index: IndexDir, shards: Sequence[ShardInput], config: DedupConfig, *, batch_shards: int = 8,
+    parallel_map: ParallelMap = in_process_map,
 ) -> IndexUpdate:
     """Add every shard the index has not registered; decisions about registered shards stay fixed.
 
     ``shards`` are all current shards of the dedup group (registered ones are read only when a new
     document collides with one of their kept documents). ``batch_shards`` bounds how many new shards
-    are decided together (memory); the decisions do not depend on it.
+    are decided together (memory); the decisions do not depend on it. ``parallel_map`` runs each
+    bucket range's candidate pass (`partition_pass`): one after another here by default, or spread
+    over workers; the decisions do not depend on it either.
     """
     if batch_shards < 1:
         raise ValueError(f"batch_shards must be >= 1, got {batch_shards}")
@@ -662,17 +705,15 @@ def update_index(
     stats: dict[str, int | float] = _zero_counts()
     added: list[RegisteredShard] = []
     next_seq = len(registered)
-    with tempfile.TemporaryDirectory(prefix="marin-dedup-") as tmp:
-        for start in range(0, len(new), batch_shards):
-            batch = []
-            for source, shard_key in new[start : start + batch_shards]:
-                batch.append(RegisteredShard(next_seq, source, shard_key, inputs[(source, shard_key)].version))
-                shard_by_seq[next_seq] = inputs[(source, shard_key)]
-                next_seq += 1
-            work = Path(tmp, f"batch-{batches:06d}")
-            _index_batch(index, batch, batches, shard_by_seq, config, stats, work)
-            added.extend(batch)
-            batches += 1
+    for start in range(0, len(new), batch_shards):
+        batch = []
+        for source, shard_key in new[start : start + batch_shards]:
+            batch.append(RegisteredShard(next_seq, source, shard_key, inputs[(source, shard_key)].version))
+            shard_by_seq[next_seq] = inputs[(source, shard_key)]
+            next_seq += 1
+        _index_batch(index, batch, batches, shard_by_seq, config, stats, parallel_map)
+        added.extend(batch)
+        batches += 1
     return IndexUpdate(new_shards=added, stats=stats, reset_reason=reset_reason)
 
 

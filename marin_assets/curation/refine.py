@@ -108,7 +108,8 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
                              "each shard's keep/drop decisions, and the LSH and exact keys of kept documents as "
                              f"sorted runs in {dedup_cfg.index_partitions} bucket-hash ranges. Append-only: a new "
                              "shard is checked against the kept documents and earlier decisions stay fixed.")
-    def dedup_index(context: dg.AssetExecutionContext, store: MarinStore, **inputs: dict[str, ArtifactHandle]):
+    def dedup_index(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
+                    **inputs: dict[str, ArtifactHandle]):
         artifacts = store.get()
         handles = [(name[len("shards_"):], key, handle) for name, shards in sorted(inputs.items())
                    for key, handle in sorted(shards.items())]
@@ -129,8 +130,10 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
 
         def build(writer) -> Built:
             index = IndexDir(artifacts.fs, artifacts.fs_path(writer.uri))
+            # Each bucket range's candidate pass is one unit of work: in turn here, or one Ray task each.
             update = update_index(index, [shard_input(*h) for h in handles], dedup_cfg,
-                                  batch_shards=DEDUP_BATCH_SHARDS)
+                                  batch_shards=DEDUP_BATCH_SHARDS,
+                                  parallel_map=lambda fn, items, shared: data_parallel.map(context, fn, items, shared))
             if update.reset_reason:
                 context.log.warning(f"dedup_index/{group} started over: {update.reset_reason}")
             registry = read_registry(index)

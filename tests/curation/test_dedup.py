@@ -487,6 +487,49 @@ def test_candidate_step_holds_one_bucket_range_at_a_time(planted_corpus, tmp_pat
     assert update.stats["max_partition_keys"] < total_keys / 2
 
 
+def _spawned_pool_map(fn, items, shared):
+    """Each partition's pass in one of two spawned worker processes (they import `partition_pass`
+    by name and read the index from disk, as Ray's workers do), finishing in any order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(fn, items, [shared] * len(items)))
+
+
+def test_partition_passes_fanned_out_give_the_same_index_and_decisions(planted_corpus, tmp_path, monkeypatch):
+    config = DedupConfig(index_partitions=4)
+    shards = make_shards(planted_corpus["texts"], 4, config.minhash)
+    serial, fanned = IndexDir.local(tmp_path / "serial"), IndexDir.local(tmp_path / "fanned")
+    mapped = []
+
+    def recording_map(fn, items, shared):
+        mapped.append((fn.__name__, list(items)))
+        return _spawned_pool_map(fn, items, shared)
+
+    # Two shards, then two more in batches of one: later passes read the committed runs.
+    for index, parallel_map in ((serial, dedup.in_process_map), (fanned, recording_map)):
+        first = update_index(index, shard_inputs(shards[:2]), config, parallel_map=parallel_map)
+        later = update_index(index, shard_inputs(shards), config, batch_shards=1, parallel_map=parallel_map)
+        assert later.stats["index_row_groups_read"] > 0 and first.stats["colliding_keys"] > 0
+    assert mapped == [("partition_pass", [0, 1, 2, 3])] * 3  # one unit of work per bucket range, per batch
+    hashes = file_hashes(fanned)
+    assert hashes == file_hashes(serial)  # decisions, key runs, registry: byte for byte
+    assert not fanned.files("pending")  # the spilled keys go once their batch is committed
+    duplicates = pl.concat(fanned.read_parquet(rel) for rel in fanned.files("decisions"))
+    assert len(duplicates) >= 75
+
+
+def test_spilled_keys_of_an_uncommitted_batch_are_removed(planted_corpus, tmp_path):
+    config = DedupConfig(index_partitions=4)
+    shards = make_shards(planted_corpus["texts"], 3, config.minhash)
+    index = IndexDir.local(tmp_path / "index")
+    update_index(index, shard_inputs(shards[:2]), config)
+    index.write_bytes("pending/p0002/000002.parquet", b"a killed batch's keys")
+    redo = update_index(index, shard_inputs(shards), config)
+    assert [s.seq for s in redo.new_shards] == [2] and not index.files("pending")
+
+
 def test_a_small_new_shard_reads_only_the_row_groups_it_needs(planted_corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(dedup, "RUN_ROW_GROUP_KEYS", 16)
     config = DedupConfig()
