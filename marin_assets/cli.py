@@ -87,9 +87,15 @@ def planner():
 
 def cmd_materialize(args: argparse.Namespace) -> int:
     from marin_assets.planning import WorkspaceRuns, parse_key
+    from marin_resources.environments import RayUnavailableError, check_ray_reachable
     from marin_resources.store import ArtifactLockedError
 
     plan, settings, _ = planner()
+    try:
+        check_ray_reachable(settings)  # before any run starts, so nothing is built without its cluster
+    except RayUnavailableError as exc:
+        print(f"marin: {exc}", file=sys.stderr)
+        return 2
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     added = plan.discover()
     for name, keys in added.items():

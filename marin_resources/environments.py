@@ -13,7 +13,9 @@ assets ask for under the resource key `launcher`.
 
 In either environment `MARIN_RAY=local` spreads the chunks of one huge shard over a local Ray
 (`marin_resources.ray_parallel`): at most MARIN_RAY_CPUS workers (default: the cores), chunks of
-MARIN_RAY_CHUNK_MB (default 32). Unset or `off`: a shard is filtered in one piece.
+MARIN_RAY_CHUNK_MB (default 32). `MARIN_RAY=cluster` sends them to the running Ray cluster at
+RAY_ADDRESS (`host:port` of its head, or `ray://host:port` for Ray Client) instead. Unset or `off`:
+a shard is filtered in one piece.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import dagster as dg
 
 DEFAULT_PREFIX = "./local_store"
 ENVIRONMENTS = ("local", "prod")
-RAY_MODES = ("off", "local")
+RAY_MODES = ("off", "local", "cluster")
 PROCESS_OUTPUTS = ("console", "file")
 TRAIN_POOLS = ("cpu-train", "gpu", "tpu")
 
@@ -53,7 +55,10 @@ class MarinSettings:
     process_output: str = "console"
     """Where local training/eval processes print: ``console`` or ``file`` (their run directory)."""
     ray: str = "off"
-    """Data parallelism inside a run: ``off`` (one piece) or ``local`` (Ray in the run's process)."""
+    """Data parallelism inside a run: ``off`` (one piece), ``local`` (Ray in the run's process) or
+    ``cluster`` (the Ray cluster at ``ray_address``)."""
+    ray_address: str | None = None
+    """RAY_ADDRESS, read only with ``MARIN_RAY=cluster``."""
     ray_cpus: int = 1
     ray_chunk_mb: int = 32
     suites_file: str | None = None
@@ -82,6 +87,13 @@ class MarinSettings:
         ray = e.get("MARIN_RAY") or "off"
         if ray not in RAY_MODES:
             raise ValueError(f"MARIN_RAY must be one of {', '.join(RAY_MODES)}, got {ray!r}")
+        ray_address = None
+        if ray == "cluster":
+            ray_address = e.get("RAY_ADDRESS")
+            if not ray_address:
+                raise ValueError("MARIN_RAY=cluster needs RAY_ADDRESS: the head's host:port (on a node of the "
+                                 "cluster) or ray://host:port (Ray Client, from anywhere)")
+            ray_host_port(ray_address)  # a malformed address fails when the code location loads
         ray_cpus = _positive_int(e, "MARIN_RAY_CPUS", os.cpu_count() or 1)
         ray_chunk_mb = _positive_int(e, "MARIN_RAY_CHUNK_MB", 32)
         return cls(env=env, prefix=prefix, sources_file=e.get("MARIN_SOURCES") or None,
@@ -94,8 +106,29 @@ class MarinSettings:
                    gpu_type=e.get("MARIN_GPU_TYPE", "nvidia-h100-80gb"),
                    # Only whether a key exists is read here; the value travels as a Dagster EnvVar/secret ref.
                    wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output,
-                   ray=ray, ray_cpus=ray_cpus, ray_chunk_mb=ray_chunk_mb,
+                   ray=ray, ray_address=ray_address, ray_cpus=ray_cpus, ray_chunk_mb=ray_chunk_mb,
                    suites_file=e.get("MARIN_SUITES") or None, eval_suite=e.get("MARIN_EVAL_SUITE") or None)
+
+
+class RayUnavailableError(RuntimeError):
+    """The Ray cluster named by RAY_ADDRESS does not answer."""
+
+
+def ray_host_port(address: str) -> tuple[str, int]:
+    """RAY_ADDRESS (``host:port`` or ``ray://host:port``) as (host, port); ValueError otherwise."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"RAY_ADDRESS must be host:port or ray://host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def check_ray_reachable(settings: MarinSettings) -> None:
+    """With ``MARIN_RAY=cluster``, RayUnavailableError unless the cluster answers: the CLI asks before
+    it starts any run, so a dead cluster stops it before anything is built."""
+    if settings.ray == "cluster":
+        from marin_resources.ray_parallel import check_reachable
+
+        check_reachable(settings.ray_address)
 
 
 def _positive_int(environ, name: str, default: int) -> int:
@@ -168,10 +201,15 @@ def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[
 
 
 def _data_parallel(settings: MarinSettings):
+    chunk_bytes = settings.ray_chunk_mb * 1024 * 1024
     if settings.ray == "local":
         from marin_resources.ray_parallel import local_ray_parallel
 
-        return local_ray_parallel(num_cpus=settings.ray_cpus, chunk_bytes=settings.ray_chunk_mb * 1024 * 1024)
+        return local_ray_parallel(num_cpus=settings.ray_cpus, chunk_bytes=chunk_bytes)
+    if settings.ray == "cluster":
+        from marin_resources.ray_parallel import cluster_ray_parallel
+
+        return cluster_ray_parallel(address=settings.ray_address, chunk_bytes=chunk_bytes)
     from marin_resources.data_parallel import DataParallel
 
     return DataParallel()

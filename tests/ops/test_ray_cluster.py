@@ -1,0 +1,286 @@
+"""`MARIN_RAY=cluster` against a real two-node Ray cluster, started with `ray start` on this machine:
+a shard's chunks run on both nodes and commit the one-process bytes; a worker node killed mid-step
+costs a retry on the surviving node, never a half-committed artifact; an unreachable RAY_ADDRESS
+stops `marin materialize` in one line before anything is built."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from marin_resources.data_parallel import DataParallel
+from marin_resources.environments import MarinSettings, RayUnavailableError, build_resources, check_ray_reachable
+from marin_resources.keys import asset_key
+from marin_resources.store import ArtifactStore
+from tests.ops.conftest import free_port
+
+SOURCE = "spread"
+SHARD = "spread.jsonl"
+KEYS = ("raw/spread", "documents/spread", "filtered/spread")
+SHARD_MB = 12  # with MARIN_RAY_CHUNK_MB=1, about 12 chunks: several on each node, a few seconds of work
+WORDS = ("the of and to in is was for that with as on by at from his her they which this had were are not "
+         "but be river valley farmer harvest morning evening market village bridge mountain forest winter "
+         "summer letter captain harbour merchant journey garden kitchen window history careful gentle ancient "
+         "quiet bright travelled carried listened remembered wandered gathered answered promised counted").split()
+# `ray start` with the Ray CLI's own entry point, except that 127.0.0.1 stays 127.0.0.1: Ray replaces a
+# loopback --node-ip-address (and a loopback --address) by the machine's outward address, and these
+# tests keep every connection on loopback.
+RAY_CLI_ON_LOOPBACK = ("import sys, ray._private.services as services; services.resolve_ip_for_localhost = "
+                       "lambda host: host; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()")
+# The marin driver's side of the same: with it, Ray takes the driver's node address to be 127.0.0.1
+# (where both nodes registered) instead of the outward address. It changes nothing else on a driver.
+DRIVER_ON_LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Ray turns token authentication on by itself wherever ~/.ray/auth_token exists, which any local
+# `ray.init()` on the machine (another test) writes: this cluster and its driver say "off" outright.
+NO_AUTH = {"RAY_AUTH_MODE": "disabled"}
+
+
+def document(rng: random.Random) -> str:
+    paragraphs = [" ".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 16))).capitalize() + "."
+                           for _ in range(rng.randint(3, 6)))
+                  for _ in range(rng.randint(4, 8))]
+    return "\n\n".join(paragraphs)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> Path:
+    """One shard of SHARD_MB of distinct English-like documents, the same every time."""
+    root = tmp_path_factory.mktemp("spread")
+    rng, size, lines = random.Random(0), 0, []
+    while size < SHARD_MB * 1024 * 1024:
+        lines.append(json.dumps({"id": f"doc-{len(lines)}", "text": document(rng)}) + "\n")
+        size += len(lines[-1])
+    (root / "data").mkdir()
+    (root / "data" / SHARD).write_text("".join(lines))
+    path = root / "sources.yaml"
+    path.write_text(f"sources:\n  - name: {SOURCE}\n    uri: {root / 'data'}/*.jsonl\n    format: jsonl\n"
+                    "    id_field: id\n    files_per_shard: 1\n")
+    return path
+
+
+def marin_env(sources: Path, root: Path, **extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MARIN_", "RAY_"))}
+    return {**base, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(root / "store"),
+            "DAGSTER_HOME": str(root / "home"), "MARIN_ENV": "local", **extra}
+
+
+def materialize(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", f"filtered/{SOURCE}", "--json"],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def data_versions(root: Path) -> dict[str, str]:
+    """Every committed artifact of the shard, each whole (its files match its manifest): key -> data version."""
+    store = ArtifactStore(str(root / "store"))
+    manifests = {key: store.find(key, "v1", SHARD) for key in KEYS}
+    for key, manifest in manifests.items():
+        assert manifest is not None, f"{key} was not committed"
+        assert store.verify(manifest) == [], key
+    return {key: manifest.data_version for key, manifest in manifests.items()}
+
+
+def materialization_metadata(root: Path, monkeypatch) -> dict:
+    monkeypatch.setenv("DAGSTER_HOME", str(root / "home"))  # the instance's SQLite paths name it
+    with dg.DagsterInstance.from_config(str(root / "home")) as instance:
+        event = instance.get_latest_materialization_event(asset_key(f"filtered/{SOURCE}"))
+    return {name: value.value for name, value in event.asset_materialization.metadata.items()}
+
+
+@pytest.fixture(scope="module")
+def one_process(sources, tmp_path_factory) -> dict[str, str]:
+    """The data versions of the shard built in one piece, in one process (MARIN_RAY=off)."""
+    root = tmp_path_factory.mktemp("one-process")
+    proc = materialize(marin_env(sources, root, MARIN_RAY="off"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return data_versions(root)
+
+
+# -- the cluster: processes found through /proc, so that only this test's Ray is ever signalled --
+
+def processes() -> list[tuple[int, int, int, str]]:
+    """(pid, parent pid, process group, title) of every live process on the machine (not zombies,
+    which are dead already and wait for init to reap them)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        state, ppid, pgid = stat.rsplit(")", 1)[1].split()[:3]
+        if state != "Z":
+            found.append((int(entry), int(ppid), int(pgid), title))
+    return found
+
+
+def node_processes(pgid: int) -> dict[int, str]:
+    """A node's processes: the group `ray start` began (GCS, raylet, agents), and the raylet's workers,
+    which Ray puts in process groups of their own."""
+    table = processes()
+    node = {pid: title for pid, _, group, title in table if group == pgid}
+    grown = True
+    while grown:
+        children = {pid: title for pid, ppid, _, title in table if ppid in node and pid not in node}
+        node.update(children)
+        grown = bool(children)
+    return node
+
+
+def signal_node(pgid: int, sig: int) -> None:
+    for pid in node_processes(pgid):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_node(pgid: int, grace_s: float = 15) -> None:
+    """SIGTERM (a worker node's raylet then leaves the cluster at once), then SIGKILL whatever is left."""
+    signal_node(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while node_processes(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    signal_node(pgid, signal.SIGKILL)
+
+
+def ray_start(*args: str) -> int:
+    """`ray start ...` in a session of its own; the process group its node's services run in."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "RAY_USAGE_STATS_ENABLED": "0",
+           **NO_AUTH}
+    proc = subprocess.Popen([sys.executable, "-c", RAY_CLI_ON_LOOPBACK, "start", "--node-ip-address=127.0.0.1",
+                             "--num-cpus=1", f"--dashboard-agent-listen-port={free_port()}", *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    out, _ = proc.communicate(timeout=180)
+    if proc.returncode != 0:
+        stop_node(proc.pid)
+        raise RuntimeError(f"ray start {' '.join(args)} exited {proc.returncode}:\n{out[-3000:]}")
+    return proc.pid
+
+
+@pytest.fixture(scope="module")
+def head():
+    """A Ray head node with one CPU on 127.0.0.1: its address (the head's GCS, as RAY_ADDRESS)."""
+    # Short: Ray's socket paths live under it and must fit in 107 bytes.
+    temp_dir = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    port = free_port()
+    pgid = ray_start("--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
+                     "--disable-usage-stats", f"--ray-client-server-port={free_port()}")
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        # The whole cluster goes: nobody is left to tell, and the head's GCS sits out a SIGTERM for seconds.
+        signal_node(pgid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def worker2(head):
+    """A second node with one CPU joined to the head: the process group of its services."""
+    pgid = ray_start(f"--address={head}", '--resources={"worker2": 1}')
+    yield pgid
+    stop_node(pgid)
+
+
+def cluster_env(sources: Path, root: Path, address: str) -> dict[str, str]:
+    return marin_env(sources, root, MARIN_RAY="cluster", RAY_ADDRESS=address, MARIN_RAY_CHUNK_MB="1",
+                     **DRIVER_ON_LOOPBACK, **NO_AUTH)
+
+
+@pytest.mark.slow  # a two-node Ray cluster and two CLI builds of a 12 MB shard (about 60 s on 2 loaded cores)
+def test_chunks_run_on_both_nodes_and_commit_the_one_process_bytes(sources, one_process, head, worker2,
+                                                                   tmp_path, monkeypatch):
+    proc = materialize(cluster_env(sources, tmp_path, head))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert data_versions(tmp_path) == one_process
+    metadata = materialization_metadata(tmp_path, monkeypatch)
+    assert metadata["chunks"] >= 8 and metadata["marin/ray_tasks"] == metadata["chunks"], metadata
+    nodes = metadata["marin/ray_nodes"]
+    assert len(nodes) == 2 and len(set(nodes)) == 2, nodes
+
+
+@pytest.mark.slow  # as above, plus Ray noticing the dead node (about 15 s)
+def test_a_worker_node_killed_mid_step_costs_a_retry_not_the_artifact(sources, one_process, head, worker2,
+                                                                      tmp_path, monkeypatch):
+    cli = subprocess.Popen([sys.executable, "-m", "marin_assets.cli", "materialize", f"filtered/{SOURCE}", "--json"],
+                           env=cluster_env(sources, tmp_path, head), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    killed = None
+    try:
+        deadline = time.monotonic() + 300
+        while killed is None and cli.poll() is None and time.monotonic() < deadline:
+            # A worker of the second node titled with the chunk function is running a chunk right now.
+            running = [pid for pid, title in node_processes(worker2).items() if title == "ray::filter_chunk"]
+            if running:
+                assert not list((tmp_path / "store" / "filtered").glob(f"*/{SHARD}/.artifact.json"))
+                signal_node(worker2, signal.SIGKILL)  # the whole node: raylet, agents and the running chunk
+                killed = running
+            time.sleep(0.02)
+        out, err = cli.communicate(timeout=600)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert killed, f"no chunk ran on the second node while the step ran\n{err[-3000:]}"
+    assert not node_processes(worker2)
+    # The lost chunk ran again on the head: the step succeeded and its bytes are the one-process bytes.
+    assert cli.returncode == 0, err[-3000:]
+    assert "will be retried" in err, err[-3000:]  # Ray's own word that a task was lost with its node
+    assert json.loads(out)["success"]
+    assert data_versions(tmp_path) == one_process
+    metadata = materialization_metadata(tmp_path, monkeypatch)
+    assert metadata["marin/ray_tasks"] == metadata["chunks"], metadata
+
+
+def test_an_unreachable_cluster_stops_the_cli_in_one_line_before_anything_is_built(sources, tmp_path):
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    proc = materialize(marin_env(sources, tmp_path, MARIN_RAY="cluster", RAY_ADDRESS=address))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"marin: cannot reach the Ray cluster at RAY_ADDRESS={address} "
+        "(ConnectionRefusedError: [Errno 111] Connection refused)"], proc.stderr
+    assert not list(tmp_path.glob("store/**/.artifact.json"))
+
+
+def test_a_run_started_elsewhere_fails_at_resource_setup_with_the_same_line(tmp_path):
+    """A run the CLI did not start (UI, sensor) meets the check when it sets up its resources, before
+    any asset's body runs."""
+    address = f"127.0.0.1:{free_port()}"
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_RAY": "cluster",
+                                       "RAY_ADDRESS": address})
+    ran = []
+
+    @dg.asset
+    def chunked(data_parallel: DataParallel) -> None:
+        ran.append(True)
+
+    result = dg.materialize([chunked], resources={"data_parallel": build_resources(settings)["data_parallel"]},
+                            raise_on_error=False)
+    assert not result.success and not ran
+    (failure,) = [e for e in result.all_events if e.event_type == dg.DagsterEventType.RESOURCE_INIT_FAILURE]
+    assert f"cannot reach the Ray cluster at RAY_ADDRESS={address}" in failure.event_specific_data.error.to_string()
+    with pytest.raises(RayUnavailableError, match="RAY_ADDRESS"):
+        check_ray_reachable(settings)
+
+
+def test_cluster_mode_needs_a_ray_address(tmp_path):
+    from marin_resources.ray_parallel import RayCluster, RayDataParallel
+
+    chosen = build_resources(MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path), "MARIN_RAY": "cluster",
+                                                     "RAY_ADDRESS": "ray://head.example:10001",
+                                                     "MARIN_RAY_CHUNK_MB": "4"}))["data_parallel"]
+    assert isinstance(chosen, RayDataParallel) and isinstance(chosen.ray, RayCluster)
+    assert chosen.ray.address == "ray://head.example:10001" and chosen.chunk_bytes == 4 * 1024 * 1024
+    for bad in ({}, {"RAY_ADDRESS": "auto"}, {"RAY_ADDRESS": "head:port"}):
+        with pytest.raises(ValueError, match="RAY_ADDRESS"):
+            MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path), "MARIN_RAY": "cluster", **bad})
