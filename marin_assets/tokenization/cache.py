@@ -31,6 +31,7 @@ import os
 import queue
 import random
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -414,15 +415,17 @@ def _encode_ahead(encoder: _Encoder, batches: Iterator[_DocBatch]) -> Iterator[t
 # Per-shard encoding: the unit of work that fans out
 #
 # Each shard is encoded on its own (in the build's process, or as a Ray task on any node) into
-# plain files under `<cache root>/.encoded/<shard digest>/`: per split, the rows' tokens (int32,
-# little-endian, BOS and EOS included) and their lengths (int64), then `entry.json`, the shard's
-# ledger entry, written last: a shard is encoded once it is there. Assembly then only moves
+# plain files under `<cache root>/.encoded/<shard digest>/<attempt>/`: per split, the rows' tokens
+# (int32, little-endian, BOS and EOS included) and their lengths (int64); then
+# `<shard digest>/entry.json`, the shard's ledger entry and the attempt it vouches for, written
+# last: a shard is encoded once it is there. Assembly then only moves
 # those bytes into Levanter's arrays, in ledger order. A build killed after some shards were
 # encoded finds them again (same cache identity, same file fingerprint) and encodes only the rest;
 # `.encoded` is removed when the cache is finished, before the artifact is committed.
 
 ENCODED_DIR = ".encoded"
 _ENCODED_ENTRY = "entry.json"
+_ROWS_AT = "encoded_as"  # the attempt folder an encoded shard's entry vouches for; not in the ledger
 _ROW_FILES = {"tokens": np.dtype("<i4"), "lengths": np.dtype("<i8")}
 
 
@@ -461,12 +464,15 @@ def _encode_shard(shard: _Shard, job: EncodeJob) -> dict:
     if shard.fingerprint is not None and (done := _read_json(f"{out}/{_ENCODED_ENTRY}")) is not None:
         return done  # encoded by an earlier, interrupted build
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # keep Rust threads on in forked workers
-    fs.makedirs(path, exist_ok=True)
+    # Each attempt writes its own folder and `entry.json` names the one it vouches for: a retried
+    # task never writes into files that a presumed-dead earlier attempt may still be writing.
+    attempt = uuid.uuid4().hex[:16]
+    fs.makedirs(f"{path}/{attempt}", exist_ok=True)
     entry = _shard_entry(shard)
     with local_tokenizer_dir(job.tokenizer_dir) as local_tok:
         encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), job.bos, job.eos, job.cfg)
     with contextlib.ExitStack() as files:
-        rows = {(split, kind): files.enter_context(fs.open(f"{path}/{split}.{kind}", "wb"))
+        rows = {(split, kind): files.enter_context(fs.open(f"{path}/{attempt}/{split}.{kind}", "wb"))
                 for split in SPLITS for kind in _ROW_FILES}
         for batch, encodings in _encode_ahead(encoder, _iter_clean_batches(shard, job.cfg)):
             entry["skipped_documents"] += batch.skipped
@@ -478,14 +484,15 @@ def _encode_shard(shard: _Shard, job: EncodeJob) -> dict:
                 rows[split, "lengths"].write(lengths.astype(_ROW_FILES["lengths"], copy=False).tobytes())
                 entry[f"{split}_documents"] += int(lengths.size)
                 entry[f"{split}_tokens"] += int(data.size)
-    _write_json(f"{out}/{_ENCODED_ENTRY}", entry)
-    return entry
+    done = {**entry, _ROWS_AT: attempt}
+    _write_json(f"{out}/{_ENCODED_ENTRY}", done)
+    return done
 
 
 def _encoded_rows(job: EncodeJob, entry: dict, split: str, max_tokens: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """A shard's encoded rows of one split as (tokens, row ends), in pieces of whole rows holding
     about `max_tokens` tokens each (at least one row)."""
-    fs, base = fsspec.core.url_to_fs(f"{job.shard_dir(entry['key'], entry['fingerprint'])}/{split}")
+    fs, base = fsspec.core.url_to_fs(f"{job.shard_dir(entry['key'], entry['fingerprint'])}/{entry[_ROWS_AT]}/{split}")
     with fs.open(f"{base}.lengths", "rb") as fh:
         lengths = np.frombuffer(fh.read(), dtype=_ROW_FILES["lengths"])
     if lengths.size != entry[f"{split}_documents"] or int(lengths.sum()) != entry[f"{split}_tokens"]:
@@ -632,11 +639,13 @@ def _levanter_preprocessor_metadata(tokenizer_dir: str, local_dir: str) -> tuple
 
 
 def _tokenizer_files_sha256(local_dir: str) -> str:
-    """One hash of every file of a tokenizer directory (names and bytes)."""
+    """One hash of every file of a tokenizer directory (names and bytes). Dot files are the store's
+    bookkeeping (the artifact's manifest, with its build times, and its lease), not the tokenizer:
+    hashing them made two builds of the same cache differ."""
     digest = hashlib.sha256()
     for name in sorted(os.listdir(local_dir)):
         path = os.path.join(local_dir, name)
-        if os.path.isfile(path):
+        if os.path.isfile(path) and not name.startswith("."):
             digest.update(name.encode() + b"\0")
             with open(path, "rb") as f:
                 digest.update(hashlib.sha256(f.read()).digest())
@@ -774,7 +783,7 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
         for split in SPLITS:
             for data, ends in _encoded_rows(job, entry, split, cfg.flush_tokens):
                 writers[split].write(data, ends)
-        pending.append(entry)
+        pending.append({k: v for k, v in entry.items() if k != _ROWS_AT})
         written += entry["train_tokens"] + entry["validation_tokens"]
         if written >= cfg.flush_tokens:
             commit(pending)

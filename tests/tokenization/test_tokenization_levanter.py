@@ -241,6 +241,24 @@ def test_fanned_out_encoding_gives_the_serial_builds_bytes(built, shards, tokeni
     assert _file_hashes(grown) == _file_hashes(serial_grown)
 
 
+def test_two_fresh_builds_give_the_same_bytes_whatever_the_tokenizers_bookkeeping(shards, tokenizer_dir, cfg,
+                                                                                   tmp_path):
+    """The tokenizer artifact's own manifest (build times) and lease are not the tokenizer: two
+    builds of the same cache from it are byte for byte the same (they once differed in the
+    manifest's tokenizer hash)."""
+    import shutil
+
+    tokenizer = str(tmp_path / "tokenizer")
+    shutil.copytree(tokenizer_dir, tokenizer)
+    hashes = []
+    for build, stamp in enumerate(("2026-12-05T04:00:00", "2026-12-05T05:00:00")):
+        with open(f"{tokenizer}/.artifact.json", "w") as f:
+            json.dump({"finished_at": stamp}, f)
+        build_levanter_cache(shards, tokenizer, str(tmp_path / f"cache-{build}"), cfg)
+        hashes.append(_file_hashes(str(tmp_path / f"cache-{build}")))
+    assert hashes[0] == hashes[1]
+
+
 def test_a_shard_that_fails_to_encode_is_reported_alone(shards, tokenizer_dir, cfg, built, monkeypatch, tmp_path):
     from levanter.store.cache import TreeCache
 
