@@ -2,6 +2,12 @@
 
     python -m benchmarks.scale [--sizes 50 200 800] [--workdir DIR] [--source-name scale]
                                [--shard-mb 25] [--skip-debian] [--code OTHER_CHECKOUT]
+    python -m benchmarks.scale --max-parallel 1 2 [--sizes 160 800] [--shard-mb 20]
+
+The second form is the fan-out benchmark (issue #28): per size, the first build through
+`tokenized/<source>` with 1 and with 2 workers (cores; see `run_workers`), the speedup, the serial
+share it implies (Amdahl), the core-seconds left idle by step, and whether every artifact came out
+the same. The rest of this text is the first form.
 
 Per size (MB of JSONL), on a fresh store, instance and sources file, a seeded corpus of
 real paragraphs (`benchmarks/scale_corpus.py`: 1-5 KB documents, 25 MB shards, 3% planted
@@ -79,6 +85,8 @@ class Command:
     peak_rss_mb: float
     steps: list[dict]
     stderr_tail: str
+    started_at: float = 0.0  # epoch seconds, to place the runs' step events in the command's time
+    busy: list[tuple[float, float, float]] = field(default_factory=list)  # CPU seconds used per sampled slice
     ran: list[dict] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -98,6 +106,21 @@ class Command:
         instance = dg.DagsterInstance.from_config(dagster_home)
         for run_id in sorted({s["run_id"] for s in self.ran if s.get("run_id")}):
             yield instance.all_logs(run_id, of_type=of_type)
+
+    def step_intervals(self, dagster_home: str) -> list[tuple[str, float, float]]:
+        """(stage, start, end) of every step that succeeded, in seconds since the command started."""
+        import dagster as dg
+
+        out = []
+        for events in self.run_events(dagster_home, {dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS}):
+            started: dict[str, float] = {}
+            for event in events:
+                if event.dagster_event.event_type == dg.DagsterEventType.STEP_START:
+                    started[event.step_key] = event.timestamp
+                elif event.step_key in started:
+                    out.append((event.step_key.split("__")[0], started.pop(event.step_key) - self.started_at,
+                                event.timestamp - self.started_at))
+        return out
 
     def stage_seconds(self, dagster_home: str) -> dict[str, float]:
         """Seconds per stage (asset key's first segment), from each run's STEP_START/STEP_SUCCESS events."""
@@ -131,34 +154,47 @@ class Command:
         return sorted(f"{key}[{s['partition']}]" if s["partition"] else key for s in self.ran for key in s["asset_keys"])
 
 
-def tree_rss_bytes(proc: psutil.Process) -> int:
-    total = 0
+def tree_sample(proc: psutil.Process) -> tuple[int, dict[int, float]]:
+    """(RSS bytes of the process tree, CPU seconds so far of each live member by pid)."""
+    total, cpu = 0, {}
     for member in [proc, *proc.children(recursive=True)]:
         try:
-            total += member.memory_info().rss
+            with member.oneshot():
+                total += member.memory_info().rss
+                times = member.cpu_times()
+                cpu[member.pid] = times.user + times.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return total
+    return total, cpu
 
 
-def materialize(env: dict[str, str], selection: str) -> Command:
-    """`marin materialize SELECTION --json` in a subprocess, sampling the tree's RSS."""
+def materialize(env: dict[str, str], selection: str, *extra: str, cores: set[int] | None = None) -> Command:
+    """`marin materialize SELECTION --json [EXTRA]` in a subprocess, sampling the tree's RSS; with
+    `cores`, the command and everything it starts (run workers, Ray) may use only those cores."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     # `python -m` puts its working directory first on sys.path: the CLI runs the code of CODE_DIR.
-    proc = subprocess.Popen([sys.executable, "-m", "marin_assets.cli", "materialize", selection, "--json"], env=env,
-                            cwd=CODE_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "marin_assets.cli", "materialize", selection, "--json", *extra],
+                            env=env, cwd=CODE_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
     peak = 0
+    busy: list[tuple[float, float, float]] = []  # (from, to, CPU seconds the tree used in between)
     done = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         watched = psutil.Process(proc.pid)
+        last_t, last_cpu = 0.0, {}
         while not done.is_set():
             try:
-                peak = max(peak, tree_rss_bytes(watched))
+                rss, cpu = tree_sample(watched)
             except psutil.NoSuchProcess:
                 return
+            now = time.monotonic() - started
+            peak = max(peak, rss)
+            # A process that ended between samples takes its last slice with it: a small undercount.
+            busy.append((last_t, now, sum(max(0.0, used - last_cpu.get(pid, 0.0)) for pid, used in cpu.items())))
+            last_t, last_cpu = now, cpu
             done.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -172,7 +208,8 @@ def materialize(env: dict[str, str], selection: str) -> Command:
     if proc.returncode != 0:
         raise SystemExit(f"marin materialize {selection} failed (rc {proc.returncode}):\n{stderr[-4000:]}")
     summary = json.loads(stdout)
-    return Command(round(wall, 2), round(cpu, 2), round(peak / 2**20, 1), summary["steps"], stderr[-2000:])
+    return Command(round(wall, 2), round(cpu, 2), round(peak / 2**20, 1), summary["steps"], stderr[-2000:], started_at,
+                   busy)
 
 
 def environment(root: Path, source_name: str, corpus: Path) -> dict[str, str]:
@@ -275,6 +312,84 @@ def run_size(megabytes: int, workdir: Path, source: str, shard_mb: float) -> dic
         "dedup": quality, "dedup_after_new_shard": after_quality,
         "load_average_1m": [round(load_before[0], 2), round(load_after[0], 2)],
     }
+
+
+def idle_core_seconds_by_stage(command: Command, intervals: list[tuple[str, float, float]],
+                               workers: int) -> dict[str, float]:
+    """Core-seconds the `workers` cores were left idle, by what ran meanwhile: the stages whose
+    steps were running (joined with "+"), or "outside steps" (the CLI, the code server, launching
+    runs). At two workers this is the serial share, step by step."""
+    out: dict[str, float] = defaultdict(float)
+    for start, end, used in command.busy:
+        middle = (start + end) / 2
+        active = sorted({stage for stage, a, b in intervals if a <= middle < b})
+        out["+".join(active) or "outside steps"] += max(0.0, workers * (end - start) - used)
+    return {stage: round(seconds, 1) for stage, seconds in sorted(out.items(), key=lambda kv: -kv[1])
+            if seconds >= 0.5}
+
+
+def data_versions(prefix: Path) -> dict[str, str]:
+    """Data version of every committed artifact under a store prefix, by its path in the store."""
+    return {str(path.parent.relative_to(prefix)): Manifest.from_json(path.read_text()).data_version
+            for path in sorted(prefix.rglob(MANIFEST_NAME))}
+
+
+def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, settings: list[int]) -> dict:
+    """The whole first build through tokenized/ on a fresh store with N workers for each N of
+    `settings`: the command and all it starts confined to N cores, at most N runs at once
+    (`--max-parallel N`), and a step's own units of work (shards to encode, bucket-range passes,
+    chunks) spread over a local Ray of N CPUs; one worker runs them in its own process, as a
+    machine without Ray does. The same seeded corpus and the same store path every time, so that
+    every artifact's data version can be compared across settings (a token cache's ledger names
+    its files by their path)."""
+    available = sorted(os.sched_getaffinity(0))
+    corpus = workdir / f"{megabytes}mb-corpus"
+    if not corpus.exists():
+        writer = CorpusWriter(corpus, seed=megabytes, shard_bytes=int(shard_mb * 1e6))
+        for _ in range(max(1, round(megabytes / shard_mb))):
+            writer.write_shard()
+    corpus_mb = sum(p.stat().st_size for p in corpus.glob("*.jsonl")) / 1e6
+    results = {}
+    for workers in settings:
+        if workers > len(available):
+            raise SystemExit(f"--max-parallel {workers}: this machine has {len(available)} cores")
+        env = environment(workdir / f"{megabytes}mb-build", source, corpus)
+        env |= {"MARIN_RAY": "local", "MARIN_RAY_CPUS": str(workers)} if workers > 1 else {"MARIN_RAY": "off"}
+        load = os.getloadavg()[0]
+        command = materialize(env, f"tokenized/{source}", "--max-parallel", str(workers),
+                              cores=set(available[:workers]))
+        intervals = command.step_intervals(env["DAGSTER_HOME"])
+        results[workers] = {"wall_s": command.wall_s, "cpu_s": command.cpu_s, "runs": len(command.runs),
+                            "peak_rss_mb": command.peak_rss_mb, "load_average_1m": round(load, 2),
+                            "stage_seconds": {k: round(v, 1) for k, v in
+                                              command.stage_seconds(env["DAGSTER_HOME"]).items()},
+                            "idle_core_seconds": idle_core_seconds_by_stage(command, intervals, workers),
+                            "data_versions": data_versions(Path(env["MARIN_PREFIX"]))}
+        print(json.dumps({"megabytes": megabytes, "workers": workers,
+                          **{k: v for k, v in results[workers].items() if k != "data_versions"}}), flush=True)
+    out = {"megabytes": round(corpus_mb, 1), "by_workers": results}
+    if 1 in results and 2 in results:
+        speedup = results[1]["wall_s"] / results[2]["wall_s"]
+        # Amdahl at 2 workers: T2 = T1 * (s + (1 - s) / 2), so the serial share s = 2 T2 / T1 - 1.
+        out |= {"speedup_2_over_1": round(speedup, 3), "serial_share": round(2 / speedup - 1, 3),
+                "same_artifacts": results[1]["data_versions"] == results[2]["data_versions"]}
+    return out
+
+
+def report_workers(results: list[dict]) -> dict:
+    print(f"\nmachine: {os.cpu_count()} cores; load average {os.getloadavg()}")
+    print(f"{'MB':>6} {'workers':>7} {'wall s':>7} {'runs':>5} {'load':>5}  step seconds by stage")
+    for r in results:
+        for workers, w in sorted(r["by_workers"].items()):
+            print(f"{r['megabytes']:>6} {workers:>7} {w['wall_s']:>7} {w['runs']:>5} {w['load_average_1m']:>5}  "
+                  f"{w['stage_seconds']}")
+            print(f"{'':>14} idle core-seconds, by what ran then: {w['idle_core_seconds']}")
+        if "speedup_2_over_1" in r:
+            print(f"  {r['megabytes']} MB: speedup 2 over 1 worker x{r['speedup_2_over_1']} (goal >= 1.7), serial share "
+                  f"{r['serial_share']:.1%} (goal <= 15%), every artifact's data version the same at both: "
+                  f"{r['same_artifacts']}")
+    return {str(r["megabytes"]): {k: r.get(k) for k in ("speedup_2_over_1", "serial_share", "same_artifacts")}
+            for r in results}
 
 
 def debian_copyright(workdir: Path) -> dict:
@@ -382,6 +497,9 @@ def main() -> None:
     parser.add_argument("--source-name", default="scale")
     parser.add_argument("--shard-mb", type=float, default=25.0, help="JSONL shard size (the issue's is 25)")
     parser.add_argument("--skip-debian", action="store_true")
+    parser.add_argument("--max-parallel", type=int, nargs="+", metavar="N",
+                        help="instead of the per-stage figures: the first build at each number of workers (cores), "
+                             "its speedup and serial share, e.g. --max-parallel 1 2")
     parser.add_argument("--code", type=Path, default=REPO,
                         help="checkout whose marin CLI and graph to run (e.g. a worktree of an older commit)")
     args = parser.parse_args()
@@ -392,6 +510,14 @@ def main() -> None:
               "~3,000 modules (seconds of CPU per run); the image compiles it (UV_COMPILE_BYTECODE=1). "
               "`python -m compileall -q .venv/lib` first for comparable figures.", flush=True)
     compile_checkout(CODE_DIR)
+    if args.max_parallel:
+        scaling = [run_workers(size, args.workdir, args.source_name, args.shard_mb, args.max_parallel)
+                   for size in args.sizes]
+        figures = report_workers(scaling)
+        print(json.dumps({"benchmark": "scale-workers", "goals": {"speedup_2_over_1_at_least": 1.7,
+                                                                   "serial_share_at_most": 0.15},
+                          "figures": figures, "sizes": scaling, "cores": os.cpu_count()}))
+        return
     results = []
     for size in args.sizes:
         print(f"--- {size} MB", flush=True)
