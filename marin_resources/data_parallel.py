@@ -47,6 +47,10 @@ class DataParallel(dg.ConfigurableResource):
         """How rows of these byte sizes are cut into chunks."""
         return byte_ranges(sizes, None)
 
+    def worth_spreading(self, nbytes: int) -> bool:
+        """Whether work over ``nbytes`` of input pays for being spread (here: nothing is spread)."""
+        return False
+
     def map(self, context: dg.AssetExecutionContext, fn: Callable[[Chunk, Any], Result], chunks: Sequence[Chunk],
             shared: Any) -> list[Result]:
         """``[fn(chunk, shared) for chunk in chunks]``, in order."""

@@ -97,6 +97,10 @@ class RayDataParallel(DataParallel):
     def ranges(self, sizes: Sequence[int]) -> list[tuple[int, int]]:
         return byte_ranges(sizes, self.chunk_bytes)
 
+    def worth_spreading(self, nbytes: int) -> bool:
+        # Less than a chunk's worth of work takes less time than starting Ray's workers for it.
+        return nbytes >= self.chunk_bytes
+
     def map(self, context, fn, chunks, shared):
         if len(chunks) <= 1:  # nothing to spread: Ray is not started for it
             return [fn(chunk, shared) for chunk in chunks]

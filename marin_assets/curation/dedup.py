@@ -73,6 +73,7 @@ DECISION_SCHEMA = {"dropped_row": pl.UInt32, **DUPLICATES_SCHEMA}
 KEY_SCHEMA = {"band": pl.UInt16, "bucket": pl.UInt64, "doc": pl.UInt64}
 # Keys per row group of an index run: small enough that a lookup of a few keys reads little.
 RUN_ROW_GROUP_KEYS = 8192
+KEY_BYTES = 18  # a (band, bucket, doc) key: uint16 + uint64 + uint64
 
 
 def lsh_threshold(bands: int, rows: int) -> float:
@@ -613,8 +614,10 @@ def _index_batch(
     config: DedupConfig,
     stats: dict[str, int | float],
     parallel_map: ParallelMap,
+    worth_spreading: Callable[[int], bool],
 ) -> None:
     partitions = config.index_partitions
+    new_keys = 0
     # Keys of every new shard, one shard at a time, spilled to the index by partition.
     for shard in batch:
         docs, signatures = _validated(shard_by_seq[shard.seq], config)
@@ -622,13 +625,15 @@ def _index_batch(
         shard.docs = len(docs)
         stats["input_docs"] += len(docs)
         stats["docs_without_tokens"] += without_tokens
+        new_keys += len(keys)
         for partition, frame in split_by_partition(keys, partitions).items():
             index.write_parquet(f"{_pending_keys_dir(partition)}/{shard.seq:06d}.parquet", frame)
 
     # Candidate step: one bucket range per unit of work, merged in partition order.
     job = CollisionPass(index, batch_number)
+    spread = parallel_map if worth_spreading(new_keys * KEY_BYTES) else in_process_map
     collisions = []
-    for found, costs in parallel_map(partition_pass, list(range(partitions)), job):
+    for found, costs in spread(partition_pass, list(range(partitions)), job):
         stats["index_row_groups"] += costs["index_row_groups"]
         stats["index_row_groups_read"] += costs["index_row_groups_read"]
         stats["max_partition_keys"] = max(stats["max_partition_keys"], costs["partition_keys"])
@@ -680,7 +685,7 @@ def _index_batch(
 
 def update_index(
     index: IndexDir, shards: Sequence[ShardInput], config: DedupConfig, *, batch_shards: int = 8,
-    parallel_map: ParallelMap = in_process_map,
+    parallel_map: ParallelMap = in_process_map, worth_spreading: Callable[[int], bool] = lambda nbytes: True,
 ) -> IndexUpdate:
     """Add every shard the index has not registered; decisions about registered shards stay fixed.
 
@@ -688,7 +693,9 @@ def update_index(
     document collides with one of their kept documents). ``batch_shards`` bounds how many new shards
     are decided together (memory); the decisions do not depend on it. ``parallel_map`` runs each
     bucket range's candidate pass (`partition_pass`): one after another here by default, or spread
-    over workers; the decisions do not depend on it either.
+    over workers, for a batch whose new keys (in bytes) ``worth_spreading`` accepts; a smaller
+    batch does not pay for starting workers and runs its passes here. The decisions depend on
+    neither.
     """
     if batch_shards < 1:
         raise ValueError(f"batch_shards must be >= 1, got {batch_shards}")
@@ -711,7 +718,7 @@ def update_index(
             batch.append(RegisteredShard(next_seq, source, shard_key, inputs[(source, shard_key)].version))
             shard_by_seq[next_seq] = inputs[(source, shard_key)]
             next_seq += 1
-        _index_batch(index, batch, batches, shard_by_seq, config, stats, parallel_map)
+        _index_batch(index, batch, batches, shard_by_seq, config, stats, parallel_map, worth_spreading)
         added.extend(batch)
         batches += 1
     return IndexUpdate(new_shards=added, stats=stats, reset_reason=reset_reason)

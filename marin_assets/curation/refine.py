@@ -133,7 +133,8 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
             # Each bucket range's candidate pass is one unit of work: in turn here, or one Ray task each.
             update = update_index(index, [shard_input(*h) for h in handles], dedup_cfg,
                                   batch_shards=DEDUP_BATCH_SHARDS,
-                                  parallel_map=lambda fn, items, shared: data_parallel.map(context, fn, items, shared))
+                                  parallel_map=lambda fn, items, shared: data_parallel.map(context, fn, items, shared),
+                                  worth_spreading=data_parallel.worth_spreading)
             if update.reset_reason:
                 context.log.warning(f"dedup_index/{group} started over: {update.reset_reason}")
             registry = read_registry(index)

@@ -516,6 +516,11 @@ def test_partition_passes_fanned_out_give_the_same_index_and_decisions(planted_c
     hashes = file_hashes(fanned)
     assert hashes == file_hashes(serial)  # decisions, key runs, registry: byte for byte
     assert not fanned.files("pending")  # the spilled keys go once their batch is committed
+    # A batch below the threshold is not worth a worker: its passes run in the index's process.
+    mapped.clear()
+    update_index(IndexDir.local(tmp_path / "small"), shard_inputs(shards), config, parallel_map=recording_map,
+                 worth_spreading=lambda nbytes: nbytes > 10**9)
+    assert mapped == []
     duplicates = pl.concat(fanned.read_parquet(rel) for rel in fanned.files("decisions"))
     assert len(duplicates) >= 75
 
