@@ -242,6 +242,73 @@ def test_a_worker_node_killed_mid_step_costs_a_retry_not_the_artifact(sources, o
     assert metadata["marin/ray_tasks"] == metadata["chunks"], metadata
 
 
+BUILD_SOURCE = "spreadbuild"
+BUILD_SHARDS = 3  # three shards to encode: one Ray task each
+BUILD_SHARD_MB = 4  # three shards' dedup keys are more than one MARIN_RAY_CHUNK_MB: the 16 passes spread
+
+
+@pytest.fixture(scope="module")
+def build_sources(tmp_path_factory) -> tuple[Path, Path]:
+    """A three-shard source and a token registry for it (a small BPE trained on it): the sources
+    file and the registry file."""
+    root = tmp_path_factory.mktemp("spreadbuild")
+    rng = random.Random(1)
+    (root / "data").mkdir()
+    for shard in range(BUILD_SHARDS):
+        size, lines = 0, []
+        while size < BUILD_SHARD_MB * 1024 * 1024:
+            lines.append(json.dumps({"id": f"doc-{shard}-{len(lines)}", "text": document(rng)}) + "\n")
+            size += len(lines[-1])
+        (root / "data" / f"part-{shard}.jsonl").write_text("".join(lines))
+    sources = root / "sources.yaml"
+    sources.write_text(f"sources:\n  - name: {BUILD_SOURCE}\n    uri: {root / 'data'}/*.jsonl\n    format: jsonl\n"
+                       "    id_field: id\n    files_per_shard: 1\n")
+    registry = root / "registry.yaml"
+    registry.write_text(f"tokenizers:\n  {BUILD_SOURCE}:\n    train_on: [{BUILD_SOURCE}]\n    vocab_size: 1024\n"
+                        f"tokenized:\n  {BUILD_SOURCE}:\n    tokenizer: {BUILD_SOURCE}\n    validation_fraction: 0.1\n"
+                        "mixtures: {}\n")
+    return sources, registry
+
+
+def build_through_tokenized(env: dict[str, str]) -> dict[str, str]:
+    """`marin materialize tokenized/<source>` from an empty store: every committed artifact's data version,
+    each verified against its files, by its path in the store."""
+    proc = subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", f"tokenized/{BUILD_SOURCE}",
+                           "--json"], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = ArtifactStore(env["MARIN_PREFIX"])
+    versions = {}
+    for path in sorted(Path(env["MARIN_PREFIX"]).rglob(".artifact.json")):
+        manifest = store.read_manifest(str(path.parent))
+        assert store.verify(manifest) == [], path
+        versions[str(path.parent.relative_to(env["MARIN_PREFIX"]))] = manifest.data_version
+    return versions
+
+
+def latest_metadata(root: Path, key: str, monkeypatch) -> dict:
+    monkeypatch.setenv("DAGSTER_HOME", str(root / "home"))
+    with dg.DagsterInstance.from_config(str(root / "home")) as instance:
+        event = instance.get_latest_materialization_event(asset_key(key))
+    return {name: value.value for name, value in event.asset_materialization.metadata.items()}
+
+
+@pytest.mark.slow  # two builds of 12 MB through tokenized/ (about 90 s on 2 cores)
+def test_encoding_and_dedup_passes_fan_out_over_both_nodes_to_the_one_process_bytes(build_sources, head, worker2,
+                                                                                  tmp_path, monkeypatch):
+    sources, registry = build_sources
+    root = tmp_path / "build"  # the same store path for both builds: a token cache's ledger names its files
+    one_process = build_through_tokenized(marin_env(sources, root, MARIN_RAY="off", MARIN_REGISTRY=str(registry)))
+    shutil.rmtree(root)
+    on_cluster = build_through_tokenized({**cluster_env(sources, root, head), "MARIN_REGISTRY": str(registry)})
+    assert on_cluster == one_process and any(key.startswith("tokenized/") for key in on_cluster)
+
+    encoding = latest_metadata(root, f"tokenized/{BUILD_SOURCE}", monkeypatch)
+    assert encoding["marin/ray_tasks"] == BUILD_SHARDS, encoding  # one task per shard to encode
+    passes = latest_metadata(root, f"dedup_index/{BUILD_SOURCE}", monkeypatch)
+    assert passes["marin/ray_tasks"] == 16, passes  # one task per bucket range
+    assert len({*encoding["marin/ray_nodes"], *passes["marin/ray_nodes"]}) == 2
+
+
 def test_an_unreachable_cluster_stops_the_cli_in_one_line_before_anything_is_built(sources, tmp_path):
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     proc = materialize(marin_env(sources, tmp_path, MARIN_RAY="cluster", RAY_ADDRESS=address))
