@@ -31,10 +31,11 @@ import os
 import queue
 import random
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import fsspec
@@ -116,6 +117,10 @@ class CacheStats:
     shards_encoded: int
     # Documents encoded by this build (0 when everything was reused): one new shard's documents on an append.
     documents_encoded: int = 0
+    tokens_encoded: int = 0
+    # Wall seconds of the two phases of this build: the shards' encoding, and moving their rows into the cache.
+    encode_seconds: float = 0.0
+    assembly_seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -327,6 +332,7 @@ def _stats_from_manifest(cache_root: str, manifest: dict, reused: int) -> CacheS
         shards_reused=reused,
         shards_encoded=len(encoded),
         documents_encoded=sum(s["train_documents"] + s["validation_documents"] for s in encoded),
+        tokens_encoded=sum(s["train_tokens"] + s["validation_tokens"] for s in encoded),
     )
 
 
@@ -638,6 +644,29 @@ def _levanter_preprocessor_metadata(tokenizer_dir: str, local_dir: str) -> tuple
     return metadata, int(hf_tok.bos_token_id), int(hf_tok.eos_token_id)
 
 
+def _special_token_ids(local_dir: str) -> tuple[int, int] | None:
+    """(BOS, EOS) ids as the tokenizer's own files give them, without importing transformers:
+    `tokenizer_config.json` names the tokens and `tokenizer.json` numbers them. None where they do
+    not say (transformers then decides)."""
+    from tokenizers import Tokenizer
+
+    try:
+        with open(os.path.join(local_dir, "tokenizer_config.json")) as f:
+            config = json.load(f)
+        tokenizer = Tokenizer.from_file(os.path.join(local_dir, "tokenizer.json"))
+    except Exception:  # noqa: BLE001 - a file it cannot read: transformers decides
+        return None
+    ids = []
+    for name in ("bos_token", "eos_token"):
+        token = config.get(name)
+        token = token.get("content") if isinstance(token, dict) else token
+        token_id = tokenizer.token_to_id(token) if isinstance(token, str) else None
+        if token_id is None:
+            return None
+        ids.append(token_id)
+    return ids[0], ids[1]
+
+
 def _tokenizer_files_sha256(local_dir: str) -> str:
     """One hash of every file of a tokenizer directory (names and bytes). Dot files are the store's
     bookkeeping (the artifact's manifest, with its build times, and its lease), not the tokenizer:
@@ -732,20 +761,31 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
     manifest_uri = f"{out_root}/{MANIFEST_NAME}"
     fs, root_path = fsspec.core.url_to_fs(out_root)
 
-    with local_tokenizer_dir(tokenizer_dir) as local_tok:
+    with local_tokenizer_dir(tokenizer_dir) as local_tok, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="levanter-metadata") as background:
         tok_sha = tokenizer_json_sha256(local_tok)
         old = _read_json(manifest_uri) if cfg.incremental else None
-        metadata, bos, eos, files_sha = _preprocessor_metadata(tokenizer_dir, local_tok, old)
-    identity = _manifest_identity(tok_sha, bos, eos, cfg)
+        # Levanter's metadata for a new cache imports Levanter and transformers (seconds): it is worked
+        # out while the shards are encoded with the BOS/EOS ids the tokenizer's own files give, and the
+        # two must agree before anything is written.
+        levanter = background.submit(_preprocessor_metadata, tokenizer_dir, local_tok, old)
+        bos_eos = _special_token_ids(local_tok) or levanter.result()[1:3]
+        identity = _manifest_identity(tok_sha, *bos_eos, cfg)
 
-    reuse, todo = _reuse_plan(old, identity, shards)
-    if old is not None and not todo and reuse == len(old["shards"]) and old.get("finished"):
-        return _stats_from_manifest(out_root, old, reused=reuse)
+        reuse, todo = _reuse_plan(old, identity, shards)
+        if old is not None and not todo and reuse == len(old["shards"]) and old.get("finished"):
+            return _stats_from_manifest(out_root, old, reused=reuse)
 
-    job = EncodeJob(tokenizer_dir, bos, eos, cfg, identity, f"{out_root}/{ENCODED_DIR}")
-    # Encoding first, every shard as its own unit: the cache is not touched until all are encoded,
-    # so a shard that fails leaves the previous cache as it was, and never a hole in a new one.
-    encoded = _encode_all(todo, job, parallel_map)
+        job = EncodeJob(tokenizer_dir, *bos_eos, cfg, identity, f"{out_root}/{ENCODED_DIR}")
+        # Encoding first, every shard as its own unit: the cache is not touched until all are encoded,
+        # so a shard that fails leaves the previous cache as it was, and never a hole in a new one.
+        started = time.monotonic()
+        encoded = _encode_all(todo, job, parallel_map)
+        encoded_at = time.monotonic()
+        metadata, bos, eos, files_sha = levanter.result()
+    if (bos, eos) != tuple(bos_eos):
+        raise ValueError(f"tokenizer at {tokenizer_dir}: its files give BOS/EOS ids {tuple(bos_eos)}, transformers "
+                         f"{(bos, eos)}")
 
     if reuse == 0:
         for name in (*SPLITS, MANIFEST_NAME):
@@ -803,7 +843,8 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
     _write_json(manifest_uri, manifest)
     if fs.exists(f"{root_path}/{ENCODED_DIR}"):
         fs.rm(f"{root_path}/{ENCODED_DIR}", recursive=True)
-    return _stats_from_manifest(out_root, manifest, reused=reuse)
+    return replace(_stats_from_manifest(out_root, manifest, reused=reuse),
+                   encode_seconds=round(encoded_at - started, 3), assembly_seconds=round(time.monotonic() - encoded_at, 3))
 
 
 def build_levanter_cache(doc_files: Sequence[str], tokenizer_dir: str, out_root: str, cfg: CacheConfig,

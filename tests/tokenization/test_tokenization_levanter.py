@@ -105,7 +105,10 @@ def test_cache_rows_are_bos_text_eos_in_document_order(built, corpus, tokenizer_
     assert stats.bytes_per_token == pytest.approx(stats.text_bytes / stats.text_tokens)
     assert (stats.shards, stats.shards_encoded, stats.shards_reused) == (3, 3, 0)
     assert read_cache_stats(root).to_dict() | {"shards_reused": 0, "shards_encoded": 3,
-                                               "documents_encoded": stats.documents} == stats.to_dict()
+                                               "documents_encoded": stats.documents, "tokens_encoded": stats.tokens,
+                                               "encode_seconds": stats.encode_seconds,
+                                               "assembly_seconds": stats.assembly_seconds} == stats.to_dict()
+    assert stats.encode_seconds > 0 and stats.assembly_seconds > 0
 
 
 def test_ledger_is_finished_and_names_each_shard(built, shards):
@@ -225,8 +228,9 @@ def test_fanned_out_encoding_gives_the_serial_builds_bytes(built, shards, tokeni
     serial_root, serial = built
     root = str(tmp_path / "fanned")
     fanned = build_levanter_cache(shards, tokenizer_dir, root, cfg, parallel_map=_process_pool_map)
-    assert fanned == serial.__class__(**{**serial.to_dict(), "cache_root": root,
-                                         "train": serial.train, "validation": serial.validation})
+    timings = ("cache_root", "encode_seconds", "assembly_seconds")
+    assert {k: v for k, v in fanned.to_dict().items() if k not in timings} == \
+        {k: v for k, v in serial.to_dict().items() if k not in timings}
     hashes = _file_hashes(root)
     assert hashes == _file_hashes(serial_root)  # every array shard file, ledger and manifest
     assert not any(path.startswith(".encoded") for path in hashes)  # the per-shard rows are gone
@@ -496,3 +500,19 @@ def test_appending_a_shard_imports_neither_levanter_nor_jax(shards, tokenizer_di
         for a, b in zip(_rows(f"{root}/{split}"), _rows(f"{full_root}/{split}"), strict=True):
             assert np.array_equal(a, b)
     assert decode_roundtrip_check(root, tokenizer_dir, shards[2:], sample_n=100) == []
+
+
+def test_bos_and_eos_from_the_tokenizers_files_match_transformers(tokenizer_dir, tmp_path):
+    """The ids a build encodes with before Levanter's metadata is ready are the ones transformers reads."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from marin_assets.tokenization.cache import _special_token_ids
+
+    hf = AutoTokenizer.from_pretrained(tokenizer_dir)
+    assert _special_token_ids(tokenizer_dir) == (hf.bos_token_id, hf.eos_token_id)
+    unnamed = tmp_path / "unnamed"
+    shutil.copytree(tokenizer_dir, unnamed)
+    (unnamed / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eos|>"}))
+    assert _special_token_ids(str(unnamed)) is None  # no BOS named: transformers decides
