@@ -495,25 +495,110 @@ def _encode_shard(shard: _Shard, job: EncodeJob) -> dict:
     return done
 
 
-def _encoded_rows(job: EncodeJob, entry: dict, split: str, max_tokens: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """A shard's encoded rows of one split as (tokens, row ends), in pieces of whole rows holding
-    about `max_tokens` tokens each (at least one row)."""
-    fs, base = fsspec.core.url_to_fs(f"{job.shard_dir(entry['key'], entry['fingerprint'])}/{entry[_ROWS_AT]}/{split}")
-    with fs.open(f"{base}.lengths", "rb") as fh:
-        lengths = np.frombuffer(fh.read(), dtype=_ROW_FILES["lengths"])
-    if lengths.size != entry[f"{split}_documents"] or int(lengths.sum()) != entry[f"{split}_tokens"]:
-        raise ValueError(f"{fs.unstrip_protocol(base)}.lengths does not match its entry: {lengths.size} rows, "
-                         f"{int(lengths.sum())} tokens")
-    ends = np.cumsum(lengths, dtype=np.int64)
+# ---------------------------------------------------------------------------------------------
+# Assembly: the encoded rows moved into the cache, one shard file per unit of work
+#
+# The new rows of a split take positions [tokens before, tokens after) of its `data` array and
+# [rows before + 1, rows after + 1) of its `offsets` array (offsets[1 + row] is where a row ends).
+# Every shard file of an array those ranges touch is one unit: it is written by one worker, from the
+# row files of the shards that fall in it, so the units are independent and can run anywhere the
+# store is reachable. The row count (offsets[0]) and the ledgers are written after every unit, so
+# until then a reader sees the cache as it was. While units run, the manifest records how far they
+# write (`assembling`), so that a rerun with fewer shards zeroes what a killed one left beyond.
+
+_ASSEMBLING = "assembling"
+
+
+@dataclass(frozen=True)
+class FileUnit:
+    """Positions [start, stop) of one array of one split, all in one of its shard files."""
+
+    split: str
+    array: str  # "data" (tokens) or "offsets" (row ends)
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class AssemblyJob:
+    """What every unit of one assembly shares: the encoded shards in ledger order, and where each
+    split's arrays stood before them."""
+
+    encode: EncodeJob
+    out_root: str
+    entries: tuple[dict, ...]
+    base: dict[str, tuple[int, int]]  # split -> (rows, tokens) before this assembly
+    layouts: dict[str, ShardLayout]  # "<split>/<array>" -> the array's layout
+    piece_values: int  # values held and written at once
+
+    def starts(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """Per encoded shard, its first row and first token in the split's arrays, then the ends."""
+        rows, tokens = self.base[split]
+        return (rows + np.cumsum([0] + [e[f"{split}_documents"] for e in self.entries], dtype=np.int64),
+                tokens + np.cumsum([0] + [e[f"{split}_tokens"] for e in self.entries], dtype=np.int64))
+
+    def ends(self, split: str) -> tuple[int, int]:
+        rows, tokens = self.starts(split)
+        return int(rows[-1]), int(tokens[-1])
+
+    def units(self, split: str) -> list[FileUnit]:
+        (rows, tokens), (rows_end, tokens_end) = self.base[split], self.ends(split)
+        units = []
+        for array, low, high in (("data", tokens, tokens_end), ("offsets", rows + 1, rows_end + 1)):
+            length = self.layouts[f"{split}/{array}"].shard_length
+            units += [FileUnit(split, array, max(low, k * length), min(high, (k + 1) * length))
+                      for k in range(low // length, (high - 1) // length + 1)] if high > low else []
+        return units
+
+
+def assemble_file(unit: FileUnit, job: AssemblyJob) -> int:
+    """Write one unit from the row files, in pieces of at most `piece_values` values (each piece
+    rewrites the shard file once); returns how many values it wrote."""
+    writer = ShardFileWriter(f"{job.out_root}/{unit.split}/{INPUT_IDS}/{unit.array}",
+                             job.layouts[f"{unit.split}/{unit.array}"])
+    pending, position = [], unit.start
+    for values in _unit_values(unit, job):
+        pending.append(values)
+        if sum(v.size for v in pending) >= job.piece_values:
+            joined = np.concatenate(pending)
+            writer.write(position, joined)
+            pending, position = [], position + joined.size
+    if pending:
+        writer.write(position, np.concatenate(pending))
+    return unit.stop - unit.start
+
+
+def _unit_values(unit: FileUnit, job: AssemblyJob) -> Iterator[np.ndarray]:
+    """The values of positions [start, stop) of the unit's array, in order, a bounded piece at a time."""
+    rows, tokens = job.starts(unit.split)
     width = _ROW_FILES["tokens"].itemsize
-    with fs.open(f"{base}.tokens", "rb") as fh:
-        first = 0
-        while first < lengths.size:
-            start = int(ends[first - 1]) if first else 0
-            last = max(first + 1, int(np.searchsorted(ends, start + max_tokens, side="right")))
-            data = np.frombuffer(fh.read((int(ends[last - 1]) - start) * width), dtype=_ROW_FILES["tokens"])
-            yield data.astype(TOKEN_DTYPE, copy=False), ends[first:last] - start
-            first = last
+    for i, entry in enumerate(job.entries):
+        fs, base = fsspec.core.url_to_fs(
+            f"{job.encode.shard_dir(entry['key'], entry['fingerprint'])}/{entry[_ROWS_AT]}/{unit.split}")
+        if unit.array == "data":
+            low, high = max(unit.start, int(tokens[i])), min(unit.stop, int(tokens[i + 1]))
+            if low >= high:
+                continue
+            with fs.open(f"{base}.tokens", "rb") as fh:
+                fh.seek((low - int(tokens[i])) * width)
+                for first in range(low, high, job.piece_values):
+                    count = min(job.piece_values, high - first)
+                    data = np.frombuffer(fh.read(count * width), dtype=_ROW_FILES["tokens"])
+                    if data.size != count:
+                        raise ValueError(f"{fs.unstrip_protocol(base)}.tokens is shorter than its entry says")
+                    yield data.astype(TOKEN_DTYPE, copy=False)
+        else:
+            low, high = max(unit.start, int(rows[i]) + 1), min(unit.stop, int(rows[i + 1]) + 1)
+            if low >= high:
+                continue
+            with fs.open(f"{base}.lengths", "rb") as fh:
+                lengths = np.frombuffer(fh.read(), dtype=_ROW_FILES["lengths"])
+            if lengths.size != entry[f"{unit.split}_documents"] or int(lengths.sum()) != entry[f"{unit.split}_tokens"]:
+                raise ValueError(f"{fs.unstrip_protocol(base)}.lengths does not match its entry: {lengths.size} rows, "
+                                 f"{int(lengths.sum())} tokens")
+            row_ends = int(tokens[i]) + np.cumsum(lengths, dtype=np.int64)
+            first_row = int(rows[i]) + 1
+            yield row_ends[low - first_row:high - first_row]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,7 +643,8 @@ def _read_zarr3_array(url: str):
 
 
 class _JaggedArrayWriter:
-    """Appends rows to, and trims, one field's offsets and data arrays (JaggedArrayStore's layout).
+    """One field's offsets and data arrays (JaggedArrayStore's layout): opened or created, their row
+    and token counts, trimmed; assembly writes them through `offsets` and `data`.
 
     Tensorstore creates the arrays and reads them; the writes go through `ShardFileWriter`, which
     rewrites a shard file holding one inner chunk in memory, where tensorstore would hold the whole
@@ -585,42 +671,14 @@ class _JaggedArrayWriter:
         self.offsets.zero(rows + 1, self.rows + 1)
         self.rows, self.size = rows, size
 
-    def extend(self, data: np.ndarray, ends: np.ndarray) -> None:
-        """Append rows (``ends``: each new row's end within ``data``); the row count is written last,
-        so a reader never sees a row whose tokens are not there yet."""
-        self.data.write(self.size, data)
-        self.offsets.write(self.rows + 1, ends + self.size)
-        self.offsets.write(0, np.array([self.rows + ends.size], dtype=np.int64))
-        self.rows += int(ends.size)
-        self.size += int(data.size)
 
-
-class _LevanterSplitWriter:
-    """Append rows to one split and keep its Levanter ledger in step with the manifest."""
-
-    def __init__(self, split_dir: str, fresh: bool, committed: list[tuple[str, int]], metadata: dict):
-        self.split_dir = split_dir
-        self.array = _JaggedArrayWriter(f"{split_dir}/{INPUT_IDS}", fresh)
-        self.shard_rows = dict(committed)
-        self.finished_shards = [k for k, _ in committed]
-        self.metadata = metadata
-        # Rows written after the last commit (an interrupted build) or of shards no longer wanted.
-        self.array.trim_to(sum(self.shard_rows.values()))
-        self.flush_ledger()
-
-    def write(self, data: np.ndarray, ends: np.ndarray) -> None:
-        self.array.extend(data, ends)
-
-    def commit(self, shard_key: str, rows: int) -> None:
-        self.shard_rows[shard_key] = rows
-        self.finished_shards.append(shard_key)
-
-    def flush_ledger(self, finished: bool = False) -> None:
-        """Levanter's CacheLedger as its JSON encoding spells it; `is_finished` is what TreeCache.load asks."""
-        _write_json(f"{self.split_dir}/{LEDGER_NAME}", {
-            "total_num_rows": sum(self.shard_rows.values()), "shard_rows": self.shard_rows,
-            "is_finished": finished, "finished_shards": self.finished_shards, "field_counts": {},
-            "metadata": {"preprocessor_metadata": self.metadata}})
+def _write_ledger(split_dir: str, shards: list[dict], split: str, metadata: dict, finished: bool) -> None:
+    """Levanter's CacheLedger of one split as its JSON encoding spells it, for these ledger shards;
+    `is_finished` is what TreeCache.load asks."""
+    rows = {entry["key"]: entry[f"{split}_documents"] for entry in shards}
+    _write_json(f"{split_dir}/{LEDGER_NAME}", {
+        "total_num_rows": sum(rows.values()), "shard_rows": rows, "is_finished": finished,
+        "finished_shards": list(rows), "field_counts": {}, "metadata": {"preprocessor_metadata": metadata}})
 
 
 def _levanter_preprocessor_metadata(tokenizer_dir: str, local_dir: str) -> tuple[dict, int, int]:
@@ -796,49 +854,48 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
         entries = old["shards"][:reuse]
     manifest = {"identity": identity, "levanter_metadata": metadata, "tokenizer_files_sha256": files_sha,
                 "finished": False, "shards": entries, "appended_from": reuse}
+    arrays = {split: _JaggedArrayWriter(f"{out_root}/{split}/{INPUT_IDS}", fresh=reuse == 0) for split in SPLITS}
+    base = {}
+    for split, array in arrays.items():
+        array.trim_to(sum(e[f"{split}_documents"] for e in entries))  # rows of shards no longer wanted
+        base[split] = (array.rows, array.size)
+    assembly = AssemblyJob(job, out_root, tuple(encoded), base,
+                           {f"{split}/{name}": getattr(array, name).layout for split, array in arrays.items()
+                            for name in ("data", "offsets")}, cfg.flush_tokens)
+    ends = {split: assembly.ends(split) for split in SPLITS}
+    for split, array in arrays.items():
+        # Values a killed assembly wrote past where this one ends (it had more shards) are zeroed.
+        rows_were, tokens_were = ((old or {}).get(_ASSEMBLING) or {}).get(split, (0, 0)) if reuse else (0, 0)
+        array.data.zero(ends[split][1], max(tokens_were, ends[split][1]))
+        array.offsets.zero(ends[split][0] + 1, max(rows_were + 1, ends[split][0] + 1))
+    # Until the row counts move, Levanter reads the cache as it was: an append leaves its ledger alone,
+    # and a build that changed what is committed (fresh, or shards dropped) marks it unfinished.
+    if reuse == 0 or reuse < len(old["shards"]) or not old.get("finished"):
+        for split in SPLITS:
+            _write_ledger(f"{out_root}/{split}", entries, split, metadata, finished=False)
+    manifest[_ASSEMBLING] = {split: list(ends[split]) for split in SPLITS}
     _write_json(manifest_uri, manifest)
-    writers = {
-        split: _LevanterSplitWriter(
-            f"{out_root}/{split}",
-            fresh=reuse == 0,
-            committed=[(e["key"], e[f"{split}_documents"]) for e in entries],
-            metadata=metadata,
-        )
-        for split in SPLITS
-    }
 
-    def commit(done: list[dict]) -> None:
-        for entry in done:
-            for split in SPLITS:
-                writers[split].commit(entry["key"], entry[f"{split}_documents"])
-        for split in SPLITS:
-            writers[split].flush_ledger()
-        manifest["shards"].extend(done)
-        _write_json(manifest_uri, manifest)
+    # Assembly: every shard file the new rows touch is one unit of work, written from the row files.
+    units = [unit for split in SPLITS for unit in assembly.units(split)]
+    spread = parallel_map if sum(e["train_tokens"] + e["validation_tokens"] for e in encoded) >= SHARD_CHUNK \
+        else in_process_map  # under one shard file of tokens, workers cost more than they save
+    spread(assemble_file, units, assembly)
 
-    # Assembly: the encoded rows moved into Levanter's arrays in ledger order; the ledger and the
-    # manifest are written every `flush_tokens` tokens (a killed assembly resumes from there).
-    pending, written = [], 0
-    for entry in encoded:
-        for split in SPLITS:
-            for data, ends in _encoded_rows(job, entry, split, cfg.flush_tokens):
-                writers[split].write(data, ends)
-        pending.append({k: v for k, v in entry.items() if k != _ROWS_AT})
-        written += entry["train_tokens"] + entry["validation_tokens"]
-        if written >= cfg.flush_tokens:
-            commit(pending)
-            pending, written = [], 0
-    commit(pending)
-
-    for split in SPLITS:
+    for split, array in arrays.items():
         # The ledger goes through fsspec, the arrays through tensorstore: a tensorstore path
         # that resolves elsewhere (as s3:// once did, to ./s3:/) must not leave a finished
         # ledger over no data.
-        arrays = f"{root_path}/{split}/{INPUT_IDS}/offsets/zarr.json"
-        if not fs.exists(arrays):
-            raise RuntimeError(f"cache {out_root}/{split}: Levanter wrote its rows, but {fs.unstrip_protocol(arrays)} "
-                               "is not in the store; tensorstore wrote them elsewhere")
-        writers[split].flush_ledger(finished=True)
+        zarr_json = f"{root_path}/{split}/{INPUT_IDS}/offsets/zarr.json"
+        if not fs.exists(zarr_json):
+            raise RuntimeError(f"cache {out_root}/{split}: Levanter wrote its rows, but "
+                               f"{fs.unstrip_protocol(zarr_json)} is not in the store; tensorstore wrote them elsewhere")
+        # The row count last: from here a reader sees the new rows, whose tokens are all there.
+        array.offsets.write(0, np.array([ends[split][0]], dtype=np.int64))
+    manifest["shards"] = entries + [{k: v for k, v in e.items() if k != _ROWS_AT} for e in encoded]
+    del manifest[_ASSEMBLING]
+    for split in SPLITS:
+        _write_ledger(f"{out_root}/{split}", manifest["shards"], split, metadata, finished=True)
     manifest["finished"] = True
     _write_json(manifest_uri, manifest)
     if fs.exists(f"{root_path}/{ENCODED_DIR}"):

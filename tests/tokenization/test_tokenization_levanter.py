@@ -263,6 +263,43 @@ def test_two_fresh_builds_give_the_same_bytes_whatever_the_tokenizers_bookkeepin
     assert hashes[0] == hashes[1]
 
 
+def test_assembly_over_many_shard_files_spreads_one_unit_per_file(shards, tokenizer_dir, cfg, built, monkeypatch,
+                                                                  tmp_path):
+    """With shard files of 4,096 values, the cache spans dozens of them: each is its own unit of
+    assembly, written by whichever worker takes it, and the arrays come out as one writer's would."""
+    import levanter.store.jagged_array as jagged
+
+    import marin_assets.tokenization.cache as cache_mod
+
+    full_root, _ = built
+    expected = {split: _rows(f"{full_root}/{split}") for split in ("train", "validation")}  # read at full size
+    # Ours writes the arrays; Levanter's reader checks their chunk grid against its own constants.
+    for module, row, shard in ((cache_mod, "ROW_CHUNK", "SHARD_CHUNK"),
+                               (jagged, "DEFAULT_CHUNK_SIZE", "DEFAULT_WRITE_CHUNK_SIZE")):
+        monkeypatch.setattr(module, row, 1024)
+        monkeypatch.setattr(module, shard, 4096)
+    mapped = []
+
+    def recording_pool_map(fn, items, shared):
+        mapped.append((fn.__name__, len(items)))
+        return _process_pool_map(fn, items, shared)
+
+    fanned, serial = str(tmp_path / "fanned"), str(tmp_path / "serial")
+    build_levanter_cache(shards[:1], tokenizer_dir, fanned, cfg, parallel_map=recording_pool_map)
+    build_levanter_cache(shards, tokenizer_dir, fanned, cfg, parallel_map=recording_pool_map)
+    # The first build's one shard is encoded in a pool of its own; the append's two likewise; every
+    # build's shard files are assembled by the pool, one unit each.
+    assert [name for name, _ in mapped] == ["encode_parquet_shard", "assemble_file"] * 2 and mapped[-1][1] > 10
+    build_levanter_cache(shards[:1], tokenizer_dir, serial, cfg)
+    build_levanter_cache(shards, tokenizer_dir, serial, cfg)
+    hashes = _file_hashes(fanned)
+    assert hashes == _file_hashes(serial)
+    assert sum(path.startswith("train/input_ids/data/c/") for path in hashes) > 10
+    for split, rows in expected.items():  # Levanter reads the same rows as from the one-file layout
+        for a, b in zip(_rows(f"{fanned}/{split}"), rows, strict=True):
+            assert np.array_equal(a, b)
+
+
 def test_a_shard_that_fails_to_encode_is_reported_alone(shards, tokenizer_dir, cfg, built, monkeypatch, tmp_path):
     from levanter.store.cache import TreeCache
 
@@ -305,29 +342,34 @@ def test_a_shard_that_fails_to_encode_is_reported_alone(shards, tokenizer_dir, c
     _same_rows(root, full_root)
 
 
-def test_a_killed_assembly_resumes_without_encoding_again(shards, tokenizer_dir, cfg, built, monkeypatch, tmp_path):
+def test_a_killed_assembly_leaves_the_cache_readable_and_resumes_without_encoding(shards, tokenizer_dir, cfg, built,
+                                                                                  monkeypatch, tmp_path):
     from levanter.store.cache import TreeCache
 
     import marin_assets.tokenization.cache as cache_mod
 
     full_root, _ = built
     root = str(tmp_path / "crash")
-    real_write = cache_mod._LevanterSplitWriter.write
+    build_levanter_cache(shards[:1], tokenizer_dir, root, cfg)
+    before = _rows(f"{root}/train")
+    real_assemble = cache_mod.assemble_file
+    seen = []
 
-    def failing_write(self, data, ends):
-        if self.finished_shards:  # the first write after a ledger commit
+    def killed_after_one_unit(unit, job):
+        if seen:  # one shard file is written, the next is not
             raise RuntimeError("simulated crash")
-        return real_write(self, data, ends)
+        seen.append(unit)
+        return real_assemble(unit, job)
 
-    monkeypatch.setattr(cache_mod._LevanterSplitWriter, "write", failing_write)
+    monkeypatch.setattr(cache_mod, "assemble_file", killed_after_one_unit)
     with pytest.raises(RuntimeError, match="simulated crash"):
         build_levanter_cache(shards, tokenizer_dir, root, cfg)
-    monkeypatch.setattr(cache_mod._LevanterSplitWriter, "write", real_write)
-
-    with pytest.raises(FileNotFoundError, match="not finished"):
-        TreeCache.load(f"{root}/train", EXEMPLAR)  # Levanter refuses a half-built cache
-    with open(f"{root}/{MANIFEST_NAME}") as f:
-        assert len(json.load(f)["shards"]) == 1
+    monkeypatch.setattr(cache_mod, "assemble_file", real_assemble)
+    # Mid-append, Levanter still reads the one-shard cache, row for row.
+    cache = TreeCache.load(f"{root}/train", EXEMPLAR)
+    assert len(cache) == len(before)
+    for a, b in zip(_rows(f"{root}/train"), before, strict=True):
+        assert np.array_equal(a, b)
 
     encodes = {"n": 0}
     real_encode = cache_mod._Encoder.encode_texts
@@ -342,6 +384,33 @@ def test_a_killed_assembly_resumes_without_encoding_again(shards, tokenizer_dir,
     assert (resumed.shards_reused, resumed.shards_encoded) == (1, 2)
     _same_rows(root, full_root)
     assert not os.path.exists(f"{root}/.encoded")
+    assert _file_hashes(root).keys() == _file_hashes(full_root).keys()
+
+
+def test_a_rerun_with_fewer_shards_zeroes_what_a_killed_assembly_left(shards, tokenizer_dir, cfg, monkeypatch,
+                                                                       tmp_path):
+    import marin_assets.tokenization.cache as cache_mod
+
+    root = str(tmp_path / "shrunk")
+    build_levanter_cache(shards[:1], tokenizer_dir, root, cfg)
+    real_assemble = cache_mod.assemble_file
+    written = []
+
+    def killed_after_every_unit(unit, job):
+        written.append(real_assemble(unit, job))
+        if len(written) == len(job.units("train")) + len(job.units("validation")):
+            raise RuntimeError("simulated crash")  # every value written, the row counts not yet
+        return written[-1]
+
+    monkeypatch.setattr(cache_mod, "assemble_file", killed_after_every_unit)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        build_levanter_cache(shards, tokenizer_dir, root, cfg)
+    monkeypatch.setattr(cache_mod, "assemble_file", real_assemble)
+    build_levanter_cache(shards[:2], tokenizer_dir, root, cfg)  # the third shard is no longer wanted
+    clean = str(tmp_path / "clean")
+    build_levanter_cache(shards[:1], tokenizer_dir, clean, cfg)
+    build_levanter_cache(shards[:2], tokenizer_dir, clean, cfg)
+    assert _file_hashes(root) == _file_hashes(clean)  # nothing of the third shard is left in the arrays
 
 
 def test_bad_inputs_give_clear_errors(tokenizer_dir, write_docs, tmp_path):
