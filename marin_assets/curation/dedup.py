@@ -32,6 +32,7 @@ import hashlib
 import io
 import json
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -528,7 +529,7 @@ def _assign_centres(
 # ---------------------------------------------------------------------------------------------
 
 
-def _zero_counts() -> dict[str, int]:
+def _zero_counts() -> dict[str, int | float]:
     return {
         "input_docs": 0,
         "docs_without_tokens": 0,
@@ -543,6 +544,10 @@ def _zero_counts() -> dict[str, int]:
         "fuzzy_duplicates": 0,
         "dropped_below_threshold_via_chain": 0,
         "kept_docs": 0,
+        "seconds_keys": 0.0,
+        "seconds_passes": 0.0,
+        "seconds_centres": 0.0,
+        "seconds_commit": 0.0,
     }
 
 
@@ -618,6 +623,14 @@ def _index_batch(
 ) -> None:
     partitions = config.index_partitions
     new_keys = 0
+    clock = time.monotonic()
+
+    def lap(phase: str) -> None:  # wall seconds per phase: which part of an update is serial
+        nonlocal clock
+        now = time.monotonic()
+        stats[f"seconds_{phase}"] += round(now - clock, 3)
+        clock = now
+
     # Keys of every new shard, one shard at a time, spilled to the index by partition.
     for shard in batch:
         docs, signatures = _validated(shard_by_seq[shard.seq], config)
@@ -631,6 +644,7 @@ def _index_batch(
 
     # Candidate step: one bucket range per unit of work, merged in partition order.
     job = CollisionPass(index, batch_number)
+    lap("keys")
     spread = parallel_map if worth_spreading(new_keys * KEY_BYTES) else in_process_map
     collisions = []
     for found, costs in spread(partition_pass, list(range(partitions)), job):
@@ -640,9 +654,11 @@ def _index_batch(
         collisions.append(found)
     colliding = pl.concat(collisions)
     stats["colliding_keys"] += len(colliding)
+    lap("passes")
 
     first_new_doc = batch[0].seq << _ROW_BITS
     drops, involved = _assign_centres(colliding, first_new_doc, shard_by_seq, config, stats)
+    lap("centres")
 
     def where(doc: int) -> tuple[str, str]:
         owner = shard_by_seq[doc >> _ROW_BITS]
@@ -681,6 +697,7 @@ def _index_batch(
     index.write_bytes(_registry_path(batch_number), json.dumps(body, indent=1, sort_keys=True).encode())
     for rel in index.files("pending"):
         index.remove(rel)
+    lap("commit")
 
 
 def update_index(

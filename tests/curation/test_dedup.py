@@ -223,7 +223,9 @@ def test_result_does_not_depend_on_shard_order(planted_corpus):
     for other in (dedup_source(shuffled, config), backward):
         assert other.kept.equals(forward.kept)
         assert other.duplicates.equals(forward.duplicates)
-        assert other.stats == forward.stats
+        timings = {key for key in forward.stats if key.startswith("seconds_")}
+        assert {k: v for k, v in other.stats.items() if k not in timings} == \
+            {k: v for k, v in forward.stats.items() if k not in timings}
 
 
 def test_incremental_shard_reuses_cached_signatures(planted_corpus, tmp_path, monkeypatch):
