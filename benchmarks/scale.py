@@ -45,10 +45,12 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != _HERE]
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
@@ -154,10 +156,14 @@ class Command:
         return sorted(f"{key}[{s['partition']}]" if s["partition"] else key for s in self.ran for key in s["asset_keys"])
 
 
-def tree_sample(proc: psutil.Process) -> tuple[int, dict[int, float]]:
-    """(RSS bytes of the process tree, CPU seconds so far of each live member by pid)."""
+def tree_sample(proc: psutil.Process, sessions: set[int] = frozenset()) -> tuple[int, dict[int, float]]:
+    """(RSS bytes of the process tree and of the processes of `sessions`, CPU seconds so far of each
+    live member by pid)."""
     total, cpu = 0, {}
-    for member in [proc, *proc.children(recursive=True)]:
+    members = {proc.pid: proc, **{p.pid: p for p in proc.children(recursive=True)}}
+    if sessions:
+        members |= {p.pid: p for p in psutil.process_iter() if _session_of(p) in sessions}
+    for member in members.values():
         try:
             with member.oneshot():
                 total += member.memory_info().rss
@@ -168,9 +174,11 @@ def tree_sample(proc: psutil.Process) -> tuple[int, dict[int, float]]:
     return total, cpu
 
 
-def materialize(env: dict[str, str], selection: str, *extra: str, cores: set[int] | None = None) -> Command:
-    """`marin materialize SELECTION --json [EXTRA]` in a subprocess, sampling the tree's RSS; with
-    `cores`, the command and everything it starts (run workers, Ray) may use only those cores."""
+def materialize(env: dict[str, str], selection: str, *extra: str, cores: set[int] | None = None,
+                sessions: set[int] = frozenset()) -> Command:
+    """`marin materialize SELECTION --json [EXTRA]` in a subprocess, sampling the tree's RSS and CPU
+    (and those of the processes of `sessions`: a Ray cluster the command uses); with `cores`, the
+    command and everything it starts (run workers, Ray) may use only those cores."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started, started_at = time.monotonic(), time.time()
     # `python -m` puts its working directory first on sys.path: the CLI runs the code of CODE_DIR.
@@ -187,7 +195,7 @@ def materialize(env: dict[str, str], selection: str, *extra: str, cores: set[int
         last_t, last_cpu = 0.0, {}
         while not done.is_set():
             try:
-                rss, cpu = tree_sample(watched)
+                rss, cpu = tree_sample(watched, sessions)
             except psutil.NoSuchProcess:
                 return
             now = time.monotonic() - started
@@ -334,14 +342,77 @@ def data_versions(prefix: Path) -> dict[str, str]:
             for path in sorted(prefix.rglob(MANIFEST_NAME))}
 
 
+# `ray start` through Ray's own CLI, except that 127.0.0.1 stays 127.0.0.1 (Ray would put the machine's
+# outward address in its place): the benchmark's cluster and its traffic stay on loopback.
+RAY_CLI_ON_LOOPBACK = ("import sys, ray._private.services as services; services.resolve_ip_for_localhost = "
+                       "lambda host: host; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()")
+# The driver's side of the same, and no token authentication (a local `ray.init` elsewhere may have
+# left ~/.ray/auth_token, which would turn it on).
+RAY_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+                    "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+class RayHead:
+    """A one-node Ray cluster of `cpus` CPUs on 127.0.0.1, confined to `cores`, for the length of a
+    `with`: what a team that runs on Ray already has when it starts a build."""
+
+    def __init__(self, cpus: int, cores: set[int], temp_dir: Path):
+        self.cpus, self.cores, self.temp_dir = cpus, cores, temp_dir
+
+    def __enter__(self) -> "RayHead":
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, **RAY_LOOPBACK_ENV}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", RAY_CLI_ON_LOOPBACK, "start", "--head", "--node-ip-address=127.0.0.1",
+             f"--port={port}", f"--num-cpus={self.cpus}", "--include-dashboard=false", "--disable-usage-stats",
+             f"--temp-dir={self.temp_dir}"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, self.cores))
+        out, _ = self.proc.communicate(timeout=180)
+        if self.proc.returncode != 0:
+            self.__exit__()
+            raise SystemExit(f"ray start failed:\n{out[-3000:]}")
+        self.address, self.session = f"127.0.0.1:{port}", self.proc.pid
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # The node's services run in the session `ray start` began; workers in groups of their own
+        # are children of its raylet.
+        group = self.proc.pid
+        members = {p.pid for p in psutil.process_iter() if _session_of(p) == group}
+        for pid in list(members):
+            try:
+                members |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+            except psutil.NoSuchProcess:
+                pass
+        for pid in members:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _session_of(process: psutil.Process) -> int | None:
+    try:
+        return os.getsid(process.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
 def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, settings: list[int]) -> dict:
     """The whole first build through tokenized/ on a fresh store with N workers for each N of
     `settings`: the command and all it starts confined to N cores, at most N runs at once
     (`--max-parallel N`), and a step's own units of work (shards to encode, bucket-range passes,
-    chunks) spread over a local Ray of N CPUs; one worker runs them in its own process, as a
-    machine without Ray does. The same seeded corpus and the same store path every time, so that
-    every artifact's data version can be compared across settings (a token cache's ledger names
-    its files by their path)."""
+    assembly's shard files, chunks) spread over a running Ray cluster of N CPUs on those cores
+    (`MARIN_RAY=cluster`, started before the command as a team on Ray has it running); one worker
+    runs them in its own process, as a machine without Ray does (`MARIN_RAY=off`). The same seeded
+    corpus and the same store path every time, so that every artifact's data version can be
+    compared across settings (a token cache's ledger names its files by their path)."""
     available = sorted(os.sched_getaffinity(0))
     corpus = workdir / f"{megabytes}mb-corpus"
     if not corpus.exists():
@@ -354,10 +425,18 @@ def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, set
         if workers > len(available):
             raise SystemExit(f"--max-parallel {workers}: this machine has {len(available)} cores")
         env = environment(workdir / f"{megabytes}mb-build", source, corpus)
-        env |= {"MARIN_RAY": "local", "MARIN_RAY_CPUS": str(workers)} if workers > 1 else {"MARIN_RAY": "off"}
-        load = os.getloadavg()[0]
-        command = materialize(env, f"tokenized/{source}", "--max-parallel", str(workers),
-                              cores=set(available[:workers]))
+        cores = set(available[:workers])
+        with contextlib.ExitStack() as stack:
+            sessions = set()
+            if workers > 1:
+                head = stack.enter_context(RayHead(workers, cores, Path(tempfile.mkdtemp(prefix="rb-", dir="/tmp"))))
+                env |= {"MARIN_RAY": "cluster", "RAY_ADDRESS": head.address, **RAY_LOOPBACK_ENV}
+                sessions.add(head.session)
+            else:
+                env |= {"MARIN_RAY": "off"}
+            load = os.getloadavg()[0]
+            command = materialize(env, f"tokenized/{source}", "--max-parallel", str(workers), cores=cores,
+                                  sessions=sessions)
         intervals = command.step_intervals(env["DAGSTER_HOME"])
         results[workers] = {"wall_s": command.wall_s, "cpu_s": command.cpu_s, "runs": len(command.runs),
                             "peak_rss_mb": command.peak_rss_mb, "load_average_1m": round(load, 2),
