@@ -62,9 +62,10 @@ class CacheConfig:
     """How documents become cache rows.
 
     `batch_rows` is both the Parquet read batch and the encode batch. `flush_tokens` bounds the
-    tokens buffered (over both splits) before they are written; Levanter's zarr3 arrays are stored in
-    large shard files that are rewritten on each write, so fewer, larger writes are much cheaper.
-    Peak memory is about 2 x flush_tokens x 4 bytes plus one Parquet batch.
+    values an assembly unit holds and writes at once; Levanter's zarr3 arrays are stored in large
+    shard files that are rewritten on each write, so fewer, larger writes are much cheaper. Peak
+    memory of a unit is about 2 x flush_tokens x 4 bytes; an encoding worker holds a few batches.
+    Neither changes the cache's bytes.
     """
 
     validation_fraction: float = 0.01
