@@ -126,16 +126,9 @@ class Command:
 
     def stage_seconds(self, dagster_home: str) -> dict[str, float]:
         """Seconds per stage (asset key's first segment), from each run's STEP_START/STEP_SUCCESS events."""
-        import dagster as dg
-
         out: dict[str, float] = defaultdict(float)
-        for events in self.run_events(dagster_home, {dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS}):
-            started: dict[str, float] = {}
-            for event in events:
-                if event.dagster_event.event_type == dg.DagsterEventType.STEP_START:
-                    started[event.step_key] = event.timestamp
-                elif event.step_key in started:
-                    out[event.step_key.split("__")[0]] += event.timestamp - started.pop(event.step_key)
+        for stage, start, end in self.step_intervals(dagster_home):
+            out[stage] += end - start
         return dict(out)
 
     def stage_build_cpu_seconds(self, dagster_home: str) -> dict[str, float]:

@@ -7,9 +7,10 @@ One ``update_index`` call adds shards that the index has not seen:
 1. Order. New shards get sequence numbers after every registered one, sorted by
    ``(shard_key, source)``; a document's order is ``(seq, row)``, packed as ``seq << 32 | row``.
    Earlier documents win ("first seen is kept"), so decisions about registered shards never change.
-2. Keys (per new shard): one exact key (the first 64 bits of the hex sha256 ``id``) and, for
-   documents with tokens, one LSH key per band of the cached MinHash signature. Keys are split by
-   bucket-hash range into ``index_partitions`` partitions.
+2. Keys (per new shard, one unit of work each: ``shard_keys_pass``): one exact key (the first 64
+   bits of the hex sha256 ``id``) and, for documents with tokens, one LSH key per band of the cached
+   MinHash signature. Keys are split by bucket-hash range into ``index_partitions`` partitions and
+   spilled into the index's ``pending/``.
 3. Collisions (per partition): the new keys, spilled to the index by partition, are matched
    against that partition's runs of kept documents, one run file at a time; groups of two or more
    documents with at least one new document survive. Each partition's pass (``partition_pass``)
@@ -150,6 +151,8 @@ class ShardInput(NamedTuple):
     # Some rows' `id`, `text`, `source_id`, in the order asked (`read_parquet_rows`): an earlier shard
     # holding a few documents a new shard collides with is read for those, not whole. None: load_docs.
     load_rows: Callable[[Sequence[int]], pl.DataFrame] | None = None
+    # How many documents it holds, if known before loading it: whether its keys are worth a worker.
+    documents: int | None = None
 
 
 @dataclass
@@ -576,6 +579,27 @@ def _validated(shard: ShardInput, config: DedupConfig) -> tuple[pl.DataFrame, Si
 
 
 @dataclass(frozen=True)
+class KeysPass:
+    """A batch's key step, shared by its shards' units: the index the keys are spilled into."""
+
+    index: IndexDir
+    config: DedupConfig
+
+
+def shard_keys_pass(item: tuple[int, ShardInput], job: KeysPass) -> tuple[int, int, int]:
+    """One new shard (its sequence number and input): its documents checked against its signatures,
+    its exact and band keys (`shard_keys`) spilled into the index by partition. Returns (documents,
+    documents without tokens, keys). Shards are independent, so a batch's shards are units of work
+    (one Ray task each when Ray is chosen)."""
+    seq, shard = item
+    docs, signatures = _validated(ShardInput(*shard), job.config)
+    keys, without_tokens = shard_keys(signatures, seq, job.config)
+    for partition, frame in split_by_partition(keys, job.config.index_partitions).items():
+        job.index.write_parquet(f"{_pending_keys_dir(partition)}/{seq:06d}.parquet", frame)
+    return len(docs), without_tokens, len(keys)
+
+
+@dataclass(frozen=True)
 class CollisionPass:
     """One batch's candidate step, shared by its partitions' passes: the index, and how many
     committed batches (key runs per partition) the new keys are matched against."""
@@ -631,16 +655,16 @@ def _index_batch(
         stats[f"seconds_{phase}"] += round(now - clock, 3)
         clock = now
 
-    # Keys of every new shard, one shard at a time, spilled to the index by partition.
-    for shard in batch:
-        docs, signatures = _validated(shard_by_seq[shard.seq], config)
-        keys, without_tokens = shard_keys(signatures, shard.seq, config)
-        shard.docs = len(docs)
-        stats["input_docs"] += len(docs)
+    # Keys: one unit of work per new shard, each spilling its keys into the index by partition.
+    expected_keys = sum(shard_by_seq[shard.seq].documents or 0 for shard in batch) * (config.bands + 1)
+    spread = parallel_map if worth_spreading(expected_keys * KEY_BYTES) else in_process_map
+    counted = spread(shard_keys_pass, [(shard.seq, shard_by_seq[shard.seq]) for shard in batch],
+                     KeysPass(index, config))
+    for shard, (docs, without_tokens, keys) in zip(batch, counted):
+        shard.docs = docs
+        stats["input_docs"] += docs
         stats["docs_without_tokens"] += without_tokens
-        new_keys += len(keys)
-        for partition, frame in split_by_partition(keys, partitions).items():
-            index.write_parquet(f"{_pending_keys_dir(partition)}/{shard.seq:06d}.parquet", frame)
+        new_keys += keys
 
     # Candidate step: one bucket range per unit of work, merged in partition order.
     job = CollisionPass(index, batch_number)

@@ -126,11 +126,13 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
             return ShardInput(
                 source, shard_key, handle.data_version,
                 load_docs=lambda: read_parquet(artifacts, f"{handle.uri}/documents.parquet").select(DOCUMENT_COLUMNS),
-                load_signatures=lambda: signatures_of(handle), load_rows=load_rows)
+                load_signatures=lambda: signatures_of(handle), load_rows=load_rows,
+                documents=handle.metrics.get("documents"))
 
         def build(writer) -> Built:
             index = IndexDir(artifacts.fs, artifacts.fs_path(writer.uri))
-            # Each bucket range's candidate pass is one unit of work: in turn here, or one Ray task each.
+            # Each new shard's keys and each bucket range's pass are units of work: in turn here, or one
+            # Ray task each (the loaders above travel to the workers by value).
             update = update_index(index, [shard_input(*h) for h in handles], dedup_cfg,
                                   batch_shards=DEDUP_BATCH_SHARDS,
                                   parallel_map=lambda fn, items, shared: data_parallel.map(context, fn, items, shared),

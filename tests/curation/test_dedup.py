@@ -499,32 +499,50 @@ def _spawned_pool_map(fn, items, shared):
         return list(pool.map(fn, items, [shared] * len(items)))
 
 
-def test_partition_passes_fanned_out_give_the_same_index_and_decisions(planted_corpus, tmp_path, monkeypatch):
+def stored_shard_inputs(shards: list[Shard], folder) -> list[ShardInput]:
+    """The shards written to disk, with loaders a worker process can be sent (no closures)."""
+    import functools
+
+    inputs = []
+    for shard in shards:
+        docs, signatures = folder / f"{shard.shard_key}.parquet", folder / f"{shard.shard_key}.signatures.parquet"
+        shard.docs.write_parquet(docs)
+        save_signatures(shard.signatures, signatures)
+        inputs.append(ShardInput(shard.source, shard.shard_key, "v", functools.partial(pl.read_parquet, docs),
+                                 functools.partial(load_signatures, str(signatures)), documents=len(shard.docs)))
+    return inputs
+
+
+def test_keys_and_partition_passes_fanned_out_give_the_same_index_and_decisions(planted_corpus, tmp_path):
     config = DedupConfig(index_partitions=4)
     shards = make_shards(planted_corpus["texts"], 4, config.minhash)
+    inputs = stored_shard_inputs(shards, tmp_path)
     serial, fanned = IndexDir.local(tmp_path / "serial"), IndexDir.local(tmp_path / "fanned")
     mapped = []
 
     def recording_map(fn, items, shared):
-        mapped.append((fn.__name__, list(items)))
+        mapped.append((fn.__name__, [item if isinstance(item, int) else item[0] for item in items]))
         return _spawned_pool_map(fn, items, shared)
 
     # Two shards, then two more in batches of one: later passes read the committed runs.
     for index, parallel_map in ((serial, dedup.in_process_map), (fanned, recording_map)):
-        first = update_index(index, shard_inputs(shards[:2]), config, parallel_map=parallel_map)
-        later = update_index(index, shard_inputs(shards), config, batch_shards=1, parallel_map=parallel_map)
+        first = update_index(index, inputs[:2], config, parallel_map=parallel_map)
+        later = update_index(index, inputs, config, batch_shards=1, parallel_map=parallel_map)
         assert later.stats["index_row_groups_read"] > 0 and first.stats["colliding_keys"] > 0
-    assert mapped == [("partition_pass", [0, 1, 2, 3])] * 3  # one unit of work per bucket range, per batch
+    # Per batch: one unit per new shard (by its sequence number), then one per bucket range.
+    assert mapped == [("shard_keys_pass", [0, 1]), ("partition_pass", [0, 1, 2, 3]),
+                      ("shard_keys_pass", [2]), ("partition_pass", [0, 1, 2, 3]),
+                      ("shard_keys_pass", [3]), ("partition_pass", [0, 1, 2, 3])]
     hashes = file_hashes(fanned)
     assert hashes == file_hashes(serial)  # decisions, key runs, registry: byte for byte
     assert not fanned.files("pending")  # the spilled keys go once their batch is committed
-    # A batch below the threshold is not worth a worker: its passes run in the index's process.
-    mapped.clear()
-    update_index(IndexDir.local(tmp_path / "small"), shard_inputs(shards), config, parallel_map=recording_map,
-                 worth_spreading=lambda nbytes: nbytes > 10**9)
-    assert mapped == []
     duplicates = pl.concat(fanned.read_parquet(rel) for rel in fanned.files("decisions"))
     assert len(duplicates) >= 75
+    # A batch below the threshold is not worth a worker: its units run in the index's process.
+    mapped.clear()
+    update_index(IndexDir.local(tmp_path / "small"), inputs, config, parallel_map=recording_map,
+                 worth_spreading=lambda nbytes: nbytes > 10**9)
+    assert mapped == []
 
 
 def test_spilled_keys_of_an_uncommitted_batch_are_removed(planted_corpus, tmp_path):

@@ -244,7 +244,7 @@ def test_a_worker_node_killed_mid_step_costs_a_retry_not_the_artifact(sources, o
 
 BUILD_SOURCE = "spreadbuild"
 BUILD_SHARDS = 3  # three shards to encode: one Ray task each
-BUILD_SHARD_MB = 4  # three shards' dedup keys are more than one MARIN_RAY_CHUNK_MB: the 16 passes spread
+BUILD_SHARD_MB = 4  # three shards' dedup keys are more than one MARIN_RAY_CHUNK_MB: keys and passes spread
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +293,7 @@ def latest_metadata(root: Path, key: str, monkeypatch) -> dict:
 
 
 @pytest.mark.slow  # two builds of 12 MB through tokenized/ (about 90 s on 2 cores)
-def test_encoding_and_dedup_passes_fan_out_over_both_nodes_to_the_one_process_bytes(build_sources, head, worker2,
+def test_encoding_and_dedup_units_fan_out_over_both_nodes_to_the_one_process_bytes(build_sources, head, worker2,
                                                                                   tmp_path, monkeypatch):
     sources, registry = build_sources
     root = tmp_path / "build"  # the same store path for both builds: a token cache's ledger names its files
@@ -305,7 +305,7 @@ def test_encoding_and_dedup_passes_fan_out_over_both_nodes_to_the_one_process_by
     encoding = latest_metadata(root, f"tokenized/{BUILD_SOURCE}", monkeypatch)
     assert encoding["marin/ray_tasks"] == BUILD_SHARDS, encoding  # one task per shard to encode
     passes = latest_metadata(root, f"dedup_index/{BUILD_SOURCE}", monkeypatch)
-    assert passes["marin/ray_tasks"] == 16, passes  # one task per bucket range
+    assert passes["marin/ray_tasks"] == BUILD_SHARDS + 16, passes  # one task per new shard's keys, per bucket range
     assert len({*encoding["marin/ray_nodes"], *passes["marin/ray_nodes"]}) == 2
 
 

@@ -263,21 +263,28 @@ def test_two_fresh_builds_give_the_same_bytes_whatever_the_tokenizers_bookkeepin
     assert hashes[0] == hashes[1]
 
 
-def test_assembly_over_many_shard_files_spreads_one_unit_per_file(shards, tokenizer_dir, cfg, built, monkeypatch,
-                                                                  tmp_path):
-    """With shard files of 4,096 values, the cache spans dozens of them: each is its own unit of
-    assembly, written by whichever worker takes it, and the arrays come out as one writer's would."""
+def _small_shard_files(full_root: str, monkeypatch) -> dict[str, list[np.ndarray]]:
+    """Shrink Levanter's zarr shard files to 4,096 values (1,024 per chunk), on our writer's side and
+    on Levanter's reader's, which checks an array's chunk grid against its own constants; returns
+    the rows of the cache at `full_root`, read before, at full size."""
     import levanter.store.jagged_array as jagged
 
     import marin_assets.tokenization.cache as cache_mod
 
-    full_root, _ = built
-    expected = {split: _rows(f"{full_root}/{split}") for split in ("train", "validation")}  # read at full size
-    # Ours writes the arrays; Levanter's reader checks their chunk grid against its own constants.
+    expected = {split: _rows(f"{full_root}/{split}") for split in ("train", "validation")}
     for module, row, shard in ((cache_mod, "ROW_CHUNK", "SHARD_CHUNK"),
                                (jagged, "DEFAULT_CHUNK_SIZE", "DEFAULT_WRITE_CHUNK_SIZE")):
         monkeypatch.setattr(module, row, 1024)
         monkeypatch.setattr(module, shard, 4096)
+    return expected
+
+
+def test_assembly_over_many_shard_files_spreads_one_unit_per_file(shards, tokenizer_dir, cfg, built, monkeypatch,
+                                                                  tmp_path):
+    """With shard files of 4,096 values, the cache spans dozens of them: each is its own unit of
+    assembly, written by whichever worker takes it, and the arrays come out as one writer's would."""
+    full_root, _ = built
+    expected = _small_shard_files(full_root, monkeypatch)
     mapped = []
 
     def recording_pool_map(fn, items, shared):
@@ -516,17 +523,8 @@ def test_append_rewrites_only_the_tail_of_levanters_zarr_shards(shards, tokenize
     """Levanter stores 128 Mi tokens per zarr shard file (`data/c/<k>`). With that size scaled down
     (the same code path writes and reads), an append leaves every data shard file before the old
     tail byte-identical: what a cache larger than 128 Mi tokens gets at full size."""
-    import levanter.store.jagged_array as jagged
-
-    import marin_assets.tokenization.cache as cache_mod
-
     full_root, _ = built
-    expected = {split: _rows(f"{full_root}/{split}") for split in ("train", "validation")}  # read at full size
-    # Ours writes the arrays; Levanter's reader checks their chunk grid against its own constants.
-    for module, row, shard in ((cache_mod, "ROW_CHUNK", "SHARD_CHUNK"),
-                               (jagged, "DEFAULT_CHUNK_SIZE", "DEFAULT_WRITE_CHUNK_SIZE")):
-        monkeypatch.setattr(module, row, 1024)
-        monkeypatch.setattr(module, shard, 4096)
+    expected = _small_shard_files(full_root, monkeypatch)
     root = tmp_path / "small-shards"
 
     def files() -> dict[str, str]:
