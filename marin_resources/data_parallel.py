@@ -16,11 +16,14 @@ Ray itself only inside its `map`, never when the code location loads.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import dagster as dg
 import numpy as np
+
+from marin_resources.parallel_map import ParallelMap
 
 Chunk = TypeVar("Chunk")
 Result = TypeVar("Result")
@@ -55,3 +58,7 @@ class DataParallel(dg.ConfigurableResource):
             shared: Any) -> list[Result]:
         """``[fn(chunk, shared) for chunk in chunks]``, in order."""
         return [fn(chunk, shared) for chunk in chunks]
+
+    def parallel_map(self, context: dg.AssetExecutionContext) -> ParallelMap:
+        """This resource's `map` for one step, as the pure libraries take it (`ParallelMap`)."""
+        return functools.partial(self.map, context)

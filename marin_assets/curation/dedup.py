@@ -52,6 +52,7 @@ from marin_assets.curation.minhash import (
     exact_jaccard,
     shingle_sets,
 )
+from marin_resources.parallel_map import ParallelMap, in_process_map
 
 REQUIRED_COLUMNS = ("id", "text", "source", "source_id", "metadata")
 SHARD_KEY_COLUMN = "shard_key"
@@ -627,14 +628,6 @@ def partition_pass(partition: int, job: CollisionPass) -> tuple[pl.DataFrame, di
     return found, {**stats, "partition_keys": len(keys) + len(found)}
 
 
-ParallelMap = Callable[[Callable[[Any, Any], Any], Sequence[Any], Any], list]
-
-
-def in_process_map(fn: Callable[[Any, Any], Any], items: Sequence[Any], shared: Any) -> list:
-    """``[fn(item, shared) for item in items]``: one partition after another in this process."""
-    return [fn(item, shared) for item in items]
-
-
 def _index_batch(
     index: IndexDir,
     batch: list[RegisteredShard],
@@ -666,9 +659,9 @@ def _index_batch(
         stats["docs_without_tokens"] += without_tokens
         new_keys += keys
 
+    lap("keys")
     # Candidate step: one bucket range per unit of work, merged in partition order.
     job = CollisionPass(index, batch_number)
-    lap("keys")
     spread = parallel_map if worth_spreading(new_keys * KEY_BYTES) else in_process_map
     collisions = []
     for found, costs in spread(partition_pass, list(range(partitions)), job):
@@ -733,10 +726,10 @@ def update_index(
     ``shards`` are all current shards of the dedup group (registered ones are read only when a new
     document collides with one of their kept documents). ``batch_shards`` bounds how many new shards
     are decided together (memory); the decisions do not depend on it. ``parallel_map`` runs each
-    bucket range's candidate pass (`partition_pass`): one after another here by default, or spread
-    over workers, for a batch whose new keys (in bytes) ``worth_spreading`` accepts; a smaller
-    batch does not pay for starting workers and runs its passes here. The decisions depend on
-    neither.
+    new shard's keys (`shard_keys_pass`) and each bucket range's candidate pass (`partition_pass`):
+    one after another here by default, or spread over workers, for a batch whose keys (in bytes)
+    ``worth_spreading`` accepts; a smaller batch does not pay for starting workers and runs its
+    units here. The decisions depend on neither.
     """
     if batch_shards < 1:
         raise ValueError(f"batch_shards must be >= 1, got {batch_shards}")

@@ -135,7 +135,7 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
             # Ray task each (the loaders above travel to the workers by value).
             update = update_index(index, [shard_input(*h) for h in handles], dedup_cfg,
                                   batch_shards=DEDUP_BATCH_SHARDS,
-                                  parallel_map=lambda fn, items, shared: data_parallel.map(context, fn, items, shared),
+                                  parallel_map=data_parallel.parallel_map(context),
                                   worth_spreading=data_parallel.worth_spreading)
             if update.reset_reason:
                 context.log.warning(f"dedup_index/{group} started over: {update.reset_reason}")

@@ -255,8 +255,7 @@ def build_tokenized_asset(entry: TokenizedEntry):
             files = corpus_files(artifacts, corpus.uri)
             # Each shard to encode is one unit of work: in this process, or one Ray task each.
             stats = build_levanter_cache(list(files), tokenizer.uri, writer.uri, entry.cache, fingerprints=files,
-                                         parallel_map=lambda fn, items, shared: data_parallel.map(context, fn, items,
-                                                                                                  shared))
+                                         parallel_map=data_parallel.parallel_map(context))
             metrics = {"documents": stats.documents, "tokens": stats.tokens, "text_bytes": stats.text_bytes,
                        "bytes_per_token": round(stats.bytes_per_token, 4),
                        "train_documents": stats.train.documents, "train_tokens": stats.train.tokens,

@@ -3,7 +3,8 @@
 Encoding uses HF `tokenizers` directly (`encode_batch_fast`: multithreaded Rust), not Levanter's Ray
 pipeline, one shard at a time as its own unit of work (see "Per-shard encoding"): in the build's
 process, or spread over workers by the `parallel_map` a caller passes (one Ray task per shard).
-Assembly then moves the encoded rows into the cache in ledger order. Writing uses tensorstore directly, in the layout of Levanter's `TreeStore` and
+Assembly then moves the encoded rows into the cache in ledger order, one shard file per unit.
+Writing uses tensorstore directly, in the layout of Levanter's `TreeStore` and
 `CacheLedger` (see "Levanter's on-disk format" below), so appending a shard does not import Levanter
 (and JAX); `TreeCache.load` and Levanter's trainer read the cache unchanged, which the Levanter
 tests check. Levanter itself is imported once per cache, to derive the metadata its loader expects.
@@ -36,7 +37,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 import fsspec
 import numpy as np
@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 from marin_assets.tokenization.shard_files import ShardFileWriter, ShardLayout
 from marin_assets.tokenization.tokenizer import local_tokenizer_dir, tokenizer_json_sha256
+from marin_resources.parallel_map import ParallelMap, in_process_map
 from marin_resources.typed_config import typed_config
 
 SPLITS = ("train", "validation")
@@ -783,14 +784,6 @@ def _reuse_plan(manifest: dict | None, identity: dict, shards: Sequence[_Shard])
         keep += 1
     kept = {e["key"] for e in manifest["shards"][:keep]}
     return keep, [s for s in shards if s.key not in kept]
-
-
-ParallelMap = Callable[[Callable[[Any, Any], Any], Sequence[Any], Any], list]
-
-
-def in_process_map(fn: Callable[[Any, Any], Any], items: Sequence[Any], shared: Any) -> list:
-    """``[fn(item, shared) for item in items]``: the shards encoded one after another in this process."""
-    return [fn(item, shared) for item in items]
 
 
 def _encode_all(todo: Sequence[_Shard], job: EncodeJob, parallel_map: ParallelMap) -> list[dict]:
