@@ -1,4 +1,4 @@
-"""Training throughput and MFU of Marin's llama_150m shape on one accelerator, with Levanter.
+"""Training throughput and MFU of Marin's llama_150m shape, data parallel and FSDP, with Levanter.
 
 Trains hidden 512 / intermediate 1792 / 8 heads / 6 layers / seq 1024 for a fixed number of
 steps through ``marin_assets.training.train_main`` (the process the ``checkpoint`` asset
@@ -7,11 +7,17 @@ stdlib docstrings. The vocabulary has Marin's Llama 3 tokenizer size, 128,256 en
 embeddings: 154M parameters, hence the name): a byte-level BPE trained on the docstrings,
 padded with entries the data never uses, so the embedding and output layers have their real size.
 
+Each variant is one training over all the devices, at the same global batch:
+  data_parallel  every device holds the whole model and optimizer state (parallelism data=N)
+  fsdp           parameters and optimizer state sharded over the devices (parallelism fsdp=N)
+On one device the two are the same computation.
+
 The figures are Levanter's own. Its performance hook logs, per step, ``throughput/tokens_per_second``
 and ``throughput/gflops_per_second`` (model FLOPs from Levanter's flop counter: 3 x forward,
 attention included, recomputation not counted). MFU here is the median model FLOP/s over the
 steps after the first two (which include XLA compilation) divided by the device's dense bf16
-peak times the device count; the peak comes from the explicit table below. Levanter's own
+peak times the device count (on CPU, the host's peak, which its virtual devices share); the peak
+comes from the explicit table below. Levanter's own
 ``throughput/mfu`` is reported next to it when Levanter knows the device (its table has no
 entry that H200's device kind maps to, so on H200 it is null).
 
@@ -19,9 +25,10 @@ Sizes:
   llama_150m  the shape above, batch 64 x 1024 tokens, 50 steps, bf16 compute (default; needs a GPU/TPU)
   tiny        CPU-sized: hidden 64, 2 layers, seq 128, batch 8, 8 steps, f32 (the test suite runs it)
 
-Usage: python benchmarks/gpu_train.py [--size llama_150m|tiny] [--steps N] [--batch-size B]
-                                      [--accelerator gpu|tpu|cpu] [--gradient-checkpointing] [--workdir DIR]
-The last line of output is one JSON object.
+Usage: python benchmarks/gpu_train.py [--size llama_150m|tiny] [--variants data_parallel,fsdp] [--devices N]
+                                      [--steps N] [--batch-size B] [--accelerator gpu|tpu|cpu]
+                                      [--gradient-checkpointing] [--workdir DIR]
+The last line of output is one JSON object, with one entry per variant under ``variants``.
 """
 
 from __future__ import annotations
@@ -47,8 +54,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.train import WARMUP_STEPS, load_fixtures, steady_step_metrics  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
-from marin_assets.training.metrics import PEAK_FLOPS_BY_DEVICE_KIND, median, peak_flops_per_device  # noqa: E402
-from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec  # noqa: E402
+from marin_assets.training.metrics import PEAK_FLOPS_BY_DEVICE_KIND, median, peak_flops_total  # noqa: E402
+from marin_assets.training.spec import (  # noqa: E402
+    ModelSpec, OptimizerSpec, ParallelismSpec, ResourceSpec, RunSpec, RunSpecError, validate_run)
 from marin_assets.training.train_main import SUMMARY_FILE  # noqa: E402
 from marin_assets.training.commands import train_command  # noqa: E402
 from marin_resources.launchers import build_command_and_env  # noqa: E402
@@ -78,6 +86,12 @@ SIZES = {
 }
 
 
+VARIANTS = {
+    "data_parallel": lambda devices: ParallelismSpec(data=devices, fsdp=1),
+    "fsdp": lambda devices: ParallelismSpec(data=1, fsdp=devices),
+}
+
+
 def levanter_figures(log_text: str) -> dict[str, float | None]:
     """Medians of Levanter's per-step throughput figures over the steady steps."""
     steps = steady_step_metrics(log_text)
@@ -101,8 +115,13 @@ def levanter_figures(log_text: str) -> dict[str, float | None]:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="llama_150m")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {', '.join(VARIANTS)} (default: both)")
+    parser.add_argument("--devices", type=int,
+                        help="devices to train on (default: all the accelerator's; on CPU, this many virtual "
+                             "devices, default 1)")
     parser.add_argument("--steps", type=int, help="training steps (the first two are warm-up and not measured)")
-    parser.add_argument("--batch-size", type=int, help="sequences per step")
+    parser.add_argument("--batch-size", type=int, help="sequences per step, over all devices")
     parser.add_argument("--vocab-size", type=int, help="tokenizer size (default: Marin's Llama 3 tokenizer's 128,256)")
     parser.add_argument("--accelerator", choices=("gpu", "tpu", "cpu"))
     parser.add_argument("--gradient-checkpointing", action="store_true",
@@ -125,8 +144,27 @@ def main(argv: list[str] | None = None) -> dict:
     steps = args.steps or size.steps
     batch = args.batch_size or size.batch_size
     accelerator = args.accelerator or size.accelerator
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or not variants:
+        parser.error(f"--variants: {unknown or 'none given'}; choose from {', '.join(VARIANTS)}")
     if steps <= WARMUP_STEPS:
         parser.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps")
+    devices = args.devices or (1 if accelerator == "cpu" else accelerator_device_count(accelerator))
+    specs = {}
+    for variant in variants:
+        spec = RunSpec(
+            name=f"bench-{args.size}-{variant}", model=size.model, mixture="stdlib-docs", tokenizer="stdlib-docs",
+            optimizer=OptimizerSpec(learning_rate=3e-3, warmup=0.1), train_batch_size=batch, num_train_steps=steps,
+            steps_per_eval=10 * steps, max_eval_batches=1, checkpoint_every=10 * steps,
+            # No gradient-norm logging, which compiles a second train step.
+            watch_every=0, resources=ResourceSpec(accelerator=accelerator, device_count=devices),
+            parallelism=VARIANTS[variant](devices))
+        try:
+            validate_run(spec)  # e.g. a batch the devices do not divide
+        except RunSpecError as exc:
+            parser.error(str(exc))
+        specs[variant] = spec
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-gpu-train-"))
 
     fixtures = load_fixtures()
@@ -137,15 +175,52 @@ def main(argv: list[str] | None = None) -> dict:
         fixtures.stdlib_docstrings(), work / "data", vocab_size=vocab_size, min_train_tokens=needed_tokens)
     vocab_size = pad_vocabulary(tokenizer_dir, vocab_size)
     data_seconds = time.time() - data_started
+    mixture = fixtures.single_cache_mixture("stdlib-docs", cache_root, tokenizer_dir)
 
-    spec = RunSpec(
-        name=f"bench-{args.size}", model=size.model, mixture="stdlib-docs", tokenizer="stdlib-docs",
-        optimizer=OptimizerSpec(learning_rate=3e-3, warmup=0.1), train_batch_size=batch, num_train_steps=steps,
-        steps_per_eval=10 * steps, max_eval_batches=1, checkpoint_every=10 * steps,
-        # No gradient-norm logging, which compiles a second train step.
-        watch_every=0, resources=ResourceSpec(accelerator=accelerator, device_count=1))
-    run_dir = work / "run"
-    mixture = fixtures.single_cache_mixture(spec.mixture, cache_root, tokenizer_dir)
+    results = {variant: run_variant(spec, mixture, tokenizer_dir, work / variant, args)
+               for variant, spec in specs.items()}
+    first = next(iter(results.values()))
+    result = {
+        "benchmark": "gpu_train",
+        "size": args.size,
+        "model": {"hidden_dim": size.model.hidden_dim, "intermediate_dim": size.model.intermediate_dim,
+                  "num_heads": size.model.num_heads, "num_layers": size.model.num_layers,
+                  "seq_len": size.model.seq_len},
+        "accelerator": accelerator,
+        "device_kind": first["device_kind"],
+        "device_count": first["device_count"],
+        "peak_flops_per_device": first["peak_flops_per_device"],
+        "parameter_count": first["parameter_count"],
+        "vocab_size": vocab_size,
+        "batch_size": batch,
+        "steps": steps,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "mixed_precision": first["mixed_precision"],
+        "attn_backend": args.attn_backend,
+        "cross_entropy_block_size": args.cross_entropy_block_size,
+        "data_build_seconds": data_seconds,
+        "workdir": str(work),
+        "variants": {variant: {k: v for k, v in r.items()
+                               if k not in ("device_kind", "peak_flops_per_device", "parameter_count",
+                                            "mixed_precision")}
+                     for variant, r in results.items()},
+    }
+    precision = "bf16" if "bfloat16" in first["mixed_precision"] else "f32"
+    print(f"device {first['device_kind']} x{first['device_count']}, peak "
+          f"{first['peak_flops_per_device'] / 1e12:.3g} TFLOP/s per device ({precision} dense)")
+    print(f"{args.size}: {first['parameter_count']} params, batch {batch} x {size.model.seq_len} tokens, "
+          f"{steps} steps ({first['steady_steps']} measured)")
+    for variant, r in results.items():
+        flops = r["model_flops_per_second"]
+        print(f"{variant:14} tokens/s {_fmt(r['tokens_per_second'], '.0f')}   model TFLOP/s "
+              f"{_fmt(flops and flops / 1e12, '.2f')}   MFU {_fmt(r['mfu'], '.1%')}   "
+              f"(Levanter's own MFU {_fmt(r['levanter_mfu'], '.1%')})")
+    print(json.dumps(result))
+    return result
+
+
+def run_variant(spec: RunSpec, mixture: dict, tokenizer_dir: str, run_dir: Path, args) -> dict:
+    """Train ``spec`` once through ``train_main``; its throughput figures and MFU."""
     config = build_train_config(spec, mixture, tokenizer_dir, str(run_dir))
     config["model"]["gradient_checkpointing"] = args.gradient_checkpointing
     if args.attn_backend:
@@ -155,7 +230,9 @@ def main(argv: list[str] | None = None) -> dict:
     config["trainer"]["tracker"] = [config["trainer"]["tracker"], {"type": "json_logger"}]
     config_path = write_train_config(config, run_dir / "train_config.yaml")
 
-    launch = build_command_and_env(train_command(config_path, str(run_dir)), accelerator=accelerator)
+    resources = spec.resources
+    launch = build_command_and_env(train_command(config_path, str(run_dir)), accelerator=resources.accelerator,
+                                   cpu_devices=resources.device_count)
     log_path = run_dir / "train_output.log"
     started = time.time()
     with open(log_path, "w") as log:
@@ -167,46 +244,39 @@ def main(argv: list[str] | None = None) -> dict:
                          + "\n".join(log_text.splitlines()[-40:]))
 
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    if summary["device_count"] != resources.device_count:
+        raise SystemExit(f"{spec.name} trained on {summary['device_count']} devices, not the "
+                         f"{resources.device_count} asked for")
     figures = levanter_figures(log_text)
     device_kind, device_count = summary["device_kind"], summary["device_count"]
-    peak = args.peak_flops or peak_flops_per_device(device_kind)
+    peak = args.peak_flops * device_count if args.peak_flops else peak_flops_total(device_kind, device_count, 1)
     if peak is None:
         raise SystemExit(f"no bf16 peak for device kind {device_kind!r}: add it to PEAK_FLOPS_BY_DEVICE_KIND "
                          "(marin_assets/training/metrics.py) or pass --peak-flops")
     flops = figures["model_flops_per_second"]
-    result = {
-        "benchmark": "gpu_train",
-        "size": args.size,
-        "model": {"hidden_dim": size.model.hidden_dim, "intermediate_dim": size.model.intermediate_dim,
-                  "num_heads": size.model.num_heads, "num_layers": size.model.num_layers,
-                  "seq_len": size.model.seq_len},
-        "accelerator": accelerator,
+    return {
         "device_kind": device_kind,
         "device_count": device_count,
-        "peak_flops_per_device": peak,
+        "mesh": {"data": summary["mesh_data"], "fsdp": summary["mesh_fsdp"], "tensor": summary["mesh_tensor"]},
+        "sharded_weight": summary.get("sharded_weight"),
+        "peak_flops_per_device": peak / device_count,
         "parameter_count": summary.get("parameter_count"),
-        "vocab_size": vocab_size,
-        "batch_size": batch,
-        "steps": steps,
-        "final_step": summary["final_step"],
-        "gradient_checkpointing": args.gradient_checkpointing,
         "mixed_precision": config["trainer"]["mp"],
-        "attn_backend": args.attn_backend,
-        "cross_entropy_block_size": args.cross_entropy_block_size,
+        "final_step": summary["final_step"],
         **figures,
-        "mfu": None if flops is None else flops / (peak * device_count),
+        "mfu": None if flops is None else flops / peak,
         "train_wall_seconds": wall,
-        "data_build_seconds": data_seconds,
-        "workdir": str(work),
     }
-    precision = "bf16" if "bfloat16" in config["trainer"]["mp"] else "f32"
-    print(f"device {device_kind} x{device_count}, peak {peak / 1e12:.3g} TFLOP/s per device ({precision} dense)")
-    print(f"{args.size}: {result['parameter_count']} params, batch {batch} x {size.model.seq_len} tokens, "
-          f"{steps} steps ({figures['steady_steps']} measured)")
-    print(f"tokens/s {_fmt(figures['tokens_per_second'], '.0f')}   model TFLOP/s {_fmt(flops and flops / 1e12, '.2f')}   "
-          f"MFU {_fmt(result['mfu'], '.1%')}   (Levanter's own MFU {_fmt(figures['levanter_mfu'], '.1%')})")
-    print(json.dumps(result))
-    return result
+
+
+def accelerator_device_count(accelerator: str) -> int:
+    """The devices JAX sees on this host's accelerator, asked in a child process: a GPU or TPU opened here
+    would be held (or its memory preallocated) while the training process needs it."""
+    probe = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"],
+                           env={**os.environ, "JAX_PLATFORMS": ""}, capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise SystemExit(f"no {accelerator} devices found (pass --devices N):\n{probe.stderr[-2000:]}")
+    return int(probe.stdout.split()[-1])
 
 
 def pad_vocabulary(tokenizer_dir: str, size: int) -> int:

@@ -10,6 +10,9 @@
     marin pin KEY [--partition P]
     marin migrate [--dry-run]
     marin failures [--json]
+
+A refusal (bad config, unknown asset, unreachable store, unreadable instance database) is one
+line, `marin: <cause>`, and exit 2; `marin --debug COMMAND ...` adds the traceback.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from marin_assets import hide_dagster_notices
@@ -51,12 +55,17 @@ def ensure_dagster_home() -> Path:
 def open_instance():
     import dagster as dg
 
+    from marin_resources.object_stores import quiet_logger
+
     ensure_dagster_home()
-    instance = dg.DagsterInstance.get()
-    storage = instance.event_log_storage
-    for pool, limit in POOL_LIMITS.items():
-        if storage.get_concurrency_info(pool).slot_count == 0:
-            storage.set_concurrency_slots(pool, limit)
+    # dagster-postgres logs each retry of an unreachable database on the root logger; the refusal
+    # (`refusal`) says it once.
+    with quiet_logger(""):
+        instance = dg.DagsterInstance.get()
+        storage = instance.event_log_storage
+        for pool, limit in POOL_LIMITS.items():
+            if storage.get_concurrency_info(pool).slot_count == 0:
+                storage.set_concurrency_slots(pool, limit)
     return instance
 
 
@@ -87,15 +96,10 @@ def planner():
 
 def cmd_materialize(args: argparse.Namespace) -> int:
     from marin_assets.planning import WorkspaceRuns, parse_key
-    from marin_resources.environments import RayUnavailableError, check_ray_reachable
-    from marin_resources.store import ArtifactLockedError
+    from marin_resources.environments import check_ray_reachable
 
     plan, settings, _ = planner()
-    try:
-        check_ray_reachable(settings)  # before any run starts, so nothing is built without its cluster
-    except RayUnavailableError as exc:
-        print(f"marin: {exc}", file=sys.stderr)
-        return 2
+    check_ray_reachable(settings)  # before any run starts, so nothing is built without its cluster
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     added = plan.discover()
     for name, keys in added.items():
@@ -103,19 +107,12 @@ def cmd_materialize(args: argparse.Namespace) -> int:
             say(f"discovered {len(keys)} new partition(s) of {name}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}")
     report_refused(plan)
     started = time.monotonic()
-    try:
-        if args.rebuild:
-            plan.retract(parse_key(args.selection), args.partition, log=say)
-        # A rebuild reads its inputs again, so it re-hashes them: tampered bytes are never carried downstream.
-        with stdout_to_stderr(args.json), WorkspaceRuns(plan.instance, str(REPO_ROOT / "workspace.yaml")) as runs:
-            steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force,
-                                     verify=args.verify or args.rebuild, runs=runs, max_parallel=args.max_parallel)
-    except (KeyError, ValueError) as exc:
-        print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
-    except ArtifactLockedError as exc:
-        print(f"marin: {exc}", file=sys.stderr)
-        return 1
+    if args.rebuild:
+        plan.retract(parse_key(args.selection), args.partition, log=say)
+    # A rebuild reads its inputs again, so it re-hashes them: tampered bytes are never carried downstream.
+    with stdout_to_stderr(args.json), WorkspaceRuns(plan.instance, str(REPO_ROOT / "workspace.yaml")) as runs:
+        steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force,
+                                 verify=args.verify or args.rebuild, runs=runs, max_parallel=args.max_parallel)
     failed = [s for s in steps if not s.success and not s.skipped]
     skipped = sum(s.skipped for s in steps)
     ran = sum(s.ran for s in steps)
@@ -130,7 +127,8 @@ def cmd_materialize(args: argparse.Namespace) -> int:
         print(json.dumps({"success": ok, "prefix": settings.prefix,
                           "steps": [s.__dict__ for s in steps],
                           "manifests": sorted({m for s in steps for m in s.manifests})}, indent=2))
-    return 0 if ok else 1
+    # Steps that only refused their input (a missing config.json, a step that is not there) are refusals.
+    return 0 if ok else 2 if all(s.refused for s in failed) and failed else 1
 
 
 @contextlib.contextmanager
@@ -185,12 +183,8 @@ def print_why(plan, key_text: str, partition: str | None, *, verify: bool) -> in
     from marin_assets.planning import parse_key
 
     key = parse_key(key_text)
-    try:
-        plan.require_asset(key)
-        plan.require_partition(key, partition)
-    except (KeyError, ValueError) as exc:
-        print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
+    plan.require_asset(key)
+    plan.require_partition(key, partition)
     memo: dict = {}
     for part in [partition] if partition is not None else plan.partitions_of(key):
         state = plan.state(key, part, verify=verify, memo=memo)
@@ -305,16 +299,12 @@ def current_artifacts(plan) -> tuple[dict[str, tuple[bool, str]], list]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from marin_resources.gc import PINS_PATH, OldLayoutError, plan_gc, run_gc
+    from marin_resources.gc import PINS_PATH, plan_gc, run_gc
 
     plan, settings, _ = planner()
     plan.discover()
     assets, current = current_artifacts(plan)
-    try:
-        gc = plan_gc(plan.store, assets, current, keep=args.keep)
-    except OldLayoutError as exc:
-        print(f"marin: {exc}", file=sys.stderr)
-        return 2
+    gc = plan_gc(plan.store, assets, current, keep=args.keep)
     verb = "would remove" if args.dry_run else "remove"
     for uri, size in gc.removed:
         print(f"{verb:12} {uri[len(plan.store.prefix) + 1:]}  ({size} bytes)")
@@ -334,12 +324,8 @@ def cmd_pin(args: argparse.Namespace) -> int:
 
     plan, settings, _ = planner()
     key = parse_key(args.key)
-    try:
-        plan.require_asset(key)
-        plan.require_partition(key, args.partition)
-    except (KeyError, ValueError) as exc:
-        print(f"marin: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
+    plan.require_asset(key)
+    plan.require_partition(key, args.partition)
     manifest = plan.current(key, args.partition)
     if manifest is None:
         print(f"marin: {args.key} has no committed artifact of its current identity to pin", file=sys.stderr)
@@ -389,10 +375,12 @@ def cmd_failures(args: argparse.Namespace) -> int:
 
 
 def demo_materialize_args() -> list[argparse.Namespace]:
-    """What the demo's two commands parse to, every option at its default:
-    `marin materialize eval --partition nano-shakespeare`, then `marin materialize scaling_fit/demo`."""
+    """What the demo's three commands parse to, every option at its default:
+    `marin materialize eval --partition nano-shakespeare`, `marin materialize hf_model --partition
+    nano-shakespeare`, then `marin materialize scaling_fit/demo`."""
     parser = build_parser()
     return [parser.parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION]),
+            parser.parse_args(["materialize", "hf_model", "--partition", DEMO_PARTITION]),
             parser.parse_args(["materialize", f"scaling_fit/{DEMO_SWEEP}"])]
 
 
@@ -402,6 +390,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # the Levanter processes compete for the two cores (measured: the named run still training
     # after 8 minutes instead of about 4, each sweep run beside it 190-197 s).
     steps = ("raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval",
+             "the run's checkpoint in Hugging Face format, read back by transformers",
              f"sweep/{DEMO_SWEEP} -> 9 sweep runs (sweep_checkpoint, sweep_eval) -> isoFLOP fit")
     for materialize, path in zip(demo_materialize_args(), steps):
         where = f"{materialize.selection}[{materialize.partition}]" if materialize.partition else materialize.selection
@@ -411,8 +400,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
             return code
     _, settings, instance = planner()
     home = os.environ["DAGSTER_HOME"]
+    from marin_assets.export.assets import HF_MODEL_VERSION, loading_snippet
+    from marin_resources.store import ArtifactStore
+
+    export = ArtifactStore(settings.prefix).find("hf_model", HF_MODEL_VERSION, DEMO_PARTITION)
+    model_lines = "".join(f"\n              {line}" for line in loading_snippet(export.uri).splitlines()) \
+        if export is not None else ""
     print(f"\ndemo finished in {time.monotonic() - started:.1f}s\n"
           f"  artifacts:  {settings.prefix}\n"
+          f"  model:      {export.uri if export else 'not exported'} (Hugging Face format){model_lines}\n"
           f"  manifests:  find {settings.prefix} -name .artifact.json\n"
           f"  status:     marin status\n"
           f"  web UI:     DAGSTER_HOME={home} dagster dev -w {REPO_ROOT / 'workspace.yaml'} -h 127.0.0.1")
@@ -428,6 +424,9 @@ def positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marin", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--debug", action="store_true",
+                        help="with a refusal (exit 2: bad config, unknown asset, unreachable store or instance "
+                             "database), print the traceback too")
     parser.add_argument("--process-output", choices=("file", "console"),
                         default=os.environ.get("MARIN_PROCESS_OUTPUT", "file"),
                         help="where training/eval processes print (default: file, in the run's directory; "
@@ -499,13 +498,77 @@ def main(argv: list[str] | None = None) -> int:
     # Dagster waits 60 s for the code server to answer a run launch; on a loaded machine (an 800 MB
     # build, two cores, load 40+) it answered later and runs failed before they started.
     os.environ.setdefault("DAGSTER_GRPC_TIMEOUT_SECONDS", str(GRPC_TIMEOUT_S))
-    from marin_resources.object_stores import StoreUnavailableError
-
     try:
         return args.fn(args)
-    except StoreUnavailableError as exc:
-        print(f"marin: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        known = refusal(exc)
+        if known is None:
+            raise
+        if args.debug:
+            traceback.print_exc()
+        code, line = known
+        print(f"marin: {line}", file=sys.stderr)
+        return code
+
+
+def refusal(exc: Exception) -> tuple[int, str] | None:
+    """The exit code and one line for an error the user can act on: a config error, an unknown asset
+    or partition, an unreachable store, Ray cluster or instance database, an unreadable one (exit 2), or an
+    artifact another writer holds (exit 1: try again later). None for anything else, a bug, whose
+    traceback is printed."""
+    import sqlite3
+
+    import dagster as dg
+    import sqlalchemy.exc
+    from dagster_postgres.utils import DagsterPostgresException
+
+    from marin_assets.planning import RequestError
+    from marin_resources.environments import RayUnavailableError
+    from marin_resources.gc import OldLayoutError
+    from marin_resources.identity import InvalidPartitionKeyError
+    from marin_resources.object_stores import StoreUnavailableError
+    from marin_resources.store import ArtifactLockedError
+    from marin_resources.typed_config import ConfigError
+
+    if isinstance(exc, ArtifactLockedError):
+        return 1, one_line(exc)
+    if isinstance(exc, (ConfigError, RequestError, InvalidPartitionKeyError, StoreUnavailableError,
+                        RayUnavailableError, OldLayoutError)):
+        return 2, one_line(exc)
+    if isinstance(exc, (sqlalchemy.exc.DatabaseError, sqlite3.DatabaseError)):
+        return 2, instance_database_problem(exc)
+    if isinstance(exc, dg.DagsterInvalidConfigError) and "instance config" in str(exc).partition("\n")[0]:
+        problems = "; ".join(error.message.split(' Expected: "')[0].rstrip(".") for error in exc.errors)
+        return 2, f"{Path(os.environ['DAGSTER_HOME']) / 'dagster.yaml'} is not a valid instance config: {problems}"
+    if isinstance(exc, DagsterPostgresException):  # dagster-postgres gave up connecting
+        cause = exc.__cause__
+        return 2, f"cannot reach the Dagster instance database: {one_line(getattr(cause, 'orig', None) or cause or exc)}"
+    return None
+
+
+def one_line(exc: Exception) -> str:
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
+def instance_database_problem(exc: Exception) -> str:
+    """Which of the instance's SQLite files is unreadable (the error does not say), and why."""
+    import sqlite3
+
+    cause = one_line(getattr(exc, "orig", None) or exc)
+    home = Path(os.environ.get("DAGSTER_HOME") or ".dagster_home")
+    damaged = []
+    for db in sorted(home.rglob("*.db")):
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+                ok = connection.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        except sqlite3.DatabaseError:
+            ok = False
+        if not ok:
+            damaged.append(str(db))
+    if damaged:
+        return (f"the Dagster instance database {', '.join(damaged)} is unreadable ({cause}); restore it from a "
+                f"backup or move it aside (the runs' history in it is then lost to the instance)")
+    return f"the Dagster instance database (DAGSTER_HOME={home}) cannot be used: {cause}"
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, CurationConfig, 
 from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, load_sweeps
 from marin_assets.tokenization.assets import (MIXTURE_VERSION, REGISTRY_PATH, TokenizationRegistry, load_registry,
                                               registry_for_sources)
-from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, load_run_registry
+from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, check_memory_fit, load_run_registry
 from marin_resources.environments import MarinSettings
+from marin_resources.placement import device_memory
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,15 @@ class Deployment:
     @classmethod
     def load(cls, settings: MarinSettings) -> Deployment:
         curation = load_curation_config(settings.sources_file or DEFAULT_SOURCES_PATH)
-        return cls.resolve(curation, load_registry(settings.registry_file or REGISTRY_PATH),
-                           load_run_registry(settings.runs_file or DEFAULT_RUNS_YAML),
-                           load_sweeps(settings.sweeps_file or DEFAULT_SWEEPS_YAML))
+        deployment = cls.resolve(curation, load_registry(settings.registry_file or REGISTRY_PATH),
+                                 load_run_registry(settings.runs_file or DEFAULT_RUNS_YAML),
+                                 load_sweeps(settings.sweeps_file or DEFAULT_SWEEPS_YAML))
+        # Before anything launches: a run too big for the devices it names is refused here, by the
+        # tokenizer's target vocabulary and the devices' memory (runtime placement, never identity).
+        for run in deployment.runs.values():
+            check_memory_fit(run, deployment.tokenization.tokenizers[run.tokenizer].config.vocab_size,
+                             device_memory(run.resources, settings.gpu_type))
+        return deployment
 
     @classmethod
     def resolve(cls, curation: CurationConfig, registry: TokenizationRegistry, runs: Mapping[str, RunSpec],

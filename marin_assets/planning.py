@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import math
 import os
 import socket
 import time
@@ -18,12 +19,15 @@ from typing import Any, Protocol
 import dagster as dg
 
 from marin_assets.catalog import Catalog
-from marin_resources.artifacts import VERIFY_TAG, VERSION_METADATA_KEY
+from marin_resources.artifacts import REFUSED_METADATA_KEY, VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.artifacts import asset_key_str as key_str
-from marin_resources.failures import describe_check
+from marin_resources.dagster_private import (DATA_VERSION_TAG, PARTITION_NAME_TAG, open_workspace,
+                                              run_request_execution_data)
+from marin_resources.failures import describe_check, describe_error, failure_outside_steps
 from marin_resources.freshness import Decision, damage_summary, decide, label_of
 from marin_resources.identity import InvalidPartitionKeyError, fingerprint, validate_partition_key
 from marin_resources.keys import parse_selection
+from marin_resources.progress import PRINT_EVERY_S, parse_line
 from marin_resources.store import ArtifactStore, Manifest, UpstreamRef
 
 Log = Callable[[str], None]
@@ -57,6 +61,7 @@ class StepResult:
     manifests: list[str] = field(default_factory=list)
     error: str | None = None
     skipped: bool = False  # not run because a step it reads from did not succeed
+    refused: bool = False  # failed by refusing its input (`input_refused`): the CLI exits 2, as for a bad config
 
 
 @dataclass(frozen=True)
@@ -72,9 +77,18 @@ class PlannedStep:
     targets' order is the caller's priority), then in plan order."""
 
 
+class RequestError(ValueError):
+    """What a command asked for does not exist or cannot be done (an unknown asset or partition, a
+    malformed key, --rebuild of what is not stored); the message says which. The CLI refuses it in
+    one line (exit 2)."""
+
+
 def parse_key(key: str) -> dg.AssetKey:
     """The asset a user named: a marin key (`filtered/shakespeare`) or the asset key the UI shows."""
-    return parse_selection(key)
+    try:
+        return parse_selection(key)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
 
 
 class Planner:
@@ -115,8 +129,6 @@ class Planner:
         asset (`external/<source>`), where it differs from the last one recorded, so Dagster's own
         staleness (the UI's "Unsynced") sees a changed source as `marin status` does. Returns how
         many observations were recorded."""
-        from dagster._core.definitions.data_version import DATA_VERSION_TAG
-
         current: dict[dg.AssetKey, dict[str, str]] = {}
         for consumer, external in sorted(self.catalog.externals.items()):
             key = parse_key(consumer)
@@ -244,6 +256,8 @@ class Planner:
         return None
 
     def status(self, keys: Iterable[dg.AssetKey] | None = None, *, verify: bool = False) -> list[PartitionState]:
+        for key in keys or ():
+            self.require_asset(key)
         memo: dict = {}
         return [self.state(k, p, verify=verify, memo=memo) for k in (keys or self.artifact_keys())
                 for p in self.partitions_of(k)]
@@ -263,7 +277,7 @@ class Planner:
         for target, partition in targets:
             self.require_asset(target)
             if partition is not None and self.graph.get(target).partitions_def is None:
-                raise ValueError(f"{key_str(target)} is not partitioned; drop --partition")
+                raise RequestError(f"{key_str(target)} is not partitioned; drop --partition")
         wanted = dg.AssetSelection.assets(*[t for t, _ in targets]).upstream().resolve(self.graph)
         ordered = [k for k in self.graph.toposorted_asset_keys if k in wanted and self.graph.get(k).is_materializable]
         stage: dict[dg.AssetKey, int] = {}
@@ -282,6 +296,14 @@ class Planner:
                 if parent in stage:
                     needed.setdefault(parent, set()).update(
                         p for child_part in needed.get(key, ()) for p in self.parent_partitions(key, child_part, parent))
+        for key in ordered:  # a whole-corpus step over a source that discovery found empty builds nothing
+            if self.graph.get(key).partitions_def is None:
+                for parent in self.graph.get(key).parent_keys:
+                    pdef = self.graph.get(parent).partitions_def if parent in stage else None
+                    if isinstance(pdef, dg.DynamicPartitionsDefinition) and not needed.get(parent):
+                        raise RequestError(f"{key_str(key)} would be built from nothing: {key_str(parent)} has "
+                                           f"no partitions (discovery found none for {pdef.name}; does the "
+                                           "source's uri match any file?)")
         groups: dict[tuple[int, str], list[dg.AssetKey]] = {}
         for key in ordered:
             pdef = self.graph.get(key).partitions_def
@@ -391,19 +413,19 @@ class Planner:
     def require_asset(self, target: dg.AssetKey) -> None:
         if target not in self.graph.get_all_asset_keys():
             known = ", ".join(sorted(key_str(k) for k in self.artifact_keys()))
-            raise KeyError(f"unknown asset {key_str(target)!r}; known: {known}")
+            raise RequestError(f"unknown asset {key_str(target)!r}; known: {known}")
 
     def require_partition(self, target: dg.AssetKey, partition: str | None) -> None:
-        """Refuse a partition the asset does not have (ValueError naming the known ones), before any
+        """Refuse a partition the asset does not have (RequestError naming the known ones), before any
         path is built from it."""
         if partition is None:
             return
         pdef = self.graph.get(target).partitions_def
         if pdef is None:
-            raise ValueError(f"{key_str(target)} is not partitioned; drop --partition")
+            raise RequestError(f"{key_str(target)} is not partitioned; drop --partition")
         if partition not in self.partitions_of(target):
             known = ", ".join(str(p) for p in self.partitions_of(target)) or "none"
-            raise ValueError(f"{key_str(target)} has no partition {partition!r}; known: {known}")
+            raise RequestError(f"{key_str(target)} has no partition {partition!r}; known: {known}")
 
     def retract(self, target: dg.AssetKey, partition: str | None, log: Log = print) -> str | None:
         """Withdraw the committed artifact of one asset partition (``marin materialize --rebuild``), e.g.
@@ -414,9 +436,9 @@ class Planner:
         self.require_asset(target)
         name, version = key_str(target), self.version_of(target)
         if version is None:
-            raise ValueError(f"{name} is not a stored artifact; nothing to rebuild")
+            raise RequestError(f"{name} is not a stored artifact; nothing to rebuild")
         if self.graph.get(target).partitions_def is not None and partition is None:
-            raise ValueError(f"{name} is partitioned: --rebuild needs --partition (it withdraws one partition)")
+            raise RequestError(f"{name} is partitioned: --rebuild needs --partition (it withdraws one partition)")
         self.require_partition(target, partition)
         manifest = self.current(target, partition)
         label = name + (f" [{partition}]" if partition else "")
@@ -466,6 +488,7 @@ class Planner:
         next_health_check = time.monotonic() + WORKER_CHECK_S
         # Ready steps judged stale and waiting for a slot: a verdict stays, since their inputs are done.
         stale: set[int] = set()
+        progress = RunProgress(self.instance, log)
         while pending or in_flight:
             # Every ready step is judged first, then the stale ones start: so a step whose siblings
             # all turn out fresh can take along the global step that reads them (`_follower`).
@@ -508,6 +531,8 @@ class Planner:
                 in_flight[run_id] = (group, time.monotonic())
             finished = [(run_id, run) for run_id in in_flight
                         if (run := self.instance.get_run_by_id(run_id)) is not None and run.is_finished]
+            for run_id, (group, _) in in_flight.items():
+                progress.show(run_id, self._label(steps[group[0]]))
             if not finished:
                 if time.monotonic() >= next_health_check:
                     next_health_check = time.monotonic() + WORKER_CHECK_S
@@ -623,9 +648,47 @@ class Planner:
                 f"ERROR check(s) failed: {'; '.join(failed)}"
             # The code server that started a killed worker may mark its run failed before the
             # planner's health check does, with Dagster's generic message: name the cause instead.
-            if not ok and step.error == OUTSIDE_FAILURE and (pid := self.gone_worker_pid(run.run_id)):
-                step.error = worker_died(pid)
+            if not ok and OUTSIDE_FAILURE in step.error and (pid := self.gone_worker_pid(run.run_id)):
+                step.error = step.error.replace(OUTSIDE_FAILURE, worker_died(pid))
+            step.refused = not ok and refused_input(self.instance, run.run_id)
         return step
+
+
+class RunProgress:
+    """Prints what in-flight runs report (marin_resources.progress): each run's notices at once
+    (where its process logs), its newest progress line at most every PRINT_EVERY_S, read from the
+    run's event log past a cursor, at most every POLL_S per run."""
+
+    POLL_S = 1.0
+
+    def __init__(self, instance: dg.DagsterInstance, log: Log, *, print_every_s: float = PRINT_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.instance, self.log, self.print_every_s, self.clock = instance, log, print_every_s, clock
+        self.cursors: dict[str, str | None] = {}
+        self.polled: dict[str, float] = {}
+        self.printed: dict[str, float] = {}
+        self.newest: dict[str, str] = {}  # a run's newest progress line not yet printed
+
+    def show(self, run_id: str, label: str) -> None:
+        now = self.clock()
+        if now - self.polled.get(run_id, -math.inf) < self.POLL_S:
+            return
+        self.polled[run_id] = now
+        connection = self.instance.event_log_storage.get_records_for_run(run_id, cursor=self.cursors.get(run_id))
+        self.cursors[run_id] = connection.cursor
+        for record in connection.records:
+            entry = record.event_log_entry
+            parsed = parse_line(entry.user_message) if entry.dagster_event is None else None
+            if parsed is None:
+                continue
+            kind, text = parsed
+            if kind == "notice":
+                self.log(f"          {label}: {text}")
+            else:
+                self.newest[run_id] = text
+        if run_id in self.newest and now - self.printed.get(run_id, -math.inf) >= self.print_every_s:
+            self.log(f"          {label}: {self.newest.pop(run_id)}")
+            self.printed[run_id] = now
 
 
 class RunSubmitter(Protocol):
@@ -686,12 +749,7 @@ class WorkspaceRuns:
     def workspace(self):
         """The workspace's request context; its code server starts on the first run, so a plan
         with nothing to build starts none."""
-        from dagster._core.workspace.context import WorkspaceProcessContext
-        from dagster._core.workspace.load_target import WorkspaceFileTarget
-
-        context = self._stack.enter_context(
-            WorkspaceProcessContext(self.instance, WorkspaceFileTarget(paths=[self.workspace_file])))
-        workspace = context.create_request_context()
+        workspace = open_workspace(self._stack, self.instance, self.workspace_file)
         errors = [e for e in workspace.get_code_location_entries().values() if e.load_error is not None]
         if errors:
             raise RuntimeError(f"code location {errors[0].origin.location_name} failed to load: "
@@ -699,15 +757,12 @@ class WorkspaceRuns:
         return workspace
 
     def submit(self, keys, checks, partition, run_config, tags) -> str:
-        from dagster._core.execution.submit_asset_runs import get_job_execution_data_from_run_request
-        from dagster._core.storage.tags import PARTITION_NAME_TAG
-
         run_tags = {**tags, **({PARTITION_NAME_TAG: partition} if partition is not None else {})}
         config = {**run_config, "execution": {"config": {"in_process": {}}}}
         request = dg.RunRequest(asset_selection=keys, asset_check_keys=checks, run_config=config, tags=run_tags)
         # One event loop for the workspace's life: its data loaders are bound to the loop they first ran on.
-        data = self._loop.run_until_complete(get_job_execution_data_from_run_request(
-            self.workspace.asset_graph, request, self.instance, self.workspace, self._plans))
+        data = self._loop.run_until_complete(
+            run_request_execution_data(self.workspace, request, self.instance, self._plans))
         job = data.remote_job
         run = self.instance.create_run(
             job_name=job.name, run_id=None, run_config=config, resolved_op_selection=None, op_selection=None,
@@ -770,17 +825,20 @@ def quiet_run_config() -> dict:
     return {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
+def refused_input(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """Whether a failed run's steps failed only by refusing their input (`input_refused`)."""
+    failures = [entry.dagster_event.step_failure_data for entry in
+                instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE) if entry.dagster_event is not None]
+    return bool(failures) and all(
+        data.user_failure_data is not None and REFUSED_METADATA_KEY in (data.user_failure_data.metadata or {})
+        for data in failures)
+
+
 def failure_message(instance: dg.DagsterInstance, run_id: str) -> str:
-    """The first step failure of a run, unwrapped to the user's error; else why the run failed."""
-    for entry in instance.all_logs(run_id, of_type={dg.DagsterEventType.STEP_FAILURE,
-                                                     dg.DagsterEventType.RUN_FAILURE}):
+    """The first step failure of a run, unwrapped to the user's error; else why the run failed
+    outside its steps (`failure_outside_steps`)."""
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
         event = entry.dagster_event
-        if event is not None and event.is_step_failure and event.step_failure_data.error:
-            err = event.step_failure_data.error
-            while err.cause is not None and "DagsterExecutionStepExecutionError" in err.cls_name:
-                err = err.cause
-            return f"{event.step_key}: {err.message.strip()}"
-    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
-        if entry.dagster_event is not None and entry.dagster_event.message:
-            return entry.dagster_event.message.strip()
-    return "run failed"
+        if event is not None and event.step_failure_data.error:
+            return f"{event.step_key}: {describe_error(event.step_failure_data.error)}"
+    return failure_outside_steps(instance, run_id)[1]

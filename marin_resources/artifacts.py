@@ -31,6 +31,13 @@ VERSION_METADATA_KEY = "marin/version"
 ALL_PARTITIONS_METADATA_KEY = "marin/all_partitions"
 # Run tag: re-hash every file of the artifact and of its inputs instead of the cheap size check.
 VERIFY_TAG = "marin/verify"
+REFUSED_METADATA_KEY = "marin/refused"
+
+
+def input_refused(message: str) -> dg.Failure:
+    """A step's refusal of its input (a missing piece, a mismatch the user must fix): one line, and
+    marked so that the CLI exits 2 for it as for any other refusal, not 1 as for a failed build."""
+    return dg.Failure(description=message, metadata={REFUSED_METADATA_KEY: True})
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,8 @@ def materialize_artifact(
         extra.update(built.metadata)
         if resume:
             extra["marin/files_rehash_skipped"] = writer.files_rehash_skipped
+        if writer.files_vouched:
+            extra["marin/files_vouched"] = writer.files_vouched  # hashed by the units that wrote them
         extra["marin/build_seconds"] = round(time.monotonic() - started, 3)
         extra["marin/build_cpu_seconds"] = round(cpu_seconds() - cpu_started, 3)  # what it cost in cores
 

@@ -29,16 +29,16 @@ Chunk = TypeVar("Chunk")
 Result = TypeVar("Result")
 
 
-def byte_ranges(sizes: Sequence[int], target_bytes: int | None) -> list[tuple[int, int]]:
+def weighted_ranges(weights: Sequence[int], target: int | None) -> list[tuple[int, int]]:
     """Consecutive row ranges ``[start, end)`` covering every row in order: a row belongs to the
-    range of ``target_bytes`` its first byte falls in (counting every row's bytes before it), so
-    each range holds about ``target_bytes``. None: one range."""
-    if target_bytes is None or len(sizes) == 0:
-        return [(0, len(sizes))]
-    if target_bytes <= 0:
-        raise ValueError(f"chunk size must be positive, got {target_bytes}")
-    sizes = np.asarray(sizes, dtype=np.int64)
-    bucket = (np.cumsum(sizes) - sizes) // target_bytes
+    range of ``target`` its first unit falls in (counting every row's weight before it: bytes,
+    documents), so each range holds about ``target``. None: one range."""
+    if target is None or len(weights) == 0:
+        return [(0, len(weights))]
+    if target <= 0:
+        raise ValueError(f"chunk size must be positive, got {target}")
+    sizes = np.asarray(weights, dtype=np.int64)
+    bucket = (np.cumsum(sizes) - sizes) // target
     bounds = [0, *(np.flatnonzero(np.diff(bucket)) + 1).tolist(), len(sizes)]
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -46,9 +46,19 @@ def byte_ranges(sizes: Sequence[int], target_bytes: int | None) -> list[tuple[in
 class DataParallel(dg.ConfigurableResource):
     """A step's input in one piece, in the step's own process."""
 
+    dedup_batch_shards: int = 8
+    """New shards the dedup index decides per batch. Each batch matches its keys against every
+    committed run, so a first build of many shards wants large batches (fewer passes over the
+    index); a batch's spilled keys bound one pass's memory. The decisions do not depend on it."""
+
     def ranges(self, sizes: Sequence[int]) -> list[tuple[int, int]]:
         """How rows of these byte sizes are cut into chunks."""
-        return byte_ranges(sizes, None)
+        return weighted_ranges(sizes, None)
+
+    def document_ranges(self, documents: Sequence[int]) -> list[tuple[int, int]]:
+        """How units of a pass that is cheap per byte (``deduplicated``'s), holding these numbers
+        of documents, are grouped into chunks."""
+        return weighted_ranges(documents, None)
 
     def worth_spreading(self, nbytes: int) -> bool:
         """Whether work over ``nbytes`` of input pays for being spread (here: nothing is spread)."""

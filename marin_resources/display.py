@@ -11,31 +11,15 @@ from typing import Any
 
 import dagster as dg
 
+from marin_resources.progress import human_bytes, human_duration  # noqa: F401 (re-exported)
+
 SIGNIFICANT_DIGITS = 4
-_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 def round_significant(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
     if not math.isfinite(value) or value == 0:
         return value
     return float(f"{value:.{digits}g}")
-
-
-def human_bytes(n: int | float) -> str:
-    size, unit = float(n), 0
-    while abs(size) >= 1024 and unit < len(_BYTE_UNITS) - 1:
-        size, unit = size / 1024, unit + 1
-    return f"{int(size)} B" if unit == 0 else f"{size:.3g} {_BYTE_UNITS[unit]}"
-
-
-def human_duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.3g} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 def parse_duration(text: str) -> float:

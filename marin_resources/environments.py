@@ -13,9 +13,11 @@ assets ask for under the resource key `launcher`.
 
 In either environment `MARIN_RAY=local` spreads the chunks of one huge shard over a local Ray
 (`marin_resources.ray_parallel`): at most MARIN_RAY_CPUS workers (default: the cores), chunks of
-MARIN_RAY_CHUNK_MB (default 32). `MARIN_RAY=cluster` sends them to the running Ray cluster at
+MARIN_RAY_CHUNK_MB (default 32); a pass that is cheap per byte (`deduplicated`) groups its shards
+into tasks of MARIN_RAY_CHUNK_DOCS documents (default 200,000). `MARIN_RAY=cluster` sends them to the running Ray cluster at
 RAY_ADDRESS (`host:port` of its head, or `ray://host:port` for Ray Client) instead. Unset or `off`:
-a shard is filtered in one piece.
+a shard is filtered in one piece. MARIN_DEDUP_BATCH_SHARDS (default 8) is how many new shards the
+dedup index decides together.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ from typing import Any
 
 import dagster as dg
 
+from marin_resources.typed_config import ConfigError
+
 DEFAULT_PREFIX = "./local_store"
 ENVIRONMENTS = ("local", "prod")
 RAY_MODES = ("off", "local", "cluster")
+STORE_SCHEMES = ("file", "gs", "gcs", "s3")
 PROCESS_OUTPUTS = ("console", "file")
 TRAIN_POOLS = ("cpu-train", "gpu", "tpu")
 
@@ -61,6 +66,9 @@ class MarinSettings:
     """RAY_ADDRESS, read only with ``MARIN_RAY=cluster``."""
     ray_cpus: int = 1
     ray_chunk_mb: int = 32
+    ray_chunk_docs: int = 200_000
+    dedup_batch_shards: int = 8
+    """New shards the dedup index decides together (MARIN_DEDUP_BATCH_SHARDS)."""
     suites_file: str | None = None
     """The eval suites file (MARIN_SUITES); None: the bundled suites.yaml."""
     eval_suite: str | None = None
@@ -71,31 +79,37 @@ class MarinSettings:
         e = os.environ if environ is None else environ
         env = e.get("MARIN_ENV", "local")
         if env not in ENVIRONMENTS:
-            raise ValueError(f"MARIN_ENV must be one of {', '.join(ENVIRONMENTS)}, got {env!r}")
+            raise ConfigError(f"MARIN_ENV must be one of {', '.join(ENVIRONMENTS)}, got {env!r}")
         prefix = e.get("MARIN_PREFIX")
         if env == "prod" and not prefix:
-            raise ValueError("MARIN_ENV=prod needs MARIN_PREFIX (for example gs://bucket/marin or s3://bucket/marin)")
+            raise ConfigError("MARIN_ENV=prod needs MARIN_PREFIX (for example gs://bucket/marin or s3://bucket/marin)")
         prefix = prefix or DEFAULT_PREFIX
+        scheme = prefix.split("://", 1)[0] if "://" in prefix else "file"
+        if scheme not in STORE_SCHEMES:
+            raise ConfigError(f"MARIN_PREFIX={prefix}: {scheme}:// is not a store this project writes to "
+                              f"(a local path, file://, gs://, gcs:// or s3://)")
         if "://" not in prefix:
             prefix = str(Path(prefix).expanduser().resolve())
         pool = e.get("MARIN_TRAIN_POOL", "gpu" if env == "prod" else "cpu-train")
         if pool not in TRAIN_POOLS:
-            raise ValueError(f"MARIN_TRAIN_POOL must be one of {', '.join(TRAIN_POOLS)}, got {pool!r}")
+            raise ConfigError(f"MARIN_TRAIN_POOL must be one of {', '.join(TRAIN_POOLS)}, got {pool!r}")
         process_output = e.get("MARIN_PROCESS_OUTPUT", "console")
         if process_output not in PROCESS_OUTPUTS:
-            raise ValueError(f"MARIN_PROCESS_OUTPUT must be one of {', '.join(PROCESS_OUTPUTS)}, got {process_output!r}")
+            raise ConfigError(f"MARIN_PROCESS_OUTPUT must be one of {', '.join(PROCESS_OUTPUTS)}, got {process_output!r}")
         ray = e.get("MARIN_RAY") or "off"
         if ray not in RAY_MODES:
-            raise ValueError(f"MARIN_RAY must be one of {', '.join(RAY_MODES)}, got {ray!r}")
+            raise ConfigError(f"MARIN_RAY must be one of {', '.join(RAY_MODES)}, got {ray!r}")
         ray_address = None
         if ray == "cluster":
             ray_address = e.get("RAY_ADDRESS")
             if not ray_address:
-                raise ValueError("MARIN_RAY=cluster needs RAY_ADDRESS: the head's host:port (on a node of the "
+                raise ConfigError("MARIN_RAY=cluster needs RAY_ADDRESS: the head's host:port (on a node of the "
                                  "cluster) or ray://host:port (Ray Client, from anywhere)")
             ray_host_port(ray_address)  # a malformed address fails when the code location loads
         ray_cpus = _positive_int(e, "MARIN_RAY_CPUS", os.cpu_count() or 1)
         ray_chunk_mb = _positive_int(e, "MARIN_RAY_CHUNK_MB", 32)
+        ray_chunk_docs = _positive_int(e, "MARIN_RAY_CHUNK_DOCS", 200_000)
+        dedup_batch_shards = _positive_int(e, "MARIN_DEDUP_BATCH_SHARDS", 8)
         return cls(env=env, prefix=prefix, sources_file=e.get("MARIN_SOURCES") or None,
                    runs_file=e.get("MARIN_RUNS") or None, registry_file=e.get("MARIN_REGISTRY") or None,
                    sweeps_file=e.get("MARIN_SWEEPS") or None,
@@ -107,6 +121,7 @@ class MarinSettings:
                    # Only whether a key exists is read here; the value travels as a Dagster EnvVar/secret ref.
                    wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output,
                    ray=ray, ray_address=ray_address, ray_cpus=ray_cpus, ray_chunk_mb=ray_chunk_mb,
+                   ray_chunk_docs=ray_chunk_docs, dedup_batch_shards=dedup_batch_shards,
                    suites_file=e.get("MARIN_SUITES") or None, eval_suite=e.get("MARIN_EVAL_SUITE") or None)
 
 
@@ -118,7 +133,7 @@ def ray_host_port(address: str) -> tuple[str, int]:
     """RAY_ADDRESS (``host:port`` or ``ray://host:port``) as (host, port); ValueError otherwise."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ValueError(f"RAY_ADDRESS must be host:port or ray://host:port, got {address!r}")
+        raise ConfigError(f"RAY_ADDRESS must be host:port or ray://host:port, got {address!r}")
     return host.strip("[]"), int(port)
 
 
@@ -136,7 +151,7 @@ def _positive_int(environ, name: str, default: int) -> int:
     if not value:
         return default
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
 
@@ -205,14 +220,18 @@ def _data_parallel(settings: MarinSettings):
     if settings.ray == "local":
         from marin_resources.ray_parallel import local_ray_parallel
 
-        return local_ray_parallel(num_cpus=settings.ray_cpus, chunk_bytes=chunk_bytes)
+        return local_ray_parallel(num_cpus=settings.ray_cpus, chunk_bytes=chunk_bytes,
+                                  dedup_batch_shards=settings.dedup_batch_shards,
+                                  chunk_documents=settings.ray_chunk_docs)
     if settings.ray == "cluster":
         from marin_resources.ray_parallel import cluster_ray_parallel
 
-        return cluster_ray_parallel(address=settings.ray_address, chunk_bytes=chunk_bytes)
+        return cluster_ray_parallel(address=settings.ray_address, chunk_bytes=chunk_bytes,
+                                    dedup_batch_shards=settings.dedup_batch_shards,
+                                    chunk_documents=settings.ray_chunk_docs)
     from marin_resources.data_parallel import DataParallel
 
-    return DataParallel()
+    return DataParallel(dedup_batch_shards=settings.dedup_batch_shards)
 
 
 def _cloud_resources(settings: MarinSettings) -> dict[str, Any]:

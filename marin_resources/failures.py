@@ -36,15 +36,13 @@ def failed_materializations(instance: dg.DagsterInstance, limit: int = 200) -> l
         for entry in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
             event = entry.dagster_event
             err = event.step_failure_data.error if event and event.step_failure_data else None
-            while err is not None and err.cause is not None and "StepExecutionError" in err.cls_name:
-                err = err.cause
             step = event.step_key if event else None
             failures.append({"step": step, "failed_assets": sorted(planned.get(step, [])),
-                             "error": _describe(err) if err else "unknown",
+                             "error": describe_error(err) if err else "unknown",
                              "time": _iso(entry.timestamp)})
         if run.status == dg.DagsterRunStatus.FAILURE and not failures:
-            failures.append({"step": None, "failed_assets": [],
-                             "error": "run failed before any step (see the run's event log)",
+            step, error = failure_outside_steps(instance, run.run_id)
+            failures.append({"step": step, "failed_assets": sorted(planned.get(step, [])), "error": error,
                              "time": _iso(record.end_time or record.create_timestamp.timestamp())})
         for failure in failures:
             rows.append({"run_id": run.run_id, "job": run.job_name, "assets": assets,
@@ -66,15 +64,62 @@ def _failed_error_checks(instance: dg.DagsterInstance, run_id: str) -> list[dict
 
 
 def describe_check(evaluation) -> str:
-    """`asset:check (key=value, ...)` of one check evaluation."""
+    """`asset:check (key=value, ...)` of one check evaluation, then what broke the rule when the check
+    says (its description: which count, against what)."""
     details = ", ".join(f"{k}={getattr(v, 'value', v)}" for k, v in sorted((evaluation.metadata or {}).items()))
-    return f"{marin_key(evaluation.asset_key)}:{evaluation.check_name} ({details})"
+    described = f": {evaluation.description}" if getattr(evaluation, "description", None) else ""
+    return f"{marin_key(evaluation.asset_key)}:{evaluation.check_name} ({details}){described}"
 
 
-def _describe(err) -> str:
-    """`Class: message`; Dagster's message usually carries the class name already."""
+def failure_outside_steps(instance: dg.DagsterInstance, run_id: str) -> tuple[str | None, str]:
+    """Why a failed run that recorded no step failure failed: the step it was in, if any, and one line.
+
+    A step that started and never reported an end means the run's process stopped under it (kill
+    -9, out of memory, a lost pod): "killed mid-step (worker gone)". A process that stopped after
+    one step ended and before the next planned step started is "killed between steps". With no
+    step started, the run failed before any step, for the cause Dagster recorded with the run's
+    failure (a resource that could not start, such as an unreachable store), not its generic "An
+    exception was thrown"."""
+    def steps(kinds) -> list[str]:
+        return [e.dagster_event.step_key for e in instance.all_logs(run_id, of_type=kinds)
+                if e.dagster_event is not None and e.dagster_event.step_key is not None]
+
+    ended = set(steps({dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE,
+                       dg.DagsterEventType.STEP_SKIPPED}))
+    started = steps(dg.DagsterEventType.STEP_START)
+    planned = list(dict.fromkeys(steps(dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED)))
+    cause = run_failure_cause(instance, run_id)
+    if running := [step for step in started if step not in ended]:
+        return running[0], f"killed mid-step (worker gone): step {running[0]} started and never ended; {cause}"
+    if started and (waiting := [step for step in planned if step not in started]):
+        return waiting[0], (f"killed between steps (worker gone): step {started[-1]} ended and step "
+                            f"{waiting[0]} never started; {cause}")
+    if started:
+        return None, f"failed after its steps ended: {cause}"
+    return None, f"failed before any step: {cause}"
+
+
+def run_failure_cause(instance: dg.DagsterInstance, run_id: str) -> str:
+    """The error recorded with a run's failure, unwrapped to the user's; else the failure's message."""
+    message = "no failure recorded (see the run's event log)"
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
+        event = entry.dagster_event
+        err = getattr(event.event_specific_data, "error", None) if event is not None else None
+        if err is not None:
+            return describe_error(err)
+        if event is not None and event.message:
+            message = event.message.strip()
+    return message
+
+
+def describe_error(err) -> str:
+    """`Class: message` of the user's error inside Dagster's wrappers (a step's or a resource's).
+    Dagster's message usually starts with the class name already, sometimes module-qualified."""
+    while err.cause is not None and err.cls_name.startswith("Dagster"):
+        err = err.cause
     message = err.message.strip()
-    return message if message.startswith(f"{err.cls_name}:") else f"{err.cls_name}: {message}"
+    named, sep, rest = message.partition(": ")
+    return f"{err.cls_name}: {rest if sep and named.rsplit('.', 1)[-1] == err.cls_name else message}"
 
 
 def _iso(ts: float | None) -> str | None:

@@ -27,17 +27,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from marin_resources.launchers import ProcessCommand, TrainingLauncher, build_command_and_env
 from marin_resources.object_stores import PIPES_BUCKET_ENV
-from marin_resources.placement import ResourceSpec
-
-if TYPE_CHECKING:
-    from dagster._core.pipes.client import PipesClientCompletedInvocation
+from marin_resources.placement import (PROCESS_ID_ENV, PlacementError, ResourceSpec, process_group, tpu_generation,
+                                       tpu_slice_geometry)
 
 # GKE node labels and taints (https://cloud.google.com/kubernetes-engine/docs/how-to/gpus,
 # https://cloud.google.com/kubernetes-engine/docs/concepts/tpus).
@@ -104,23 +102,6 @@ class GpuRequest:
 
 
 @dataclass(frozen=True)
-class _TpuGeneration:
-    gke_accelerator: str
-    # Cloud TPU type names count TensorCores for v4/v5p ("v4-16" = 8 chips) but chips for
-    # v5e/v6e ("v5litepod-16" = 16 chips).
-    cores_per_chip: int
-    chips_per_host: tuple[int, ...]
-
-
-_TPU_GENERATIONS: dict[str, _TpuGeneration] = {
-    "v4": _TpuGeneration("tpu-v4-podslice", cores_per_chip=2, chips_per_host=(4,)),
-    "v5p": _TpuGeneration("tpu-v5p-slice", cores_per_chip=2, chips_per_host=(4,)),
-    "v5litepod": _TpuGeneration("tpu-v5-lite-podslice", cores_per_chip=1, chips_per_host=(1, 4, 8)),
-    "v6e": _TpuGeneration("tpu-v6e-slice", cores_per_chip=1, chips_per_host=(1, 4, 8)),
-}
-
-
-@dataclass(frozen=True)
 class TpuRequest:
     """A whole TPU slice: Cloud TPU type (``v5litepod-16``), ICI topology (``4x4``), VM hosts."""
 
@@ -129,15 +110,15 @@ class TpuRequest:
     hosts: int
 
     def __post_init__(self) -> None:
-        generation, _, size = self.tpu_type.rpartition("-")
-        if generation not in _TPU_GENERATIONS or not size.isdigit():
-            known = ", ".join(f"{g}-N" for g in _TPU_GENERATIONS)
-            raise K8sSpecError(f"unknown TPU type {self.tpu_type!r}; expected one of {known}")
+        try:
+            generation, gen = tpu_generation(self.tpu_type)
+        except PlacementError as exc:
+            raise K8sSpecError(str(exc)) from None
+        size = self.tpu_type.rpartition("-")[2]
         if not _TOPOLOGY_RE.match(self.topology):
             raise K8sSpecError(f"TPU topology {self.topology!r} must look like 4x4 or 2x2x4")
         if self.hosts < 1:
             raise K8sSpecError(f"TPU hosts must be >= 1, got {self.hosts}")
-        gen = _TPU_GENERATIONS[generation]
         chips_from_type, remainder = divmod(int(size), gen.cores_per_chip)
         chips_from_topology = math.prod(int(d) for d in self.topology.split("x"))
         if remainder or chips_from_type != chips_from_topology:
@@ -154,7 +135,7 @@ class TpuRequest:
 
     @property
     def gke_accelerator(self) -> str:
-        return _TPU_GENERATIONS[self.tpu_type.rpartition("-")[0]].gke_accelerator
+        return tpu_generation(self.tpu_type)[1].gke_accelerator
 
     @property
     def chips_per_host(self) -> int:
@@ -167,29 +148,14 @@ class TpuRequest:
 
 AcceleratorRequest = CpuRequest | GpuRequest | TpuRequest
 
-# GKE's topology for a whole slice of each size (chips -> ICI shape): v5e/v6e slices are 2D,
-# v4/v5p slices 3D. Single-host machine types carry up to 8 (v5e/v6e) or 4 (v4/v5p) chips;
-# multi-host slices use 4-chip hosts.
-_SLICE_TOPOLOGIES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
-                        256: "16x16"}
-_SLICE_TOPOLOGIES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
-                        256: "4x8x8", 512: "8x8x8"}
-_MULTI_HOST_CHIPS_PER_HOST = 4
-
 
 def tpu_slice(tpu_type: str) -> TpuRequest:
     """The whole slice a Cloud TPU type names: ``v5litepod-16`` is 16 chips, 4x4, on 4 hosts."""
-    generation, _, size = tpu_type.rpartition("-")
-    if generation not in _TPU_GENERATIONS or not size.isdigit():
-        known = ", ".join(f"{g}-N" for g in _TPU_GENERATIONS)
-        raise K8sSpecError(f"unknown TPU type {tpu_type!r}; expected one of {known}")
-    gen = _TPU_GENERATIONS[generation]
-    chips = int(size) // gen.cores_per_chip
-    topologies = _SLICE_TOPOLOGIES_3D if gen.cores_per_chip == 2 else _SLICE_TOPOLOGIES_2D
-    if chips not in topologies:
-        raise K8sSpecError(f"{tpu_type} ({chips} chips) is not a slice size GKE offers: {sorted(topologies)} chips")
-    hosts = 1 if chips <= max(gen.chips_per_host) else chips // _MULTI_HOST_CHIPS_PER_HOST
-    return TpuRequest(tpu_type=tpu_type, topology=topologies[chips], hosts=hosts)
+    try:
+        _, topology, hosts = tpu_slice_geometry(tpu_type)
+    except PlacementError as exc:
+        raise K8sSpecError(str(exc)) from None
+    return TpuRequest(tpu_type=tpu_type, topology=topology, hosts=hosts)
 
 
 def accelerator_for(resources, gpu_type: str) -> AcceleratorRequest:
@@ -456,8 +422,9 @@ def build_training_job_spec(cfg: PodSpecConfig) -> dict[str, Any]:
     """``batch/v1`` Indexed Job with one pod per TPU host of a multi-host slice.
 
     Every pod gets ``TPU_WORKER_ID`` (its completion index) and ``TPU_WORKER_HOSTNAMES`` (all
-    hosts, index order), which JAX's GKE TPU cluster detection reads. The command is wrapped so
-    only index 0 keeps its Dagster Pipes message channel.
+    hosts, index order), which JAX's GKE TPU cluster detection reads, and the same group as the
+    ``MARIN_*`` variables of `process_group` (coordinator on host 0), which the training process
+    joins. The command is wrapped so only index 0 keeps its Dagster Pipes message channel.
     """
     accel = _require_multi_host_tpu(cfg)
     pod_spec = _pod_spec(cfg)
@@ -470,16 +437,17 @@ def build_training_job_spec(cfg: PodSpecConfig) -> dict[str, Any]:
         "marin-tpu-host",
         *cfg.command,
     ]
+    def completion_index() -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_COMPLETION_INDEX_ANNOTATION}']"}}
+
+    group_env = process_group(tpu_worker_hostnames(cfg), 0).env()
     container["env"] += [
-        {
-            "name": "TPU_WORKER_ID",
-            "valueFrom": {
-                "fieldRef": {
-                    "fieldPath": f"metadata.annotations['{JOB_COMPLETION_INDEX_ANNOTATION}']"
-                }
-            },
-        },
+        {"name": "TPU_WORKER_ID", "valueFrom": completion_index()},
         {"name": "TPU_WORKER_HOSTNAMES", "value": ",".join(tpu_worker_hostnames(cfg))},
+        # The job's process group, as `process_group` defines it for every launcher; the process id
+        # is the pod's completion index, so it is filled in by the kubelet.
+        *({"name": name, "value": value} for name, value in group_env.items() if name != PROCESS_ID_ENV),
+        {"name": PROCESS_ID_ENV, "valueFrom": completion_index()},
     ]
     return {
         "apiVersion": "batch/v1",
@@ -573,7 +541,7 @@ class K8sPipesLauncher(dg.ConfigurableResource):
         extras: Mapping[str, Any] | None = None,
         pool: str | None = None,
         pipes: "BucketPipes | None" = None,
-    ) -> PipesClientCompletedInvocation:
+    ) -> dg.PipesClientCompletedInvocation:
         """Run ``command`` in a pod (an Indexed Job for a multi-host TPU slice).
 
         Pipes context and messages travel in the pod's env and logs, or through ``pipes`` (a
@@ -592,7 +560,8 @@ class K8sPipesLauncher(dg.ConfigurableResource):
             return self._run_indexed_job(context, cfg, extras, pipes)
         return self._run_pod(context, cfg, extras, pipes)
 
-    def _run_pod(self, context, cfg: PodSpecConfig, extras, pipes: "BucketPipes | None") -> PipesClientCompletedInvocation:
+    def _run_pod(self, context, cfg: PodSpecConfig, extras,
+                 pipes: "BucketPipes | None") -> dg.PipesClientCompletedInvocation:
         from dagster_k8s import PipesK8sClient
 
         manifest = build_training_pod_spec(cfg)
@@ -627,19 +596,17 @@ class K8sPipesLauncher(dg.ConfigurableResource):
 
     def _run_indexed_job(
         self, context, cfg: PodSpecConfig, extras, pipes: "BucketPipes | None"
-    ) -> PipesClientCompletedInvocation:
-        from dagster._core.pipes.client import PipesClientCompletedInvocation
-        from dagster._core.pipes.utils import PipesEnvContextInjector, open_pipes_session
+    ) -> dg.PipesClientCompletedInvocation:
         from dagster_k8s.client import DagsterKubernetesClient, WaitForPodState
         from dagster_k8s.pipes import PipesK8sPodLogsMessageReader
 
         self._load_kube_config()
         client = DagsterKubernetesClient.production_client()
         reader = pipes.message_reader if pipes else PipesK8sPodLogsMessageReader()
-        with open_pipes_session(
+        with dg.open_pipes_session(
             context=context,
             extras=extras,
-            context_injector=pipes.context_injector if pipes else PipesEnvContextInjector(),
+            context_injector=pipes.context_injector if pipes else dg.PipesEnvContextInjector(),
             message_reader=reader,
         ) as session:
             cfg = replace(cfg, env={**cfg.env, **session.get_bootstrap_env_vars()})
@@ -682,7 +649,7 @@ class K8sPipesLauncher(dg.ConfigurableResource):
                     service["metadata"]["name"],
                     namespace,
                 )
-        return PipesClientCompletedInvocation(session)
+        return dg.PipesClientCompletedInvocation(session)
 
     def _wait_for_leader_pod(self, client, job_name: str, namespace: str) -> str:
         """Name of the job's index-0 pod (the only one that writes Pipes messages)."""
@@ -829,8 +796,8 @@ class K8sTrainingLauncher(K8sPipesLauncher, TrainingLauncher):
                     extras: Mapping[str, Any] | None = None):
         accelerator = accelerator_for(resources, self.gpu_type)
         cache_volume, pipes = self._store_placement(process.output_dir)
-        launch = build_command_and_env(process, accelerator=resources.accelerator, python_executable="python",
-                                       extra_env=self.extra_env)
+        launch = build_command_and_env(process, accelerator=resources.accelerator, cpu_devices=resources.device_count,
+                                       python_executable="python", extra_env=self.extra_env)
         run_name = f"{process.kind}-{context.partition_key if context.has_partition_key else 'run'}"
 
         def run(command: Sequence[str]):

@@ -16,7 +16,8 @@ import dagster as dg
 
 # Who answers for each stage's assets (Dagster owners are e-mail addresses or `team:` names).
 STAGE_OWNERS = {"curation": "team:marin-curation", "tokenization": "team:marin-tokenization",
-                "training": "team:marin-training", "evaluation": "team:marin-evaluation",
+                "training": "team:marin-training", "export": "team:marin-training",
+                "evaluation": "team:marin-evaluation",
                 "scaling": "team:marin-scaling", "reports": "team:marin-ops"}
 
 

@@ -11,8 +11,11 @@ JAX/Levanter are never imported here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -25,9 +28,11 @@ from typing import Any, Iterator, Literal, Mapping
 import dagster as dg
 from dagster_pipes import PipesDefaultMessageWriter
 
-from marin_resources.placement import ResourceSpec
+from marin_resources.placement import ProcessGroup, ResourceSpec, process_group
+from marin_resources.progress import notice_line
 
 FAILURE_TAIL_LINES = 40
+FOLLOWER_EXIT_WAIT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ def build_command_and_env(
     process: ProcessCommand,
     *,
     accelerator: Literal["cpu", "gpu", "tpu"] = "cpu",
+    cpu_devices: int = 1,
     wandb_api_key: str | None = None,
     python_executable: str | None = None,
     extra_env: Mapping[str, str] | None = None,
@@ -68,8 +74,9 @@ def build_command_and_env(
     """Command and env of ``process``.
 
     Env: JAX_PLATFORMS=cpu for CPU runs and empty otherwise (so an inherited ``cpu`` cannot hide
-    a GPU/TPU); Ray usage stats off; HF hub offline (tokenizers are local artifacts); W&B online
-    only when an API key is given, which travels in WANDB_API_KEY and nowhere else.
+    a GPU/TPU); on CPU, ``cpu_devices`` > 1 virtual devices through XLA_FLAGS (how a sharded run
+    gets its mesh without an accelerator); Ray usage stats off; HF hub offline (tokenizers are local
+    artifacts); W&B online only when an API key is given, which travels in WANDB_API_KEY and nowhere else.
     """
     command = [python_executable or sys.executable, "-m", process.module, *process.args]
     env = {
@@ -81,6 +88,8 @@ def build_command_and_env(
         "WANDB_DIR": process.output_dir,
         "PYTHONUNBUFFERED": "1",
     }
+    if accelerator == "cpu" and cpu_devices > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cpu_devices}"
     if wandb_api_key:
         env["WANDB_API_KEY"] = wandb_api_key
     env.update(extra_env or {})
@@ -170,8 +179,9 @@ class TrainingLauncher(dg.ConfigurableResource):
 class LocalPipesLauncher(TrainingLauncher):
     """Runs processes as local subprocesses through ``dg.PipesSubprocessClient``.
 
-    The process sees this machine's devices: ``resources.accelerator`` picks the JAX platform;
-    a device count, TPU type or pool beyond that is the cluster launcher's business.
+    The process sees this machine's devices: ``resources.accelerator`` picks the JAX platform, and
+    a CPU run gets ``resources.device_count`` virtual devices; a TPU type or pool beyond that is the
+    cluster launcher's business.
     Configure ``wandb_api_key=dg.EnvVar("WANDB_API_KEY")`` to log online; without it W&B runs offline.
     """
 
@@ -186,25 +196,39 @@ class LocalPipesLauncher(TrainingLauncher):
     def wandb_online(self) -> bool:
         return bool(self.wandb_api_key)
 
-    def launch(self, process: ProcessCommand, *, accelerator: Literal["cpu", "gpu", "tpu"] = "cpu") -> ProcessLaunch:
+    def launch(self, process: ProcessCommand, *, resources: ResourceSpec = ResourceSpec()) -> ProcessLaunch:
         extra_env = dict(self.extra_env)
         if self.cpu_peak_flops is not None:
             extra_env["MARIN_CPU_PEAK_FLOPS"] = repr(self.cpu_peak_flops)
-        return build_command_and_env(process, accelerator=accelerator, wandb_api_key=self.wandb_api_key,
-                                     python_executable=self.python_executable, extra_env=extra_env)
+        return build_command_and_env(process, accelerator=resources.accelerator, cpu_devices=resources.device_count,
+                                     wandb_api_key=self.wandb_api_key, python_executable=self.python_executable,
+                                     extra_env=extra_env)
 
     def run_process(self, context, process: ProcessCommand, *, resources: ResourceSpec = ResourceSpec(),
                     extras: Mapping[str, Any] | None = None):
+        """One process, or with ``resources.processes`` > 1 (CPU only) that many on this machine, joined
+        through ``jax.distributed`` with ``device_count / processes`` virtual devices each: process 0
+        under Pipes, the others beside it, their output in ``{kind}_output.process-N.log``."""
         Path(process.output_dir).mkdir(parents=True, exist_ok=True)
-        launch = self.launch(process, accelerator=resources.accelerator)
+        count = resources.process_count
+        if count > 1 and resources.accelerator != "cpu":
+            raise dg.Failure(f"{count} {resources.accelerator} processes: this launcher starts several processes "
+                             "only on CPU (this machine's accelerators belong to one process)")
+        per_process = dataclasses.replace(resources, device_count=resources.device_count // count)
+        launch = self.launch(process, resources=per_process)
+        groups = local_process_groups(count) if count > 1 else []
+        followers = [start_follower(launch, process, group) for group in groups[1:]]
         client = dg.PipesSubprocessClient(message_reader=WholeLineMessageReader())
         command, log_file = list(launch.command), None
         if self.output_to_file:
             log_file = process.log_file
             command += ["--log-file", log_file]
-            context.log.info(f"{process.kind} process output: {log_file}")
+            context.log.info(notice_line(f"{process.kind} process output: {log_file}"))
+        env = {**launch.env, **(groups[0].env() if groups else {})}
+        leader_done = False
         try:
-            return client.run(context=context, command=command, env=launch.env, extras=dict(extras or {}))
+            invocation = client.run(context=context, command=command, env=env, extras=dict(extras or {}))
+            leader_done = True
         except dg.DagsterExecutionInterruptedError:
             raise
         except Exception as exc:  # a non-zero exit (Dagster's pipes error type is not public) or a pipes failure
@@ -212,6 +236,50 @@ class LocalPipesLauncher(TrainingLauncher):
                 raise  # the output went to the console, where it already is
             raise dg.Failure(f"{process.kind} process failed ({exc}); last lines of {log_file}:\n"
                              f"{log_tail(log_file)}") from exc
+        finally:
+            # When process 0 failed, the job has failed: the others are stopped at once.
+            failed = stop_followers(followers, wait_s=FOLLOWER_EXIT_WAIT_S if leader_done else 0.0)
+        if failed:
+            raise dg.Failure(f"{process.kind} process {failed[0][0]} of {count} failed; last lines of {failed[0][1]}:\n"
+                             f"{log_tail(failed[0][1])}")
+        return invocation
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def local_process_groups(count: int) -> list[ProcessGroup]:
+    """``count`` processes on this machine: the coordinator on 127.0.0.1 at a free port."""
+    port = free_port()
+    return [process_group(["127.0.0.1"] * count, i, port) for i in range(count)]
+
+
+def start_follower(launch: ProcessLaunch, process: ProcessCommand,
+                   group: ProcessGroup) -> tuple[int, str, subprocess.Popen]:
+    """Start a process other than 0 of ``group``: no Pipes channel (process 0 reports), output to a file."""
+    log_file = os.path.join(process.output_dir, f"{process.kind}_output.process-{group.process_id}.log")
+    popen = subprocess.Popen([*launch.command, "--log-file", log_file], env={**os.environ, **launch.env, **group.env()},
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return group.process_id, log_file, popen
+
+
+def stop_followers(followers: list[tuple[int, str, subprocess.Popen]], *, wait_s: float) -> list[tuple[int, str]]:
+    """Once process 0 has ended: give the others ``wait_s`` to end too (they finish the same steps),
+    then kill what is left; returns (process id, log file) of those that did not exit cleanly."""
+    deadline = time.monotonic() + wait_s
+    failed = []
+    for process_id, log_file, popen in followers:
+        try:
+            popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+        if popen.returncode != 0:
+            failed.append((process_id, log_file))
+    return failed
 
 
 def log_tail(path: str, lines: int = FAILURE_TAIL_LINES) -> str:

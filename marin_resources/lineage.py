@@ -95,6 +95,33 @@ class LineageError(RuntimeError):
     pass
 
 
+def listing_problems(store: ArtifactStore, manifest: Manifest) -> list[str]:
+    """A raw shard's `listing.json` gives each copied file's content identity (`etag`); where that is
+    a sha256 of the whole file, it must be the hash of the copy stored beside it (`files/<relpath>`),
+    whose bytes `verify` checks against the manifest. A file that grew between listing and copy
+    once recorded the hash of a shorter file than the one stored."""
+    if not any(entry.path == "listing.json" for entry in manifest.files):
+        return []
+    import json
+
+    try:
+        with store.open(f"{manifest.uri}/listing.json") as fh:
+            listing = json.load(fh)
+    except (FileNotFoundError, ValueError):  # missing or altered: `verify` reports it
+        return []
+    stored = {entry.path: entry.sha256 for entry in manifest.files}
+    problems = []
+    for item in listing if isinstance(listing, list) else []:
+        etag, relpath = item.get("etag") or "", item.get("relpath")
+        if item.get("refused") or not etag.startswith("sha256:") or "#bytes=" in item.get("uri", ""):
+            continue
+        copy = stored.get(f"files/{relpath}")
+        if copy != etag.removeprefix("sha256:"):
+            problems.append(f"{manifest.uri}/files/{relpath}: stored copy sha256 {(copy or 'missing')[:12]} != "
+                            f"listed {etag[:19]}")
+    return problems
+
+
 def build_lineage(store: ArtifactStore, manifest: Manifest, *, verify: bool = False,
                   _seen: dict[str, LineageNode] | None = None) -> LineageNode:
     seen = {} if _seen is None else _seen
@@ -104,6 +131,7 @@ def build_lineage(store: ArtifactStore, manifest: Manifest, *, verify: bool = Fa
                        git_sha=manifest.producer.get("git_sha"), files=len(manifest.files), manifest=manifest)
     if verify:
         node.problems.extend(store.verify(manifest))
+        node.problems.extend(listing_problems(store, manifest))
         # Re-hash only when something is off: otherwise the stored bytes are the recorded ones.
         node.observed_data_version = content_data_version(
             [store.hash_file(manifest.uri, rel) for rel in store.list_files(manifest.uri)]

@@ -167,7 +167,7 @@ def check_store_reachable(fs, prefix: str) -> None:
     where = f" at {endpoint}" if endpoint else ""
     try:
         # gcsfs logs a full traceback for each exhausted retry; the error below says it in one line.
-        with _quiet("gcsfs"):
+        with quiet_logger("gcsfs"):
             fs.ls(bucket, refresh=True)
     except FileNotFoundError as exc:
         raise StoreUnavailableError(f"store {prefix}: bucket {bucket} does not exist{where}; create it first") from exc
@@ -180,7 +180,8 @@ def check_store_reachable(fs, prefix: str) -> None:
 
 
 @contextlib.contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
+def quiet_logger(logger_name: str) -> Iterator[None]:
+    """Drop the records of one logger (the root logger for "") below CRITICAL while inside."""
     logger = logging.getLogger(logger_name)
     level = logger.level
     logger.setLevel(logging.CRITICAL)

@@ -28,6 +28,11 @@ def typed_config(cls: type[T]) -> type[T]:
     return cls
 
 
+class ConfigError(ValueError):
+    """A configuration file or setting is invalid; the message says which one and what is wrong.
+    The CLI refuses it in one line (exit 2), so each config's error type derives from this."""
+
+
 class FieldProblem(ValueError):
     """A config value at ``path`` (field names and list indices) is wrong; ``unknown`` when the
     field itself does not exist (the last path element names it)."""

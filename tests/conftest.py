@@ -1,8 +1,25 @@
 """Fixtures shared across test folders."""
 
+import os
 import uuid
 
 import pytest
+
+def _ops_fixtures():
+    """tests/ops/conftest.py's moto_server / GCS emulator fixtures (started and stopped by PID), for the
+    other folders (tests/ops uses its own conftest directly)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "ops" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("ops_fixtures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ops = _ops_fixtures()
+s3_server, s3_prefix, gcs_server, gcs_prefix = _ops.s3_server, _ops.s3_prefix, _ops.gcs_server, _ops.gcs_prefix
 
 # The machine's PostgreSQL (trust auth); CI runs on a machine that starts it before the session.
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "postgres"}
@@ -83,6 +100,22 @@ def synthetic_deployment():
         return Deployment.resolve(curation, registry, runs or {}, sweeps or {})
 
     return make
+
+
+def c_compiler() -> str | None:
+    """The C compiler an install would build the curation kernels with, if this machine has one."""
+    import shlex
+    import shutil
+    import sysconfig
+
+    command = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return shutil.which(shlex.split(command)[0])
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("compiled_kernels") and c_compiler() is None:
+        pytest.skip("needs the compiled curation kernels, and this machine has no C compiler to build them "
+                    "(their numpy twins run instead)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,19 +14,20 @@ import dagster as dg
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
-from marin_assets.curation.readers import read_shard, resolve_format, with_original_source_ids
+from marin_assets.curation.readers import read_shard, with_original_source_ids
 from marin_assets.curation.model_assets import build_model_assets
 from marin_assets.curation.refine import build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
-from marin_assets.curation.sources import (FileRef, Shard, SourceConfig, discover_shards, open_binary,
-                                           read_byte_range)
+from marin_assets.curation.sources import FileRef, Shard, SourceConfig, copy_listed_file, discover_shards
 from marin_assets.deployment import Deployment
 from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
                                        materialize_artifact)
+from marin_resources.dagster_private import observable_source_assets_def
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import asset_key, stage_owners
-from marin_resources.store import UpstreamRef
+from marin_resources.progress import ProgressMeter
+from marin_resources.store import FileEntry, UpstreamRef
 
 RAW_VERSION = "v1"
 DOCUMENTS_VERSION = "v1"
@@ -62,20 +63,6 @@ def shard_by_key(source: SourceConfig, key: str) -> Shard:
     return shard
 
 
-def read_original_bytes(ref: FileRef, source: SourceConfig) -> bytes:
-    """The file exactly as stored at the source: archives are opened, compression is kept. A range
-    of a split file is its records as a file of the same format."""
-    import fsspec
-
-    if ref.byte_range is not None:
-        return read_byte_range(ref.uri, resolve_format(source.format, ref.relpath), *ref.byte_range)
-    if "://" in ref.uri.split("::", 1)[0] and ref.uri.split("://", 1)[0] in ("pypi-sdist", "installed-dists"):
-        with open_binary(ref.uri, decompress=False) as fh:
-            return fh.read()
-    with fsspec.open(ref.uri, "rb") as fh:
-        return fh.read()
-
-
 def external_key(source: SourceConfig) -> str:
     """The marin key under which manifests record a source's listing: `external/<source>`."""
     return f"external/{source.name}"
@@ -97,10 +84,8 @@ def build_source_observation(source: SourceConfig, partitions: dg.DynamicPartiti
         return dg.DataVersionsByPartition({shard.key: dg.DataVersion(shard.fingerprint)
                                            for shard in discover_shards(source) if shard.key in known})
 
-    from dagster._core.definitions.external_asset import create_external_asset_from_source_asset
-
     # The decorator takes no owners; as the AssetsDefinition Dagster makes of it anyway, it does.
-    return create_external_asset_from_source_asset(external).map_asset_specs(
+    return observable_source_assets_def(external).map_asset_specs(
         lambda spec: spec.replace_attributes(owners=stage_owners("curation")))
 
 
@@ -128,17 +113,22 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
             total = 0
             listing = []
             for ref in shard.files:
-                if ref.refused is not None:  # listed with its reason; not one byte of it is read
+                refused = ref.refused
+                if refused is None:
+                    copied = copy_listed_file(ref, source, lambda: writer.open(f"files/{ref.relpath}"))
+                    if isinstance(copied, str):
+                        writer.remove(f"files/{ref.relpath}")
+                        refused = copied
+                if refused is not None:  # listed with its reason; not one byte of it is kept
                     listing.append({"relpath": ref.relpath, "uri": ref.uri, "bytes": 0, "etag": ref.etag,
-                                    "refused": ref.refused})
+                                    "refused": refused})
                     continue
-                data = read_original_bytes(ref, source)
-                with writer.open(f"files/{ref.relpath}") as fh:
-                    fh.write(data)
-                total += len(data)
+                # Hashed as it was written: the commit takes this entry instead of reading the copy back.
+                writer.vouch([FileEntry(path=f"files/{ref.relpath}", bytes=copied.bytes, sha256=copied.sha256)])
+                total += copied.bytes
                 # A range of a split file: documents' source ids say which range their line numbers count in.
                 uri = ref.uri if ref.byte_range is None else f"{ref.uri}#bytes={ref.byte_range[0]}-{ref.byte_range[1]}"
-                listing.append({"relpath": ref.relpath, "uri": uri, "bytes": len(data), "etag": ref.etag})
+                listing.append({"relpath": ref.relpath, "uri": uri, "bytes": copied.bytes, "etag": copied.etag})
             writer.write_json("listing.json", listing)
             return Built(metrics={"files": len(shard.files), "raw_bytes": total},
                          metadata={"source_uri": source.uri})
@@ -163,15 +153,20 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                 FileRef(uri=f"{raw.uri}/files/{item['relpath']}", relpath=item["relpath"], size=item["bytes"],
                         refused=item.get("refused"))
                 for item in listing))
-            result = read_shard(source, stored)
+            meter = ProgressMeter(context.log.info, "read", total_bytes=sum(item["bytes"] for item in listing))
+            result = read_shard(source, stored, meter)
             # Readers saw the stored copies; report the original locations as source ids.
             originals = {f"{raw.uri}/files/{item['relpath']}": item["uri"] for item in listing}
             docs = with_original_source_ids(result.documents, originals)
             quarantine = with_original_source_ids(result.quarantine, originals)
             doc_bytes = write_parquet(writer, "documents.parquet", docs)
             write_parquet(writer, "quarantine.parquet", quarantine)
-            fraction = quarantine.height / max(1, result.n_records)
+            # Files never opened (a FIFO, a dangling link) say nothing about how well records parse: the
+            # bound is over the records read. They are counted, in `refused_files` and their reasons.
+            read = result.n_records - result.n_refused_files
+            fraction = (quarantine.height - result.n_refused_files) / max(1, read)
             metrics = {"documents": docs.height, "quarantined": quarantine.height, "records": result.n_records,
+                       "refused_files": result.n_refused_files,
                        "quarantine_fraction": round(fraction, 6), "repaired_encoding": result.n_repaired_encoding,
                        "text_bytes": int(docs["text"].str.len_bytes().sum() or 0),
                        **{f"quarantine/{k}": v for k, v in result.quarantine_counts.items()}}
@@ -180,18 +175,16 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
         return materialize_artifact(context, store, config={"source": source_identity}, upstream=[raw], build=build)
 
     @marin_check(documents, description="Quarantined records stay under "
-                                                 f"{MAX_QUARANTINE_FRACTION:.0%} of the shard; none are dropped silently.")
+                                                 f"{MAX_QUARANTINE_FRACTION:.0%} of the records read from the shard. "
+                                                 "A shard with no document (every record quarantined, or every "
+                                                 "file refused) is a valid empty shard: a warning, not a failure.")
     def documents_quarantine_bound(context: dg.AssetCheckExecutionContext, store: MarinStore):
-        return _metric_bound_check(store, f"documents/{name}", DOCUMENTS_VERSION, context,
-                                   "quarantine_fraction", MAX_QUARANTINE_FRACTION)
+        m = _manifest_for_check(store, f"documents/{name}", DOCUMENTS_VERSION, context)
+        return quarantine_bound_result(m.metrics, MAX_QUARANTINE_FRACTION)
 
     @marin_check(documents, description="Every input record is either a document or quarantined.")
     def documents_accounted(context: dg.AssetCheckExecutionContext, store: MarinStore):
-        m = _manifest_for_check(store, f"documents/{name}", DOCUMENTS_VERSION, context)
-        total = m.metrics["documents"] + m.metrics["quarantined"]
-        return dg.AssetCheckResult(passed=total == m.metrics["records"] and m.metrics["documents"] > 0,
-                                   metadata={"records": m.metrics["records"], "documents": m.metrics["documents"],
-                                             "quarantined": m.metrics["quarantined"]})
+        return accounted_result(_manifest_for_check(store, f"documents/{name}", DOCUMENTS_VERSION, context).metrics)
 
     return [external, raw, documents, documents_quarantine_bound, documents_accounted,
             build_new_shard_sensor(source, partitions, raw.key, external.key)]
@@ -215,11 +208,36 @@ def _manifest_for_check(store: MarinStore, key: str, version: str, context):
     return manifest
 
 
-def _metric_bound_check(store: MarinStore, key: str, version: str, context, metric: str, bound: float):
-    m = _manifest_for_check(store, key, version, context)
-    value = float(m.metrics.get(metric, 0.0))
-    return dg.AssetCheckResult(passed=value <= bound, metadata={metric: value, "bound": bound},
-                               severity=dg.AssetCheckSeverity.ERROR)
+def quarantine_bound_result(metrics: dict, bound: float) -> dg.AssetCheckResult:
+    """`documents_quarantine_bound` of a shard's metrics. Over the bound fails (ERROR), naming the
+    counts; a shard that yields no document adds nothing downstream, so it is only a warning: counted
+    and shown, never a failure that withholds the source's other shards from its global steps."""
+    fraction, documents = float(metrics.get("quarantine_fraction", 0.0)), metrics["documents"]
+    quarantined, records = metrics["quarantined"], metrics["records"]
+    refused = metrics.get("refused_files", 0)
+    data = {"quarantine_fraction": fraction, "bound": bound, "documents": documents, "quarantined": quarantined,
+            "records": records, "refused_files": refused}
+    if documents == 0:
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=data,
+                                   description=f"an empty shard: documents=0 of records={records} "
+                                               f"(quarantined={quarantined}, of which refused_files={refused})")
+    read = records - refused
+    return dg.AssetCheckResult(passed=fraction <= bound, severity=dg.AssetCheckSeverity.ERROR, metadata=data,
+                               description=None if fraction <= bound else
+                               f"quarantine_fraction={fraction} > bound={bound}: quarantined={quarantined - refused}"
+                               f" of the records={read} read")
+
+
+def accounted_result(metrics: dict) -> dg.AssetCheckResult:
+    """`documents_accounted`: documents + quarantined == records, whatever either count is (a shard of
+    nothing but quarantined records is complete)."""
+    documents, quarantined, records = metrics["documents"], metrics["quarantined"], metrics["records"]
+    total = documents + quarantined
+    return dg.AssetCheckResult(passed=total == records,
+                               metadata={"records": records, "documents": documents, "quarantined": quarantined},
+                               description=None if total == records else
+                               f"documents={documents} + quarantined={quarantined} = {total} != records={records}: "
+                               f"{records - total} record(s) neither a document nor quarantined")
 
 
 def build_curation_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:

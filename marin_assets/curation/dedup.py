@@ -171,6 +171,8 @@ class IndexUpdate:
     new_shards: list[RegisteredShard]
     stats: dict[str, int | float]
     reset_reason: str | None  # why the index started over, or None
+    # The index files this update wrote (path: size, sha256 of the bytes written), for the commit.
+    files_written: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,9 @@ class IndexDir:
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.fs, self.root = fs, root.rstrip("/")
+        self.written: dict[str, tuple[int, str]] = {}
+        """Files written through this object since an update began, and still there: size and sha256
+        of the bytes written."""
 
     @classmethod
     def local(cls, path: str | Path) -> IndexDir:
@@ -219,9 +224,31 @@ class IndexDir:
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         with self.fs.open(path, "wb") as handle:
             handle.write(data)
+        self.written[rel] = (len(data), hashlib.sha256(data).hexdigest())
 
     def write_parquet(self, rel: str, frame: pl.DataFrame, row_group_size: int | None = None) -> None:
         self.write_bytes(rel, parquet_bytes(frame, row_group_size))
+
+    # Many small files at once: one call, which fsspec's object-store filesystems run as concurrent
+    # requests (a batch spills, reads and removes thousands of them at scale).
+
+    def read_many(self, rels: Sequence[str]) -> list[bytes]:
+        paths = [f"{self.root}/{rel}" for rel in rels]
+        found = self.fs.cat(paths) if paths else {}
+        return [found[self.fs._strip_protocol(path)] for path in paths]
+
+    def write_many(self, files: dict[str, bytes]) -> None:
+        for folder in {f"{self.root}/{rel}".rsplit("/", 1)[0] for rel in files}:
+            self.fs.makedirs(folder, exist_ok=True)
+        if files:
+            self.fs.pipe({f"{self.root}/{rel}": data for rel, data in files.items()})
+        self.written |= {rel: (len(data), hashlib.sha256(data).hexdigest()) for rel, data in files.items()}
+
+    def remove_many(self, rels: Sequence[str]) -> None:
+        if rels:
+            self.fs.rm([f"{self.root}/{rel}" for rel in rels])
+        for rel in rels:
+            self.written.pop(rel, None)
 
     def files(self, under: str = "") -> list[str]:
         base = f"{self.root}/{under}".rstrip("/")
@@ -234,6 +261,7 @@ class IndexDir:
 
     def remove(self, rel: str) -> None:
         self.fs.rm_file(f"{self.root}/{rel}")
+        self.written.pop(rel, None)
 
 
 def parquet_bytes(frame: pl.DataFrame, row_group_size: int | None = None) -> bytes:
@@ -455,7 +483,7 @@ def _load_involved(
         by_seq.setdefault(doc >> _ROW_BITS, []).append(doc)
     for seq, members in by_seq.items():
         # One shard at a time; only the colliding rows are kept (and, where it can, read).
-        shard, wanted = shard_by_seq[seq], [doc & _ROW_MASK for doc in members]
+        shard, wanted = ShardInput(*shard_by_seq[seq]), [doc & _ROW_MASK for doc in members]
         rows = shard.load_rows(wanted) if shard.load_rows is not None else \
             shard.load_docs().select(*INVOLVED_COLUMNS)[wanted]
         texts = rows["text"].to_list()
@@ -470,38 +498,67 @@ def _load_involved(
     return involved
 
 
-def _assign_centres(
-    collisions: pl.DataFrame,
-    first_new_doc: int,
-    shard_by_seq: dict[int, ShardInput],
-    config: DedupConfig,
-    stats: dict[str, int | float],
-) -> tuple[list[tuple[int, int, float, str]], _Involved]:
-    """(dropped doc, kept doc, jaccard, reason) for every new document that is dropped, in order,
-    and the ids of the documents involved."""
-    if collisions.is_empty():
-        return [], _Involved()
-    groups = collisions.group_by("band", "bucket").agg(pl.col("doc").sort())
-    group_is_exact = (groups["band"] == config.exact_band).to_list()
+# Colliding documents per unit of centre assignment when a batch is spread (whole components each).
+CENTRE_UNIT_DOCS = 20_000
+CENTRE_COUNTS = ("lsh_candidate_pairs", "verified_pairs", "rejected_pairs")
+
+
+class CentreUnit(NamedTuple):
+    """Whole connected components of a batch's collision graph: each colliding bucket's documents
+    (sorted) and whether it is the exact band, and the shards that hold those documents, by seq."""
+
+    groups: list[tuple[list[int], bool]]
+    shards: dict[int, ShardInput]
+
+
+class CentreAssignment(NamedTuple):
+    """(dropped doc, kept doc, jaccard, reason) for every dropped new document of a unit, in document
+    order; the ids and source ids of those documents; and the verification counts."""
+
+    drops: list[tuple[int, int, float, str]]
+    ids: dict[int, str]
+    source_ids: dict[int, str]
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class CentreJob:
+    """What every centre unit of a batch shares: the batch's first document and the config."""
+
+    first_new_doc: int
+    config: DedupConfig
+
+
+def assign_centres(unit: CentreUnit, job: CentreJob) -> CentreAssignment:
+    """First-seen centre assignment over some components of the collision graph: the colliding
+    rows are read (their row groups only, where the shard can) and shingled, then each new document
+    in document order is dropped in favour of the first centre of its buckets that it matches
+    (exactly, or with Jaccard >= threshold), or becomes a centre of all its buckets.
+
+    A document's candidates are the centres of its own buckets, so the documents of one connected
+    component are decided without looking outside it: components are independent units of work, and
+    the drops of all units, merged in document order, are those of one pass over the whole batch."""
+    config, first_new_doc = job.config, job.first_new_doc
+    counts = dict.fromkeys(CENTRE_COUNTS, 0)
     centres: list[list[int]] = []  # per group: its centres so far, in order
     groups_of: dict[int, list[int]] = {}  # new document -> its groups
     exact_docs: set[int] = set()
-    for group, members in enumerate(groups["doc"].to_list()):
+    involved_docs: set[int] = set()
+    for group, (members, is_exact) in enumerate(unit.groups):
         centres.append([doc for doc in members if doc < first_new_doc])  # indexed documents are centres
+        involved_docs.update(members)
         for doc in members:
             if doc >= first_new_doc:
                 groups_of.setdefault(doc, []).append(group)
-        if group_is_exact[group]:
+        if is_exact:
             exact_docs.update(members)
-    involved = _load_involved(
-        set(collisions["doc"].unique().to_list()), exact_docs, shard_by_seq, config.minhash.shingle_size
-    )
+    involved = _load_involved(involved_docs, exact_docs, unit.shards, config.minhash.shingle_size)
     drops = []
     for doc in sorted(groups_of):
         exact_match = None
         candidates: set[int] = set()
         for group in groups_of[doc]:
-            if group_is_exact[group]:
+            if unit.groups[group][1]:
                 same_id = [centre for centre in centres[group] if involved.ids[centre] == involved.ids[doc]]
                 exact_match = min(same_id, default=exact_match)
             else:
@@ -515,17 +572,63 @@ def _assign_centres(
             drops.append((doc, exact_match, 1.0, "exact"))
             continue
         for centre in sorted(candidates):
-            stats["lsh_candidate_pairs"] += 1
+            counts["lsh_candidate_pairs"] += 1
             similarity = exact_jaccard(involved.sets[doc], involved.sets[centre])
             if similarity >= config.jaccard_threshold:
-                stats["verified_pairs"] += 1
+                counts["verified_pairs"] += 1
                 drops.append((doc, centre, similarity, "fuzzy"))
                 break
-            stats["rejected_pairs"] += 1
+            counts["rejected_pairs"] += 1
         else:
             for group in groups_of[doc]:
                 centres[group].append(doc)
-    return drops, involved
+    named = {doc for dropped, kept, *_ in drops for doc in (dropped, kept)}
+    return CentreAssignment(drops, {doc: involved.ids[doc] for doc in named},
+                            {doc: involved.source_ids[doc] for doc in named}, counts)
+
+
+def centre_units(collisions: pl.DataFrame, exact_band: int, shard_by_seq: dict[int, ShardInput],
+                 unit_docs: int | None) -> list[CentreUnit]:
+    """The batch's colliding buckets cut into units of whole connected components (documents linked
+    by a shared bucket), of about ``unit_docs`` documents each, in order of their first document;
+    None: one unit. Only integers are handled here: no text is read."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    if collisions.is_empty():
+        return []
+    groups = collisions.group_by("band", "bucket", maintain_order=True).agg(pl.col("doc").sort())
+    members_of = groups["doc"].to_list()
+    is_exact = (groups["band"] == exact_band).to_list()
+    docs = np.unique(collisions["doc"].to_numpy())
+    # Link each bucket's documents to its first one; the components are the independent units.
+    lengths = np.array([len(members) for members in members_of])
+    member_nodes = np.searchsorted(docs, np.concatenate([np.asarray(m, dtype=np.uint64) for m in members_of]))
+    group_first_nodes = member_nodes[np.concatenate([[0], np.cumsum(lengths)[:-1]])]
+    graph = coo_matrix((np.ones(len(member_nodes), dtype=np.int8),
+                        (np.repeat(group_first_nodes, lengths), member_nodes)), shape=(len(docs), len(docs)))
+    _, label = connected_components(graph, directed=False)
+    group_component = label[group_first_nodes]
+    # Components in order of their first document (docs are sorted, so a label's first node is it).
+    _, first_node_of_label = np.unique(label, return_index=True)
+    order = np.argsort(first_node_of_label, kind="stable")
+    sizes = np.bincount(label)
+    unit_of_component = np.empty(len(sizes), dtype=np.int64)
+    unit, filled = 0, 0
+    for component in order:
+        if unit_docs is not None and filled and filled + sizes[component] > unit_docs:
+            unit, filled = unit + 1, 0
+        unit_of_component[component] = unit
+        filled += sizes[component]
+    units = [CentreUnit([], {}) for _ in range(unit + 1)]
+    for members, exact, component in zip(members_of, is_exact, group_component):
+        target = units[unit_of_component[component]]
+        target.groups.append((members, exact))
+        for doc in members:
+            seq = doc >> _ROW_BITS
+            if seq not in target.shards:
+                target.shards[seq] = shard_by_seq[seq]
+    return units
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,6 +641,8 @@ def _zero_counts() -> dict[str, int | float]:
         "input_docs": 0,
         "docs_without_tokens": 0,
         "colliding_keys": 0,
+        "colliding_shards": 0,
+        "centre_units": 0,
         "max_partition_keys": 0,
         "index_row_groups": 0,
         "index_row_groups_read": 0,
@@ -550,6 +655,7 @@ def _zero_counts() -> dict[str, int | float]:
         "kept_docs": 0,
         "seconds_keys": 0.0,
         "seconds_passes": 0.0,
+        "seconds_components": 0.0,
         "seconds_centres": 0.0,
         "seconds_commit": 0.0,
     }
@@ -595,8 +701,8 @@ def shard_keys_pass(item: tuple[int, ShardInput], job: KeysPass) -> tuple[int, i
     seq, shard = item
     docs, signatures = _validated(ShardInput(*shard), job.config)
     keys, without_tokens = shard_keys(signatures, seq, job.config)
-    for partition, frame in split_by_partition(keys, job.config.index_partitions).items():
-        job.index.write_parquet(f"{_pending_keys_dir(partition)}/{seq:06d}.parquet", frame)
+    job.index.write_many({f"{_pending_keys_dir(partition)}/{seq:06d}.parquet": parquet_bytes(frame)
+                          for partition, frame in split_by_partition(keys, job.config.index_partitions).items()})
     return len(docs), without_tokens, len(keys)
 
 
@@ -608,10 +714,12 @@ class CollisionPass:
     index: IndexDir
     committed_batches: int
 
-    def new_keys(self, partition: int) -> pl.DataFrame:
-        spilled = self.index.files(_pending_keys_dir(partition))
-        return pl.concat([self.index.read_parquet(rel) for rel in spilled]) if spilled \
-            else pl.DataFrame(schema=KEY_SCHEMA)
+
+def _spilled_keys(index: IndexDir, partition: int) -> pl.DataFrame:
+    """The keys the batch being decided spilled into one partition."""
+    spilled = index.files(_pending_keys_dir(partition))
+    return pl.concat([pl.read_parquet(io.BytesIO(data)) for data in index.read_many(spilled)]) if spilled \
+        else pl.DataFrame(schema=KEY_SCHEMA)
 
 
 def partition_pass(partition: int, job: CollisionPass) -> tuple[pl.DataFrame, dict[str, int]]:
@@ -619,13 +727,34 @@ def partition_pass(partition: int, job: CollisionPass) -> tuple[pl.DataFrame, di
     what reading the index cost. A pure function of the partition's files, so the partitions of a
     batch are independent units of work (one Ray task each when Ray is chosen)."""
     stats = {"index_row_groups": 0, "index_row_groups_read": 0}
-    keys = job.new_keys(partition)
+    keys = _spilled_keys(job.index, partition)
     old_runs = [
         (lambda buckets, rel=_key_run_path(partition, number): read_run(job.index, rel, buckets, stats))
         for number in range(job.committed_batches)
     ]
     found = partition_collisions(old_runs, keys)
     return found, {**stats, "partition_keys": len(keys) + len(found)}
+
+
+@dataclass(frozen=True)
+class RunCommit:
+    """One batch's commit of its key runs, shared by its partitions' units: the index, the batch's
+    number, and its dropped documents (sorted), whose keys stay out of the index."""
+
+    index: IndexDir
+    batch_number: int
+    dropped_docs: np.ndarray
+
+
+def partition_commit_pass(partition: int, job: RunCommit) -> tuple[str, tuple[int, str]]:
+    """One bucket range's new run: the batch's spilled keys of the partition less its dropped
+    documents', sorted and written in small row groups. Returns the run's path, size and sha256.
+    Independent of the other partitions, so a batch's run writes are units of work too."""
+    keys = _spilled_keys(job.index, partition)
+    kept = keys.filter(~pl.col("doc").is_in(pl.Series(job.dropped_docs, dtype=pl.UInt64).implode()))
+    rel = _key_run_path(partition, job.batch_number)
+    job.index.write_parquet(rel, kept.sort("bucket", "band", "doc"), row_group_size=RUN_ROW_GROUP_KEYS)
+    return rel, job.index.written[rel]
 
 
 def _index_batch(
@@ -660,11 +789,11 @@ def _index_batch(
         new_keys += keys
 
     lap("keys")
-    # Candidate step: one bucket range per unit of work, merged in partition order.
-    job = CollisionPass(index, batch_number)
+    # Candidate step: one bucket range per unit of work, merged in partition order. A batch whose
+    # keys are worth spreading spreads its colliding rows' reads and its run writes too.
     spread = parallel_map if worth_spreading(new_keys * KEY_BYTES) else in_process_map
     collisions = []
-    for found, costs in spread(partition_pass, list(range(partitions)), job):
+    for found, costs in spread(partition_pass, list(range(partitions)), CollisionPass(index, batch_number)):
         stats["index_row_groups"] += costs["index_row_groups"]
         stats["index_row_groups_read"] += costs["index_row_groups_read"]
         stats["max_partition_keys"] = max(stats["max_partition_keys"], costs["partition_keys"])
@@ -673,8 +802,19 @@ def _index_batch(
     stats["colliding_keys"] += len(colliding)
     lap("passes")
 
-    first_new_doc = batch[0].seq << _ROW_BITS
-    drops, involved = _assign_centres(colliding, first_new_doc, shard_by_seq, config, stats)
+    spread_units = spread is not in_process_map
+    units = centre_units(colliding, config.exact_band, shard_by_seq, CENTRE_UNIT_DOCS if spread_units else None)
+    stats["centre_units"] += len(units)
+    stats["colliding_shards"] += len({seq for unit in units for seq in unit.shards})
+    lap("components")
+    # Centre assignment: whole components per unit, merged in document order.
+    assigned = spread(assign_centres, units, CentreJob(batch[0].seq << _ROW_BITS, config))
+    drops = sorted(drop for unit in assigned for drop in unit.drops)
+    ids = {doc: doc_id for unit in assigned for doc, doc_id in unit.ids.items()}
+    source_ids = {doc: source_id for unit in assigned for doc, source_id in unit.source_ids.items()}
+    for unit in assigned:
+        for name, count in unit.counts.items():
+            stats[name] += count
     lap("centres")
 
     def where(doc: int) -> tuple[str, str]:
@@ -687,33 +827,31 @@ def _index_batch(
         kept_source, kept_shard = where(kept)
         rows_by_seq[dropped >> _ROW_BITS].append({
             "dropped_row": dropped & _ROW_MASK,
-            "dropped_id": involved.ids[dropped],
+            "dropped_id": ids[dropped],
             "dropped_source": dropped_source,
             "dropped_shard": dropped_shard,
-            "dropped_source_id": involved.source_ids[dropped],
-            "kept_id": involved.ids[kept],
+            "dropped_source_id": source_ids[dropped],
+            "kept_id": ids[kept],
             "kept_source": kept_source,
             "kept_shard": kept_shard,
-            "kept_source_id": involved.source_ids[kept],
+            "kept_source_id": source_ids[kept],
             "jaccard": similarity,
             "reason": reason,
         })
         stats["exact_duplicates" if reason == "exact" else "fuzzy_duplicates"] += 1
         stats["dropped_below_threshold_via_chain"] += int(similarity < config.jaccard_threshold)
+    index.write_many({decision_path(shard.seq): parquet_bytes(pl.DataFrame(rows_by_seq[shard.seq], schema=DECISION_SCHEMA))
+                      for shard in batch})
     for shard in batch:
-        index.write_parquet(decision_path(shard.seq), pl.DataFrame(rows_by_seq[shard.seq], schema=DECISION_SCHEMA))
         shard.kept = shard.docs - len(rows_by_seq[shard.seq])
         stats["kept_docs"] += shard.kept
-    dropped_docs = pl.Series("doc", [dropped for dropped, *_ in drops], dtype=pl.UInt64)
-    for partition in range(partitions):
-        kept_keys = job.new_keys(partition).filter(~pl.col("doc").is_in(dropped_docs.implode()))
-        index.write_parquet(_key_run_path(partition, batch_number), kept_keys.sort("bucket", "band", "doc"),
-                            row_group_size=RUN_ROW_GROUP_KEYS)
+    dropped_docs = np.sort(np.array([dropped for dropped, *_ in drops], dtype=np.uint64))
+    runs = spread(partition_commit_pass, list(range(partitions)), RunCommit(index, batch_number, dropped_docs))
+    index.written |= dict(runs)  # written by the units, wherever they ran
     # Written last: the batch exists from here on.
     body = {"batch": batch_number, "config": config.to_json(), "shards": [asdict(shard) for shard in batch]}
     index.write_bytes(_registry_path(batch_number), json.dumps(body, indent=1, sort_keys=True).encode())
-    for rel in index.files("pending"):
-        index.remove(rel)
+    index.remove_many(index.files("pending"))
     lap("commit")
 
 
@@ -725,11 +863,14 @@ def update_index(
 
     ``shards`` are all current shards of the dedup group (registered ones are read only when a new
     document collides with one of their kept documents). ``batch_shards`` bounds how many new shards
-    are decided together (memory); the decisions do not depend on it. ``parallel_map`` runs each
-    new shard's keys (`shard_keys_pass`) and each bucket range's candidate pass (`partition_pass`):
-    one after another here by default, or spread over workers, for a batch whose keys (in bytes)
-    ``worth_spreading`` accepts; a smaller batch does not pay for starting workers and runs its
-    units here. The decisions depend on neither.
+    are decided together (memory); the decisions do not depend on it. ``parallel_map`` runs a batch's
+    units of work: each new shard's keys (`shard_keys_pass`), each bucket range's candidate pass
+    (`partition_pass`), the centre assignment of whole components of the collision graph
+    (`assign_centres`, about `CENTRE_UNIT_DOCS` colliding documents a unit) and each bucket range's
+    new run (`partition_commit_pass`); one after another here by default, or spread over workers,
+    for a batch whose keys (in bytes) ``worth_spreading`` accepts; a smaller batch does not pay for
+    starting workers and runs its units here, its centres as one unit. This process only finds the
+    components (integers) and merges. The decisions depend on neither.
     """
     if batch_shards < 1:
         raise ValueError(f"batch_shards must be >= 1, got {batch_shards}")
@@ -739,6 +880,7 @@ def update_index(
         if (shard.source, shard.shard_key) in inputs:
             raise ValueError(f"shard keys must be unique within a source, got {shard.source}/{shard.shard_key} twice")
         inputs[(shard.source, shard.shard_key)] = shard
+    index.written.clear()
     registered, batches, reset_reason = _open_index(index, config, inputs)
     known = {(shard.source, shard.shard_key) for shard in registered}
     new = sorted((key for key in inputs if key not in known), key=lambda key: (key[1], key[0]))
@@ -755,7 +897,7 @@ def update_index(
         _index_batch(index, batch, batches, shard_by_seq, config, stats, parallel_map, worth_spreading)
         added.extend(batch)
         batches += 1
-    return IndexUpdate(new_shards=added, stats=stats, reset_reason=reset_reason)
+    return IndexUpdate(new_shards=added, stats=stats, reset_reason=reset_reason, files_written=dict(index.written))
 
 
 # ---------------------------------------------------------------------------------------------

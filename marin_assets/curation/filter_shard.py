@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from marin_assets.curation import kernels
 from marin_assets.curation.fasttext_models import FastTextClassifier
 from marin_assets.curation.filters import FilterConfig, apply_filters
 from marin_assets.curation.minhash import MinHashConfig, SignatureTable, compute_signatures
@@ -50,6 +51,7 @@ class FilteredChunk:
     dropped: pl.DataFrame
     counts: dict[str, int]
     hashvalues: np.ndarray  # MinHash signatures of `kept`, row-aligned
+    kernel: str  # kernels.COMPILED or NUMPY: what the process that filtered it had
 
 
 @dataclass
@@ -58,6 +60,7 @@ class FilteredShard:
     dropped: pl.DataFrame
     counts: dict[str, int]  # rule -> documents it dropped
     signatures: SignatureTable
+    kernel: str  # kernels.COMPILED where every chunk ran the compiled kernels, else NUMPY
 
 
 def filter_chunk(docs: pl.DataFrame, task: FilterTask) -> FilteredChunk:
@@ -71,7 +74,7 @@ def filter_chunk(docs: pl.DataFrame, task: FilterTask) -> FilteredChunk:
         scores = scorer.score(texts) if kept.height else np.zeros(0)
         kept = kept.with_columns(pl.Series("quality_score", scores, dtype=pl.Float64))
     return FilteredChunk(kept, result.dropped, dict(result.per_rule_drop_counts),
-                         compute_signatures(kept, task.minhash, texts).hashvalues)
+                         compute_signatures(kept, task.minhash, texts).hashvalues, kernels.implementation())
 
 
 def merge_chunks(chunks: list[FilteredChunk], task: FilterTask) -> FilteredShard:
@@ -84,4 +87,5 @@ def merge_chunks(chunks: list[FilteredChunk], task: FilterTask) -> FilteredShard
             counts[rule] = counts.get(rule, 0) + n
     hashvalues = np.concatenate([c.hashvalues for c in chunks]).astype(np.uint32, copy=False)
     signatures = SignatureTable(ids=kept["id"].to_numpy().astype(object), hashvalues=hashvalues, config=task.minhash)
-    return FilteredShard(kept, dropped, counts, signatures)
+    kernel = kernels.COMPILED if all(c.kernel == kernels.COMPILED for c in chunks) else kernels.NUMPY
+    return FilteredShard(kept, dropped, counts, signatures, kernel)

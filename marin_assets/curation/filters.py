@@ -15,11 +15,13 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from types import ModuleType
 
 import numpy as np
 import polars as pl
 from scipy import sparse
 
+from marin_assets.curation.kernels import kernel
 from marin_resources.typed_config import typed_config
 
 # Gopher's stop-word rule: a real English document uses a few of these.
@@ -298,11 +300,6 @@ def _word_counts(texts: list[str]) -> tuple[np.ndarray, ...]:
     return counts
 
 
-try:  # the compiled counts of text_stats' patterns (marin_assets/curation/_textstats.c)
-    from marin_assets.curation import _textstats
-except ImportError:  # built without a C compiler: numpy and polars count the same
-    _textstats = None
-
 # The kernel's output columns, in its order: text_stats' names for them.
 _TEXT_COUNT_COLUMNS = ("n_words", "_nonspace", "_word_cores", "_non_core_chars", "_alpha_words", "_lines",
                        "_symbols", "_bullet_lines", "_ellipsis_lines", "n_stop_words")
@@ -322,26 +319,26 @@ def _learn_classes_of(texts: list[str]) -> None:
     _char_classes(np.frombuffer("".join(batch).encode("utf-32-le"), dtype=np.uint32))
 
 
-def _run_kernel(kernel: Callable, texts: list[str], columns: int) -> np.ndarray:
-    """A _textstats kernel's int64 rows for ``texts``, learning unknown character classes first."""
+def _run_kernel(function: Callable, texts: list[str], columns: int) -> np.ndarray:
+    """A _textstats function's int64 rows for ``texts``, learning unknown character classes first."""
     out = np.empty((len(texts), columns), dtype=np.int64)
-    if not kernel(texts, _CHAR_CLASSES, out):
+    if not function(texts, _CHAR_CLASSES, out):
         _learn_classes_of(texts)  # characters no text has shown yet
-        if not kernel(texts, _CHAR_CLASSES, out):
-            raise RuntimeError(f"{kernel.__name__}: a character class is still unknown after learning them")
+        if not function(texts, _CHAR_CLASSES, out):
+            raise RuntimeError(f"{function.__name__}: a character class is still unknown after learning them")
     return out
 
 
-def _compiled_text_counts(texts: list[str]) -> pl.DataFrame:
+def _compiled_text_counts(texts: list[str], textstats: ModuleType) -> pl.DataFrame:
     """text_stats' pattern counts from the compiled kernel, one column per _TEXT_COUNT_COLUMNS."""
-    counts = _run_kernel(_textstats.text_counts, texts, len(_TEXT_COUNT_COLUMNS))
+    counts = _run_kernel(textstats.text_counts, texts, len(_TEXT_COUNT_COLUMNS))
     return pl.DataFrame({name: counts[:, i] for i, name in enumerate(_TEXT_COUNT_COLUMNS)})
 
 
-def _compiled_duplicate_fractions(texts: list[str]) -> dict[str, np.ndarray]:
+def _compiled_duplicate_fractions(texts: list[str], textstats: ModuleType) -> dict[str, np.ndarray]:
     """:func:`_duplicate_fractions` of both units from the compiled kernel (pieces grouped by their
     text rather than its hash), by unit."""
-    chars = _run_kernel(_textstats.duplicate_chars, texts, 4).astype(np.float64)
+    chars = _run_kernel(textstats.duplicate_chars, texts, 4).astype(np.float64)
     fractions = {}
     for unit, (duplicated, total) in (("line", chars[:, 0:2].T), ("paragraph", chars[:, 2:4].T)):
         fractions[unit] = np.zeros(len(texts), dtype=np.float64)
@@ -355,8 +352,8 @@ def _pattern_counts(df: pl.DataFrame, texts: list[str] | None) -> pl.DataFrame:
     is None: a text is null)."""
     text = pl.col("text")
     if texts is not None:
-        if _textstats is not None:
-            return _compiled_text_counts(texts)
+        if (textstats := kernel("_textstats")) is not None:
+            return _compiled_text_counts(texts, textstats)
         # The word counts from one classification of every character (see _word_counts_batch):
         # the same numbers as the regex counts below, in a quarter of the time.
         word_columns = [pl.Series(name, values) for name, values in zip(_TEXT_COUNT_COLUMNS, _word_counts(texts))]
@@ -410,8 +407,8 @@ def text_stats(df: pl.DataFrame, texts: list[str] | None = None) -> pl.DataFrame
         .alias("ellipsis_line_fraction"),
         pl.col("n_stop_words").cast(pl.Float64),
     )
-    if texts is not None and _textstats is not None:
-        fractions = _compiled_duplicate_fractions(texts)
+    if texts is not None and (textstats := kernel("_textstats")) is not None:
+        fractions = _compiled_duplicate_fractions(texts, textstats)
     else:
         fractions = {unit: _duplicate_fractions(df, unit) for unit in ("line", "paragraph")}
     return stats.with_columns(
@@ -653,23 +650,18 @@ def _feature_hits(texts: list[str], sample_chars: int, tables: _FeatureTables) -
     return rows
 
 
-try:  # the compiled twin of _numpy_feature_counts (marin_assets/curation/_langid.c)
-    from marin_assets.curation import _langid as _kernel
-except ImportError:  # built without a C compiler: the numpy path, same counts
-    _kernel = None
-
-
 def _language_feature_counts(texts: list[str], sample_chars: int) -> sparse.csr_matrix:
     """:func:`language_features` as a float64 CSR matrix with sorted column indices (the matrix
     ``csr_matrix(language_features(...), dtype=float64)`` is, built without a dense pass)."""
-    if _kernel is None:
+    langid = kernel("_langid")  # the compiled twin of _numpy_feature_counts (_langid.c)
+    if langid is None:
         return _numpy_feature_counts(texts, sample_chars)
     tables = _language_model().tables
     encoded = [t[:sample_chars].encode("utf-8") for t in texts]
     starts = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=starts[1:])
     indptr = np.empty(len(texts) + 1, dtype=np.int64)
-    indices, counts = _kernel.feature_counts(b"".join(encoded), starts, tables.one, *tables.kernel,
+    indices, counts = langid.feature_counts(b"".join(encoded), starts, tables.one, *tables.kernel,
                                              tables.n_features, indptr)
     return sparse.csr_matrix(
         (np.frombuffer(counts, dtype=np.int32).astype(np.float64), np.frombuffer(indices, dtype=np.int32), indptr),

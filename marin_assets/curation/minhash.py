@@ -34,12 +34,15 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from types import ModuleType
 from typing import BinaryIO, Literal
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from marin_assets.curation.kernels import kernel
 
 HashMode = Literal["fast", "sha1"]
 
@@ -402,8 +405,9 @@ def minhash_texts(texts: Sequence[str], config: MinHashConfig) -> np.ndarray:
     if config.hash_mode == "sha1":
         hashes32, doc_index = _sha1_shingle_hashes(texts, config.shingle_size)
         return _min_permuted(hashes32, doc_index, len(texts), config)
-    if _kernel is not None:
-        return _kernel_minhash_texts(texts, config)
+    compiled = kernel("_minhash")  # the compiled twin of numpy_minhash_texts (_minhash.c)
+    if compiled is not None:
+        return _kernel_minhash_texts(texts, config, compiled)
     return numpy_minhash_texts(texts, config)
 
 
@@ -419,16 +423,11 @@ def numpy_minhash_texts(texts: Sequence[str], config: MinHashConfig) -> np.ndarr
     return signatures
 
 
-try:  # the compiled twin of numpy_minhash_texts (marin_assets/curation/_minhash.c)
-    from marin_assets.curation import _minhash as _kernel
-except ImportError:  # built without a C compiler: the numpy path, same signatures
-    _kernel = None
-
 # Characters per call of the kernel: bounds the encoded copy of the texts it reads.
 _KERNEL_BATCH_CHARS = 4 << 20
 
 
-def _kernel_minhash_texts(texts: Sequence[str], config: MinHashConfig) -> np.ndarray:
+def _kernel_minhash_texts(texts: Sequence[str], config: MinHashConfig, compiled: ModuleType) -> np.ndarray:
     """``numpy_minhash_texts`` through the compiled kernel: tokens, shingles and the permutations of
     each shingle in one pass per document, 2-3x less CPU. (MinHashConfig bounds shingle_size; the
     kernel refuses fewer multipliers than that.)"""
@@ -440,7 +439,7 @@ def _kernel_minhash_texts(texts: Sequence[str], config: MinHashConfig) -> np.nda
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         # Each text is followed by one separator byte (not a word byte); ends exclude it.
         ends = np.cumsum(lengths + 1) - 1
-        _kernel.signatures(b"\n".join(encoded), ends, config.shingle_size, a, b, multipliers, _TOKEN_POLY_BASE,
+        compiled.signatures(b"\n".join(encoded), ends, config.shingle_size, a, b, multipliers, _TOKEN_POLY_BASE,
                            signatures[start:end])
     return signatures
 

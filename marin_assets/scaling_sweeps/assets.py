@@ -198,7 +198,7 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
         tokenizer_versions={config.tokenizer: deployment.tokenizer_versions[config.tokenizer]},
         pool=settings.train_pool, group_name="scaling", tags=tags, subject=f" of sweep {name!r}")
     catalog.add_discoverer(partitions.name, lambda: runs.names(store.get()))
-    add_run_identities(catalog, checkpoint_key(name), eval_key(name), spec_for)
+    add_run_identities(catalog, checkpoint_key(name), eval_key(name), spec_for, store.get)
 
     @marin_asset(key=f"sweep/{name}", version=SWEEP_VERSION, identity=configs["sweep"], group_name="scaling",
                  kinds={"json"}, tags={"marin/sweep": name},
@@ -375,7 +375,12 @@ def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:
         metadata[f"{t['run']}/within_goal"] = bool(t["within_goal"])
         for method, score in t.get("by_method", {}).items():
             metadata[f"{t['run']}/{method}/error_pct"] = float(score["error_pct"])
-    return dg.AssetCheckResult(passed=passed, metadata=metadata)
+    broken = [f"{t['run']}: actual={t['actual']} outside [{t['low']}, {t['high']}]" for t in targets
+              if not t["within_interval"]]
+    broken += [f"{t['run']}: trained before its forecast was committed" for t in targets
+               if not t["forecast_before_training"]]
+    return dg.AssetCheckResult(passed=passed, metadata=metadata,
+                               description=None if passed else "; ".join(broken) or "no target to check")
 
 
 def build_sweep_runs_sensor(deployment: Deployment) -> dg.SensorDefinition:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec, validate_run
-from marin_resources.typed_config import FieldProblem, decode, typed_config
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
 from scaling.links import LINKS
 from scaling.recipe import Candidate, MicroRecipe, Recipe, Rejection
 
@@ -36,7 +36,7 @@ EVAL_METRICS = ("loss", "bpb")
 HARNESS_METRICS = ("acc", "acc_norm")
 
 
-class SweepConfigError(ValueError):
+class SweepConfigError(ConfigError):
     """A sweep config is invalid; the message names the sweep and the field."""
 
     def __init__(self, sweep: str, field_path: str, problem: str):

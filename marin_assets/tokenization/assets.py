@@ -23,8 +23,10 @@ from marin_resources.data_parallel import DataParallel
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
 from marin_resources.keys import asset_key
-from marin_resources.store import ArtifactStore, Manifest
-from marin_resources.typed_config import FieldProblem, decode
+from marin_resources.parallel_map import in_process_map
+from marin_resources.progress import ProgressMeter
+from marin_resources.store import ArtifactStore, FileEntry, Manifest
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
 
 if TYPE_CHECKING:
     from marin_assets.deployment import Deployment  # which reads this module's registry
@@ -38,7 +40,7 @@ MIXTURE_VERSION = "v1"
 ROUNDTRIP_SAMPLE = 32
 
 
-class RegistryError(ValueError):
+class RegistryError(ConfigError):
     pass
 
 
@@ -52,11 +54,22 @@ class TokenizerEntry:
     version: str = TOKENIZER_VERSION
 
 
+@typed_config
+@dataclass(frozen=True)
+class ValidationFloor:
+    """Below these, `tokenized/<source>`'s `validation_size` check warns: a validation split this small
+    measures loss and bits-per-byte with little confidence. A check policy, not part of the identity."""
+
+    documents: int = 5
+    tokens: int = 5_000
+
+
 @dataclass(frozen=True)
 class TokenizedEntry:
     source: str
     tokenizer: str
     cache: CacheConfig
+    validation_floor: ValidationFloor = ValidationFloor()
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,10 @@ def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, Token
     tok = body.pop("tokenizer", None)
     if tok not in tokenizers:
         raise RegistryError(f"{where}: tokenizer {tok!r} is not declared")
-    return TokenizedEntry(source, tok, _decoded(CacheConfig, body, where))
+    floor = _decoded(ValidationFloor, body.pop("validation_floor", None) or {}, f"{where}.validation_floor")
+    if floor.documents < 0 or floor.tokens < 0:
+        raise RegistryError(f"{where}.validation_floor: documents and tokens must be >= 0, got {floor}")
+    return TokenizedEntry(source, tok, _decoded(CacheConfig, body, where), floor)
 
 
 def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
@@ -235,7 +251,7 @@ def build_tokenizer_asset(entry: TokenizerEntry):
 
 def build_tokenized_asset(entry: TokenizedEntry):
     key = f"tokenized/{entry.source}"
-    identity = {"cache": asdict(entry.cache)}
+    identity = {"cache": entry.cache.identity()}
 
     @marin_asset(key=key, version=TOKENIZED_VERSION, group_name="tokenization", kinds={"levanter"},
                  identity=identity, automation_condition=FOLLOWS_NEW_DATA,
@@ -254,8 +270,17 @@ def build_tokenized_asset(entry: TokenizedEntry):
         def build(writer) -> Built:
             files = corpus_files(artifacts, corpus.uri)
             # Each shard to encode is one unit of work: in this process, or one Ray task each.
+            # Ledger keys are store-relative (store://...): the cache's bytes are the same under any prefix.
+            # The default resource maps in this process: as in_process_map, the cache encodes a shard at a
+            # time and reports progress after each (a distributed map reports when all are done).
+            in_process = type(data_parallel).map is DataParallel.map
+            parallel_map = in_process_map if in_process else data_parallel.parallel_map(context)
             stats = build_levanter_cache(list(files), tokenizer.uri, writer.uri, entry.cache, fingerprints=files,
-                                         parallel_map=data_parallel.parallel_map(context))
+                                         parallel_map=parallel_map,
+                                         keys={uri: artifacts.portable(uri) for uri in files},
+                                         progress=ProgressMeter(context.log.info, "encoded"))
+            # The shard files were hashed as the units wrote them: the commit does not read them back.
+            writer.vouch(FileEntry(*written) for written in stats.files_written)
             metrics = {"documents": stats.documents, "tokens": stats.tokens, "text_bytes": stats.text_bytes,
                        "bytes_per_token": round(stats.bytes_per_token, 4),
                        "train_documents": stats.train.documents, "train_tokens": stats.train.tokens,
@@ -286,23 +311,51 @@ def build_tokenized_asset(entry: TokenizedEntry):
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
         refs = {u.asset_key: u for u in manifest.upstream}
-        wanted = set(parquet_files(artifacts, refs[f"deduplicated/{entry.source}"].uri))
+        wanted = {artifacts.portable(uri) for uri in parquet_files(artifacts, refs[f"deduplicated/{entry.source}"].uri)}
         ledger = cache_shard_order(manifest.uri)
         missing = sorted(wanted - set(ledger))
         # The check costs what the build encoded, not the corpus: a new shard's append reads that shard
         # (and one earlier shard, a different one as the cache grows), never every shard again.
         appended = appended_shard_keys(manifest.uri)
         encoded = set(appended)
-        earlier = [uri for uri in ledger if uri not in encoded]
+        earlier = [key for key in ledger if key not in encoded]
         checked = appended + ([random.Random(manifest.data_version).choice(earlier)] if earlier else [])
-        failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, checked,
-                                          sample_n=ROUNDTRIP_SAMPLE)
-        return dg.AssetCheckResult(passed=not failures and not missing, metadata={
+        uris = {artifacts.resolve(key): key for key in checked}
+        failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, list(uris),
+                                          sample_n=ROUNDTRIP_SAMPLE, keys=uris)
+        broken = ([f"failures={len(failures)} of sampled={ROUNDTRIP_SAMPLE}: {failures[0].reason}"] if failures else []) \
+            + ([f"upstream_files_not_in_cache={len(missing)}"] if missing else [])
+        return dg.AssetCheckResult(passed=not broken, description="; ".join(broken) or None, metadata={
             "shards_checked": len(checked), "sampled": ROUNDTRIP_SAMPLE, "failures": len(failures),
             "upstream_files_not_in_cache": len(missing),
             "examples": dg.MetadataValue.json([f.__dict__ for f in failures[:5]] + missing[:5])})
 
-    return tokenized, roundtrip
+    floor = entry.validation_floor
+
+    @marin_check(tokenized, name="validation_size",
+                 description=f"The validation split holds at least {floor.documents} documents and {floor.tokens:,} "
+                             "tokens (the registry's `validation_floor`): fewer measure loss with little confidence. "
+                             "A warning; `validation_min_documents` sets a minimum for the split itself.")
+    def validation_size(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
+        manifest = checked_manifest(context, store, key, TOKENIZED_VERSION)
+        if manifest is None:
+            return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
+        return validation_size_result(manifest.metrics, floor, entry.cache)
+
+    return tokenized, roundtrip, validation_size
+
+
+def validation_size_result(metrics: dict[str, Any], floor: ValidationFloor, cache: CacheConfig) -> dg.AssetCheckResult:
+    """`validation_size`'s verdict on a cache's metrics: WARN below either floor, saying what to set."""
+    documents, tokens = metrics.get("validation_documents", 0), metrics.get("validation_tokens", 0)
+    short = [f"{documents} validation document(s) < {floor.documents}"] if documents < floor.documents else []
+    short += [f"{tokens:,} validation tokens < {floor.tokens:,}"] if tokens < floor.tokens else []
+    hint = (f"; raise validation_fraction ({cache.validation_fraction}) or set validation_min_documents in the "
+            "tokenization registry") if short else ""
+    return dg.AssetCheckResult(passed=not short, severity=dg.AssetCheckSeverity.WARN,
+                               description="; ".join(short) + hint or None,
+                               metadata={"validation_documents": documents, "validation_tokens": tokens,
+                                         "floor_documents": floor.documents, "floor_tokens": floor.tokens})
 
 
 def mixture_spec(entry: MixtureEntry, caches: dict[str, ArtifactHandle], tokenizer: ArtifactHandle,
@@ -355,10 +408,10 @@ def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment") 
         assets.append(build_tokenizer_asset(entry))
         catalog.add_note(f"tokenizer/{entry.name}", pin_note)
     for entry in registry.tokenized.values():
-        asset, check = build_tokenized_asset(entry)
-        catalog.add_identity(f"tokenized/{entry.source}", lambda p, e=entry: {"cache": asdict(e.cache)})
+        asset, *asset_checks = build_tokenized_asset(entry)
+        catalog.add_identity(f"tokenized/{entry.source}", lambda p, e=entry: {"cache": e.cache.identity()})
         assets.append(asset)
-        checks.append(check)
+        checks.extend(asset_checks)
     for entry in registry.mixtures.values():
         assets.append(build_mixture_asset(entry))
         catalog.add_identity(f"mixture/{entry.name}", lambda p, e=entry: {

@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 from marin_assets.tokenization.shard_files import ShardFileWriter, ShardLayout
 from marin_assets.tokenization.tokenizer import local_tokenizer_dir, tokenizer_json_sha256
 from marin_resources.parallel_map import ParallelMap, in_process_map
+from marin_resources.progress import ProgressMeter
 from marin_resources.typed_config import typed_config
 
 SPLITS = ("train", "validation")
@@ -70,6 +71,9 @@ class CacheConfig:
     """
 
     validation_fraction: float = 0.01
+    validation_min_documents: int | None = None
+    """At least this many documents go to validation (the lowest id hashes), where the fraction
+    gives fewer; capped at half the corpus. None: the fraction alone (and no change of identity)."""
     batch_rows: int = 1024
     flush_tokens: int = 16_000_000
     id_column: str = "id"
@@ -81,13 +85,23 @@ class CacheConfig:
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
         if self.batch_rows < 1 or self.flush_tokens < 1:
             raise ValueError("batch_rows and flush_tokens must be positive")
+        if self.validation_min_documents is not None and self.validation_min_documents < 1:
+            raise ValueError(f"validation_min_documents must be at least 1, got {self.validation_min_documents}")
+
+    def identity(self) -> dict:
+        """What defines the cache's artifact: every field, the minimum only where it is set (so a
+        config without one keeps the fingerprint it had before the field existed)."""
+        return {k: v for k, v in asdict(self).items() if k != "validation_min_documents" or v is not None}
 
     def row_identity(self) -> dict:
-        """The settings that decide which rows a cache holds; a change forces a full rebuild."""
+        """The settings that decide which rows a cache holds; a change forces a full rebuild. With
+        a minimum, `validation_fraction` is the threshold `with_validation_minimum` worked out."""
         return {
             "validation_fraction": self.validation_fraction,
             "id_column": self.id_column,
             "text_column": self.text_column,
+            **({"validation_min_documents": self.validation_min_documents}
+               if self.validation_min_documents is not None else {}),
         }
 
 
@@ -123,9 +137,12 @@ class CacheStats:
     # Wall seconds of the two phases of this build: the shards' encoding, and moving their rows into the cache.
     encode_seconds: float = 0.0
     assembly_seconds: float = 0.0
+    # The shard files this build wrote, as they stand at its end: (path under the cache root, bytes,
+    # sha256 of the bytes written). The commit takes them instead of reading the files back.
+    files_written: tuple[tuple[str, int, str], ...] = ()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "files_written"}
 
 
 @dataclass(frozen=True)
@@ -136,10 +153,35 @@ class RoundtripFailure:
     reason: str
 
 
+def _id_hash(doc_id: str) -> int:
+    return int(hashlib.sha256(doc_id.encode("utf-8")).hexdigest()[:8], 16)
+
+
 def is_validation_document(doc_id: str, fraction: float) -> bool:
     """Deterministic held-out membership from the document id alone."""
-    digest = hashlib.sha256(doc_id.encode("utf-8")).hexdigest()
-    return int(digest[:8], 16) / 2**32 < fraction
+    return _id_hash(doc_id) / 2**32 < fraction
+
+
+def with_validation_minimum(cfg: CacheConfig, doc_ids: Iterable[str]) -> CacheConfig:
+    """``cfg`` with its validation threshold raised, where the fraction holds out fewer than
+    ``validation_min_documents`` of ``doc_ids``, to just above the id hash of the minimum-th lowest:
+    those documents, the same whatever order they come in, go to validation. At most half the
+    documents are held out. A growing corpus lowers that hash, so the threshold (in the cache's
+    row identity) moves and the cache is rebuilt, until the fraction alone holds out enough."""
+    if cfg.validation_min_documents is None:
+        return cfg
+    hashes = sorted(_id_hash(doc_id) for doc_id in doc_ids)
+    wanted = min(cfg.validation_min_documents, len(hashes) // 2)
+    if wanted == 0 or hashes[wanted - 1] / 2**32 < cfg.validation_fraction:
+        return cfg
+    return replace(cfg, validation_fraction=(hashes[wanted - 1] + 1) / 2**32)
+
+
+def parquet_ids(doc_files: Sequence[str], cfg: CacheConfig) -> Iterator[str]:
+    """The ids of the documents a cache of these Parquet files holds (rows `_clean` keeps)."""
+    for uri in doc_files:
+        for batch in _parquet_shard(os.fspath(uri), cfg).open_batches():
+            yield from _clean(batch, cfg).ids
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,10 +190,12 @@ def is_validation_document(doc_id: str, fraction: float) -> bool:
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """A Parquet document file to encode, as a worker is told it: its URI and content fingerprint."""
+    """A Parquet document file to encode, as a worker is told it: its ledger key, content fingerprint
+    and URI."""
 
     key: str
     fingerprint: str | None
+    uri: str
 
 
 @dataclass(frozen=True)
@@ -179,9 +223,10 @@ def _file_fingerprint(fs, path: str) -> str:
     return f"size={info.get('size')}"
 
 
-def _parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None) -> _Shard:
+def _parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None, key: str | None = None) -> _Shard:
     """A Parquet document file; `fingerprint` (e.g. the sha256 its producer recorded) replaces the
-    size/mtime fingerprint, so a file rewritten with the same bytes is still recognised."""
+    size/mtime fingerprint, so a file rewritten with the same bytes is still recognised. `key` names
+    it in the ledger (default: its URI)."""
     fs, path = fsspec.core.url_to_fs(uri)
     if not fs.exists(path):
         raise FileNotFoundError(f"document file not found: {uri}")
@@ -196,7 +241,8 @@ def _parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None) -
             yield from pf.iter_batches(batch_size=cfg.batch_rows, columns=[cfg.id_column, cfg.text_column])
 
     fingerprint = fingerprint or _file_fingerprint(fs, path)
-    return _Shard(key=uri, fingerprint=fingerprint, open_batches=open_batches, file=ShardSpec(uri, fingerprint))
+    key = key or uri
+    return _Shard(key=key, fingerprint=fingerprint, open_batches=open_batches, file=ShardSpec(key, fingerprint, uri))
 
 
 def _iterator_shard(documents: Iterable[tuple[str, str]], name: str, cfg: CacheConfig) -> _Shard:
@@ -461,7 +507,7 @@ def encode_parquet_shard(spec: ShardSpec, job: EncodeJob) -> dict:
     """Encode one Parquet shard into its row files; returns its ledger entry, or `{"key", "error"}`
     when it fails, so that one bad shard is reported alone while its siblings finish."""
     try:
-        return _encode_shard(_parquet_shard(spec.key, job.cfg, spec.fingerprint), job)
+        return _encode_shard(_parquet_shard(spec.uri, job.cfg, spec.fingerprint, spec.key), job)
     except Exception as exc:  # noqa: BLE001 - reported per shard by the build
         return {"key": spec.key, "error": f"{type(exc).__name__}: {exc}"}
 
@@ -553,9 +599,10 @@ class AssemblyJob:
         return units
 
 
-def assemble_file(unit: FileUnit, job: AssemblyJob) -> int:
+def assemble_file(unit: FileUnit, job: AssemblyJob) -> dict[str, tuple[int, str] | None]:
     """Write one unit from the row files, in pieces of at most `piece_values` values (each piece
-    rewrites the shard file once); returns how many values it wrote."""
+    rewrites the shard file once); returns the shard file it wrote, with its size and sha256 hashed
+    from the bytes written (`ShardFileWriter.written`)."""
     writer = ShardFileWriter(f"{job.out_root}/{unit.split}/{INPUT_IDS}/{unit.array}",
                              job.layouts[f"{unit.split}/{unit.array}"])
     pending, position = [], unit.start
@@ -567,7 +614,7 @@ def assemble_file(unit: FileUnit, job: AssemblyJob) -> int:
             pending, position = [], position + joined.size
     if pending:
         writer.write(position, np.concatenate(pending))
-    return unit.stop - unit.start
+    return writer.written
 
 
 def _unit_values(unit: FileUnit, job: AssemblyJob) -> Iterator[np.ndarray]:
@@ -683,6 +730,21 @@ def _write_ledger(split_dir: str, shards: list[dict], split: str, metadata: dict
         "finished_shards": list(rows), "field_counts": {}, "metadata": {"preprocessor_metadata": metadata}})
 
 
+def tokenizer_ledger_name(local_dir: str) -> str:
+    """How a ledger names its tokenizer: by its files' hash, never by where they are, so a cache's
+    bytes are the same on every prefix and a relocated cache still names its tokenizer truly. A
+    trainer gives the tokenizer it loads the same name (:func:`name_tokenizer_as_ledgers_do`)."""
+    return f"sha256:{_tokenizer_files_sha256(local_dir)}"
+
+
+def name_tokenizer_as_ledgers_do(data_config) -> None:
+    """Levanter compares a cache ledger's metadata with its loaded tokenizer's, where ``tokenizer`` is
+    the loaded tokenizer's ``name_or_path``: the URI it was read from. Named by its files' hash, as
+    ledgers name it, it matches a cache built under any prefix."""
+    with local_tokenizer_dir(data_config.tokenizer) as local:
+        data_config.the_tokenizer.name_or_path = tokenizer_ledger_name(local)
+
+
 def _levanter_preprocessor_metadata(tokenizer_dir: str, local_dir: str) -> tuple[dict, int, int]:
     """Metadata Levanter's loader will expect, plus BOS/EOS ids; checks the cache exemplar fits."""
     from levanter.data.text import BatchTokenizer
@@ -699,8 +761,7 @@ def _levanter_preprocessor_metadata(tokenizer_dir: str, local_dir: str) -> tuple
             f"{INPUT_IDS!r}. Set tokenizer.model_input_names to ['input_ids', 'attention_mask'] (adopt_tokenizer does)."
         )
     metadata = dict(processor.metadata)
-    # Levanter records the path the trainer loads the tokenizer from; use the artifact's URI.
-    metadata["tokenizer"] = tokenizer_dir
+    metadata["tokenizer"] = tokenizer_ledger_name(local_dir)  # Levanter puts the path it was loaded from here
     return metadata, int(hf_tok.bos_token_id), int(hf_tok.eos_token_id)
 
 
@@ -743,11 +804,12 @@ def _tokenizer_files_sha256(local_dir: str) -> str:
 
 def _preprocessor_metadata(tokenizer_dir: str, local_dir: str, previous: dict | None) -> tuple[dict, int, int, str]:
     """(Levanter metadata, BOS, EOS, tokenizer files' hash). A cache whose manifest recorded them
-    for the same tokenizer files at the same URI reuses them: Levanter (and transformers) are
-    imported only to start a cache, not to append a shard to it."""
+    for the same tokenizer files reuses them: Levanter (and transformers) are imported only to start
+    a cache, not to append a shard to it. One that named its tokenizer by path (before ledgers named
+    it by hash) gets the new name."""
     files_sha = _tokenizer_files_sha256(local_dir)
     if previous is not None and previous.get("tokenizer_files_sha256") == files_sha \
-            and (previous.get("levanter_metadata") or {}).get("tokenizer") == tokenizer_dir:
+            and (previous.get("levanter_metadata") or {}).get("tokenizer") == f"sha256:{files_sha}":
         identity = previous["identity"]
         return previous["levanter_metadata"], identity["bos_token_id"], identity["eos_token_id"], files_sha
     return (*_levanter_preprocessor_metadata(tokenizer_dir, local_dir), files_sha)
@@ -786,11 +848,21 @@ def _reuse_plan(manifest: dict | None, identity: dict, shards: Sequence[_Shard])
     return keep, [s for s in shards if s.key not in kept]
 
 
-def _encode_all(todo: Sequence[_Shard], job: EncodeJob, parallel_map: ParallelMap) -> list[dict]:
-    """Ledger entries of `todo`, in order, each shard encoded as its own unit of work. Raises
-    `ShardEncodingError` naming every shard that failed, after the others were encoded."""
+def _encode_all(todo: Sequence[_Shard], job: EncodeJob, parallel_map: ParallelMap,
+                progress: ProgressMeter | None = None) -> list[dict]:
+    """Ledger entries of `todo`, in order, each shard encoded as its own unit of work; `progress`
+    counts their documents and text bytes (after each shard in this process, after all of them on
+    workers). Raises `ShardEncodingError` naming every shard that failed, after the others were encoded."""
     if all(shard.file is not None for shard in todo):
-        entries = parallel_map(encode_parquet_shard, [shard.file for shard in todo], job)
+        files = [shard.file for shard in todo]
+        batches = [[f] for f in files] if progress is not None and parallel_map is in_process_map else [files]
+        entries = []
+        for batch in batches:
+            done = parallel_map(encode_parquet_shard, batch, job)
+            entries += done
+            if progress is not None:
+                progress.add(documents=sum(e.get("train_documents", 0) + e.get("validation_documents", 0)
+                                           for e in done), nbytes=sum(e.get("text_bytes", 0) for e in done))
     else:  # documents held in this process (an iterator) cannot be shipped to a worker
         entries = [_encode_shard(shard, job) for shard in todo]
     failed = [entry for entry in entries if "error" in entry]
@@ -802,7 +874,7 @@ def _encode_all(todo: Sequence[_Shard], job: EncodeJob, parallel_map: ParallelMa
 
 
 def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: CacheConfig,
-           parallel_map: ParallelMap = in_process_map) -> CacheStats:
+           parallel_map: ParallelMap = in_process_map, progress: ProgressMeter | None = None) -> CacheStats:
     if not shards:
         raise ValueError("no documents to tokenize: the shard list is empty")
     keys = [s.key for s in shards]
@@ -832,7 +904,7 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
         # Encoding first, every shard as its own unit: the cache is not touched until all are encoded,
         # so a shard that fails leaves the previous cache as it was, and never a hole in a new one.
         started = time.monotonic()
-        encoded = _encode_all(todo, job, parallel_map)
+        encoded = _encode_all(todo, job, parallel_map, progress)
         encoded_at = time.monotonic()
         metadata, bos, eos, files_sha = levanter.result()
     if (bos, eos) != tuple(bos_eos):
@@ -874,7 +946,11 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
     units = [unit for split in SPLITS for unit in assembly.units(split)]
     spread = parallel_map if sum(e["train_tokens"] + e["validation_tokens"] for e in encoded) >= SHARD_CHUNK \
         else in_process_map  # under one shard file of tokens, workers cost more than they save
-    spread(assemble_file, units, assembly)
+    for files in (files for array in arrays.values() for files in (array.offsets, array.data)):
+        files.written.clear()  # what the units write next replaces what was trimmed or zeroed before
+    written: dict[str, tuple[int, str] | None] = {}
+    for unit_written in spread(assemble_file, units, assembly):
+        written |= unit_written
 
     for split, array in arrays.items():
         # The ledger goes through fsspec, the arrays through tensorstore: a tensorstore path
@@ -886,6 +962,7 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
                                f"{fs.unstrip_protocol(zarr_json)} is not in the store; tensorstore wrote them elsewhere")
         # The row count last: from here a reader sees the new rows, whose tokens are all there.
         array.offsets.write(0, np.array([ends[split][0]], dtype=np.int64))
+        written |= array.offsets.written
     manifest["shards"] = entries + [{k: v for k, v in e.items() if k != _ROWS_AT} for e in encoded]
     del manifest[_ASSEMBLING]
     for split in SPLITS:
@@ -895,12 +972,15 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
     if fs.exists(f"{root_path}/{ENCODED_DIR}"):
         fs.rm(f"{root_path}/{ENCODED_DIR}", recursive=True)
     return replace(_stats_from_manifest(out_root, manifest, reused=reuse),
-                   encode_seconds=round(encoded_at - started, 3), assembly_seconds=round(time.monotonic() - encoded_at, 3))
+                   encode_seconds=round(encoded_at - started, 3), assembly_seconds=round(time.monotonic() - encoded_at, 3),
+                   files_written=tuple((path[len(root_path) + 1:], *entry) for path, entry in sorted(written.items())
+                                       if entry is not None))
 
 
 def build_levanter_cache(doc_files: Sequence[str], tokenizer_dir: str, out_root: str, cfg: CacheConfig,
                          fingerprints: Mapping[str, str] | None = None,
-                         parallel_map: ParallelMap = in_process_map) -> CacheStats:
+                         parallel_map: ParallelMap = in_process_map, keys: Mapping[str, str] | None = None,
+                         progress: ProgressMeter | None = None) -> CacheStats:
     """Tokenize Parquet document files into the Levanter cache root `out_root`.
 
     On a fresh build `doc_files` order is the row order. With `cfg.incremental`, ledger shards already
@@ -909,13 +989,17 @@ def build_levanter_cache(doc_files: Sequence[str], tokenizer_dir: str, out_root:
     fingerprint (the sha256 its producer recorded); files without one are fingerprinted by size and
     mtime/ETag. `parallel_map` runs the shards' encoding (`encode_parquet_shard`, one call per file
     to encode): one after another here by default, or spread over workers (a Ray cluster); the
-    cache's bytes do not depend on it.
+    cache's bytes do not depend on it. `keys` names files in the ledger (default: their URIs); the
+    assets give store-relative names, so a cache's bytes do not depend on the store's prefix.
+    `progress` counts the documents and text bytes encoded.
     """
     if isinstance(doc_files, str):
         raise TypeError("doc_files must be a list of Parquet paths/URIs, not a single string")
-    fingerprints = fingerprints or {}
-    shards = [_parquet_shard(os.fspath(u), cfg, fingerprints.get(os.fspath(u))) for u in doc_files]
-    return _build(shards, tokenizer_dir, out_root, cfg, parallel_map)
+    fingerprints, keys = fingerprints or {}, keys or {}
+    cfg = with_validation_minimum(cfg, parquet_ids(doc_files, cfg) if cfg.validation_min_documents else ())
+    shards = [_parquet_shard(os.fspath(u), cfg, fingerprints.get(os.fspath(u)), keys.get(os.fspath(u)))
+              for u in doc_files]
+    return _build(shards, tokenizer_dir, out_root, cfg, parallel_map, progress)
 
 
 def build_levanter_cache_from_documents(
@@ -926,6 +1010,9 @@ def build_levanter_cache_from_documents(
     source_name: str = "documents",
 ) -> CacheStats:
     """Like `build_levanter_cache` for an in-memory iterator of (id, text); always a full rebuild."""
+    if cfg.validation_min_documents is not None:
+        documents = list(documents)
+        cfg = with_validation_minimum(cfg, (doc_id for doc_id, _ in documents))
     return _build([_iterator_shard(documents, source_name, cfg)], tokenizer_dir, out_root, cfg)
 
 
@@ -965,7 +1052,8 @@ def iter_split_documents(doc_files: Sequence[str], cfg: CacheConfig, split: str)
 
 
 def decode_roundtrip_check(
-    cache_root: str, tokenizer_dir: str, doc_files: Sequence[str], sample_n: int = 100, seed: int = 0
+    cache_root: str, tokenizer_dir: str, doc_files: Sequence[str], sample_n: int = 100, seed: int = 0,
+    keys: Mapping[str, str] | None = None,
 ) -> list[RoundtripFailure]:
     """Check ledger shards of a finished cache against their document files, reading rows back.
 
@@ -974,7 +1062,8 @@ def decode_roundtrip_check(
     shards a build appended costs those shards, not the corpus). Per file: its documents per split
     match the ledger's count. For a random sample of their documents: the row starts with BOS, ends
     with EOS, and decode(row[1:-1]) == text. For the whole cache: each split's row count, in the
-    arrays and in Levanter's ledger, matches the manifest. Returns the failures (empty: all good).
+    arrays and in Levanter's ledger, matches the manifest. `keys` gives the files' ledger keys as
+    the build was given them. Returns the failures (empty: all good).
     """
     from tokenizers import Tokenizer
 
@@ -1003,12 +1092,12 @@ def decode_roundtrip_check(
     sample: list[tuple[str, int, str, str]] = []  # (split, row, id, text): reservoir sample
     seen = 0
     for uri in doc_files:
-        key = os.fspath(uri)
+        key = (keys or {}).get(os.fspath(uri), os.fspath(uri))
         if key not in first_row["train"]:
             failures.append(RoundtripFailure("", "", -1, f"{key} is not a ledger shard of {cache_root}"))
             continue
         rows = {split: 0 for split in SPLITS}
-        for batch in _iter_clean_batches(_parquet_shard(key, cfg), cfg):
+        for batch in _iter_clean_batches(_parquet_shard(os.fspath(uri), cfg), cfg):
             for doc_id, text in zip(batch.ids, batch.texts):
                 split = "validation" if is_validation_document(doc_id, cfg.validation_fraction) else "train"
                 item = (split, first_row[split][key] + rows[split], doc_id, text)

@@ -18,6 +18,7 @@ index). An inner chunk that is all fill value (0) is left out, as tensorstore le
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass
 
@@ -114,6 +115,9 @@ class ShardFileWriter:
         self.fs, self.root = fsspec.core.url_to_fs(url.rstrip("/"))
         self.layout = layout
         self.codec = ChunkCodec(layout)
+        self.written: dict[str, tuple[int, str] | None] = {}
+        """Shard files this writer wrote (filesystem path: size and sha256 of the bytes written, hashed
+        as they were written) or deleted (None); the latest write of each counts."""
 
     def shard_path(self, shard: int) -> str:
         return f"{self.root}/c/{shard}"
@@ -215,24 +219,30 @@ class ShardFileWriter:
         if not kept and all(data is None for data in encoded.values()):
             if old is not None:
                 self.fs.rm_file(path)
+                self.written[path] = None
             return
         index = np.full((self.layout.chunks_per_shard, 2), _ABSENT, dtype="<u8")
         staged = f"{path}.{uuid.uuid4().hex}{_STAGED_SUFFIX}"
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         position = 0
+        digest = hashlib.sha256()
         try:
             with self.fs.open(staged, "wb") as out:
                 for members, source_offset, size, data in self._pieces(path, old, encoded):
                     if data is None:
                         data = self.fs.cat_file(path, start=source_offset, end=source_offset + size)
                     out.write(data)
+                    digest.update(data)
                     # A copied run of several chunks keeps their sizes and relative offsets.
                     for member, member_offset, member_size in members:
                         index[member] = (position + member_offset, member_size)
                     position += len(data)
                 body = index.tobytes()
-                out.write(body + google_crc32c.value(body).to_bytes(_CRC_BYTES, "little"))
+                tail = body + google_crc32c.value(body).to_bytes(_CRC_BYTES, "little")
+                out.write(tail)
+                digest.update(tail)
             self.fs.mv(staged, path)
+            self.written[path] = (position + len(tail), digest.hexdigest())
         except BaseException:
             try:
                 self.fs.rm_file(staged)

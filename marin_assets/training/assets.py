@@ -24,17 +24,18 @@ from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
 from marin_assets.tokenization.assets import read_mixture_config
 from marin_assets.training.commands import EVAL_REPORT_FILE, eval_command, train_command
+from marin_assets.training.init_weights import InitWeights, InitWeightsError, resolve_export, resolve_path
 from marin_assets.training.levanter_config import (TRAIN_CONFIG_FILE, WandbSettings, render_train_config,
                                                    set_checkpoint_base)
 from marin_assets.training.spec import RunSpec
 from marin_assets.training.eval_main import REPORT_VERSION
-from marin_assets.training.train_main import FINAL_EVAL_FILE, SUMMARY_FILE
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
-                                       materialize_artifact)
+from marin_assets.training.train_main import FINAL_EVAL_FILE, INPUT_ERROR_FILE, SUMMARY_FILE
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, input_refused, marin_asset,
+                                       marin_check, materialize_artifact)
 from marin_resources.display import png_markdown, records_table
-from marin_resources.environments import MarinSettings
+from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.keys import asset_key
-from marin_resources.launchers import TrainingLauncher
+from marin_resources.launchers import ProcessCommand, TrainingLauncher
 from marin_resources.store import STORE_SCHEME, ArtifactStore
 
 CHECKPOINT_VERSION = "v1"
@@ -42,7 +43,8 @@ EVAL_VERSION = "v1"
 RUNS = dg.DynamicPartitionsDefinition(name="runs")
 TRAIN_METRIC_KEYS = ("train_loss_first", "train_loss_last", "final_step", "tokens_per_second", "parameter_count",
                      "mfu", "eval_loss_last", "flops_per_token", "resumed_from_step", "attempt", "train_seconds",
-                     "device_kind", "device_count", "wandb_run_dir")
+                     "device_kind", "device_count", "process_count", "mesh_data", "mesh_fsdp", "mesh_tensor",
+                     "wandb_run_dir")
 
 
 def local_dir(store: MarinStore, writer) -> str:
@@ -66,7 +68,7 @@ def check_pool(spec: RunSpec, asset_pool: str) -> None:
     """
     wanted = spec.resources.pool
     if wanted is not None and wanted != asset_pool:
-        raise dg.Failure(f"run {spec.name!r} asks for pool {wanted!r}, but this deployment's training assets hold "
+        raise input_refused(f"run {spec.name!r} asks for pool {wanted!r}, but this deployment's training assets hold "
                          f"pool {asset_pool!r}; set MARIN_TRAIN_POOL={wanted} where such runs are launched")
 
 
@@ -80,6 +82,54 @@ def relocated_train_config(text: str, checkpoint_uri: str, store: ArtifactStore)
     if written == checkpoint_uri or not written.endswith("/" + relative):
         return text
     return text.replace(written[:-len(relative)], store.prefix + "/")
+
+
+def resolve_init_weights(spec: RunSpec, store: ArtifactStore) -> tuple[InitWeights | None, list[ArtifactHandle]]:
+    """The weights ``spec`` starts from (its ``init_from``), pinned and hashed, and the artifacts they
+    are (another run's ``hf_model``, an input of the checkpoint); ``(None, [])`` for a run from scratch.
+    Raises `InitWeightsError` (one line) for a source that is not there or not a model directory."""
+    init = spec.init_from
+    if init is None:
+        return None, []
+    if init.run is not None:
+        from marin_assets.export.assets import HF_MODEL_KEY, HF_MODEL_VERSION  # export builds on this module
+
+        manifest = store.find(HF_MODEL_KEY, HF_MODEL_VERSION, init.run)
+        if manifest is None:
+            raise InitWeightsError(f"run {spec.name!r} starts from the export of run {init.run!r}, which has none "
+                                   f"yet: marin materialize {HF_MODEL_KEY} --partition {init.run}")
+        weights = resolve_export(manifest.uri, {f.path: f.sha256 for f in manifest.files}, manifest.uri)
+        return weights, [ArtifactHandle.from_manifest(manifest)]
+    from marin_assets.curation.sources import ContentHashCache
+
+    with ContentHashCache() as hashes:
+        return resolve_path(init.path, hashes), []
+
+
+def checkpoint_identity(spec: RunSpec, store: ArtifactStore) -> dict[str, Any] | None:
+    """The identity of the run's checkpoint, with its initial weights' content hash; None while they
+    cannot be resolved (the checkpoint asset then fails, naming why; status follows the last artifact)."""
+    try:
+        weights, _ = resolve_init_weights(spec, store)
+    except InitWeightsError:
+        return None
+    return spec.identity(weights.sha256 if weights else None)
+
+
+def run_quoting_input_errors(launcher: TrainingLauncher, context, process: ProcessCommand, error_file: Path,
+                             label: str, **kwargs):
+    """``launcher.run_process``; a process that refused its input (`process.input_errors`: one line in
+    ``error_file``, exit 2) fails the step with that line instead of a traceback."""
+    try:
+        return launcher.run_process(context, process, **kwargs)
+    except dg.DagsterExecutionInterruptedError:
+        raise
+    except Exception:
+        if error_file.exists():
+            message = error_file.read_text().strip()
+            error_file.unlink()
+            raise input_refused(f"{label}: {message}") from None
+        raise
 
 
 def launcher_wandb(launcher: TrainingLauncher, spec: RunSpec) -> WandbSettings:
@@ -114,17 +164,26 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
         mixture = find_handle(store, f"mixture/{spec.mixture}", mixture_versions[spec.mixture])
         tokenizer = find_handle(store, f"tokenizer/{spec.tokenizer}", tokenizer_versions[spec.tokenizer])
         data_config = read_mixture_config(artifacts, mixture)
+        label = f"{checkpoint_key}[{spec.name}]"
+        try:
+            weights, sources = resolve_init_weights(spec, artifacts)
+        except InitWeightsError as exc:
+            raise input_refused(f"{label}: {exc}") from None
+        init_sha256 = weights.sha256 if weights else None
 
         def build(writer) -> Built:
             out = local_dir(store, writer)
-            config_path = render_train_config(spec, data_config, tokenizer.uri, out, launcher_wandb(launcher, spec))
+            config_path = render_train_config(spec, data_config, tokenizer.uri, out, launcher_wandb(launcher, spec),
+                                              init_weights=weights)
             if not artifacts.is_local:
                 # Levanter (tensorstore) saves each checkpoint straight into the bucket, where a re-run
                 # on any machine resumes from it; `out` is scratch for logs, uploaded at commit.
                 set_checkpoint_base(config_path, writer.path("checkpoints"))
-            launcher.run_process(context, train_command(config_path, out, final_eval=True,
-                                                        final_eval_examples=spec.final_eval_examples),
-                                 resources=spec.resources, extras={"run": spec.name, "fingerprint": spec.fingerprint()})
+            run_quoting_input_errors(launcher, context, train_command(config_path, out, final_eval=True,
+                                                                      final_eval_examples=spec.final_eval_examples,
+                                                                      init_sha256=init_sha256),
+                                     Path(out) / INPUT_ERROR_FILE, label, resources=spec.resources,
+                                     extras={"run": spec.name, "fingerprint": spec.fingerprint(init_sha256)})
             # The summary file, not the Pipes message, is the record: a lost message must not commit
             # a checkpoint without its metrics.
             summary_path = Path(out) / SUMMARY_FILE
@@ -133,15 +192,21 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
             summary = json.loads(summary_path.read_text())
             metrics = {k: summary[k] for k in TRAIN_METRIC_KEYS if summary.get(k) is not None}
             # W&B's run directory is in the metrics (wandb_run_dir), shown once.
-            metadata: dict[str, Any] = {"run": spec.name}
+            metadata: dict[str, Any] = {"run": spec.name, "model_family": spec.model.family,
+                                        "optimizer": spec.optimizer.type}
+            if weights is not None:
+                metadata["init_from"] = dg.MetadataValue.json({"uri": weights.uri, "sha256": weights.sha256,
+                                                               "files": dict(weights.files)})
+            if summary.get("sharded_weight"):
+                metadata["sharded_weight"] = dg.MetadataValue.json(summary["sharded_weight"])
             curve = Path(out) / "loss_curve.png"
             if curve.exists():
                 metadata["loss_curve"] = png_markdown(curve.read_bytes(), f"loss curve of {spec.name}")
             return Built(metrics=metrics, metadata=metadata)
 
         # resume=True keeps Levanter's checkpoints from an interrupted attempt.
-        return materialize_artifact(context, store, config=spec.identity(), upstream=[mixture, tokenizer],
-                                    build=build, resume=True)
+        return materialize_artifact(context, store, config=spec.identity(init_sha256),
+                                    upstream=[mixture, tokenizer, *sources], build=build, resume=True)
 
     @marin_check(checkpoint, name="loss_fell",
                     description="The final training loss is finite and lower than the first.")
@@ -151,7 +216,9 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed checkpoint"})
         first, last = manifest.metrics.get("train_loss_first"), manifest.metrics.get("train_loss_last")
         ok = first is not None and last is not None and math.isfinite(last) and last < first
-        return dg.AssetCheckResult(passed=bool(ok), metadata={"train_loss_first": first, "train_loss_last": last})
+        return dg.AssetCheckResult(passed=bool(ok), metadata={"train_loss_first": first, "train_loss_last": last},
+                                   description=None if ok else f"train_loss_last={last} is not finite and below "
+                                                               f"train_loss_first={first}")
 
     @marin_asset(key=eval_key, version=EVAL_VERSION, partitions_def=partitions, group_name=group_name, pool=pool,
                  ins={"checkpoint": dg.AssetIn(key=checkpoint.key)}, kinds={"levanter"}, tags=tags,
@@ -178,7 +245,7 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                     text = src.read().decode("utf-8")
                 Path(config_path).write_text(relocated_train_config(text, checkpoint.uri, artifacts))
                 launcher.run_process(context, eval_command(config_path, out, sample_examples=spec.final_eval_examples),
-                                     resources=spec.resources, extras={"run": spec.name})
+                                     resources=spec.resources.for_evaluation(), extras={"run": spec.name})
             return eval_built(json.loads((Path(out) / EVAL_REPORT_FILE).read_text()), evaluated_by="eval process")
 
         return materialize_artifact(context, store, config=spec.eval_identity(), upstream=[checkpoint], build=build)
@@ -189,8 +256,9 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed eval"})
         bpb = {k: v for k, v in manifest.metrics.items() if k.endswith("/bpb")}
-        return dg.AssetCheckResult(passed=bool(bpb) and all(math.isfinite(v) for v in bpb.values()),
-                                   metadata={k: float(v) for k, v in bpb.items()})
+        broken = [f"{k}={v}" for k, v in bpb.items() if not math.isfinite(v)] or ([] if bpb else ["no eval set's bpb"])
+        return dg.AssetCheckResult(passed=not broken, metadata={k: float(v) for k, v in bpb.items()},
+                                   description="; ".join(broken) or None)
 
     return [checkpoint, evaluation], [loss_fell, bpb_finite]
 
@@ -217,9 +285,15 @@ def eval_built(report: dict[str, Any], *, evaluated_by: str) -> Built:
     return Built(metrics=metrics, metadata=metadata)
 
 
-def add_run_identities(catalog: Catalog, checkpoint_key: str, eval_key: str, spec_for: SpecLookup) -> None:
-    """What `marin status` compares each run's committed artifacts with."""
-    catalog.add_identity(checkpoint_key, lambda run: spec_for(run).identity())
+def add_run_identities(catalog: Catalog, checkpoint_key: str, eval_key: str, spec_for: SpecLookup,
+                       store: Callable[[], ArtifactStore]) -> None:
+    """What `marin status` compares each run's committed artifacts with (``store``: where a run's
+    initial weights are resolved, opened only for runs that have them)."""
+    def checkpoint_config(run: str) -> dict[str, Any] | None:
+        spec = spec_for(run)
+        return spec.identity() if spec.init_from is None else checkpoint_identity(spec, store())
+
+    catalog.add_identity(checkpoint_key, checkpoint_config)
     catalog.add_identity(eval_key, lambda run: spec_for(run).eval_identity())
 
 
@@ -229,7 +303,7 @@ def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLoo
 
     def spec_for(run: str) -> RunSpec:
         if run not in runs:
-            raise dg.Failure(f"no run named {run!r} in this deployment's runs file "
+            raise input_refused(f"no run named {run!r} in this deployment's runs file "
                              f"({settings.runs_file or 'the bundled runs.yaml'}); known: {sorted(runs)}")
         return runs[run]
 
@@ -242,7 +316,7 @@ def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tup
     spec_for = named_run_lookup(settings, deployment)
     catalog = Catalog()
     catalog.add_discoverer(RUNS.name, lambda: sorted(runs))
-    add_run_identities(catalog, "checkpoint", "eval", spec_for)
+    add_run_identities(catalog, "checkpoint", "eval", spec_for, store_resource(settings).get)
     assets, checks = build_run_assets(checkpoint_key="checkpoint", eval_key="eval", partitions=RUNS,
                                       spec_for=spec_for, mixture_versions=deployment.mixture_versions,
                                       tokenizer_versions=deployment.tokenizer_versions, pool=settings.train_pool,

@@ -13,19 +13,24 @@ from marin_resources.launchers import ProcessCommand
 
 TRAIN_MODULE = "marin_assets.training.train_main"
 EVAL_MODULE = "marin_assets.training.eval_main"
+EXPORT_MODULE = "marin_assets.training.export_main"
 EVAL_REPORT_FILE = "eval_report.json"
 HARNESS_MODULE = "marin_assets.evaluation.harness_main"
 HARNESS_REPORT_FILE = "harness_report.json"
 
 
 def train_command(train_config_path: str, output_dir: str, *, final_eval: bool = False,
-                  final_eval_examples: int | None = None) -> ProcessCommand:
-    """``train_main --config CFG --output-dir OUT [--final-eval [--final-eval-examples N]]``: train (or
-    resume) into ``output_dir``; with ``final_eval``, then evaluate the final checkpoint in the same
-    process (every validation sequence, or ``final_eval_examples`` evenly spaced)."""
+                  final_eval_examples: int | None = None, init_sha256: str | None = None) -> ProcessCommand:
+    """``train_main --config CFG --output-dir OUT [--final-eval [--final-eval-examples N]]
+    [--init-sha256 H]``: train (or resume) into ``output_dir``; with ``final_eval``, then evaluate the
+    final checkpoint in the same process (every validation sequence, or ``final_eval_examples`` evenly
+    spaced). ``init_sha256``: the content hash the initial weights (the config's ``initialize_from_hf``)
+    must have."""
     args = ("--config", train_config_path, "--output-dir", output_dir) + (("--final-eval",) if final_eval else ())
     if final_eval and final_eval_examples is not None:
         args += ("--final-eval-examples", str(final_eval_examples))
+    if init_sha256 is not None:
+        args += ("--init-sha256", init_sha256)
     return ProcessCommand("train", TRAIN_MODULE, args, output_dir, inputs=(train_config_path,))
 
 
@@ -50,3 +55,13 @@ def harness_command(train_config_path: str, harness_config_path: str, output_dir
             "--harness", harness_config_path]
     args += ["--checkpoint", checkpoint_path] if checkpoint_path else []
     return ProcessCommand("harness", HARNESS_MODULE, tuple(args), output_dir, inputs=(train_config_path,))
+
+
+def export_command(train_config_path: str, output_dir: str, *, checkpoint_path: str | None = None,
+                   max_shard_bytes: int | None = None) -> ProcessCommand:
+    """``export_main --config CFG --output OUT``: the run's latest checkpoint (or ``checkpoint_path``)
+    as a Hugging Face model directory in ``output_dir``, checked by loading it with transformers."""
+    args = ["--config", train_config_path, "--output", output_dir]
+    args += ["--checkpoint", checkpoint_path] if checkpoint_path else []
+    args += ["--max-shard-bytes", str(max_shard_bytes)] if max_shard_bytes is not None else []
+    return ProcessCommand("export", EXPORT_MODULE, tuple(args), output_dir, inputs=(train_config_path,))

@@ -17,14 +17,18 @@ Reuses Levanter for the model, checkpoint loading, validation datasets and the p
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from marin_assets.training.process import parse_process_args, process_parser
 from marin_assets.training.reporting import Reporter, open_reporter
+from marin_resources.progress import Throttle, progress_line
 
 DEFAULT_PROMPT_TOKENS = 12
 DEFAULT_NUM_SAMPLES = 3
@@ -92,6 +96,14 @@ def eval_batch_axis(trainer):
     return Axis(trainer.batch_axis, size)
 
 
+def outside_mesh(fn, *args):
+    """``fn(*args)`` in a helper thread, where no device mesh is set (JAX's mesh context is per thread).
+    Levanter builds each example with a jit pinned to one CPU device, which JAX refuses inside a mesh of
+    several devices ("Received incompatible devices for jitted computation")."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def evaluate_checkpoint(
     config_path: str,
     *,
@@ -102,9 +114,11 @@ def evaluate_checkpoint(
     prompts: list[str] | None = None,
     max_new_tokens: int = 48,
     num_samples: int = DEFAULT_NUM_SAMPLES,
+    log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Compute the eval report for a Levanter checkpoint of the run described by ``config_path``:
-    every sequence of each set, its first ``max_examples``, or ``sample_examples`` evenly spaced."""
+    every sequence of each set, its first ``max_examples``, or ``sample_examples`` evenly spaced.
+    ``log`` gets a progress line (sequences done) at most every EMIT_EVERY_S."""
     if max_examples is not None and sample_examples is not None:
         raise ValueError("give max_examples (the first N sequences) or sample_examples (N evenly spaced), not both")
     import haliax as hax
@@ -113,14 +127,15 @@ def evaluate_checkpoint(
     import numpy as np
     from haliax import Axis
     from haliax.partitioning import round_axis_for_partitioning
-    from levanter.layers.attention import AttentionMask
     from levanter.models.lm_model import LmExample, compute_next_token_loss
 
+    from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
     config = parse_train_config(config_path)
+    name_tokenizer_as_ledgers_do(config.data)  # the caches' ledgers name it so: no metadata mismatch
     tokenizer = config.data.the_tokenizer
     trainer = config.trainer
     resolved = resolve_checkpoint(config, checkpoint_path)
@@ -162,6 +177,7 @@ def evaluate_checkpoint(
             return np.stack([np.asarray(x) for x in leaves])
 
         first_examples: list[np.ndarray] = []
+        throttle = Throttle()
         for name in names:
             sync = datasets[name].as_sync_dataset()
             n = len(sync) if max_examples is None else min(max_examples, len(sync))
@@ -173,7 +189,7 @@ def evaluate_checkpoint(
             # event loop, and per batch that cost more than the model (a loop reset warns with a
             # pretty-printed model each time). Batches are stacked in numpy, so no eager op compiles.
             for block in range(0, len(indices), batch_size * FETCH_BATCHES):
-                fetched = sync.get_batch(indices[block:block + batch_size * FETCH_BATCHES])
+                fetched = outside_mesh(sync.get_batch, indices[block:block + batch_size * FETCH_BATCHES])
                 for start in range(0, len(fetched), batch_size):
                     examples = fetched[start:start + batch_size]
                     real = len(examples)
@@ -183,41 +199,27 @@ def evaluate_checkpoint(
                     valid = hax.named((np.arange(batch_size) < real).astype(np.int32), Batch)
                     # Kept on the device and summed once: a float() per batch would wait for each.
                     totals.append(batch_totals(model, stacked, valid))
+                    if log is not None and throttle.due():
+                        done = min(len(indices), block + start + batch_size)
+                        log(progress_line(f"eval {name}: {done}/{len(indices)} sequences"))
             total_nats, total_tokens, total_bytes = np.asarray(totals, dtype=np.float64).sum(axis=0).tolist()
             if len(first_examples) < num_samples:
-                first_examples += [np.asarray(ex.tokens.array) for ex in sync.get_batch(list(range(min(n, num_samples))))]
+                first = outside_mesh(sync.get_batch, list(range(min(n, num_samples))))
+                first_examples += [np.asarray(ex.tokens.array) for ex in first]
             report[f"eval/{name}/loss"] = total_nats / total_tokens
             report[f"eval/{name}/bpb"] = total_nats / math.log(2) / total_bytes if total_bytes else None
             report[f"eval/{name}/tokens"] = int(total_tokens)
             report[f"eval/{name}/bytes"] = int(total_bytes)
             report[f"eval/{name}/sequences"] = len(indices)
 
-        @hax.named_jit
-        def next_token(model, tokens: hax.NamedArray, index):
-            logits = model(tokens, attn_mask=AttentionMask.causal())
-            logits = logits.array[index, :vocab_size]  # ignore vocab padding rows
-            return jnp.argmax(logits)
-
         if prompts:
             prompt_ids = [[tokenizer.bos_token_id, *tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
         else:
             prompt_ids = [list(t[:DEFAULT_PROMPT_TOKENS]) for t in first_examples[:num_samples]]
-        pad = tokenizer.eos_token_id
         samples = []
         for ids in prompt_ids:
             ids = [int(i) for i in ids][: Pos.size - 1]
-            generated: list[int] = []
-            buffer = np.full((Pos.size,), pad, dtype=np.int32)
-            buffer[: len(ids)] = ids
-            position = len(ids)
-            while len(generated) < max_new_tokens and position < Pos.size:
-                # The index goes in as an array: a Python int is static to named_jit, one compile per position.
-                tok = int(next_token(model, hax.named(jnp.asarray(buffer), Pos), jnp.asarray(position - 1)))
-                if tok == tokenizer.eos_token_id:
-                    break
-                buffer[position] = tok
-                generated.append(tok)
-                position += 1
+            generated = greedy_continuation(model, Pos, ids, max_new_tokens, tokenizer.eos_token_id, vocab_size)
             samples.append(
                 {
                     "prompt": tokenizer.decode(ids, skip_special_tokens=True),
@@ -226,6 +228,45 @@ def evaluate_checkpoint(
             )
         report["samples"] = samples
     return report
+
+
+def _next_token(model, tokens, index, vocab_size: int):
+    """The most likely token after position ``index`` (vocabulary padding rows ignored)."""
+    import jax.numpy as jnp
+    from levanter.layers.attention import AttentionMask
+
+    return jnp.argmax(model(tokens, attn_mask=AttentionMask.causal()).array[index, :vocab_size])
+
+
+def greedy_continuation(model, Pos, prompt: list[int], new_tokens: int, eos: int, vocab_size: int) -> list[int]:
+    """Greedy continuation of ``prompt`` with Levanter's model: at most ``new_tokens``, stopping at
+    EOS or the end of the context. Call inside the device mesh and parameter axis mapping."""
+    import haliax as hax
+    import jax.numpy as jnp
+    import numpy as np
+
+    next_token = _compiled_next_token()
+    buffer = np.full((Pos.size,), eos, dtype=np.int32)
+    buffer[:len(prompt)] = prompt
+    generated: list[int] = []
+    position = len(prompt)
+    while len(generated) < new_tokens and position < Pos.size:
+        # The index goes in as an array: a Python int is static to named_jit, one compile per position.
+        token = int(next_token(model, hax.named(jnp.asarray(buffer), Pos), jnp.asarray(position - 1), vocab_size))
+        if token == eos:
+            break
+        buffer[position] = token
+        generated.append(token)
+        position += 1
+    return generated
+
+
+@functools.cache
+def _compiled_next_token():
+    """`_next_token` under named_jit, made once per process so every prompt reuses its compilation."""
+    import haliax as hax
+
+    return hax.named_jit(_next_token)
 
 
 def write_report(report: dict[str, Any], path: str | os.PathLike) -> None:
@@ -256,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
             sample_examples=args.sample_examples,
             prompts=args.prompts,
             max_new_tokens=args.max_new_tokens,
+            log=reporter.log,
         )
         write_report(report, args.output)
         for key, value in report.items():

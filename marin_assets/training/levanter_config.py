@@ -14,7 +14,9 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from marin_assets.training.spec import RunSpec
+from marin_assets.training.init_weights import InitWeights, levanter_reference
+from marin_assets.training.spec import HEAD_DIM_FAMILIES, TENSOR_PARALLEL_AXES, ModelSpec, RunSpec
+from scaling.flops import MIXTURE_OF_EXPERTS_FAMILIES
 
 WandbMode = Literal["offline", "online", "disabled"]
 TRAIN_CONFIG_FILE = "train_config.yaml"
@@ -31,9 +33,9 @@ class WandbSettings:
     tags: tuple[str, ...] = ()
 
 
-def run_id_for(spec: RunSpec) -> str:
-    """Stable Levanter/W&B run id: a relaunch of the same spec resumes the same W&B run."""
-    return f"{spec.name}-{spec.fingerprint()[:8]}"
+def run_id_for(spec: RunSpec, init_weights: InitWeights | None = None) -> str:
+    """Stable Levanter/W&B run id: a relaunch of the same spec (and initial weights) resumes the same W&B run."""
+    return f"{spec.name}-{spec.fingerprint(init_weights.sha256 if init_weights else None)[:8]}"
 
 
 def checkpoint_dir(output_dir: str) -> str:
@@ -79,6 +81,36 @@ def _prepare_data_config(spec: RunSpec, data_config: Mapping[str, Any], tokenize
     return data
 
 
+def model_config(m: ModelSpec, tokenizer_dir: str, *, gradient_checkpointing: bool) -> dict[str, Any]:
+    """Levanter's model config for ``m``: its family's registered config class (the ``type``) and
+    the fields that class has."""
+    config: dict[str, Any] = {
+        "type": m.family,
+        "seq_len": m.seq_len,
+        "hidden_dim": m.hidden_dim,
+        "intermediate_dim": m.intermediate_dim,
+        "num_layers": m.num_layers,
+        "num_heads": m.num_heads,
+        "num_kv_heads": m.num_kv_heads,
+    }
+    if m.family in HEAD_DIM_FAMILIES:  # the others' config classes have no head_dim to set
+        config["head_dim"] = m.head_dim
+    if m.family in MIXTURE_OF_EXPERTS_FAMILIES:
+        config["n_routed_experts"] = m.num_experts
+        config["num_experts_per_tok"] = m.experts_per_token
+    config.update({
+        "tie_word_embeddings": m.tie_word_embeddings,
+        "initializer_range": m.initializer_range,
+        "layer_norm_epsilon": m.layer_norm_epsilon,
+        "rope": {"type": "default", "theta": m.rope_theta},
+        # Local tokenizer: Levanter otherwise consults the HF hub for the reference checkpoint's.
+        "tokenizer": tokenizer_dir,
+        # Recomputing activations only pays off when memory is the limit, i.e. on big models.
+        "gradient_checkpointing": gradient_checkpointing,
+    })
+    return config
+
+
 def build_train_config(
     spec: RunSpec,
     data_config: Mapping[str, Any],
@@ -87,41 +119,29 @@ def build_train_config(
     *,
     wandb: WandbSettings = WandbSettings(),
     temporary_checkpoint_interval: str = "10m",
+    init_weights: InitWeights | None = None,
 ) -> dict[str, Any]:
     """Levanter ``TrainLmConfig`` dict for ``spec`` training on ``data_config`` (a mixture dict).
 
     Checkpoints go to ``{output_dir}/checkpoints/step-N`` (no run-id subdirectory) every
     ``spec.checkpoint_every`` steps, plus a temporary one every ``temporary_checkpoint_interval``
     of wall time, so a relaunch with the same ``output_dir`` resumes. Levanter logs gradient and
-    parameter norms every ``spec.watch_every`` steps.
+    parameter norms every ``spec.watch_every`` steps. The mesh is ``spec.mesh`` (data x fsdp x tensor).
+    A run with ``init_weights`` (its resolved ``init_from``) starts from them: Levanter's
+    ``initialize_from_hf``, which the training process points at its checked local copy.
     """
     tokenizer_dir = str(tokenizer_dir)
     output_dir = str(output_dir)
-    m, o, r = spec.model, spec.optimizer, spec.resources
-    run_id = run_id_for(spec)
+    m, o, r, mesh = spec.model, spec.optimizer, spec.resources, spec.mesh
+    run_id = run_id_for(spec, init_weights)
     on_accelerator = r.accelerator != "cpu"
+    initialization = {} if init_weights is None else {"initialize_from_hf": levanter_reference(init_weights.uri)}
     return {
+        **initialization,
         "data": _prepare_data_config(spec, data_config, tokenizer_dir),
-        "model": {
-            "type": "llama",
-            "seq_len": m.seq_len,
-            "hidden_dim": m.hidden_dim,
-            "intermediate_dim": m.intermediate_dim,
-            "num_layers": m.num_layers,
-            "num_heads": m.num_heads,
-            "num_kv_heads": m.num_kv_heads,
-            "head_dim": m.head_dim,
-            "tie_word_embeddings": m.tie_word_embeddings,
-            "initializer_range": m.initializer_range,
-            "layer_norm_epsilon": m.layer_norm_epsilon,
-            "rope": {"type": "default", "theta": m.rope_theta},
-            # Local tokenizer: Levanter otherwise consults the HF hub for the reference checkpoint's.
-            "tokenizer": tokenizer_dir,
-            # Recomputing activations only pays off when memory is the limit, i.e. on big models.
-            "gradient_checkpointing": on_accelerator,
-        },
+        "model": model_config(m, tokenizer_dir, gradient_checkpointing=on_accelerator),
         "optimizer": {
-            "type": "adam",
+            "type": o.type,
             "learning_rate": o.learning_rate,
             "weight_decay": o.weight_decay,
             "warmup": o.warmup,
@@ -138,6 +158,14 @@ def build_train_config(
             # bf16 compute is the accelerator norm; on CPU it is slower than f32, so keep f32 there.
             "mp": "p=f32,c=bfloat16" if on_accelerator else "f32",
             "train_batch_size": spec.train_batch_size,
+            # Levanter's mesh is (replica, data, model): our data axis is its replica axis, tensor its
+            # model axis, and FSDP its data axis, which it sizes itself as devices / (replica x model).
+            # The batch is split over replica x data; parameters shard their embed axis over data.
+            "replica_ici_axis_size": mesh.data,
+            "model_axis_size": mesh.tensor,
+            "batch_axis": "batch",
+            "fsdp_axis": "embed",
+            "tensor_parallel_axes": list(TENSOR_PARALLEL_AXES) if mesh.tensor > 1 else None,
             "num_train_steps": spec.num_train_steps,
             "steps_per_eval": spec.steps_per_eval,
             "max_eval_batches": spec.max_eval_batches,
@@ -184,9 +212,9 @@ def write_train_config(config: Mapping[str, Any], path: str | os.PathLike) -> st
 
 
 def render_train_config(spec: RunSpec, data_config: Mapping[str, Any], tokenizer_dir: str, output_dir: str,
-                        wandb: WandbSettings) -> str:
+                        wandb: WandbSettings, init_weights: InitWeights | None = None) -> str:
     """Render ``spec`` into ``{output_dir}/train_config.yaml``; returns its path."""
-    config = build_train_config(spec, data_config, tokenizer_dir, output_dir, wandb=wandb)
+    config = build_train_config(spec, data_config, tokenizer_dir, output_dir, wandb=wandb, init_weights=init_weights)
     return write_train_config(config, Path(output_dir) / TRAIN_CONFIG_FILE)
 
 

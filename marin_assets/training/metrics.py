@@ -6,7 +6,8 @@ plot a run's metrics without JAX.
 ``metrics.jsonl`` holds one JSON object per optimizer step, appended as training proceeds:
 ``{"step": int, "loss": float, "tokens_per_second": float | null, "mfu": float | null,
 "learning_rate": float | null, "step_seconds": float | null, "total_tokens": int | null,
-"attempt": int, ...eval metrics...}``. ``step`` is Levanter's 0-based index of the step just
+"attempt": int, ...eval metrics...}``, and for a mixture of experts ``load_balancing_loss`` and
+``router_z_loss`` (the router's losses, which ``loss`` includes). ``step`` is Levanter's 0-based index of the step just
 completed. A resumed run appends again from its checkpoint, so a step can appear more than
 once; readers keep the last record per step.
 """
@@ -44,7 +45,8 @@ PEAK_FLOPS_BY_DEVICE_KIND: tuple[tuple[str, float], ...] = (
 
 CPU_PEAK_FLOPS_ENV = "MARIN_CPU_PEAK_FLOPS"
 # Theoretical fp32 peak of one x86 core with two 256-bit FMA units at ~2 GHz: 2 units x 8 lanes
-# x 2 FLOPs x 2e9. Override with MARIN_CPU_PEAK_FLOPS (FLOP/s for the whole JAX CPU device).
+# x 2 FLOPs x 2e9. Override with MARIN_CPU_PEAK_FLOPS (FLOP/s of the whole host, however many
+# virtual CPU devices it shows).
 CPU_PEAK_FLOPS_PER_CORE = 64e9
 
 
@@ -69,14 +71,18 @@ def peak_flops_per_device(device_kind: str) -> float | None:
 def training_flops_per_token(model: ModelSpec, vocab_size: int) -> float:
     """Training FLOPs per token with the same convention as the scaling library (Levanter's
     `lm_flops_per_token`, training = 3x forward), so MFU and scaling-law budgets agree."""
-    from scaling.flops import ModelDims
-
     if model.head_dim is not None and model.head_dim * model.num_heads != model.hidden_dim:
         raise ValueError("FLOPs accounting assumes head_dim = hidden_dim / num_heads")
-    dims = ModelDims(hidden_dim=model.hidden_dim, intermediate_dim=model.intermediate_dim,
-                     num_layers=model.num_layers, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
-                     vocab_size=vocab_size, tie_word_embeddings=model.tie_word_embeddings)
-    return dims.training_flops_per_token(model.seq_len)
+    return model.dims(vocab_size).training_flops_per_token(model.seq_len)
+
+
+def peak_flops_total(device_kind: str, device_count: int, process_count: int) -> float | None:
+    """Peak FLOP/s of a job's devices together (None for unknown kinds). Virtual CPU devices share
+    their host's cores, so a CPU job's peak is its hosts' (one per process), whatever the device count."""
+    if device_kind.lower() == "cpu":
+        return cpu_peak_flops() * process_count
+    peak = peak_flops_per_device(device_kind)
+    return None if peak is None else peak * device_count
 
 
 def mfu(tokens_per_second: float, flops_per_token: float, peak_flops_total: float) -> float:

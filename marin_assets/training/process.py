@@ -1,6 +1,7 @@
 """Process hygiene for the training and eval entry points."""
 
 import argparse
+import contextlib
 import ctypes
 import os
 import signal
@@ -54,3 +55,19 @@ def parse_process_args(parser: argparse.ArgumentParser, argv: list[str] | None) 
     args = parser.parse_args(argv)
     send_output_to(args.log_file)
     return args
+
+
+INPUT_ERROR_STATUS = 2
+
+
+@contextlib.contextmanager
+def input_errors(kinds: type[Exception] | tuple[type[Exception], ...], error_file: Path):
+    """Bad input (an exception of ``kinds``) ends the process with one line: written to
+    ``error_file``, which the launching asset quotes instead of a traceback, printed, exit code 2."""
+    try:
+        yield
+    except kinds as exc:
+        error_file.parent.mkdir(parents=True, exist_ok=True)
+        error_file.write_text(f"{exc}\n")
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(INPUT_ERROR_STATUS)

@@ -13,33 +13,40 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
 
-from marin_resources.placement import ResourceSpec
-from marin_resources.typed_config import FieldProblem, decode, typed_config
+from marin_resources.placement import PlacementError, ResourceSpec, tpu_slice_geometry
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
+from scaling.flops import MIXTURE_OF_EXPERTS_FAMILIES, ModelDims, ModelFamily
 
 DEFAULT_RUNS_YAML = Path(__file__).with_name("runs.yaml")
 
 LrSchedule = Literal["cosine", "linear", "constant"]
+OptimizerType = Literal["adam", "lion"]
 
 
-class RunSpecError(ValueError):
+class RunSpecError(ConfigError):
     """A run spec is invalid; the message names the run and the offending field."""
 
-    def __init__(self, run: str, field_path: str, problem: str):
-        self.run = run
-        self.field_path = field_path
-        super().__init__(f"run {run!r}: field {field_path!r}: {problem}")
+    def __init__(self, run: str, field_path: str, problem: str, origin: str | None = None):
+        self.run, self.field_path, self.problem = run, field_path, problem
+        super().__init__(f"{f'{origin}: ' if origin else ''}run {run!r}: field {field_path!r}: {problem}")
+
+
+HEAD_DIM_FAMILIES = ("llama", "qwen", "qwen3")
+"""Families whose Levanter config honours an explicit ``head_dim`` (OLMo 2's and Mixtral's derive it)."""
 
 
 @typed_config
 @dataclass(frozen=True)
 class ModelSpec:
-    """Levanter ``LlamaConfig`` shape fields (the subset that defines the architecture)."""
+    """The architecture: a Levanter decoder family and its shape fields."""
 
     hidden_dim: int
     intermediate_dim: int
@@ -52,25 +59,37 @@ class ModelSpec:
     initializer_range: float = 0.02
     layer_norm_epsilon: float = 1e-5
     rope_theta: float = 10000.0
+    family: ModelFamily = "llama"
+    """Levanter's config class, by the name Levanter registers it under: ``llama``; ``qwen`` (Qwen 2:
+    biases on the query/key/value projections); ``qwen3`` (query/key RMSNorm); ``olmo2`` (norms after
+    attention and MLP, query/key RMSNorm); ``mixtral`` (a routed mixture of expert MLPs)."""
+    num_experts: int | None = None
+    """``mixtral`` only (and required there): expert MLPs per layer, each ``intermediate_dim`` wide."""
+    experts_per_token: int | None = None
+    """``mixtral`` only (and required there): experts the router sends each token to (its top-k)."""
 
     @property
     def effective_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.hidden_dim // self.num_heads
 
+    def dims(self, vocab_size: int) -> ModelDims:
+        """This shape in the scaling library's terms (its FLOPs and parameter counts)."""
+        return ModelDims(hidden_dim=self.hidden_dim, intermediate_dim=self.intermediate_dim,
+                         num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                         vocab_size=vocab_size, tie_word_embeddings=self.tie_word_embeddings, family=self.family,
+                         num_experts=self.num_experts or 1, experts_per_token=self.experts_per_token or 1,
+                         head_size=self.head_dim)
+
     def parameter_count(self, vocab_size: int) -> int:
-        """Exact parameter count of Levanter's Llama for this shape (embeddings and norms included)."""
-        d, hd = self.hidden_dim, self.effective_head_dim
-        attention = d * hd * self.num_heads * 2 + d * hd * self.num_kv_heads * 2  # q, o and k, v
-        mlp = 3 * d * self.intermediate_dim  # gate, up, down
-        norms = 2 * d
-        embeddings = vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attention + mlp + norms) + d + embeddings
+        """Exact parameter count of the model Levanter builds (embeddings and norms included)."""
+        return self.dims(vocab_size).param_count()
 
 
 @typed_config
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """AdamW with warmup and a decay schedule (Levanter ``AdamConfig``)."""
+    """A Levanter optimizer with warmup and a decay schedule: AdamW (``AdamConfig``) or Lion
+    (``LionConfig``, which has no epsilon: it updates by the sign of its momentum)."""
 
     learning_rate: float
     weight_decay: float = 0.1
@@ -82,6 +101,93 @@ class OptimizerSpec:
     beta2: float = 0.95
     epsilon: float = 1e-8
     max_grad_norm: float | None = 1.0
+    type: OptimizerType = "adam"
+    """Levanter's optimizer, by its registered name: ``adam`` (AdamW) or ``lion``."""
+
+
+@typed_config
+@dataclass(frozen=True)
+class ParallelismSpec:
+    """How the run's devices form Levanter's device mesh. An axis left unset is filled from
+    ``resources`` (see `MeshShape.resolve`); set ones must multiply to the device count."""
+
+    data: int | None = None
+    """Replicas: each holds all parameters and takes its share of the batch (Levanter's replica axis)."""
+    fsdp: int | None = None
+    """Parameters and optimizer state sharded over the embed axis, batch split too (Levanter's data axis)."""
+    tensor: int = 1
+    """The MLP and key/value heads split across devices (Levanter's model axis)."""
+
+
+@typed_config
+@dataclass(frozen=True)
+class InitFrom:
+    """Weights a run starts from instead of a random initialization: exactly one of ``run`` (the
+    ``hf_model`` export of another run in the same runs file) or ``path`` (a Hugging Face model
+    directory: a local path, a bucket URL such as ``s3://b/dir``, or ``hf://ORG/NAME[@REVISION]``)."""
+
+    run: str | None = None
+    path: str | None = None
+
+
+HF_MODEL_PATH_RE = re.compile(r"^hf://(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?/?$")
+"""``hf://ORG/NAME[@REVISION]``: a model repository on the Hub (default revision: main)."""
+
+
+# Levanter Llama axes split by tensor parallelism (as Levanter's own inference config does); the
+# query heads follow the key/value heads they are grouped under.
+TENSOR_PARALLEL_AXES = ("mlp", "kv_head")
+
+
+class MeshError(ValueError):
+    """Parallelism that does not fit the devices; ``field_path`` names the offending field."""
+
+    def __init__(self, field_path: str, problem: str):
+        self.field_path, self.problem = field_path, problem
+        super().__init__(f"field {field_path!r}: {problem}")
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """A resolved mesh: data x fsdp x tensor devices."""
+
+    data: int
+    fsdp: int
+    tensor: int
+
+    @property
+    def devices(self) -> int:
+        return self.data * self.fsdp * self.tensor
+
+    @property
+    def batch_shards(self) -> int:
+        """Devices the batch is split over (replicas times FSDP shards; tensor ranks share their rows)."""
+        return self.data * self.fsdp
+
+    @classmethod
+    def resolve(cls, parallelism: ParallelismSpec, devices: int, processes: int) -> "MeshShape":
+        """Fill unset axes: on one process every device is a data-parallel replica; across processes
+        (hosts) the parameters are FSDP-sharded over all of them. Raises `MeshError`."""
+        tensor = parallelism.tensor
+        if tensor < 1 or devices % tensor:
+            raise MeshError("parallelism.tensor", f"{tensor} does not divide resources.device_count={devices}")
+        rest = devices // tensor
+        data, fsdp = parallelism.data, parallelism.fsdp
+        for name, size in (("data", data), ("fsdp", fsdp)):
+            if size is not None and (size < 1 or rest % size):
+                raise MeshError(f"parallelism.{name}",
+                                f"{size} does not divide resources.device_count={devices} / tensor={tensor}")
+        if data is None and fsdp is None:
+            data, fsdp = (rest, 1) if processes == 1 else (1, rest)
+        elif data is None:
+            data = rest // fsdp
+        elif fsdp is None:
+            fsdp = rest // data
+        mesh = cls(data=data, fsdp=fsdp, tensor=tensor)
+        if mesh.devices != devices:
+            raise MeshError("parallelism", f"data {data} x fsdp {fsdp} x tensor {tensor} = {mesh.devices} devices, "
+                                           f"but resources.device_count is {devices}")
+        return mesh
 
 
 @typed_config
@@ -111,6 +217,17 @@ class RunSpec:
     """Steps between Levanter's gradient and parameter norm logs; 0 turns them off, which also saves
     compiling a second variant of the train step. Observability only, so not part of the identity."""
     resources: ResourceSpec = field(default_factory=ResourceSpec)
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
+    """The device mesh. Like ``resources``, outside the identity: the global batch is
+    ``train_batch_size`` however it is split, so the mesh changes no result beyond float rounding."""
+    init_from: InitFrom | None = None
+    """Start from these weights (continued pretraining) instead of a random initialization. Their
+    content hash, resolved when the run is built, is part of the identity (see `identity`)."""
+
+    @property
+    def mesh(self) -> MeshShape:
+        """The resolved mesh over ``resources``' devices (validated by `validate_run`)."""
+        return MeshShape.resolve(self.parallelism, self.resources.device_count, self.resources.process_count)
 
     @property
     def seq_len(self) -> int:
@@ -120,11 +237,27 @@ class RunSpec:
     def tokens_per_step(self) -> int:
         return self.train_batch_size * self.model.seq_len
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self, init_weights: str | None = None) -> dict[str, Any]:
         """Everything that determines the trained weights: all fields except ``resources``,
-        ``final_eval_examples`` and ``watch_every``."""
+        ``parallelism``, ``final_eval_examples`` and ``watch_every``. Fields added since runs were
+        first fingerprinted are left out while they hold their defaults, so runs keep the identity
+        they had before those fields existed: a Llama trained with Adam before families and
+        optimizers (`LATER_FIELD_DEFAULTS`), a run from scratch before ``init_from``. That is set
+        with ``init_weights``, the content hash of the weights it resolved to
+        (`marin_assets.training.init_weights`), as ``init_from.sha256``: other weights under the
+        same name are another run."""
         data = dataclasses.asdict(self)
-        del data["resources"], data["final_eval_examples"], data["watch_every"]
+        del data["resources"], data["parallelism"], data["final_eval_examples"], data["watch_every"]
+        for section, defaults in LATER_FIELD_DEFAULTS.items():
+            for name, default in defaults.items():
+                if data[section][name] == default:
+                    del data[section][name]
+        if self.init_from is None:
+            del data["init_from"]
+        else:
+            data["init_from"] = {k: v for k, v in data["init_from"].items() if v is not None}
+            if init_weights is not None:
+                data["init_from"]["sha256"] = init_weights
         return _jsonable(data)
 
     def eval_identity(self) -> dict[str, Any]:
@@ -135,9 +268,9 @@ class RunSpec:
             data["examples"] = self.final_eval_examples
         return data
 
-    def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of ``identity()``."""
-        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+    def fingerprint(self, init_weights: str | None = None) -> str:
+        """sha256 of the canonical JSON of ``identity(init_weights)``."""
+        canonical = json.dumps(self.identity(init_weights), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     @classmethod
@@ -153,6 +286,13 @@ class RunSpec:
             raise RunSpecError(name, exc.dotted or "<run>", exc.problem) from None
         validate_run(spec)
         return spec
+
+
+LATER_FIELD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"family": "llama", "num_experts": None, "experts_per_token": None},
+    "optimizer": {"type": "adam"},
+}
+"""Identity fields absent from a run's identity while they hold these values (see `RunSpec.identity`)."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -181,6 +321,18 @@ def validate_run(spec: RunSpec) -> None:
         require(m.head_dim > 0, "model.head_dim", f"must be positive, got {m.head_dim}")
     require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", f"num_heads={m.num_heads} is not divisible by {m.num_kv_heads}")
     require(m.effective_head_dim % 2 == 0, "model.head_dim", f"rotary embeddings need an even head dim, got {m.effective_head_dim}")
+    if m.family in MIXTURE_OF_EXPERTS_FAMILIES:
+        require(m.num_experts is not None, "model.num_experts", f"required for family {m.family!r}")
+        require(m.num_experts >= 2, "model.num_experts", f"a mixture needs at least 2 experts, got {m.num_experts}")
+        require(m.experts_per_token is not None, "model.experts_per_token", f"required for family {m.family!r}")
+        require(1 <= m.experts_per_token <= m.num_experts, "model.experts_per_token",
+                f"must be in [1, num_experts={m.num_experts}], got {m.experts_per_token}")
+    else:
+        for fname in ("num_experts", "experts_per_token"):
+            require(getattr(m, fname) is None, f"model.{fname}",
+                    f"only for family {' or '.join(map(repr, MIXTURE_OF_EXPERTS_FAMILIES))}, not {m.family!r}")
+    require(m.head_dim is None or m.family in HEAD_DIM_FAMILIES, "model.head_dim",
+            f"family {m.family!r} takes its head size from hidden_dim / num_heads; leave head_dim unset")
     o = spec.optimizer
     require(o.learning_rate > 0, "optimizer.learning_rate", f"must be positive, got {o.learning_rate}")
     require(o.weight_decay >= 0, "optimizer.weight_decay", f"must be >= 0, got {o.weight_decay}")
@@ -204,12 +356,121 @@ def validate_run(spec: RunSpec) -> None:
     require(len(set(spec.eval_sets)) == len(spec.eval_sets), "eval_sets", "contains duplicates")
     r = spec.resources
     require(r.device_count > 0, "resources.device_count", f"must be positive, got {r.device_count}")
-    require(
-        spec.train_batch_size % r.device_count == 0,
-        "train_batch_size",
-        f"{spec.train_batch_size} is not divisible by resources.device_count={r.device_count}",
-    )
     require((r.accelerator == "tpu") == (r.tpu_type is not None), "resources.tpu_type", "must be set exactly when accelerator is 'tpu'")
+    require(r.processes is None or r.processes > 0, "resources.processes", f"must be positive, got {r.processes}")
+    try:
+        hosts = tpu_slice_geometry(r.tpu_type)[2] if r.tpu_type else None
+    except PlacementError as exc:
+        raise RunSpecError(run, "resources.tpu_type", str(exc)) from None
+    require(r.processes is None or hosts is None or r.processes == hosts, "resources.processes",
+            f"{r.tpu_type} has {hosts} hosts, one process each, not {r.processes}")
+    processes = r.process_count
+    require(r.device_count % processes == 0, "resources.device_count",
+            f"{r.device_count} devices cannot be spread evenly over {processes} processes")
+    try:
+        mesh = spec.mesh
+    except MeshError as exc:
+        raise RunSpecError(run, exc.field_path, exc.problem) from None
+    require(spec.train_batch_size % mesh.batch_shards == 0, "train_batch_size",
+            f"{spec.train_batch_size} is not divisible by data {mesh.data} x fsdp {mesh.fsdp} = {mesh.batch_shards} "
+            "batch shards")
+    local_devices = r.device_count // processes
+    require(local_devices % mesh.tensor == 0 or mesh.tensor % local_devices == 0, "parallelism.tensor",
+            f"{mesh.tensor} and the {local_devices} devices of each of {processes} processes must divide one another")
+    require(m.hidden_dim % mesh.fsdp == 0, "parallelism.fsdp",
+            f"{mesh.fsdp} does not divide model.hidden_dim={m.hidden_dim} (FSDP shards the embed axis)")
+    require(m.intermediate_dim % mesh.tensor == 0, "parallelism.tensor",
+            f"{mesh.tensor} does not divide model.intermediate_dim={m.intermediate_dim}")
+    require(m.num_kv_heads % mesh.tensor == 0, "parallelism.tensor",
+            f"{mesh.tensor} does not divide model.num_kv_heads={m.num_kv_heads}")
+    init = spec.init_from
+    if init is not None:
+        require((init.run is None) != (init.path is None), "init_from", "give exactly one of run or path")
+        require(init.run != spec.name, "init_from.run", "a run cannot start from its own export")
+        require(init.path is None or "://" in init.path or os.path.isabs(init.path), "init_from.path",
+                f"a local directory must be an absolute path, got {init.path!r}")
+        require(init.path is None or not init.path.startswith("hf://") or bool(HF_MODEL_PATH_RE.match(init.path)),
+                "init_from.path", f"expected hf://ORG/NAME[@REVISION] for a Hub model, got {init.path!r}")
+
+
+def validate_init_sources(runs: Mapping[str, RunSpec]) -> None:
+    """A run that starts from another run's export names a run of the same file, with the same model
+    architecture (the sequence length may differ) and tokenizer, and no chain of them loops."""
+    for name, spec in runs.items():
+        source = spec.init_from.run if spec.init_from is not None else None
+        if source is None:
+            continue
+        if source not in runs:
+            raise RunSpecError(name, "init_from.run", f"no run named {source!r} in this file; known: {sorted(runs)}")
+        theirs = runs[source]
+        for fname in (f.name for f in dataclasses.fields(ModelSpec) if f.name != "seq_len"):
+            if getattr(theirs.model, fname) != getattr(spec.model, fname):
+                raise RunSpecError(name, f"model.{fname}", f"{getattr(spec.model, fname)} differs from "
+                                                           f"{getattr(theirs.model, fname)} of run {source!r}, "
+                                                           "whose export it starts from")
+        if theirs.tokenizer != spec.tokenizer:
+            raise RunSpecError(name, "tokenizer", f"{spec.tokenizer!r} differs from {theirs.tokenizer!r} of run "
+                                                  f"{source!r}, whose export it starts from")
+        chain = [name]
+        while source is not None:
+            if source in chain:
+                raise RunSpecError(name, "init_from.run", f"runs start from each other in a loop: "
+                                                          f"{' -> '.join([*chain, source])}")
+            chain.append(source)
+            init = runs[source].init_from
+            source = init.run if init is not None else None
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+OPTIMIZER_STATE: dict[str, tuple[int, str]] = {"adam": (16, "Adam moments"), "lion": (12, "Lion momentum")}
+"""Per optimizer: bytes per parameter of f32 weights, their gradients and the optimizer's state
+(Adam's two moments, Lion's one momentum), 4 bytes each; and what that state is called."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What one training step of a run holds, over all its devices together (see docs/training.md)."""
+
+    parameters: int
+    state_bytes: int
+    """Weights, gradients and optimizer state: ``OPTIMIZER_STATE`` bytes per parameter."""
+    activation_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes + self.activation_bytes
+
+
+def training_memory(spec: RunSpec, vocab_size: int) -> MemoryEstimate:
+    """A low estimate of a training step's memory in f32: the state, plus the activations of one
+    batch with per-layer rematerialisation (each layer's input kept for the backward pass, one
+    layer's intermediates and attention scores live at a time) and the logits with their gradient.
+    Compiler buffers and fragmentation come on top, so a run over this estimate cannot fit."""
+    m = spec.model
+    parameters = m.parameter_count(vocab_size)
+    per_token = (m.num_layers * m.hidden_dim
+                 + 16 * m.hidden_dim + 3 * m.intermediate_dim * (m.experts_per_token or 1)
+                 + 2 * m.num_heads * m.seq_len + 2 * vocab_size)
+    return MemoryEstimate(parameters, OPTIMIZER_STATE[spec.optimizer.type][0] * parameters,
+                          4 * spec.train_batch_size * m.seq_len * per_token)
+
+
+def check_memory_fit(spec: RunSpec, vocab_size: int, available: tuple[int, str] | None) -> MemoryEstimate:
+    """Refuse (RunSpecError, with the estimate) a run whose `training_memory` exceeds ``available``,
+    the memory of the devices its resources name and where that figure came from
+    (`marin_resources.placement.device_memory`); None: unknown devices, nothing is checked."""
+    estimate = training_memory(spec, vocab_size)
+    if available is not None and estimate.total_bytes > available[0]:
+        gib = 2**30
+        state_bytes, state = OPTIMIZER_STATE[spec.optimizer.type]
+        raise RunSpecError(spec.name, "model", (
+            f"does not fit its resources: training needs about {estimate.total_bytes / gib:,.1f} GiB "
+            f"({estimate.parameters:,} parameters x {state_bytes} bytes for f32 weights, gradients and {state} "
+            f"= {estimate.state_bytes / gib:,.1f} GiB, plus {estimate.activation_bytes / gib:,.1f} "
+            f"GiB of activations at batch {spec.train_batch_size} x {spec.model.seq_len} tokens, vocab "
+            f"{vocab_size}), more than {available[1]}"))
+    return estimate
 
 
 # --- registry -----------------------------------------------------------------------------------
@@ -217,8 +478,16 @@ def validate_run(spec: RunSpec) -> None:
 
 def load_run_registry(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec]:
     """Parse a runs YAML file (``runs: {name: {...}}``) into validated specs keyed by name."""
-    with open(path) as f:
-        document = yaml.safe_load(f)
+    try:
+        with open(path) as f:
+            document = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read the run registry: {exc}") from None
     if not isinstance(document, Mapping) or not isinstance(document.get("runs"), Mapping):
-        raise ValueError(f"{path}: expected a top-level 'runs:' mapping of run name to spec")
-    return {str(name): RunSpec.from_dict(str(name), raw) for name, raw in document["runs"].items()}
+        raise ConfigError(f"{path}: expected a top-level 'runs:' mapping of run name to spec")
+    try:
+        runs = {str(name): RunSpec.from_dict(str(name), raw) for name, raw in document["runs"].items()}
+        validate_init_sources(runs)
+        return runs
+    except RunSpecError as exc:
+        raise RunSpecError(exc.run, exc.field_path, exc.problem, origin=str(path)) from None

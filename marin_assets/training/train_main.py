@@ -25,27 +25,39 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.process import parse_process_args, process_parser
+from marin_assets.training.init_weights import InitWeightsError, check_weights, stage_weights, uri_of_reference
+from marin_assets.training.process import input_errors, parse_process_args, process_parser
 from marin_assets.training.metrics import (
     median,
     mfu,
-    peak_flops_per_device,
+    peak_flops_total,
     plot_loss_curve,
     read_metrics,
     training_flops_per_token,
 )
 from marin_assets.training.reporting import Reporter, open_reporter
-from marin_assets.training.spec import ModelSpec
+from marin_assets.training.spec import HEAD_DIM_FAMILIES, ModelSpec
+from marin_resources.placement import ProcessGroup
+from marin_resources.progress import Throttle, eta, progress_line
+from scaling.flops import MIXTURE_OF_EXPERTS_FAMILIES
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "train_summary.json"
 FINAL_EVAL_FILE = "final_eval_report.json"
 LOSS_CURVE_FILE = "loss_curve.png"
+INPUT_ERROR_FILE = "train_input_error.txt"
+"""Written instead of training when the input is wrong (the initial weights): the one line the asset reports."""
+COORDINATOR_TIMEOUT_ENV = "MARIN_COORDINATOR_TIMEOUT_S"
+DEFAULT_COORDINATOR_TIMEOUT_S = 300.0
+# A process silent this long is taken for dead and the whole job stops (JAX's default: 100 s).
+HEARTBEAT_TIMEOUT_S = 20
 # Per-step values copied from Levanter's log calls into metrics.jsonl, under our names.
 _LEVANTER_KEYS = {
     "train/loss": "loss",
@@ -54,6 +66,9 @@ _LEVANTER_KEYS = {
     "throughput/total_tokens": "total_tokens",
     "throughput/loading_time": "loading_seconds",
     "optim/learning_rate": "learning_rate",
+    # A mixture of experts' router losses (already inside "loss"), as `_returning_logged_metrics` returns them.
+    "train/load_balancing_loss": "load_balancing_loss",
+    "train/router_z_loss": "router_z_loss",
 }
 # Steps whose timing includes XLA compilation (the first step, and the step where the
 # eval/jit-hook variant of the train step first runs) are excluded from throughput summaries.
@@ -70,12 +85,17 @@ class StepMetricsSink:
         flops_per_token: float,
         attempt: int,
         report_every: int,
+        total_steps: int,
     ):
         self.metrics_path = metrics_path
         self.reporter = reporter
         self.flops_per_token = flops_per_token
         self.attempt = attempt
         self.report_every = report_every
+        self.total_steps = total_steps
+        # The first step recorded in this attempt and when: the ETA's rate leaves start-up and compilation out.
+        self._first: tuple[int, float] | None = None
+        self._throttle = Throttle()
         self.summary: dict[str, Any] = {}
         self.wandb_run_dir: str | None = None
         self._step: int | None = None
@@ -89,10 +109,10 @@ class StepMetricsSink:
 
         if self._device_kind is None:
             self._device_kind = jax.devices()[0].device_kind
-            peak = peak_flops_per_device(self._device_kind)
-            self._peak_flops_total = None if peak is None else peak * jax.device_count()
+            self._peak_flops_total = peak_flops_total(self._device_kind, jax.device_count(), jax.process_count())
             self.summary.setdefault("device_kind", self._device_kind)
             self.summary.setdefault("device_count", jax.device_count())
+            self.summary.setdefault("process_count", jax.process_count())
             self.summary.setdefault("peak_flops_total", self._peak_flops_total)
 
     def log(self, metrics: dict[str, Any], step: int | None) -> None:
@@ -111,6 +131,13 @@ class StepMetricsSink:
         for key, value in metrics.items():
             self.summary[key] = _to_python(value)
 
+    def pending(self) -> dict[str, Any] | None:
+        """The record of the step still being logged (its loss is in, later values such as throughput may
+        not be): what a checkpoint of that step, saved now, must not lose."""
+        if self._step is None or "loss" not in self._values:
+            return None
+        return {"step": self._step, "attempt": self.attempt, **self._values}
+
     def flush(self) -> None:
         if self._step is None or "loss" not in self._values:
             self._step, self._values = None, {}
@@ -123,12 +150,15 @@ class StepMetricsSink:
         )
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._step % self.report_every == 0:
+        now = time.monotonic()
+        self._first = self._first or (self._step, now)
+        # Every report_every steps, and at least every EMIT_EVERY_S: the CLI shows the newest line.
+        if self._throttle.due() or self._step % self.report_every == 0:
             self.reporter.custom_message({"kind": "train_step", **record})
-            self.reporter.log(
-                f"step {self._step} loss {record['loss']:.4f} tokens/s {tps or 0:.0f}"
-                + (f" mfu {record['mfu']:.2%}" if record["mfu"] is not None else "")
-            )
+            left = eta(self._step - self._first[0], self.total_steps - self._first[0], now - self._first[1])
+            self.reporter.log(progress_line(
+                f"step {self._step}/{self.total_steps} loss {record['loss']:.4f} tokens/s {tps or 0:.0f}"
+                + (f" mfu {record['mfu']:.2%}" if record["mfu"] is not None else "") + (f" {left}" if left else "")))
         self._step, self._values = None, {}
 
     def capture_wandb_dir(self) -> None:
@@ -200,7 +230,8 @@ def _metrics_tracker_config_class() -> type:
     return StepMetricsTrackerConfig
 
 
-def _final_checkpoint_trainer_class(before_save: Callable[[], None] | None = None) -> type:
+def _final_checkpoint_trainer_class(before_save: Callable[[], None] | None = None,
+                                    after_train: Callable[[Any], None] | None = None) -> type:
     """Levanter's Trainer, plus a guaranteed checkpoint of the final step.
 
     ``Trainer.train`` ends with ``run_hooks(force=True)``, but plain-function hooks drop ``force``,
@@ -208,13 +239,16 @@ def _final_checkpoint_trainer_class(before_save: Callable[[], None] | None = Non
     the time interval; and ``train_lm.main`` does not wait for the async write before exiting.
     Eval and downstream stages need the final weights, so after training we save (if needed)
     and wait with the same checkpointer instance Levanter created. ``before_save`` runs as each
-    checkpoint save begins.
+    checkpoint save begins; ``after_train`` gets the trained model, as its devices hold it.
     """
     from levanter.checkpoint import Checkpointer
     from levanter.trainer import Trainer
 
     class FinalCheckpointTrainer(Trainer):
         _marin_checkpointer: Checkpointer | None = None
+
+        def __init__(self, config, optimizer, loss_fn, **kwargs):
+            super().__init__(config, optimizer, _returning_logged_metrics(loss_fn), **kwargs)
 
         def add_hook(self, fn=None, *, every: int = 1):
             if isinstance(getattr(fn, "__self__", None), Checkpointer):
@@ -231,16 +265,78 @@ def _final_checkpoint_trainer_class(before_save: Callable[[], None] | None = Non
 
         def train(self, state, train_loader):
             info = super().train(state, train_loader)
+            if after_train is not None:
+                after_train(info.state.model)
             checkpointer = self._marin_checkpointer
             if checkpointer is not None:
                 checkpointer.wait_until_finished()
                 final = os.path.join(checkpointer.base_path, f"step-{info.step}", "metadata.json")
-                if not _exists(final):
+                # A save is collective: every process must take the same branch, so process 0's look decides.
+                if not _agreed(_exists(final)):
                     checkpointer.on_step(info, force=True)
                     checkpointer.wait_until_finished()
             return info
 
     return FinalCheckpointTrainer
+
+
+def _returning_logged_metrics(loss_fn: Callable) -> Callable:
+    """``loss_fn`` with what the model logs while it runs (``levanter.tracker.jit_log``, as Mixtral
+    does with its router statistics) returned among the loss's metrics. Logged directly, through
+    an io_callback, they would fail the gradient, which cannot differentiate a callback; returned,
+    Levanter logs them with the step's other ``train/`` metrics."""
+    import levanter.tracker
+
+    def loss_and_logged_metrics(*args, **kwargs):
+        with levanter.tracker.defer_tracker_for_jit() as logged:
+            result = loss_fn(*args, **kwargs)
+        loss, metrics = result if isinstance(result, tuple) and len(result) == 2 else (result, {})
+        return loss, {**{name.removeprefix("train/"): value for name, value in logged.items()}, **metrics}
+
+    return loss_and_logged_metrics
+
+
+def _agreed(flag: bool) -> bool:
+    """``flag`` as process 0 sees it, on every process of a multi-process job."""
+    import jax
+
+    if not jax.distributed.is_initialized():  # one process (and no device touched before Levanter sets JAX up)
+        return flag
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
+
+
+class CoordinatorUnreachable(RuntimeError):
+    """Process 0 of a multi-process job did not start its coordination service in time."""
+
+
+def join_process_group(group: ProcessGroup, timeout_s: float) -> None:
+    """Join ``group`` through ``jax.distributed`` (before JAX touches a device), waiting at most
+    ``timeout_s`` for the coordinator.
+
+    JAX's own wait ends the process with a fatal log (no exception) once its timeout passes, so the
+    other processes first wait for process 0's port themselves and fail in one line when it never opens.
+    """
+    import jax
+
+    if group.process_id != 0:
+        host, port = group.coordinator_address.rsplit(":", 1)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1.0).close()
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise CoordinatorUnreachable(
+                        f"the coordinator at {group.coordinator_address} did not come up within {timeout_s:g} s "
+                        f"(process {group.process_id} of {group.process_count})") from None
+                time.sleep(0.2)
+    jax.distributed.initialize(group.coordinator_address, group.process_count, group.process_id,
+                               initialization_timeout=max(1, int(timeout_s)),
+                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
 
 
 def _exists(path: str) -> bool:
@@ -250,7 +346,44 @@ def _exists(path: str) -> bool:
     return fs.exists(plain)
 
 
+def largest_weight_sharding(model) -> dict[str, Any]:
+    """How the model's largest weight matrix lies on the devices: its path, named axes, the mesh
+    axes each array dimension is split over (the PartitionSpec) and the shape one device holds.
+
+    The evidence that a run is sharded as asked: with FSDP the embed dimension's entry is the mesh's
+    ``data`` axis and each device holds 1/fsdp of it; on a pure data-parallel mesh every entry is
+    None and each device holds the whole matrix.
+    """
+    import haliax as hax
+    import jax
+
+    leaves = jax.tree_util.tree_leaves_with_path(model, is_leaf=lambda x: isinstance(x, hax.NamedArray))
+    path, weight = max(((p, leaf) for p, leaf in leaves if isinstance(leaf, hax.NamedArray) and leaf.ndim >= 2),
+                       key=lambda item: item[1].size)
+    array = weight.array
+    spec = list(array.sharding.spec) + [None] * (array.ndim - len(array.sharding.spec))
+    return {
+        "path": jax.tree_util.keystr(path),
+        "axes": {axis.name: axis.size for axis in weight.axes},
+        "partition_spec": [entry if entry is None or isinstance(entry, str) else list(entry) for entry in spec],
+        "device_shape": list(array.sharding.shard_shape(array.shape)),
+        "devices": len(array.sharding.device_set),
+    }
+
+
+def mesh_axis_sizes(trainer_config) -> dict[str, int]:
+    """The mesh Levanter built, in the run spec's terms (after it initialized JAX)."""
+    return {"mesh_data": trainer_config.replica_axis_size,
+            "mesh_fsdp": trainer_config.data_ici_axis_size * trainer_config.data_dcn_axis_size,
+            "mesh_tensor": trainer_config.model_axis_size}
+
+
 def model_spec_from_levanter(model_config) -> ModelSpec:
+    """The run spec's model for a parsed Levanter model config (its family is the config's registered name)."""
+    from levanter.models.lm_model import LmConfig
+
+    family = LmConfig.get_choice_name(type(model_config))
+    moe = family in MIXTURE_OF_EXPERTS_FAMILIES
     return ModelSpec(
         hidden_dim=model_config.hidden_dim,
         intermediate_dim=model_config.intermediate_dim,
@@ -258,7 +391,11 @@ def model_spec_from_levanter(model_config) -> ModelSpec:
         num_heads=model_config.num_heads,
         num_kv_heads=model_config.num_kv_heads,
         seq_len=model_config.seq_len,
-        head_dim=model_config.head_dim,
+        head_dim=model_config.head_dim if family in HEAD_DIM_FAMILIES else None,
+        tie_word_embeddings=model_config.tie_word_embeddings,
+        family=family,
+        num_experts=model_config.n_routed_experts if moe else None,
+        experts_per_token=model_config.num_experts_per_tok if moe else None,
     )
 
 
@@ -344,7 +481,7 @@ class StoreMirror:
     """The run's record files (metrics, summary) kept in the store beside checkpoints that Levanter
     writes there directly, so that a run resumed on a fresh machine continues its attempt count and
     loss history. ``metrics.jsonl`` is copied as each checkpoint save begins (so the bucket's copy
-    covers every step before that checkpoint) and when training ends."""
+    covers every step up to that checkpoint's) and when training ends."""
 
     FILES = (METRICS_FILE, SUMMARY_FILE)
 
@@ -371,6 +508,15 @@ class StoreMirror:
                 fetched.append(name)
         return fetched
 
+    def push_metrics(self, pending: dict[str, Any] | None) -> None:
+        """metrics.jsonl plus ``pending``, the record of the step being checkpointed: Levanter saves it
+        before its last values are logged, so the local file does not have it yet, and a resume from this
+        copy starts after it. (The complete record replaces it at the next push: readers keep the last.)"""
+        local = self.local_dir / METRICS_FILE
+        text = local.read_text() if local.exists() else ""
+        with self.fs.open(f"{self.root}/{METRICS_FILE}", "w") as fh:
+            fh.write(text + (json.dumps(pending) + "\n" if pending else ""))
+
     def push(self, *names: str) -> None:
         for name in names:
             local = self.local_dir / name
@@ -382,18 +528,30 @@ def next_attempt(metrics_path: Path) -> int:
     return max((r.get("attempt", 0) for r in read_metrics(metrics_path)), default=-1) + 1
 
 
-def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_every: int | None = None) -> dict[str, Any]:
-    """Run Levanter training for ``config_path``; returns the run summary (also written to train_summary.json)."""
+def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_every: int | None = None,
+          init_sha256: str | None = None) -> dict[str, Any]:
+    """Run Levanter training for ``config_path``; returns the run summary (also written to train_summary.json).
+    ``init_sha256``: the content hash the config's initial weights (``initialize_from_hf``) must have."""
     from levanter.main import train_lm
 
+    from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
     output_dir.mkdir(parents=True, exist_ok=True)
     config = parse_train_config(config_path)
+    name_tokenizer_as_ledgers_do(config.data)  # the caches' ledgers name it so: no metadata mismatch
+    group = ProcessGroup.from_env()
+    if group is not None:
+        join_process_group(group, float(os.environ.get(COORDINATOR_TIMEOUT_ENV, DEFAULT_COORDINATOR_TIMEOUT_S)))
+        config = dataclasses.replace(config, trainer=dataclasses.replace(
+            config.trainer, distributed=dataclasses.replace(config.trainer.distributed,
+                                                            initialize_jax_distributed=False)))
+    # Every process trains; process 0 alone keeps the run's records (metrics, summary, curve, mirror).
+    leader = group is None or group.process_id == 0
     checkpoints = config.trainer.checkpointer.expanded_path(config.trainer.id)
-    mirror = StoreMirror.for_checkpoints(checkpoints, output_dir)
+    mirror = StoreMirror.for_checkpoints(checkpoints, output_dir) if leader else None
     if mirror is not None:
         restored = mirror.restore()
         if restored:
@@ -405,14 +563,20 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     metrics_path = output_dir / METRICS_FILE
     attempt = next_attempt(metrics_path)
     steps = config.trainer.num_train_steps
-    finished = _finished_summary(output_dir, steps)
-    if finished is not None:
+    finished = _finished_summary(output_dir, steps) if leader else None
+    if _agreed(finished is not None):
         # Training completed before (e.g. the artifact commit was interrupted): Levanter refuses to run
         # zero steps, and there is nothing to redo.
         reporter.log(f"{config.trainer.id} already reached step {steps}; reporting the finished run")
-        return finished
+        return finished or {}
+    init_scratch = None
+    if config.initialize_from_hf and _latest_checkpoint(checkpoints) is None:
+        # Levanter reads them only for a run with no checkpoint yet: a resumed run has its own weights.
+        init_scratch = tempfile.TemporaryDirectory(prefix="marin-init-")
+        config = start_from_weights(config, init_sha256, init_scratch.name, reporter)
     sink = StepMetricsSink(
-        metrics_path, reporter, flops_per_token, attempt, report_every or max(1, steps // 100)
+        metrics_path if leader else Path(os.devnull), reporter, flops_per_token, attempt,
+        report_every or max(1, steps // 100), steps
     )
     sink_key = str(metrics_path)
     _SINKS[sink_key] = sink
@@ -426,15 +590,21 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     started = time.time()
     # train_lm.main constructs `Trainer` by module-global name; swap in the subclass for this call only.
     original_trainer = train_lm.Trainer
+    sharding: dict[str, Any] = {}
     train_lm.Trainer = _final_checkpoint_trainer_class(
-        before_save=None if mirror is None else lambda: mirror.push(METRICS_FILE))
+        before_save=None if mirror is None else lambda: mirror.push_metrics(sink.pending()),
+        after_train=lambda model: sharding.update(largest_weight_sharding(model)))
     try:
         train_lm.main(config)
     finally:
         train_lm.Trainer = original_trainer
+        if init_scratch is not None:
+            init_scratch.cleanup()
         sink.close()
         del _SINKS[sink_key]
     elapsed = time.time() - started
+    if not leader:
+        return {}
 
     summary = summarize(metrics_path, attempt)
     summary.update(
@@ -446,6 +616,9 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
             "flops_per_token": flops_per_token,
             "device_kind": sink.summary.get("device_kind"),
             "device_count": sink.summary.get("device_count"),
+            "process_count": sink.summary.get("process_count"),
+            **mesh_axis_sizes(config.trainer),
+            "sharded_weight": sharding or None,
             "train_seconds": elapsed,
             "wandb_run_dir": sink.wandb_run_dir,
             "checkpoint_dir": checkpoints,
@@ -463,6 +636,20 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     return summary
 
 
+def start_from_weights(config, expected_sha256: str | None, scratch: str, reporter: Reporter):
+    """``config`` with ``initialize_from_hf`` pointing at a local copy of the weights it names, checked
+    against the run (`init_weights.check_weights`) and, with ``expected_sha256``, against the content
+    hash the run's identity holds. Bad weights raise `InitWeightsError` before anything trains."""
+    if config.initialize_from_hf is True:
+        raise InitWeightsError("initialize_from_hf: true names no weights; give a directory, URL or ORG/NAME@REVISION")
+    uri = uri_of_reference(str(config.initialize_from_hf))
+    local = stage_weights(uri, expected_sha256, scratch)
+    tokenizer = config.data.the_tokenizer
+    check_weights(local, config.model.to_hf_config(len(tokenizer)).to_dict(), tokenizer)
+    reporter.log(f"starting from the weights of {uri}" + (f" (sha256 {expected_sha256[:12]})" if expected_sha256 else ""))
+    return dataclasses.replace(config, initialize_from_hf=local)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = process_parser(__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="Levanter TrainLmConfig YAML (from build_train_config)")
@@ -472,13 +659,22 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"evaluate the final checkpoint into OUTPUT_DIR/{FINAL_EVAL_FILE}")
     parser.add_argument("--final-eval-examples", type=int,
                         help="with --final-eval: score this many sequences per set, evenly spaced (default: all)")
+    parser.add_argument("--init-sha256", help="the content hash the initial weights (initialize_from_hf) must have")
     args = parse_process_args(parser, argv)
     output_dir = Path(args.output_dir or os.path.dirname(os.path.abspath(args.config)))
     # W&B writes its run directory under WANDB_DIR; keep it with the run's other outputs.
     os.environ.setdefault("WANDB_DIR", str(output_dir))
-    with open_reporter() as reporter:
-        summary = train(args.config, output_dir, reporter, report_every=args.report_every)
-        if args.final_eval:
+    with input_errors(InitWeightsError, output_dir / INPUT_ERROR_FILE), open_reporter() as reporter:
+        try:
+            summary = train(args.config, output_dir, reporter, report_every=args.report_every,
+                            init_sha256=args.init_sha256)
+        except CoordinatorUnreachable as exc:
+            raise SystemExit(f"train_main: {exc}") from None
+        if not summary:
+            return  # not process 0 of a multi-process job: its records are process 0's
+        if args.final_eval and summary.get("process_count", 1) > 1:
+            reporter.log("final evaluation skipped: the run spans processes; eval/<run> evaluates in its own process")
+        elif args.final_eval:
             write_final_eval(args.config, output_dir, reporter, sample_examples=args.final_eval_examples)
         reporter.materialization(summary, asset_key=args.asset_key)
 
@@ -498,7 +694,7 @@ def write_final_eval(config_path: str, output_dir: Path, reporter: Reporter, *,
         return
     started = time.time()
     try:
-        report = evaluate_checkpoint(config_path, sample_examples=sample_examples)
+        report = evaluate_checkpoint(config_path, sample_examples=sample_examples, log=reporter.log)
     except Exception as exc:  # noqa: BLE001 - reported, and redone by eval/<run>
         reporter.log(f"final evaluation failed ({type(exc).__name__}: {exc}); eval/<run> will evaluate in "
                      "its own process")

@@ -13,7 +13,7 @@ from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_c
 from marin_assets.curation.minhash import MinHashConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_assets.deployment import Deployment
-from marin_resources.data_parallel import DataParallel, byte_ranges
+from marin_resources.data_parallel import DataParallel, weighted_ranges
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
 
@@ -27,12 +27,12 @@ SOURCES = f"""sources:
 """
 
 
-def test_byte_ranges_cover_every_row_in_order():
-    assert byte_ranges([5, 5, 5, 5, 20, 1, 1], 10) == [(0, 2), (2, 4), (4, 5), (5, 7)]
-    assert byte_ranges([3, 3], None) == [(0, 2)]
-    assert byte_ranges([], 10) == [(0, 0)]
+def test_weighted_ranges_cover_every_row_in_order():
+    assert weighted_ranges([5, 5, 5, 5, 20, 1, 1], 10) == [(0, 2), (2, 4), (4, 5), (5, 7)]
+    assert weighted_ranges([3, 3], None) == [(0, 2)]
+    assert weighted_ranges([], 10) == [(0, 0)]
     with pytest.raises(ValueError, match="positive"):
-        byte_ranges([1], 0)
+        weighted_ranges([1], 0)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_chunks_merge_to_the_one_piece_result_with_and_without_a_quality_score(l
     for task in (FilterTask(source.filters, MinHashConfig()),
                  FilterTask(source.filters, MinHashConfig(), QualityConfig(classifier="compression"))):
         whole = merge_chunks([filter_chunk(docs, task)], task)
-        ranges = byte_ranges(docs["text"].str.len_bytes().to_list(), 30_000)
+        ranges = weighted_ranges(docs["text"].str.len_bytes().to_list(), 30_000)
         assert len(ranges) > 3
         parts = merge_chunks([filter_chunk(docs.slice(a, b - a), task) for a, b in ranges], task)
         assert parts.kept.equals(whole.kept) and parts.dropped.equals(whole.dropped)
@@ -103,18 +103,25 @@ def test_a_shard_filtered_on_ray_equals_the_one_piece_build(licenses, tmp_path):
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow  # processes loading the code location
 def test_ray_is_chosen_by_environment_and_not_imported_when_the_code_location_loads(tmp_path):
     from marin_resources.ray_parallel import RayDataParallel
 
     local = build_resources(MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path), "MARIN_RAY": "local",
-                                                    "MARIN_RAY_CPUS": "3", "MARIN_RAY_CHUNK_MB": "8"}))
+                                                    "MARIN_RAY_CPUS": "3", "MARIN_RAY_CHUNK_MB": "8",
+                                                    "MARIN_RAY_CHUNK_DOCS": "40", "MARIN_DEDUP_BATCH_SHARDS": "500"}))
     chosen = local["data_parallel"]
     assert isinstance(chosen, RayDataParallel) and chosen.chunk_bytes == 8 * 1024 * 1024
     assert chosen.ray.ray_init_options["num_cpus"] == 3 and chosen.ray.ray_init_options["include_dashboard"] is False
-    assert type(build_resources(MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path)}))["data_parallel"]) \
-        is DataParallel
-    for bad in ({"MARIN_RAY": "cluster"}, {"MARIN_RAY_CPUS": "0"}, {"MARIN_RAY_CHUNK_MB": "big"}):
-        with pytest.raises(ValueError, match="MARIN_RAY"):
+    assert chosen.dedup_batch_shards == 500 and chosen.chunk_documents == 40
+    # deduplicated's shards (documents each) grouped into tasks of about 40 documents; in one piece without Ray.
+    assert chosen.document_ranges([20, 20, 20, 20, 5]) == [(0, 2), (2, 4), (4, 5)]
+    default = build_resources(MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path)}))["data_parallel"]
+    assert type(default) is DataParallel and default.dedup_batch_shards == 8
+    assert default.document_ranges([20, 20, 20, 20, 5]) == [(0, 5)]
+    for bad in ({"MARIN_RAY": "cluster"}, {"MARIN_RAY_CPUS": "0"}, {"MARIN_RAY_CHUNK_MB": "big"},
+                {"MARIN_RAY_CHUNK_DOCS": "-1"}, {"MARIN_DEDUP_BATCH_SHARDS": "0"}):
+        with pytest.raises(ValueError, match="MARIN_RAY|MARIN_DEDUP_BATCH_SHARDS"):
             MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path), **bad})
 
     probe = ("import sys, marin_assets.definitions as d; "

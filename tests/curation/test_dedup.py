@@ -513,26 +513,46 @@ def stored_shard_inputs(shards: list[Shard], folder) -> list[ShardInput]:
     return inputs
 
 
-def test_keys_and_partition_passes_fanned_out_give_the_same_index_and_decisions(planted_corpus, tmp_path):
+@pytest.mark.slow  # the index built serially and fanned out over processes
+def test_keys_and_partition_passes_fanned_out_give_the_same_index_and_decisions(planted_corpus, tmp_path,
+                                                                                 monkeypatch):
+    monkeypatch.setattr(dedup, "CENTRE_UNIT_DOCS", 8)  # many small centre units, each whole components
     config = DedupConfig(index_partitions=4)
     shards = make_shards(planted_corpus["texts"], 4, config.minhash)
     inputs = stored_shard_inputs(shards, tmp_path)
     serial, fanned = IndexDir.local(tmp_path / "serial"), IndexDir.local(tmp_path / "fanned")
     mapped = []
 
+    def unit(item):  # a bucket range, a new shard's sequence number, or a centre unit's shards
+        return item if isinstance(item, int) else item[0] if isinstance(item[0], int) else sorted(item.shards)
+
     def recording_map(fn, items, shared):
-        mapped.append((fn.__name__, [item if isinstance(item, int) else item[0] for item in items]))
+        mapped.append((fn.__name__, [unit(item) for item in items]))
         return _spawned_pool_map(fn, items, shared)
 
     # Two shards, then two more in batches of one: later passes read the committed runs.
     for index, parallel_map in ((serial, dedup.in_process_map), (fanned, recording_map)):
         first = update_index(index, inputs[:2], config, parallel_map=parallel_map)
+        written = file_hashes(index)
         later = update_index(index, inputs, config, batch_shards=1, parallel_map=parallel_map)
         assert later.stats["index_row_groups_read"] > 0 and first.stats["colliding_keys"] > 0
-    # Per batch: one unit per new shard (by its sequence number), then one per bucket range.
-    assert mapped == [("shard_keys_pass", [0, 1]), ("partition_pass", [0, 1, 2, 3]),
-                      ("shard_keys_pass", [2]), ("partition_pass", [0, 1, 2, 3]),
-                      ("shard_keys_pass", [3]), ("partition_pass", [0, 1, 2, 3])]
+        # Each update names every file it wrote, hashed from the bytes written, units' runs included.
+        stored = file_hashes(index)
+        for update, files in ((first, written), (later, {rel: stored[rel] for rel in set(stored) - set(written)})):
+            assert {rel: sha for rel, (_, sha) in update.files_written.items()} == files
+    # Per batch: one unit per new shard (by its sequence number), one per bucket range, centre units
+    # of whole collision components (several, as the units are shrunk), one run write per range.
+    ranges = [0, 1, 2, 3]
+    assert [(name, units if name != "assign_centres" else None) for name, units in mapped] == [
+        ("shard_keys_pass", [0, 1]), ("partition_pass", ranges), ("assign_centres", None),
+        ("partition_commit_pass", ranges),
+        ("shard_keys_pass", [2]), ("partition_pass", ranges), ("assign_centres", None),
+        ("partition_commit_pass", ranges),
+        ("shard_keys_pass", [3]), ("partition_pass", ranges), ("assign_centres", None),
+        ("partition_commit_pass", ranges)]
+    centre_calls = [units for name, units in mapped if name == "assign_centres"]
+    assert all(len(units) >= 3 for units in centre_calls), centre_calls
+    assert any(2 in shards and min(shards) < 2 for shards in centre_calls[1])  # reads an earlier shard's rows
     hashes = file_hashes(fanned)
     assert hashes == file_hashes(serial)  # decisions, key runs, registry: byte for byte
     assert not fanned.files("pending")  # the spilled keys go once their batch is committed

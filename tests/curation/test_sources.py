@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gzip
+import sys
 import re
 import tarfile
 import zipfile
@@ -479,3 +480,54 @@ def test_a_big_parquet_file_is_split_by_row_groups_that_read_every_row_once(tmp_
         piece = read_byte_range(s.files[0].uri, "parquet", *s.files[0].byte_range)
         read += pq.read_table(_io.BytesIO(piece))["text"].to_pylist()
     assert read == texts  # every row, once, in order
+
+
+def _install_dist(site: Path, name: str, version: str, description: str) -> None:
+    """What `pip install` leaves for importlib.metadata: a .dist-info folder (METADATA, a licence
+    file and the RECORD naming it) in a directory on sys.path."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n{description}\n")
+    (info / "LICENSE").write_text(f"Licence of {name}, granted to everyone who reads this sentence.\n")
+    (info / "RECORD").write_text(f"{info.name}/METADATA,,\n{info.name}/LICENSE,,\n{info.name}/RECORD,,\n")
+
+
+def test_the_builtin_package_source_reads_its_pins_so_an_install_changes_nothing(tmp_path, monkeypatch):
+    from marin_assets.curation.sources import _installed_dist_index, read_pins
+
+    def shards(source) -> list[tuple[str, str]]:
+        _installed_dist_index.cache_clear()
+        return [(s.key, s.fingerprint) for s in discover_shards(source)]
+
+    pinned = load_curation_config(DEFAULT_SOURCES_PATH).source("installed_packages")
+    live = make_source(tmp_path, uri="installed-dists://?limit=120")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before, live_before = shards(pinned), shards(live)
+    refs = list_source_files(pinned)
+    assert len(read_pins(DEFAULT_SOURCES_PATH.parent / "installed_packages.txt")) == 120
+    assert refs and not [r.refused for r in refs if r.refused]  # the locked environment has every pin
+    # A tool installed into the environment, sorting first: the live listing moves, the pinned one does not.
+    site = tmp_path / "site"
+    _install_dist(site, "aaa-new-tool", "1.0", "A command-line tool installed after the demo ran once.")
+    sys.path.insert(0, str(site))
+    assert shards(live) != live_before
+    assert shards(pinned) == before
+    # A pinned distribution at another version: it is refused with both versions named, the rest unchanged.
+    name, version = read_pins(DEFAULT_SOURCES_PATH.parent / "installed_packages.txt")[0]
+    _install_dist(site, name, "0.0.1", "An older build of a pinned distribution.")
+    _installed_dist_index.cache_clear()
+    refused = [r for r in list_source_files(pinned) if r.refused]
+    assert [r.refused for r in refused] == [f"not_installed: {name}=={version} is pinned; 0.0.1 is installed"]
+    _installed_dist_index.cache_clear()
+
+
+def test_a_bad_pins_file_is_refused_at_load_naming_the_line(tmp_path):
+    (tmp_path / "pins.txt").write_text("# pinned\nabsl-py==2.5.1\nnumpy>=2\n")
+    with pytest.raises(SourceConfigError, match=r"source 'env'.uri: pins file .*pins.txt, line 3: expected "
+                                                r"NAME==VERSION, got 'numpy>=2'"):
+        _config(tmp_path, sources=[{"name": "env", "uri": "installed-dists://?pins=pins.txt"}])
+    with pytest.raises(SourceConfigError, match="cannot read it"):
+        _config(tmp_path, sources=[{"name": "env", "uri": "installed-dists://?pins=missing.txt"}])
+    (tmp_path / "pins.txt").write_text("absl-py==2.5.1\n")
+    cfg = _config(tmp_path, sources=[{"name": "env", "uri": "installed-dists://?pins=pins.txt&limit=1"}])
+    assert cfg.sources[0].uri == f"installed-dists://?pins={tmp_path}/pins.txt&limit=1"

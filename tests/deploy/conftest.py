@@ -294,22 +294,6 @@ def cluster(monkeypatch) -> FakeCluster:
     return fake
 
 
-def _ops_fixtures():
-    """tests/ops/conftest.py's moto_server / GCS emulator fixtures (started and stopped by PID)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "ops" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("ops_fixtures", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_ops = _ops_fixtures()
-s3_server, s3_prefix, gcs_server, gcs_prefix = _ops.s3_server, _ops.s3_prefix, _ops.gcs_server, _ops.gcs_prefix
-
-
 @pytest.fixture
 def s3_env(s3_server, s3_prefix, monkeypatch, cluster):
     """(store URI, s3fs options) of a fresh moto bucket; the run worker's clients and the fake pods

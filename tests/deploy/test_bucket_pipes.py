@@ -48,6 +48,7 @@ def only_materialization(result):
     return mat
 
 
+@pytest.mark.slow  # pods against the S3 emulator
 def test_gpu_pod_reports_through_s3_with_no_volume(s3_env, cluster):
     import s3fs
 
@@ -69,6 +70,7 @@ def test_gpu_pod_reports_through_s3_with_no_volume(s3_env, cluster):
     assert fs.find(f"{store_uri}/.pipes")
 
 
+@pytest.mark.slow  # pods against the S3 emulator
 def test_multi_host_tpu_leader_reports_through_s3_and_the_other_hosts_stay_silent(s3_env, cluster):
     store_uri, _ = s3_env
     result = run_through_bucket(store_uri, TpuRequest(tpu_type="v5litepod-16", topology="4x4", hosts=4), cluster)
@@ -77,6 +79,7 @@ def test_multi_host_tpu_leader_reports_through_s3_and_the_other_hosts_stay_silen
     assert len(cluster.pods) == 4 and all(p.exit_code == 0 for p in cluster.pods.values())
 
 
+@pytest.mark.slow  # a pod against the GCS emulator
 def test_gcs_pod_reports_through_the_bucket(gcs_server, gcs_prefix, monkeypatch, cluster):
     from dagster_gcp import GCSResource
 

@@ -14,6 +14,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = yaml.safe_load((REPO / "deploy/helm/values.yaml").read_text())
+OAUTH2_PROXY = yaml.safe_load((REPO / "deploy/helm/oauth2-proxy-values.yaml").read_text())
 INSTANCE = yaml.safe_load((REPO / "deploy/dagster.yaml").read_text())
 DOCKERFILE = (REPO / "deploy/Dockerfile").read_text()
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -33,6 +34,13 @@ CHART_USER_DEPLOYMENT = {
     "resources", "livenessProbe", "readinessProbe", "startupProbe", "labels", "volumeMounts",
     "volumes", "schedulerName",
 }  # fmt: skip
+CHART_WEBSERVER = {
+    "replicaCount", "image", "nameOverride", "pathPrefix", "service", "workspace", "env", "envConfigMaps",
+    "envSecrets", "deploymentLabels", "labels", "nodeSelector", "affinity", "tolerations",
+    "podSecurityContext", "securityContext", "resources", "readinessProbe", "livenessProbe", "startupProbe",
+    "annotations", "enableReadOnly", "dbStatementTimeout", "dbPoolRecycle", "logLevel", "volumeMounts",
+    "volumes", "schedulerName",
+}  # fmt: skip
 CHART_K8S_RUN_LAUNCHER = {
     "image", "imagePullPolicy", "jobNamespace", "loadInclusterConfig", "kubeconfigFile",
     "envConfigMaps", "envSecrets", "envVars", "volumeMounts", "volumes", "labels",
@@ -46,6 +54,7 @@ def test_values_use_only_chart_keys():
     assert set(deployment) <= CHART_USER_DEPLOYMENT
     assert VALUES["runLauncher"]["type"] == "K8sRunLauncher"
     assert set(VALUES["runLauncher"]["config"]["k8sRunLauncher"]) <= CHART_K8S_RUN_LAUNCHER
+    assert set(VALUES["dagsterWebserver"]) <= CHART_WEBSERVER
     assert set(VALUES["concurrency"]) <= {"enabled", "pools", "runs"}
     assert set(VALUES["concurrency"]["pools"]) <= {
         "defaultLimit",
@@ -159,3 +168,28 @@ def test_dockerfile_builds_from_the_lock():
 @pytest.mark.parametrize("source", dockerfile_copy_sources())
 def test_dockerfile_copies_files_that_exist(source):
     assert (REPO / source).exists(), f"deploy/Dockerfile copies missing {source}"
+
+
+def test_no_unauthenticated_path_reaches_the_writable_web_ui_by_default():
+    """Issue #30: the UI launches runs with the deployment's credentials, and the values said nothing
+    about who may reach it. The chart exposes the webserver through its Service (its type) and its
+    Ingress (one set of annotations for the writable and read-only webservers alike, helm/dagster
+    templates/ingress.yaml); the only other way in is oauth2-proxy's Ingress, which authenticates
+    every request before passing it to the webserver's Service."""
+    web = VALUES["dagsterWebserver"]
+    assert web["service"]["type"] == "ClusterIP"  # no LoadBalancer or NodePort
+    chart_ingress = VALUES.get("ingress", {})
+    assert not chart_ingress.get("enabled") or \
+        "nginx.ingress.kubernetes.io/auth-url" in chart_ingress.get("annotations", {})
+
+    proxy = tomllib.loads(OAUTH2_PROXY["config"]["configFile"])
+    # `dagster.webserver.fullname`: the release name (docs/deployment.md installs `dagster`) + "-webserver".
+    assert proxy["upstreams"] == [f"http://dagster-webserver:{web['service']['port']}/"]
+    assert not [key for key in proxy if key.startswith("skip_auth")], proxy
+    assert "*" not in proxy["email_domains"] and proxy["cookie_secure"] is True
+    assert OAUTH2_PROXY["ingress"]["enabled"] and OAUTH2_PROXY["service"]["type"] == "ClusterIP"
+    # The OAuth client and cookie secrets by reference only.
+    assert OAUTH2_PROXY["config"]["existingSecret"]
+    assert not {"clientID", "clientSecret", "cookieSecret"} & set(OAUTH2_PROXY["config"])
+    deployment = (REPO / "docs" / "deployment.md").read_text()
+    assert "launches runs with the deployment's credentials" in deployment and "--read-only" in deployment

@@ -33,21 +33,16 @@ def instance_env(db_name: str) -> dict[str, str]:
 
 
 def test_instance_yaml_matches_dagster_instance_schema(tmp_path, monkeypatch):
-    from dagster._config import process_config
-    from dagster._core.instance.config import dagster_instance_config
-    from dagster._serdes import class_from_code_pointer
+    from marin_resources.dagster_private import instance_yaml_config, plugin_config_errors
 
     for k, v in instance_env("unused").items():
         monkeypatch.setenv(k, v)
     shutil.copy(INSTANCE_YAML, tmp_path / "dagster.yaml")
-    config, custom_class = dagster_instance_config(str(tmp_path))
-    assert custom_class is None
+    config = instance_yaml_config(str(tmp_path))
 
     # The top-level schema treats plugin config as opaque; check each plugin's own schema.
     for section in ("run_launcher", "run_coordinator", "compute_logs"):
-        klass = class_from_code_pointer(config[section]["module"], config[section]["class"])
-        result = process_config(klass.config_type(), config[section].get("config", {}))
-        assert result.success, (section, [e.message for e in result.errors])
+        assert not plugin_config_errors(config[section]), section
     assert config["telemetry"] == {"enabled": False}
 
 
@@ -78,7 +73,6 @@ class _GcsClient:
 def test_instance_runs_on_postgres_with_k8s_launcher(dagster_home, monkeypatch):
     import dagster as dg
     import kubernetes
-    from dagster._core.run_coordinator import QueuedRunCoordinator
     from dagster_gcp.gcs import compute_log_manager as gcs_logs
     from dagster_k8s import K8sRunLauncher
     from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
@@ -103,7 +97,7 @@ def test_instance_runs_on_postgres_with_k8s_launcher(dagster_home, monkeypatch):
         assert launcher.service_account_name == "marin-dagster-runs"
         assert "MARIN_TRAINING_IMAGE" in launcher.env_vars
 
-        assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+        assert isinstance(instance.run_coordinator, dg.QueuedRunCoordinator)
         concurrency = instance.get_concurrency_config()
         assert concurrency.run_queue_config.max_concurrent_runs == 32
         assert concurrency.pool_config.default_pool_limit == 4
@@ -158,10 +152,9 @@ def test_each_partition_run_is_its_own_kubernetes_job(dagster_home, monkeypatch)
     the run worker's requests, the runs' service account and the database password by reference."""
     import dagster as dg
     import kubernetes
-    from dagster._core.code_pointer import ModuleCodePointer
-    from dagster._core.launcher import LaunchRunContext
-    from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
     from dagster_gcp.gcs import compute_log_manager as gcs_logs
+
+    from marin_resources.dagster_private import launch_run_context, python_job_origin
 
     monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda: None)
     monkeypatch.setattr(gcs_logs.storage, "Client", _GcsClient)
@@ -173,9 +166,8 @@ def test_each_partition_run_is_its_own_kubernetes_job(dagster_home, monkeypatch)
         return None
 
     job = dg.Definitions(assets=[filtered]).resolve_implicit_global_asset_job_def()
-    origin = JobPythonOrigin(job.name, RepositoryPythonOrigin(
-        "/opt/venv/bin/python", ModuleCodePointer("marin_assets.definitions", "defs", working_directory="/app"),
-        container_image="us-docker.pkg.dev/p/marin/marin-dagster:abc"))
+    origin = python_job_origin(job.name, "/opt/venv/bin/python", "marin_assets.definitions", "defs", "/app",
+                               "us-docker.pkg.dev/p/marin/marin-dagster:abc")
     instance = dg.DagsterInstance.from_config(str(dagster_home))
     try:
         created = []
@@ -186,7 +178,7 @@ def test_each_partition_run_is_its_own_kubernetes_job(dagster_home, monkeypatch)
                                             asset_selection={filtered.key})
                 for shard in ("shard-00000", "shard-00001")]
         for run in runs:
-            launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+            launcher.launch_run(launch_run_context(run))
     finally:
         instance.dispose()
 

@@ -187,9 +187,7 @@ def test_objects_sent_to_the_api_server_match_the_schema(launch, kinds, sent, tm
 def test_the_run_worker_job_from_deploy_dagster_yaml_matches_the_schema(monkeypatch):
     """deploy/dagster.yaml's run launcher section, on a throwaway instance, launches one run; the
     Job it creates is caught at the client call that would send it."""
-    from dagster._core.code_pointer import ModuleCodePointer
-    from dagster._core.launcher import LaunchRunContext
-    from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
+    from marin_resources.dagster_private import launch_run_context, python_job_origin
 
     run_launcher = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())["run_launcher"]
     for name in ("MARIN_K8S_JOB_NAMESPACE", "MARIN_INSTANCE_CONFIGMAP", *run_launcher["config"]["env_vars"]):
@@ -204,12 +202,11 @@ def test_the_run_worker_job_from_deploy_dagster_yaml_matches_the_schema(monkeypa
         return None
 
     job = dg.Definitions(assets=[tokenized]).resolve_implicit_global_asset_job_def()
-    origin = JobPythonOrigin(job.name, RepositoryPythonOrigin(
-        "/opt/venv/bin/python", ModuleCodePointer("marin_assets.definitions", "defs", working_directory="/app"),
-        container_image="us-docker.pkg.dev/p/marin/marin-dagster:abc"))
+    origin = python_job_origin(job.name, "/opt/venv/bin/python", "marin_assets.definitions", "defs", "/app",
+                               "us-docker.pkg.dev/p/marin/marin-dagster:abc")
     with dg.instance_for_test(overrides={"run_launcher": run_launcher}) as instance:
         run = instance.create_run_for_job(job, job_code_origin=origin)
-        instance.run_launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+        instance.run_launcher.launch_run(launch_run_context(run))
 
     [run_worker] = created
     assert run_worker["kind"] == "Job"

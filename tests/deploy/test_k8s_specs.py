@@ -129,6 +129,26 @@ def test_multi_host_tpu_refuses_a_single_pod():
         build_training_pod_spec(cfg)
 
 
+def test_each_indexed_job_pod_joins_the_process_group_that_process_group_defines():
+    from marin_resources.launchers import local_process_groups
+    from marin_resources.placement import ProcessGroup, process_group
+
+    cfg = make_cfg(accelerator=TpuRequest(tpu_type="v5litepod-16", topology="4x4", hosts=4))
+    env = build_training_job_spec(cfg)["spec"]["template"]["spec"]["containers"][0]["env"]
+    annotation = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    for index in range(4):
+        # What the kubelet gives pod `index`: values as written, the completion index where referenced.
+        resolved = {e["name"]: e["value"] if "value" in e else str(index) for e in env
+                    if "value" in e or e["valueFrom"].get("fieldRef", {}).get("fieldPath") == annotation}
+        group = process_group(tpu_worker_hostnames(cfg), index)
+        assert ProcessGroup.from_env(resolved) == group
+        assert group.coordinator_address == f"{tpu_worker_hostnames(cfg)[0]}:8476" and group.process_count == 4
+    # The local launcher's processes: the same function over 127.0.0.1, at one free port.
+    local = local_process_groups(2)
+    port = int(local[0].coordinator_address.rsplit(":", 1)[1])
+    assert local == [process_group(["127.0.0.1"] * 2, i, port) for i in range(2)]
+
+
 def test_multi_host_tpu_job_has_one_pod_per_host_and_stable_hostnames():
     cfg = make_cfg(accelerator=TpuRequest(tpu_type="v5litepod-16", topology="4x4", hosts=4))
     job = assert_round_trips(build_training_job_spec(cfg), "V1Job")

@@ -168,6 +168,7 @@ def test_unknown_or_odd_tpu_types_and_device_count_mismatches_are_refused(tmp_pa
         accelerator_for(ResourceSpec(accelerator="tpu", device_count=8, tpu_type="v5litepod-16"), "unused")
 
 
+@pytest.mark.slow  # a training process against the S3/GCS emulators
 @pytest.mark.parametrize("run, pool, hosts", [("h100x8", "gpu", 1), ("v5e16", "tpu", 4)])
 def test_on_a_bucket_the_training_pod_mounts_nothing_and_its_run_directory_travels_through_the_bucket(
         tmp_path, cluster, instance, s3_env, run, pool, hosts, synthetic_deployment):

@@ -89,6 +89,7 @@ def test_unknown_task_fails_before_any_process(harness_deployment):
     assert error.count("\n") == 0, error
 
 
+@pytest.mark.slow  # an eval harness process
 @pytest.mark.timeout(300)
 def test_checkpoint_without_tokenizer_is_one_line_from_the_process(harness_deployment):
     make, instance = harness_deployment

@@ -82,3 +82,19 @@ def test_line_end_items_cut_a_line_of_the_play_in_two(play):
         assert f"{head} {item.choices[item.label]}" in lines  # the cut line, whole again
         assert all(any(line.endswith(" " + c) for line in lines) for c in item.choices)  # every choice ends a line
     assert yaml.safe_load(render_task_yaml(spec, "d.jsonl"))["target_delimiter"] == " "
+
+
+def test_word_order_items_are_a_line_of_the_play_against_its_own_words_reordered(play):
+    spec = NextLineTaskSpec(name="plays_word_order", source="shakespeare", distractors="shuffled_words")
+    items = document_items("hamlet", play, spec)
+    lines = [line.strip() for line in play.splitlines()]
+    assert len(items) > 1000
+    for item in items[:300]:
+        answer = item.choices[item.label]
+        follows = {lines[i + 1] for i in range(len(lines) - 1) if lines[i] == item.context.split("\n")[-1]}
+        assert answer in follows and len(set(item.choices)) == 4
+        # Same words, same length: only their order tells the answer apart.
+        assert all(sorted(c.split(" ")) == sorted(answer.split(" ")) for c in item.choices)
+    assert build_items([("hamlet", play)], spec) == build_items([("hamlet", play)], spec)
+    # A line with too few distinct orders of its words yields no item.
+    assert document_items("d", "One two three four.\nFive six seven eight.\nno no no no no no no no\n", spec) == []

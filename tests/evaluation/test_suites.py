@@ -4,7 +4,8 @@ import pytest
 
 from marin_assets.evaluation.next_line import render_task_yaml
 from marin_assets.evaluation.suites import (SuiteError, load_suites, lm_eval_task_files, lm_eval_version,
-                                            parse_suites, render_harness_config, render_task_spec, suite_identity)
+                                            margin_over_chance, parse_suites, render_harness_config, render_task_spec,
+                                            suite_identity)
 
 OFFLINE = {"tiny_next_line": {"source": "stdlib-docs"}}
 
@@ -22,6 +23,7 @@ def suites(**suite_bodies):
     ({"tasks": [{"task": "hellaswag"}, {"task": "hellaswag", "num_fewshot": 10}]}, "listed twice; give one an 'alias'"),
     ({"tasks": [{"task": "tiny_next_line", "num_fewshot": -1}]}, "num_fewshot: must be an integer >= 0"),
     ({"bpb": ["a", "a"]}, "bpb: contains duplicates"),
+    ({"tasks": [{"task": "tiny_next_line", "hard": "yes"}]}, "hard: must be true or false, got 'yes'"),
 ])
 def test_bad_suites_are_refused_at_load(body, problem):
     with pytest.raises(SuiteError) as info:
@@ -44,10 +46,15 @@ def test_bundled_suites_load_and_the_default_is_offline():
     suite = registry.suite()
     assert suite.tasks and not suite.needs_hub
     assert all(t.task in registry.offline_tasks for t in suite.tasks)
+    # Word order is what beats_chance requires of the demo model; line end is recorded as the hard task.
+    assert {t.task: t.hard for t in suite.tasks} == {"shakespeare_word_order": False, "shakespeare_line_end": True}
+    assert margin_over_chance({"t/acc": 0.5, "t/acc_stderr": 0.02}, "t", 0.25) == pytest.approx(0.21)
+    assert margin_over_chance({"t/acc": 0.5}, "t", 0.25) is None
     with pytest.raises(SuiteError, match="no suite named 'nope'"):
         registry.suite("nope")
 
 
+@pytest.mark.slow  # lm-eval's task registry
 def test_core_tasks_render_a_valid_lm_eval_config():
     """Marin's CORE_TASKS: every task is in lm-eval's registry, the rendered spec is Levanter's TaskConfig and
     lm-eval's own TaskConfig accepts each entry; nothing is downloaded or run."""
@@ -93,8 +100,11 @@ def test_identity_changes_with_what_defines_results():
                             "offline_tasks": {"tiny_next_line": {"source": "stdlib-docs", "choices": 5}}})
     described = parse_suites(suites(s={"description": "other words", "tasks": [{"task": "tiny_next_line",
                                                                                  "limit": 100}]}))
-    ids = [suite_identity(r, r.suite()) for r in (base, limit, choices, described)]
-    assert ids[0] != ids[1] and ids[0] != ids[2] and ids[0] == ids[3]
+    hard = parse_suites(suites(s={"tasks": [{"task": "tiny_next_line", "limit": 100, "hard": True}]}))
+    ids = [suite_identity(r, r.suite()) for r in (base, limit, choices, described, hard)]
+    # What the check requires (`hard`) is a policy, not what the results are.
+    assert ids[0] != ids[1] and ids[0] != ids[2] and ids[0] == ids[3] == ids[4]
+    assert hard.suite().tasks[0].hard and not base.suite().tasks[0].hard
     spec = base.offline_tasks["tiny_next_line"]
     assert ids[0]["task_configs"]["tiny_next_line"] != ids[2]["task_configs"]["tiny_next_line"]
     assert "tiny_next_line" in render_task_yaml(spec, "x.jsonl")

@@ -7,9 +7,12 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # `dagster definitions validate` in its own process
 def test_definitions_validate_passes(tmp_path):
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "MARIN_PREFIX": str(tmp_path / "store")}
     (tmp_path / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
@@ -28,6 +31,7 @@ def test_loading_never_imports_jax_levanter_haliax_or_ray(tmp_path):
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.slow  # a process loading the code location
 def test_loading_never_touches_the_store(tmp_path):
     """The code location loads with its store on an S3 endpoint that records every connection: the
     dagster code server's load (definitions, asset graph, sensors and their partitions) opens none."""

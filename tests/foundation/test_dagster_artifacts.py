@@ -52,6 +52,7 @@ def instance():
         yield inst
 
 
+@pytest.mark.slow  # several Dagster runs
 def test_build_then_skip_then_rebuild_downstream_on_new_data(tmp_path, instance):
     assets, resources = make_defs(tmp_path)
     first = dg.materialize(assets, selection=[WORDS], partition_key="a", resources=resources, instance=instance)
@@ -74,6 +75,7 @@ def test_build_then_skip_then_rebuild_downstream_on_new_data(tmp_path, instance)
     assert materialization(rejoined, "test/joined").metadata["marin/reused"].value is True
 
 
+@pytest.mark.slow  # several Dagster runs
 def test_two_configs_coexist_and_going_back_is_a_no_op(tmp_path, instance):
     store = ArtifactStore(str(tmp_path))
     assets, resources = make_defs(tmp_path)
@@ -159,6 +161,7 @@ def test_planner_follows_partition_mappings(tmp_path, instance):
     assert planner.parent_partitions(parse_key("test/joined"), None, parse_key("test/words")) == {"a", "b"}
 
 
+@pytest.mark.slow  # several Dagster runs
 def test_status_follows_one_rule_and_causes_propagate_downstream(tmp_path, instance):
     """The planner's states come from the rule the assets apply: a stale input makes its consumers
     stale with the cause chain; a config change is 'missing' beside the old artifact and, once

@@ -4,12 +4,15 @@ seconds of training) to its scaling fit; run again, it builds nothing."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from marin_assets.export.assets import HF_MODEL_VERSION, loading_snippet
 from marin_assets.scaling_sweeps.assets import SCALING_FIT_VERSION
 from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep
 from marin_assets.training.train_main import FINAL_EVAL_FILE
@@ -31,6 +34,10 @@ def test_demo_reaches_a_scaling_fit_and_is_a_noop_the_second_time(tmp_path):
     env.update({"DAGSTER_HOME": str(tmp_path / "home"), "MARIN_PREFIX": str(tmp_path / "store")})
     first = demo(env)
     assert "scaling_fit/demo" in first.stdout
+    # The named run's training is not silent: where its process logs, then step, loss, tokens/s and an ETA.
+    assert "checkpoint, eval [nano-shakespeare]: train process output: " in first.stdout, first.stdout[-3000:]
+    assert re.search(r"checkpoint, eval \[nano-shakespeare\]: step \d+/300 loss [\d.]+ tokens/s \d+ .*eta ",
+                     first.stdout), first.stdout[-3000:]
 
     store = ArtifactStore(str(tmp_path / "store"))
     fit = store.find("scaling_fit/demo", SCALING_FIT_VERSION, None)
@@ -62,5 +69,17 @@ def test_demo_reaches_a_scaling_fit_and_is_a_noop_the_second_time(tmp_path):
         assert evaluation.metrics["eval/shakespeare/sequences"] == sweep.eval_examples, run
         assert not (Path(evaluation.uri) / "eval_output.log").exists(), run
 
+    # The named run in Hugging Face format, where the demo says, loaded with the lines it prints.
+    export = store.find("hf_model", HF_MODEL_VERSION, "nano-shakespeare")
+    assert export is not None and f"model:      {export.uri}" in first.stdout
+    assert export.metrics["greedy_matches"] is True and export.metrics["max_abs_logit_difference"] <= 1e-4
+    snippet = loading_snippet(export.uri)
+    assert all(line in first.stdout for line in snippet.splitlines())
+    scope: dict = {}
+    exec(snippet, scope)
+    ids = scope["tokenizer"]("To be, or not to be")["input_ids"]
+    assert ids[0] == scope["tokenizer"].bos_token_id and ids[-1] == scope["tokenizer"].eos_token_id
+    assert scope["model"](np.asarray([ids[:-1]])).logits.shape[-1] == scope["model"].config.vocab_size
+
     again = demo(env)
-    assert again.stdout.count("ok: 0 run(s)") == 2, again.stdout[-3000:]
+    assert again.stdout.count("ok: 0 run(s)") == 3, again.stdout[-3000:]

@@ -8,6 +8,7 @@ import dagster as dg
 
 from marin_assets.catalog import Catalog
 from marin_assets.planning import CLI_TAG, HOST_TAG, PID_TAG, Planner
+from marin_resources.dagster_private import worker_started_event_data
 from marin_resources.store import ArtifactStore
 
 
@@ -39,8 +40,6 @@ def test_dead_cli_run_is_reaped_and_its_slot_freed(tmp_path):
 def test_a_launched_run_is_judged_by_its_worker_process_not_the_cli(tmp_path):
     """A launched run's worker outlives a killed CLI: while that worker lives the run is left alone,
     once it is gone the run is reaped."""
-    from dagster._core.events import EngineEventData
-
     @dg.asset
     def shard():
         return 1
@@ -56,7 +55,7 @@ def test_a_launched_run_is_judged_by_its_worker_process_not_the_cli(tmp_path):
             instance.handle_run_event(run.run_id, dg.DagsterEvent(
                 event_type_value=dg.DagsterEventType.RUN_START.value, job_name=run.job_name))
             instance.report_engine_event(f"Started process for run (pid: {worker.pid}).", run,
-                                         EngineEventData.in_process(worker.pid))
+                                         worker_started_event_data(worker.pid))
             planner = Planner(dg.Definitions(assets=[shard]), Catalog(), ArtifactStore(str(tmp_path)), instance)
             assert planner.run_worker_pid(run.run_id) == str(worker.pid)
             assert planner.reap_orphaned_runs(lambda m: None) == []  # its worker still runs it

@@ -177,3 +177,25 @@ def test_resumed_commit_hashes_only_what_the_build_wrote(tmp_path, monkeypatch):
     hashed.clear()
     _, skipped = build({}, resume=False)  # not resumed: nothing is vouched for (and the files are gone)
     assert hashed == [] and skipped == 0
+
+
+def test_commit_takes_vouched_entries_of_files_whose_size_matches(tmp_path, monkeypatch):
+    import hashlib
+
+    from marin_resources.store import FileEntry
+
+    store = ArtifactStore(str(tmp_path))
+    hashed = []
+    real_hash = ArtifactStore.hash_file
+    monkeypatch.setattr(ArtifactStore, "hash_file", lambda self, uri, rel: hashed.append(rel) or real_hash(self, uri, rel))
+    with writing(store, "cache/x", "v1", None, fingerprint="f", run_id="run-test") as w:
+        for rel, data in {"a": b"written elsewhere", "b": b"also", "c": b"not vouched"}.items():
+            with w.open(rel) as fh:
+                fh.write(data)
+        w.vouch([FileEntry("a", 17, hashlib.sha256(b"written elsewhere").hexdigest()),
+                 FileEntry("b", 99, "0" * 64),  # a size that does not match: read and hashed again
+                 FileEntry("gone", 1, "0" * 64)])  # not stored: never enters the manifest
+        manifest = w.commit(config={}, upstream=[], producer=producer_info("run-test"))
+    assert sorted(hashed) == ["b", "c"] and w.files_vouched == 1
+    assert sorted(f.path for f in manifest.files) == ["a", "b", "c"]
+    assert store.verify(manifest) == []

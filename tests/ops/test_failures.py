@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime
 
 import dagster as dg
+import pytest
 
 from marin_assets.planning import parse_key
 from marin_resources.failures import failed_materializations
@@ -30,6 +31,7 @@ def parse_time(value: str) -> datetime:
     return stamp
 
 
+@pytest.mark.slow  # real runs of the curation stage
 def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, curation_planner):
     watched = tmp_path / "in"
     watched.mkdir()
@@ -82,27 +84,150 @@ def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, curation_planne
     assert time.time() - parse_time(listed[bad.run_id]["time"]).timestamp() < 600
 
 
+@pytest.mark.slow  # real runs of the curation stage
 def test_failed_error_check_fails_the_step_and_is_recorded(tmp_path, curation_planner):
     """Issue #17: ERROR checks failed (quarantine bound, accounting) while the CLI said ok and
-    `marin failures` listed nothing."""
+    `marin failures` listed nothing. Issue #30: a shard of nothing but quarantine failed
+    documents_accounted with balanced counts; it is an empty shard, a warning."""
     watched = tmp_path / "in"
     watched.mkdir()
-    (watched / "good.txt").write_text(f"good. {TEXT}")
-    (watched / "noise.txt").write_bytes(bytes(range(1, 32)) * 50)  # binary: its shard is all quarantine
-    plan = curation_planner(f"sources:\n  - name: noisy\n    uri: {watched}/*.txt\n    format: text\n    files_per_shard: 1\n")
+    (watched / "good.jsonl").write_text(json.dumps({"text": f"good. {TEXT}"}) + "\n")
+    (watched / "noise.jsonl").write_text("\n".join([json.dumps({"text": TEXT}), *["{not json"] * 4]) + "\n")
+    (watched / "only_binary.jsonl").write_bytes(bytes(range(14, 32)) * 50)
+    plan = curation_planner(f"sources:\n  - name: noisy\n    uri: {watched}/*.jsonl\n    files_per_shard: 1\n")
     plan.discover()
-    steps = plan.materialize(parse_key("documents/noisy"), "noise.txt", log=lambda m: None)
+    steps = plan.materialize(parse_key("documents/noisy"), "noise.jsonl", log=lambda m: None)
     assert steps[-1].ran and not steps[-1].success
     assert "documents/noisy:documents_quarantine_bound" in steps[-1].error
-    assert "quarantine_fraction=1.0" in steps[-1].error
+    assert "quarantine_fraction=0.8 > bound=0.2: quarantined=4 of the records=5 read" in steps[-1].error
     # Reused later, the artifact keeps its verdict: the command still fails.
-    again = plan.materialize(parse_key("documents/noisy"), "noise.txt", log=lambda m: None)
+    again = plan.materialize(parse_key("documents/noisy"), "noise.jsonl", log=lambda m: None)
     assert not again[-1].ran and not again[-1].success and "quarantine_bound" in again[-1].error
-    good = plan.materialize(parse_key("documents/noisy"), "good.txt", log=lambda m: None)
+    good = plan.materialize(parse_key("documents/noisy"), "good.jsonl", log=lambda m: None)
     assert all(s.success for s in good)
+    empty = plan.materialize(parse_key("documents/noisy"), "only_binary.jsonl", log=lambda m: None)
+    assert all(s.success for s in empty)
+    (warning,) = [e for e in _check_evaluations(plan.instance, empty[-1].run_id)
+                  if e.check_name == "documents_quarantine_bound"]
+    assert not warning.passed and warning.severity == dg.AssetCheckSeverity.WARN
+    assert warning.description.startswith("an empty shard: documents=0 of records=1")
 
     rows = [r for r in failed_materializations(plan.instance) if r["run_id"] == steps[-1].run_id]
     failed = {r["error"].split(" (")[0] for r in rows}
-    assert "AssetCheckFailed: documents/noisy:documents_quarantine_bound" in failed
-    assert "AssetCheckFailed: documents/noisy:documents_accounted" in failed
-    assert all(r["partition"] == "noise.txt" and r["failed_assets"] == ["documents/noisy"] for r in rows)
+    assert failed == {"AssetCheckFailed: documents/noisy:documents_quarantine_bound"}
+    assert all(r["partition"] == "noise.jsonl" and r["failed_assets"] == ["documents/noisy"] for r in rows)
+    assert not [r for r in failed_materializations(plan.instance) if r["partition"] == "only_binary.jsonl"]
+
+
+def _check_evaluations(instance: dg.DagsterInstance, run_id: str) -> list:
+    return [entry.dagster_event.event_specific_data
+            for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)]
+
+
+class UnreachableStore(dg.ConfigurableResource):
+    """A store whose endpoint does not answer: it fails when the run starts its resources."""
+
+    def create_resource(self, context):
+        from marin_resources.object_stores import StoreUnavailableError
+
+        raise StoreUnavailableError("store s3://gone/x: cannot reach bucket gone at http://127.0.0.1:9 "
+                                    "(EndpointConnectionError: Could not connect)")
+
+
+@dg.asset(key=["ops", "needs_store"])
+def needs_store(store: dg.ResourceParam[object]) -> None:
+    return None
+
+
+def test_a_run_that_fails_before_any_step_quotes_its_cause(tmp_path):
+    """Issue #30: a run whose store could not be reached was summed up as Dagster's generic
+    'Execution of run ... failed. An exception was thrown during execution.'"""
+    from marin_assets.catalog import Catalog
+    from marin_assets.planning import Planner
+    from marin_resources.store import ArtifactStore
+
+    defs = dg.Definitions(assets=[needs_store], resources={"store": UnreachableStore()})
+    with dg.instance_for_test() as instance:
+        plan = Planner(defs, Catalog(), ArtifactStore(str(tmp_path / "store")), instance)
+        (step,) = plan.materialize(dg.AssetKey(["ops", "needs_store"]), None, log=lambda m: None, force=True)
+        assert not step.success
+        assert step.error.startswith("failed before any step: StoreUnavailableError: store s3://gone/x: "
+                                     "cannot reach bucket gone"), step.error
+        (row,) = failed_materializations(instance)
+        assert row["error"] == step.error and row["step"] is None
+
+
+@pytest.mark.slow  # launched runs whose workers are killed
+@pytest.mark.parametrize("kill_in", ["trained", "parsed_hook"])
+def test_a_run_whose_worker_is_killed_is_told_apart(tmp_path, kill_in):
+    """Issue #30: `marin failures` said 'run failed before any step' for a run whose worker was
+    killed mid-step. A real worker process kills itself (SIGKILL) inside its second step, or in a
+    success hook of its first (that step has ended, the next has not started); the orphan reaper
+    marks its run failed (its tags name the dead process), as after any kill."""
+    from marin_assets.catalog import Catalog
+    from marin_assets.planning import Planner
+    from marin_resources.store import ArtifactStore
+
+    home = tmp_path / "home"
+    home.mkdir()
+    worker = f"""
+import os, signal, socket
+import dagster as dg
+from marin_assets.planning import CLI_TAG, HOST_TAG, PID_TAG
+
+@dg.success_hook
+def kill_worker(context):
+    if {kill_in!r} == "parsed_hook":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+@dg.asset(key=["ops", "parsed"], hooks={{kill_worker}})
+def parsed():
+    return 1
+
+@dg.asset(key=["ops", "trained"], deps=[parsed])
+def trained():
+    if {kill_in!r} == "trained":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+with dg.DagsterInstance.from_config({str(home)!r}) as instance:
+    dg.materialize([parsed, trained], instance=instance, tags={{CLI_TAG: "materialize",
+                   HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}})
+"""
+    killed = subprocess.run([sys.executable, "-c", worker], env={**os.environ, "DAGSTER_HOME": str(home)},
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        plan = Planner(dg.Definitions(), Catalog(), ArtifactStore(str(tmp_path / "store")), instance)
+        (run_id,) = plan.reap_orphaned_runs(lambda m: None)
+        (row,) = failed_materializations(instance)
+    assert row["run_id"] == run_id and row["step"] == "ops__trained"
+    assert row["failed_assets"] == ["ops/trained"] and row["assets"] == ["ops/parsed", "ops/trained"]
+    told = {"trained": "killed mid-step (worker gone): step ops__trained started and never ended; ",
+            "parsed_hook": "killed between steps (worker gone): step ops__parsed ended and step ops__trained "
+                           "never started; "}[kill_in]
+    assert row["error"].startswith(told), row["error"]
+
+
+def test_a_step_that_refuses_its_input_is_told_apart_from_a_failed_build(tmp_path):
+    """`input_refused` (a missing config.json, an export step that is not there) marks the failure so
+    that `marin materialize` exits 2 as for any refusal; an ordinary exception stays a failed build (1)."""
+    from marin_assets.catalog import Catalog
+    from marin_assets.planning import Planner
+    from marin_resources.artifacts import input_refused
+    from marin_resources.store import ArtifactStore
+
+    @dg.asset
+    def imported():
+        raise input_refused("/weights: no config.json; a Hugging Face model directory has one")
+
+    @dg.asset
+    def crashed():
+        raise RuntimeError("out of disk")
+
+    with dg.instance_for_test() as instance:
+        planner = Planner(dg.Definitions(assets=[imported, crashed]), Catalog(), ArtifactStore(str(tmp_path)),
+                          instance)
+        refused, = planner.materialize(dg.AssetKey("imported"), None, log=lambda m: None)
+        failed, = planner.materialize(dg.AssetKey("crashed"), None, log=lambda m: None)
+    assert not refused.success and refused.refused and "no config.json" in refused.error, refused
+    assert not failed.success and not failed.refused and "out of disk" in failed.error, failed

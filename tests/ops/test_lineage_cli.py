@@ -19,6 +19,9 @@ import pytest
 from marin_resources.lineage import bill_of_materials, build_lineage
 from marin_resources.store import ArtifactStore
 
+# Every test reads the module's `marin materialize` build.
+pytestmark = pytest.mark.slow
+
 SENTENCES = [
     "The ferry left the harbour before dawn with a cargo of salt, rope and letters for the island.",
     "An old keeper trimmed the lamp each evening and wrote the weather into a narrow ledger.",

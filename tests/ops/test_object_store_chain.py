@@ -6,6 +6,7 @@ scratch, then resume from the bucket. Plus the one-line errors for a store that 
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -131,7 +132,10 @@ def test_s3_chain_killed_mid_training_resumes_from_the_bucket_on_a_fresh_scratch
     shutil.rmtree(env["TMPDIR"])
     os.mkdir(env["TMPDIR"])
 
-    marin(env, cwd, "materialize", "eval", "--partition", RUN)
+    _, out, _ = marin(env, cwd, "materialize", "eval", "--partition", RUN)
+    # The resumed training as the terminal shows it: where its process logs, then its steps.
+    assert re.search(rf"checkpoint, eval \[{RUN}\]: train process output: .*/train_output\.log\n", out), out
+    assert re.search(rf"checkpoint, eval \[{RUN}\]: step \d+/{STEPS} loss [\d.]+ tokens/s \d+", out), out
     manifest = json.loads(fs.cat(at(fs, f"{store}/checkpoint/v1-*/{RUN}/.artifact.json")))
     metrics = manifest["metrics"]
     # Killed between two saves: the resumed attempt starts right after the last step saved then.

@@ -75,8 +75,8 @@ def pg_home(tmp_path, pg_database, monkeypatch):
     return home
 
 
+@pytest.mark.slow  # PostgreSQL, and racing writer processes
 def test_assets_materialize_and_race_safely_on_postgres(pg_home, tmp_path):
-    from dagster._core.launcher import DefaultRunLauncher
     from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
 
     from marin_resources.failures import failed_materializations
@@ -87,7 +87,7 @@ def test_assets_materialize_and_race_safely_on_postgres(pg_home, tmp_path):
     try:
         assert isinstance(instance.run_storage, PostgresRunStorage)
         assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
-        assert isinstance(instance.run_launcher, DefaultRunLauncher)
+        assert isinstance(instance.run_launcher, dg.DefaultRunLauncher)
         assert instance.get_concurrency_config().run_queue_config.max_concurrent_runs == 32
 
         first = dg.materialize(assets, partition_key="2024-01-01", instance=instance, resources=resources)

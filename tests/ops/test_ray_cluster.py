@@ -299,16 +299,24 @@ def test_encoding_and_dedup_units_fan_out_over_both_nodes_to_the_one_process_byt
     root = tmp_path / "build"  # the same store path for both builds: a token cache's ledger names its files
     one_process = build_through_tokenized(marin_env(sources, root, MARIN_RAY="off", MARIN_REGISTRY=str(registry)))
     shutil.rmtree(root)
-    on_cluster = build_through_tokenized({**cluster_env(sources, root, head), "MARIN_REGISTRY": str(registry)})
+    # One document per deduplicated task: each shard its own task (200,000 by default, for real corpora).
+    on_cluster = build_through_tokenized({**cluster_env(sources, root, head), "MARIN_REGISTRY": str(registry),
+                                          "MARIN_RAY_CHUNK_DOCS": "1"})
     assert on_cluster == one_process and any(key.startswith("tokenized/") for key in on_cluster)
 
     encoding = latest_metadata(root, f"tokenized/{BUILD_SOURCE}", monkeypatch)
     assert encoding["marin/ray_tasks"] == BUILD_SHARDS, encoding  # one task per shard to encode
     passes = latest_metadata(root, f"dedup_index/{BUILD_SOURCE}", monkeypatch)
-    assert passes["marin/ray_tasks"] == BUILD_SHARDS + 16, passes  # one task per new shard's keys, per bucket range
-    assert len({*encoding["marin/ray_nodes"], *passes["marin/ray_nodes"]}) == 2
+    # One task per new shard's keys, per bucket range's pass, per unit of collision components (if
+    # any collide), per bucket range's new run.
+    assert passes["marin/ray_tasks"] == BUILD_SHARDS + 16 + passes["update/centre_units"] + 16, passes
+    written = latest_metadata(root, f"deduplicated/{BUILD_SOURCE}", monkeypatch)
+    assert written["marin/ray_tasks"] == BUILD_SHARDS, written  # one task per shard to write
+    assert written["marin/files_vouched"] == 2 * BUILD_SHARDS, written  # data/ and duplicates/: not re-read
+    assert len({*encoding["marin/ray_nodes"], *passes["marin/ray_nodes"], *written["marin/ray_nodes"]}) == 2
 
 
+@pytest.mark.slow  # Ray, through a `marin` process
 def test_an_unreachable_cluster_stops_the_cli_in_one_line_before_anything_is_built(sources, tmp_path):
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     proc = materialize(marin_env(sources, tmp_path, MARIN_RAY="cluster", RAY_ADDRESS=address))

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import dagster as dg
+import pytest
 import yaml
 
 from marin_assets.planning import InProcessRuns, Planner
@@ -42,6 +43,7 @@ def every_manifest(store: ArtifactStore):
     return [store.read_manifest(str(p.parent)) for p in sorted(root.rglob(MANIFEST_NAME))]
 
 
+@pytest.mark.slow  # a curation build and a mixture
 def test_a_copied_store_verifies_and_serves_from_its_new_prefix(curation_planner, tmp_path):
     data = tmp_path / "letters"
     data.mkdir()

@@ -3,6 +3,7 @@
 import json
 
 import dagster as dg
+import pytest
 
 from marin_assets.curation.assets import build_curation_stage
 from marin_assets.deployment import Deployment
@@ -42,6 +43,7 @@ def test_diff_shards_is_pure_and_detects_new_and_changed(tmp_path):
     assert [s.key for s in changed.changed] == [shards[0].key]
 
 
+@pytest.mark.slow  # sensor ticks and their runs
 def test_sensor_adds_partition_and_requests_only_the_new_shard(tmp_path):
     watched = tmp_path / "in"
     watched.mkdir()

@@ -6,10 +6,8 @@ downstream of a stale input stale ("upstream X is stale"); Dagster's status does
 those are compared by their own inputs: fresh in both."""
 
 import pytest
-from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
-from dagster._core.loader import LoadingContextForTest
-
 from marin_assets.planning import InProcessRuns
+from marin_resources.dagster_private import stale_status_reader
 from marin_resources.keys import asset_key
 
 BODIES = {
@@ -20,19 +18,17 @@ BODIES = {
 }
 DOWNSTREAM_OF_DOCUMENTS = {("filtered/letters", "bravo.txt"), ("dedup_index/letters", None),
                            ("deduplicated/letters", None)}
-DAGSTER_STATE = {StaleStatus.FRESH: "fresh", StaleStatus.STALE: "stale", StaleStatus.MISSING: "missing"}
 
 
 def both_states(plan) -> dict[tuple[str, str | None], tuple[str, str, str]]:
     """(asset, partition) -> (marin status, marin status from its own inputs only, Dagster's stale
     status) for every artifact partition."""
-    resolver = CachingStaleStatusResolver(plan.instance, plan.graph, LoadingContextForTest(plan.instance))
+    dagster_status = stale_status_reader(plan.instance, plan.graph)
     out = {}
     for state in plan.status():
         key = asset_key(state.asset_key)
-        dagster = resolver.get_status(key, state.partition)
         own = "fresh" if state.decision.kind == "upstream" else state.state
-        out[(state.asset_key, state.partition)] = (state.state, own, DAGSTER_STATE[dagster])
+        out[(state.asset_key, state.partition)] = (state.state, own, dagster_status(key, state.partition))
     return out
 
 
@@ -56,6 +52,7 @@ def letters(curation_planner, tmp_path):
     return plan, data
 
 
+@pytest.mark.slow  # three builds of the curation stage
 def test_dagster_staleness_agrees_with_marin_status(letters):
     plan, data = letters
     runs = InProcessRuns(plan.defs, plan.instance)

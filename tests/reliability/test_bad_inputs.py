@@ -7,8 +7,12 @@ and every test reads its outcome:
   records that every ERROR check passes; every good document must reach ``deduplicated`` and every
   bad record must be quarantined with its reason.
 * ``names``: ``a.txt``, ``report..final.txt``, ``z.txt``, one shard each (issue #17, defect 3).
-* ``allbad``: a shard holding only a binary file, so its quarantine bound fails: the command exits 1
-  and ``marin failures`` names the check.
+* ``odd``: files that are not files (issue #30): a FIFO, a socket and a dangling link beside good
+  JSONL in one shard, a FIFO alone in a shard and a binary file alone in another: listed as
+  quarantined, never opened, the empty shards valid, and none of them keeps the good documents
+  from ``deduplicated``.
+* ``mostlybad``: a shard of one good line and four malformed ones, so its quarantine bound fails:
+  the command exits 1 and ``marin failures`` names the check and the counts that broke it.
 """
 
 from __future__ import annotations
@@ -17,12 +21,16 @@ import gzip
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
+
+# Every test reads the module's `marin materialize` build (about 3 min on 2 loaded cores).
+pytestmark = pytest.mark.slow
 
 SECRET = b"TOP-SECRET-MARKER-7c1f"
 MAX_DOC_BYTES = 4 * 2**20
@@ -108,12 +116,34 @@ def write_corpus(root: Path) -> list[str]:
 
 EXPECTED_QUARANTINE = {"malformed_json": 2, "invalid_encoding": 1, "binary": 2, "empty": 1, "too_large": 3,
                        "unreadable": 1, "outside_root": 1, "missing_text_field": 0, "record_error": 0,
+                       "broken_link": 0, "not_a_regular_file": 0, "changed_during_read": 0,
                        "truncated": 0, "not_html": 0, "http_status": 0}
+ODD_GOOD_LINES = 6  # 5,987 bytes: over ODD_BYTES_PER_SHARD, under twice it (no split into ranges)
+ODD_BYTES_PER_SHARD = 4096  # the least a source may set
+
+
+def write_odd_files(odd: Path) -> None:
+    """Three shards (``odd_shards`` checks them): a FIFO alone (sorted first, it starts the first shard;
+    files of size 0 never start one), a binary JSONL file alone, and good JSONL (over
+    ``ODD_BYTES_PER_SHARD``, so it starts a shard) followed by a dangling link, a FIFO and a socket."""
+    for folder in ("a_fifo", "b_binary", "c_mixed"):
+        (odd / folder).mkdir(parents=True)
+    os.mkfifo(odd / "a_fifo" / "fifo.jsonl")
+    (odd / "b_binary" / "noise.jsonl").write_bytes(bytes(range(14, 32)) * 250)  # one line of control bytes
+    (odd / "c_mixed" / "a_good.jsonl").write_text(
+        "".join(json.dumps({"text": prose(4000 + i)}) + "\n" for i in range(ODD_GOOD_LINES)))
+    (odd / "c_mixed" / "broken.jsonl").symlink_to(odd / "c_mixed" / "nowhere.jsonl")
+    os.mkfifo(odd / "c_mixed" / "fifo.jsonl")
+    with socket.socket(socket.AF_UNIX) as sock:  # the socket's file stays after it is closed
+        sock.bind(str(odd / "c_mixed" / "sock.jsonl"))
 
 
 def marin(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "marin_assets.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    try:
+        return subprocess.run([sys.executable, "-m", "marin_assets.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+    except subprocess.TimeoutExpired as exc:  # a hang (a FIFO opened for reading) is a failure, not a stall
+        return subprocess.CompletedProcess(exc.cmd, -9, exc.stdout or "", f"timed out after 300 s\n{exc.stderr}")
 
 
 @pytest.fixture(scope="module")
@@ -123,18 +153,22 @@ def built(tmp_path_factory):
     (root / "names").mkdir()
     for i, name in enumerate(["a.txt", "report..final.txt", "z.txt"]):
         (root / "names" / name).write_text(prose(2000 + i))
-    (root / "allbad").mkdir()
-    (root / "allbad" / "noise.txt").write_bytes(bytes(range(1, 32)) * 60)
+    write_odd_files(root / "odd")
+    (root / "mostlybad").mkdir()
+    (root / "mostlybad" / "bad.jsonl").write_text(
+        "\n".join([json.dumps({"text": prose(3000)}), *['{"text": "unterminated'] * 4]) + "\n")
     sources = root / "sources.yaml"
     sources.write_text(
         "sources:\n"
         f"  - {{name: corpus, uri: '{root}/corpus/*', max_doc_bytes: {MAX_DOC_BYTES},"
-        " bytes_per_shard: 1000000000000}\n"
+        " bytes_per_shard: 17179869184}\n"
         f"  - {{name: names, uri: '{root}/names/*.txt', format: text, files_per_shard: 1}}\n"
-        f"  - {{name: allbad, uri: '{root}/allbad/*.txt', format: text}}\n")
+        f"  - {{name: odd, uri: '{root}/odd', format: jsonl, bytes_per_shard: {ODD_BYTES_PER_SHARD}}}\n"
+        f"  - {{name: mostlybad, uri: '{root}/mostlybad/*.jsonl'}}\n")
     env = {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(root / "store"),
            "DAGSTER_HOME": str(root / "home"), "MARIN_CACHE_DIR": str(root / "cache"), "MARIN_ENV": "local"}
-    runs = {name: marin(env, "materialize", f"deduplicated/{name}", "--json") for name in ("corpus", "names", "allbad")}
+    runs = {name: marin(env, "materialize", f"deduplicated/{name}", "--json")
+            for name in ("corpus", "names", "odd", "mostlybad")}
     runs["status"] = marin(env, "status", "--json")
     runs["failures"] = marin(env, "failures", "--json")
     return {"root": root, "store": root / "store", "good": good, "runs": runs}
@@ -207,21 +241,54 @@ def test_status_lists_every_partition_without_a_traceback(built):
     assert len(names) == 3 * 3 + 2 and set(names.values()) == {"fresh"}
 
 
-def test_a_failed_error_check_fails_the_command_and_is_recorded(built):
-    proc = built["runs"]["allbad"]
+def test_a_failed_error_check_fails_the_command_and_says_which_count_broke_it(built):
+    proc = built["runs"]["mostlybad"]
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     summary = json.loads(proc.stdout)
     (failed,) = [s for s in summary["steps"] if not s["success"] and not s["skipped"]]
-    assert not summary["success"] and "documents/allbad:documents_quarantine_bound" in failed["error"]
-    # deduplicated/allbad reads the failed partition, so it is not run: it joined that shard's run
+    assert not summary["success"] and "documents/mostlybad:documents_quarantine_bound" in failed["error"]
+    assert "quarantine_fraction=0.8 > bound=0.2: quarantined=4 of the records=5 read" in failed["error"]
+    # deduplicated/mostlybad reads the failed partition, so it is not run: it joined that shard's run
     # (its only input), and what that run committed for it was withdrawn when the shard's check failed.
     assert summary["steps"][-1]["skipped"] and summary["steps"][-1]["partition"] is None
     assert "in the same run" in proc.stderr and "withdrew what this run committed for" in proc.stderr, proc.stderr[-3000:]
     from marin_resources.store import ArtifactStore
     artifacts = ArtifactStore(str(built["store"]))
-    assert all(artifacts.find(key, "v1", None) is None for key in ("dedup_index/allbad", "deduplicated/allbad"))
-    rows = [r for r in _ok(built["runs"]["failures"]) if r["partition"] == "noise.txt"]
-    assert any(r["error"].startswith("AssetCheckFailed: documents/allbad:documents_quarantine_bound")
-               and "quarantine_fraction=1.0" in r["error"] for r in rows)
-    # The good sources' runs recorded no failure.
-    assert all(r["partition"] == "noise.txt" for r in _ok(built["runs"]["failures"]))
+    assert all(artifacts.find(key, "v1", None) is None for key in ("dedup_index/mostlybad", "deduplicated/mostlybad"))
+    rows = [r for r in _ok(built["runs"]["failures"]) if r["partition"] == "bad.jsonl"]
+    assert any(r["error"].startswith("AssetCheckFailed: documents/mostlybad:documents_quarantine_bound")
+               and "quarantined=4 of the records=5 read" in r["error"] for r in rows)
+    # The other sources' runs recorded no failure: the empty shards of `odd` among them.
+    assert all(r["partition"] == "bad.jsonl" for r in _ok(built["runs"]["failures"]))
+
+
+def _documents_metrics(store: Path, source: str) -> dict[str, dict]:
+    return {shard.name: json.loads((shard / ".artifact.json").read_text())["metrics"]
+            for shard in next((store / "documents" / source).glob("v1-*")).iterdir()}
+
+
+def test_files_that_are_not_files_are_quarantined_alone_and_block_nothing(built):
+    """Issue #30: a FIFO hung `marin materialize` forever; a dangling link failed its shard on every run;
+    a shard of nothing but quarantine failed documents_accounted and kept deduplicated from running."""
+    summary = _ok(built["runs"]["odd"])
+    assert summary["success"]
+    metrics = _documents_metrics(built["store"], "odd")
+    assert metrics.keys() == {"a_fifo+fifo.jsonl", "b_binary+noise.jsonl", "c_mixed+a_good.jsonl"}
+    fifo, binary, mixed = (metrics[k] for k in sorted(metrics))
+    # Empty shards: counted, complete, and no ERROR check failed (the command succeeded).
+    assert (fifo["documents"], fifo["quarantined"], fifo["records"], fifo["refused_files"]) == (0, 1, 1, 1)
+    assert fifo["quarantine/not_a_regular_file"] == 1
+    assert (binary["documents"], binary["quarantined"], binary["records"], binary["quarantine/binary"]) == (0, 1, 1, 1)
+    assert binary["quarantine_fraction"] == 1.0  # over the bound, but an empty shard: a warning
+    # Beside good documents: each odd file one row with its reason, and the bound is over what was read.
+    assert (mixed["documents"], mixed["quarantined"], mixed["refused_files"]) == (ODD_GOOD_LINES, 3, 3)
+    assert (mixed["quarantine/not_a_regular_file"], mixed["quarantine/broken_link"]) == (2, 1)
+    assert mixed["quarantine_fraction"] == 0.0
+    listing = json.loads(next(built["store"].glob("raw/odd/v1-*/c_mixed+a_good.jsonl/listing.json")).read_text())
+    refused = {item["relpath"]: item.get("refused", "") for item in listing}
+    assert refused["c_mixed/fifo.jsonl"].startswith("not_a_regular_file: a FIFO")
+    assert refused["c_mixed/sock.jsonl"].startswith("not_a_regular_file: a socket")
+    assert refused["c_mixed/broken.jsonl"].startswith("broken_link: symlink to ")
+    assert all(item["bytes"] == 0 for item in listing if item.get("refused"))
+    # The good documents reached deduplicated, the source's global step, past two empty shards.
+    assert sorted(_downstream_texts(built["store"], "odd")) == sorted(prose(4000 + i) for i in range(ODD_GOOD_LINES))

@@ -88,6 +88,7 @@ def documents_text(store: Path) -> str:
     return "\n".join(documents["text"].to_list())
 
 
+@pytest.mark.slow  # the module's `marin` build, then rebuilds
 def test_deleted_file_is_reported_and_rebuilt(copy):
     store, env = copy
     original = raw_south(store).read_bytes()
@@ -106,6 +107,7 @@ def test_deleted_file_is_reported_and_rebuilt(copy):
     assert artifacts.verify(artifacts.find("raw/harbour", "v1", "south.txt")) == []
 
 
+@pytest.mark.slow  # the module's `marin` build, then rebuilds
 def test_flipped_byte_is_found_by_verify_and_never_carried_downstream(copy):
     store, env = copy
     original = flip_byte(raw_south(store))
@@ -128,6 +130,7 @@ def test_flipped_byte_is_found_by_verify_and_never_carried_downstream(copy):
     assert "South:" in text and "SoUth" not in text
 
 
+@pytest.mark.slow  # the module's `marin` build, then rebuilds
 def test_forged_data_version_is_rebuilt_not_adopted(copy):
     store, env = copy
     manifest_path = one(store, "raw/harbour", "south.txt") / MANIFEST_NAME
@@ -145,6 +148,7 @@ def test_forged_data_version_is_rebuilt_not_adopted(copy):
     assert docs.upstream_versions()[("raw/harbour", "south.txt")] == real
 
 
+@pytest.mark.slow  # the module's `marin` build
 def test_rebuild_of_a_partition_another_writer_holds_withdraws_nothing(copy):
     store, env = copy
     partition_dir = one(store, "documents/harbour", "south.txt")
@@ -165,6 +169,7 @@ def test_rebuild_of_a_partition_another_writer_holds_withdraws_nothing(copy):
     assert not list(partition_dir.glob(f"{MANIFEST_NAME}.retracted-*"))
 
 
+@pytest.mark.slow  # the module's `marin` build
 def test_lineage_refuses_a_path_as_partition_in_one_line(copy):
     _, env = copy
     proc = marin(env, "lineage", "raw/harbour", "--partition", "../../etc")

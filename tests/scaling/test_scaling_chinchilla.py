@@ -8,6 +8,7 @@ EPOCH = {"E": 1.8172, "A": 477.84, "B": 2143.86, "alpha": 0.34731, "beta": 0.367
 EPOCH_OBJECTIVE = 0.0010182740
 
 
+@pytest.mark.slow  # the full Chinchilla fit
 def test_reproduces_epoch_fit(epoch_points):
     assert epoch_points["loss"].size == 240
     grid = StartGrid()
@@ -20,6 +21,7 @@ def test_reproduces_epoch_fit(epoch_points):
     assert fit.converged.all()
 
 
+@pytest.mark.slow  # scipy's solver, fit by fit
 def test_batched_solver_matches_scipy_loop(epoch_points):
     # A 24-start slice of the grid, some starts in the optimum's basin and some far from it
     # (the full 4,500-start comparison is benchmarks/fit.py).

@@ -17,6 +17,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.slow  # a CLI process and a bootstrap
 def test_isoflop_cli_prints_optima_law_and_predictions(tmp_path, known_law, csv_writer):
     rows = known_law.sweep(BUDGETS, noise=0.003, seed=2)
     for row in rows:
@@ -35,6 +36,7 @@ def test_isoflop_cli_prints_optima_law_and_predictions(tmp_path, known_law, csv_
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # a CLI process and the full fit
 def test_chinchilla_cli_derives_tokens_when_missing(tmp_path, known_law, capsys, csv_writer):
     rng = np.random.default_rng(5)
     n = np.exp(rng.uniform(np.log(1e7), np.log(1e10), 40))

@@ -35,6 +35,7 @@ def test_recovers_known_frontier_without_noise(known_law):
         assert prediction["params"] == pytest.approx(known_law.optimal_params(prediction["flops"]), rel=0.08)
 
 
+@pytest.mark.slow  # hundreds of refits (about 8 s each on 2 loaded cores)
 @pytest.mark.parametrize("resample", ["residuals", "runs"])
 def test_bootstrap_interval_contains_truth_and_is_deterministic(known_law, resample):
     runs = known_law.sweep(BUDGETS, noise=0.005, seed=11)

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from scaling import IsoflopOptions, fit_chinchilla_arrays, load_runs
 from scaling.isoflop import fit_isoflop_runs
@@ -13,6 +14,7 @@ from scaling.plots import (
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # every matplotlib figure
 def test_every_plot_returns_png_and_writes_it(tmp_path, known_law):
     runs = load_runs(known_law.sweep(np.geomspace(1e18, 1e21, 5), noise=0.003, seed=4))
     fit = fit_isoflop_runs(runs, [1e22], IsoflopOptions(bootstrap_samples=30))

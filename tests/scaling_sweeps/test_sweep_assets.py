@@ -117,6 +117,7 @@ def test_a_sweep_on_a_mixture_this_deployment_lacks_is_left_out(env, synthetic_d
     assert not list(defs.assets or []) and not list(defs.sensors or [])
 
 
+@pytest.mark.slow  # several fits through Dagster runs
 def test_fit_forecast_then_check_inside_and_outside_the_interval(env, load):
     settings, sweeps_file = env
     defs, partitions, _ = load(settings, sweeps_file)
@@ -243,6 +244,7 @@ def test_both_methods_forecast_every_candidate_and_the_primary_one_picks_the_tar
     assert score["by_method"]["joint"]["error_pct"] == pytest.approx(score["error_pct"])
 
 
+@pytest.mark.slow  # several fits through Dagster runs
 def test_without_interior_valleys_a_joint_sweep_still_fits_and_says_why_the_envelope_is_missing():
     """Runs so data-starved that the smallest model wins at every budget, the loss rising ever less
     steeply with size (as in the demo's sweep): no budget's valley is convex, so the envelope cannot
@@ -280,8 +282,10 @@ def test_check_result_needs_interval_and_forecast_before_training():
         {"targets": [{**target, "within_interval": True, "forecast_before_training": True}]}).passed
     assert not sweep_assets.forecast_check_result(
         {"targets": [{**target, "within_interval": True, "forecast_before_training": False}]}).passed
-    assert not sweep_assets.forecast_check_result(
-        {"targets": [{**target, "within_interval": False, "forecast_before_training": True}]}).passed
+    outside = sweep_assets.forecast_check_result(
+        {"targets": [{**target, "within_interval": False, "forecast_before_training": True}]})
+    assert not outside.passed
+    assert outside.description == f"{target['run']}: actual={target['actual']} outside [{target['low']}, {target['high']}]"
     assert not sweep_assets.forecast_check_result({"targets": []}).passed
 
 
@@ -329,6 +333,7 @@ def linked(tmp_path, synthetic_deployment):
     return settings, plan_sweep(sweeps[SWEEP]), load_linked
 
 
+@pytest.mark.slow  # several fits through Dagster runs
 def test_a_sweep_forecasts_harness_accuracy_through_the_sigmoid_link(linked):
     settings, plan, load_linked = linked
     defs, partitions = load_linked()

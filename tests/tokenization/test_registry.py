@@ -47,6 +47,9 @@ def test_bundled_registry_tokenizes_every_curated_source():
     assert registry.tokenized["shakespeare"].cache.validation_fraction == 0.1
     assert registry.tokenized["installed_packages"].tokenizer == "shakespeare"
     assert registry.tokenized["installed_packages"].cache.validation_fraction == 0.01
+    # A new source holds out at least 10 documents; shakespeare's own entry keeps its identity as it was.
+    assert registry.tokenized["installed_packages"].cache.validation_min_documents == 10
+    assert "validation_min_documents" not in registry.tokenized["shakespeare"].cache.identity()
     assert {"tokenized/shakespeare", "tokenized/installed_packages"} <= _tokenization_keys(settings)
 
 
@@ -74,6 +77,12 @@ def test_marin_registry_replaces_the_bundled_file(tmp_path, sources):
     ("tokenizers: {t: {train_on: [a], version: ../x}}\n", "not a valid path segment"),
     ("tokenizer: {}\n", "unknown section"),
     ("tokenizers: {t: {train_on: [a]}}\ndefault: {tokenizer: t, validation_fractoin: 0.1}\n", "unknown field"),
+    ("tokenizers: {t: {train_on: [a]}}\ndefault: {tokenizer: t, validation_floor: {docs: 3}}\n",
+     "default.validation_floor: field 'docs'"),
+    ("tokenizers: {t: {train_on: [a]}}\ndefault: {tokenizer: t, validation_floor: {tokens: -1}}\n",
+     "documents and tokens must be >= 0"),
+    ("tokenizers: {t: {train_on: [a]}}\ndefault: {tokenizer: t, validation_min_documents: 0}\n",
+     "validation_min_documents must be at least 1"),
 ])
 def test_bad_registry_is_rejected(tmp_path, text, message):
     path = tmp_path / "registry.yaml"
@@ -85,3 +94,23 @@ def test_bad_registry_is_rejected(tmp_path, text, message):
 def test_missing_registry_file_says_where(tmp_path):
     with pytest.raises(RegistryError, match="MARIN_REGISTRY"):
         load_registry(tmp_path / "absent.yaml")
+
+
+def test_a_small_validation_split_is_a_warning_that_says_what_to_set(tmp_path):
+    import dagster as dg
+
+    from marin_assets.tokenization.assets import ValidationFloor, validation_size_result
+
+    path = tmp_path / "registry.yaml"
+    path.write_text("tokenizers: {t: {train_on: [a]}}\n"
+                    "tokenized: {a: {tokenizer: t, validation_floor: {documents: 3, tokens: 1000}}}\n")
+    entry = load_registry(path).tokenized["a"]
+    assert entry.validation_floor == ValidationFloor(documents=3, tokens=1000)
+    small = validation_size_result({"validation_documents": 1, "validation_tokens": 218}, entry.validation_floor,
+                                   entry.cache)
+    assert not small.passed and small.severity == dg.AssetCheckSeverity.WARN
+    assert small.description == ("1 validation document(s) < 3; 218 validation tokens < 1,000; raise "
+                                 "validation_fraction (0.01) or set validation_min_documents in the tokenization "
+                                 "registry")
+    assert validation_size_result({"validation_documents": 3, "validation_tokens": 1000}, entry.validation_floor,
+                                  entry.cache).passed

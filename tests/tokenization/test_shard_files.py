@@ -64,6 +64,19 @@ def test_same_values_and_same_bytes_as_tensorstore(pair):
         assert shard_files(str(tmp_path / "ours")) == shard_files(str(tmp_path / "reference"))
 
 
+def test_each_shard_file_is_named_with_the_size_and_hash_of_its_bytes_as_written(pair):
+    """`written` after every write: each existing file's size and sha256, a deleted one as None."""
+    import hashlib
+
+    _, writer, _, tmp_path = pair
+    for start, values in WRITES:
+        writer.write(start, values)
+        for name, data in shard_files(str(tmp_path / "ours")).items():
+            assert writer.written[writer.shard_path(int(name))] == (len(data), hashlib.sha256(data).hexdigest())
+    assert writer.written[writer.shard_path(1)] is None  # shard 1 went all zeros: its file was deleted
+    assert not (tmp_path / "ours" / "c" / "1").exists()
+
+
 def open_array_for_read(path):
     return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}, open=True).result()
 

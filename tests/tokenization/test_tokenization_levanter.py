@@ -17,6 +17,7 @@ from marin_assets.tokenization.cache import (
     build_levanter_cache_from_documents,
     decode_roundtrip_check,
     is_validation_document,
+    name_tokenizer_as_ledgers_do,
     read_cache_stats,
 )
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
@@ -224,6 +225,7 @@ def _process_pool_map(fn, items, shared):
         return list(pool.map(fn, items, [shared] * len(items)))
 
 
+@pytest.mark.slow  # two token cache builds, one fanned out
 def test_fanned_out_encoding_gives_the_serial_builds_bytes(built, shards, tokenizer_dir, cfg, tmp_path):
     serial_root, serial = built
     root = str(tmp_path / "fanned")
@@ -279,6 +281,7 @@ def _small_shard_files(full_root: str, monkeypatch) -> dict[str, list[np.ndarray
     return expected
 
 
+@pytest.mark.slow  # a token cache over many shard files
 def test_assembly_over_many_shard_files_spreads_one_unit_per_file(shards, tokenizer_dir, cfg, built, monkeypatch,
                                                                   tmp_path):
     """With shard files of 4,096 values, the cache spans dozens of them: each is its own unit of
@@ -479,6 +482,7 @@ def test_levanter_trains_from_the_rendered_mixture(cache, request, tokenizer_dir
     # The rendered dict is what TrainLmConfig.data decodes to, via draccus like a YAML config.
     assert isinstance(draccus.decode(TrainLmConfig, {"data": data}).data, LMMixtureDatasetConfig)
     config = draccus.decode(LMMixtureDatasetConfig, data)
+    name_tokenizer_as_ledgers_do(config)  # as train_main does
 
     Pos = hax.Axis("position", spec.seq_len)
     with caplog.at_level(logging.INFO):
@@ -583,3 +587,45 @@ def test_bos_and_eos_from_the_tokenizers_files_match_transformers(tokenizer_dir,
     shutil.copytree(tokenizer_dir, unnamed)
     (unnamed / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eos|>"}))
     assert _special_token_ids(str(unnamed)) is None  # no BOS named: transformers decides
+
+
+def test_a_validation_minimum_holds_out_the_lowest_hashes_and_changes_no_other_identity(shards, tokenizer_dir, cfg,
+                                                                                         tmp_path):
+    from dataclasses import asdict, replace
+
+    from marin_assets.tokenization.cache import (cache_config_of, iter_split_documents, parquet_ids,
+                                                 with_validation_minimum)
+
+    # Without a minimum, a config's identity is what it was before the field existed.
+    assert "validation_min_documents" not in cfg.identity() and "validation_min_documents" not in cfg.row_identity()
+    assert cfg.identity() == {k: v for k, v in asdict(cfg).items() if k != "validation_min_documents"}
+    ids = list(parquet_ids(shards, cfg))
+    tiny = replace(cfg, validation_fraction=0.001, validation_min_documents=12)
+    by_fraction = sum(is_validation_document(i, 0.001) for i in ids)
+    assert by_fraction < 12
+    raised = with_validation_minimum(tiny, reversed(ids))
+    assert raised == with_validation_minimum(tiny, ids)  # the order of the corpus does not matter
+    held_out = sorted(i for i in ids if is_validation_document(i, raised.validation_fraction))
+    lowest = sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:12]
+    assert held_out == sorted(lowest)
+    # A fraction that holds out enough already is kept as it is; at most half the corpus is held out.
+    enough = replace(cfg, validation_min_documents=2)
+    assert with_validation_minimum(enough, ids) == enough
+    assert with_validation_minimum(replace(tiny, validation_min_documents=10**6), ids).validation_fraction < 0.6
+
+    stats = build_levanter_cache(shards, tokenizer_dir, str(tmp_path / "min"), tiny)
+    assert stats.validation.documents == 12 and stats.train.documents == len(ids) - 12
+    # Readers of the cache see the split it was built with (the threshold is in its recorded identity).
+    split_cfg, identity = cache_config_of(str(tmp_path / "min"))
+    assert identity["validation_min_documents"] == 12
+    assert sorted(i for i, _ in iter_split_documents(shards, split_cfg, "validation")) == sorted(lowest)
+
+
+def test_encoding_in_this_process_reports_each_shard(shards, tokenizer_dir, cfg, tmp_path):
+    from marin_resources.progress import ProgressMeter
+
+    lines: list[str] = []
+    stats = build_levanter_cache(shards, tokenizer_dir, str(tmp_path / "root"), cfg,
+                                 progress=ProgressMeter(lines.append, "encoded", every_s=0))
+    assert len(lines) == len(shards)  # one line after each shard
+    assert lines[-1].startswith(f"[progress] encoded: {stats.documents:,} documents, ")

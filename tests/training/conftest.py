@@ -11,6 +11,14 @@ import data_fixtures  # noqa: E402
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, RunSpec  # noqa: E402
 
 MIXTURE = "stdlib-docs"
+# Each model family's fields beyond the tiny shape (the families' tests).
+FAMILY_MODELS = {
+    "llama": {},
+    "qwen": {},
+    "qwen3": {},
+    "olmo2": {},
+    "mixtral": {"num_experts": 4, "experts_per_token": 2},
+}
 
 # Environment for the training subprocesses when run outside the launcher.
 SUBPROCESS_ENV = {

@@ -1,5 +1,7 @@
 import sys
 
+import pytest
+
 from marin_assets.training.commands import eval_command, train_command
 from marin_assets.training.levanter_config import render_train_config
 from marin_resources.launchers import LocalPipesLauncher, build_command_and_env
@@ -13,6 +15,18 @@ def test_cpu_train_command_and_env():
     assert launch.env["RAY_USAGE_STATS_ENABLED"] == "0"
     assert launch.env["HF_HUB_OFFLINE"] == "1"
     assert "WANDB_API_KEY" not in launch.env
+
+
+def test_a_cpu_run_gets_its_device_count_as_virtual_devices():
+    from marin_resources.placement import ResourceSpec
+
+    assert "XLA_FLAGS" not in build_command_and_env(train_command("/o/c.yaml", "/o")).env
+    launch = LocalPipesLauncher().launch(train_command("/o/c.yaml", "/o"), resources=ResourceSpec(device_count=8))
+    assert launch.env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
+    # An accelerator's devices are real: the flag would only add CPU devices beside them.
+    gpu = LocalPipesLauncher().launch(train_command("/o/c.yaml", "/o"),
+                                      resources=ResourceSpec(accelerator="gpu", device_count=8))
+    assert "XLA_FLAGS" not in gpu.env
 
 
 def test_gpu_eval_with_wandb_key():
@@ -39,6 +53,7 @@ def test_resource_key_switches_wandb_online_and_stays_out_of_config(tmp_path, ti
     assert launcher_wandb(LocalPipesLauncher(), tiny_spec()).mode == "offline"
 
 
+@pytest.mark.slow  # launched processes
 def test_output_to_file_keeps_process_output_in_the_run_and_quotes_it_on_failure(tmp_path):
     import dagster as dg
     import pytest

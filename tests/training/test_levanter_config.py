@@ -11,7 +11,7 @@ from marin_assets.training.levanter_config import (
     write_train_config,
 )
 
-from conftest import MIXTURE, tiny_spec
+from conftest import FAMILY_MODELS, MIXTURE, tiny_spec
 
 
 def test_config_parses_into_levanter_train_lm_config(tmp_path, tiny_artifact, tiny_mixture):
@@ -74,3 +74,43 @@ def test_preflight_rejects_tokenizer_with_fields_missing_from_cache(tmp_path, ti
     bad = parse_train_config(write_train_config(build_train_config(tiny_spec(), mixture, str(tmp_path / "tok"), str(tmp_path)), tmp_path / "b.yaml"))
     with pytest.raises(ValueError, match="token_type_ids"):
         check_caches_readable(bad.data)
+
+
+def test_parallelism_renders_levanters_mesh_axes(tmp_path, tiny_artifact, tiny_mixture):
+    from marin_assets.training.spec import ParallelismSpec, ResourceSpec
+
+    _, tokenizer_dir = tiny_artifact
+    fsdp = tiny_spec(resources=ResourceSpec(device_count=8), parallelism=ParallelismSpec(data=2, fsdp=4))
+    trainer = parse_train_config(write_train_config(
+        build_train_config(fsdp, tiny_mixture, tokenizer_dir, str(tmp_path)), tmp_path / "fsdp.yaml")).trainer
+    # Levanter's replica axis is our data axis; it sizes its data (FSDP) axis as the devices left over.
+    assert (trainer.replica_ici_axis_size, trainer.model_axis_size, trainer.tensor_parallel_axes) == (2, 1, None)
+    assert trainer.compute_axis_mapping["batch"] == ("replica", "data")
+    assert trainer.parameter_axis_mapping["embed"] == "data"
+
+    tensor = tiny_spec(resources=ResourceSpec(accelerator="gpu", device_count=8), parallelism=ParallelismSpec(tensor=2))
+    trainer = parse_train_config(write_train_config(
+        build_train_config(tensor, tiny_mixture, tokenizer_dir, str(tmp_path)), tmp_path / "tensor.yaml")).trainer
+    assert (trainer.replica_ici_axis_size, trainer.model_axis_size) == (4, 2)
+    assert trainer.compute_axis_mapping["mlp"] == trainer.compute_axis_mapping["kv_head"] == "model"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_MODELS))
+def test_each_family_renders_its_levanter_config_class(tmp_path, tiny_artifact, tiny_mixture, family):
+    from levanter.models.lm_model import LmConfig
+    from levanter.optim import LionConfig
+
+    from marin_assets.training.train_main import model_spec_from_levanter
+
+    _, tokenizer_dir = tiny_artifact
+    base = tiny_spec()
+    spec = dataclasses.replace(base, model=dataclasses.replace(base.model, family=family, **FAMILY_MODELS[family]),
+                               optimizer=dataclasses.replace(base.optimizer, type="lion"))
+    cfg = build_train_config(spec, tiny_mixture, tokenizer_dir, str(tmp_path))
+    parsed = parse_train_config(write_train_config(cfg, tmp_path / "train_config.yaml"))
+    assert type(parsed.model) is LmConfig.get_choice_class(family)
+    assert isinstance(parsed.optimizer, LionConfig) and parsed.optimizer.learning_rate == spec.optimizer.learning_rate
+    if family == "mixtral":
+        assert (parsed.model.n_routed_experts, parsed.model.num_experts_per_tok) == (4, 2)
+    # What the training process reads back (for its FLOPs) is the spec's model.
+    assert model_spec_from_levanter(parsed.model).dims(512) == spec.model.dims(512)

@@ -5,6 +5,7 @@ import pytest
 from marin_assets.training.metrics import (
     mfu,
     peak_flops_per_device,
+    peak_flops_total,
     plot_loss_curve,
     read_metrics,
     training_flops_per_token,
@@ -33,6 +34,10 @@ def test_peak_flops_lookup(monkeypatch):
     assert peak_flops_per_device("mystery chip") is None
     monkeypatch.setenv("MARIN_CPU_PEAK_FLOPS", "1e11")
     assert peak_flops_per_device("cpu") == 1e11
+    # Eight H100s have eight peaks; eight virtual CPU devices share their host's one (one host per process).
+    assert peak_flops_total("NVIDIA H100 80GB HBM3", 8, 1) == 8 * 989e12
+    assert peak_flops_total("cpu", 8, 1) == 1e11 and peak_flops_total("cpu", 8, 2) == 2e11
+    assert peak_flops_total("mystery chip", 8, 1) is None
     assert mfu(1000.0, 1e6, 1e11) == pytest.approx(0.01)
 
 

@@ -1,0 +1,1 @@
+"""Models out of the pipeline: `hf_model[run]`, a run's checkpoint in Hugging Face format."""

@@ -1,0 +1,134 @@
+"""Export to Hugging Face:
+
+    checkpoint[run]  -->  hf_model[run]
+
+``hf_model[run]`` is a run's final checkpoint (or a chosen step) as a Hugging Face model directory:
+``config.json``, ``generation_config.json``, ``model.safetensors`` (float32; sharded past
+``max_shard_mb``), and the run's tokenizer framing text as the token cache framed documents. It is
+written by a separate process (`marin_assets.training.export_main`, launched like ``eval``:
+Levanter and JAX are never imported here), which loads the result back with transformers and
+compares it with Levanter's model before anything is committed.
+"""
+
+import json
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import dagster as dg
+
+from marin_assets.catalog import Catalog
+from marin_assets.deployment import Deployment
+from marin_assets.training.assets import (RUNS, SpecLookup, check_pool, local_dir, named_run_lookup,
+                                          relocated_train_config, run_quoting_input_errors)
+from marin_assets.training.commands import export_command
+from marin_assets.training.export_main import EXPORT_ERROR_FILE, EXPORT_REPORT_FILE
+from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
+from marin_assets.training.spec import RunSpec
+from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, input_refused, materialize_artifact, marin_asset
+from marin_resources.environments import MarinSettings
+from marin_resources.launchers import TrainingLauncher
+from marin_resources.store import FileEntry
+
+HF_MODEL_KEY = "hf_model"
+HF_MODEL_VERSION = "v1"
+DEFAULT_MAX_SHARD_MB = 2048
+
+
+class ExportConfig(dg.Config):
+    """Which checkpoint to export, and how the weights are split into files."""
+
+    step: int | None = None
+    """A checkpoint step (``checkpoints/step-N``); None: the run's final checkpoint."""
+    max_shard_mb: int = DEFAULT_MAX_SHARD_MB
+    """Weights past this many MiB are written as several safetensors files and an index."""
+
+
+def export_identity(spec: RunSpec, config: ExportConfig) -> dict:
+    """What defines an export: the run (its checkpoint), the step and the file layout. The
+    checkpoint's and tokenizer's data versions are its upstream, recorded by the manifest."""
+    return {"run": spec.identity(), "step": config.step, "max_shard_mb": config.max_shard_mb}
+
+
+def loading_snippet(path: str) -> str:
+    return (f"from transformers import AutoTokenizer, FlaxLlamaForCausalLM  # or LlamaForCausalLM with torch\n"
+            f"tokenizer = AutoTokenizer.from_pretrained({path!r})\n"
+            f"model = FlaxLlamaForCausalLM.from_pretrained({path!r})")
+
+
+def build_hf_model_asset(*, spec_for: SpecLookup, pool: str):
+    @marin_asset(key=HF_MODEL_KEY, version=HF_MODEL_VERSION, partitions_def=RUNS, group_name="export", pool=pool,
+                 ins={"checkpoint": dg.AssetIn(key="checkpoint")}, kinds={"huggingface", "safetensors"},
+                 tags={"marin/partitioned_by": "run"},
+                 description="A run's final checkpoint (or a chosen step) as a Hugging Face model directory: "
+                             "`config.json`, `generation_config.json`, float32 `model.safetensors` and the run's "
+                             "tokenizer, which frames a text as the token cache did (BOS + text + EOS). Loaded "
+                             "back with transformers and compared with Levanter's model (logits on validation "
+                             "sequences, greedy generation) before it is committed.")
+    def hf_model(context: dg.AssetExecutionContext, config: ExportConfig, store: MarinStore,
+                 launcher: TrainingLauncher, checkpoint: ArtifactHandle):
+        spec = spec_for(context.partition_key)
+        check_pool(spec, pool)
+        if spec.model.family != "llama":
+            raise input_refused(f"hf_model[{spec.name}]: a {spec.model.family} model cannot be exported yet; "
+                                "export writes transformers' Llama (family llama only)")
+        artifacts = store.get()
+        checkpoint_path = None
+        if config.step is not None:
+            checkpoint_path = f"{artifacts.fs_path(checkpoint.uri)}/checkpoints/step-{config.step}"
+            if not artifacts.fs.exists(f"{checkpoint_path}/metadata.json"):
+                steps = sorted(int(p.rsplit("-", 1)[1]) for p in artifacts.fs.glob(
+                    f"{artifacts.fs_path(checkpoint.uri)}/checkpoints/step-*"))
+                raise input_refused(f"hf_model[{spec.name}]: {checkpoint.uri} has no checkpoint at step {config.step}; "
+                                 f"it has steps {steps}")
+            checkpoint_path = artifacts.fs.unstrip_protocol(checkpoint_path) if "://" in checkpoint.uri \
+                else checkpoint_path
+
+        def build(writer) -> Built:
+            out = Path(local_dir(store, writer))
+            with tempfile.TemporaryDirectory(prefix="marin-export-") as scratch:
+                config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
+                with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src:
+                    text = src.read().decode("utf-8")
+                Path(config_path).write_text(relocated_train_config(text, checkpoint.uri, artifacts))
+                run_quoting_input_errors(launcher, context,
+                                         export_command(config_path, str(out), checkpoint_path=checkpoint_path,
+                                                        max_shard_bytes=config.max_shard_mb * 1024**2),
+                                         out / EXPORT_ERROR_FILE, f"{HF_MODEL_KEY}[{spec.name}]",
+                                         resources=spec.resources, extras={"run": spec.name})
+            report = json.loads((out / EXPORT_REPORT_FILE).read_text())
+            weights = weight_entries(out, report["weight_files"])
+            writer.vouch(weights)
+            metrics = {k: v for k, v in report.items() if not isinstance(v, list)}
+            metadata = {"run": spec.name, "parameters": report["parameters"], "dtype": report["dtype"],
+                        "weight_bytes": report["weight_bytes"],
+                        "weights_sha256": dg.MetadataValue.json({e.path: e.sha256 for e in weights}),
+                        "load_it": dg.MetadataValue.md(f"```python\n{loading_snippet(writer.uri)}\n```")}
+            return Built(metrics=metrics, metadata=metadata)
+
+        return materialize_artifact(context, store, config=export_identity(spec, config), upstream=[checkpoint],
+                                    build=build)
+
+    return hf_model
+
+
+def weight_entries(out: Path, files: list[str]) -> list[FileEntry]:
+    """The weight files' entries (read once here: the commit takes them instead of reading again)."""
+    entries = []
+    for name in files:
+        digest, size = hashlib.sha256(), 0
+        with open(out / name, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        entries.append(FileEntry(name, size, digest.hexdigest()))
+    return entries
+
+
+def build_export_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+    """`hf_model` over the deployment's named runs."""
+    spec_for = named_run_lookup(settings, deployment)
+    catalog = Catalog()
+    catalog.add_identity(HF_MODEL_KEY, lambda run: export_identity(spec_for(run), ExportConfig()))
+    return dg.Definitions(assets=[build_hf_model_asset(spec_for=spec_for, pool=settings.train_pool)]), catalog

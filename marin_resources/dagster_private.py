@@ -1,0 +1,112 @@
+"""Dagster's private APIs, wrapped: the one module that imports ``dagster._core`` (and Dagster's other
+underscored packages). Each name here stands where Dagster 1.13.27, the version pyproject.toml pins,
+has no public equivalent; everything else uses ``dg.`` names.
+
+tests/foundation/test_dagster_private.py calls every one of them against the installed Dagster, so an
+upgrade that moves, renames or changes one fails there, naming it, instead of in a run. The last
+group serves the tests only: they check what Dagster itself records or configures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import dagster as dg
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
+from dagster._core.storage.tags import GRPC_INFO_TAG, PARTITION_NAME_TAG
+
+# DATA_VERSION_TAG: the tag an asset event's data version rides on. A public AssetObservation takes
+# no data version, only tags, so a runless observation of one partition (the planner's, a sensor's)
+# states its version with this tag.
+# PARTITION_NAME_TAG: the run tag naming a run's partition, for the runs the planner creates itself.
+# GRPC_INFO_TAG (tests): the tag of a run launched through a code server, naming that server.
+
+
+def observable_source_assets_def(source_asset: dg.SourceAsset) -> dg.AssetsDefinition:
+    """The AssetsDefinition Dagster itself makes of an observable source asset when it loads one, so
+    its specs can be mapped (`@dg.observable_source_asset` takes no owners; an AssetSpec does)."""
+    from dagster._core.definitions.external_asset import create_external_asset_from_source_asset
+
+    return create_external_asset_from_source_asset(source_asset)
+
+
+def open_workspace(stack: contextlib.ExitStack, instance: dg.DagsterInstance, workspace_file: str):
+    """A request context over the code locations of ``workspace_file`` (a workspace.yaml), whose
+    code servers start here and stop when ``stack`` closes: what `dagster dev` holds, for a process
+    that creates and launches runs itself."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    process = stack.enter_context(WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[workspace_file])))
+    return process.create_request_context()
+
+
+async def run_request_execution_data(workspace, request: dg.RunRequest, instance: dg.DagsterInstance,
+                                     cache: dict):
+    """The remote job and execution plan of ``request``'s asset selection in ``workspace``, as the
+    daemon's sensors compute them before creating a run (``cache`` is reused across requests)."""
+    from dagster._core.execution.submit_asset_runs import get_job_execution_data_from_run_request
+
+    return await get_job_execution_data_from_run_request(workspace.asset_graph, request, instance, workspace, cache)
+
+
+# For the tests: what Dagster itself reads, records or configures, checked as it is.
+
+
+def instance_yaml_config(dagster_home: str) -> dict[str, Any]:
+    """``dagster_home``'s dagster.yaml, validated and with its defaults, as the instance reads it."""
+    from dagster._core.instance.config import dagster_instance_config
+
+    config, custom_class = dagster_instance_config(dagster_home)
+    if custom_class is not None:
+        raise ValueError(f"{dagster_home}/dagster.yaml names a custom instance class {custom_class!r}")
+    return config
+
+
+def plugin_config_errors(section: dict[str, Any]) -> list[str]:
+    """The errors of an instance section's plugin config (``module``/``class``/``config``, as a run
+    launcher's) against that class's own schema, which the instance schema treats as opaque."""
+    from dagster._config import process_config
+    from dagster._serdes import class_from_code_pointer
+
+    klass = class_from_code_pointer(section["module"], section["class"])
+    result = process_config(klass.config_type(), section.get("config", {}))
+    return [] if result.success else [error.message for error in result.errors]
+
+
+def python_job_origin(job_name: str, executable: str, module: str, attribute: str, working_directory: str,
+                      container_image: str):
+    """Where a run's job is loaded from in its worker (``module.attribute`` in an image), as a run
+    launcher reads it off the run."""
+    from dagster._core.code_pointer import ModuleCodePointer
+    from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
+
+    pointer = ModuleCodePointer(module, attribute, working_directory=working_directory)
+    return JobPythonOrigin(job_name, RepositoryPythonOrigin(executable, pointer, container_image=container_image))
+
+
+def launch_run_context(run: dg.DagsterRun):
+    """What ``run_launcher.launch_run`` takes, for a run launched outside any workspace."""
+    from dagster._core.launcher import LaunchRunContext
+
+    return LaunchRunContext(dagster_run=run, workspace=None)
+
+
+def worker_started_event_data(pid: int):
+    """The engine event data a run launcher records when the run's worker process starts."""
+    from dagster._core.events import EngineEventData
+
+    return EngineEventData.in_process(pid)
+
+
+def stale_status_reader(instance: dg.DagsterInstance, asset_graph) -> Callable[[dg.AssetKey, str | None], str]:
+    """``status(key, partition)``: Dagster's own staleness of an asset partition, as the UI shows it
+    ("fresh", "stale" or "missing"), from the instance's data versions."""
+    from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+    from dagster._core.loader import LoadingContextForTest
+
+    resolver = CachingStaleStatusResolver(instance, asset_graph, LoadingContextForTest(instance))
+    names = {StaleStatus.FRESH: "fresh", StaleStatus.STALE: "stale", StaleStatus.MISSING: "missing"}
+    return lambda key, partition: names[resolver.get_status(key, partition)]

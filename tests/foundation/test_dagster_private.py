@@ -1,0 +1,123 @@
+"""Every name of marin_resources/dagster_private.py against the installed Dagster (1.13.27): each is a
+private Dagster API, so a Dagster upgrade that moves, renames or changes one fails here, by name."""
+
+import time
+
+import dagster as dg
+import pytest
+import yaml
+
+from marin_assets.planning import Planner, WorkspaceRuns
+from marin_resources import dagster_private as private
+
+PARTITIONS = dg.StaticPartitionsDefinition(["a", "b"])
+
+
+def source_and_consumer():
+    @dg.observable_source_asset(key="listing", partitions_def=PARTITIONS)
+    def listing():
+        return dg.DataVersionsByPartition({"a": dg.DataVersion("1"), "b": dg.DataVersion("1")})
+
+    external = private.observable_source_assets_def(listing).map_asset_specs(
+        lambda spec: spec.replace_attributes(owners=["team:curation"]))
+
+    @dg.asset(key="copied", partitions_def=PARTITIONS, deps=[external.key])
+    def copied():
+        return None
+
+    return external, copied
+
+
+def test_an_observed_data_version_drives_dagsters_staleness():
+    """An observable source asset becomes an AssetsDefinition whose specs take owners; a runless
+    observation tagged DATA_VERSION_TAG is its data version, which stale_status_reader follows."""
+    external, copied = source_and_consumer()
+    assert isinstance(external, dg.AssetsDefinition) and external.is_observable and not external.is_materializable
+    (spec,) = external.specs
+    assert spec.owners == ["team:curation"] and spec.partitions_def == PARTITIONS
+    graph = dg.Definitions(assets=[external, copied]).resolve_asset_graph()
+
+    def observe(version: str) -> None:
+        instance.report_runless_asset_event(dg.AssetObservation(
+            asset_key=external.key, partition="a", tags={private.DATA_VERSION_TAG: version}))
+
+    with dg.instance_for_test() as instance:
+        observe("1")
+        assert private.stale_status_reader(instance, graph)(copied.key, "a") == "missing"
+        result = dg.materialize([copied], partition_key="a", instance=instance)
+        assert result.dagster_run.tags[private.PARTITION_NAME_TAG] == "a"
+        assert private.stale_status_reader(instance, graph)(copied.key, "a") == "fresh"
+        observe("2")
+        assert private.stale_status_reader(instance, graph)(copied.key, "a") == "stale"
+        assert private.stale_status_reader(instance, graph)(copied.key, "b") == "missing"
+
+
+@pytest.mark.slow  # a code server and a run worker process
+def test_a_workspace_run_is_created_and_launched_through_its_code_server(tmp_path, monkeypatch):
+    """open_workspace and run_request_execution_data build a partition's run as the daemon would;
+    the default launcher starts its worker through the code server (GRPC_INFO_TAG) and records
+    the worker's pid as worker_started_event_data does."""
+    (tmp_path / "tiny_defs.py").write_text(
+        "import dagster as dg\n\n"
+        "@dg.asset(partitions_def=dg.StaticPartitionsDefinition(['a', 'b']))\n"
+        "def copied(context):\n    return context.partition_key\n\n"
+        "defs = dg.Definitions(assets=[copied])\n")
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text(yaml.safe_dump({"load_from": [{"python_file": {
+        "relative_path": "tiny_defs.py", "working_directory": str(tmp_path), "location_name": "tiny"}}]}))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance, \
+            WorkspaceRuns(instance, str(workspace)) as runs:
+        run_id = runs.submit([dg.AssetKey("copied")], [], "b", {}, {"origin": "test"})
+        deadline = time.monotonic() + 120
+        while not instance.get_run_by_id(run_id).is_finished:
+            assert time.monotonic() < deadline, "the launched run did not finish in 120 s"
+            time.sleep(0.5)
+        run = instance.get_run_by_id(run_id)
+        assert run.status == dg.DagsterRunStatus.SUCCESS
+        assert run.tags[private.PARTITION_NAME_TAG] == "b" and run.tags["origin"] == "test"
+        assert run.tags.get(private.GRPC_INFO_TAG)  # launched through the code server, not in this process
+        pid = Planner(dg.Definitions(), None, None, instance).run_worker_pid(run_id)
+        assert pid is not None and pid.isdigit()
+        started = [e.dagster_event.event_specific_data for e in instance.all_logs(
+            run_id, of_type=dg.DagsterEventType.ENGINE_EVENT) if e.dagster_event.message.startswith("Started process")]
+        assert [data.metadata for data in started] == [private.worker_started_event_data(int(pid)).metadata]
+
+
+def test_instance_yaml_and_plugin_config_are_validated(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        "telemetry:\n  enabled: false\n"
+        "run_coordinator:\n  module: dagster\n  class: QueuedRunCoordinator\n"
+        "  config:\n    max_concurrent_runs: 3\n")
+    config = private.instance_yaml_config(str(home))
+    assert config["telemetry"] == {"enabled": False}
+    assert private.plugin_config_errors(config["run_coordinator"]) == []
+    bad = {**config["run_coordinator"], "config": {"max_concurrent_runs": "three"}}
+    assert private.plugin_config_errors(bad)
+
+
+def test_a_run_with_a_python_origin_is_handed_to_the_launcher(monkeypatch):
+    """python_job_origin is what a run launcher reads off the run (the image, the module to load);
+    launch_run_context is what it is handed."""
+    @dg.asset
+    def tokenized():
+        return None
+
+    job = dg.Definitions(assets=[tokenized]).resolve_implicit_global_asset_job_def()
+    origin = private.python_job_origin(job.name, "/opt/venv/bin/python", "marin_assets.definitions", "defs",
+                                       "/app", "registry.example/marin:abc")
+    launched = []
+    with dg.instance_for_test() as instance:
+        monkeypatch.setattr(type(instance.run_launcher), "launch_run",
+                            lambda self, context: launched.append(context.dagster_run))
+        run = instance.create_run_for_job(job, job_code_origin=origin)
+        instance.run_launcher.launch_run(private.launch_run_context(run))
+    assert [r.run_id for r in launched] == [run.run_id]
+    stored = launched[0].job_code_origin
+    assert stored.repository_origin.container_image == "registry.example/marin:abc"
+    assert stored.repository_origin.executable_path == "/opt/venv/bin/python"
+    assert stored.repository_origin.code_pointer.module == "marin_assets.definitions"
+    assert stored.job_name == job.name

@@ -1,0 +1,414 @@
+"""Training from weights (`RunSpec.init_from`): the spec and its identity, resolving a source (a local
+directory, the Hub through a local stand-in, another run's export through the checkpoint asset),
+the training process's checks, and a run that starts from a random Llama written with transformers."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+import yaml
+
+import data_fixtures
+from conftest import SUBPROCESS_ENV, tiny_spec
+
+from marin_assets.curation.sources import ContentHashCache
+from marin_assets.training.init_weights import (InitWeightsError, check_weights, resolve_path, stage_weights,
+                                                weights_digest)
+from marin_assets.training.spec import InitFrom, RunSpecError, load_run_registry
+from marin_assets.training.train_main import INPUT_ERROR_FILE, METRICS_FILE
+
+
+def _hub_standin():
+    path = Path(__file__).parents[1] / "curation" / "hub_standin.py"
+    spec = importlib.util.spec_from_file_location("hub_standin", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["hub_standin"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.HubStandIn
+
+
+HubStandIn = _hub_standin()
+TINY = tiny_spec().model
+
+
+def write_hf_llama(out: Path, *, vocab_size: int, seed: int = 0, **overrides):
+    """A random Llama of the tiny spec's shape made by transformers (Flax), saved as a Hugging Face
+    checkpoint is: PyTorch key names and layouts in model.safetensors, and config.json."""
+    import jax.numpy as jnp
+    from flax.traverse_util import flatten_dict
+    from safetensors.numpy import save_file
+    from transformers import FlaxLlamaForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=TINY.hidden_dim, intermediate_size=TINY.intermediate_dim,
+                         num_hidden_layers=TINY.num_layers, num_attention_heads=TINY.num_heads,
+                         num_key_value_heads=TINY.num_kv_heads, max_position_embeddings=TINY.seq_len,
+                         rms_norm_eps=TINY.layer_norm_epsilon, rope_theta=TINY.rope_theta, tie_word_embeddings=False,
+                         **overrides)
+    model = FlaxLlamaForCausalLM(config, seed=seed, dtype=jnp.float32)
+    state = {}
+    for path, value in flatten_dict(model.params).items():
+        *prefix, leaf = path
+        array = np.asarray(value, dtype=np.float32)
+        # Flax keeps Dense kernels as (in, out); PyTorch's Linear weight is (out, in).
+        state[".".join([*prefix, "weight" if leaf in ("kernel", "embedding") else leaf])] = \
+            np.ascontiguousarray(array.T if leaf == "kernel" else array)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(out)
+    return model
+
+
+def train_from(weights_dir: Path, out: Path, tiny_artifact, tiny_mixture) -> tuple[str, Path, subprocess.CompletedProcess]:
+    """A 2-step tiny run from ``weights_dir``, resolved as the checkpoint asset resolves it, through
+    ``train_main``: (its config, its directory, the finished process)."""
+    from marin_assets.training.levanter_config import build_train_config, write_train_config
+
+    with ContentHashCache(out.parent / "hashes.sqlite") as hashes:
+        weights = resolve_path(str(weights_dir), hashes)
+    spec = tiny_spec(steps=2, watch_every=0, init_from=InitFrom(path=str(weights_dir)))
+    config = write_train_config(build_train_config(spec, tiny_mixture, tiny_artifact[1], str(out), init_weights=weights),
+                                out / "train_config.yaml")
+    proc = subprocess.run([sys.executable, "-m", "marin_assets.training.train_main", "--config", config,
+                           "--output-dir", str(out), "--init-sha256", weights.sha256],
+                          env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, text=True, timeout=900, cwd=out)
+    return config, out, proc
+
+
+# ---- the spec --------------------------------------------------------------------------------------
+
+
+def test_runs_from_scratch_keep_their_fingerprints():
+    """The fingerprints these runs had before init_from existed: their artifacts stay theirs."""
+    assert load_run_registry()["nano-shakespeare"].fingerprint() == \
+        "cf19bfbff4fcdf3b6600a50a2a6298bfc784d9f00481744c62c632bea1a1f04e"
+    assert tiny_spec().fingerprint() == "f91845d3f4b28f4f402adc8b5824c2f292993fa5c1c5f79db9dbc2b74f976fbe"
+    assert "init_from" not in tiny_spec().identity()
+
+
+def test_the_weights_content_hash_is_part_of_the_identity():
+    spec = tiny_spec(init_from=InitFrom(path="/weights/llama"))
+    assert spec.identity("a" * 64)["init_from"] == {"path": "/weights/llama", "sha256": "a" * 64}
+    assert spec.fingerprint("a" * 64) != spec.fingerprint("b" * 64) != tiny_spec().fingerprint()
+    assert spec.fingerprint("a" * 64) == tiny_spec(init_from=InitFrom(path="/weights/llama")).fingerprint("a" * 64)
+
+
+def _registry(tmp_path, **runs) -> Path:
+    base = {"mixture": "m", "tokenizer": "t", "optimizer": {"learning_rate": 0.001}, "train_batch_size": 8,
+            "num_train_steps": 10, "model": {"hidden_dim": 32, "intermediate_dim": 64, "num_layers": 2,
+                                             "num_heads": 2, "num_kv_heads": 2, "seq_len": 64}}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"runs": {name: {**base, **fields} for name, fields in runs.items()}}))
+    return path
+
+
+@pytest.mark.parametrize(("runs", "message"), [
+    ({"a": {"init_from": {"run": "b"}}}, "run 'a': field 'init_from.run': no run named 'b' in this file"),
+    ({"a": {"init_from": {"run": "a"}}}, "run 'a': field 'init_from.run': a run cannot start from its own export"),
+    ({"a": {"init_from": {"run": "b", "path": "/w"}}, "b": {}}, "run 'a': field 'init_from': give exactly one"),
+    ({"a": {"init_from": {"path": "weights/llama"}}}, "a local directory must be an absolute path"),
+    ({"a": {"init_from": {"path": "hf://datasets/org/name"}}}, "expected hf://ORG/NAME[@REVISION]"),
+    ({"a": {"init_from": {"run": "b"}}, "b": {"tokenizer": "other"}}, "run 'a': field 'tokenizer': 't' differs"),
+    ({"a": {"init_from": {"run": "b"}}, "b": {"init_from": {"run": "a"}}}, "in a loop: a -> b -> a"),
+])
+def test_a_bad_init_from_is_refused_in_one_line_when_the_runs_file_is_read(tmp_path, runs, message):
+    with pytest.raises(RunSpecError) as err:
+        load_run_registry(_registry(tmp_path, **runs))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_run_starting_from_another_run_must_have_its_architecture(tmp_path):
+    wider = {"hidden_dim": 64, "intermediate_dim": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 2,
+             "seq_len": 64}
+    with pytest.raises(RunSpecError, match="field 'model.hidden_dim': 32 differs from 64 of run 'b'"):
+        load_run_registry(_registry(tmp_path, a={"init_from": {"run": "b"}}, b={"model": wider}))
+    longer = {**wider, "hidden_dim": 32, "seq_len": 128}  # continued pretraining at another length is allowed
+    assert load_run_registry(_registry(tmp_path, a={"init_from": {"run": "b"}}, b={"model": longer}))["a"].init_from
+
+
+# ---- resolving a directory -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    data_fixtures.train_byte_bpe_tokenizer(data_fixtures.stdlib_docstrings()[:200], out, 300)
+    return AutoTokenizer.from_pretrained(out)
+
+
+@pytest.fixture
+def llama_dir(tmp_path, tokenizer) -> Path:
+    write_hf_llama(tmp_path / "llama", vocab_size=len(tokenizer))
+    return tmp_path / "llama"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_directory_resolves_to_the_hash_of_its_config_and_weights(llama_dir, tmp_path):
+    with ContentHashCache(tmp_path / "hashes.sqlite") as hashes:
+        weights = resolve_path(str(llama_dir), hashes)
+        assert weights.uri == str(llama_dir)
+        assert dict(weights.files) == {n: _sha256(llama_dir / n) for n in ("config.json", "model.safetensors")}
+        assert weights.sha256 == weights_digest(dict(weights.files))
+        blob = bytearray((llama_dir / "model.safetensors").read_bytes())
+        blob[-1] ^= 1  # one bit of one weight
+        (llama_dir / "model.safetensors").write_bytes(bytes(blob))
+        assert resolve_path(str(llama_dir), hashes).sha256 != weights.sha256
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda d: (d / "config.json").unlink(), "llama: no config.json"),
+    (lambda d: (d / "model.safetensors").unlink(), "llama: no model.safetensors or model.safetensors.index.json"),
+    (lambda d: (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-2.safetensors"}})),
+     "llama/model-2.safetensors: listed in model.safetensors.index.json but not there"),
+])
+def test_a_directory_that_is_no_model_is_one_line_naming_the_missing_piece(llama_dir, tmp_path, damage, message):
+    damage(llama_dir)
+    with ContentHashCache(tmp_path / "hashes.sqlite") as hashes, pytest.raises(InitWeightsError) as err:
+        resolve_path(str(llama_dir), hashes)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def _expected(tokenizer, **changes) -> dict:
+    from transformers import LlamaConfig
+
+    config = json.loads(LlamaConfig(vocab_size=len(tokenizer), hidden_size=TINY.hidden_dim,
+                                    intermediate_size=TINY.intermediate_dim, num_hidden_layers=TINY.num_layers,
+                                    num_attention_heads=TINY.num_heads, num_key_value_heads=TINY.num_kv_heads,
+                                    rms_norm_eps=TINY.layer_norm_epsilon, rope_theta=TINY.rope_theta,
+                                    tie_word_embeddings=False).to_json_string())
+    return {**config, **changes}
+
+
+def test_weights_that_fit_the_run_pass_its_checks(llama_dir, tokenizer):
+    assert check_weights(str(llama_dir), _expected(tokenizer), tokenizer)["vocab_size"] == len(tokenizer)
+
+
+def _truncate(d: Path) -> None:
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) - 1000])
+
+
+def _set_config(**fields):
+    def change(d: Path) -> None:
+        config = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**config, **fields}))
+    return change
+
+
+def _other_tokenizer(d: Path) -> None:
+    data_fixtures.train_byte_bpe_tokenizer(data_fixtures.stdlib_docstrings()[200:400], d, 300)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (_truncate, "model.safetensors: truncated: "),
+    (_set_config(model_type="gpt2", architectures=["GPT2LMHeadModel"]),
+     "config.json: architecture GPT2LMHeadModel (model_type 'gpt2') is not supported here: this run trains "
+     "LlamaForCausalLM"),
+    (_set_config(num_hidden_layers=3), "config.json: num_hidden_layers is 3, the run's model has 2"),
+    (_set_config(vocab_size=299), "config.json: vocab_size 299 does not match the run's tokenizer (300 entries)"),
+    (_other_tokenizer, "tokenizer.json: its vocabulary differs from the run's tokenizer"),
+])
+def test_weights_that_do_not_fit_are_one_line_naming_the_piece(llama_dir, tokenizer, damage, message):
+    damage(llama_dir)
+    with pytest.raises(InitWeightsError) as err:
+        check_weights(str(llama_dir), _expected(tokenizer), tokenizer)
+    assert message in str(err.value) and str(llama_dir) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_staging_refuses_bytes_other_than_the_resolved_ones(llama_dir, tmp_path):
+    with ContentHashCache(tmp_path / "hashes.sqlite") as hashes:
+        weights = resolve_path(str(llama_dir), hashes)
+    assert stage_weights(weights.uri, weights.sha256, tmp_path / "scratch") == str(llama_dir)  # local: read in place
+    _set_config(rope_theta=500000.0)(llama_dir)
+    with pytest.raises(InitWeightsError, match="the weights changed since the run was resolved"):
+        stage_weights(weights.uri, weights.sha256, tmp_path / "scratch")
+
+
+# ---- the Hub, through a local stand-in --------------------------------------------------------------
+
+
+@pytest.fixture
+def hub(monkeypatch, llama_dir):
+    from huggingface_hub import constants
+    from huggingface_hub.utils import reset_sessions
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    reset_sessions()
+    with HubStandIn() as standin:
+        repo = standin.repo("model", "marin-test/tiny-llama")
+        repo.commit({name: (llama_dir / name).read_bytes() for name in ("config.json", "model.safetensors")}, "weights")
+        repo.commit({"README.md": b"# tiny llama\n"}, "a readme")
+        monkeypatch.setenv("HF_ENDPOINT", standin.endpoint)
+        yield standin
+    reset_sessions()
+
+
+def test_a_hub_model_is_pinned_to_its_commit_hashed_and_fetched(hub, llama_dir, tmp_path):
+    commit = hub.repo("model", "marin-test/tiny-llama").commits[-1].sha
+    with ContentHashCache(tmp_path / "hashes.sqlite") as hashes:
+        weights = resolve_path("hf://marin-test/tiny-llama@main", hashes)
+        local = resolve_path(str(llama_dir), hashes)
+    assert weights.uri == f"hf://marin-test/tiny-llama@{commit}"
+    assert weights.sha256 == local.sha256  # the same bytes, wherever they are
+    staged = Path(stage_weights(weights.uri, weights.sha256, tmp_path / "scratch"))
+    assert staged == tmp_path / "scratch"
+    assert (staged / "model.safetensors").read_bytes() == (llama_dir / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("hf://marin-test/nothing-here", "no model repository 'marin-test/nothing-here'"),
+    ("hf://marin-test/tiny-llama@no-such-branch", "has no revision 'no-such-branch'"),
+])
+def test_a_missing_hub_repo_or_revision_is_one_line(hub, tmp_path, path, message):
+    with ContentHashCache(tmp_path / "hashes.sqlite") as hashes, pytest.raises(InitWeightsError) as err:
+        resolve_path(path, hashes)
+    assert message in str(err.value) and path in str(err.value)
+
+
+# ---- the checkpoint asset: lineage and identity -----------------------------------------------------
+
+
+class RecordingLauncher:
+    """Builds a `TrainingLauncher` that trains nothing: it keeps each command and the config it was
+    given, and writes the summary the checkpoint asset reads."""
+
+    @staticmethod
+    def make(calls: list):
+        from marin_assets.training.train_main import SUMMARY_FILE
+        from marin_resources.launchers import TrainingLauncher
+
+        class Recording(TrainingLauncher):
+            def wandb_online(self) -> bool:
+                return False
+
+            def run_process(self, context, process, *, resources=None, extras=None):
+                out = Path(process.output_dir)
+                calls.append((process, yaml.safe_load((out / "train_config.yaml").read_text())))
+                (out / SUMMARY_FILE).write_text(json.dumps({"final_step": 10, "train_loss_first": 6.0,
+                                                            "train_loss_last": 3.5}))
+
+        return Recording()
+
+
+def _commit(store, key: str, partition: str | None, files: dict[str, bytes], metrics=None):
+    from marin_resources.identity import fingerprint
+    from marin_resources.store import producer_info, writing
+
+    with writing(store, key, "v1", partition, fingerprint=fingerprint({"name": key}), run_id="test") as writer:
+        for name, data in files.items():
+            with writer.open(name) as fh:
+                fh.write(data)
+        return writer.commit(config={"name": key}, upstream=[], producer=producer_info("test"), metrics=metrics or {})
+
+
+def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_dir, synthetic_deployment):
+    from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stage
+    from marin_resources.environments import MarinSettings, build_resources
+    from marin_resources.lineage import build_lineage
+
+    runs_file = _registry(tmp_path, base={}, tuned={"init_from": {"run": "base"}, "mixture": "m"},
+                          broken={"init_from": {"path": str(tmp_path / "empty")}})
+    (tmp_path / "empty").mkdir()
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_RUNS": str(runs_file)})
+    resources = build_resources(settings)
+    store = resources["store"].get()
+    _commit(store, "mixture/m", None, {"data.json": json.dumps({"cache_dir": None, "train_weights": {"m": 1.0},
+                                                                  "configs": {"m": {"cache_dir": "/caches/m"}}}).encode()})
+    _commit(store, "tokenizer/t", None, {"tokenizer.json": b"{}"})
+    export = _commit(store, "hf_model", "base", {n: (llama_dir / n).read_bytes()
+                                                 for n in ("config.json", "model.safetensors")})
+    calls: list = []
+    resources["launcher"] = RecordingLauncher.make(calls)
+    defs, catalog = build_training_stage(settings, synthetic_deployment(runs=load_run_registry(runs_file)))
+    [checkpoint] = [a for a in defs.assets if a.key == dg.AssetKey("checkpoint")]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("runs", ["base", "broken", "tuned"])
+        result = dg.materialize([checkpoint], partition_key="tuned", instance=instance, resources=resources)
+        assert result.success
+
+        manifest = store.find("checkpoint", CHECKPOINT_VERSION, "tuned")
+        digest = weights_digest({f.path: f.sha256 for f in export.files})
+        assert manifest.config["init_from"] == {"run": "base", "sha256": digest}
+        assert ("hf_model", "base") in manifest.upstream_versions()
+        assert any(node.manifest is not None and node.manifest.asset_key == "hf_model"
+                   for node in build_lineage(store, manifest).walk())
+        assert catalog.identities["checkpoint"]("tuned") == manifest.config  # what `marin status` looks for
+        [(process, config)] = calls
+        assert config["initialize_from_hf"] == export.uri
+        assert process.args[process.args.index("--init-sha256") + 1] == digest
+
+        failed = dg.materialize([checkpoint], partition_key="broken", instance=instance, resources=resources,
+                                raise_on_error=False)
+        assert not failed.success and len(calls) == 1  # refused before any process started
+        [failure] = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+        assert f"checkpoint[broken]: {tmp_path / 'empty'}: no config.json" in \
+            failure.event_specific_data.error.message
+        assert store.find("checkpoint", CHECKPOINT_VERSION, "broken") is None
+
+
+# ---- training from weights --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_levanter_starts_from_a_transformers_llama_at_its_loss(tmp_path, tiny_artifact, tiny_mixture):
+    """A random Llama written with transformers: Levanter's first-step loss is the loss transformers
+    gives the same model on the same batch."""
+    import jax.numpy as jnp
+    import jax.random as jrandom
+    from transformers import AutoTokenizer, FlaxLlamaForCausalLM
+
+    from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
+    from marin_assets.training.levanter_config import parse_train_config
+
+    _, tokenizer_dir = tiny_artifact
+    write_hf_llama(tmp_path / "llama", vocab_size=len(AutoTokenizer.from_pretrained(tokenizer_dir)), seed=3)
+    config_path, out, proc = train_from(tmp_path / "llama", tmp_path / "run", tiny_artifact, tiny_mixture)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = json.loads((out / METRICS_FILE).read_text().splitlines()[0])
+    assert first["step"] == 0
+
+    # The first batch as train_lm draws it (the data key is the first of four split from the seed).
+    config = parse_train_config(config_path)
+    name_tokenizer_as_ledgers_do(config.data)
+    data_key = jrandom.split(jrandom.PRNGKey(config.trainer.seed), 4)[0]
+    dataset = config.data.train_set(config.model.Pos, config.trainer.batch_schedule, key=data_key,
+                                    epochs=config.epoch).as_sync_dataset()
+    batch = np.stack([np.asarray(e.tokens.array) for e in dataset.get_batch(list(range(config.trainer.train_batch_size)))])
+    eos = config.data.the_tokenizer.eos_token_id
+
+    # transformers on the same rows; Levanter's attention does not cross a document's end (EOS), so each
+    # document's tokens are run alone, at the positions they hold in the row.
+    model = FlaxLlamaForCausalLM.from_pretrained(tmp_path / "llama", dtype=jnp.float32)
+    losses = []
+    for row in batch:
+        starts = [0] + [i + 1 for i in range(len(row) - 1) if row[i] == eos]
+        logits = np.concatenate([np.asarray(model(jnp.asarray(row[a:b])[None], position_ids=jnp.arange(a, b)[None])
+                                            .logits[0]) for a, b in zip(starts, starts[1:] + [len(row)])])
+        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - logits.max(-1, keepdims=True)
+        losses.extend(-log_probs[np.arange(len(row) - 1), row[1:]])
+    assert first["loss"] == pytest.approx(float(np.mean(losses)), abs=1e-3)
+
+
+@pytest.mark.slow
+def test_a_vocabulary_that_is_not_the_runs_tokenizer_is_refused_before_training(tmp_path, tiny_artifact, tiny_mixture):
+    write_hf_llama(tmp_path / "llama", vocab_size=300)  # the run's tokenizer has 512 entries
+    _, out, proc = train_from(tmp_path / "llama", tmp_path / "run", tiny_artifact, tiny_mixture)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = (out / INPUT_ERROR_FILE).read_text().strip()
+    assert line == (f"{tmp_path / 'llama'}/config.json: vocab_size 300 does not match the run's tokenizer "
+                    "(512 entries)")
+    assert not (out / METRICS_FILE).exists() and not (out / "checkpoints").exists()
