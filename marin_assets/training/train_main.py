@@ -440,6 +440,40 @@ def check_caches_readable(data_config) -> None:
                 raise OSError(f"cannot read cache {split_dir} through tensorstore: {type(exc).__name__}: {exc}") from exc
 
 
+UNFINISHED_CHECKPOINTS_DIR = "unfinished"
+
+
+def set_aside_unfinished_checkpoints(checkpoint_dir: str) -> list[str]:
+    """Move checkpoints whose ``metadata.json`` does not parse into ``<checkpoint_dir>/unfinished/``.
+
+    Levanter opens ``metadata.json`` for writing and then dumps into it, so a process killed between the
+    two leaves an empty file; its discovery then fails on ``json.load`` and the run could never resume.
+    Moved one level down, discovery no longer sees them, the previous checkpoint is resumed, and the bytes
+    are kept for inspection. Returns the moved paths.
+    """
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(checkpoint_dir)
+    if not fs.isdir(root):
+        return []
+    moved = []
+    for path in sorted(fs.glob(f"{root.rstrip('/')}/step-*")):
+        metadata = f"{path}/metadata.json"
+        if not fs.exists(metadata):
+            continue  # still being written, or never finished: discovery skips it already
+        try:
+            record = json.loads(fs.cat_file(metadata))
+            if isinstance(record, dict) and "timestamp" in record and "step" in record:
+                continue
+        except ValueError:
+            pass
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        target = f"{root.rstrip('/')}/{UNFINISHED_CHECKPOINTS_DIR}/{name}-{time.strftime('%Y%m%dT%H%M%S')}"
+        fs.mv(path, target, recursive=True)
+        moved.append(target)
+    return moved
+
+
 def _latest_checkpoint(checkpoint_dir: str) -> str | None:
     from levanter.checkpoint import discover_latest_checkpoint
 
@@ -556,6 +590,9 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
         restored = mirror.restore()
         if restored:
             reporter.log(f"restored {', '.join(restored)} from {mirror.store_dir}")
+    if leader:
+        for path in set_aside_unfinished_checkpoints(checkpoints):
+            reporter.log(f"set aside a checkpoint whose metadata.json is incomplete (killed while saving): {path}")
     check_caches_readable(config.data)
     vocab_size = len(config.data.the_tokenizer)
     flops_per_token = training_flops_per_token(model_spec_from_levanter(config.model), vocab_size)
