@@ -121,3 +121,32 @@ def test_a_run_with_a_python_origin_is_handed_to_the_launcher(monkeypatch):
     assert stored.repository_origin.executable_path == "/opt/venv/bin/python"
     assert stored.repository_origin.code_pointer.module == "marin_assets.definitions"
     assert stored.job_name == job.name
+
+
+def test_run_workers_fork_from_a_server_that_imported_dagster():
+    """The code server makes its run workers with `_mp_ctx.Process`, set in its `__init__`: the class's
+    descriptor replaces that context with a fork server, whatever `__init__` assigns. Fails when a
+    Dagster upgrade renames the attribute or stops using it, or when the preloaded modules start a
+    thread (forking a process with threads can deadlock the child)."""
+    import inspect
+    import multiprocessing
+    import subprocess
+    import sys
+
+    from dagster._grpc.server import DagsterApiServer
+
+    import marin_assets.definitions  # noqa: F401 - installs the descriptor, as a code server's load does
+
+    assert "self._mp_ctx.Process(" in inspect.getsource(DagsterApiServer.StartRun)
+    assert "self._mp_ctx = " in inspect.getsource(DagsterApiServer.__init__)
+    server = object.__new__(DagsterApiServer)
+    server._mp_ctx = multiprocessing.get_context("spawn")  # what __init__ does
+    assert server._mp_ctx.get_start_method() == "forkserver"
+    from multiprocessing import forkserver
+
+    assert forkserver._forkserver._preload_modules == list(private.RUN_WORKER_PRELOAD)
+    threads = subprocess.run(
+        [sys.executable, "-c", f"import os; [__import__(m) for m in {list(private.RUN_WORKER_PRELOAD)}]; "
+                               "print(len(os.listdir('/proc/self/task')))"],
+        capture_output=True, text=True, check=True).stdout
+    assert threads.strip() == "1"
