@@ -1,0 +1,208 @@
+"""PII removal: e-mail addresses and public IP addresses replaced with placeholders.
+
+The placeholders and the rules follow DataTrove's ``PIIFormatter``: every e-mail address becomes
+one of two addresses at the reserved example domains, and every *public* IP address one of six
+fixed IPv4 addresses, taken in turn, so a text keeps its shape (a page that lists three contacts
+still lists three). Private, loopback, documentation and other special-purpose addresses are not
+personal and stay. Departures, each for a reason given in docs/curation.md ("PII"):
+
+* e-mail addresses in any case and script (DataTrove's pattern is lower-case ASCII only and misses
+  ``John.Smith@Example.com``);
+* IPv4 addresses only as whole tokens: not inside a longer dotted number (``1.3.6.1.4.1``, an OID,
+  or ``10.0.0.1234``), which DataTrove's pattern cuts an address out of;
+* IPv6 addresses too, replaced from addresses of the documentation prefix ``2001:db8::/32``;
+* "public" is this module's table of special-purpose ranges (IANA's registries), not
+  ``ipaddress.is_global``, whose answer changed between Python patch releases: the same text gives
+  the same bytes on every interpreter;
+* placeholders rotate per document (DataTrove's counter runs over a whole process), so a document
+  is scrubbed the same whichever chunk or worker it lands on, and a placeholder is never replaced
+  again, so a second pass changes nothing.
+
+Vectorised where it pays: one polars pass over the whole column finds the documents that could
+hold an address (an ``@``, or four dotted numbers, or two colons around a hex group); only those
+are rewritten in Python. Text with no address is returned as the same string, byte for byte.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+import polars as pl
+
+from marin_resources.typed_config import typed_config
+
+# Reserved for examples (RFC 2606), as DataTrove uses them.
+EMAIL_PLACEHOLDERS: tuple[str, ...] = ("email@example.com", "firstname.lastname@example.org")
+# DataTrove's placeholder IPv4 addresses (public addresses that answered no ping when it chose them).
+IPV4_PLACEHOLDERS: tuple[str, ...] = ("22.214.171.124", "126.96.36.199", "188.8.131.52", "184.108.40.206",
+                                      "220.127.116.11", "18.104.22.168")
+# Addresses of the IPv6 documentation prefix (RFC 3849): never anyone's, and not public by the table below.
+IPV6_PLACEHOLDERS: tuple[str, ...] = ("2001:db8::1f", "2001:db8:4c2::a:7", "2001:db8:96e0::3b", "2001:db8:1d::5")
+
+EMAILS, IPV4, IPV6 = "emails", "ipv4", "ipv6"
+KINDS = (EMAILS, IPV4, IPV6)
+
+
+@typed_config
+@dataclass(frozen=True)
+class PiiConfig:
+    """What the PII pass replaces. In a source's YAML: ``pii: true`` (these defaults), ``pii: false``,
+    or a mapping of these fields; without ``pii:``, web sources (HTML, WARC) get the defaults and
+    the others none."""
+
+    emails: bool = True
+    ip_addresses: bool = True
+    # Only public addresses are personal: 10.0.0.1 or ::1 name no one.
+    public_ips_only: bool = True
+
+
+# --------------------------------------------------------------------------- patterns
+
+# A dot-atom local part (RFC 5322 atext, letters and digits of any script), then a dotted host name
+# whose labels start and end with a letter or digit, or an address literal in brackets.
+_ATOM = r"[\w!#$%&'*+/=?^`{|}~-]+"
+_LABEL = r"[^\W_](?:(?:[^\W_]|-)*[^\W_])?"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED_QUAD = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
+EMAIL_PATTERN = (rf"\b{_ATOM}(?:\.{_ATOM})*@(?:(?:{_LABEL}\.)+{_LABEL}"
+                 rf"|\[(?:{_DOTTED_QUAD}|[Ii][Pp][Vv]6:[0-9A-Fa-f:.]+)\])")
+# Not glued to a longer dotted number on either side; a sentence's full stop may follow.
+IPV4_PATTERN = rf"(?<![0-9.]){_DOTTED_QUAD}(?![0-9]|\.[0-9])"
+# Two to seven colon-ended groups, then a group or a dotted quad; validated by `ipaddress` after.
+# It starts after a non-word character, after a colon that ends a word (``host:``), or after
+# ``IPv6:``, and no word character or colon may follow.
+IPV6_PATTERN = (r"(?:(?<![\w:.])|(?<=[^\W0-9A-Fa-f]:)|(?<=[Ii][Pp][Vv]6:))"
+                rf"(?:[0-9A-Fa-f]{{0,4}}:){{2,7}}(?:{_DOTTED_QUAD}|[0-9A-Fa-f]{{1,4}})?(?![\w:]|\.[0-9])")
+_EMAIL_RE = re.compile(EMAIL_PATTERN)
+_IP_RE = re.compile(rf"(?P<v6>{IPV6_PATTERN})|(?P<v4>{IPV4_PATTERN})")
+# Supersets of the patterns above for the polars pass (its regex engine has no look-around): every
+# e-mail match holds an '@', every IPv4 match four dotted numbers, every IPv6 match ':<hex>:'.
+_IP_CANDIDATE = r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]|:[0-9A-Fa-f]{0,4}:"
+
+# Not public: IANA's special-purpose registries, plus multicast and the reserved 240/4.
+_SPECIAL_IPV4 = tuple(ipaddress.IPv4Network(n) for n in (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.0.0.0/24",
+    "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24",
+    "224.0.0.0/4", "240.0.0.0/4"))
+# IPv6 global unicast is 2000::/3; inside it, the IETF protocol block, documentation and 6to4.
+_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+_SPECIAL_IPV6 = tuple(ipaddress.IPv6Network(n) for n in ("2001::/23", "2001:db8::/32", "2002::/16", "3fff::/20"))
+# Prefixes that carry an IPv4 address in their low 32 bits: it decides (IPv4-mapped, NAT64's well-known prefix).
+_EMBEDDING_IPV4 = tuple(ipaddress.IPv6Network(n) for n in ("::ffff:0:0/96", "64:ff9b::/96"))
+
+
+def is_public_ipv4(address: ipaddress.IPv4Address) -> bool:
+    return not any(address in network for network in _SPECIAL_IPV4)
+
+
+def is_public_ipv6(address: ipaddress.IPv6Address) -> bool:
+    if any(address in network for network in _EMBEDDING_IPV4):
+        return is_public_ipv4(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return address in _GLOBAL_UNICAST and not any(address in network for network in _SPECIAL_IPV6)
+
+
+# --------------------------------------------------------------------------- one text
+
+
+class _Scrubber:
+    """One document's pass: the placeholders rotate from the first of each list in every document."""
+
+    def __init__(self, cfg: PiiConfig):
+        self.cfg = cfg
+        self.counts = dict.fromkeys(KINDS, 0)
+
+    def _next(self, kind: str, placeholders: tuple[str, ...]) -> str:
+        placeholder = placeholders[self.counts[kind] % len(placeholders)]
+        self.counts[kind] += 1
+        return placeholder
+
+    def email(self, match: re.Match) -> str:
+        if match.group() in EMAIL_PLACEHOLDERS:
+            return match.group()
+        return self._next(EMAILS, EMAIL_PLACEHOLDERS)
+
+    def ip(self, match: re.Match) -> str:
+        found = match.group()
+        if match.lastgroup == "v4":
+            if found in IPV4_PLACEHOLDERS:
+                return found
+            address = ipaddress.IPv4Address(found)  # the pattern admits only valid dotted quads
+            if self.cfg.public_ips_only and not is_public_ipv4(address):
+                return found
+            return self._next(IPV4, IPV4_PLACEHOLDERS)
+        # A candidate may end in a colon that is punctuation ("at 2001:4860::8888: the resolver").
+        for text, tail in ((found, ""), (found[:-1], ":")) if found.endswith(":") and not found.endswith("::") \
+                else ((found, ""),):
+            try:
+                address = ipaddress.IPv6Address(text)
+            except ValueError:
+                continue
+            if text in IPV6_PLACEHOLDERS or (self.cfg.public_ips_only and not is_public_ipv6(address)):
+                return found
+            return self._next(IPV6, IPV6_PLACEHOLDERS) + tail
+        return found
+
+
+def scrub_text(text: str, cfg: PiiConfig) -> tuple[str, dict[str, int]]:
+    """``text`` with its e-mail and (public) IP addresses replaced, and how many of each kind.
+    E-mail addresses first, as DataTrove does: an address literal (``x@[203.0.113.9]``) is part of
+    its e-mail address."""
+    scrubber = _Scrubber(cfg)
+    if cfg.emails and "@" in text:
+        text = _EMAIL_RE.sub(scrubber.email, text)
+    if cfg.ip_addresses:
+        text = _IP_RE.sub(scrubber.ip, text)
+    return text, scrubber.counts
+
+
+# --------------------------------------------------------------------------- a frame
+
+
+@dataclass
+class ScrubbedTexts:
+    texts: list[str]  # every text, scrubbed; the same string objects where nothing was replaced
+    changed: list[int]  # row indices of the texts that changed
+    counts: dict[str, int]  # kind -> addresses replaced; plus "documents": texts changed
+
+
+def candidate_rows(texts: pl.Series, cfg: PiiConfig) -> list[int]:
+    """Rows that could hold an address: one polars pass, so text with none costs no Python."""
+    conditions = []
+    if cfg.emails:
+        conditions.append(pl.col("text").str.contains("@", literal=True))
+    if cfg.ip_addresses:
+        conditions.append(pl.col("text").str.contains(_IP_CANDIDATE))
+    if not conditions:
+        return []
+    frame = pl.DataFrame({"text": texts}).select(pl.any_horizontal(conditions).fill_null(False).alias("hit"))
+    return frame["hit"].arg_true().to_list()
+
+
+def scrub_texts(texts: list[str], column: pl.Series, cfg: PiiConfig) -> ScrubbedTexts:
+    """:func:`scrub_text` over a column (``texts`` are its values as Python strings)."""
+    out = list(texts)
+    changed = []
+    counts = dict.fromkeys(KINDS, 0)
+    for row in candidate_rows(column, cfg):
+        text, found = scrub_text(out[row], cfg)
+        if any(found.values()):
+            out[row] = text
+            changed.append(row)
+            for kind, n in found.items():
+                counts[kind] += n
+    return ScrubbedTexts(out, changed, {**counts, "documents": len(changed)})
+
+
+def scrub_frame(frame: pl.DataFrame, texts: list[str] | None, cfg: PiiConfig) -> tuple[pl.DataFrame, list[str],
+                                                                                       dict[str, int]]:
+    """``frame`` with its ``text`` column scrubbed (only the changed rows are written back), the
+    texts as Python strings, and the counts."""
+    if texts is None:
+        texts = frame["text"].to_list()
+    result = scrub_texts(texts, frame["text"], cfg)
+    if not result.changed:
+        return frame, result.texts, result.counts
+    column = frame["text"].scatter(result.changed, [result.texts[row] for row in result.changed])
+    return frame.with_columns(column), result.texts, result.counts
