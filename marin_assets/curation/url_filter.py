@@ -98,7 +98,7 @@ class UrlBlocklist:
     def blocked_rows(self, urls: pl.Series) -> pl.Series:
         """True for each URL the list blocks (False for a missing one); each distinct URL is looked up once."""
         hits = [url for url in urls.drop_nulls().unique().to_list() if self.blocks(url)]
-        return urls.is_in(pl.Series(hits, dtype=pl.String)).fill_null(False).alias(URL_BLOCKED)
+        return urls.is_in(pl.Series(hits, dtype=pl.String).implode()).fill_null(False).alias(URL_BLOCKED)
 
 
 def document_urls(frame: pl.DataFrame) -> pl.Series:
