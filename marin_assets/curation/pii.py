@@ -19,8 +19,8 @@ personal and stay. Departures, each for a reason given in docs/curation.md ("PII
   again, so a second pass changes nothing.
 
 Vectorised where it pays: one polars pass over the whole column finds the documents that could
-hold an address (an ``@``, or four dotted numbers, or two colons around a hex group); only those
-are rewritten in Python. Text with no address is returned as the same string, byte for byte.
+hold an address of each kind (an ``@`` between two non-space characters, four dotted numbers, a
+hex group between colons); only those are searched in Python, and only for those kinds. Text with no address is returned as the same string, byte for byte.
 """
 
 from __future__ import annotations
@@ -76,10 +76,16 @@ IPV4_PATTERN = rf"(?<![0-9.]){_DOTTED_QUAD}(?![0-9]|\.[0-9])"
 IPV6_PATTERN = (r"(?:(?<![\w:.])|(?<=[^\W0-9A-Fa-f]:)|(?<=[Ii][Pp][Vv]6:))"
                 rf"(?:[0-9A-Fa-f]{{0,4}}:){{2,7}}(?:{_DOTTED_QUAD}|[0-9A-Fa-f]{{1,4}})?(?![\w:]|\.[0-9])")
 _EMAIL_RE = re.compile(EMAIL_PATTERN)
-_IP_RE = re.compile(rf"(?P<v6>{IPV6_PATTERN})|(?P<v4>{IPV4_PATTERN})")
-# Supersets of the patterns above for the polars pass (its regex engine has no look-around): every
-# e-mail match holds an '@', every IPv4 match four dotted numbers, every IPv6 match ':<hex>:'.
-_IP_CANDIDATE = r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]|:[0-9A-Fa-f]{0,4}:"
+_IPV4_RE = re.compile(IPV4_PATTERN)
+_IPV6_RE = re.compile(IPV6_PATTERN)
+# What a document must contain to hold a match of each pattern, for the polars pass (its regex engine
+# has no look-around): an e-mail address has an '@' between two characters that are neither space
+# nor '@'; an IPv4 address four dotted numbers; an IPv6 address ':<hex>:', and a public one also
+# its first group in 2000::/3 or an IPv4-embedding prefix (see is_public_ipv6).
+_EMAIL_CANDIDATE = r"[^\s@]@[^\s@]"
+_IPV4_CANDIDATE = r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]"
+_IPV6_CANDIDATE = r":[0-9A-Fa-f]{0,4}:"
+_PUBLIC_IPV6_CANDIDATE = r"(?i)[23][0-9a-f]{3}:[0-9a-f]{0,4}:|ffff:|64:ff9b:"
 
 # Not public: IANA's special-purpose registries, plus multicast and the reserved 240/4.
 _SPECIAL_IPV4 = tuple(ipaddress.IPv4Network(n) for n in (
@@ -123,15 +129,17 @@ class _Scrubber:
             return match.group()
         return self._next(EMAILS, EMAIL_PLACEHOLDERS)
 
-    def ip(self, match: re.Match) -> str:
+    def ipv4(self, match: re.Match) -> str:
         found = match.group()
-        if match.lastgroup == "v4":
-            if found in IPV4_PLACEHOLDERS:
-                return found
-            address = ipaddress.IPv4Address(found)  # the pattern admits only valid dotted quads
-            if self.cfg.public_ips_only and not is_public_ipv4(address):
-                return found
-            return self._next(IPV4, IPV4_PLACEHOLDERS)
+        if found in IPV4_PLACEHOLDERS:
+            return found
+        address = ipaddress.IPv4Address(found)  # the pattern admits only valid dotted quads
+        if self.cfg.public_ips_only and not is_public_ipv4(address):
+            return found
+        return self._next(IPV4, IPV4_PLACEHOLDERS)
+
+    def ipv6(self, match: re.Match) -> str:
+        found = match.group()
         # A candidate may end in a colon that is punctuation ("at 2001:4860::8888: the resolver").
         for text, tail in ((found, ""), (found[:-1], ":")) if found.endswith(":") and not found.endswith("::") \
                 else ((found, ""),):
@@ -145,15 +153,18 @@ class _Scrubber:
         return found
 
 
-def scrub_text(text: str, cfg: PiiConfig) -> tuple[str, dict[str, int]]:
+def scrub_text(text: str, cfg: PiiConfig, passes: tuple[str, ...] = KINDS) -> tuple[str, dict[str, int]]:
     """``text`` with its e-mail and (public) IP addresses replaced, and how many of each kind.
     E-mail addresses first, as DataTrove does: an address literal (``x@[203.0.113.9]``) is part of
-    its e-mail address."""
+    its e-mail address. Then IPv6, whose IPv4-embedding forms (``::ffff:8.8.8.8``) hold a dotted
+    quad, then IPv4. ``passes`` leaves out the kinds a caller knows the text cannot hold."""
     scrubber = _Scrubber(cfg)
-    if cfg.emails and "@" in text:
+    if cfg.emails and EMAILS in passes and "@" in text:
         text = _EMAIL_RE.sub(scrubber.email, text)
-    if cfg.ip_addresses:
-        text = _IP_RE.sub(scrubber.ip, text)
+    if cfg.ip_addresses and IPV6 in passes:
+        text = _IPV6_RE.sub(scrubber.ipv6, text)
+    if cfg.ip_addresses and IPV4 in passes:
+        text = _IPV4_RE.sub(scrubber.ipv4, text)
     return text, scrubber.counts
 
 
@@ -167,17 +178,20 @@ class ScrubbedTexts:
     counts: dict[str, int]  # kind -> addresses replaced; plus "documents": texts changed
 
 
-def candidate_rows(texts: pl.Series, cfg: PiiConfig) -> list[int]:
-    """Rows that could hold an address: one polars pass, so text with none costs no Python."""
-    conditions = []
-    if cfg.emails:
-        conditions.append(pl.col("text").str.contains("@", literal=True))
-    if cfg.ip_addresses:
-        conditions.append(pl.col("text").str.contains(_IP_CANDIDATE))
-    if not conditions:
+def candidate_rows(texts: pl.Series, cfg: PiiConfig) -> list[tuple[int, tuple[str, ...]]]:
+    """The rows that could hold an address, each with the kinds it could hold: one polars pass, so
+    text with none costs no Python, and a text is searched only for what it may contain."""
+    candidates = {EMAILS: _EMAIL_CANDIDATE if cfg.emails else None,
+                  IPV6: (_PUBLIC_IPV6_CANDIDATE if cfg.public_ips_only else _IPV6_CANDIDATE) if cfg.ip_addresses
+                  else None,
+                  IPV4: _IPV4_CANDIDATE if cfg.ip_addresses else None}
+    kinds = [kind for kind, pattern in candidates.items() if pattern is not None]
+    if not kinds:
         return []
-    frame = pl.DataFrame({"text": texts}).select(pl.any_horizontal(conditions).fill_null(False).alias("hit"))
-    return frame["hit"].arg_true().to_list()
+    hits = pl.DataFrame({"text": texts}).select(
+        pl.col("text").str.contains(candidates[kind]).fill_null(False).alias(kind) for kind in kinds)
+    rows = hits.with_row_index("row").filter(pl.any_horizontal(kinds))
+    return [(row, tuple(kind for kind, hit in zip(kinds, flags) if hit)) for row, *flags in rows.iter_rows()]
 
 
 def scrub_texts(texts: list[str], column: pl.Series, cfg: PiiConfig) -> ScrubbedTexts:
@@ -185,8 +199,8 @@ def scrub_texts(texts: list[str], column: pl.Series, cfg: PiiConfig) -> Scrubbed
     out = list(texts)
     changed = []
     counts = dict.fromkeys(KINDS, 0)
-    for row in candidate_rows(column, cfg):
-        text, found = scrub_text(out[row], cfg)
+    for row, kinds in candidate_rows(column, cfg):
+        text, found = scrub_text(out[row], cfg, kinds)
         if any(found.values()):
             out[row] = text
             changed.append(row)

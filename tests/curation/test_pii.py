@@ -182,3 +182,18 @@ def test_the_yaml_decides_pii_and_the_identity_says_so(tmp_path):
     assert _filtered_identity(tmp_path, format="jsonl", pii={"public_ips_only": False}) != scrubbed
     assert _filtered_identity(tmp_path, format="warc")["pii"] == scrubbed["pii"]
     assert "pii" not in _filtered_identity(tmp_path, format="warc", pii=False)
+
+
+@pytest.mark.parametrize("cfg", [PiiConfig(), PiiConfig(public_ips_only=False), PiiConfig(emails=False),
+                                 PiiConfig(ip_addresses=False)])
+def test_the_polars_pass_never_skips_a_text_that_holds_an_address(cfg):
+    """Only the rows the polars pass picks are searched in Python, and only for the kinds it saw:
+    the result must be what searching every text for everything gives."""
+    texts = [template.format(*planted) for template, planted, _ in _cases()] + NOT_PII
+    texts += [t.upper() for t in texts] + [f"x{t}y" for t in texts]
+    out, _, counts = scrub_frame(pl.DataFrame({"text": texts}), None, cfg)
+    each = [scrub_text(t, cfg) for t in texts]
+    assert out["text"].to_list() == [text for text, _ in each]
+    assert counts == {**{kind: sum(c[kind] for _, c in each) for kind in ("emails", "ipv4", "ipv6")},
+                      "documents": sum(text != t for (text, _), t in zip(each, texts))}
+    assert counts["documents"] > 0 or not cfg.emails and not cfg.ip_addresses
