@@ -140,9 +140,11 @@ class _Scrubber:
 
     def ipv6(self, match: re.Match) -> str:
         found = match.group()
-        # A candidate may end in a colon that is punctuation ("at 2001:4860::8888: the resolver").
-        for text, tail in ((found, ""), (found[:-1], ":")) if found.endswith(":") and not found.endswith("::") \
-                else ((found, ""),):
+        readings = [(found, "")]
+        if found.endswith(":") and not found.endswith("::"):
+            # The last colon may be punctuation ("at 2001:4860::8888: the resolver").
+            readings.append((found[:-1], ":"))
+        for text, tail in readings:
             try:
                 address = ipaddress.IPv6Address(text)
             except ValueError:

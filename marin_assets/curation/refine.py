@@ -304,7 +304,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             task = FilterTask(source.filters, dedup_cfg.minhash, quality,
                               load_model_bytes(artifacts, optional["classifier"]) if uses_model else None,
                               load_model_bytes(artifacts, optional["language_model"]) if language_model else None,
-                              pii, blocklist_bytes(source.url_blocklist, blocklist) if blocklist else None)
+                              pii, None if blocklist is None else blocklist_bytes(source.url_blocklist, blocklist))
             # One piece by default; row ranges of about MARIN_RAY_CHUNK_MB on Ray when chosen. Same bytes either way.
             ranges = data_parallel.ranges(docs["text"].str.len_bytes().to_numpy())
             chunks = [docs.slice(start, end - start) for start, end in ranges]
