@@ -315,8 +315,9 @@ def pii_throughput(chunks: pl.DataFrame, repeats: int) -> list[dict]:
                "per_document_mb_per_s_per_core": round(megabytes / base_s, 1), "speedup": round(base_s / ours_s, 2),
                "same_output": out["text"].to_list() == base, "replaced": counts}
         print(f"PII removal, 2 KB chunks {label:<12} {row['documents']:>6} docs {row['megabytes']:>6.2f} MB | ours "
-              f"{row['ours_mb_per_s_per_core']:>7.1f} MB/s | per-document regex {row['per_document_mb_per_s_per_core']:>6.1f}"
-              f" MB/s | x{row['speedup']:<5} | same output {row['same_output']} | replaced {counts}")
+              f"{row['ours_mb_per_s_per_core']:>7.1f} MB/s | per-document regex "
+              f"{row['per_document_mb_per_s_per_core']:>6.1f} MB/s | x{row['speedup']:<5} | "
+              f"same output {row['same_output']} | replaced {counts}")
         rows.append(row)
     return rows
 

@@ -29,7 +29,7 @@ from marin_assets.curation.model_assets import (CLASSIFIER_KEY, LANGUAGE_MODEL_K
 from marin_assets.curation.paragraphs import remove_duplicate_paragraphs
 from marin_assets.curation.sketch import QuantileSketch
 from marin_assets.curation.sources import CurationConfig, SourceConfig, pii_of
-from marin_assets.curation.url_filter import UrlBlocklist, UrlBlocklistError, read_blocklist_bytes, read_url_blocklist
+from marin_assets.curation.url_filter import blocklist_bytes, read_url_blocklist
 from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
                                        marin_asset, marin_check, materialize_artifact)
@@ -156,17 +156,6 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
                                     build=build, resume=True)
 
     return dedup_index
-
-
-def blocklist_bytes(path: str, identified: UrlBlocklist) -> bytes:
-    """The block list file's bytes for a build, refused if they are not those its identity was taken
-    from (the file changed after the code location loaded): the build fails and commits nothing."""
-    data = read_blocklist_bytes(path)
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != identified.sha256:
-        raise UrlBlocklistError(f"block list {path} changed since the code location loaded it (sha256 "
-                                f"{identified.sha256} then, {digest} now); reload the code location and build again")
-    return data
 
 
 def read_parquet(store: ArtifactStore, uri: str) -> pl.DataFrame:

@@ -142,6 +142,17 @@ def read_blocklist_bytes(path: str) -> bytes:
         raise UrlBlocklistError(f"block list {path}: cannot read it: {exc.strerror or exc}") from None
 
 
+def blocklist_bytes(path: str, identified: UrlBlocklist) -> bytes:
+    """The block list file's bytes for a build, refused if they are not those its identity was taken
+    from (the file changed after the code location loaded): the build fails and commits nothing."""
+    data = read_blocklist_bytes(path)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != identified.sha256:
+        raise UrlBlocklistError(f"block list {path} changed since the code location loaded it (sha256 "
+                                f"{identified.sha256} then, {digest} now); reload the code location and build again")
+    return data
+
+
 @lru_cache(maxsize=16)
 def _parsed(path: str, stamp: tuple[int, ...]) -> UrlBlocklist:
     return parse_url_blocklist(read_blocklist_bytes(path), path)

@@ -269,7 +269,8 @@ def test_a_block_list_drops_the_listed_pages_of_a_crawl_with_their_reason(crawl,
 PLANTED_PAGE = (b"<html><head><title>Contact</title></head><body><main>"
                 + b"".join(b"<p>%s</p>" % p.encode() for p in NORMAL_TEXT.split("\n\n"))
                 + b"<p>Write to jane.doe@example.net or to the office at Office@Example.com, or reach the server "
-                  b"at 93.184.216.34 and 2606:4700:4700::1111 (the printer is at 192.168.1.20).</p></main></body></html>")
+                  b"at 93.184.216.34 and 2606:4700:4700::1111 (the printer is at 192.168.1.20).</p>"
+                  b"</main></body></html>")
 
 
 @pytest.mark.slow  # materializes raw, documents and filtered of a WARC source in this process
