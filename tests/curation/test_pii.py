@@ -4,6 +4,7 @@ it is part of filtered/'s identity."""
 
 from __future__ import annotations
 
+import random
 import re
 
 import dagster as dg
@@ -14,8 +15,9 @@ from marin_assets.catalog import Catalog
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.filters import FilterConfig
 from marin_assets.curation.minhash import MinHashConfig
+from marin_assets.curation import pii
 from marin_assets.curation.pii import (EMAIL_PLACEHOLDERS, IPV4_PLACEHOLDERS, IPV6_PLACEHOLDERS, PiiConfig,
-                                       scrub_frame, scrub_text)
+                                       scrub_frame, scrub_text, sub_in_runs)
 from marin_assets.curation.refine import build_refinement_assets
 from marin_assets.curation.sources import SourceConfigError, parse_curation_config, pii_of
 
@@ -197,3 +199,38 @@ def test_the_polars_pass_never_skips_a_text_that_holds_an_address(cfg):
     assert counts == {**{kind: sum(c[kind] for _, c in each) for kind in ("emails", "ipv4", "ipv6")},
                       "documents": sum(text != t for (text, _), t in zip(each, texts))}
     assert counts["documents"] > 0 or not cfg.emails and not cfg.ip_addresses
+
+
+def test_searching_only_the_runs_around_anchors_finds_what_the_patterns_find():
+    """`sub_in_runs` searches the runs around what every match holds instead of the whole text: on random
+    strings of the characters that matter (and whole addresses), the same result as `pattern.sub`."""
+    rnd = random.Random(0)
+    alphabet = [*"ab.Z9_-+@: \n[]1.2é/'(),f0", "x@y.z", "1.2.3.4", "8.8.8.8", "[IPv6:2001:db8::1]", "2001:db8::",
+                "::ffff:", "IPv6:", "host:", "ü", "@@", "255.", "10."]
+    found = 0
+    for _ in range(20_000):
+        text = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 30)))
+        for pattern, core, in_run in (pii.EMAIL_SEARCH, pii.IPV6_SEARCH, pii.IPV4_SEARCH):
+            expected = pattern.sub(lambda m: f"<{m.group()}>", text)
+            assert sub_in_runs(text, pattern, lambda m: f"<{m.group()}>", core, in_run) == expected
+            found += expected != text
+    assert found > 1000  # the strings do hold addresses of each kind
+
+
+@pytest.mark.parametrize("address, public", [
+    ("9.255.255.255", True), ("10.0.0.0", False), ("10.255.255.255", False), ("11.0.0.0", True),
+    ("100.63.255.255", True), ("100.64.0.0", False), ("100.127.255.255", False), ("100.128.0.0", True),
+    ("172.15.255.255", True), ("172.16.0.0", False), ("172.31.255.255", False), ("172.32.0.0", True),
+    ("192.167.255.255", True), ("192.168.0.0", False), ("198.17.255.255", True), ("198.19.255.255", False),
+    ("223.255.255.255", True), ("224.0.0.0", False), ("255.255.255.255", False),
+    ("1fff:ffff::1", False), ("2000::1", True), ("2001:1ff:ffff::1", False), ("2001:200::1", True),
+    ("2001:db7:ffff::1", True), ("2001:db8::1", False), ("2002::1", False), ("2003::1", True),
+    ("3ffe::1", True), ("3fff::1", False), ("4000::1", False), ("fe80::1", False), ("::ffff:10.1.2.3", False),
+    ("::ffff:11.1.2.3", True), ("64:ff9b::192.168.0.1", False), ("64:ff9b::8.8.8.8", True),
+])
+def test_public_means_outside_the_special_purpose_ranges(address, public):
+    import ipaddress
+
+    parsed = ipaddress.ip_address(address)
+    check = pii.is_public_ipv4 if parsed.version == 4 else pii.is_public_ipv6
+    assert check(int(parsed)) is public
