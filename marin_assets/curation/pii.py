@@ -20,8 +20,9 @@ personal and stay. Departures, each for a reason given in docs/curation.md ("PII
 
 Vectorised where it pays: one polars pass over the whole column finds the documents that could
 hold an address of each kind (an ``@`` between two non-space characters, four dotted numbers, a
-hex group between colons); only those are searched in Python, and only for those kinds. Text with
-no address is returned as the same string, byte for byte.
+hex group between colons); only those are searched in Python, only for those kinds, and only in the
+runs of address characters around what each kind must hold (:func:`sub_in_runs`). Text with no
+address is returned as the same string, byte for byte.
 """
 
 from __future__ import annotations
