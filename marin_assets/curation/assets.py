@@ -8,7 +8,6 @@ discovery in `sources.py`; this module only moves bytes through the store.
 
 import json
 import time
-from dataclasses import asdict
 
 import dagster as dg
 
@@ -18,7 +17,8 @@ from marin_assets.curation.readers import read_shard, with_original_source_ids
 from marin_assets.curation.model_assets import build_model_assets
 from marin_assets.curation.refine import build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
-from marin_assets.curation.sources import FileRef, Shard, SourceConfig, copy_listed_file, discover_shards
+from marin_assets.curation.sources import (FileRef, Shard, SourceConfig, copy_listed_file, discover_shards,
+                                           reading_identity)
 from marin_assets.deployment import Deployment
 from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
@@ -92,7 +92,7 @@ def build_source_observation(source: SourceConfig, partitions: dg.DynamicPartiti
 def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
     partitions = shards_partitions(source)
     name = source.name
-    source_identity = {k: v for k, v in asdict(source).items() if k not in ("filters", "dedup")}
+    source_identity = reading_identity(source)
     catalog.add_discoverer(partitions.name, lambda: [s.key for s in current_shards(source)])
     catalog.add_identity(f"raw/{name}", lambda partition: {"source": source_identity, "shard": partition})
     catalog.add_external(f"raw/{name}",

@@ -1,6 +1,6 @@
-"""The `filtered/<source>` step as pure functions: heuristic rules, the optional quality score
-and MinHash signatures over a frame of documents, one chunk at a time, and the merge of the
-chunks into the shard's outputs.
+"""The `filtered/<source>` step as pure functions: the URL block list and heuristic rules, PII
+removal, the optional quality score and MinHash signatures over a frame of documents, one chunk at
+a time, and the merge of the chunks into the shard's outputs.
 
 A shard filtered in one piece or as row ranges on Ray (`marin_resources.data_parallel`) gives
 the same frames row for row, so the same Parquet bytes and data version: every decision is
@@ -18,7 +18,9 @@ from marin_assets.curation import kernels
 from marin_assets.curation.fasttext_models import FastTextClassifier
 from marin_assets.curation.filters import FilterConfig, apply_filters
 from marin_assets.curation.minhash import MinHashConfig, SignatureTable, compute_signatures
+from marin_assets.curation.pii import PiiConfig, scrub_frame
 from marin_assets.curation.quality import QualityConfig, QualityScorer
+from marin_assets.curation.url_filter import blocklist_from_bytes, document_urls
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class FilterTask:
     quality: QualityConfig | None = None
     quality_model: bytes | None = None  # the fastText classifier's bytes (None: compression, or no quality)
     language_model: bytes | None = None  # an adopted fastText language-ID model (None: langid)
+    pii: PiiConfig | None = None  # what PII removal replaces (None: no pass)
+    url_blocklist: bytes | None = None  # the block list file's bytes (None: no URL filter)
 
     def identifier(self):
         if self.language_model is None:
@@ -52,6 +56,7 @@ class FilteredChunk:
     counts: dict[str, int]
     hashvalues: np.ndarray  # MinHash signatures of `kept`, row-aligned
     kernel: str  # kernels.COMPILED or NUMPY: what the process that filtered it had
+    pii: dict[str, int]  # kind -> addresses replaced in `kept`, and "documents" changed
 
 
 @dataclass
@@ -61,20 +66,28 @@ class FilteredShard:
     counts: dict[str, int]  # rule -> documents it dropped
     signatures: SignatureTable
     kernel: str  # kernels.COMPILED where every chunk ran the compiled kernels, else NUMPY
+    pii: dict[str, int]  # kind -> addresses replaced, and "documents" changed (empty without the pass)
 
 
 def filter_chunk(docs: pl.DataFrame, task: FilterTask) -> FilteredChunk:
-    """Rules (with language id), then the quality score of what they kept, then its signatures.
-    The keep threshold is corpus-wide, so it is applied later, in `deduplicated/`."""
-    result = apply_filters(docs, task.filters, task.identifier())
+    """The block list and the rules (with language id), then PII removal from what they kept, then
+    its quality score and signatures, so both see the text that is stored. The keep threshold is
+    corpus-wide, so it is applied later, in `deduplicated/`."""
+    blocked = None
+    if task.url_blocklist is not None:
+        blocked = blocklist_from_bytes(task.url_blocklist).blocked_rows(document_urls(docs))
+    result = apply_filters(docs, task.filters, task.identifier(), blocked)
     kept = result.kept
     texts = kept["text"].to_list() if result.kept_texts is None else result.kept_texts
+    pii: dict[str, int] = {}
+    if task.pii is not None:
+        kept, texts, pii = scrub_frame(kept, texts, task.pii)
     if task.quality is not None:
         scorer = QualityScorer(task.quality, task.quality_model)
         scores = scorer.score(texts) if kept.height else np.zeros(0)
         kept = kept.with_columns(pl.Series("quality_score", scores, dtype=pl.Float64))
     return FilteredChunk(kept, result.dropped, dict(result.per_rule_drop_counts),
-                         compute_signatures(kept, task.minhash, texts).hashvalues, kernels.implementation())
+                         compute_signatures(kept, task.minhash, texts).hashvalues, kernels.implementation(), pii)
 
 
 def merge_chunks(chunks: list[FilteredChunk], task: FilterTask) -> FilteredShard:
@@ -82,10 +95,13 @@ def merge_chunks(chunks: list[FilteredChunk], task: FilterTask) -> FilteredShard
     kept = pl.concat([c.kept for c in chunks], how="vertical").rechunk()
     dropped = pl.concat([c.dropped for c in chunks], how="vertical").rechunk()
     counts: dict[str, int] = {}
+    pii: dict[str, int] = {}
     for chunk in chunks:
         for rule, n in chunk.counts.items():
             counts[rule] = counts.get(rule, 0) + n
+        for kind, n in chunk.pii.items():
+            pii[kind] = pii.get(kind, 0) + n
     hashvalues = np.concatenate([c.hashvalues for c in chunks]).astype(np.uint32, copy=False)
     signatures = SignatureTable(ids=kept["id"].to_numpy().astype(object), hashvalues=hashvalues, config=task.minhash)
     kernel = kernels.COMPILED if all(c.kernel == kernels.COMPILED for c in chunks) else kernels.NUMPY
-    return FilteredShard(kept, dropped, counts, signatures, kernel)
+    return FilteredShard(kept, dropped, counts, signatures, kernel, pii)

@@ -22,6 +22,7 @@ import polars as pl
 from scipy import sparse
 
 from marin_assets.curation.kernels import kernel
+from marin_assets.curation.url_filter import URL_BLOCKED
 from marin_resources.typed_config import typed_config
 
 # Gopher's stop-word rule: a real English document uses a few of these.
@@ -741,7 +742,8 @@ def _rule_failures(stats: pl.DataFrame, cfg: FilterConfig) -> pl.DataFrame:
     return stats.select(exprs)
 
 
-def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentifier | None = None) -> FilterResult:
+def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentifier | None = None,
+                  blocked: pl.Series | None = None) -> FilterResult:
     """Split ``df`` (needs a ``text`` column) into kept and dropped documents.
 
     When language filtering is on, every document gets ``lang``/``lang_score``
@@ -749,8 +751,12 @@ def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentif
     so a French page should be reported as "wrong language", not "too few
     stop words". Sources that keep several languages should switch
     ``min_stop_words`` off. ``identify`` replaces langid.py (e.g. an adopted fastText lid.176).
+    ``blocked`` (per row: the document's URL is on the source's block list) adds the rule
+    ``url_blocked``, before all others: a blocked site is dropped whatever its text.
     """
     rules = enabled_rules(cfg)
+    if blocked is not None:
+        rules = [URL_BLOCKED, *rules]
     counts = {rule: 0 for rule in rules}
     texts = df["text"].to_list() if df["text"].null_count() == 0 else None
     if cfg.languages:
@@ -762,10 +768,12 @@ def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentif
         return FilterResult(df, dropped, counts, texts)
 
     columns: list[pl.Series] = []
+    if blocked is not None:
+        columns.append(blocked.alias(URL_BLOCKED))
     if cfg.languages:
         wrong_language = ~df["lang"].is_in(list(cfg.languages)) | (df["lang_score"] < cfg.min_language_score)
         columns.append(wrong_language.alias("language"))
-    if any(r != "language" for r in rules):
+    if any(r not in ("language", URL_BLOCKED) for r in rules):
         columns.extend(_rule_failures(text_stats(df, texts), cfg).get_columns())
     failures = pl.DataFrame(columns)
     marked = df.with_columns(

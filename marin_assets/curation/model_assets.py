@@ -46,8 +46,14 @@ def classifier_identity(config: CurationConfig) -> dict[str, Any]:
     training = {k: v for k, v in asdict(quality).items()
                 if k not in _SCORING_FIELDS + ("model_uri", "model_sha256", "classifier")}
     return {"training": training,
-            "positives": [asdict(s) for s in config.quality_positive_sources],
-            "negatives": [asdict(s) for s in config.quality_negative_sources]}
+            "positives": [_training_source_identity(s) for s in config.quality_positive_sources],
+            "negatives": [_training_source_identity(s) for s in config.quality_negative_sources]}
+
+
+def _training_source_identity(source: SourceConfig) -> dict[str, Any]:
+    """A training source's fields, less PII removal and the URL block list: the classifier reads its
+    texts straight from the pin, through neither."""
+    return {k: v for k, v in asdict(source).items() if k not in ("pii", "url_blocklist")}
 
 
 def pinned_source_texts(source: SourceConfig) -> list[str]:

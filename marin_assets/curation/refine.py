@@ -28,7 +28,8 @@ from marin_assets.curation.model_assets import (CLASSIFIER_KEY, LANGUAGE_MODEL_K
                                                 load_model_bytes, read_threshold, score_sketch)
 from marin_assets.curation.paragraphs import remove_duplicate_paragraphs
 from marin_assets.curation.sketch import QuantileSketch
-from marin_assets.curation.sources import CurationConfig, SourceConfig
+from marin_assets.curation.sources import CurationConfig, SourceConfig, pii_of
+from marin_assets.curation.url_filter import blocklist_bytes, read_url_blocklist
 from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
                                        marin_asset, marin_check, materialize_artifact)
@@ -246,11 +247,16 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     quality = config.quality if name in config.quality_sources else None
     uses_model = quality is not None and quality.classifier == "fasttext"
     language_model = config.language_id is not None and bool(source.filters.languages)
+    pii = pii_of(source)
+    blocklist = read_url_blocklist(source.url_blocklist) if source.url_blocklist is not None else None
     filtered_identity = {"filters": asdict(source.filters), "minhash": asdict(dedup_cfg.minhash),
                          "quality_classifier": quality.classifier if quality else None,
                          "score_max_chars": quality.score_max_chars if uses_model else None,
                          "sketch_relative_accuracy": quality.sketch_relative_accuracy if quality else None,
-                         "language_model": language_model}
+                         "language_model": language_model,
+                         # Present only when used, so a source without them keeps its artifacts.
+                         **({"pii": asdict(pii)} if pii is not None else {}),
+                         **({"url_blocklist_sha256": blocklist.sha256} if blocklist is not None else {})}
     exact_paragraphs = exact_paragraphs_of(source)
     dedup_identity = {"dedup": asdict(dedup_cfg), "group": group, "exact_paragraphs": exact_paragraphs,
                       "quality_threshold": quality is not None}
@@ -267,8 +273,12 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                  identity=filtered_identity, tags={"marin/source": name},
                  group_name="curation", kinds={"parquet", "polars"},
                  automation_condition=FOLLOWS_NEW_DATA,
-                 description=f"Documents of `{name}` that pass language id and the Gopher/C4 heuristics, with their "
-                             "attributes (`lang`, `lang_score`"
+                 description=f"Documents of `{name}` that pass "
+                             + ("the URL block list, " if blocklist is not None else "")
+                             + "language id and the Gopher/C4 heuristics"
+                             + (", with e-mail and public IP addresses replaced by placeholders (counts in "
+                                "`pii/*`)" if pii is not None else "")
+                             + ", with their attributes (`lang`, `lang_score`"
                              + (f", `quality_score` from the {quality.classifier} classifier, sketched in "
                                 f"`{SKETCH_FILE}` for the corpus-wide threshold" if quality else "")
                              + "). Dropped documents are kept in `dropped.parquet` with their reason; MinHash "
@@ -282,7 +292,8 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             docs = read_parquet(artifacts, f"{documents.uri}/documents.parquet")
             task = FilterTask(source.filters, dedup_cfg.minhash, quality,
                               load_model_bytes(artifacts, optional["classifier"]) if uses_model else None,
-                              load_model_bytes(artifacts, optional["language_model"]) if language_model else None)
+                              load_model_bytes(artifacts, optional["language_model"]) if language_model else None,
+                              pii, None if blocklist is None else blocklist_bytes(source.url_blocklist, blocklist))
             # One piece by default; row ranges of about MARIN_RAY_CHUNK_MB on Ray when chosen. Same bytes either way.
             ranges = data_parallel.ranges(docs["text"].str.len_bytes().to_numpy())
             chunks = [docs.slice(start, end - start) for start, end in ranges]
@@ -306,7 +317,8 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             metrics |= {"input_documents": total, "documents": kept.height, "dropped": dropped.height,
                         "drop_fraction": round(dropped.height / total, 6) if total else 0.0,
                         "kernel": result.kernel,  # compiled or numpy: same bytes, so not in the data version
-                        **{f"dropped/{rule}": n for rule, n in sorted(result.counts.items())}}
+                        **{f"dropped/{rule}": n for rule, n in sorted(result.counts.items())},
+                        **{f"pii/{kind}": n for kind, n in sorted(result.pii.items())}}
             return Built(metrics=metrics, metadata={"dagster/row_count": kept.height, "chunks": len(ranges)})
 
         upstream = [documents] + [optional[k] for k in ("classifier", "language_model") if k in optional]

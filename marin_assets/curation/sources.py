@@ -49,6 +49,8 @@ from typing import Any, BinaryIO, ContextManager
 import yaml
 
 from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
+from marin_assets.curation.pii import PiiConfig
+from marin_assets.curation.url_filter import UrlBlocklistError, read_url_blocklist
 from marin_assets.curation.quality import QualityConfig
 from marin_resources.identity import validate_partition_key
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
@@ -125,6 +127,33 @@ class SourceConfig:
     filters: FilterConfig = field(default_factory=FilterConfig)
     # Passed through unvalidated to the deduplication stage, which owns its schema.
     dedup: Mapping[str, Any] = field(default_factory=dict)
+    # PII removal in filtered/: true, false, or a PiiConfig mapping; None: on for web formats (see pii_of).
+    pii: bool | PiiConfig | None = None
+    # A local file of blocked hosts and URLs (url_filter.py); documents whose `url` it lists are dropped.
+    url_blocklist: str | None = None
+
+
+# Fields that configure the later stages (filtered/, deduplicated/), not what is read: they stay out
+# of the identity of raw/ and documents/.
+LATER_STAGE_FIELDS = ("filters", "dedup", "pii", "url_blocklist")
+WEB_FORMATS = ("html", "warc")
+
+
+def reading_identity(source: SourceConfig) -> dict[str, Any]:
+    """The fields of a source that decide what raw/ and documents/ hold."""
+    return {k: v for k, v in dataclasses.asdict(source).items() if k not in LATER_STAGE_FIELDS}
+
+
+def pii_of(source: SourceConfig) -> PiiConfig | None:
+    """What the PII pass replaces in a source's documents, None for no pass: as declared, else
+    the defaults for web sources (format html or warc, or auto with a uri that names such files)
+    and none for the others."""
+    from marin_assets.curation.readers import resolve_format
+
+    if isinstance(source.pii, PiiConfig):
+        return source.pii
+    on = resolve_format(source.format, source.uri) in WEB_FORMATS if source.pii is None else source.pii
+    return PiiConfig() if on else None
 
 
 @dataclass(frozen=True)
@@ -245,7 +274,12 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
     dedup = raw.get("dedup") or {}
     if not isinstance(dedup, Mapping):
         raise SourceConfigError(f"{where}.dedup: expected a mapping, got {dedup!r}")
-    scalar = {k: v for k, v in raw.items() if k not in ("filters", "dedup")}
+    pii = raw.get("pii")
+    if pii is not None and not isinstance(pii, bool):
+        if not isinstance(pii, Mapping):
+            raise SourceConfigError(f"{where}.pii: expected true, false or a mapping, got {pii!r}")
+        pii = _decode(PiiConfig, pii, f"{where}.pii")
+    scalar = {k: v for k, v in raw.items() if k not in ("filters", "dedup", "pii")}
     cfg = _decode(SourceConfig, scalar, where)
     if "files_per_shard" in raw and "bytes_per_shard" in raw:
         raise SourceConfigError(f"{where}: set files_per_shard or bytes_per_shard, not both")
@@ -265,7 +299,17 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
         uri = _resolve_uri(uri, base_dir)
     else:
         uri = _with_absolute_pins(uri, base_dir, where)
-    return dataclasses.replace(cfg, uri=uri, filters=filters, dedup=dict(dedup))
+    blocklist = cfg.url_blocklist
+    if blocklist is not None:
+        if "://" in blocklist:
+            raise SourceConfigError(f"{where}.url_blocklist: a local file path, got {blocklist!r} (nothing is "
+                                    "downloaded)")
+        blocklist = _resolve_uri(blocklist, base_dir)
+        try:
+            read_url_blocklist(blocklist)
+        except UrlBlocklistError as exc:
+            raise SourceConfigError(f"{where}.url_blocklist: {exc}") from None
+    return dataclasses.replace(cfg, uri=uri, filters=filters, dedup=dict(dedup), pii=pii, url_blocklist=blocklist)
 
 
 def parse_curation_config(data: Any, base_dir: str | Path, origin: str = "<memory>") -> CurationConfig:

@@ -18,15 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lxml.html
+import polars as pl
 import pytest
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
+from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
+from marin_assets.curation.filters import RULE_ORDER, FilterConfig
+from marin_assets.curation.minhash import MinHashConfig
+from marin_assets.curation.pii import PiiConfig, scrub_text
 from marin_assets.curation.readers import read_shard
 from marin_assets.curation.sources import discover_shards
+from marin_assets.curation.url_filter import URL_BLOCKED
 from marin_assets.curation.web import page_regions, reference_pages
 
-from .conftest import make_source
+from .conftest import NORMAL_TEXT, make_source
 
 N_PAGES = 5
 _SPACE_RE = re.compile(r"\s+")
@@ -237,3 +243,85 @@ def test_a_response_without_an_http_head_costs_that_record_only(pages, tmp_path)
     assert result.documents.height == 2  # the page before and the page after
     broken = result.quarantine.filter(result.quarantine["reason"] == "record_error")
     assert broken["raw"].to_list() == [body] and "status line" in broken["detail"][0]
+
+
+def _page_url(page: Page) -> str:
+    return f"https://docs.example.org/{page.path.name}"
+
+
+def test_a_block_list_drops_the_listed_pages_of_a_crawl_with_their_reason(crawl, pages):
+    docs = _read(crawl.path).documents
+    no_rules = FilterConfig(languages=(), **{rule: None for rule in RULE_ORDER if rule != "language"})
+    # One page by its exact URL as a crawler wrote it, one in another spelling of the same URL.
+    listed = (f"# two pages of the crawl\n{_page_url(pages[0])}\n"
+              f"HTTPS://Docs.Example.ORG:443/{pages[3].path.name}#section   # the same URL, spelt otherwise\n")
+    task = FilterTask(no_rules, MinHashConfig(), url_blocklist=listed.encode())
+    result = merge_chunks([filter_chunk(docs, task)], task)
+    urls = [json.loads(m)["url"] for m in result.dropped["metadata"]]
+    assert urls == [_page_url(pages[0]), _page_url(pages[3])]
+    assert result.dropped["reason"].to_list() == [URL_BLOCKED] * 2 and result.counts == {URL_BLOCKED: 2}
+    assert result.kept.height == len(pages) - 2
+    # The host blocks every page of the site.
+    host = FilterTask(no_rules, MinHashConfig(), url_blocklist=b"example.org\n")
+    assert merge_chunks([filter_chunk(docs, host)], host).counts == {URL_BLOCKED: len(pages)}
+
+
+PLANTED_PAGE = (b"<html><head><title>Contact</title></head><body><main>"
+                + b"".join(b"<p>%s</p>" % p.encode() for p in NORMAL_TEXT.split("\n\n"))
+                + b"<p>Write to jane.doe@example.net or to the office at Office@Example.com, or reach the server "
+                  b"at 93.184.216.34 and 2606:4700:4700::1111 (the printer is at 192.168.1.20).</p>"
+                  b"</main></body></html>")
+
+
+@pytest.mark.slow  # materializes raw, documents and filtered of a WARC source in this process
+def test_a_warc_source_builds_filtered_without_its_blocked_pages_and_its_pii(pages, tmp_path):
+    import dagster as dg
+
+    from marin_assets.curation.assets import build_curation_stage
+    from marin_assets.deployment import Deployment
+    from marin_resources.environments import MarinSettings, build_resources
+    from marin_resources.keys import asset_key
+
+    (tmp_path / "crawl").mkdir()
+    crawl = write_crawl(tmp_path / "crawl" / "crawl.warc.gz", pages, gzipped=True)
+    with open(crawl.path, "ab") as f:
+        writer = WARCWriter(f, gzip=True)
+        writer.write_record(_response(writer, "https://contact.example.com/", PLANTED_PAGE, "text/html"))
+    (tmp_path / "block.txt").write_text(f"{_page_url(pages[2])}\n")
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("sources:\n  - name: web\n    uri: crawl/*.warc.gz\n    url_blocklist: block.txt\n"
+                       "    filters: {languages: [], min_words: 20}\n")
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
+    stage, catalog = build_curation_stage(settings, Deployment.load(settings))
+    identity = catalog.identities["filtered/web"](None)
+    assert identity["pii"] == {"emails": True, "ip_addresses": True, "public_ips_only": True}  # on for WARC
+    assert len(identity["url_blocklist_sha256"]) == 64
+    defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
+    (partition,) = catalog.discoverers["web_shards"]()
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("web_shards", [partition])
+        result = dg.materialize(list(defs.assets), partition_key=partition, instance=instance,
+                                resources=defs.resources,
+                                selection=[asset_key(f"{stage}/web") for stage in ("raw", "documents", "filtered")])
+        assert result.success
+    (manifest_path,) = (tmp_path / "store" / "filtered" / "web").glob("v*/*/.artifact.json")
+    metrics = json.loads(manifest_path.read_text())["metrics"]
+    assert metrics["dropped/url_blocked"] == 1
+    kept = pl.read_parquet(manifest_path.parent / "documents.parquet")
+    # The shard's counts are the sums over its kept documents as read (the real pages hold a few too),
+    # and each stored text is its scrubbed original.
+    (read_path,) = (tmp_path / "store" / "documents" / "web").glob("v*/*/documents.parquet")
+    originals = dict(pl.read_parquet(read_path).select("id", "text").iter_rows())
+    expected = {"emails": 0, "ipv4": 0, "ipv6": 0, "documents": 0}
+    for doc_id, text in kept.select("id", "text").iter_rows():
+        scrubbed, counts = scrub_text(originals[doc_id], PiiConfig())
+        assert scrubbed == text
+        expected = {kind: n + counts.get(kind, int(scrubbed != originals[doc_id])) for kind, n in expected.items()}
+    assert {kind: metrics[f"pii/{kind}"] for kind in expected} == expected
+    assert expected["emails"] >= 2 and expected["ipv4"] >= 1 and expected["ipv6"] >= 1
+    dropped = pl.read_parquet(manifest_path.parent / "dropped.parquet")
+    assert [json.loads(m)["url"] for m in dropped.filter(pl.col("reason") == URL_BLOCKED)["metadata"]] == \
+        [_page_url(pages[2])]
+    contact = kept.filter(pl.col("metadata").str.contains("contact.example.com"))["text"][0]
+    assert ("Write to email@example.com or to the office at firstname.lastname@example.org, or reach the server at "
+            "22.214.171.124 and 2001:db8::1f (the printer is at 192.168.1.20).") in contact

@@ -139,3 +139,16 @@ def test_a_source_that_matches_no_file_is_one_line_and_builds_nothing(env, tmp_p
                     "(discovery found none for letters_shards; does the source's uri match any file?)"), line
     assert not list((tmp_path / "store").rglob(".artifact.json"))
 
+
+
+@pytest.mark.slow  # a `marin` process loading the code location
+@pytest.mark.parametrize("content, problem", [(None, "cannot read it: No such file or directory"),
+                                              (b"spam.example ham.example\n", "line 1: one entry per line")])
+def test_a_missing_or_damaged_url_block_list_is_one_line_and_builds_nothing(env, tmp_path, content, problem):
+    if content is not None:
+        (tmp_path / "block.txt").write_bytes(content)
+    path = sources(tmp_path, "url_blocklist: block.txt")
+    line = refused(marin(env, "materialize", "filtered/letters"))
+    assert line.startswith(f"marin: {path}: source 'letters'.url_blocklist: block list {tmp_path}/block.txt") \
+        and problem in line, line
+    assert not list((tmp_path / "store").rglob(".artifact.json"))
