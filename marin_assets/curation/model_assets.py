@@ -22,8 +22,8 @@ from marin_assets.curation.quality import QualityConfig, train_quality_model
 from marin_assets.curation.readers import read_shard
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
 from marin_assets.curation.sources import CurationConfig, SourceConfig, discover_shards
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset,
-                                       materialize_artifact)
+from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, input_refused,
+                                       marin_asset, materialize_artifact)
 from marin_resources.store import ArtifactStore
 
 CLASSIFIER_KEY = "quality_classifier"
@@ -81,7 +81,7 @@ def _adopted(uri: str, sha256: str, what: str, required_labels: list[str]) -> by
         data = fetch_model(uri, sha256, what)
         FastTextClassifier(data, f"{what} {uri}", required_labels)  # loads: labels and fastText agree
     except ModelFileError as exc:
-        raise dg.Failure(str(exc)) from None
+        raise input_refused(str(exc)) from None  # one line, exit 2 from the CLI, nothing committed
     return data
 
 
@@ -131,7 +131,8 @@ def build_model_assets(config: CurationConfig, catalog: Catalog) -> list:
         @marin_asset(key=LANGUAGE_MODEL_KEY, version=LANGUAGE_MODEL_VERSION, identity=lang_identity,
                      group_name="curation", kinds={"fasttext"},
                      description=f"fastText language-ID model adopted from `{language.model_uri}` (sha256 "
-                                 f"{language.model_sha256[:12]}...); replaces langid.py in every filtered source.")
+                                 f"{language.model_sha256[:12]}...); identifies the languages of every source whose "
+                                 "`language_identifier` is `fasttext`, in place of the pinned lid.176.")
         def language_model(context: dg.AssetExecutionContext, store: MarinStore):
             def build(writer) -> Built:
                 model = _adopted(language.model_uri, language.model_sha256, "language model", [])

@@ -22,6 +22,7 @@ from marin_assets.curation.dedup import (DOCUMENT_ROW_GROUP, DedupConfig, IndexD
                                          decision_path, decisions_digest, duplicates_table, parquet_bytes,
                                          read_parquet_rows, read_registry, update_index)
 from marin_assets.curation.filter_report import MOST, filter_report, largest_rule_problem, report_table
+from marin_assets.curation.fasttext_models import LID176, ModelFileError
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.minhash import MinHashConfig, load_signatures, save_signatures
 from marin_assets.curation.model_assets import (CLASSIFIER_KEY, LANGUAGE_MODEL_KEY, SKETCH_FILE, THRESHOLD_KEY,
@@ -32,7 +33,7 @@ from marin_assets.curation.sources import CurationConfig, SourceConfig, pii_of
 from marin_assets.curation.url_filter import blocklist_bytes, read_url_blocklist
 from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
-                                       marin_asset, marin_check, materialize_artifact)
+                                       input_refused, marin_asset, marin_check, materialize_artifact)
 from marin_resources.data_parallel import DataParallel
 from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
@@ -238,6 +239,23 @@ def deduplicate_shard(shard: ShardToDeduplicate, job: DeduplicateJob) -> tuple[d
     return counts, decisions.height, written
 
 
+def language_model_of(source: SourceConfig, config: CurationConfig) -> str | None:
+    """The sha256 of the fastText model that identifies ``source``'s languages: the adopted
+    ``language_id:`` model, else the pinned lid.176; None where langid does, or nothing does."""
+    if not source.filters.languages or source.filters.language_identifier != "fasttext":
+        return None
+    return config.language_id.model_sha256 if config.language_id is not None else LID176.sha256
+
+
+def describe_language_id(source: SourceConfig, config: CurationConfig) -> str:
+    """What identifies ``source``'s languages, for its description."""
+    sha256 = language_model_of(source, config)
+    if sha256 is None:
+        return "langid.py's model" if source.filters.languages else "switched off"
+    model = f"adopted from `{config.language_id.model_uri}`" if config.language_id is not None else LID176.name
+    return f"fastText {model}, sha256 {sha256[:12]}..."
+
+
 def build_refinement_assets(source: SourceConfig, config: CurationConfig, partitions: dg.PartitionsDefinition,
                             documents_key: dg.AssetKey, catalog: Catalog) -> list:
     name = source.name
@@ -246,14 +264,15 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     members = dedup_group_members(source, config)
     quality = config.quality if name in config.quality_sources else None
     uses_model = quality is not None and quality.classifier == "fasttext"
-    language_model = config.language_id is not None and bool(source.filters.languages)
+    language = language_model_of(source, config)
+    language_model = language is not None and config.language_id is not None  # adopted: the language_model asset
     pii = pii_of(source)
     blocklist = read_url_blocklist(source.url_blocklist) if source.url_blocklist is not None else None
     filtered_identity = {"filters": asdict(source.filters), "minhash": asdict(dedup_cfg.minhash),
                          "quality_classifier": quality.classifier if quality else None,
                          "score_max_chars": quality.score_max_chars if uses_model else None,
                          "sketch_relative_accuracy": quality.sketch_relative_accuracy if quality else None,
-                         "language_model": language_model,
+                         "language_model": language,
                          # Present only when used, so a source without them keeps its artifacts.
                          **({"pii": asdict(pii)} if pii is not None else {}),
                          **({"url_blocklist_sha256": blocklist.sha256} if blocklist is not None else {})}
@@ -275,7 +294,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                  automation_condition=FOLLOWS_NEW_DATA,
                  description=f"Documents of `{name}` that pass "
                              + ("the URL block list, " if blocklist is not None else "")
-                             + "language id and the Gopher/C4 heuristics"
+                             + f"language id ({describe_language_id(source, config)}) and the Gopher/C4 heuristics"
                              + (", with e-mail and public IP addresses replaced by placeholders (counts in "
                                 "`pii/*`)" if pii is not None else "")
                              + ", with their attributes (`lang`, `lang_score`"
@@ -290,10 +309,19 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
         def build(writer) -> Built:
             keep_freed_memory()
             docs = read_parquet(artifacts, f"{documents.uri}/documents.parquet")
+            if language_model:
+                language_bytes = load_model_bytes(artifacts, optional["language_model"])
+            elif language is not None:  # the pinned lid.176, read where its package is installed
+                try:
+                    language_bytes = LID176.read()
+                except ModelFileError as exc:
+                    raise input_refused(str(exc)) from None
+            else:
+                language_bytes = None
             task = FilterTask(source.filters, dedup_cfg.minhash, quality,
                               load_model_bytes(artifacts, optional["classifier"]) if uses_model else None,
-                              load_model_bytes(artifacts, optional["language_model"]) if language_model else None,
-                              pii, None if blocklist is None else blocklist_bytes(source.url_blocklist, blocklist))
+                              language_bytes, pii,
+                              None if blocklist is None else blocklist_bytes(source.url_blocklist, blocklist))
             # One piece by default; row ranges of about MARIN_RAY_CHUNK_MB on Ray when chosen. Same bytes either way.
             ranges = data_parallel.ranges(docs["text"].str.len_bytes().to_numpy())
             chunks = [docs.slice(start, end - start) for start, end in ranges]

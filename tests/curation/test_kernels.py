@@ -49,7 +49,7 @@ def test_filtered_records_its_kernel_and_the_numpy_build_has_the_same_data_versi
     data.mkdir()
     (data / "river.txt").write_text(NORMAL_TEXT)
     plan = curation_planner(f"sources:\n  - name: letters\n    uri: {data}/*.txt\n    format: text\n"
-                            "    filters:\n      languages: [en]\n")
+                            "    filters:\n      languages: [en]\n      language_identifier: langid\n")
     plan.discover()
     key = asset_key("filtered/letters")
     (partition,) = plan.partitions_of(key)
@@ -61,7 +61,7 @@ def test_filtered_records_its_kernel_and_the_numpy_build_has_the_same_data_versi
 
     first = build()
     assert first.metrics["kernel"] == kernels.implementation()
-    assert first.metrics["language/en"] == 1  # language id ran (the _langid kernel or its twin)
+    assert first.metrics["language/en"] == 1  # langid ran (the _langid kernel or its twin), as the source chose
     for name in kernels.MODULES:
         monkeypatch.setitem(kernels.MODULES, name, None)
     plan.retract(key, partition, log=lambda m: None)  # as `marin materialize --rebuild` does
