@@ -2,7 +2,7 @@
 
 A source's `<source>_new_shards` sensor (curation/sensors.py, running by default) adds a
 partition and requests `raw/<source>` for each new or changed shard. From there every asset up
-to the training mixture carries `FOLLOWS_NEW_DATA`, which the one `automation` sensor evaluates:
+to the training mixture carries `FOLLOWS_NEW_DATA`, which the `automation` sensor evaluates:
 
     raw[shard] -> documents[shard] -> filtered[shard] -> dedup_index/<group> -> deduplicated
                -> tokenized -> mixture
@@ -25,14 +25,18 @@ a decision (`marin materialize`, the UI).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import dagster as dg
 
+from marin_resources.dagster_private import PARTITION_NAME_TAG, automation_instance, latest_run_matches
+
 AUTOMATION_INTERVAL_S = 30
 # Asset tag: while a run of this asset is queued or in flight, nothing upstream of it is rebuilt.
 PINS_INPUTS_TAG = "marin/pins_inputs"
-# Run tag of every run of a `marin materialize` plan: the plan's targets, comma-separated marin keys.
+# Run tag of every run of a `marin materialize` plan: the plan's targets, as comma-separated Dagster
+# asset key strings (`mixture/letters_mixture`).
 PLAN_TARGETS_TAG = "marin/plan_targets"
 PENDING_RUN_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
                         dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
@@ -55,7 +59,7 @@ def pinned_by_runs(instance: dg.DagsterInstance, graph) -> dict[dg.AssetKey, lis
         readers = [k for k in run.asset_selection or () if graph.has(k) and graph.get(k).tags.get(PINS_INPUTS_TAG)]
         if not readers:
             continue
-        partition = run.tags.get("dagster/partition")
+        partition = run.tags.get(PARTITION_NAME_TAG)
         label = f"{','.join(k.to_user_string() for k in readers)}{f'[{partition}]' if partition else ''} " \
                 f"(run {run.run_id[:8]})"
         for key in upstream_closure(graph, readers):
@@ -70,7 +74,7 @@ class ATrainingReadsIt(dg.AutomationCondition):
     asset: its cost does not grow with the number of partitions."""
 
     def __init__(self) -> None:
-        self._tick = None  # (asset graph view of the tick, pinned_by_runs of that tick)
+        self._tick = None  # ((evaluation id, time) of a tick, pinned_by_runs at that tick)
 
     @property
     def name(self) -> str:
@@ -81,9 +85,9 @@ class ATrainingReadsIt(dg.AutomationCondition):
         return "A queued or running training or eval reads this asset: it waits until that run ends."
 
     def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:
-        view = context.asset_graph_view
-        if self._tick is None or self._tick[0] is not view:
-            self._tick = (view, pinned_by_runs(view.instance, context.asset_graph))
+        tick = (context.evaluation_id, context.evaluation_time)
+        if self._tick is None or self._tick[0] != tick:
+            self._tick = (tick, pinned_by_runs(automation_instance(context), context.asset_graph))
         runs = self._tick[1].get(context.key)
         if not runs:
             return dg.AutomationResult(context=context, true_subset=context.get_empty_subset())
@@ -108,16 +112,16 @@ class MadeByAPlanBuildingIt(dg.AutomationCondition):
         root = context.root_context.key
         graph = context.asset_graph
 
-        def plan_builds_root(record) -> bool:
-            targets = record.dagster_run.tags.get(PLAN_TARGETS_TAG)
-            if not targets:
-                return False
+        @functools.cache
+        def builds_root(targets: str) -> bool:
             keys = {dg.AssetKey.from_user_string(t) for t in targets.split(",")}
             return root in keys or root in upstream_closure(graph, keys)
 
-        true_subset = await context.asset_graph_view.compute_latest_run_matches_subset(
-            from_subset=context.candidate_subset, filter_fn=plan_builds_root)
-        return dg.AutomationResult(context=context, true_subset=true_subset)
+        def plan_builds_root(record) -> bool:
+            targets = record.dagster_run.tags.get(PLAN_TARGETS_TAG)
+            return bool(targets) and builds_root(targets)
+
+        return dg.AutomationResult(context=context, true_subset=await latest_run_matches(context, plan_builds_root))
 
 
 # An input with a new data version, not built by a plan that builds this asset too, nor in a run
@@ -138,12 +142,29 @@ FOLLOWS_NEW_DATA = (
 ).with_label("follows_new_data")
 
 
-def build_automation_sensor() -> dg.AutomationConditionSensorDefinition:
+# Dagster's cap on the assets and checks of one sensor evaluated in the code server.
+MAX_KEYS_PER_SENSOR = 500
+
+
+def automated_keys(stages: Iterable[dg.Definitions]) -> list[dg.AssetKey]:
+    """The assets of ``stages`` that carry an automation condition, in stage order."""
+    return [key for stage in stages for assets in stage.assets or () if isinstance(assets, dg.AssetsDefinition)
+            for key, condition in assets.automation_conditions_by_key.items() if condition is not None]
+
+
+def build_automation_sensors(stages: Iterable[dg.Definitions]) -> list[dg.AutomationConditionSensorDefinition]:
+    """`automation`, over every automated asset (not their checks: a requested asset's checks run with
+    it anyway); past `MAX_KEYS_PER_SENSOR` assets, `automation_2`, ... take the rest, in stage order,
+    and a chain that crosses two of them moves on at the next tick instead of within one."""
+    keys = automated_keys(stages)
+    chunks = [keys[i:i + MAX_KEYS_PER_SENSOR] for i in range(0, len(keys), MAX_KEYS_PER_SENSOR)]
     # Evaluated in the code server (use_user_code_server): the custom conditions above are Python,
     # not Dagster's serializable built-ins the daemon could evaluate itself.
-    return dg.AutomationConditionSensorDefinition(
-        "automation", target=dg.AssetSelection.all(), default_status=dg.DefaultSensorStatus.RUNNING,
-        minimum_interval_seconds=AUTOMATION_INTERVAL_S, use_user_code_server=True,
-        description="Carries new data from raw/ to the token cache and the mixtures: evaluates every asset's "
-                    "automation condition (curation, dedup, tokenization; training has none). A reused "
-                    "artifact is not new data, and nothing upstream of a running training is rebuilt.")
+    return [dg.AutomationConditionSensorDefinition(
+        "automation" if i == 0 else f"automation_{i + 1}", target=dg.AssetSelection.assets(*chunk).without_checks(),
+        default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=AUTOMATION_INTERVAL_S,
+        use_user_code_server=True,
+        description="Carries new data from raw/ to the token cache and the mixtures: evaluates the automation "
+                    "condition of curation, dedup and tokenization assets (training has none). A reused artifact "
+                    "is not new data, and nothing upstream of a running training is rebuilt.")
+        for i, chunk in enumerate(chunks)]

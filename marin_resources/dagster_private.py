@@ -52,7 +52,29 @@ async def run_request_execution_data(workspace, request: dg.RunRequest, instance
     return await get_job_execution_data_from_run_request(workspace.asset_graph, request, instance, workspace, cache)
 
 
+def automation_instance(context: dg.AutomationContext) -> dg.DagsterInstance:
+    """The instance a custom automation condition is evaluated against (its runs, its events)."""
+    return context.asset_graph_view.instance
+
+
+async def latest_run_matches(context: dg.AutomationContext, matches: Callable[[Any], bool]):
+    """The partitions of ``context.candidate_subset`` whose latest materialization was made in a run
+    whose RunRecord ``matches``: how Dagster's own `executed_with_tags` looks runs up, one per partition."""
+    return await context.asset_graph_view.compute_latest_run_matches_subset(
+        from_subset=context.candidate_subset, filter_fn=matches)
+
+
 # For the tests: what Dagster itself reads, records or configures, checked as it is.
+
+
+def finished_sensor_ticks(instance: dg.DagsterInstance, sensor_name: str, after: float) -> int:
+    """How many evaluations of the sensor ``sensor_name`` completed (run requests or a skip) after
+    the timestamp ``after``."""
+    from dagster._core.scheduler.instigation import TickStatus
+
+    return sum(len(instance.get_ticks(state.instigator_origin_id, state.selector_id, after=after,
+                                      statuses=[TickStatus.SUCCESS, TickStatus.SKIPPED]))
+               for state in instance.all_instigator_state() if state.instigator_name == sensor_name)
 
 
 def instance_yaml_config(dagster_home: str) -> dict[str, Any]:

@@ -10,7 +10,8 @@ import uuid
 import dagster as dg
 import pytest
 
-from marin_assets.automation import FOLLOWS_NEW_DATA, PINS_INPUTS_TAG, PLAN_TARGETS_TAG
+from marin_assets.automation import (FOLLOWS_NEW_DATA, MAX_KEYS_PER_SENSOR, PINS_INPUTS_TAG, PLAN_TARGETS_TAG,
+                                     build_automation_sensors)
 
 SHARDS = dg.DynamicPartitionsDefinition(name="shards")
 RUNS = dg.DynamicPartitionsDefinition(name="runs")
@@ -33,7 +34,8 @@ class Graph:
         self.instance.add_dynamic_partitions(RUNS.name, ["nano"])
         self.assets = [
             versioned(RAW, self.versions, partitions_def=SHARDS),
-            versioned(DOCUMENTS, self.versions, partitions_def=SHARDS, deps=[RAW], automation_condition=FOLLOWS_NEW_DATA),
+            versioned(DOCUMENTS, self.versions, partitions_def=SHARDS, deps=[RAW],
+                      automation_condition=FOLLOWS_NEW_DATA),
             versioned(MIXTURE, self.versions, deps=[DOCUMENTS], automation_condition=FOLLOWS_NEW_DATA),
             versioned(CHECKPOINT, self.versions, partitions_def=RUNS, deps=[MIXTURE], tags={PINS_INPUTS_TAG: "true"}),
         ]
@@ -129,3 +131,37 @@ def walk(evaluation):
     yield evaluation
     for child in evaluation.child_evaluations:
         yield from walk(child)
+
+
+def test_automated_assets_are_split_across_sensors_past_dagsters_cap():
+    def automated(name: str):
+        return dg.asset(name=name, deps=[RAW], automation_condition=FOLLOWS_NEW_DATA)(lambda: None)
+
+    stages = [dg.Definitions(assets=[versioned(RAW, {}), *(automated(f"a{i}") for i in range(MAX_KEYS_PER_SENSOR))]),
+              dg.Definitions(assets=[automated("last")])]
+    first, second = build_automation_sensors(stages)
+    graph = dg.Definitions.merge(*stages).resolve_asset_graph()
+    assert (first.name, second.name) == ("automation", "automation_2")
+    assert len(first.asset_selection.resolve(graph)) == MAX_KEYS_PER_SENSOR
+    assert second.asset_selection.resolve(graph) == {dg.AssetKey("last")}
+    assert not first.asset_selection.resolve_checks(graph)
+
+
+def test_the_operations_page_states_every_sensor_and_schedule_default():
+    """docs/operations.md's table of sensors and schedules, against the default deployment's definitions."""
+    from pathlib import Path
+
+    from marin_assets.definitions import defs
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    table = page[page.index("### Sensors and schedules"):].split("\n\n")[2]
+    rows = {cells[0].strip("` "): (cells[2].strip(), cells[3].strip()) for line in table.splitlines()[2:]
+            if (cells := [c.strip() for c in line.strip("|").split("|")])}
+    stated = {}
+    for sensor in defs.sensors:
+        name = "<source>_new_shards" if sensor.name.endswith("_new_shards") else sensor.name
+        stated[name] = (sensor.default_status.value.lower(), f"{sensor.minimum_interval_seconds} s")
+    for schedule in defs.schedules:
+        assert schedule.cron_schedule == "0 6 * * *"
+        stated[schedule.name] = (schedule.default_status.value.lower(), "06:00 UTC daily")
+    assert rows == stated
