@@ -30,7 +30,8 @@ from collections.abc import Iterable
 
 import dagster as dg
 
-from marin_resources.dagster_private import PARTITION_NAME_TAG, automation_instance, latest_run_matches
+from marin_resources.dagster_private import (PARTITION_NAME_TAG, automation_instance, subset_of_partitions,
+                                             subset_partition_keys)
 
 AUTOMATION_INTERVAL_S = 30
 # Asset tag: while a run of this asset is queued or in flight, nothing upstream of it is rebuilt.
@@ -96,9 +97,11 @@ class ATrainingReadsIt(dg.AutomationCondition):
 
 
 class MadeByAPlanBuildingIt(dg.AutomationCondition):
-    """For an input's new partitions: true where the run that made it belongs to a `marin materialize`
-    plan that also builds the asset being evaluated (the asset is one of the plan's targets or
-    upstream of one). Only the few partitions updated since the last tick are looked up."""
+    """For an input's partitions: true where the latest materialization since the previous tick was
+    made by a run of a `marin materialize` plan that also builds the asset being evaluated (it is one
+    of the plan's targets or upstream of one). Evaluated after `data_version_changed` narrowed the
+    partitions to those updated since the previous tick, so few are looked up: one query for their
+    materializations, one for their runs."""
 
     @property
     def name(self) -> str:
@@ -108,20 +111,39 @@ class MadeByAPlanBuildingIt(dg.AutomationCondition):
     def description(self) -> str:
         return "The input was built by a `marin materialize` plan that builds this asset too."
 
-    async def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:
-        root = context.root_context.key
-        graph = context.asset_graph
+    def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:
+        partitions = subset_partition_keys(context.candidate_subset)
+        if not partitions or context.previous_max_storage_id is None:
+            return dg.AutomationResult(context=context, true_subset=context.get_empty_subset())
+        instance, graph, root = automation_instance(context), context.asset_graph, context.root_context.key
+        run_of = latest_runs_since(instance, context.key, partitions, context.previous_max_storage_id)
+        targets_of = {run.run_id: run.tags.get(PLAN_TARGETS_TAG)
+                      for run in instance.get_runs(dg.RunsFilter(run_ids=sorted(set(run_of.values()))))}
 
         @functools.cache
-        def builds_root(targets: str) -> bool:
-            keys = {dg.AssetKey.from_user_string(t) for t in targets.split(",")}
+        def builds_root(targets: str | None) -> bool:
+            keys = {dg.AssetKey.from_user_string(t) for t in (targets or "").split(",") if t}
             return root in keys or root in upstream_closure(graph, keys)
 
-        def plan_builds_root(record) -> bool:
-            targets = record.dagster_run.tags.get(PLAN_TARGETS_TAG)
-            return bool(targets) and builds_root(targets)
+        matching = {p for p, run_id in run_of.items() if builds_root(targets_of.get(run_id))}
+        return dg.AutomationResult(context=context, true_subset=subset_of_partitions(context.candidate_subset,
+                                                                                     matching))
 
-        return dg.AutomationResult(context=context, true_subset=await latest_run_matches(context, plan_builds_root))
+
+def latest_runs_since(instance: dg.DagsterInstance, key: dg.AssetKey, partitions: set[str | None],
+                      after_storage_id: int) -> dict[str | None, str]:
+    """Partition -> the run of its latest materialization after ``after_storage_id``."""
+    records_filter = dg.AssetRecordsFilter(asset_key=key, after_storage_id=after_storage_id,
+                                           asset_partitions=None if None in partitions else sorted(partitions))
+    latest: dict[str | None, str] = {}
+    cursor = None
+    while True:
+        page = instance.fetch_materializations(records_filter, limit=1000, cursor=cursor)  # newest first
+        for record in page.records:
+            latest.setdefault(record.partition_key, record.run_id)
+        if not page.has_more:
+            return latest
+        cursor = page.cursor
 
 
 # An input with a new data version, not built by a plan that builds this asset too, nor in a run

@@ -57,11 +57,18 @@ def automation_instance(context: dg.AutomationContext) -> dg.DagsterInstance:
     return context.asset_graph_view.instance
 
 
-async def latest_run_matches(context: dg.AutomationContext, matches: Callable[[Any], bool]):
-    """The partitions of ``context.candidate_subset`` whose latest materialization was made in a run
-    whose RunRecord ``matches``: how Dagster's own `executed_with_tags` looks runs up, one per partition."""
-    return await context.asset_graph_view.compute_latest_run_matches_subset(
-        from_subset=context.candidate_subset, filter_fn=matches)
+def subset_partition_keys(subset) -> set[str | None]:
+    """The partition keys of an automation condition's entity subset ({None} for a whole unpartitioned asset)."""
+    if not subset.is_partitioned:
+        return set() if subset.is_empty else {None}
+    return set(subset.expensively_compute_partition_keys())
+
+
+def subset_of_partitions(subset, keys: set[str | None]):
+    """The part of ``subset`` whose partition keys are in ``keys``."""
+    if not subset.is_partitioned:
+        return subset if None in keys else subset.compute_difference(subset)
+    return subset.compute_intersection_with_partition_keys({k for k in keys if k is not None})
 
 
 # For the tests: what Dagster itself reads, records or configures, checked as it is.

@@ -97,11 +97,14 @@ def test_a_new_shard_flows(graph):
 
 
 def test_a_plan_that_builds_the_asset_itself_is_left_to_do_so(graph):
-    # `marin materialize mixture` built raw[a] anew and goes on to documents[a] and the mixture.
+    # `marin materialize mixture` built both raw shards anew and goes on to their documents and the mixture.
     graph.build(RAW, "a", "raw-a-2", tags={PLAN_TARGETS_TAG: "mixture"})
+    graph.build(RAW, "b", "raw-b-2", tags={PLAN_TARGETS_TAG: "mixture"})
+    assert graph.requested() == {}
+    graph.build(DOCUMENTS, "a", "documents-a-2", tags={PLAN_TARGETS_TAG: "mixture"})
     assert graph.requested() == {}
     # A plan that stops at raw leaves the rest to automation.
-    graph.build(RAW, "b", "raw-b-2", tags={PLAN_TARGETS_TAG: "raw"})
+    graph.build(RAW, "b", "raw-b-3", tags={PLAN_TARGETS_TAG: "raw"})
     assert graph.requested() == {"documents": {"b"}}
 
 
