@@ -117,6 +117,8 @@ class MadeByAPlanBuildingIt(dg.AutomationCondition):
             return dg.AutomationResult(context=context, true_subset=context.get_empty_subset())
         instance, graph, root = automation_instance(context), context.asset_graph, context.root_context.key
         run_of = latest_runs_since(instance, context.key, partitions, context.previous_max_storage_id)
+        if not run_of:  # observed, not materialized (a source's listing): no plan made it
+            return dg.AutomationResult(context=context, true_subset=context.get_empty_subset())
         targets_of = {run.run_id: run.tags.get(PLAN_TARGETS_TAG)
                       for run in instance.get_runs(dg.RunsFilter(run_ids=sorted(set(run_of.values()))))}
 
