@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import dagster as dg
 
+from marin_assets.automation import PLAN_TARGETS_TAG
 from marin_assets.catalog import Catalog
 from marin_resources.artifacts import REFUSED_METADATA_KEY, VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.artifacts import asset_key_str as key_str
@@ -476,6 +477,8 @@ class Planner:
         runs = runs or InProcessRuns(self.defs, self.instance)
         limit = max(1, min(max_parallel or default_parallelism(self.instance), runs.max_parallel))
         tags = {CLI_TAG: "materialize", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()),
+                # Automation leaves to this plan what it builds itself (marin_assets/automation.py).
+                PLAN_TARGETS_TAG: ",".join(sorted({t.to_user_string() for t, _ in targets})),
                 **({VERIFY_TAG: "true"} if verify else {})}
         run_config = run_config or quiet_run_config()
         steps = self.steps_of(targets)

@@ -3,7 +3,7 @@
 
 import dagster as dg
 
-from marin_assets.automation import build_automation_sensor
+from marin_assets.automation import build_automation_sensors
 from marin_assets.catalog import Catalog
 from marin_assets.curation.assets import build_curation_stage
 from marin_assets.deployment import Deployment
@@ -20,7 +20,8 @@ STAGES = [build_curation_stage, build_tokenization_stage, build_training_stage, 
 
 
 def build_stages(settings: MarinSettings) -> list[tuple]:
-    """Every stage's (definitions, catalog), all built from one `Deployment`, and the automation sensor."""
+    """Every stage's (definitions, catalog), all built from one `Deployment`, and the automation sensors."""
     deployment = Deployment.load(settings)
-    automation = (dg.Definitions(sensors=[build_automation_sensor()]), Catalog())
-    return [stage(settings, deployment) for stage in STAGES] + [automation]
+    stages = [stage(settings, deployment) for stage in STAGES]
+    automation = (dg.Definitions(sensors=build_automation_sensors([defs for defs, _ in stages])), Catalog())
+    return stages + [automation]

@@ -79,7 +79,36 @@ def fork_run_workers_from_a_preloaded_server() -> None:
     DagsterApiServer._mp_ctx = property(lambda self: context, lambda self, value: None)
 
 
+def automation_instance(context: dg.AutomationContext) -> dg.DagsterInstance:
+    """The instance a custom automation condition is evaluated against (its runs, its events)."""
+    return context.asset_graph_view.instance
+
+
+def subset_partition_keys(subset) -> set[str | None]:
+    """The partition keys of an automation condition's entity subset ({None} for a whole unpartitioned asset)."""
+    if not subset.is_partitioned:
+        return set() if subset.is_empty else {None}
+    return set(subset.expensively_compute_partition_keys())
+
+
+def subset_of_partitions(subset, keys: set[str | None]):
+    """The part of ``subset`` whose partition keys are in ``keys``."""
+    if not subset.is_partitioned:
+        return subset if None in keys else subset.compute_difference(subset)
+    return subset.compute_intersection_with_partition_keys({k for k in keys if k is not None})
+
+
 # For the tests: what Dagster itself reads, records or configures, checked as it is.
+
+
+def finished_sensor_ticks(instance: dg.DagsterInstance, sensor_name: str, after: float) -> int:
+    """How many evaluations of the sensor ``sensor_name`` completed (run requests or a skip) after
+    the timestamp ``after``."""
+    from dagster._core.scheduler.instigation import TickStatus
+
+    return sum(len(instance.get_ticks(state.instigator_origin_id, state.selector_id, after=after,
+                                      statuses=[TickStatus.SUCCESS, TickStatus.SKIPPED]))
+               for state in instance.all_instigator_state() if state.instigator_name == sensor_name)
 
 
 def instance_yaml_config(dagster_home: str) -> dict[str, Any]:

@@ -3,7 +3,8 @@ for every new shard, and requests a run for new or changed shards only.
 
 The cursor maps shard key -> shard fingerprint (paths, sizes, content checksums). Run keys are
 `{shard}:{fingerprint}`, so a repeated tick or a restarted daemon never launches a shard twice,
-while a shard whose files change gets exactly one new run.
+while a shard whose files change gets exactly one new run. While a training that reads the source
+is queued or running, new and changed shards wait (the tick is skipped, saying so).
 """
 
 import json
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from marin_assets.automation import pinned_by_runs
 from marin_assets.curation.sources import Shard, SourceConfig, discover_shards
 from marin_resources.dagster_private import DATA_VERSION_TAG
 
@@ -47,6 +49,11 @@ def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartition
         if not requests:
             return dg.SensorResult(skip_reason=f"no new or changed shards among {len(shards)}",
                                    cursor=json.dumps(delta.cursor, sort_keys=True))
+        # A training reads what is built from these shards: they wait (the cursor stays) until it ends.
+        readers = pinned_by_runs(context.instance, context.repository_def.asset_graph).get(raw_key)
+        if readers:
+            return dg.SensorResult(skip_reason=f"{len(requests)} new or changed shard(s) wait until the training "
+                                               f"that reads them ends: {'; '.join(sorted(readers))}")
         return dg.SensorResult(
             run_requests=requests,
             asset_events=[dg.AssetObservation(asset_key=source_key, partition=s.key, tags={DATA_VERSION_TAG: s.fingerprint})

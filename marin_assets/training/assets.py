@@ -20,6 +20,7 @@ from typing import Any, Callable
 import dagster as dg
 import yaml
 
+from marin_assets.automation import PINS_INPUTS_TAG
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
 from marin_assets.tokenization.assets import read_mixture_config
@@ -149,7 +150,8 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
     gives a partition's `RunSpec` when a step runs (it raises dg.Failure for an unknown run)."""
     upstream_keys = [asset_key(f"mixture/{m}") for m in sorted(mixture_versions)] + \
                     [asset_key(f"tokenizer/{t}") for t in sorted(tokenizer_versions)]
-    tags = {"marin/partitioned_by": "run", **(tags or {})}
+    # A run of either reads its inputs for a long time: automation rebuilds nothing upstream meanwhile.
+    tags = {"marin/partitioned_by": "run", PINS_INPUTS_TAG: "true", **(tags or {})}
 
     @marin_asset(key=checkpoint_key, version=CHECKPOINT_VERSION, partitions_def=partitions, deps=upstream_keys,
                  group_name=group_name, kinds={"levanter", "jax"}, pool=pool, tags=tags,

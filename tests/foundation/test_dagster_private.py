@@ -150,3 +150,29 @@ def test_run_workers_fork_from_a_server_that_imported_dagster():
                                "print(len(os.listdir('/proc/self/task')))"],
         capture_output=True, text=True, check=True).stdout
     assert threads.strip() == "1"
+
+
+def test_a_custom_automation_condition_reads_the_instance_and_its_partitions():
+    """automation_instance is the instance a condition is evaluated against; subset_partition_keys and
+    subset_of_partitions turn its candidate subset into partition keys and back."""
+    seen = []
+
+    class OnlyA(dg.AutomationCondition):
+        def evaluate(self, context):
+            seen.append((private.automation_instance(context), private.subset_partition_keys(context.candidate_subset)))
+            return dg.AutomationResult(context=context, true_subset=private.subset_of_partitions(
+                context.candidate_subset, {"a", None}))
+
+    @dg.asset(partitions_def=PARTITIONS, automation_condition=OnlyA())
+    def built():
+        return None
+
+    @dg.asset(automation_condition=OnlyA())
+    def whole():
+        return None
+
+    with dg.instance_for_test() as instance:
+        result = dg.evaluate_automation_conditions([built, whole], instance)
+        assert seen == [(instance, {"a", "b"}), (instance, {None})]
+        assert result.get_requested_partitions(built.key) == {"a"} and result.get_num_requested(whole.key) == 1
+        assert private.finished_sensor_ticks(instance, "automation", 0.0) == 0  # no daemon ticked here

@@ -1,8 +1,12 @@
-"""New data reaches the token cache with no command typed: a real `dagster-daemon` ticks the
-new-shard sensor and the automation sensor (both on by default) against the embedded default
-instance (SQLite, queued runs launched by the daemon through its code server).
+"""New data reaches the token cache with no command typed, and nothing else sets automation off:
+a real `dagster-daemon` ticks the new-shard sensor and the automation sensor (both on by default)
+against the embedded default instance (SQLite, queued runs launched by the daemon through its
+code server).
 
-The store is built once with `marin materialize mixture/letters`; then the daemon starts, a new
+The store is built once with `marin materialize mixture/letters`; then the daemon starts. First
+what churned before (issue 34): a launch through GraphQL, as the UI does, of `tokenized/letters`,
+and a rerun of the whole chain (`marin materialize mixture/letters --force`: every step runs and
+reuses its artifact) must make no automatic run in the automation ticks that follow. Then a new
 file lands in the watched directory, and the test waits for `tokenized/letters` and
 `mixture/letters` to be committed again. Only the new shard may have been encoded. The daemon's
 process group is ended in teardown.
@@ -20,6 +24,8 @@ import dagster as dg
 import pytest
 
 from marin_assets.tokenization.assets import MIXTURE_VERSION, TOKENIZED_VERSION
+from marin_resources.dagster_private import finished_sensor_ticks
+from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore
 from tests.ops.conftest import stop
 
@@ -28,6 +34,7 @@ BIN = Path(sys.executable).parent
 # Generous: sensor and automation ticks every 30 s, each run a worker process on a loaded 2-core machine.
 ARRIVAL_TIMEOUT_S = 480
 RUN_END_TIMEOUT_S = 180
+TICKS_TIMEOUT_S = 240
 LETTERS = {
     "alpha": "The harbour master counted the boats at dawn and wrote each name in a heavy green ledger. ",
     "bravo": "In the mountain village the school bell rang twice and the children climbed the steep path. ",
@@ -68,6 +75,42 @@ def committed(store: ArtifactStore, key: str, version: str):
     return store.find(key, version, None)
 
 
+LAUNCH = """mutation Launch($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on InvalidSubsetError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+  }
+}"""
+GRAPHQL_TAG = "test/launched_by"
+
+
+def launch_through_graphql(key: str, env: dict) -> str:
+    """Launch a materialization of ``key`` with the GraphQL mutation the UI's Materialize button sends
+    (`dagster-graphql` runs it against the workspace in-process; the run is queued for the daemon)."""
+    params = {"selector": {"repositoryLocationName": "marin", "repositoryName": "__repository__",
+                           "jobName": "__ASSET_JOB", "assetSelection": [{"path": asset_key(key).path}]},
+              "executionMetadata": {"tags": [{"key": GRAPHQL_TAG, "value": "graphql"}]}}
+    out = subprocess.run([str(BIN / "dagster-graphql"), "-w", "workspace.yaml", "-t", LAUNCH, "-v",
+                          json.dumps({"params": params})], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    # The answer is the first JSON document on stdout; log lines may follow it.
+    answer, _ = json.JSONDecoder().raw_decode(out.stdout[out.stdout.index("{"):])
+    answer = answer["data"]["launchRun"]
+    assert answer["__typename"] == "LaunchRunSuccess", out.stdout + out.stderr
+    return answer["run"]["runId"]
+
+
+def wait_for(what: str, ready, timeout_s: float, daemon: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert daemon.poll() is None, f"dagster-daemon exited {daemon.returncode}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout_s:.0f} s; daemon log:\n{log.read_text()[-4000:]}"
+        time.sleep(2)
+
+
 @pytest.mark.slow  # a real dagster-daemon and its runs (minutes)
 @pytest.mark.heaviest
 def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatch):
@@ -93,33 +136,51 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
     assert built.returncode == 0, built.stdout + built.stderr
     store = ArtifactStore(str(tmp_path / "store"))
     before = committed(store, "tokenized/letters", TOKENIZED_VERSION)
-    mixture_before = committed(store, "mixture/letters", MIXTURE_VERSION)
     assert before.metrics["shards"] == 3
 
     log = tmp_path / "daemon.log"
     with open(log, "w") as out:
         daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], cwd=REPO, env=env,
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    started = time.monotonic()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
     arrived = False
     try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            # The automation sensor's first evaluation only records where it starts.
+            wait_for("first automation tick", lambda: finished_sensor_ticks(instance, "automation", 0.0) > 0,
+                     TICKS_TIMEOUT_S, daemon, log)
+            graphql_run = launch_through_graphql("tokenized/letters", env)
+            wait_for("end of the GraphQL-launched run",
+                     lambda: (run := instance.get_run_by_id(graphql_run)) is not None and run.is_finished,
+                     RUN_END_TIMEOUT_S, daemon, log)
+            assert instance.get_run_by_id(graphql_run).status == dg.DagsterRunStatus.SUCCESS
+            rerun = subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", "mixture/letters",
+                                    "--force"], env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
+            assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+            assert committed(store, "tokenized/letters", TOKENIZED_VERSION).data_version == before.data_version
+            # Two full evaluations after the last of those materializations: it was seen, and ignored.
+            quiet_since = time.time()
+            wait_for("two automation ticks", lambda: finished_sensor_ticks(instance, "automation", quiet_since) >= 2,
+                     TICKS_TIMEOUT_S, daemon, log)
+            automatic = [r.run_id for r in instance.get_runs(dg.RunsFilter(tags={"dagster/sensor_name": "automation"}))]
+            assert automatic == [], f"reuses set off automatic runs: {automatic}"
+        mixture_reused = committed(store, "mixture/letters", MIXTURE_VERSION)
+
+        started = time.monotonic()
         write_letter(letters, "delta", NEW_LETTER)
-        deadline = started + ARRIVAL_TIMEOUT_S
-        while True:
-            assert daemon.poll() is None, f"dagster-daemon exited {daemon.returncode}:\n{log.read_text()[-3000:]}"
+
+        def new_mixture() -> bool:
             # The mixture's bytes name the cache by path, so its data version stays; its record of
             # the token cache it was rendered from changes.
             mixture = committed(store, "mixture/letters", MIXTURE_VERSION)
-            if mixture is not None and mixture.producer["run_id"] != mixture_before.producer["run_id"]:
-                break
-            assert time.monotonic() < deadline, (f"no new mixture after {ARRIVAL_TIMEOUT_S} s; daemon log:\n"
-                                                 f"{log.read_text()[-4000:]}")
-            time.sleep(2)
+            return mixture is not None and mixture.producer["run_id"] != mixture_reused.producer["run_id"]
+
+        wait_for("new mixture", new_mixture, ARRIVAL_TIMEOUT_S, daemon, log)
+        mixture = committed(store, "mixture/letters", MIXTURE_VERSION)
         arrived = True
         print(f"new file -> mixture committed in {time.monotonic() - started:.0f} s")
         # The mixture is committed before its run ends; stopping the daemon then would kill that run
         # worker and record an interrupted run. Wait until no run is queued or in flight.
-        monkeypatch.setenv("DAGSTER_HOME", str(home))
         finish_by = time.monotonic() + RUN_END_TIMEOUT_S
         with dg.DagsterInstance.from_config(str(home)) as instance:
             while not all(run.is_finished for run in instance.get_runs()):
@@ -142,7 +203,7 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
     # its sensor, the rest from automation.
     with dg.DagsterInstance.from_config(str(home)) as instance:
         daemon_runs = [r.dagster_run for r in instance.get_run_records(dg.RunsFilter(created_after=None))
-                       if "marin/cli" not in r.dagster_run.tags]
+                       if "marin/cli" not in r.dagster_run.tags and GRAPHQL_TAG not in r.dagster_run.tags]
         failed = [r.run_id for r in daemon_runs if r.status != dg.DagsterRunStatus.SUCCESS]
         assert daemon_runs and not failed, failure_messages(instance, failed)
         sensors = {r.tags.get("dagster/sensor_name") for r in daemon_runs}

@@ -5,6 +5,7 @@ import json
 import dagster as dg
 import pytest
 
+from marin_assets.automation import PINS_INPUTS_TAG
 from marin_assets.curation.assets import build_curation_stage
 from marin_assets.deployment import Deployment
 from marin_assets.curation.sensors import diff_shards
@@ -89,6 +90,32 @@ def test_sensor_adds_partition_and_requests_only_the_new_shard(tmp_path):
         assert [s.partition for s in steps if s.ran] == [new_key]
         assert {k: store.find("documents/letters", "v1", k).finished_at for k in keys} == before
         assert plan.state(parse_key("documents/letters"), new_key).state == "fresh"
+
+
+@pytest.mark.slow  # builds the curation stage (sources, hashes)
+def test_new_shards_wait_while_a_training_reads_the_source(tmp_path):
+    watched = tmp_path / "in"
+    watched.mkdir()
+    (watched / "a.txt").write_text(f"a {TEXT}")
+    defs, _ = make_defs(tmp_path, write_sources(tmp_path, watched))
+
+    @dg.asset(key="checkpoint", deps=[dg.AssetKey(["documents", "letters_documents"])],
+              tags={PINS_INPUTS_TAG: "true"})
+    def checkpoint():
+        return None
+
+    defs = dg.Definitions.merge(defs, dg.Definitions(assets=[checkpoint]))
+    sensor = defs.get_sensor_def("letters_new_shards")
+    with dg.instance_for_test() as instance:
+        training = instance.add_run(dg.DagsterRun(job_name="__ASSET_JOB", run_id="0123456789abcdef",
+                                                  status=dg.DagsterRunStatus.STARTED,
+                                                  asset_selection=frozenset({checkpoint.key})))
+        waiting = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert not waiting.run_requests and not waiting.dynamic_partitions_requests and waiting.cursor is None
+        assert waiting.skip_reason.skip_message == ("1 new or changed shard(s) wait until the training that reads "
+                                                    "them ends: checkpoint (run 01234567)")
+        instance.report_run_failed(training)
+        assert len(sensor(dg.build_sensor_context(instance=instance, definitions=defs)).run_requests) == 1
 
 
 def test_failure_report_asset_lists_failed_runs(tmp_path):
