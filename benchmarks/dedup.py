@@ -23,13 +23,15 @@ The last line is JSON: {"ours_docs_per_s": ..., "datasketch_docs_per_s": ..., "r
 
 from __future__ import annotations
 
-import benchmarks.one_core  # noqa: F401, I001 -- first: one thread per pool, before numpy is imported
+import benchmarks.one_core  # noqa: F401 -- first: one thread per pool, before numpy is imported
+
+# isort: split
 
 import argparse  # noqa: E402
-import os  # noqa: E402
 import glob  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import random  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402

@@ -32,10 +32,11 @@ The last line is JSON.
 
 from __future__ import annotations
 
-import benchmarks.one_core  # noqa: F401, I001 -- first: one thread per pool, before numpy is imported
+import benchmarks.one_core  # noqa: F401 -- first: one thread per pool, before numpy is imported
+
+# isort: split
 
 import argparse  # noqa: E402
-import sys  # noqa: E402
 import glob  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
@@ -44,6 +45,7 @@ import re  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -53,12 +53,19 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.train import WARMUP_STEPS, load_fixtures, steady_step_metrics  # noqa: E402
+from marin_assets.training.commands import train_command  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
 from marin_assets.training.metrics import PEAK_FLOPS_BY_DEVICE_KIND, median, peak_flops_total  # noqa: E402
 from marin_assets.training.spec import (  # noqa: E402
-    ModelSpec, OptimizerSpec, ParallelismSpec, ResourceSpec, RunSpec, RunSpecError, validate_run)
+    ModelSpec,
+    OptimizerSpec,
+    ParallelismSpec,
+    ResourceSpec,
+    RunSpec,
+    RunSpecError,
+    validate_run,
+)
 from marin_assets.training.train_main import SUMMARY_FILE  # noqa: E402
-from marin_assets.training.commands import train_command  # noqa: E402
 from marin_resources.launchers import build_command_and_env  # noqa: E402
 
 # MFU's denominator: PEAK_FLOPS_BY_DEVICE_KIND (marin_assets/training/metrics.py), dense bf16

@@ -352,7 +352,7 @@ class RayHead:
     def __init__(self, cpus: int, cores: set[int], temp_dir: Path):
         self.cpus, self.cores, self.temp_dir = cpus, cores, temp_dir
 
-    def __enter__(self) -> "RayHead":
+    def __enter__(self) -> RayHead:
         import socket
 
         with socket.socket() as probe:

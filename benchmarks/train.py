@@ -35,9 +35,9 @@ import dagster as dg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from marin_assets.training.commands import train_command  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
 from marin_assets.training.spec import load_run_registry  # noqa: E402
-from marin_assets.training.commands import train_command  # noqa: E402
 from marin_resources.launchers import LocalPipesLauncher, build_command_and_env  # noqa: E402
 
 WARMUP_STEPS = 2

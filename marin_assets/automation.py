@@ -30,8 +30,12 @@ from collections.abc import Iterable
 
 import dagster as dg
 
-from marin_resources.dagster_private import (PARTITION_NAME_TAG, automation_instance, subset_of_partitions,
-                                             subset_partition_keys)
+from marin_resources.dagster_private import (
+    PARTITION_NAME_TAG,
+    automation_instance,
+    subset_of_partitions,
+    subset_partition_keys,
+)
 
 AUTOMATION_INTERVAL_S = 30
 # Asset tag: while a run of this asset is queued or in flight, nothing upstream of it is rebuilt.

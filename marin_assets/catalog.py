@@ -38,6 +38,6 @@ class Catalog:
     def add_note(self, asset_key: str, fn: NoteFn) -> None:
         self.notes[asset_key] = fn
 
-    def merge(self, other: "Catalog") -> "Catalog":
+    def merge(self, other: Catalog) -> Catalog:
         return Catalog({**self.discoverers, **other.discoverers}, {**self.identities, **other.identities},
                        {**self.externals, **other.externals}, {**self.notes, **other.notes})

@@ -9,13 +9,18 @@ deployment builds. Reading it touches only those files, never the artifact store
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, CurationConfig, load_curation_config
 from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, load_sweeps
-from marin_assets.tokenization.assets import (MIXTURE_VERSION, REGISTRY_PATH, TokenizationRegistry, load_registry,
-                                              registry_for_sources)
+from marin_assets.tokenization.assets import (
+    MIXTURE_VERSION,
+    REGISTRY_PATH,
+    TokenizationRegistry,
+    load_registry,
+    registry_for_sources,
+)
 from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, check_memory_fit, load_run_registry
 from marin_resources.environments import MarinSettings
 from marin_resources.placement import device_memory

@@ -22,8 +22,12 @@ from marin_assets.automation import PLAN_TARGETS_TAG
 from marin_assets.catalog import Catalog
 from marin_resources.artifacts import REFUSED_METADATA_KEY, VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.artifacts import asset_key_str as key_str
-from marin_resources.dagster_private import (DATA_VERSION_TAG, PARTITION_NAME_TAG, open_workspace,
-                                              run_request_execution_data)
+from marin_resources.dagster_private import (
+    DATA_VERSION_TAG,
+    PARTITION_NAME_TAG,
+    open_workspace,
+    run_request_execution_data,
+)
 from marin_resources.failures import describe_check, describe_error, failure_outside_steps
 from marin_resources.freshness import Decision, damage_summary, decide, label_of
 from marin_resources.identity import InvalidPartitionKeyError, fingerprint, validate_partition_key

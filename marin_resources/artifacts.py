@@ -24,8 +24,7 @@ from marin_resources.identity import fingerprint as compute_fingerprint
 from marin_resources.keys import asset_key, marin_key, stage_owners
 from marin_resources.object_stores import check_store_reachable
 from marin_resources.secrets import scrub
-from marin_resources.store import (ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info,
-                                   writing)
+from marin_resources.store import ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info, writing
 
 VERSION_METADATA_KEY = "marin/version"
 ALL_PARTITIONS_METADATA_KEY = "marin/all_partitions"
@@ -52,7 +51,7 @@ class ArtifactHandle:
     metrics: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_manifest(cls, manifest: Manifest) -> "ArtifactHandle":
+    def from_manifest(cls, manifest: Manifest) -> ArtifactHandle:
         return cls(manifest.asset_key, manifest.partition, manifest.code_version, manifest.uri,
                    manifest.data_version, dict(manifest.metrics))
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.data_version import DATA_VERSION_TAG
-from dagster._core.storage.tags import GRPC_INFO_TAG, PARTITION_NAME_TAG
+from dagster._core.definitions.data_version import DATA_VERSION_TAG  # noqa: F401 - re-exported, see below
+from dagster._core.storage.tags import GRPC_INFO_TAG, PARTITION_NAME_TAG  # noqa: F401 - re-exported, see below
 
 # DATA_VERSION_TAG: the tag an asset event's data version rides on. A public AssetObservation takes
 # no data version, only tags, so a runless observation of one partition (the planner's, a sensor's)

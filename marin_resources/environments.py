@@ -75,7 +75,7 @@ class MarinSettings:
     """The suite ``harness_eval`` runs (MARIN_EVAL_SUITE); None: the file's ``default_suite``."""
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "MarinSettings":
+    def from_env(cls, environ: dict[str, str] | None = None) -> MarinSettings:
         e = os.environ if environ is None else environ
         env = e.get("MARIN_ENV", "local")
         if env not in ENVIRONMENTS:

@@ -18,8 +18,15 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from marin_resources.store import (LOCK_NAME, MANIFEST_NAME, REFS_DIR, UNPARTITIONED_REF, ArtifactStore, Manifest,
-                                   parse_version_dir)
+from marin_resources.store import (
+    LOCK_NAME,
+    MANIFEST_NAME,
+    REFS_DIR,
+    UNPARTITIONED_REF,
+    ArtifactStore,
+    Manifest,
+    parse_version_dir,
+)
 
 PINS_PATH = ".marin/pins"
 

@@ -34,8 +34,14 @@ from pydantic import Field
 
 from marin_resources.launchers import ProcessCommand, TrainingLauncher, build_command_and_env
 from marin_resources.object_stores import PIPES_BUCKET_ENV
-from marin_resources.placement import (PROCESS_ID_ENV, PlacementError, ResourceSpec, process_group, tpu_generation,
-                                       tpu_slice_geometry)
+from marin_resources.placement import (
+    PROCESS_ID_ENV,
+    PlacementError,
+    ResourceSpec,
+    process_group,
+    tpu_generation,
+    tpu_slice_geometry,
+)
 
 # GKE node labels and taints (https://cloud.google.com/kubernetes-engine/docs/how-to/gpus,
 # https://cloud.google.com/kubernetes-engine/docs/concepts/tpus).
@@ -540,7 +546,7 @@ class K8sPipesLauncher(dg.ConfigurableResource):
         cache_volume: CacheVolume | None = None,
         extras: Mapping[str, Any] | None = None,
         pool: str | None = None,
-        pipes: "BucketPipes | None" = None,
+        pipes: BucketPipes | None = None,
     ) -> dg.PipesClientCompletedInvocation:
         """Run ``command`` in a pod (an Indexed Job for a multi-host TPU slice).
 
@@ -561,7 +567,7 @@ class K8sPipesLauncher(dg.ConfigurableResource):
         return self._run_pod(context, cfg, extras, pipes)
 
     def _run_pod(self, context, cfg: PodSpecConfig, extras,
-                 pipes: "BucketPipes | None") -> dg.PipesClientCompletedInvocation:
+                 pipes: BucketPipes | None) -> dg.PipesClientCompletedInvocation:
         from dagster_k8s import PipesK8sClient
 
         manifest = build_training_pod_spec(cfg)
@@ -595,7 +601,7 @@ class K8sPipesLauncher(dg.ConfigurableResource):
             )
 
     def _run_indexed_job(
-        self, context, cfg: PodSpecConfig, extras, pipes: "BucketPipes | None"
+        self, context, cfg: PodSpecConfig, extras, pipes: BucketPipes | None
     ) -> dg.PipesClientCompletedInvocation:
         from dagster_k8s.client import DagsterKubernetesClient, WaitForPodState
         from dagster_k8s.pipes import PipesK8sPodLogsMessageReader

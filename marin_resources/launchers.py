@@ -20,10 +20,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping
+from typing import Any, Literal
 
 import dagster as dg
 from dagster_pipes import PipesDefaultMessageWriter

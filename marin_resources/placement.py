@@ -93,7 +93,7 @@ class ResourceSpec:
             return tpu_slice_geometry(self.tpu_type)[2]
         return 1
 
-    def for_evaluation(self) -> "ResourceSpec":
+    def for_evaluation(self) -> ResourceSpec:
         """Where an evaluation of the run goes: its processes join no process group, so a CPU job's
         processes become one process with all the devices. (On a TPU slice every host takes part, joined
         by JAX's own TPU detection.)"""
@@ -147,7 +147,7 @@ class ProcessGroup:
                 PROCESS_ID_ENV: str(self.process_id)}
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ProcessGroup | None":
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> ProcessGroup | None:
         """The group a launcher placed this process in (None: a single-process job)."""
         if COORDINATOR_ENV not in environ:
             return None

@@ -35,7 +35,7 @@ import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,14 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from marin_resources.identity import canonical_json, validate_partition_key
-from marin_resources.leases import HEARTBEAT_S, TIMEOUT_S, ArtifactLockedError, Lease, acquire, lease_objects_for
+from marin_resources.leases import (
+    HEARTBEAT_S,
+    TIMEOUT_S,
+    ArtifactLockedError,  # noqa: F401 - re-exported: writers catch it from the store
+    Lease,
+    acquire,
+    lease_objects_for,
+)
 from marin_resources.object_stores import sdk_attempts
 from marin_resources.retry import STORAGE_RETRY, attempts_around, with_retries
 from marin_resources.secrets import scrub
@@ -63,7 +70,7 @@ _HASH_CHUNK = 4 * 1024 * 1024
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,7 @@ class Manifest:
         return json.dumps(scrub(body), indent=2, sort_keys=True, default=str)
 
     @classmethod
-    def from_json(cls, text: str, uri: str = "") -> "Manifest":
+    def from_json(cls, text: str, uri: str = "") -> Manifest:
         raw = json.loads(text)
         raw["files"] = [FileEntry(**f) for f in raw.get("files", [])]
         raw["upstream"] = [UpstreamRef(**u) for u in raw.get("upstream", [])]
@@ -419,7 +426,7 @@ class ArtifactStore:
 
     # ---- writing ---------------------------------------------------------------------------
     def begin(self, asset_key: str, code_version: str, partition: str | None, *, fingerprint: str, run_id: str,
-              resume: bool = False) -> "ArtifactWriter":
+              resume: bool = False) -> ArtifactWriter:
         uri = self.artifact_uri(asset_key, code_version, partition, fingerprint=fingerprint)
         path = self.fs_path(uri)
         self.fs.makedirs(path, exist_ok=True)

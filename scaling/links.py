@@ -46,7 +46,7 @@ class SigmoidLink:
         return {"link": "sigmoid", **asdict(self)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SigmoidLink":
+    def from_dict(cls, data: dict) -> SigmoidLink:
         return cls(**{k: data[k] for k in ("floor", "ceiling", "k", "loss_mid", "rmse", "points")})
 
 
@@ -84,8 +84,8 @@ def fit_sigmoid_link(losses, metric, *, chance: float | None = None, upper: floa
     for mid in np.quantile(x, [0.25, 0.5, 0.75]):
         for log_k in (math.log(1.0 / span), math.log(4.0 / span), math.log(16.0 / span)):
             ceiling = min(upper, max(float(y.max()), low_floor + 1e-3) + 0.05)
-            starts.append(([ceiling, log_k, mid] if chance is not None
-                           else [float(y.min()), ceiling, log_k, mid]))
+            starts.append([ceiling, log_k, mid] if chance is not None
+                           else [float(y.min()), ceiling, log_k, mid])
     lower_ceiling = (chance if chance is not None else 0.0) + 1e-6
     bounds_low = ([lower_ceiling, -20.0, -np.inf] if chance is not None else [-np.inf, lower_ceiling, -20.0, -np.inf])
     bounds_high = ([upper, 20.0, np.inf] if chance is not None else [upper, upper, 20.0, np.inf])

@@ -5,6 +5,7 @@ import uuid
 
 import pytest
 
+
 def _ops_fixtures():
     """tests/ops/conftest.py's moto_server / GCS emulator fixtures (started and stopped by PID), for the
     other folders (tests/ops uses its own conftest directly)."""

@@ -13,16 +13,29 @@ import dagster as dg
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
-from marin_assets.curation.readers import read_shard, with_original_source_ids
 from marin_assets.curation.model_assets import build_model_assets
+from marin_assets.curation.readers import read_shard, with_original_source_ids
 from marin_assets.curation.refine import build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
-from marin_assets.curation.sources import (FileRef, Shard, SourceConfig, copy_listed_file, discover_shards,
-                                           reading_identity)
+from marin_assets.curation.sources import (
+    FileRef,
+    Shard,
+    SourceConfig,
+    copy_listed_file,
+    discover_shards,
+    reading_identity,
+)
 from marin_assets.deployment import Deployment
 from marin_resources.allocator import keep_freed_memory
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
-                                       materialize_artifact)
+from marin_resources.artifacts import (
+    ArtifactHandle,
+    Built,
+    MarinStore,
+    checked_manifest,
+    marin_asset,
+    marin_check,
+    materialize_artifact,
+)
 from marin_resources.dagster_private import observable_source_assets_def
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import asset_key, stage_owners

@@ -17,13 +17,20 @@ import fsspec
 import numpy as np
 
 from marin_assets.catalog import Catalog
-from marin_assets.curation.fasttext_models import (FastTextClassifier, ModelFileError, fetch_model, sha256_hex)
+from marin_assets.curation.fasttext_models import FastTextClassifier, ModelFileError, fetch_model, sha256_hex
 from marin_assets.curation.quality import QualityConfig, train_quality_model
 from marin_assets.curation.readers import read_shard
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
 from marin_assets.curation.sources import CurationConfig, SourceConfig, discover_shards
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, input_refused,
-                                       marin_asset, materialize_artifact)
+from marin_resources.artifacts import (
+    ArtifactHandle,
+    Built,
+    MarinStore,
+    all_partitions_in,
+    input_refused,
+    marin_asset,
+    materialize_artifact,
+)
 from marin_resources.store import ArtifactStore
 
 CLASSIFIER_KEY = "quality_classifier"

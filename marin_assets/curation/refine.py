@@ -18,22 +18,49 @@ import polars as pl
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
-from marin_assets.curation.dedup import (DOCUMENT_ROW_GROUP, DedupConfig, IndexDir, ShardInput, apply_decisions,
-                                         decision_path, decisions_digest, duplicates_table, parquet_bytes,
-                                         read_parquet_rows, read_registry, update_index)
-from marin_assets.curation.filter_report import MOST, filter_report, largest_rule_problem, report_table
+from marin_assets.curation.dedup import (
+    DOCUMENT_ROW_GROUP,
+    DedupConfig,
+    IndexDir,
+    ShardInput,
+    apply_decisions,
+    decision_path,
+    decisions_digest,
+    duplicates_table,
+    parquet_bytes,
+    read_parquet_rows,
+    read_registry,
+    update_index,
+)
 from marin_assets.curation.fasttext_models import LID176, ModelFileError
+from marin_assets.curation.filter_report import MOST, filter_report, largest_rule_problem, report_table
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.minhash import MinHashConfig, load_signatures, save_signatures
-from marin_assets.curation.model_assets import (CLASSIFIER_KEY, LANGUAGE_MODEL_KEY, SKETCH_FILE, THRESHOLD_KEY,
-                                                load_model_bytes, read_threshold, score_sketch)
+from marin_assets.curation.model_assets import (
+    CLASSIFIER_KEY,
+    LANGUAGE_MODEL_KEY,
+    SKETCH_FILE,
+    THRESHOLD_KEY,
+    load_model_bytes,
+    read_threshold,
+    score_sketch,
+)
 from marin_assets.curation.paragraphs import remove_duplicate_paragraphs
 from marin_assets.curation.sketch import QuantileSketch
 from marin_assets.curation.sources import CurationConfig, SourceConfig, pii_of
 from marin_assets.curation.url_filter import blocklist_bytes, read_url_blocklist
 from marin_resources.allocator import keep_freed_memory
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, checked_manifest,
-                                       input_refused, marin_asset, marin_check, materialize_artifact)
+from marin_resources.artifacts import (
+    ArtifactHandle,
+    Built,
+    MarinStore,
+    all_partitions_in,
+    checked_manifest,
+    input_refused,
+    marin_asset,
+    marin_check,
+    materialize_artifact,
+)
 from marin_resources.data_parallel import DataParallel
 from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key

@@ -50,8 +50,8 @@ import yaml
 
 from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
 from marin_assets.curation.pii import PiiConfig
-from marin_assets.curation.url_filter import UrlBlocklistError, read_url_blocklist
 from marin_assets.curation.quality import QualityConfig
+from marin_assets.curation.url_filter import UrlBlocklistError, read_url_blocklist
 from marin_resources.identity import validate_partition_key
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
 

@@ -29,10 +29,25 @@ import yaml
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
 from marin_assets.evaluation.harness_main import ERROR_FILE
-from marin_assets.evaluation.next_line import (DATA_FILE_SUFFIX, TASK_FILE_SUFFIX, NextLineTaskSpec, build_items,
-                                               render_task_yaml, write_items)
-from marin_assets.evaluation.suites import (Suite, SuiteError, SuiteRegistry, chance_levels, lm_eval_task_files,
-                                            load_suites, margin_over_chance, render_harness_config, suite_identity)
+from marin_assets.evaluation.next_line import (
+    DATA_FILE_SUFFIX,
+    TASK_FILE_SUFFIX,
+    NextLineTaskSpec,
+    build_items,
+    render_task_yaml,
+    write_items,
+)
+from marin_assets.evaluation.suites import (
+    Suite,
+    SuiteError,
+    SuiteRegistry,
+    chance_levels,
+    lm_eval_task_files,
+    load_suites,
+    margin_over_chance,
+    render_harness_config,
+    suite_identity,
+)
 from marin_assets.scaling_sweeps.assets import SweepRuns, harness_key, runs_partitions, sweep_run_lookup
 from marin_assets.scaling_sweeps.assets import checkpoint_key as sweep_checkpoint_key
 from marin_assets.scaling_sweeps.config import plan_sweep
@@ -41,8 +56,15 @@ from marin_assets.training.assets import RUNS, SpecLookup, check_pool, local_dir
 from marin_assets.training.commands import HARNESS_REPORT_FILE, harness_command
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
 from marin_assets.training.spec import RunSpec
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
-                                       materialize_artifact)
+from marin_resources.artifacts import (
+    ArtifactHandle,
+    Built,
+    MarinStore,
+    checked_manifest,
+    marin_asset,
+    marin_check,
+    materialize_artifact,
+)
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import asset_key
 from marin_resources.launchers import TrainingLauncher

@@ -188,8 +188,12 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
     from haliax import Axis
     from haliax.partitioning import round_axis_for_partitioning
 
-    from marin_assets.training.eval_main import (eval_batch_axis, evaluate_checkpoint, load_trained_model,
-                                                  resolve_checkpoint)
+    from marin_assets.training.eval_main import (
+        eval_batch_axis,
+        evaluate_checkpoint,
+        load_trained_model,
+        resolve_checkpoint,
+    )
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.object_stores import install_tensorstore_paths
 

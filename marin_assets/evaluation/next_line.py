@@ -138,7 +138,7 @@ def split_line(line: str, continuation: str) -> tuple[str, str] | None:
     return " ".join(words[:half]), " ".join(words[half:])
 
 
-def line_pool(documents: Iterable[tuple[str, str]], spec: "NextLineTaskSpec") -> Pool:
+def line_pool(documents: Iterable[tuple[str, str]], spec: NextLineTaskSpec) -> Pool:
     """Every line that is itself an answer somewhere: the third or a later line of its passage. A
     distractor is then the true continuation of another passage, never a line a model could tell
     apart by where it sits (a speaker's name, the first line of a speech)."""

@@ -10,8 +10,8 @@ Levanter and JAX are never imported here), which loads the result back with tran
 compares it with Levanter's model before anything is committed.
 """
 
-import json
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -20,13 +20,27 @@ import dagster as dg
 
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
-from marin_assets.training.assets import (RUNS, SpecLookup, check_pool, local_dir, named_run_lookup,
-                                          relocated_train_config, run_quoting_input_errors)
+from marin_assets.training.assets import (
+    RUNS,
+    SpecLookup,
+    check_pool,
+    local_dir,
+    named_run_lookup,
+    relocated_train_config,
+    run_quoting_input_errors,
+)
 from marin_assets.training.commands import export_command
 from marin_assets.training.export_main import EXPORT_ERROR_FILE, EXPORT_REPORT_FILE
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
 from marin_assets.training.spec import RunSpec
-from marin_resources.artifacts import ArtifactHandle, Built, MarinStore, input_refused, materialize_artifact, marin_asset
+from marin_resources.artifacts import (
+    ArtifactHandle,
+    Built,
+    MarinStore,
+    input_refused,
+    marin_asset,
+    materialize_artifact,
+)
 from marin_resources.environments import MarinSettings
 from marin_resources.launchers import TrainingLauncher
 from marin_resources.store import FileEntry

@@ -25,14 +25,31 @@ import dagster as dg
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
 from marin_assets.scaling_sweeps.config import SweepConfig, SweepPlan, plan_sweep
-from marin_assets.scaling_sweeps.forecasting import (SweepFitError, chosen_target, fit_metric_link, fit_sweep,
-                                                     fitted_key, forecast_metric, forecast_record,
-                                                     harness_result_key, is_harness_metric, runs_table,
-                                                     score_forecast, score_metric_forecast)
+from marin_assets.scaling_sweeps.forecasting import (
+    SweepFitError,
+    chosen_target,
+    fit_metric_link,
+    fit_sweep,
+    fitted_key,
+    forecast_metric,
+    forecast_record,
+    harness_result_key,
+    is_harness_metric,
+    runs_table,
+    score_forecast,
+    score_metric_forecast,
+)
 from marin_assets.training.assets import SpecLookup, add_run_identities, build_run_assets
 from marin_assets.training.spec import RunSpec
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, all_partitions_in, marin_asset, marin_check,
-                                       materialize_artifact)
+from marin_resources.artifacts import (
+    ArtifactHandle,
+    Built,
+    MarinStore,
+    all_partitions_in,
+    marin_asset,
+    marin_check,
+    materialize_artifact,
+)
 from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.identity import fingerprint

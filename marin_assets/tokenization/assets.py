@@ -13,12 +13,24 @@ import yaml
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
-from marin_assets.tokenization.cache import (CacheConfig, appended_shard_keys, build_levanter_cache, cache_shard_order,
-                                             iter_parquet_texts)
+from marin_assets.tokenization.cache import (
+    CacheConfig,
+    appended_shard_keys,
+    build_levanter_cache,
+    cache_shard_order,
+    iter_parquet_texts,
+)
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.tokenizer import TokenizerConfig, adopt_tokenizer, train_bpe_tokenizer
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, marin_asset, marin_check,
-                                       materialize_artifact)
+from marin_resources.artifacts import (
+    ArtifactHandle,
+    Built,
+    MarinStore,
+    checked_manifest,
+    marin_asset,
+    marin_check,
+    materialize_artifact,
+)
 from marin_resources.data_parallel import DataParallel
 from marin_resources.environments import MarinSettings
 from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key

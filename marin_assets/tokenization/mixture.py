@@ -71,7 +71,7 @@ class MixtureSpec:
             raise ValueError("tokenizer_dir must be set")
 
     @staticmethod
-    def from_dict(d: Mapping) -> "MixtureSpec":
+    def from_dict(d: Mapping) -> MixtureSpec:
         """Build from plain data, e.g. `{"name":..., "tokenizer_dir":..., "components": {n: {"cache_root":..., "weight":...}}}`."""
         d = dict(d)
         comps = {

@@ -53,7 +53,7 @@ class ShardLayout:
         return self.chunks_per_shard * 16 + _CRC_BYTES
 
     @classmethod
-    def of(cls, metadata: dict) -> "ShardLayout":
+    def of(cls, metadata: dict) -> ShardLayout:
         """The layout of a zarr3 array from its metadata (`zarr.json`), which must be a 1-D array of
         `sharding_indexed` shards with the default index (at the end, crc32c) and key encoding."""
         (codec,) = metadata["codecs"]

@@ -14,8 +14,9 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import dagster as dg
 import yaml
@@ -25,14 +26,26 @@ from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
 from marin_assets.tokenization.assets import read_mixture_config
 from marin_assets.training.commands import EVAL_REPORT_FILE, eval_command, train_command
-from marin_assets.training.init_weights import InitWeights, InitWeightsError, resolve_export, resolve_path
-from marin_assets.training.levanter_config import (TRAIN_CONFIG_FILE, WandbSettings, render_train_config,
-                                                   set_checkpoint_base)
-from marin_assets.training.spec import RunSpec
 from marin_assets.training.eval_main import REPORT_VERSION
+from marin_assets.training.init_weights import InitWeights, InitWeightsError, resolve_export, resolve_path
+from marin_assets.training.levanter_config import (
+    TRAIN_CONFIG_FILE,
+    WandbSettings,
+    render_train_config,
+    set_checkpoint_base,
+)
+from marin_assets.training.spec import RunSpec
 from marin_assets.training.train_main import FINAL_EVAL_FILE, INPUT_ERROR_FILE, SUMMARY_FILE
-from marin_resources.artifacts import (ArtifactHandle, Built, MarinStore, checked_manifest, input_refused, marin_asset,
-                                       marin_check, materialize_artifact)
+from marin_resources.artifacts import (
+    ArtifactHandle,
+    Built,
+    MarinStore,
+    checked_manifest,
+    input_refused,
+    marin_asset,
+    marin_check,
+    materialize_artifact,
+)
 from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.keys import asset_key

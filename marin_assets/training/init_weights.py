@@ -298,7 +298,7 @@ def check_same_vocabulary(root: Path, tokenizer) -> None:
     theirs = PreTrainedTokenizerFast(tokenizer_file=str(root / "tokenizer.json")).get_vocab()
     ours = tokenizer.get_vocab()
     if theirs != ours:
-        token = next((t for t in sorted(set(ours) | set(theirs)) if ours.get(t) != theirs.get(t)))
+        token = next(t for t in sorted(set(ours) | set(theirs)) if ours.get(t) != theirs.get(t))
         raise InitWeightsError(f"{root}/tokenizer.json: its vocabulary differs from the run's tokenizer "
                                f"({len(theirs)} entries against {len(ours)}; token {token!r} is "
                                f"{theirs.get(token)} there, {ours.get(token)} here)")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from marin_assets.training.spec import ModelSpec
 

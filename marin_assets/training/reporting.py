@@ -15,7 +15,8 @@ import json
 import math
 import os
 import sys
-from typing import Any, Iterator, Mapping, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 from dagster_pipes import (
     DAGSTER_PIPES_CONTEXT_ENV_VAR,
@@ -87,11 +88,13 @@ def bucket_channels(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
         return {}
     if scheme == "s3":
         import boto3
-        from dagster_pipes import PipesS3ContextLoader as Loader, PipesS3MessageWriter as Writer
+        from dagster_pipes import PipesS3ContextLoader as Loader
+        from dagster_pipes import PipesS3MessageWriter as Writer
 
         client = boto3.client("s3")
     elif scheme == "gs":
-        from dagster_pipes import PipesGCSContextLoader as Loader, PipesGCSMessageWriter as Writer
+        from dagster_pipes import PipesGCSContextLoader as Loader
+        from dagster_pipes import PipesGCSMessageWriter as Writer
         from google.cloud import storage
 
         client = storage.Client()

@@ -15,9 +15,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 
@@ -165,7 +166,7 @@ class MeshShape:
         return self.data * self.fsdp
 
     @classmethod
-    def resolve(cls, parallelism: ParallelismSpec, devices: int, processes: int) -> "MeshShape":
+    def resolve(cls, parallelism: ParallelismSpec, devices: int, processes: int) -> MeshShape:
         """Fill unset axes: on one process every device is a data-parallel replica; across processes
         (hosts) the parameters are FSDP-sharded over all of them. Raises `MeshError`."""
         tensor = parallelism.tensor
@@ -274,7 +275,7 @@ class RunSpec:
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     @classmethod
-    def from_dict(cls, name: str, raw: Mapping[str, Any]) -> "RunSpec":
+    def from_dict(cls, name: str, raw: Mapping[str, Any]) -> RunSpec:
         """Build and validate a spec from plain data (e.g. one YAML entry); ``name`` is the registry key."""
         if not isinstance(raw, Mapping):
             raise RunSpecError(name, "<run>", f"expected a mapping, got {type(raw).__name__}")

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from marin_assets.training.init_weights import InitWeightsError, check_weights, stage_weights, uri_of_reference
-from marin_assets.training.process import input_errors, parse_process_args, process_parser
 from marin_assets.training.metrics import (
     median,
     mfu,
@@ -42,6 +41,7 @@ from marin_assets.training.metrics import (
     read_metrics,
     training_flops_per_token,
 )
+from marin_assets.training.process import input_errors, parse_process_args, process_parser
 from marin_assets.training.reporting import Reporter, open_reporter
 from marin_assets.training.spec import HEAD_DIM_FAMILIES, ModelSpec
 from marin_resources.placement import ProcessGroup
@@ -526,7 +526,7 @@ class StoreMirror:
         self.fs, self.root = fsspec.core.url_to_fs(self.store_dir)
 
     @classmethod
-    def for_checkpoints(cls, checkpoint_base: str, output_dir: Path) -> "StoreMirror | None":
+    def for_checkpoints(cls, checkpoint_base: str, output_dir: Path) -> StoreMirror | None:
         """A mirror when checkpoints go to an object store (their parent is the run's store directory)."""
         if "://" not in checkpoint_base or checkpoint_base.startswith("file://"):
             return None

@@ -16,7 +16,7 @@ import re
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -43,7 +43,7 @@ class Repo:
             else:
                 files[path] = data
         sha = hashlib.sha1(json.dumps([parent.sha if parent else "", title, sorted(changes)]).encode()).hexdigest()
-        date = (datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=len(self.commits))).isoformat()
+        date = (datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=len(self.commits))).isoformat()
         self.commits.append(Commit(sha, title, date.replace("+00:00", "Z"), files))
         self.branches[branch] = sha
         return sha

@@ -13,13 +13,13 @@ import pytest
 from marin_assets.curation import filters, kernels
 from marin_assets.curation.filters import (
     RULE_ORDER,
+    FilterConfig,
     _language_identifier,
     _language_model,
-    language_features,
-    FilterConfig,
     apply_filters,
     enabled_rules,
     identify_language,
+    language_features,
     text_stats,
 )
 

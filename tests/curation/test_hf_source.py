@@ -91,7 +91,7 @@ def test_an_hf_dataset_is_listed_pinned_and_read(hub, records, tmp_path):
     assert docs["source_id"].to_list() == [r["id"] for r in records]
     assert docs["text"].to_list() == [r["text"] for r in records]
     downloads = [path for method, path, _ in hub.requests if "/resolve/" in path]
-    assert downloads and all(f"@" not in p and ("/resolve/" + first in p or "/resolve/" + second in p)
+    assert downloads and all("@" not in p and ("/resolve/" + first in p or "/resolve/" + second in p)
                              for p in downloads)
 
 
@@ -132,7 +132,7 @@ def test_endpoint_and_token_stay_out_of_the_fingerprint(hub, records, monkeypatc
 
 
 @pytest.mark.parametrize(("uri", "message"), [
-    (f"hf://datasets/marin-test/nothing-here/data/*.jsonl", "no dataset repository 'marin-test/nothing-here'"),
+    ("hf://datasets/marin-test/nothing-here/data/*.jsonl", "no dataset repository 'marin-test/nothing-here'"),
     (f"hf://datasets/{REPO}@no-such-branch/data/*.jsonl", "has no revision 'no-such-branch'"),
     (f"hf://datasets/{REPO}@main/data/*.parquet", "data/*.parquet matches no file in dataset marin-test/licences"),
     (f"hf://datasets/{REPO}/missing.jsonl", "missing.jsonl matches no file"),

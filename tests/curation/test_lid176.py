@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from marin_assets.curation import refine
-from marin_assets.curation.fasttext_models import LID176, ModelFileError, PackagedModel
+from marin_assets.curation.fasttext_models import LID176, ModelFileError
 from marin_assets.curation.filters import FilterConfig, apply_filters, identify_language
 from marin_assets.curation.sources import SourceConfigError, parse_curation_config
 from marin_assets.planning import InProcessRuns

@@ -17,8 +17,15 @@ import pytest
 
 from marin_assets.curation import sources
 from marin_assets.curation.readers import read_shard
-from marin_assets.curation.sources import (CHANGED_DURING_READ, NOT_A_REGULAR_FILE, CopiedFile, copy_listed_file,
-                                           discover_shards, list_source_files, refusal_parts)
+from marin_assets.curation.sources import (
+    CHANGED_DURING_READ,
+    NOT_A_REGULAR_FILE,
+    CopiedFile,
+    copy_listed_file,
+    discover_shards,
+    list_source_files,
+    refusal_parts,
+)
 
 from .conftest import NORMAL_TEXT, make_source
 

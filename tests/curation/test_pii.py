@@ -12,12 +12,19 @@ import polars as pl
 import pytest
 
 from marin_assets.catalog import Catalog
+from marin_assets.curation import pii
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.filters import FilterConfig
 from marin_assets.curation.minhash import MinHashConfig
-from marin_assets.curation import pii
-from marin_assets.curation.pii import (EMAIL_PLACEHOLDERS, IPV4_PLACEHOLDERS, IPV6_PLACEHOLDERS, PiiConfig,
-                                       scrub_frame, scrub_text, sub_in_runs)
+from marin_assets.curation.pii import (
+    EMAIL_PLACEHOLDERS,
+    IPV4_PLACEHOLDERS,
+    IPV6_PLACEHOLDERS,
+    PiiConfig,
+    scrub_frame,
+    scrub_text,
+    sub_in_runs,
+)
 from marin_assets.curation.refine import build_refinement_assets
 from marin_assets.curation.sources import SourceConfigError, parse_curation_config, pii_of
 

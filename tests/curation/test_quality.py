@@ -9,11 +9,24 @@ import numpy as np
 import polars as pl
 import pytest
 
-from marin_assets.curation.fasttext_models import (FastTextClassifier, FastTextTrainConfig, ModelFileError,
-                                                   check_fasttext_bytes, fetch_model, sha256_hex, train_fasttext)
+from marin_assets.curation.fasttext_models import (
+    FastTextClassifier,
+    FastTextTrainConfig,
+    ModelFileError,
+    check_fasttext_bytes,
+    fetch_model,
+    sha256_hex,
+    train_fasttext,
+)
 from marin_assets.curation.filters import FilterConfig, apply_filters
-from marin_assets.curation.quality import (QualityConfig, QualityScorer, compression_ratios, split_examples,
-                                           train_quality_model, training_set)
+from marin_assets.curation.quality import (
+    QualityConfig,
+    QualityScorer,
+    compression_ratios,
+    split_examples,
+    train_quality_model,
+    training_set,
+)
 
 _SUBJECTS = ["the old sailor", "a young weaver", "the quiet teacher", "her brother", "the travelling singer"]
 _VERBS = ["remembered", "carried", "painted", "described", "followed", "mended"]

@@ -14,8 +14,8 @@ import pytest
 
 from marin_assets.curation import sources
 from marin_assets.curation.assets import build_curation_stage
-from marin_assets.curation.filter_report import largest_rule_problem
 from marin_assets.curation.fasttext_models import FastTextTrainConfig, sha256_hex, train_fasttext
+from marin_assets.curation.filter_report import largest_rule_problem
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
 from marin_assets.curation.sources import discover_shards, load_curation_config
 from marin_assets.deployment import Deployment

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 import bz2
+import glob
 import gzip
 import hashlib
 import io
-import glob
 import json
 import random
 import tarfile
@@ -28,8 +28,13 @@ from marin_assets.curation.readers import (
     strip_gutenberg,
     with_original_source_ids,
 )
-from marin_assets.curation.sources import (DEFAULT_SOURCES_PATH, Shard, discover_shards, list_source_files,
-                                           load_curation_config)
+from marin_assets.curation.sources import (
+    DEFAULT_SOURCES_PATH,
+    Shard,
+    discover_shards,
+    list_source_files,
+    load_curation_config,
+)
 
 from .conftest import NORMAL_TEXT, make_source
 

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import gzip
-import sys
 import re
+import sys
 import tarfile
 import zipfile
 from pathlib import Path

@@ -17,8 +17,13 @@ from marin_assets.curation.filters import FilterConfig
 from marin_assets.curation.minhash import MinHashConfig
 from marin_assets.curation.refine import build_refinement_assets
 from marin_assets.curation.sources import SourceConfigError, parse_curation_config, reading_identity
-from marin_assets.curation.url_filter import (URL_BLOCKED, UrlBlocklistError, blocklist_bytes, parse_url_blocklist,
-                                              read_url_blocklist)
+from marin_assets.curation.url_filter import (
+    URL_BLOCKED,
+    UrlBlocklistError,
+    blocklist_bytes,
+    parse_url_blocklist,
+    read_url_blocklist,
+)
 
 from .conftest import NORMAL_TEXT
 

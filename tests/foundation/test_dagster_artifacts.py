@@ -3,8 +3,15 @@
 import dagster as dg
 import pytest
 
-from marin_resources.artifacts import (ArtifactHandle, ArtifactHandleIOManager, Built, MarinStore, all_partitions_in,
-                                       marin_asset, materialize_artifact)
+from marin_resources.artifacts import (
+    ArtifactHandle,
+    ArtifactHandleIOManager,
+    Built,
+    MarinStore,
+    all_partitions_in,
+    marin_asset,
+    materialize_artifact,
+)
 from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key, marin_key
 from marin_resources.store import ArtifactStore

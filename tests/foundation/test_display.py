@@ -2,7 +2,6 @@
 the manifest keeps the raw values."""
 
 import dagster as dg
-
 import pytest
 
 from marin_resources.display import display_metadata, human_bytes, human_duration, parse_duration, records_table

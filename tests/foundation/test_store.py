@@ -11,8 +11,15 @@ import time
 import pytest
 
 from marin_resources.identity import InvalidPartitionKeyError, changed_fields, fingerprint, validate_partition_key
-from marin_resources.store import (MANIFEST_NAME, ArtifactLockedError, ArtifactStore, UpstreamRef,
-                                   content_data_version, producer_info, writing)
+from marin_resources.store import (
+    MANIFEST_NAME,
+    ArtifactLockedError,
+    ArtifactStore,
+    UpstreamRef,
+    content_data_version,
+    producer_info,
+    writing,
+)
 
 FP = fingerprint({})
 

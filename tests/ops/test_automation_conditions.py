@@ -10,8 +10,13 @@ import uuid
 import dagster as dg
 import pytest
 
-from marin_assets.automation import (FOLLOWS_NEW_DATA, MAX_KEYS_PER_SENSOR, PINS_INPUTS_TAG, PLAN_TARGETS_TAG,
-                                     build_automation_sensors)
+from marin_assets.automation import (
+    FOLLOWS_NEW_DATA,
+    MAX_KEYS_PER_SENSOR,
+    PINS_INPUTS_TAG,
+    PLAN_TARGETS_TAG,
+    build_automation_sensors,
+)
 
 SHARDS = dg.DynamicPartitionsDefinition(name="shards")
 RUNS = dg.DynamicPartitionsDefinition(name="runs")

@@ -6,6 +6,7 @@ downstream of a stale input stale ("upstream X is stale"); Dagster's status does
 those are compared by their own inputs: fresh in both."""
 
 import pytest
+
 from marin_assets.planning import InProcessRuns
 from marin_resources.dagster_private import stale_status_reader
 from marin_resources.keys import asset_key

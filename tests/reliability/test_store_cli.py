@@ -96,7 +96,7 @@ def test_deleted_file_is_reported_and_rebuilt(copy):
 
     status = marin(env, "status", "raw/harbour")
     assert status.returncode == 0, status.stderr
-    assert f"damaged  raw/harbour[south.txt]" in status.stdout and f"{raw_south(store)}: missing" in status.stdout
+    assert "damaged  raw/harbour[south.txt]" in status.stdout and f"{raw_south(store)}: missing" in status.stdout
 
     proc = marin(env, "materialize", "documents/harbour", "--partition", "south.txt")
     assert proc.returncode == 0, proc.stderr
@@ -114,7 +114,7 @@ def test_flipped_byte_is_found_by_verify_and_never_carried_downstream(copy):
     # Same size: the cheap check cannot see it, the full one does.
     assert "fresh    raw/harbour[south.txt]" in marin(env, "status", "raw/harbour").stdout
     verified = marin(env, "status", "raw/harbour", "--verify")
-    assert f"damaged  raw/harbour[south.txt]" in verified.stdout and f"{raw_south(store)}: sha256" in verified.stdout
+    assert "damaged  raw/harbour[south.txt]" in verified.stdout and f"{raw_south(store)}: sha256" in verified.stdout
 
     proc = marin(env, "materialize", "documents/harbour", "--partition", "south.txt", "--verify")
     assert proc.returncode == 0, proc.stderr

@@ -11,8 +11,15 @@ import pytest
 
 from marin_resources.identity import fingerprint
 from marin_resources.lineage import bill_of_materials, build_lineage
-from marin_resources.store import (MANIFEST_NAME, ArtifactStore, FileEntry, UpstreamRef, content_data_version,
-                                   producer_info, writing)
+from marin_resources.store import (
+    MANIFEST_NAME,
+    ArtifactStore,
+    FileEntry,
+    UpstreamRef,
+    content_data_version,
+    producer_info,
+    writing,
+)
 
 
 def commit(store, key, text, upstream=()):

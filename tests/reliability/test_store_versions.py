@@ -12,8 +12,16 @@ from marin_resources.identity import fingerprint
 from marin_resources.lineage import bill_of_materials, build_lineage
 from marin_resources.migrate import migrate
 from marin_resources.signing import generate_keypair, sign_bom, verify_signed_bom
-from marin_resources.store import (MANIFEST_NAME, ArtifactStore, FileEntry, Manifest, UpstreamRef,
-                                   content_data_version, producer_info, writing)
+from marin_resources.store import (
+    MANIFEST_NAME,
+    ArtifactStore,
+    FileEntry,
+    Manifest,
+    UpstreamRef,
+    content_data_version,
+    producer_info,
+    writing,
+)
 from tests.ops.conftest import gcs_prefix, gcs_server, s3_prefix, s3_server  # noqa: F401 - fixtures
 
 

@@ -60,10 +60,11 @@ def test_each_family_matches_the_model_levanter_builds(family, levanter_fields, 
     import equinox as eqx
     import haliax as hax
     import jax
+    import levanter.models.mixtral  # noqa: F401 - registers the family
+    import levanter.models.olmo  # noqa: F401 - registers the family
+    import levanter.models.qwen  # noqa: F401 - registers the family
     from levanter.models.lm_model import LmConfig
     from levanter.utils.jax_utils import parameter_count
-
-    import levanter.models.mixtral, levanter.models.olmo, levanter.models.qwen  # noqa: E401,F401 - registers them
 
     shape = {"hidden_dim": 64, "intermediate_dim": 96, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2}
     vocab, seq_len = 300, 128

@@ -2,9 +2,9 @@
 training, with eval losses from a known law L(N, D) = E + A / N^a + B / D^b."""
 
 import base64
-import math
 import dataclasses
 import json
+import math
 
 import dagster as dg
 import pytest
@@ -13,8 +13,13 @@ import yaml
 from marin_assets.evaluation.assets import HARNESS_EVAL_VERSION, build_evaluation_stage
 from marin_assets.scaling_sweeps import assets as sweep_assets
 from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep, sweep_from_dict
-from marin_assets.scaling_sweeps.forecasting import (SweepFitError, fit_sweep, forecast_record, runs_table,
-                                                     score_forecast)
+from marin_assets.scaling_sweeps.forecasting import (
+    SweepFitError,
+    fit_sweep,
+    forecast_record,
+    runs_table,
+    score_forecast,
+)
 from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.identity import fingerprint

@@ -3,8 +3,16 @@ import re
 import pytest
 import yaml
 
-from marin_assets.scaling_sweeps.config import (DEFAULT_SWEEPS_YAML, SweepConfigError, budget_label, load_sweeps,
-                                                plan_sweep, run_name, safe_name, sweep_from_dict)
+from marin_assets.scaling_sweeps.config import (
+    DEFAULT_SWEEPS_YAML,
+    SweepConfigError,
+    budget_label,
+    load_sweeps,
+    plan_sweep,
+    run_name,
+    safe_name,
+    sweep_from_dict,
+)
 from marin_assets.training.spec import RunSpec, validate_run
 
 PATH_SAFE = re.compile(r"^[A-Za-z0-9._=+-]+$")

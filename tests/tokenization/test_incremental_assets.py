@@ -17,8 +17,14 @@ import pytest
 
 from marin_assets.catalog import Catalog
 from marin_assets.planning import Planner, parse_key
-from marin_assets.tokenization.assets import (TOKENIZED_VERSION, TokenizedEntry, TokenizerEntry, build_tokenized_asset,
-                                              build_tokenizer_asset, pin_note)
+from marin_assets.tokenization.assets import (
+    TOKENIZED_VERSION,
+    TokenizedEntry,
+    TokenizerEntry,
+    build_tokenized_asset,
+    build_tokenizer_asset,
+    pin_note,
+)
 from marin_assets.tokenization.cache import CacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.artifacts import VERSION_METADATA_KEY

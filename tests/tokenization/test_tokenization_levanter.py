@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from marin_assets.tokenization.cache import (
-    MANIFEST_NAME,
     CacheConfig,
     build_levanter_cache,
     build_levanter_cache_from_documents,
@@ -593,8 +592,12 @@ def test_a_validation_minimum_holds_out_the_lowest_hashes_and_changes_no_other_i
                                                                                          tmp_path):
     from dataclasses import asdict, replace
 
-    from marin_assets.tokenization.cache import (cache_config_of, iter_split_documents, parquet_ids,
-                                                 with_validation_minimum)
+    from marin_assets.tokenization.cache import (
+        cache_config_of,
+        iter_split_documents,
+        parquet_ids,
+        with_validation_minimum,
+    )
 
     # Without a minimum, a config's identity is what it was before the field existed.
     assert "validation_min_documents" not in cfg.identity() and "validation_min_documents" not in cfg.row_identity()

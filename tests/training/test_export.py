@@ -7,14 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import data_fixtures
 import numpy as np
 import pytest
-
-import data_fixtures
 from conftest import SUBPROCESS_ENV, tiny_spec
 
-from marin_assets.training.export_main import (CHECK_NEW_TOKENS, CHECK_PROMPT_TOKENS, EXPORT_ERROR_FILE,
-                                               EXPORT_REPORT_FILE, LOGIT_TOLERANCE, shard_weights)
+from marin_assets.training.export_main import (
+    CHECK_NEW_TOKENS,
+    CHECK_PROMPT_TOKENS,
+    EXPORT_ERROR_FILE,
+    EXPORT_REPORT_FILE,
+    LOGIT_TOLERANCE,
+    shard_weights,
+)
 
 pytestmark = pytest.mark.slow
 

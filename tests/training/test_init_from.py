@@ -10,16 +10,20 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import data_fixtures
 import numpy as np
 import pytest
 import yaml
-
-import data_fixtures
 from conftest import SUBPROCESS_ENV, tiny_spec
 
 from marin_assets.curation.sources import ContentHashCache
-from marin_assets.training.init_weights import (InitWeightsError, check_weights, resolve_path, stage_weights,
-                                                weights_digest)
+from marin_assets.training.init_weights import (
+    InitWeightsError,
+    check_weights,
+    resolve_path,
+    stage_weights,
+    weights_digest,
+)
 from marin_assets.training.spec import InitFrom, RunSpecError, load_run_registry
 from marin_assets.training.train_main import INPUT_ERROR_FILE, METRICS_FILE
 

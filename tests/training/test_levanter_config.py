@@ -2,6 +2,7 @@ import copy
 import dataclasses
 
 import pytest
+from conftest import FAMILY_MODELS, MIXTURE, tiny_spec
 
 from marin_assets.training.levanter_config import (
     WandbSettings,
@@ -10,8 +11,6 @@ from marin_assets.training.levanter_config import (
     run_id_for,
     write_train_config,
 )
-
-from conftest import FAMILY_MODELS, MIXTURE, tiny_spec
 
 
 def test_config_parses_into_levanter_train_lm_config(tmp_path, tiny_artifact, tiny_mixture):

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from conftest import tiny_spec
 
 from marin_assets.training.metrics import (
     mfu,
@@ -10,8 +11,6 @@ from marin_assets.training.metrics import (
     read_metrics,
     training_flops_per_token,
 )
-
-from conftest import tiny_spec
 
 
 def test_flops_per_token_matches_the_scaling_library():

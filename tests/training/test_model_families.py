@@ -8,14 +8,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import FAMILY_MODELS, SUBPROCESS_ENV, tiny_spec
 
 from marin_assets.training.levanter_config import WandbSettings, build_train_config, write_train_config
 from marin_assets.training.metrics import training_flops_per_token
-
-from conftest import FAMILY_MODELS, SUBPROCESS_ENV, tiny_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.heaviest]
 

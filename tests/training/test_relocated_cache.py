@@ -8,9 +8,8 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 import data_fixtures
+import pytest
 from conftest import MIXTURE, SUBPROCESS_ENV, tiny_spec
 
 pytestmark = pytest.mark.slow

@@ -11,13 +11,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import SUBPROCESS_ENV, tiny_spec
 
 from marin_assets.training.commands import train_command
 from marin_assets.training.levanter_config import build_train_config, write_train_config
 from marin_assets.training.spec import MeshShape, ParallelismSpec, ResourceSpec
 from marin_resources.launchers import build_command_and_env
-
-from conftest import SUBPROCESS_ENV, tiny_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.heaviest]
 

@@ -1,6 +1,7 @@
 import dataclasses
 
 import pytest
+from conftest import tiny_spec
 
 from marin_assets.training.spec import (
     MeshShape,
@@ -10,8 +11,6 @@ from marin_assets.training.spec import (
     load_run_registry,
     validate_run,
 )
-
-from conftest import tiny_spec
 
 
 def test_fingerprint_ignores_resources_but_not_identity_fields():

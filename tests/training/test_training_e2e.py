@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import data_fixtures
 import pytest
+from conftest import SUBPROCESS_ENV, tiny_spec
 
 from marin_resources.launchers import LocalPipesLauncher
-
-import data_fixtures
-from conftest import SUBPROCESS_ENV, tiny_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.heaviest]
 
