@@ -523,10 +523,10 @@ def refusal(exc: Exception) -> tuple[int, str] | None:
     from dagster_postgres.utils import DagsterPostgresException
 
     from marin_assets.planning import RequestError
-    from marin_resources.environments import RayUnavailableError
     from marin_resources.gc import OldLayoutError
     from marin_resources.identity import InvalidPartitionKeyError
     from marin_resources.object_stores import StoreUnavailableError
+    from marin_resources.ray_address import RayUnavailableError
     from marin_resources.store import ArtifactLockedError
     from marin_resources.typed_config import ConfigError
 

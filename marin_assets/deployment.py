@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, CurationConfig, load_curation_config
 from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, load_sweeps
-from marin_assets.tokenization.assets import (
+from marin_assets.tokenization.registry import (
     MIXTURE_VERSION,
     REGISTRY_PATH,
     TokenizationRegistry,

@@ -29,6 +29,7 @@ from typing import Any
 
 import dagster as dg
 
+from marin_resources.ray_address import ray_host_port
 from marin_resources.typed_config import ConfigError
 
 DEFAULT_PREFIX = "./local_store"
@@ -123,18 +124,6 @@ class MarinSettings:
                    ray=ray, ray_address=ray_address, ray_cpus=ray_cpus, ray_chunk_mb=ray_chunk_mb,
                    ray_chunk_docs=ray_chunk_docs, dedup_batch_shards=dedup_batch_shards,
                    suites_file=e.get("MARIN_SUITES") or None, eval_suite=e.get("MARIN_EVAL_SUITE") or None)
-
-
-class RayUnavailableError(RuntimeError):
-    """The Ray cluster named by RAY_ADDRESS does not answer."""
-
-
-def ray_host_port(address: str) -> tuple[str, int]:
-    """RAY_ADDRESS (``host:port`` or ``ray://host:port``) as (host, port); ValueError otherwise."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"RAY_ADDRESS must be host:port or ray://host:port, got {address!r}")
-    return host.strip("[]"), int(port)
 
 
 def check_ray_reachable(settings: MarinSettings) -> None:

@@ -18,7 +18,7 @@ import dagster as dg
 from dagster_ray import Lifecycle, LocalRay, RayResource
 
 from marin_resources.data_parallel import DataParallel, weighted_ranges
-from marin_resources.environments import RayUnavailableError, ray_host_port
+from marin_resources.ray_address import RayUnavailableError, ray_host_port
 
 # Read by Ray when it is imported: no usage reporting, and no per-run uv environment built for
 # the workers when the driver was started by `uv run` (they use the driver's interpreter).

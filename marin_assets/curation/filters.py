@@ -563,7 +563,7 @@ def _language_model() -> _LanguageModel:
 
     from langid.langid import model as model_string
 
-    from marin_assets.curation.sources import cache_dir
+    from marin_assets.curation.local_cache import cache_dir
 
     digest = hashlib.sha256(model_string.encode() if isinstance(model_string, str) else model_string).hexdigest()
     path = cache_dir() / "langid" / f"{digest[:16]}.npz"

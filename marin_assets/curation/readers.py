@@ -25,6 +25,7 @@ from typing import Any
 import polars as pl
 
 from marin_assets.curation import sources
+from marin_assets.curation.formats import resolve_format
 from marin_assets.curation.sources import FileRef, Shard, SourceConfig, open_binary, prefetch_tar_members, refusal_parts
 from marin_assets.curation.web import HTML_CONTENT_TYPES, html_to_text, iter_warc, looks_like_html
 from marin_resources.progress import ProgressMeter
@@ -91,17 +92,6 @@ _OVERSIZE_PAYLOAD_BYTES = 64 * 1024
 # whitespace), DEL, U+FFFD replacement marks and private-use code points.
 _GARBAGE_RE = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ufffd\ue000-\uf8ff]")
 _MAX_GARBAGE_FRACTION = 0.02
-_EXTENSION_FORMATS = {
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "jsonl",
-    ".parquet": "parquet",
-    ".html": "html",
-    ".htm": "html",
-    ".xhtml": "html",
-    ".warc": "warc",
-}
-_COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".xz", ".lz4", ".zip", ".snappy")
 
 
 @dataclass
@@ -118,21 +108,6 @@ class ReadResult:
 
 
 # ---------------------------------------------------------------- text helpers
-
-
-def resolve_format(fmt: str, relpath: str) -> str:
-    """The concrete format of one file: ``fmt`` unless it is ``auto``."""
-    if fmt != "auto":
-        return fmt
-    name = relpath.lower()
-    for suffix in _COMPRESSION_SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    for ext, concrete in _EXTENSION_FORMATS.items():
-        if name.endswith(ext):
-            return concrete
-    return "text"
 
 
 @dataclass(frozen=True)

@@ -49,13 +49,14 @@ from typing import Any, BinaryIO, ContextManager
 import yaml
 
 from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
+from marin_assets.curation.formats import FORMATS, resolve_format
+from marin_assets.curation.local_cache import cache_dir
 from marin_assets.curation.pii import PiiConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_assets.curation.url_filter import UrlBlocklistError, read_url_blocklist
 from marin_resources.identity import validate_partition_key
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
 
-FORMATS = ("text", "jsonl", "parquet", "html", "warc", "auto")
 PYPI_SDIST_SCHEME = "pypi-sdist"
 HF_SCHEME = "hf"
 INSTALLED_DISTS_SCHEME = "installed-dists"
@@ -148,8 +149,6 @@ def pii_of(source: SourceConfig) -> PiiConfig | None:
     """What the PII pass replaces in a source's documents, None for no pass: as declared, else
     the defaults for web sources (format html or warc, or auto with a uri that names such files)
     and none for the others."""
-    from marin_assets.curation.readers import resolve_format
-
     if isinstance(source.pii, PiiConfig):
         return source.pii
     on = resolve_format(source.format, source.uri) in WEB_FORMATS if source.pii is None else source.pii
@@ -511,11 +510,6 @@ def _with_absolute_pins(uri: str, base_dir: Path, where: str) -> str:
         raise SourceConfigError(f"{where}.uri: {exc}") from None
     query = {"pins": str(path), **({"limit": str(spec.limit)} if spec.limit is not None else {})}
     return f"{INSTALLED_DISTS_SCHEME}://?{urllib.parse.urlencode(query, safe='/')}"
-
-
-def cache_dir() -> Path:
-    """Local cache for fetched artifacts: $MARIN_CACHE_DIR or ~/.cache/marin."""
-    return Path(os.environ.get("MARIN_CACHE_DIR", Path.home() / ".cache" / "marin")).expanduser()
 
 
 def refusal(reason: str, detail: str) -> str:
@@ -1231,8 +1225,6 @@ def split_large_files(source: SourceConfig, files: list[FileRef]) -> list[FileRe
     """
     from fsspec.utils import infer_compression
 
-    from marin_assets.curation.readers import resolve_format
-
     target = source.bytes_per_shard
     if target is None:
         return files
@@ -1344,8 +1336,6 @@ def _file_chunks(ref: FileRef, source: SourceConfig, limit: int | None) -> Itera
     a range of a split file is its records as a file of the same format. A local file is opened by
     :func:`open_regular`, so a FIFO put in its place since listing is refused, not waited on."""
     import fsspec
-
-    from marin_assets.curation.readers import resolve_format
 
     if ref.byte_range is not None:
         yield read_byte_range(ref.uri, resolve_format(source.format, ref.relpath), *ref.byte_range)

@@ -30,7 +30,7 @@ from marin_assets.training.assets import (
     run_quoting_input_errors,
 )
 from marin_assets.training.commands import export_command
-from marin_assets.training.export_main import EXPORT_ERROR_FILE, EXPORT_REPORT_FILE
+from marin_assets.training.export_main import EXPORT_ERROR_FILE, EXPORT_REPORT_FILE, HF_MODEL_KEY, HF_MODEL_VERSION
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
 from marin_assets.training.spec import RunSpec
 from marin_resources.artifacts import (
@@ -45,8 +45,6 @@ from marin_resources.environments import MarinSettings
 from marin_resources.launchers import TrainingLauncher
 from marin_resources.store import FileEntry
 
-HF_MODEL_KEY = "hf_model"
-HF_MODEL_VERSION = "v1"
 DEFAULT_MAX_SHARD_MB = 2048
 
 

@@ -106,7 +106,7 @@ def resolve_init_weights(spec: RunSpec, store: ArtifactStore) -> tuple[InitWeigh
     if init is None:
         return None, []
     if init.run is not None:
-        from marin_assets.export.assets import HF_MODEL_KEY, HF_MODEL_VERSION  # export builds on this module
+        from marin_assets.training.export_main import HF_MODEL_KEY, HF_MODEL_VERSION
 
         manifest = store.find(HF_MODEL_KEY, HF_MODEL_VERSION, init.run)
         if manifest is None:

@@ -29,6 +29,10 @@ from typing import Any
 from marin_assets.training.process import input_errors, parse_process_args, process_parser
 from marin_assets.training.reporting import Reporter, open_reporter
 
+# The export's artifact, here rather than in export/assets.py: a training run may start from another
+# run's export (`init_from`), and export/ builds on training/, not the other way round.
+HF_MODEL_KEY = "hf_model"
+HF_MODEL_VERSION = "v1"
 EXPORT_REPORT_FILE = "export_report.json"
 EXPORT_ERROR_FILE = "export_error.txt"
 """Written instead of the export when the input is wrong: the one line the asset reports."""

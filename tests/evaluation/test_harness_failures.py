@@ -16,7 +16,7 @@ from data_fixtures import single_cache_mixture  # noqa: E402
 from marin_assets.curation.sources import CurationConfig  # noqa: E402
 from marin_assets.deployment import Deployment  # noqa: E402
 from marin_assets.evaluation.assets import build_evaluation_stage  # noqa: E402
-from marin_assets.tokenization.assets import TokenizationRegistry  # noqa: E402
+from marin_assets.tokenization.registry import TokenizationRegistry  # noqa: E402
 from marin_assets.training.assets import CHECKPOINT_VERSION, RUNS  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
 from marin_resources.environments import MarinSettings, build_resources  # noqa: E402

@@ -23,7 +23,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from marin_assets.tokenization.assets import MIXTURE_VERSION, TOKENIZED_VERSION
+from marin_assets.tokenization.registry import MIXTURE_VERSION, TOKENIZED_VERSION
 from marin_resources.dagster_private import finished_sensor_ticks
 from marin_resources.keys import asset_key
 from marin_resources.store import ArtifactStore

@@ -18,8 +18,9 @@ import dagster as dg
 import pytest
 
 from marin_resources.data_parallel import DataParallel
-from marin_resources.environments import MarinSettings, RayUnavailableError, build_resources, check_ray_reachable
+from marin_resources.environments import MarinSettings, build_resources, check_ray_reachable
 from marin_resources.keys import asset_key
+from marin_resources.ray_address import RayUnavailableError
 from marin_resources.store import ArtifactStore
 from tests.ops.conftest import free_port
 

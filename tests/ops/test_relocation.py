@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from marin_assets.planning import InProcessRuns, Planner
-from marin_assets.tokenization.assets import MIXTURE_VERSION, MixtureEntry, build_mixture_asset, read_mixture_config
+from marin_assets.tokenization.assets import build_mixture_asset, read_mixture_config
+from marin_assets.tokenization.registry import MIXTURE_VERSION, MixtureEntry
 from marin_assets.training.assets import relocated_train_config
 from marin_resources.artifacts import VERSION_METADATA_KEY, ArtifactHandle, ArtifactHandleIOManager, MarinStore
 from marin_resources.identity import fingerprint

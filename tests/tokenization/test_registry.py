@@ -7,7 +7,7 @@ import pytest
 
 from marin_assets.definitions import build_definitions
 from marin_assets.deployment import Deployment
-from marin_assets.tokenization.assets import RegistryError, load_registry
+from marin_assets.tokenization.registry import RegistryError, load_registry
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import marin_key
 
