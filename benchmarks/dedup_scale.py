@@ -320,7 +320,7 @@ def main() -> None:
     shutil.rmtree(base, ignore_errors=True)
     run_child("--child", "ours", "--folder", str(corpus), "--keys", ",".join(keys[:-1]), "--index", str(base))
     added_runs, alone_runs = [], []
-    for attempt in range(args.repeats):
+    for _attempt in range(args.repeats):
         shutil.rmtree(work / "index", ignore_errors=True)
         shutil.copytree(base, work / "index")
         added_runs.append(run_child("--child", "ours", "--folder", str(corpus), "--keys", keys[-1], "--previous",

@@ -21,15 +21,15 @@ import sys
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = REPO_ROOT
 
-import argparse
-import csv
-import json
-import time
-from pathlib import Path
+import argparse  # noqa: E402 - after the import path is set
+import csv  # noqa: E402 - after the import path is set
+import json  # noqa: E402 - after the import path is set
+import time  # noqa: E402 - after the import path is set
+from pathlib import Path  # noqa: E402 - after the import path is set
 
-import numpy as np
+import numpy as np  # noqa: E402 - after the import path is set
 
-from scaling.chinchilla import StartGrid, fit_chinchilla_arrays
+from scaling.chinchilla import StartGrid, fit_chinchilla_arrays  # noqa: E402 - after the import path is set
 
 REPO = Path(REPO_ROOT)
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "chinchilla_points.csv"

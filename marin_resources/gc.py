@@ -89,7 +89,7 @@ def plan_gc(store: ArtifactStore, assets: dict[str, tuple[bool, str]], current: 
     roots += [uri for uri in candidates if any(fnmatch.fnmatchcase(relative(store, uri), p) for p in patterns)]
     referenced = _closure(store, roots)
     plan = GcPlan()
-    for uri, manifest in sorted(candidates.items()):
+    for uri in sorted(candidates):
         if uri in referenced:
             plan.kept.append(uri)
         elif store.fs.exists(f"{store.fs_path(uri)}/{LOCK_NAME}"):

@@ -72,7 +72,7 @@ def remove_quietly(uri: str) -> None:
     """``remove`` on a path that may be unreachable: cleanup after a failure must not mask it."""
     try:
         remove(uri)
-    except Exception:
+    except Exception:  # noqa: BLE001 - see the docstring
         pass
 
 

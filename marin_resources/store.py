@@ -65,7 +65,7 @@ REFS_DIR = ".refs"
 # Ref file name of an unpartitioned artifact: partition keys start with a letter or digit, so no clash.
 UNPARTITIONED_REF = "_"
 FINGERPRINT_CHARS = 8
-_VERSION_DIR = re.compile(r"^(?P<code_version>.+)-(?P<fingerprint>[A-Za-z0-9]{1,%d})$" % FINGERPRINT_CHARS)
+_VERSION_DIR = re.compile(rf"^(?P<code_version>.+)-(?P<fingerprint>[A-Za-z0-9]{{1,{FINGERPRINT_CHARS}}})$")
 _HASH_CHUNK = 4 * 1024 * 1024
 
 
@@ -614,7 +614,7 @@ def producer_info(run_id: str | None) -> dict[str, Any]:
 def _user() -> str:
     try:
         return getpass.getuser()
-    except Exception:  # no passwd entry in some containers
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
         return str(os.getuid())
 
 

@@ -128,7 +128,7 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
             for ref in shard.files:
                 refused = ref.refused
                 if refused is None:
-                    copied = copy_listed_file(ref, source, lambda: writer.open(f"files/{ref.relpath}"))
+                    copied = copy_listed_file(ref, source, lambda: writer.open(f"files/{ref.relpath}"))  # noqa: B023 - called within this iteration
                     if isinstance(copied, str):
                         writer.remove(f"files/{ref.relpath}")
                         refused = copied

@@ -729,7 +729,7 @@ def partition_pass(partition: int, job: CollisionPass) -> tuple[pl.DataFrame, di
     stats = {"index_row_groups": 0, "index_row_groups_read": 0}
     keys = _spilled_keys(job.index, partition)
     old_runs = [
-        (lambda buckets, rel=_key_run_path(partition, number): read_run(job.index, rel, buckets, stats))
+        (lambda buckets, rel=_key_run_path(partition, number): read_run(job.index, rel, buckets, stats))  # noqa: B008 - binds this batch's path
         for number in range(job.committed_batches)
     ]
     found = partition_collisions(old_runs, keys)

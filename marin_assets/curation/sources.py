@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, BinaryIO, ContextManager
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -1354,7 +1354,7 @@ def _file_chunks(ref: FileRef, source: SourceConfig, limit: int | None) -> Itera
             yield chunk
 
 
-def copy_listed_file(ref: FileRef, source: SourceConfig, open_copy: Callable[[], ContextManager[BinaryIO]],
+def copy_listed_file(ref: FileRef, source: SourceConfig, open_copy: Callable[[], contextlib.AbstractContextManager[BinaryIO]],
                      tries: int = READ_TRIES) -> CopiedFile | str:
     """Copy one listed file through ``open_copy`` (opened afresh for each read), hashing the bytes as
     they are written, so the hash recorded is the hash of the copy. A read counts only if the file

@@ -183,7 +183,7 @@ def results_table(report: dict[str, Any], chance: dict[str, float]) -> str:
     rows = ["| task | acc | acc_norm | n | chance |", "|---|---|---|---|---|"]
     for task in tasks:
         def cell(metric: str) -> str:
-            value, err = report.get(f"{task}/{metric}"), report.get(f"{task}/{metric}_stderr")
+            value, err = report.get(f"{task}/{metric}"), report.get(f"{task}/{metric}_stderr")  # noqa: B023 - called within this iteration
             return "" if value is None else f"{value:.4f} ± {err:.4f}" if err is not None else f"{value:.4f}"
         rows.append(f"| {task} | {cell('acc')} | {cell('acc_norm')} | {report.get(f'{task}/n', '')} | "
                     f"{chance.get(task, '')} |")

@@ -201,8 +201,8 @@ def document_items(doc_id: str, text: str, spec: NextLineTaskSpec, pool: Pool | 
         # document, only other passages; from other documents, any.
         def eligible(line: str, where: tuple[str, int]) -> bool:
             if spec.distractors == "same_document":
-                return where != (doc_id, p) and line not in lines
-            return where[0] != doc_id and line not in lines
+                return where != (doc_id, p) and line not in lines  # noqa: B023 - called within this iteration
+            return where[0] != doc_id and line not in lines  # noqa: B023 - called within this iteration
 
         for j in range(2, len(block)):
             cut = split_line(block[j], spec.continuation)

@@ -299,7 +299,7 @@ def _prefetch(it: Iterator, depth: int = 2) -> Iterator:
                         continue
                 if stop.is_set():  # consumer went away: stop reading
                     return
-        except BaseException as e:  # handed to the consumer
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
             q.put(e)
 
     t = threading.Thread(target=run, daemon=True)

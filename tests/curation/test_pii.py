@@ -78,11 +78,11 @@ def _expected(template: str, planted: list[str], kinds: list[str]) -> str:
 def _cases():
     """Every template with every mix of kinds: all e-mails, all IPv4, all IPv6, and alternating."""
     cases = []
-    for t, template in enumerate(TEMPLATES):
+    for _t, template in enumerate(TEMPLATES):
         slots = template.count("{")
         mixes = {"email": ["email"] * slots, "ipv4": ["ipv4"] * slots, "ipv6": ["ipv6"] * slots,
                  "mixed": [("email", "ipv4", "ipv6")[i % 3] for i in range(slots)]}
-        for name, kinds in mixes.items():
+        for _name, kinds in mixes.items():
             for offset in range(0, 12, 5):
                 planted = []
                 for i, kind in enumerate(kinds):

@@ -122,7 +122,7 @@ def sent(cluster, monkeypatch) -> list[dict]:
     """Every body passed to the fake API server, serialized as the client puts it on the wire."""
     bodies: list[dict] = []
     for method, endpoint_type in ENDPOINTS.items():
-        def record(namespace, body, create=getattr(cluster, method), endpoint_type=endpoint_type):
+        def record(namespace, body, create=getattr(cluster, method), endpoint_type=endpoint_type):  # noqa: B008 - binds this endpoint's method
             bodies.append({**endpoint_type, **to_dict(body)})
             return create(namespace, body)
 

@@ -156,7 +156,7 @@ def test_eight_racers_one_commits(where, tmp_path, request):
     assert read_lease(store, manifest.uri) is None
 
 
-def test_gcs_lease_writes_carry_generation_preconditions(gcs_prefix, monkeypatch):
+def test_gcs_lease_writes_carry_generation_preconditions(gcs_prefix, monkeypatch):  # noqa: F811 - the fixture imported above
     """The GCS emulator ignores preconditions, so check that each lease write sends the right one:
     0 to create, then the generation this writer last saw to renew and to delete."""
     store = ArtifactStore(*gcs_prefix)
