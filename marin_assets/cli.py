@@ -104,7 +104,8 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     added = plan.discover()
     for name, keys in added.items():
         if keys:
-            say(f"discovered {len(keys)} new partition(s) of {name}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}")
+            say(f"discovered {len(keys)} new partition(s) of {name}: "
+                f"{', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}")
     report_refused(plan)
     started = time.monotonic()
     if args.rebuild:
@@ -173,8 +174,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         part = f"[{s.partition}]" if s.partition else ""
         print(f"{s.state:8} {s.asset_key + part:<{width + 24}} {s.cause}")
     counts = {st: sum(s.state == st for s in states) for st in ("fresh", "stale", "missing", "damaged")}
-    print(f"{counts['fresh']} fresh, {counts['stale']} stale, {counts['missing']} missing, {counts['damaged']} damaged  "
-          f"(prefix {settings.prefix})")
+    print(f"{counts['fresh']} fresh, {counts['stale']} stale, {counts['missing']} missing, "
+          f"{counts['damaged']} damaged  (prefix {settings.prefix})")
     return 0
 
 
@@ -542,7 +543,8 @@ def refusal(exc: Exception) -> tuple[int, str] | None:
         return 2, f"{Path(os.environ['DAGSTER_HOME']) / 'dagster.yaml'} is not a valid instance config: {problems}"
     if isinstance(exc, DagsterPostgresException):  # dagster-postgres gave up connecting
         cause = exc.__cause__
-        return 2, f"cannot reach the Dagster instance database: {one_line(getattr(cause, 'orig', None) or cause or exc)}"
+        detail = one_line(getattr(cause, 'orig', None) or cause or exc)
+        return 2, f"cannot reach the Dagster instance database: {detail}"
     return None
 
 

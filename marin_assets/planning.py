@@ -300,7 +300,8 @@ class Planner:
             for parent in self.graph.get(key).parent_keys:
                 if parent in stage:
                     needed.setdefault(parent, set()).update(
-                        p for child_part in needed.get(key, ()) for p in self.parent_partitions(key, child_part, parent))
+                        p for child_part in needed.get(key, ())
+                        for p in self.parent_partitions(key, child_part, parent))
         for key in ordered:  # a whole-corpus step over a source that discovery found empty builds nothing
             if self.graph.get(key).partitions_def is None:
                 for parent in self.graph.get(key).parent_keys:

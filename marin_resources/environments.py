@@ -14,10 +14,10 @@ assets ask for under the resource key `launcher`.
 In either environment `MARIN_RAY=local` spreads the chunks of one huge shard over a local Ray
 (`marin_resources.ray_parallel`): at most MARIN_RAY_CPUS workers (default: the cores), chunks of
 MARIN_RAY_CHUNK_MB (default 32); a pass that is cheap per byte (`deduplicated`) groups its shards
-into tasks of MARIN_RAY_CHUNK_DOCS documents (default 200,000). `MARIN_RAY=cluster` sends them to the running Ray cluster at
-RAY_ADDRESS (`host:port` of its head, or `ray://host:port` for Ray Client) instead. Unset or `off`:
-a shard is filtered in one piece. MARIN_DEDUP_BATCH_SHARDS (default 8) is how many new shards the
-dedup index decides together.
+into tasks of MARIN_RAY_CHUNK_DOCS documents (default 200,000). `MARIN_RAY=cluster` sends them to
+the running Ray cluster at RAY_ADDRESS (`host:port` of its head, or `ray://host:port` for Ray
+Client) instead. Unset or `off`: a shard is filtered in one piece. MARIN_DEDUP_BATCH_SHARDS
+(default 8) is how many new shards the dedup index decides together.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ class MarinSettings:
             raise ConfigError(f"MARIN_TRAIN_POOL must be one of {', '.join(TRAIN_POOLS)}, got {pool!r}")
         process_output = e.get("MARIN_PROCESS_OUTPUT", "console")
         if process_output not in PROCESS_OUTPUTS:
-            raise ConfigError(f"MARIN_PROCESS_OUTPUT must be one of {', '.join(PROCESS_OUTPUTS)}, got {process_output!r}")
+            raise ConfigError(f"MARIN_PROCESS_OUTPUT must be one of {', '.join(PROCESS_OUTPUTS)}, "
+                              f"got {process_output!r}")
         ray = e.get("MARIN_RAY") or "off"
         if ray not in RAY_MODES:
             raise ConfigError(f"MARIN_RAY must be one of {', '.join(RAY_MODES)}, got {ray!r}")

@@ -366,8 +366,9 @@ def acquire(objects: LeaseObjects, path: str, run_id: str, *, where: str, heartb
             held = holder[0]
             age = time.time() - float(held.get("renewed", held.get("created", 0)))
             raise ArtifactLockedError(
-                f"{where} is being written by run {held.get('run_id')} (host {held.get('host')}, pid {held.get('pid')}, "
-                f"renewed {age:.0f}s ago); retry when it finishes, or after {timeout_s:.0f}s without renewal")
+                f"{where} is being written by run {held.get('run_id')} (host {held.get('host')}, "
+                f"pid {held.get('pid')}, renewed {age:.0f}s ago); retry when it finishes, or after "
+                f"{timeout_s:.0f}s without renewal")
         if tag is not None:
             lease = Lease(objects, path, body, tag, heartbeat_s)
             lease.start_heartbeat()

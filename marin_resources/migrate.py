@@ -6,9 +6,10 @@ object stores), its manifest's `upstream` URIs are rewritten to the new location
 it the current identity of its partition. Files are moved byte for byte, so every data version and
 chain hash stays what it was; text inside files that names an old path keeps the old text, so
 small config files (JSON, YAML) naming a moved artifact's old location are listed (a mixture's
-Levanter `data.json` names its token caches): rebuild those with `marin materialize KEY --rebuild`. Directories without a manifest (an attempt that never committed, a
-withdrawn artifact) stay where they are, for `marin gc` to remove. Run it with no writer at work:
-a directory holding a lease is refused.
+Levanter `data.json` names its token caches): rebuild those with `marin materialize KEY --rebuild`.
+Directories without a manifest (an attempt that never committed, a withdrawn artifact) stay where
+they are, for `marin gc` to remove. Run it with no writer at work: a directory holding a lease is
+refused.
 """
 
 from __future__ import annotations

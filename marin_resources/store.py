@@ -419,7 +419,8 @@ class ArtifactStore:
                 continue
             actual = self.hash_file(manifest.uri, entry.path)
             if actual.sha256 != entry.sha256 or actual.bytes != entry.bytes:
-                problems.append(f"{manifest.uri}/{entry.path}: sha256 {actual.sha256[:12]} != recorded {entry.sha256[:12]}")
+                problems.append(f"{manifest.uri}/{entry.path}: sha256 {actual.sha256[:12]} "
+                                f"!= recorded {entry.sha256[:12]}")
         for extra in sorted(present - {e.path for e in manifest.files}):
             problems.append(f"{manifest.uri}/{extra}: not in manifest")
         return problems

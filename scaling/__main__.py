@@ -34,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
 
     iso = commands.add_parser("isoflop", help="approach 2: per-budget optima, power laws, L(C) envelope")
     iso.add_argument("runs", help="CSV with columns flops, params, tokens, loss (others ignored)")
-    iso.add_argument("--predict", type=_flops_list, default=[], help="comma-separated budgets to predict, e.g. 1e21,1e22")
+    iso.add_argument("--predict", type=_flops_list, default=[],
+                     help="comma-separated budgets to predict, e.g. 1e21,1e22")
     iso.add_argument("--plot", help="write a PNG (isoFLOP profiles + envelope with intervals) here")
     iso.add_argument("--bootstrap", type=int, default=IsoflopOptions.bootstrap_samples, help="bootstrap replicates")
     iso.add_argument("--resample", choices=("residuals", "runs"), default=IsoflopOptions.resample,

@@ -186,7 +186,8 @@ def group_budgets(flops: np.ndarray, tolerance: float) -> list[np.ndarray]:
     return [np.asarray(g) for g in groups]
 
 
-def robust_quadratic(x: np.ndarray, y: np.ndarray, options: IsoflopOptions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def robust_quadratic(x: np.ndarray, y: np.ndarray,
+                     options: IsoflopOptions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Huber-IRLS quadratic fits of many (x, y) sets at once.
 
     x, y: (sets, points). Returns centers (sets,), coefficients (sets, 3) of
@@ -287,7 +288,8 @@ def _quadratic_values(center: float, coef: np.ndarray, x: np.ndarray) -> np.ndar
     return coef[0] + coef[1] * u + coef[2] * u * u
 
 
-def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray, options: IsoflopOptions = IsoflopOptions()) -> IsoflopFit:
+def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray,
+                     options: IsoflopOptions = IsoflopOptions()) -> IsoflopFit:
     predict_flops = np.asarray(predict, dtype=np.float64).reshape(-1)
     if np.any(~np.isfinite(predict_flops)) or np.any(predict_flops <= 0):
         raise ValueError(f"prediction budgets must be positive finite FLOPs, got {predict_flops.tolist()}")

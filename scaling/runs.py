@@ -75,7 +75,8 @@ def _parse_columns(records: Iterable[Mapping[str, Any]], source: str, columns: S
         raise RunsError(f"{source}: no runs (the table has no data rows)")
     missing = [c for c in columns if c not in records[0]]
     if missing:
-        raise RunsError(f"{source}: missing required column(s) {', '.join(missing)}; found: {', '.join(map(str, records[0]))}")
+        raise RunsError(f"{source}: missing required column(s) {', '.join(missing)}; "
+                        f"found: {', '.join(map(str, records[0]))}")
     values: dict[str, list[float]] = {c: [] for c in columns}
     for row_number, record in enumerate(records, start=1):
         for column in columns:
@@ -130,4 +131,5 @@ def load_runs(runs: Any, *, derive_tokens: bool = False) -> Runs:
 def _require_columns(header: Sequence[str], source: str) -> None:
     missing = [c for c in RUN_COLUMNS if c not in header]
     if missing and header:
-        raise RunsError(f"{source}: missing required column(s) {', '.join(missing)}; found columns: {', '.join(header)}")
+        raise RunsError(f"{source}: missing required column(s) {', '.join(missing)}; "
+                        f"found columns: {', '.join(header)}")

@@ -840,8 +840,9 @@ def _index_batch(
         })
         stats["exact_duplicates" if reason == "exact" else "fuzzy_duplicates"] += 1
         stats["dropped_below_threshold_via_chain"] += int(similarity < config.jaccard_threshold)
-    index.write_many({decision_path(shard.seq): parquet_bytes(pl.DataFrame(rows_by_seq[shard.seq], schema=DECISION_SCHEMA))
-                      for shard in batch})
+    index.write_many({
+        decision_path(shard.seq): parquet_bytes(pl.DataFrame(rows_by_seq[shard.seq], schema=DECISION_SCHEMA))
+        for shard in batch})
     for shard in batch:
         shard.kept = shard.docs - len(rows_by_seq[shard.seq])
         stats["kept_docs"] += shard.kept

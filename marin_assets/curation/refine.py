@@ -394,7 +394,8 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                                 if exact_paragraphs else "")
                              + ". `data/<shard>.parquet` holds each shard's kept documents and "
                              "`duplicates/<shard>.parquet` its dropped ids, with the kept id that replaced each and "
-                             "their exact Jaccard. Files of earlier shards are rewritten only when the threshold moves.")
+                             "their exact Jaccard. Files of earlier shards are rewritten only when the threshold "
+                             "moves.")
     def deduplicated(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                      index: ArtifactHandle, **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
         artifacts = store.get()

@@ -56,7 +56,8 @@ def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartition
                                                f"that reads them ends: {'; '.join(sorted(readers))}")
         return dg.SensorResult(
             run_requests=requests,
-            asset_events=[dg.AssetObservation(asset_key=source_key, partition=s.key, tags={DATA_VERSION_TAG: s.fingerprint})
+            asset_events=[dg.AssetObservation(asset_key=source_key, partition=s.key,
+                                              tags={DATA_VERSION_TAG: s.fingerprint})
                           for s in delta.new + delta.changed],
             dynamic_partitions_requests=[partitions.build_add_request([s.key for s in delta.new])] if delta.new else [],
             cursor=json.dumps(delta.cursor, sort_keys=True))

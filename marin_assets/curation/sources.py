@@ -1038,7 +1038,8 @@ def list_source_files(source: SourceConfig) -> list[FileRef]:
     return sorted(refs, key=lambda r: r.relpath)
 
 
-_HF_PATH_RE = re.compile(r"^(?P<kind>datasets/|spaces/|models/)?(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?(?:/(?P<path>.*))?$")
+_HF_PATH_RE = re.compile(r"^(?P<kind>datasets/|spaces/|models/)?(?P<repo>[^/@]+/[^/@]+)"
+                         r"(?:@(?P<rev>[^/]+))?(?:/(?P<path>.*))?$")
 
 
 def use_hf_endpoint() -> None:
@@ -1354,7 +1355,8 @@ def _file_chunks(ref: FileRef, source: SourceConfig, limit: int | None) -> Itera
             yield chunk
 
 
-def copy_listed_file(ref: FileRef, source: SourceConfig, open_copy: Callable[[], contextlib.AbstractContextManager[BinaryIO]],
+def copy_listed_file(ref: FileRef, source: SourceConfig,
+                     open_copy: Callable[[], contextlib.AbstractContextManager[BinaryIO]],
                      tries: int = READ_TRIES) -> CopiedFile | str:
     """Copy one listed file through ``open_copy`` (opened afresh for each read), hashing the bytes as
     they are written, so the hash recorded is the hash of the copy. A read counts only if the file

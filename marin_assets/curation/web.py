@@ -25,7 +25,8 @@ from typing import Any, BinaryIO
 
 # Payload types read as HTML; any other payload is quarantined as not_html.
 HTML_CONTENT_TYPES = ("text/html", "application/xhtml+xml")
-_HTML_SNIFF_RE = re.compile(rb"^\s*(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html|head|body)[\s>]", re.IGNORECASE | re.DOTALL)
+_HTML_SNIFF_RE = re.compile(rb"^\s*(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html|head|body)[\s>]",
+                            re.IGNORECASE | re.DOTALL)
 
 
 def html_to_text(html: str) -> tuple[str, dict[str, Any]]:

@@ -1,1 +1,2 @@
-"""Evaluation beyond loss: eval suites as data, offline tasks from held-out text, and harness_eval (docs/evaluation.md)."""
+"""Evaluation beyond loss: eval suites as data, offline tasks from held-out text, and harness_eval
+(docs/evaluation.md)."""

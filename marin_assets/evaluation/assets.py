@@ -252,7 +252,8 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
         for source, tokenizer in harness.heldout.items():
             if tokenizer != spec.tokenizer:
                 raise dg.Failure(f"held-out set {source!r} is tokenized with tokenizer/{tokenizer}, "
-                                 f"run {spec.name!r} with tokenizer/{spec.tokenizer}: bits-per-byte would be meaningless")
+                                 f"run {spec.name!r} with tokenizer/{spec.tokenizer}: bits-per-byte would be "
+                                 "meaningless")
         task_handles = {k.removeprefix("task_"): h for k, h in inputs.items() if k.startswith("task_")}
         config = harness.identity(spec)
 
@@ -271,7 +272,8 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
                     shutil.copyfileobj(src, dst)
                 try:
                     launcher.run_process(context, harness_command(config_path, str(harness_path), str(out)),
-                                         resources=spec.resources.for_evaluation(), extras={"run": spec.name, "suite": suite.name})
+                                         resources=spec.resources.for_evaluation(),
+                                         extras={"run": spec.name, "suite": suite.name})
                 except dg.DagsterExecutionInterruptedError:
                     raise
                 except Exception:

@@ -53,4 +53,5 @@ daily_failure_report = dg.ScheduleDefinition(job=failure_report_job, cron_schedu
 
 
 def build_reports_stage(settings: MarinSettings, deployment: "Deployment") -> tuple[dg.Definitions, Catalog]:
-    return dg.Definitions(assets=[failure_report], jobs=[failure_report_job], schedules=[daily_failure_report]), Catalog()
+    return (dg.Definitions(assets=[failure_report], jobs=[failure_report_job], schedules=[daily_failure_report]),
+            Catalog())

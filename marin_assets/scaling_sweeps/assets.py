@@ -133,7 +133,8 @@ class SweepRuns:
         targets = self.targets(store)
         if run not in targets:
             raise dg.Failure(f"{run!r} is neither a fit run of sweep {self.name!r} nor the target of its committed "
-                             f"forecast (targets: {sorted(targets) or 'none until forecast/' + self.name + ' commits'})")
+                             "forecast (targets: "
+                             f"{sorted(targets) or 'none until forecast/' + self.name + ' commits'})")
         return targets[run]
 
 
@@ -177,8 +178,8 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
         trained = checkpoint.metrics
         if trained.get("final_step") is None:
             raise SweepFitError(f"checkpoint[{name}] records no final step (committed without its training "
-                                f"summary); rebuild it: marin materialize {checkpoint_key(plan.config.name)} --partition {name} "
-                                "--rebuild")
+                                f"summary); rebuild it: marin materialize {checkpoint_key(plan.config.name)} "
+                                f"--partition {name} --rebuild")
         if trained["final_step"] != run.spec.num_train_steps:
             raise SweepFitError(f"checkpoint[{name}] finished {trained['final_step']} of "
                                 f"{run.spec.num_train_steps} steps")
@@ -244,8 +245,8 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                  group_name="scaling", ins=fit_ins, kinds={"scipy", "matplotlib"}, tags={"marin/sweep": name},
                  description=f"Sweep `{name}`'s fit runs ({fitted_key(config)}) fitted two ways: the "
                              "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
-                             "every target candidate with a bootstrap interval: fit.json, joint.png, and fit.png when the "
-                             "envelope is identifiable (three budgets with an interior optimum)."
+                             "every target candidate with a bootstrap interval: fit.json, joint.png, and fit.png "
+                             "when the envelope is identifiable (three budgets with an interior optimum)."
                              + (f" {metric} follows the loss through a {config.link} link fitted over the fit runs."
                                 if linked else ""))
     def scaling_fit(context: dg.AssetExecutionContext, store: MarinStore, plan_handle: ArtifactHandle,
@@ -272,7 +273,8 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                     with writer.open(file_name) as fh:
                         fh.write(png)
             envelope, joint = fitted.result["fit"], fitted.result["joint_fit"]
-            metrics = {"runs": len(fitted.result["runs"]), **{f"joint/{k}": joint[k] for k in ("E", "A", "B", "alpha", "beta")}}
+            metrics = {"runs": len(fitted.result["runs"]),
+                       **{f"joint/{k}": joint[k] for k in ("E", "A", "B", "alpha", "beta")}}
             metadata = {"joint_plot": png_markdown(fitted.joint_png, f"joint L(N, D) fit of {name}")}
             if "law" in envelope:
                 law = envelope["law"]

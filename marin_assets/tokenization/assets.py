@@ -212,7 +212,8 @@ def build_tokenized_asset(entry: TokenizedEntry):
         uris = {artifacts.resolve(key): key for key in checked}
         failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, list(uris),
                                           sample_n=ROUNDTRIP_SAMPLE, keys=uris)
-        broken = ([f"failures={len(failures)} of sampled={ROUNDTRIP_SAMPLE}: {failures[0].reason}"] if failures else []) \
+        broken = ([f"failures={len(failures)} of sampled={ROUNDTRIP_SAMPLE}: {failures[0].reason}"]
+                  if failures else []) \
             + ([f"upstream_files_not_in_cache={len(missing)}"] if missing else [])
         return dg.AssetCheckResult(passed=not broken, description="; ".join(broken) or None, metadata={
             "shards_checked": len(checked), "sampled": ROUNDTRIP_SAMPLE, "failures": len(failures),
@@ -261,7 +262,8 @@ def build_mixture_asset(entry: MixtureEntry):
     @marin_asset(key=f"mixture/{entry.name}", version=MIXTURE_VERSION, identity=identity, ins=ins,
                  group_name="tokenization", kinds={"levanter", "json"}, automation_condition=FOLLOWS_NEW_DATA,
                  tags={"marin/mixture": entry.name, "marin/tokenizer": entry.tokenizer},
-                 description=f"Training mixture `{entry.name}` ({', '.join(f'{c}: {w}' for c, w in entry.weights.items())}), "
+                 description=f"Training mixture `{entry.name}` "
+                             f"({', '.join(f'{c}: {w}' for c, w in entry.weights.items())}), "
                              "rendered to Levanter's mixture data config (`data.json`). Deterministic: same spec and "
                              "same cache data versions give the same bytes.")
     def mixture(context: dg.AssetExecutionContext, store: MarinStore, tokenizer: ArtifactHandle,

@@ -959,7 +959,8 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
         zarr_json = f"{root_path}/{split}/{INPUT_IDS}/offsets/zarr.json"
         if not fs.exists(zarr_json):
             raise RuntimeError(f"cache {out_root}/{split}: Levanter wrote its rows, but "
-                               f"{fs.unstrip_protocol(zarr_json)} is not in the store; tensorstore wrote them elsewhere")
+                               f"{fs.unstrip_protocol(zarr_json)} is not in the store; tensorstore wrote them "
+                               "elsewhere")
         # The row count last: from here a reader sees the new rows, whose tokens are all there.
         array.offsets.write(0, np.array([ends[split][0]], dtype=np.int64))
         written |= array.offsets.written
@@ -972,7 +973,8 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
     if fs.exists(f"{root_path}/{ENCODED_DIR}"):
         fs.rm(f"{root_path}/{ENCODED_DIR}", recursive=True)
     return replace(_stats_from_manifest(out_root, manifest, reused=reuse),
-                   encode_seconds=round(encoded_at - started, 3), assembly_seconds=round(time.monotonic() - encoded_at, 3),
+                   encode_seconds=round(encoded_at - started, 3),
+                   assembly_seconds=round(time.monotonic() - encoded_at, 3),
                    files_written=tuple((path[len(root_path) + 1:], *entry) for path, entry in sorted(written.items())
                                        if entry is not None))
 

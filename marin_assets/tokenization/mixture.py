@@ -72,7 +72,8 @@ class MixtureSpec:
 
     @staticmethod
     def from_dict(d: Mapping) -> MixtureSpec:
-        """Build from plain data, e.g. `{"name":..., "tokenizer_dir":..., "components": {n: {"cache_root":..., "weight":...}}}`."""
+        """Build from plain data, e.g.
+        `{"name":..., "tokenizer_dir":..., "components": {n: {"cache_root":..., "weight":...}}}`."""
         d = dict(d)
         comps = {
             name: MixtureComponent(

@@ -69,7 +69,8 @@ def local_dir(store: MarinStore, writer) -> str:
 def find_handle(store: MarinStore, key: str, version: str) -> ArtifactHandle:
     manifest = store.get().find(key, version, None)
     if manifest is None:
-        raise dg.Failure(f"{key} has no committed artifact at {version}; materialize it first (marin materialize {key})")
+        raise dg.Failure(f"{key} has no committed artifact at {version}; materialize it first "
+                         f"(marin materialize {key})")
     return ArtifactHandle.from_manifest(manifest)
 
 

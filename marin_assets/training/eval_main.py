@@ -213,7 +213,8 @@ def evaluate_checkpoint(
             report[f"eval/{name}/sequences"] = len(indices)
 
         if prompts:
-            prompt_ids = [[tokenizer.bos_token_id, *tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
+            prompt_ids = [[tokenizer.bos_token_id, *tokenizer(p, add_special_tokens=False)["input_ids"]]
+                          for p in prompts]
         else:
             prompt_ids = [list(t[:DEFAULT_PROMPT_TOKENS]) for t in first_examples[:num_samples]]
         samples = []

@@ -59,7 +59,8 @@ def _prepare_data_config(spec: RunSpec, data_config: Mapping[str, Any], tokenize
         # Training must read the caches that were built, never tokenize: with URLs present Levanter
         # would build (or silently rebuild) a cache from them.
         if component.get("train_urls") or component.get("validation_urls") or component.get("id"):
-            raise ValueError(f"mixture component {name!r} has a raw-data source; training expects pre-built caches only")
+            raise ValueError(f"mixture component {name!r} has a raw-data source; training expects pre-built "
+                             "caches only")
         if component.get("cache_dir") is None and data.get("cache_dir") is None:
             raise ValueError(f"mixture component {name!r} has no cache_dir and the mixture has no cache_dir")
 
@@ -71,7 +72,8 @@ def _prepare_data_config(spec: RunSpec, data_config: Mapping[str, Any], tokenize
     if spec.eval_sets:
         missing = sorted(set(spec.eval_sets) - set(configs))
         if missing:
-            raise ValueError(f"run {spec.name!r}: eval_sets {missing} are not components of the mixture {sorted(configs)}")
+            raise ValueError(f"run {spec.name!r}: eval_sets {missing} are not components of the mixture "
+                             f"{sorted(configs)}")
         # Levanter evaluates every configured component; drop those neither trained on nor evaluated.
         keep = {n for n, w in weights.items() if w > 0} | set(spec.eval_sets)
         data["configs"] = {n: c for n, c in configs.items() if n in keep}

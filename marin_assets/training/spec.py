@@ -312,16 +312,20 @@ def validate_run(spec: RunSpec) -> None:
         if not condition:
             raise RunSpecError(run, path, problem)
 
-    require(bool(spec.name) and spec.name.strip() == spec.name, "name", "must be a non-empty name without spaces around it")
+    require(bool(spec.name) and spec.name.strip() == spec.name, "name",
+            "must be a non-empty name without spaces around it")
     m = spec.model
     for fname in ("hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "seq_len"):
         require(getattr(m, fname) > 0, f"model.{fname}", f"must be positive, got {getattr(m, fname)}")
     if m.head_dim is None:
-        require(m.hidden_dim % m.num_heads == 0, "model.hidden_dim", f"{m.hidden_dim} is not divisible by num_heads={m.num_heads}")
+        require(m.hidden_dim % m.num_heads == 0, "model.hidden_dim",
+                f"{m.hidden_dim} is not divisible by num_heads={m.num_heads}")
     else:
         require(m.head_dim > 0, "model.head_dim", f"must be positive, got {m.head_dim}")
-    require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", f"num_heads={m.num_heads} is not divisible by {m.num_kv_heads}")
-    require(m.effective_head_dim % 2 == 0, "model.head_dim", f"rotary embeddings need an even head dim, got {m.effective_head_dim}")
+    require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+            f"num_heads={m.num_heads} is not divisible by {m.num_kv_heads}")
+    require(m.effective_head_dim % 2 == 0, "model.head_dim",
+            f"rotary embeddings need an even head dim, got {m.effective_head_dim}")
     if m.family in MIXTURE_OF_EXPERTS_FAMILIES:
         require(m.num_experts is not None, "model.num_experts", f"required for family {m.family!r}")
         require(m.num_experts >= 2, "model.num_experts", f"a mixture needs at least 2 experts, got {m.num_experts}")
@@ -338,7 +342,8 @@ def validate_run(spec: RunSpec) -> None:
     require(o.learning_rate > 0, "optimizer.learning_rate", f"must be positive, got {o.learning_rate}")
     require(o.weight_decay >= 0, "optimizer.weight_decay", f"must be >= 0, got {o.weight_decay}")
     require(o.warmup >= 0, "optimizer.warmup", f"must be >= 0, got {o.warmup}")
-    require(o.warmup < 1 or o.warmup <= spec.num_train_steps, "optimizer.warmup", f"{o.warmup} steps exceeds num_train_steps={spec.num_train_steps}")
+    require(o.warmup < 1 or o.warmup <= spec.num_train_steps, "optimizer.warmup",
+            f"{o.warmup} steps exceeds num_train_steps={spec.num_train_steps}")
     require(0 <= o.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
     require(0 <= o.beta1 < 1, "optimizer.beta1", f"must be in [0, 1), got {o.beta1}")
     require(0 <= o.beta2 < 1, "optimizer.beta2", f"must be in [0, 1), got {o.beta2}")
@@ -357,7 +362,8 @@ def validate_run(spec: RunSpec) -> None:
     require(len(set(spec.eval_sets)) == len(spec.eval_sets), "eval_sets", "contains duplicates")
     r = spec.resources
     require(r.device_count > 0, "resources.device_count", f"must be positive, got {r.device_count}")
-    require((r.accelerator == "tpu") == (r.tpu_type is not None), "resources.tpu_type", "must be set exactly when accelerator is 'tpu'")
+    require((r.accelerator == "tpu") == (r.tpu_type is not None), "resources.tpu_type",
+            "must be set exactly when accelerator is 'tpu'")
     require(r.processes is None or r.processes > 0, "resources.processes", f"must be positive, got {r.processes}")
     try:
         hosts = tpu_slice_geometry(r.tpu_type)[2] if r.tpu_type else None

@@ -437,7 +437,8 @@ def check_caches_readable(data_config) -> None:
                 # Levanter's own loader, through tensorstore: what training will do next.
                 len(TreeCache.load(split_dir, {f: np.zeros((0,), dtype=np.int32) for f in fields}).store)
             except Exception as exc:
-                raise OSError(f"cannot read cache {split_dir} through tensorstore: {type(exc).__name__}: {exc}") from exc
+                raise OSError(f"cannot read cache {split_dir} through tensorstore: "
+                              f"{type(exc).__name__}: {exc}") from exc
 
 
 UNFINISHED_CHECKPOINTS_DIR = "unfinished"
@@ -683,7 +684,8 @@ def start_from_weights(config, expected_sha256: str | None, scratch: str, report
     local = stage_weights(uri, expected_sha256, scratch)
     tokenizer = config.data.the_tokenizer
     check_weights(local, config.model.to_hf_config(len(tokenizer)).to_dict(), tokenizer)
-    reporter.log(f"starting from the weights of {uri}" + (f" (sha256 {expected_sha256[:12]})" if expected_sha256 else ""))
+    reporter.log(f"starting from the weights of {uri}"
+                 + (f" (sha256 {expected_sha256[:12]})" if expected_sha256 else ""))
     return dataclasses.replace(config, initialize_from_hf=local)
 
 
