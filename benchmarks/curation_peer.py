@@ -21,9 +21,10 @@ Agreement, per Gopher rule: each rule decided alone by each side (DataTrove's fi
 that rule's threshold set; its word lists are memoised for these passes only, after the timing),
 as the share of documents on which the two decisions are equal, with the counts of the two kinds
 of disagreement; and once more with DataTrove given whitespace-separated words instead of spaCy
-tokens, which separates what the tokenizer decides from what the rule decides. C4QualityFilter's rules (terminal punctuation, lines of 3+ words, 5+ sentences,
-curly brackets, lorem ipsum, javascript/policy lines) have no counterpart in our rules; its
-decisions are reported by reason, and against our overall decision.
+tokens, which separates what the tokenizer decides from what the rule decides. C4QualityFilter's
+rules (terminal punctuation, lines of 3+ words, 5+ sentences, curly brackets, lorem ipsum,
+javascript/policy lines) have no counterpart in our rules; its decisions are reported by reason, and
+against our overall decision.
 
     python -m benchmarks.curation_peer [--docs 3000] [--pages 300] [--repeats 2] [--venv DIR]
 
@@ -101,7 +102,8 @@ WORKER = textwrap.dedent('''
     # Per-rule passes: memoise the tokenizer (the timing above is done).
     words = {}
     split = gopher_module.split_into_words
-    gopher_module.split_into_words = lambda text, language: words.get(text) or words.setdefault(text, split(text, language))
+    gopher_module.split_into_words = \
+        lambda text, language: words.get(text) or words.setdefault(text, split(text, language))
     out["rules"] = {}
     for rule, args in rules.items():
         filt = GopherQualityFilter(**{**off, **args})
@@ -236,7 +238,8 @@ def main() -> None:
         "documents": n, "megabytes": round(megabytes, 2), "load_average": round(os.getloadavg()[0], 1),
         "cpu_s": {label: round(s, 3) for label, s in rows},
         "docs_per_s_per_core": {label: round(n / s, 1) for label, s in rows},
-        "speedup_vs_gopher": round(speedup, 2), "rule_agreement": agreement, "gopher_overall_agreement": round(overall, 4),
+        "speedup_vs_gopher": round(speedup, 2), "rule_agreement": agreement,
+        "gopher_overall_agreement": round(overall, 4),
         "c4_reasons": c4_reasons, "c4_vs_ours_all": round(c4_vs_ours, 4),
     }))
 

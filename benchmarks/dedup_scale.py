@@ -343,7 +343,8 @@ def main() -> None:
               f"{theirs['candidate_pairs']:7d}")
     print(f"peak RSS before the timed step (imports, warm-up): ours {rows[0]['ours']['rss_before_mb']:.0f} MB, "
           f"datasketch {rows[0]['datasketch']['rss_before_mb']:.0f} MB")
-    print(f"one new shard after {len(keys) - 1} (best of {args.repeats}): {added['seconds']:.1f} s, {added['peak_rss_mb']:.0f} MB; "
+    print(f"one new shard after {len(keys) - 1} (best of {args.repeats}): {added['seconds']:.1f} s, "
+          f"{added['peak_rss_mb']:.0f} MB; "
           f"that shard alone into an empty index: {alone['seconds']:.1f} s, {alone['peak_rss_mb']:.0f} MB "
           f"(ratio {added['seconds'] / alone['seconds']:.2f}); index row groups read: "
           f"{added['index_row_groups_read']} of {added['index_row_groups']}")

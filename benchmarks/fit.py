@@ -95,7 +95,8 @@ def main() -> None:
         print(f"{name:28}{getattr(batched, name):>18.6g}{getattr(reference, name):>28.6g}")
     print(f"speedup (wall): {scipy_wall_full / batched_wall:.1f}x")
     if extrapolated:
-        print(f"NOTE: scipy timed on {len(scipy_grid)} of {len(grid)} starts and scaled by {scale:.1f}; not measured in full.")
+        print(f"NOTE: scipy timed on {len(scipy_grid)} of {len(grid)} starts and scaled by {scale:.1f}; "
+              "not measured in full.")
     print(f"same optimum: {same_optimum} (objective gap {objective_gap:.2e}, largest parameter gap {param_gap:.2e})")
     print(
         json.dumps(

@@ -17,9 +17,10 @@ default entry every curated source gets.
                identity would pay for the new file.
 
 One shard's share of the full rebuild (its runs and in-run seconds over N+1) is set against what the
-new shard cost: the issue's goal is at most 1.5x. Each command is a fresh `marin` process, as a user or a sensor-triggered job runs it; wall
-seconds include its start-up (importing the code location), `in-run s` is the sum of the
-Dagster runs alone. The incremental result is checked against the full one: the N old shards
+new shard cost: the issue's goal is at most 1.5x. Each command is a fresh `marin` process, as a user
+or a sensor-triggered job runs it; wall seconds include its start-up (importing the code location),
+`in-run s` is the sum of the Dagster runs alone. The incremental result is checked against the full
+one: the N old shards
 must be untouched (same manifest, same finish time) and every shard's data version must equal
 the full rebuild's. Through `tokenized/` it also checks that the tokenizer stayed pinned (not
 retrained), that the cache encoded exactly one ledger shard holding exactly the new
@@ -262,7 +263,8 @@ def main() -> None:
     print(f"one shard's share of the full rebuild: {share_runs:.2f} runs, {share_s:.1f}s in runs; the new shard: "
           f"x{over_runs:.2f} runs, x{over_s:.2f} seconds (goal <= 1.5)")
     print(json.dumps({"target": f"{args.target}/{SOURCE}", "files": args.files,
-                      "new_shard_runs_over_share": round(over_runs, 2), "new_shard_seconds_over_share": round(over_s, 2),
+                      "new_shard_runs_over_share": round(over_runs, 2),
+                      "new_shard_seconds_over_share": round(over_s, 2),
                       "incremental_runs": added.runs, "incremental_shards_built": len(added.shards_built),
                       "incremental_s": added.wall_s, "incremental_in_run_s": added.in_run_s,
                       "full_runs": full.runs, "full_shards_built": len(full.shards_built), "full_s": full.wall_s,

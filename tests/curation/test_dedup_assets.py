@@ -26,7 +26,8 @@ def env(tmp_path):
     (tmp_path / "web" / "z-shared.txt").write_text(shared)
     sources = tmp_path / "sources.yaml"
     sources.write_text("sources:\n" + "".join(
-        f"  - name: {name}\n    uri: {tmp_path / name}/*.txt\n    format: text\n    files_per_shard: 1\n    dedup:\n      group: corpus\n"
+        f"  - name: {name}\n    uri: {tmp_path / name}/*.txt\n    format: text\n    files_per_shard: 1\n"
+        "    dedup:\n      group: corpus\n"
         for name in ("web", "books")))
     return {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(tmp_path / "store"),
             "DAGSTER_HOME": str(tmp_path / "home"), "MARIN_ENV": "local"}

@@ -200,6 +200,8 @@ def test_kernel_rejects_inconsistent_arrays():
     a, b = permutations(8, 1)
     multipliers = np.ones(5, dtype=np.uint64)
     with pytest.raises(ValueError, match="inconsistent"):
-        kernels.MODULES["_minhash"].signatures(b"ab", np.array([2], np.int64), 5, a, b, multipliers, 3, np.zeros((1, 7), np.uint32))
+        kernels.MODULES["_minhash"].signatures(b"ab", np.array([2], np.int64), 5, a, b, multipliers, 3,
+                                               np.zeros((1, 7), np.uint32))
     with pytest.raises(ValueError, match="out of range"):
-        kernels.MODULES["_minhash"].signatures(b"ab", np.array([9], np.int64), 5, a, b, multipliers, 3, np.zeros((1, 8), np.uint32))
+        kernels.MODULES["_minhash"].signatures(b"ab", np.array([9], np.int64), 5, a, b, multipliers, 3,
+                                               np.zeros((1, 8), np.uint32))

@@ -200,7 +200,8 @@ def test_whole_file_quarantine_reasons(tmp_path):
     assert n == 6 and docs.height + quarantine.height == 6
     assert sorted(docs["text"].to_list()) == sorted([NORMAL_TEXT.strip(), "Schöne Grüße"])
     reasons = dict(zip(quarantine["source_id"].str.extract(r"/d/(.+)$"), quarantine["reason"]))
-    assert reasons == {"image.txt": "binary", "empty.txt": "empty", "huge.txt": "too_large", "broken.txt.gz": "unreadable"}
+    assert reasons == {"image.txt": "binary", "empty.txt": "empty", "huge.txt": "too_large",
+                       "broken.txt.gz": "unreadable"}
     huge = quarantine.filter(pl.col("reason") == "too_large")
     assert huge["raw_bytes"][0] == 5000 and len(huge["raw"][0]) <= 5000
     assert counts["binary"] == counts["empty"] == counts["too_large"] == counts["unreadable"] == 1
@@ -219,7 +220,8 @@ def test_windowed_mojibake_check_equals_ftfy_is_bad():
     """Searching only near non-ASCII runs gives ftfy's answer: on real licence texts, on those texts
     with mojibake spliced in at the start, the end and in between, and on random strings built
     from the characters ftfy's pattern names (matches of every shape, at window edges)."""
-    real = [open(p, encoding="utf-8", errors="replace").read() for p in sorted(glob.glob("/usr/share/doc/*/copyright"))[:300]]
+    real = [open(p, encoding="utf-8", errors="replace").read()
+            for p in sorted(glob.glob("/usr/share/doc/*/copyright"))[:300]]
     real = [t for t in real if not t.isascii()] + [NORMAL_TEXT + "Straße ünd café"]
     rng = random.Random(0)
     mojibake = ["cafÃ©", "Ã ", "â€™", "ГўВЂВ™s", "Ã\xa0", "Â»", "Ã©tÃ©"]

@@ -54,8 +54,8 @@ def test_the_suite_runs_in_a_pod_placed_like_the_run_and_its_report_is_the_manif
         instance.add_dynamic_partitions(RUNS.name, [RUN])
         instance.event_log_storage.set_concurrency_slots("gpu", 1)
         training, _ = build_training_stage(settings, deployment)
-        result = dg.materialize([*training.assets, harness_eval], partition_key=RUN, instance=instance, resources=resources,
-                                selection=[harness_eval.key], raise_on_error=False)
+        result = dg.materialize([*training.assets, harness_eval], partition_key=RUN, instance=instance,
+                                resources=resources, selection=[harness_eval.key], raise_on_error=False)
     assert result.success, [e.message for e in result.all_events if e.is_failure]
 
     (ran,) = cluster.pods.values()

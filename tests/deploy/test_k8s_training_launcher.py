@@ -96,7 +96,8 @@ def materialize_checkpoint(deployment, run: str, pool: str, cluster, synthetic_d
     return result, slots_while_running
 
 
-def test_8_h100_run_gets_a_pod_with_8_gpus_on_h100_nodes_holding_the_gpu_slot(deployment, cluster, synthetic_deployment):
+def test_8_h100_run_gets_a_pod_with_8_gpus_on_h100_nodes_holding_the_gpu_slot(deployment, cluster,
+                                                                               synthetic_deployment):
     result, slots = materialize_checkpoint(deployment, "h100x8", "gpu", cluster, synthetic_deployment)
     assert result.success, result.all_events
 
@@ -214,7 +215,8 @@ def test_prod_environment_picks_the_k8s_launcher_with_the_bucket_client_or_the_v
 
     from marin_resources.launchers import LocalPipesLauncher, TrainingLauncher
 
-    prod = {"MARIN_ENV": "prod", "MARIN_TRAINING_IMAGE": "registry.example/marin:1", "MARIN_GPU_TYPE": "nvidia-h200-141gb"}
+    prod = {"MARIN_ENV": "prod", "MARIN_TRAINING_IMAGE": "registry.example/marin:1",
+            "MARIN_GPU_TYPE": "nvidia-h200-141gb"}
     on_bucket = build_resources(MarinSettings.from_env({**prod, "MARIN_PREFIX": "s3://bucket/marin"}))
     launcher = on_bucket["launcher"]
     assert isinstance(launcher, K8sTrainingLauncher) and isinstance(launcher, TrainingLauncher)

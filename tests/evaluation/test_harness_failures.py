@@ -55,7 +55,8 @@ def harness_deployment(tmp_path, monkeypatch):
                          run_id="seed") as writer:
                 out = store.local_path(writer.uri)
                 mixture = single_cache_mixture("stdlib-docs", str(tmp_path / "cache"), str(empty_tokenizer))
-                write_train_config(build_train_config(dataclasses.replace(spec, watch_every=0), mixture, str(empty_tokenizer), str(out)),
+                write_train_config(build_train_config(dataclasses.replace(spec, watch_every=0), mixture,
+                                                      str(empty_tokenizer), str(out)),
                                    Path(out) / "train_config.yaml")
                 writer.commit(config=spec.identity(), upstream=[],
                               producer=producer_info("seed"))
@@ -105,7 +106,8 @@ def test_offline_task_without_its_data_file_is_refused(tmp_path):
 
     spec = NextLineTaskSpec(name="t_next_line", source="s")
     (tmp_path / "t_next_line.yaml").write_text(render_task_yaml(spec, str(tmp_path / "t_next_line.jsonl")))
-    with pytest.raises(HarnessInputError, match=r"offline task 't_next_line': data file .*t_next_line.jsonl is missing"):
+    with pytest.raises(HarnessInputError,
+                       match=r"offline task 't_next_line': data file .*t_next_line.jsonl is missing"):
         check_offline_tasks(str(tmp_path), ["t_next_line"])
     (tmp_path / "t_next_line.jsonl").write_text("{}\n")
     check_offline_tasks(str(tmp_path), ["t_next_line"])

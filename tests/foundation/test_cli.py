@@ -29,7 +29,8 @@ def env(tmp_path):
     for i, word in enumerate(["alpha", "bravo", "charlie"]):
         (data / f"{word}.txt").write_text(f"Letter {word}. " + BODIES[word] * (5 + i))
     sources = tmp_path / "sources.yaml"
-    sources.write_text(f"sources:\n  - name: letters\n    uri: {data}/*.txt\n    format: text\n    files_per_shard: 1\n")
+    sources.write_text(f"sources:\n  - name: letters\n    uri: {data}/*.txt\n    format: text\n"
+                       "    files_per_shard: 1\n")
     return {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(tmp_path / "store"),
             "DAGSTER_HOME": str(tmp_path / "home"), "MARIN_ENV": "local"}
 
@@ -86,7 +87,8 @@ def test_materialize_status_and_noop(env, tmp_path):
                             for s in filtered)
     dedup = next(s for s in changed if s["asset_key"] == "deduplicated/letters")
     assert dedup["state"] == "stale" and dedup["cause"] == "upstream dedup_index/letters is stale"
-    assert any(line.strip().startswith("filtered/letters[alpha.txt]: missing: config changed: ") for line in dedup["why"])
+    assert any(line.strip().startswith("filtered/letters[alpha.txt]: missing: config changed: ")
+               for line in dedup["why"])
 
 
 @pytest.mark.slow  # two `marin` processes loading the code location
@@ -106,7 +108,8 @@ def test_rebuild_withdraws_one_partition_and_keeps_its_manifest(env, tmp_path):
     rebuilt = marin(env, "materialize", "documents/letters", "--partition", "alpha.txt", "--rebuild", "--json")
     summary = json.loads(rebuilt.stdout)
     assert "retract documents/letters [alpha.txt]" in rebuilt.stderr
-    assert [s["partition"] for s in summary["steps"] if s["ran"] and "documents/letters" in s["asset_keys"]] == ["alpha.txt"]
+    assert [s["partition"] for s in summary["steps"]
+            if s["ran"] and "documents/letters" in s["asset_keys"]] == ["alpha.txt"]
     (kept,) = manifest.parent.glob(".artifact.json.retracted-*")
     assert json.loads(kept.read_text()) == before  # the withdrawn record is kept, not deleted
     after = json.loads(manifest.read_text())

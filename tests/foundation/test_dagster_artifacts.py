@@ -180,7 +180,8 @@ def test_status_follows_one_rule_and_causes_propagate_downstream(tmp_path, insta
 
     def run(selection, partition=None):
         assets, resources = make_defs(tmp_path, greeting=greeting["value"], source=source)
-        dg.materialize(assets, selection=[asset_key(selection)], partition_key=partition, resources=resources, instance=instance)
+        dg.materialize(assets, selection=[asset_key(selection)], partition_key=partition, resources=resources,
+                       instance=instance)
 
     def states():
         assets, resources = make_defs(tmp_path, greeting=greeting["value"], source=source)

@@ -90,7 +90,8 @@ def test_a_step_starts_when_its_own_inputs_are_done_and_a_failure_skips_only_its
     # The slow shard ran last: test/fast_only did not wait for it. It reads only the fast shard, so it
     # joined that shard's run.
     assert runs.order == ["shard_test+fast_only_test[fast]", "shard_test[broken]", "shard_test[slow]"]
-    assert "          with test/fast_only in the same run (it reads it, and nothing else it reads is left to build)" in log
+    assert ("          with test/fast_only in the same run (it reads it, and nothing else it reads is left to "
+            "build)") in log
     assert "  skip    test/every_shard [whole]  (input test/shard [broken] did not succeed)" in log
 
 

@@ -173,7 +173,8 @@ def test_resumed_commit_hashes_only_what_the_build_wrote(tmp_path, monkeypatch):
     first, _ = build({"old-0": b"a", "old-1": b"bb", "tail": b"ccc"}, resume=False)
     hashed = []
     real_hash = ArtifactStore.hash_file
-    monkeypatch.setattr(ArtifactStore, "hash_file", lambda self, uri, rel: hashed.append(rel) or real_hash(self, uri, rel))
+    monkeypatch.setattr(ArtifactStore, "hash_file",
+                        lambda self, uri, rel: hashed.append(rel) or real_hash(self, uri, rel))
     time.sleep(0.01)  # the store's clock must tell the rewrite from the last commit
     second, skipped = build({"tail": b"ddd", "new": b"e"}, resume=True)  # same size, new bytes: rehashed
     assert sorted(hashed) == ["new", "tail"] and skipped == 2
@@ -194,7 +195,8 @@ def test_commit_takes_vouched_entries_of_files_whose_size_matches(tmp_path, monk
     store = ArtifactStore(str(tmp_path))
     hashed = []
     real_hash = ArtifactStore.hash_file
-    monkeypatch.setattr(ArtifactStore, "hash_file", lambda self, uri, rel: hashed.append(rel) or real_hash(self, uri, rel))
+    monkeypatch.setattr(ArtifactStore, "hash_file",
+                        lambda self, uri, rel: hashed.append(rel) or real_hash(self, uri, rel))
     with writing(store, "cache/x", "v1", None, fingerprint="f", run_id="run-test") as w:
         for rel, data in {"a": b"written elsewhere", "b": b"also", "c": b"not vouched"}.items():
             with w.open(rel) as fh:

@@ -55,7 +55,8 @@ class Proxy(BaseHTTPRequestHandler):
         status, out_headers, data = self._forward(method, headers, body)
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
         media = _MEDIA.match(self.path) if method == "GET" and query.get("alt") == ["media"] else None
-        if method == "GET" and status == 200 and _LIST.match(self.path) and ("startOffset" in query or "endOffset" in query):
+        if method == "GET" and status == 200 and _LIST.match(self.path) \
+                and ("startOffset" in query or "endOffset" in query):
             listing = json.loads(data)
             start, end = query.get("startOffset", [""])[0], query.get("endOffset", [None])[0]
             listing["items"] = [i for i in listing.get("items", [])

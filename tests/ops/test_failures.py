@@ -37,7 +37,8 @@ def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, curation_planne
     watched.mkdir()
     for name in ("kept", "vanishing"):
         (watched / f"{name}.txt").write_text(f"{name}. {TEXT}")
-    plan = curation_planner(f"sources:\n  - name: valley\n    uri: {watched}/*.txt\n    format: text\n    files_per_shard: 1\n")
+    plan = curation_planner(f"sources:\n  - name: valley\n    uri: {watched}/*.txt\n    format: text\n"
+                            "    files_per_shard: 1\n")
     instance = plan.instance
     home, sources = tmp_path / "home", tmp_path / "sources.yaml"
 
@@ -64,7 +65,8 @@ def test_vanished_shard_and_failing_asset_are_recorded(tmp_path, curation_planne
     assert parse_time(shard_row["time"]) >= started
 
     asset_row = rows[bad.run_id]
-    assert asset_row["assets"] == asset_row["failed_assets"] == ["ops/strict_table"] and asset_row["partition"] == "2025"
+    assert asset_row["assets"] == asset_row["failed_assets"] == ["ops/strict_table"]
+    assert asset_row["partition"] == "2025"
     assert asset_row["config"]["ops"]["ops__strict_table"]["config"] == {"min_rows": 10}
     assert asset_row["error"] == "ValueError: only 3 rows in 2025, need 10"
     assert parse_time(asset_row["time"]) >= started

@@ -58,7 +58,8 @@ def write_source(root: Path, names: list[str]) -> None:
 
 def cli_env(tmp: Path) -> dict[str, str]:
     sources = tmp / "sources.yaml"
-    sources.write_text(f"sources:\n  - name: harbour\n    uri: {tmp / 'text'}/*.txt\n    format: text\n    files_per_shard: 1\n")
+    sources.write_text(f"sources:\n  - name: harbour\n    uri: {tmp / 'text'}/*.txt\n    format: text\n"
+                       "    files_per_shard: 1\n")
     return {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(tmp / "store"),
             "DAGSTER_HOME": str(tmp / "home"), "MARIN_ENV": "local"}
 

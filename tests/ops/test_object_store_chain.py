@@ -120,7 +120,8 @@ def test_s3_chain_killed_mid_training_resumes_from_the_bucket_on_a_fresh_scratch
     deadline = time.monotonic() + 600
     while not complete_steps(fs, checkpoints):
         if proc.poll() is not None:
-            raise AssertionError(f"training exited {proc.returncode} before a checkpoint:\n{proc.communicate()[1][-6000:]}")
+            raise AssertionError(f"training exited {proc.returncode} before a checkpoint:\n"
+                                 f"{proc.communicate()[1][-6000:]}")
         assert time.monotonic() < deadline, "no checkpoint reached the bucket within 600 s"
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)

@@ -18,7 +18,8 @@ TEXT = "The quick brown fox jumps over the lazy dog near the river bank today. "
 
 def write_sources(tmp_path, watched):
     path = tmp_path / "sources.yaml"
-    path.write_text(f"sources:\n  - name: letters\n    uri: {watched}/*.txt\n    format: text\n    files_per_shard: 1\n")
+    path.write_text(f"sources:\n  - name: letters\n    uri: {watched}/*.txt\n    format: text\n"
+                    "    files_per_shard: 1\n")
     return path
 
 

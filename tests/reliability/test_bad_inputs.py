@@ -251,7 +251,8 @@ def test_a_failed_error_check_fails_the_command_and_says_which_count_broke_it(bu
     # deduplicated/mostlybad reads the failed partition, so it is not run: it joined that shard's run
     # (its only input), and what that run committed for it was withdrawn when the shard's check failed.
     assert summary["steps"][-1]["skipped"] and summary["steps"][-1]["partition"] is None
-    assert "in the same run" in proc.stderr and "withdrew what this run committed for" in proc.stderr, proc.stderr[-3000:]
+    assert "in the same run" in proc.stderr, proc.stderr[-3000:]
+    assert "withdrew what this run committed for" in proc.stderr, proc.stderr[-3000:]
     from marin_resources.store import ArtifactStore
     artifacts = ArtifactStore(str(built["store"]))
     assert all(artifacts.find(key, "v1", None) is None for key in ("dedup_index/mostlybad", "deduplicated/mostlybad"))

@@ -10,7 +10,8 @@ def test_refused_key_is_reported_alone_and_status_does_not_crash(tmp_path, curat
     data.mkdir()
     for name in ("a.txt", "z.txt"):
         (data / name).write_text(f"{name}. {TEXT}")
-    plan = curation_planner(f"sources:\n  - name: ferry\n    uri: {data}/*.txt\n    format: text\n    files_per_shard: 1\n")
+    plan = curation_planner(f"sources:\n  - name: ferry\n    uri: {data}/*.txt\n    format: text\n"
+                            "    files_per_shard: 1\n")
     # A discoverer that yields a key no store may use, next to good ones (shard_key never does this).
     real = plan.catalog.discoverers["ferry_shards"]
     plan.catalog.discoverers["ferry_shards"] = lambda: sorted([*real(), "report..final.txt"])

@@ -48,7 +48,8 @@ def refused(proc) -> str:
 @pytest.mark.parametrize("extra, name, expected", [
     ("bytes_per_shard: -5", "letters", "source 'letters'.bytes_per_shard: must be between 4096 (4 KiB) and "
                                        "17179869184 (16 GiB), got -5"),
-    ("bytes_per_shard: 100000000000000000000000000000000000000", "letters", "got 100000000000000000000000000000000000000"),
+    ("bytes_per_shard: 100000000000000000000000000000000000000", "letters",
+     "got 100000000000000000000000000000000000000"),
     ("bytes_per_shard: 1000", "letters", "and 17179869184 (16 GiB), got 1000"),
     ("colour: red", "letters", "source 'letters': unknown field 'colour'"),
     ("files_per_shard: 1", "../../evil", "sources[0].name: '../../evil' is not a safe source name"),
@@ -120,7 +121,8 @@ def test_an_invalid_instance_config_is_one_line_naming_it(env, tmp_path):
     home.mkdir()
     (home / "dagster.yaml").write_text("storag: {}\n")
     assert refused(marin(env, "failures")) == \
-        f'marin: {home / "dagster.yaml"} is not a valid instance config: Received unexpected config entry "storag" at the root'
+        f'marin: {home / "dagster.yaml"} is not a valid instance config: ' \
+        'Received unexpected config entry "storag" at the root'
 
 
 def test_an_unsupported_store_scheme_is_one_line(env):

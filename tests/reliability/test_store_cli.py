@@ -46,7 +46,8 @@ def base(tmp_path_factory):
     for name in ("north", "south"):
         (tmp / "text" / f"{name}.txt").write_text("\n\n".join(f"{name.title()}: {line}" for line in LINES * 3))
     sources = tmp / "sources.yaml"
-    sources.write_text(f"sources:\n  - name: harbour\n    uri: {tmp / 'text'}/*.txt\n    format: text\n    files_per_shard: 1\n")
+    sources.write_text(f"sources:\n  - name: harbour\n    uri: {tmp / 'text'}/*.txt\n    format: text\n"
+                       "    files_per_shard: 1\n")
     env = {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(tmp / "store"),
            "DAGSTER_HOME": str(tmp / "home"), "MARIN_ENV": "local"}
     proc = marin(env, "materialize", "documents/harbour")
@@ -193,7 +194,8 @@ def words_built(tmp_path):
 
 
 def reused(result, key):
-    return result.asset_materializations_for_node(asset_key(key).to_python_identifier())[0].metadata["marin/reused"].value
+    materializations = result.asset_materializations_for_node(asset_key(key).to_python_identifier())
+    return materializations[0].metadata["marin/reused"].value
 
 
 def test_damaged_target_is_rebuilt_by_materialize_artifact(tmp_path, words_built):

@@ -73,7 +73,8 @@ def test_candidate_to_dict():
                 "batch_size", "steps", "tokens", "params", "flops", "learning_rate", "beta2", "epsilon",
                 "weight_decay", "warmup", "run_name", "tokens_per_param"):  # fmt: skip
         assert key in record
-    assert record["run_name"] == candidate.run_name == f"micro-1e+14-d{candidate.hidden_dim}-L{candidate.num_layers}-B{candidate.batch_size}"
+    assert record["run_name"] == candidate.run_name == \
+        f"micro-1e+14-d{candidate.hidden_dim}-L{candidate.num_layers}-B{candidate.batch_size}"
     fields = {f.name for f in dataclasses.fields(Candidate)}
     assert Candidate(**{k: v for k, v in record.items() if k in fields}) == candidate
 

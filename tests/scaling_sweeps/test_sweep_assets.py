@@ -290,7 +290,8 @@ def test_check_result_needs_interval_and_forecast_before_training():
     outside = sweep_assets.forecast_check_result(
         {"targets": [{**target, "within_interval": False, "forecast_before_training": True}]})
     assert not outside.passed
-    assert outside.description == f"{target['run']}: actual={target['actual']} outside [{target['low']}, {target['high']}]"
+    assert outside.description == \
+        f"{target['run']}: actual={target['actual']} outside [{target['low']}, {target['high']}]"
     assert not sweep_assets.forecast_check_result({"targets": []}).passed
 
 

@@ -280,7 +280,8 @@ def test_two_prefixes_give_the_same_bytes_and_a_moved_cache_loads_with_the_token
     with caplog.at_level(logging.INFO):
         train = config.train_set(hax.Axis("position", 32), BatchSchedule(2), key=jax.random.PRNGKey(0))
         first = train.as_sync_dataset()[0]
-    assert not [r for r in caplog.records if "Metadata mismatch" in r.getMessage() or "Building cache" in r.getMessage()]
+    assert not [r for r in caplog.records
+                if "Metadata mismatch" in r.getMessage() or "Building cache" in r.getMessage()]
     assert first.tokens.array.shape == (32,) and int(first.tokens.array.max()) < len(config.the_tokenizer)
 
 

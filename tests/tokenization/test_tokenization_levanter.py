@@ -441,7 +441,8 @@ def test_bad_inputs_give_clear_errors(tokenizer_dir, write_docs, tmp_path):
 
 def test_build_from_in_memory_documents(corpus, tokenizer_dir, tmp_path):
     docs = [(_doc_id(t), t) for t in corpus[:40]]
-    stats = build_levanter_cache_from_documents(iter(docs), tokenizer_dir, str(tmp_path / "mem"), CacheConfig(validation_fraction=0.0))
+    stats = build_levanter_cache_from_documents(iter(docs), tokenizer_dir, str(tmp_path / "mem"),
+                                                CacheConfig(validation_fraction=0.0))
     assert (stats.documents, stats.validation.documents) == (40, 0)
     assert len(_rows(str(tmp_path / "mem" / "validation"))) == 0
     assert len(_rows(str(tmp_path / "mem" / "train"))) == 40
@@ -488,7 +489,8 @@ def test_levanter_trains_from_the_rendered_mixture(cache, request, tokenizer_dir
         train = config.train_set(Pos, BatchSchedule(4), key=jax.random.PRNGKey(0)).as_sync_dataset()
         first = train[0]
         validation = config.validation_sets(Pos)
-    assert not [r for r in caplog.records if "Metadata mismatch" in r.getMessage() or "Building cache" in r.getMessage()]
+    assert not [r for r in caplog.records
+                if "Metadata mismatch" in r.getMessage() or "Building cache" in r.getMessage()]
 
     # Training sequences are seq_len-aligned windows of the concatenated train rows (the mixture
     # only permutes their order within a block).

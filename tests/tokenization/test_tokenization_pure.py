@@ -66,7 +66,8 @@ def test_training_is_deterministic_within_and_across_processes(corpus, tokenizer
     cfg = TokenizerConfig(vocab_size=512)
     again = train_bpe_tokenizer(corpus, cfg, str(tmp_path / "again"))
     assert again.tokenizer_json_sha256 == tokenizer_json_sha256(tokenizer_dir)
-    with open(os.path.join(tokenizer_dir, "tokenizer.json"), "rb") as a, open(tmp_path / "again" / "tokenizer.json", "rb") as b:
+    with open(os.path.join(tokenizer_dir, "tokenizer.json"), "rb") as a, \
+            open(tmp_path / "again" / "tokenizer.json", "rb") as b:
         assert a.read() == b.read()
 
     # A fresh interpreter with a different hash seed (Rust/Python hash maps reseeded) gives the same bytes.
@@ -186,7 +187,8 @@ def test_mixture_renders_deterministically_with_sorted_keys():
     )
     assert list(a) == sorted(a) and list(a["configs"]) == sorted(a["configs"])
     assert a["train_weights"] == {"code": 0.3, "heldout": 0.0, "web": 0.7}
-    assert a["configs"]["web"] == {"cache_dir": "gs://bucket/tok/web/v3", "tags": ["en", "web"], "train_urls": [], "validation_urls": []}
+    assert a["configs"]["web"] == {"cache_dir": "gs://bucket/tok/web/v3", "tags": ["en", "web"], "train_urls": [],
+                                   "validation_urls": []}
     assert a["tokenizer"] == "gs://bucket/tokenizer/v1" and a["cache_dir"] is None
     assert yaml.safe_load(render_levanter_data_config_yaml(_spec(["web", "code", "heldout"]))) == a
     assert _spec(["web", "code", "heldout"]).validation_only_components == ["heldout"]

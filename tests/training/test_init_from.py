@@ -69,7 +69,8 @@ def write_hf_llama(out: Path, *, vocab_size: int, seed: int = 0, **overrides):
     return model
 
 
-def train_from(weights_dir: Path, out: Path, tiny_artifact, tiny_mixture) -> tuple[str, Path, subprocess.CompletedProcess]:
+def train_from(weights_dir: Path, out: Path, tiny_artifact,
+               tiny_mixture) -> tuple[str, Path, subprocess.CompletedProcess]:
     """A 2-step tiny run from ``weights_dir``, resolved as the checkpoint asset resolves it, through
     ``train_main``: (its config, its directory, the finished process)."""
     from marin_assets.training.levanter_config import build_train_config, write_train_config
@@ -77,7 +78,8 @@ def train_from(weights_dir: Path, out: Path, tiny_artifact, tiny_mixture) -> tup
     with ContentHashCache(out.parent / "hashes.sqlite") as hashes:
         weights = resolve_path(str(weights_dir), hashes)
     spec = tiny_spec(steps=2, watch_every=0, init_from=InitFrom(path=str(weights_dir)))
-    config = write_train_config(build_train_config(spec, tiny_mixture, tiny_artifact[1], str(out), init_weights=weights),
+    config = write_train_config(build_train_config(spec, tiny_mixture, tiny_artifact[1], str(out),
+                                                   init_weights=weights),
                                 out / "train_config.yaml")
     proc = subprocess.run([sys.executable, "-m", "marin_assets.training.train_main", "--config", config,
                            "--output-dir", str(out), "--init-sha256", weights.sha256],
@@ -175,7 +177,8 @@ def test_a_directory_resolves_to_the_hash_of_its_config_and_weights(llama_dir, t
 @pytest.mark.parametrize(("damage", "message"), [
     (lambda d: (d / "config.json").unlink(), "llama: no config.json"),
     (lambda d: (d / "model.safetensors").unlink(), "llama: no model.safetensors or model.safetensors.index.json"),
-    (lambda d: (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-2.safetensors"}})),
+    (lambda d: (d / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "model-2.safetensors"}})),
      "llama/model-2.safetensors: listed in model.safetensors.index.json but not there"),
 ])
 def test_a_directory_that_is_no_model_is_one_line_naming_the_missing_piece(llama_dir, tmp_path, damage, message):
@@ -329,8 +332,8 @@ def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_d
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_RUNS": str(runs_file)})
     resources = build_resources(settings)
     store = resources["store"].get()
-    _commit(store, "mixture/m", None, {"data.json": json.dumps({"cache_dir": None, "train_weights": {"m": 1.0},
-                                                                  "configs": {"m": {"cache_dir": "/caches/m"}}}).encode()})
+    _commit(store, "mixture/m", None, {"data.json": json.dumps({
+        "cache_dir": None, "train_weights": {"m": 1.0}, "configs": {"m": {"cache_dir": "/caches/m"}}}).encode()})
     _commit(store, "tokenizer/t", None, {"tokenizer.json": b"{}"})
     export = _commit(store, "hf_model", "base", {n: (llama_dir / n).read_bytes()
                                                  for n in ("config.json", "model.safetensors")})
@@ -390,7 +393,8 @@ def test_levanter_starts_from_a_transformers_llama_at_its_loss(tmp_path, tiny_ar
     data_key = jrandom.split(jrandom.PRNGKey(config.trainer.seed), 4)[0]
     dataset = config.data.train_set(config.model.Pos, config.trainer.batch_schedule, key=data_key,
                                     epochs=config.epoch).as_sync_dataset()
-    batch = np.stack([np.asarray(e.tokens.array) for e in dataset.get_batch(list(range(config.trainer.train_batch_size)))])
+    batch = np.stack([np.asarray(e.tokens.array)
+                      for e in dataset.get_batch(list(range(config.trainer.train_batch_size)))])
     eos = config.data.the_tokenizer.eos_token_id
 
     # transformers on the same rows; Levanter's attention does not cross a document's end (EOS), so each

@@ -9,7 +9,8 @@ from marin_resources.launchers import LocalPipesLauncher, build_command_and_env
 
 def test_cpu_train_command_and_env():
     launch = build_command_and_env(train_command("/o/train_config.yaml", "/o"))
-    assert launch.command == [sys.executable, "-m", "marin_assets.training.train_main", "--config", "/o/train_config.yaml", "--output-dir", "/o"]
+    assert launch.command == [sys.executable, "-m", "marin_assets.training.train_main", "--config",
+                              "/o/train_config.yaml", "--output-dir", "/o"]
     assert launch.env["JAX_PLATFORMS"] == "cpu"
     assert launch.env["WANDB_MODE"] == "offline"
     assert launch.env["RAY_USAGE_STATS_ENABLED"] == "0"

@@ -20,7 +20,8 @@ def test_config_parses_into_levanter_train_lm_config(tmp_path, tiny_artifact, ti
 
     cache_root, tokenizer_dir = tiny_artifact
     spec = tiny_spec(checkpoint_every=7)
-    cfg = build_train_config(spec, tiny_mixture, tokenizer_dir, str(tmp_path), wandb=WandbSettings(project="p", tags=("a",)))
+    cfg = build_train_config(spec, tiny_mixture, tokenizer_dir, str(tmp_path),
+                             wandb=WandbSettings(project="p", tags=("a",)))
     parsed = parse_train_config(write_train_config(cfg, tmp_path / "train_config.yaml"))
     assert isinstance(parsed, TrainLmConfig)
     assert isinstance(parsed.data, LMMixtureDatasetConfig) and isinstance(parsed.model, LlamaConfig)
@@ -63,14 +64,17 @@ def test_preflight_rejects_tokenizer_with_fields_missing_from_cache(tmp_path, ti
     from marin_assets.training.train_main import check_caches_readable
 
     _, tokenizer_dir = tiny_artifact
-    good = parse_train_config(write_train_config(build_train_config(tiny_spec(), tiny_mixture, tokenizer_dir, str(tmp_path)), tmp_path / "a.yaml"))
+    good = parse_train_config(write_train_config(
+        build_train_config(tiny_spec(), tiny_mixture, tokenizer_dir, str(tmp_path)), tmp_path / "a.yaml"))
     check_caches_readable(good.data)
 
     # The same vocabulary saved with HF defaults returns token_type_ids, which the cache lacks.
     loaded = AutoTokenizer.from_pretrained(tokenizer_dir)
-    PreTrainedTokenizerFast(tokenizer_object=loaded.backend_tokenizer, bos_token=loaded.bos_token, eos_token=loaded.eos_token).save_pretrained(tmp_path / "tok")
+    PreTrainedTokenizerFast(tokenizer_object=loaded.backend_tokenizer, bos_token=loaded.bos_token,
+                            eos_token=loaded.eos_token).save_pretrained(tmp_path / "tok")
     mixture = dict(tiny_mixture, tokenizer=str(tmp_path / "tok"))
-    bad = parse_train_config(write_train_config(build_train_config(tiny_spec(), mixture, str(tmp_path / "tok"), str(tmp_path)), tmp_path / "b.yaml"))
+    bad = parse_train_config(write_train_config(
+        build_train_config(tiny_spec(), mixture, str(tmp_path / "tok"), str(tmp_path)), tmp_path / "b.yaml"))
     with pytest.raises(ValueError, match="token_type_ids"):
         check_caches_readable(bad.data)
 

@@ -56,7 +56,8 @@ def one_device_run(tmp_path_factory, tiny_artifact, tiny_mixture) -> tuple[dict,
 def test_fsdp_on_8_devices_matches_one_device_and_resumes_on_4(tmp_path, tiny_artifact, tiny_mixture, one_device_run):
     _, tokenizer_dir = tiny_artifact
     one = ONE_DEVICE
-    eight = dataclasses.replace(one, resources=ResourceSpec(device_count=8), parallelism=ParallelismSpec(data=2, fsdp=4))
+    eight = dataclasses.replace(one, resources=ResourceSpec(device_count=8),
+                                parallelism=ParallelismSpec(data=2, fsdp=4))
     four = dataclasses.replace(one, resources=ResourceSpec(device_count=4), parallelism=ParallelismSpec(data=2, fsdp=2))
     assert one.fingerprint() == eight.fingerprint() == four.fingerprint()
 
@@ -71,7 +72,8 @@ def test_fsdp_on_8_devices_matches_one_device_and_resumes_on_4(tmp_path, tiny_ar
     assert sorted(sharded_losses) == sorted(single_losses) == list(range(STEPS))
     for step, loss in single_losses.items():
         assert sharded_losses[step] == pytest.approx(loss, abs=LOSS_TOLERANCE), step
-    print("max |loss(8 devices) - loss(1 device)|:", max(abs(sharded_losses[s] - single_losses[s]) for s in single_losses))
+    print("max |loss(8 devices) - loss(1 device)|:",
+          max(abs(sharded_losses[s] - single_losses[s]) for s in single_losses))
 
     # The largest weight (the 512 x 32 token embedding) is split along embed over the mesh's
     # FSDP ("data") axis, a quarter on each device; on one device (a mesh of size 1) it is whole.
@@ -121,7 +123,8 @@ def test_a_coordinator_that_never_comes_up_is_one_line_and_commits_nothing(tmp_p
 
     spec = dataclasses.replace(ONE_DEVICE, resources=ResourceSpec(device_count=8, processes=2))
     out = tmp_path / "run"
-    config = write_train_config(build_train_config(spec, tiny_mixture, tiny_artifact[1], str(out)), out / "train_config.yaml")
+    config = write_train_config(build_train_config(spec, tiny_mixture, tiny_artifact[1], str(out)),
+                                out / "train_config.yaml")
     _, follower = local_process_groups(2)  # process 0, the coordinator, is never started
     proc = _start(spec, config, out, follower, {"MARIN_COORDINATOR_TIMEOUT_S": "3"})
     assert proc.wait(timeout=120) != 0

@@ -15,11 +15,13 @@ from marin_assets.training.spec import (
 
 def test_fingerprint_ignores_resources_but_not_identity_fields():
     base = tiny_spec()
-    on_tpu = dataclasses.replace(base, resources=ResourceSpec(accelerator="tpu", device_count=8, tpu_type="v5litepod-8", pool="tpu"))
+    on_tpu = dataclasses.replace(base, resources=ResourceSpec(accelerator="tpu", device_count=8, tpu_type="v5litepod-8",
+                                                              pool="tpu"))
     assert base.fingerprint() == on_tpu.fingerprint()
     assert "resources" not in base.identity()
     # The mesh splits the same global batch differently; the weights it trains are the same run's.
-    sharded = dataclasses.replace(base, resources=ResourceSpec(device_count=8), parallelism=ParallelismSpec(data=2, fsdp=4))
+    sharded = dataclasses.replace(base, resources=ResourceSpec(device_count=8),
+                                  parallelism=ParallelismSpec(data=2, fsdp=4))
     assert base.fingerprint() == sharded.fingerprint() and "parallelism" not in base.identity()
     assert base.fingerprint() != dataclasses.replace(base, train_batch_size=16).fingerprint()
     # Norm logging is observability: turning it off retrains nothing.
@@ -88,10 +90,12 @@ def test_registry_roundtrip_and_defaults(tmp_path):
     [
         (("train_batch_size: 8", "train_batch_size: eight"), "train_batch_size", "expected an integer"),
         (("num_train_steps: 10", "num_train_steps: 10\n    epochs: 3"), "epochs", "unknown field"),
-        (("optimizer: {learning_rate: 0.01}", "optimizer: {learning_rate: 0.01, schedule: step}"), "optimizer.schedule", "not one of"),
+        (("optimizer: {learning_rate: 0.01}", "optimizer: {learning_rate: 0.01, schedule: step}"), "optimizer.schedule",
+         "not one of"),
         (("hidden_dim: 32", "hidden_dim: 33"), "model.hidden_dim", "not divisible"),
         (("    tokenizer: t\n", ""), "tokenizer", "required field is missing"),
-        (("num_train_steps: 10", "num_train_steps: 10\n    resources: {accelerator: tpu}"), "resources.tpu_type", "exactly when"),
+        (("num_train_steps: 10", "num_train_steps: 10\n    resources: {accelerator: tpu}"), "resources.tpu_type",
+         "exactly when"),
         (("num_train_steps: 10", "num_train_steps: 10\n    watch_every: -1"), "watch_every", "must be >= 0"),
         (("seq_len: 64}", "seq_len: 64, family: gpt5}"), "model.family", "not one of"),
         (("learning_rate: 0.01}", "learning_rate: 0.01, type: sgd}"), "optimizer.type", "not one of"),
@@ -156,7 +160,8 @@ def test_a_model_is_checked_against_the_memory_of_the_devices_it_names():
         # One process: every device a data-parallel replica.
         (ResourceSpec(device_count=8), ParallelismSpec(), MeshShape(8, 1, 1)),
         # A 4-host TPU slice: parameters FSDP-sharded over all 16 chips.
-        (ResourceSpec(accelerator="tpu", device_count=16, tpu_type="v5litepod-16"), ParallelismSpec(), MeshShape(1, 16, 1)),
+        (ResourceSpec(accelerator="tpu", device_count=16, tpu_type="v5litepod-16"), ParallelismSpec(),
+         MeshShape(1, 16, 1)),
         (ResourceSpec(device_count=8), ParallelismSpec(fsdp=4), MeshShape(2, 4, 1)),
         (ResourceSpec(device_count=8), ParallelismSpec(data=2, tensor=2), MeshShape(2, 2, 2)),
         (ResourceSpec(accelerator="gpu", device_count=8), ParallelismSpec(tensor=2), MeshShape(4, 1, 2)),
@@ -177,7 +182,8 @@ def test_unset_axes_are_filled_from_the_devices(resources, parallelism, mesh):
         ("{device_count: 8}", "{fsdp: 8}", "parallelism.fsdp", "does not divide model.hidden_dim=36"),
         ("{device_count: 16}", "{}", "train_batch_size", "8 is not divisible by data 16 x fsdp 1"),
         ("{device_count: 4}", "{tensor: 4}", "parallelism.tensor", "does not divide model.num_kv_heads=2"),
-        ("{accelerator: tpu, tpu_type: v5litepod-12, device_count: 12}", "{}", "resources.tpu_type", "not a slice size"),
+        ("{accelerator: tpu, tpu_type: v5litepod-12, device_count: 12}", "{}", "resources.tpu_type",
+         "not a slice size"),
     ],
 )
 def test_parallelism_that_does_not_fit_the_devices_is_refused(tmp_path, resources, parallelism, field, message):
@@ -195,8 +201,9 @@ def test_cli_refuses_a_bad_runs_file_in_one_line_with_exit_code_2(tmp_path):
     import subprocess
     import sys
 
-    runs = _write(tmp_path, GOOD.replace("num_train_steps: 10", "num_train_steps: 10\n    resources: {device_count: 8}\n"
-                                                                "    parallelism: {data: 3}"))
+    runs = _write(tmp_path, GOOD.replace("num_train_steps: 10",
+                                         "num_train_steps: 10\n    resources: {device_count: 8}\n"
+                                         "    parallelism: {data: 3}"))
     env = {**os.environ, "MARIN_RUNS": str(runs), "MARIN_PREFIX": str(tmp_path / "store"),
            "DAGSTER_HOME": str(tmp_path / "home")}
     proc = subprocess.run([sys.executable, "-m", "marin_assets.cli", "status"], env=env, capture_output=True, text=True)
@@ -213,8 +220,9 @@ def test_an_evaluation_of_a_multi_process_cpu_run_is_one_process_with_all_its_de
 
 
 def test_processes_of_a_tpu_slice_are_its_hosts(tmp_path):
-    body = GOOD.replace("num_train_steps: 10", "num_train_steps: 10\n    resources: {accelerator: tpu, tpu_type: v5litepod-16, "
-                                               "device_count: 16, processes: 2}")
+    body = GOOD.replace("num_train_steps: 10",
+                        "num_train_steps: 10\n    resources: {accelerator: tpu, tpu_type: v5litepod-16, "
+                        "device_count: 16, processes: 2}")
     with pytest.raises(RunSpecError, match="v5litepod-16 has 4 hosts, one process each, not 2") as err:
         load_run_registry(_write(tmp_path, body))
     assert err.value.field_path == "resources.processes"

@@ -104,7 +104,8 @@ def test_kill9_resume_through_pipes_then_eval(tmp_path, tiny_artifact, tiny_mixt
     levanter_final_eval = meta["eval_loss_last"]
     assert loss == pytest.approx(levanter_final_eval, rel=1e-3)
     # bytes/token of this tokenizer is ~2-4, so bpb and loss are tied by that ratio
-    assert bpb == pytest.approx(loss / math.log(2) * report["eval/stdlib-docs/tokens"] / report["eval/stdlib-docs/bytes"])
+    assert bpb == pytest.approx(
+        loss / math.log(2) * report["eval/stdlib-docs/tokens"] / report["eval/stdlib-docs/bytes"])
     assert len(report["samples"]) == 3 and all(s["prompt"] for s in report["samples"])
     assert eval_meta["eval/stdlib-docs/loss"] == pytest.approx(loss)
 
@@ -112,7 +113,8 @@ def test_kill9_resume_through_pipes_then_eval(tmp_path, tiny_artifact, tiny_mixt
     #     defaults, value for value: eval/<run> adopts it in place of launching that process.
     from marin_assets.training.eval_main import REPORT_VERSION
     from marin_assets.training.train_main import FINAL_EVAL_FILE
-    _run_in_dagster(lambda context, launcher: launcher.run_process(context, eval_command(config_path, str(out / "full"))))
+    _run_in_dagster(lambda context, launcher: launcher.run_process(context,
+                                                                   eval_command(config_path, str(out / "full"))))
     final = json.load(open(out / FINAL_EVAL_FILE))
     assert final["report_version"] == REPORT_VERSION and final["checkpoint_path"].endswith(f"step-{STEPS - 1}")
     assert final == json.load(open(out / "full" / "eval_report.json"))
