@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
-from dagster._core.test_utils import in_process_test_workspace
-from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-from dagster_graphql.test.utils import execute_dagster_graphql
 
 from marin_assets.curation.sources import discover_shards, load_sources
 from marin_assets.definitions import build_definitions
@@ -76,13 +73,10 @@ def test_a_stage_job_launched_through_graphql_builds_its_partition(tmp_path, mon
                         "defs, _ = build_definitions(MarinSettings.from_env())\n")
     [shard] = discover_shards(load_sources(sources)[0])
     # Launched at once and run in this process (the UI's instance queues it for the daemon instead).
-    overrides = {"run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
-                 "run_launcher": {"module": "dagster._core.launcher.sync_in_memory_run_launcher",
-                                  "class": "SyncInMemoryRunLauncher"}}
-    with dg.instance_for_test(overrides=overrides) as instance, in_process_test_workspace(
-            instance, LoadableTargetOrigin(python_file=str(location), attribute="defs")) as context:
+    with dg.instance_for_test(overrides=private.RUN_IN_PROCESS_INSTANCE) as instance, \
+            private.graphql_on_a_python_file(instance, str(location), "defs") as query:
         instance.add_dynamic_partitions("letters_shards", [shard.key])
-        [repo] = execute_dagster_graphql(context, JOBS).data["repositoriesOrError"]["nodes"]
+        [repo] = query(JOBS)["repositoriesOrError"]["nodes"]
         jobs = {job["name"] for job in repo["jobs"] if job["isAssetJob"]}
         assert {"curation", "curation_letters_shards"} <= jobs
         selected = [asset_key(k).path for k in ("raw/letters", "documents/letters")]
@@ -90,7 +84,7 @@ def test_a_stage_job_launched_through_graphql_builds_its_partition(tmp_path, mon
                                "jobName": "curation_letters_shards",
                                "assetSelection": [{"path": path} for path in selected]},
                   "executionMetadata": {"tags": [{"key": "dagster/partition", "value": shard.key}]}}
-        answer = execute_dagster_graphql(context, LAUNCH, {"params": params}).data["launchRun"]
+        answer = query(LAUNCH, {"params": params})["launchRun"]
         assert answer["__typename"] == "LaunchRunSuccess", answer
         run = instance.get_run_by_id(answer["run"]["runId"])
         assert run.status == dg.DagsterRunStatus.SUCCESS and run.job_name == "curation_letters_shards"
