@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from marin_assets.training.metrics import parse_metrics, pyplot
+from marin_assets.training.train_main import METRICS_FILE
 from marin_resources.store import ArtifactStore, Manifest
 
-METRICS_FILE = "metrics.jsonl"
 MISSING = "-"
 
 
@@ -65,7 +65,7 @@ def load_run(store: ArtifactStore, name: str, keys: RunKeys) -> RunResults:
         manifest = store.find(eval_key, eval_version, name)
         if manifest is None:
             continue
-        if not read_checkpoint(manifest, checkpoint):
+        if not evaluated(checkpoint, manifest):
             notes.append(f"{eval_key}[{name}] evaluated an earlier checkpoint of the run; left out "
                          f"(marin materialize {eval_key} --partition {name})")
             continue
@@ -80,7 +80,7 @@ def load_run(store: ArtifactStore, name: str, keys: RunKeys) -> RunResults:
     return RunResults(name, values, curve, tokens_per_step(checkpoint.config), notes)
 
 
-def read_checkpoint(evaluation: Manifest, checkpoint: Manifest) -> bool:
+def evaluated(checkpoint: Manifest, evaluation: Manifest) -> bool:
     """Whether ``evaluation`` read this version of ``checkpoint`` (its upstream records it)."""
     return any(u.asset_key == checkpoint.asset_key and u.data_version == checkpoint.data_version
                for u in evaluation.upstream)
