@@ -174,14 +174,16 @@ def compare(results: Sequence[RunResults]) -> Comparison:
 
 
 def cell_text(value: Any) -> str:
-    """A table cell: counts with thousands separators, other numbers to 4 decimals (large ones whole)."""
+    """A table cell: counts with thousands separators; losses and other small numbers to 4 decimals,
+    rates and durations (100 and up) to 1, and from 1,000 up whole."""
     if value is None:
         return MISSING
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if isinstance(value, int):
         return f"{value:,}"
-    return f"{value:,.0f}" if math.isfinite(value) and abs(value) >= 1000 else f"{value:.4f}"
+    size = abs(value) if math.isfinite(value) else 0
+    return f"{value:,.0f}" if size >= 1000 else f"{value:.1f}" if size >= 100 else f"{value:.4f}"
 
 
 def text_table(comparison: Comparison) -> str:

@@ -11,8 +11,8 @@ import yaml
 from marin_assets.cli import main
 from marin_assets.deployment import Deployment
 from marin_assets.evaluation.cross_eval import tokenizer_mismatch
-from marin_assets.reports.compare import (CompareError, compare, loss_curves, markdown_table, plot_loss_curves,
-                                          text_table)
+from marin_assets.reports.compare import (CompareError, cell_text, compare, loss_curves, markdown_table,
+                                          plot_loss_curves, text_table)
 from marin_assets.reports.comparison import build_run_comparison_asset, load_runs
 from marin_assets.training.levanter_config import validation_only_config
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, RunSpec
@@ -116,6 +116,8 @@ def test_the_table_has_a_column_per_run_and_a_row_per_metric_either_has(deployme
     lines = {line.rsplit(None, 2)[0].strip(): line.split()[-2:] for line in text[2:]}
     assert lines["parameters"] == ["2,098,304", "2,098,304"] and lines["eval shakespeare loss"] == ["3.6000", "-"]
     assert len({len(line) for line in text}) == 1  # every column right-aligned to its width
+    assert [cell_text(v) for v in (None, 2_098_304, 3.14159, 639.93, 12_345.6, "m")] == \
+        ["-", "2,098,304", "3.1416", "639.9", "12,346", "m"]
     markdown = markdown_table(comparison).splitlines()
     assert markdown[:2] == ["| metric | small | wide |", "|---|---:|---:|"]
     assert "| word_order acc | 0.9350 ± 0.0123 | - |" in markdown
