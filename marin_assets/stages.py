@@ -8,6 +8,7 @@ from marin_assets.catalog import Catalog
 from marin_assets.curation.assets import build_curation_stage
 from marin_assets.deployment import Deployment
 from marin_assets.evaluation.assets import build_evaluation_stage
+from marin_assets.evaluation.cross_eval import build_cross_eval_stage
 from marin_assets.export.assets import build_export_stage
 from marin_assets.jobs import build_stage_jobs
 from marin_assets.reports.assets import build_reports_stage
@@ -17,7 +18,7 @@ from marin_assets.training.assets import build_training_stage
 from marin_resources.environments import MarinSettings
 
 STAGES = [build_curation_stage, build_tokenization_stage, build_training_stage, build_evaluation_stage,
-          build_export_stage, build_reports_stage, build_scaling_sweeps_stage]
+          build_cross_eval_stage, build_export_stage, build_reports_stage, build_scaling_sweeps_stage]
 
 
 def build_stages(settings: MarinSettings) -> list[tuple]:
