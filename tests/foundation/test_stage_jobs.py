@@ -8,6 +8,7 @@ import pytest
 from marin_assets.curation.sources import discover_shards, load_sources
 from marin_assets.definitions import build_definitions
 from marin_assets.jobs import JOB_STAGES, build_stage_jobs, stage_job_name
+from marin_resources import dagster_private as private
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import asset_key
 
