@@ -10,6 +10,7 @@
     marin pin KEY [--partition P]
     marin migrate [--dry-run]
     marin failures [--json]
+    marin compare RUN [RUN ...] [--plot PNG] [--json]
 
 A refusal (bad config, unknown asset, unreachable store, unreadable instance database) is one
 line, `marin: <cause>`, and exit 2; `marin --debug COMMAND ...` adds the traceback.
@@ -375,6 +376,32 @@ def cmd_failures(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """The runs' committed results side by side, and their loss curves in one PNG (`reports.compare`)."""
+    from marin_assets.deployment import Deployment
+    from marin_assets.reports.compare import CompareError, compare, plot_loss_curves, text_table
+    from marin_assets.reports.comparison import load_runs
+
+    settings, store = store_only()
+    try:
+        results = load_runs(Deployment.load(settings), store, args.runs)
+    except CompareError as exc:
+        print(f"marin: {exc}", file=sys.stderr)
+        return 2
+    comparison = compare(results)
+    plot = str(Path(args.plot).resolve()) if any(r.curve for r in results) else None
+    if plot is not None:
+        plot_loss_curves(results, plot)
+    if args.json:
+        print(json.dumps({**comparison.to_dict(), "plot": plot, "prefix": settings.prefix}, indent=2))
+        return 0
+    print(text_table(comparison))
+    for note in comparison.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"\nloss curves: {plot or 'none (no run has metrics.jsonl)'}  (prefix {settings.prefix})")
+    return 0
+
+
 def demo_materialize_args() -> list[argparse.Namespace]:
     """What the demo's three commands parse to, every option at its default:
     `marin materialize eval --partition nano-shakespeare`, `marin materialize hf_model --partition
@@ -488,6 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
     fail = sub.add_parser("failures", help="every failed materialization recorded by the instance")
     fail.add_argument("--json", action="store_true")
     fail.set_defaults(fn=cmd_failures)
+    cmp = sub.add_parser("compare", help="the runs' eval metrics side by side, and their loss curves in one plot")
+    cmp.add_argument("runs", nargs="+", metavar="RUN", help="a named run (runs.yaml) or a sweep's run")
+    cmp.add_argument("--plot", default="compare.png", metavar="PNG",
+                     help="where to write the overlaid loss curves (default: ./compare.png)")
+    cmp.add_argument("--json", action="store_true", help="print the table as JSON (rows, values by run, notes)")
+    cmp.set_defaults(fn=cmd_compare)
     return parser
 
 

@@ -8,7 +8,9 @@ from marin_assets.catalog import Catalog
 from marin_assets.curation.assets import build_curation_stage
 from marin_assets.deployment import Deployment
 from marin_assets.evaluation.assets import build_evaluation_stage
+from marin_assets.evaluation.cross_eval import build_cross_eval_stage
 from marin_assets.export.assets import build_export_stage
+from marin_assets.jobs import build_stage_jobs
 from marin_assets.reports.assets import build_reports_stage
 from marin_assets.scaling_sweeps.assets import build_scaling_sweeps_stage
 from marin_assets.tokenization.assets import build_tokenization_stage
@@ -16,12 +18,14 @@ from marin_assets.training.assets import build_training_stage
 from marin_resources.environments import MarinSettings
 
 STAGES = [build_curation_stage, build_tokenization_stage, build_training_stage, build_evaluation_stage,
-          build_export_stage, build_reports_stage, build_scaling_sweeps_stage]
+          build_cross_eval_stage, build_export_stage, build_reports_stage, build_scaling_sweeps_stage]
 
 
 def build_stages(settings: MarinSettings) -> list[tuple]:
-    """Every stage's (definitions, catalog), all built from one `Deployment`, and the automation sensors."""
+    """Every stage's (definitions, catalog), all built from one `Deployment`, then the automation sensors
+    and a job per stage (`marin_assets/jobs.py`)."""
     deployment = Deployment.load(settings)
     stages = [stage(settings, deployment) for stage in STAGES]
-    automation = (dg.Definitions(sensors=build_automation_sensors([defs for defs, _ in stages])), Catalog())
-    return stages + [automation]
+    stage_defs = [defs for defs, _ in stages]
+    across = dg.Definitions(sensors=build_automation_sensors(stage_defs), jobs=build_stage_jobs(stage_defs))
+    return stages + [(across, Catalog())]

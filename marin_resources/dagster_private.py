@@ -166,3 +166,25 @@ def stale_status_reader(instance: dg.DagsterInstance, asset_graph) -> Callable[[
     resolver = CachingStaleStatusResolver(instance, asset_graph, LoadingContextForTest(instance))
     names = {StaleStatus.FRESH: "fresh", StaleStatus.STALE: "stale", StaleStatus.MISSING: "missing"}
     return lambda key, partition: names[resolver.get_status(key, partition)]
+
+
+@contextlib.contextmanager
+def graphql_on_a_python_file(instance: dg.DagsterInstance, python_file: str, attribute: str):
+    """(tests) ``query(text, variables) -> data`` against Dagster's GraphQL schema, over the code location
+    ``attribute`` of ``python_file`` loaded in this process: what a GraphQL client of the webserver sees."""
+    from dagster._core.test_utils import in_process_test_workspace
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    with in_process_test_workspace(instance, LoadableTargetOrigin(python_file=python_file, attribute=attribute)) \
+            as context:
+        yield lambda text, variables=None: execute_dagster_graphql(context, text, variables).data
+
+
+# An instance that launches each run at once and runs it in the launching process (tests): Dagster's
+# own test run launcher, with no queue for a daemon to drain.
+RUN_IN_PROCESS_INSTANCE = {
+    "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
+    "run_launcher": {"module": "dagster._core.launcher.sync_in_memory_run_launcher",
+                     "class": "SyncInMemoryRunLauncher"}}
+

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from marin_assets.curation.sketch import QuantileSketch
+from marin_assets.curation.sketch import QuantileSketch, keep_threshold
 
 RULE_DROP_PREFIX = "dropped/"
 MOST = 0.5
@@ -67,3 +67,38 @@ def report_table(report: Mapping[str, Any]) -> str:
                  "|---|" + "---|" * len(report["quality_score"]),
                  "| filter-kept documents | " + " | ".join(f"{v:.3g}" for v in report["quality_score"].values()) + " |"]
     return "\n".join(rows)
+
+
+def threshold_shifts(per_source: Mapping[str, QuantileSketch], keep_fraction: float) -> dict[str, dict[str, Any]]:
+    """What each source does to the shared quality threshold: the threshold the other sources' scores
+    alone would give, and how far this source moves it (``shift``: the shared threshold minus that).
+    A source whose text the classifier scores low pulls the threshold down, so every other source
+    keeps more; one scored high pushes it up, and the others lose documents. None where nothing
+    would be filtered (no other source, or keep_fraction 1)."""
+    shared = QuantileSketch(next(iter(per_source.values())).relative_accuracy) if per_source else None
+    for sketch in per_source.values():
+        shared.merge(sketch)
+    threshold = keep_threshold(shared, keep_fraction) if shared is not None else float("-inf")
+    shifts = {}
+    for name, sketch in sorted(per_source.items()):
+        others = QuantileSketch(sketch.relative_accuracy)
+        for other, other_sketch in per_source.items():
+            if other != name:
+                others.merge(other_sketch)
+        without = keep_threshold(others, keep_fraction)
+        finite = without != float("-inf") and threshold != float("-inf")
+        shifts[name] = {"scored_documents": sketch.count,
+                        "threshold_without": round(without, 6) if without != float("-inf") else None,
+                        "shift": round(threshold - without, 6) if finite else None}
+    return shifts
+
+
+def shifts_table(shifts: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown: per source, its scored documents, the threshold without it and the shift it causes."""
+    lines = ["| source | scored documents | threshold without it | shift it causes |", "|---|---:|---:|---:|"]
+    for name, row in shifts.items():
+        without = "keep all" if row["threshold_without"] is None else f"{row['threshold_without']:.4f}"
+        shift = "-" if row["shift"] is None else f"{row['shift']:+.4f}"
+        lines.append(f"| {name} | {row['scored_documents']:,} | {without} | {shift} |")
+    return "\n".join(lines)
+

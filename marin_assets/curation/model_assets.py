@@ -18,6 +18,7 @@ import numpy as np
 
 from marin_assets.catalog import Catalog
 from marin_assets.curation.fasttext_models import FastTextClassifier, ModelFileError, fetch_model, sha256_hex
+from marin_assets.curation.filter_report import shifts_table, threshold_shifts
 from marin_assets.curation.quality import QualityConfig, train_quality_model
 from marin_assets.curation.readers import read_shard
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
@@ -170,16 +171,25 @@ def build_quality_threshold(config: CurationConfig, catalog: Catalog):
                  description=f"The keep threshold of the `{quality.classifier}` quality score over the corpus being "
                              f"filtered ({', '.join(config.quality_sources)}): the {1 - quality.keep_fraction:g} "
                              "quantile of every scored document, from the shards' mergeable sketches (relative "
-                             f"accuracy {quality.sketch_relative_accuracy:g}); independent of shard order.")
+                             f"accuracy {quality.sketch_relative_accuracy:g}); independent of shard order. "
+                             "`threshold_shifts` says "
+                             "how far each source moves it: the threshold the other sources alone would give.")
     def quality_threshold(context: dg.AssetExecutionContext, store: MarinStore, **inputs: dict[str, ArtifactHandle]):
         artifacts = store.get()
         handles = [h for _, shards in sorted(inputs.items()) for _, h in sorted(shards.items())]
 
         def build(writer) -> Built:
             merged = QuantileSketch(quality.sketch_relative_accuracy)
-            for handle in handles:
-                with artifacts.open(f"{handle.uri}/{SKETCH_FILE}") as fh:
-                    merged.merge(QuantileSketch.from_json(fh.read()))
+            per_source = {}
+            for name, shards in sorted(inputs.items()):
+                source = per_source[name.removeprefix("shards_")] = QuantileSketch(quality.sketch_relative_accuracy)
+                for _, handle in sorted(shards.items()):
+                    with artifacts.open(f"{handle.uri}/{SKETCH_FILE}") as fh:
+                        source.merge(QuantileSketch.from_json(fh.read()))
+                merged.merge(source)
+            # Which source moved the shared threshold, and by how much: adding a source changes what is kept
+            # from every other one, which the per-source reports alone do not show.
+            shifts = threshold_shifts(per_source, quality.keep_fraction)
             threshold = keep_threshold(merged, quality.keep_fraction)
             threshold = None if threshold == float("-inf") else threshold  # keep_fraction 1 (or no scores): keep all
             # Only the threshold is data: the counts move with every shard, the threshold rarely leaves its bucket.
@@ -190,7 +200,9 @@ def build_quality_threshold(config: CurationConfig, catalog: Catalog):
             quantile = merged.quantile(1 - quality.keep_fraction) if merged.count else None
             return Built(metrics={"threshold": "keep all" if threshold is None else threshold,
                                   "scored_documents": merged.count, "shards": len(handles),
-                                  "quantile_estimate": quantile})
+                                  "quantile_estimate": quantile,
+                                  **{f"shift/{name}": row["shift"] for name, row in shifts.items()}},
+                         metadata={"threshold_shifts": dg.MetadataValue.md(shifts_table(shifts))})
 
         return materialize_artifact(context, store, config=identity, upstream=handles, build=build)
 

@@ -1,4 +1,5 @@
-"""Operational reports: the failure record as an asset, refreshed by a daily schedule."""
+"""Reports: the failure record as an asset, refreshed by a daily schedule, and the comparison of
+runs (`comparison.py`)."""
 
 from typing import TYPE_CHECKING
 
@@ -6,6 +7,7 @@ import dagster as dg
 import polars as pl
 
 from marin_assets.catalog import Catalog
+from marin_assets.reports.comparison import build_run_comparison_asset
 from marin_resources.environments import MarinSettings
 from marin_resources.failures import failed_materializations
 from marin_resources.keys import asset_key, stage_owners
@@ -53,5 +55,5 @@ daily_failure_report = dg.ScheduleDefinition(job=failure_report_job, cron_schedu
 
 
 def build_reports_stage(settings: MarinSettings, deployment: "Deployment") -> tuple[dg.Definitions, Catalog]:
-    return (dg.Definitions(assets=[failure_report], jobs=[failure_report_job], schedules=[daily_failure_report]),
-            Catalog())
+    return dg.Definitions(assets=[failure_report, build_run_comparison_asset(deployment)], jobs=[failure_report_job],
+                          schedules=[daily_failure_report]), Catalog()

@@ -207,6 +207,19 @@ def set_checkpoint_base(config_path: str | os.PathLike, base_path: str) -> None:
     write_train_config(config, config_path)
 
 
+def validation_only_config(text: str, caches: Mapping[str, str]) -> dict[str, Any]:
+    """A run's Levanter config (its YAML text) with its data replaced by ``caches`` ({eval set name:
+    token cache root}), to score its checkpoint on validation sets it never trained on: the model,
+    the tokenizer and the checkpoint stay the run's, and its own mixture's caches are not read."""
+    config = yaml.safe_load(text)
+    data = config["data"]
+    data.pop("cache_dir", None)
+    data["configs"] = {name: {"cache_dir": root, "train_urls": [], "validation_urls": []}
+                       for name, root in caches.items()}
+    data["train_weights"] = {name: 1.0 for name in caches}
+    return config
+
+
 def write_train_config(config: Mapping[str, Any], path: str | os.PathLike) -> str:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:

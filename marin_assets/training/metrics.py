@@ -96,17 +96,22 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
 
     A truncated final line (process killed mid-write) is skipped.
     """
-    by_step: dict[int, dict[str, Any]] = {}
     p = Path(path)
     if not p.exists():
         return []
     with p.open() as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            by_step[int(record["step"])] = record
+        return parse_metrics(f)
+
+
+def parse_metrics(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """`read_metrics` of the lines of a ``metrics.jsonl`` read from anywhere (a store, a bucket)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        by_step[int(record["step"])] = record
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -118,16 +123,22 @@ def median(values: Iterable[float]) -> float | None:
     return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
-def plot_loss_curve(metrics_jsonl: str | os.PathLike, png_path: str | os.PathLike, *, title: str | None = None) -> str:
-    """Draw train loss (and any ``eval/loss`` points) against step into a PNG; returns the PNG path."""
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display on a worker or in CI)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_loss_curve(metrics_jsonl: str | os.PathLike, png_path: str | os.PathLike, *, title: str | None = None) -> str:
+    """Draw train loss (and any ``eval/loss`` points) against step into a PNG; returns the PNG path."""
     records = read_metrics(metrics_jsonl)
     if not records:
         raise ValueError(f"no metrics in {metrics_jsonl}")
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train loss", linewidth=1.2)
     evals = [r for r in records if r.get("eval/loss") is not None]

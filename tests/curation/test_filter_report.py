@@ -1,6 +1,9 @@
 """A source's filter report: drops by rule over its shards, shares of the documents read, score
 quantiles, and the warning when one rule drops most of the source."""
 
+import numpy as np
+import pytest
+
 from marin_assets.curation.filter_report import filter_report, largest_rule_problem, report_table
 from marin_assets.curation.sketch import QuantileSketch
 
@@ -25,3 +28,23 @@ def test_drops_are_summed_over_shards_and_one_rule_dropping_most_is_named():
                                                                                     quality_dropped=None, scores=None)
     empty = filter_report([], duplicates=0, quality_dropped=None, scores=None)
     assert empty["largest_rule"] is None and largest_rule_problem(empty) is None
+
+
+def test_a_source_scored_low_pulls_the_shared_threshold_down_by_its_shift():
+    from marin_assets.curation.filter_report import shifts_table, threshold_shifts
+    from marin_assets.curation.sketch import QuantileSketch, keep_threshold
+
+    rng = np.random.default_rng(0)
+    prose = QuantileSketch(0.01).add(rng.uniform(0.5, 1.0, 4000))
+    docs = QuantileSketch(0.01).add(rng.uniform(0.0, 0.2, 4000))  # the classifier scores it low
+    shifts = threshold_shifts({"prose": prose, "docs": docs}, keep_fraction=0.8)
+    shared = keep_threshold(QuantileSketch(0.01).merge(prose).merge(docs), 0.8)
+    assert shifts["docs"]["threshold_without"] == pytest.approx(keep_threshold(prose, 0.8), abs=1e-6)
+    assert shifts["docs"]["shift"] == pytest.approx(shared - keep_threshold(prose, 0.8), abs=1e-6)
+    assert shifts["docs"]["shift"] < -0.3  # adding docs lets prose keep much more
+    assert 0 < shifts["prose"]["shift"] < 0.1 and shifts["prose"]["scored_documents"] == 4000
+    table = shifts_table(shifts)
+    assert "| docs | 4,000 |" in table and "| prose | 4,000 |" in table
+    alone = threshold_shifts({"prose": prose}, keep_fraction=0.8)
+    assert alone["prose"] == {"scored_documents": 4000, "threshold_without": None, "shift": None}
+    assert "keep all" in shifts_table(alone)

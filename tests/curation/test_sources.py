@@ -242,6 +242,14 @@ def test_byte_shards_change_only_next_to_an_added_file(seed):
     assert sum(len(s.files) for s in after.values()) == len(files) + 1
 
 
+def test_a_shard_is_named_after_its_first_file(tmp_path):
+    """docs/curation.md: a shard's key names the first of its files (sorted), not the others."""
+    _make_files(tmp_path / "d", ["plays/b.txt", "plays/c.txt", "plays/a.txt"])
+    [shard] = discover_shards(make_source(tmp_path, uri="d", bytes_per_shard=1 << 20))
+    assert [f.relpath for f in shard.files] == ["plays/a.txt", "plays/b.txt", "plays/c.txt"]
+    assert shard.key == "plays+a.txt"
+
+
 def test_shard_keys_are_path_safe_unique_and_readable(tmp_path):
     _make_files(tmp_path / "d", ["a b/c.txt", "a_b/c.txt", "ümlaut?.txt", "x/../y.txt".replace("..", "dots")])
     shards = discover_shards(make_source(tmp_path, uri="d", files_per_shard=1))
