@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep
-from marin_assets.tokenization.assets import load_registry
+from marin_assets.tokenization.registry import load_registry
 from marin_assets.training.spec import load_run_registry
 
 REPO = Path(__file__).resolve().parents[2]
