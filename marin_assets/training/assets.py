@@ -295,6 +295,9 @@ def add_run_identities(catalog: Catalog, checkpoint_key: str, eval_key: str, spe
 
     catalog.add_identity(checkpoint_key, checkpoint_config)
     catalog.add_identity(eval_key, lambda run: spec_for(run).eval_identity())
+    # A run reads its own mixture and tokenizer: building it builds no other run's data.
+    catalog.add_reads(checkpoint_key, lambda run: {f"mixture/{spec_for(run).mixture}",
+                                                   f"tokenizer/{spec_for(run).tokenizer}"})
 
 
 def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLookup:
@@ -303,8 +306,9 @@ def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLoo
 
     def spec_for(run: str) -> RunSpec:
         if run not in runs:
-            raise input_refused(f"no run named {run!r} in this deployment's runs file "
-                             f"({settings.runs_file or 'the bundled runs.yaml'}); known: {sorted(runs)}")
+            project = f" and {settings.project.path}" if settings.project is not None else ""
+            raise input_refused(f"no run named {run!r} in this deployment's runs "
+                             f"({settings.runs_file or 'the bundled runs.yaml'}{project}); known: {sorted(runs)}")
         return runs[run]
 
     return spec_for
