@@ -311,7 +311,7 @@ class Planner:
                                            f"no partitions (discovery found none for {pdef.name}; does the "
                                            "source's uri match any file?)")
         groups: dict[tuple[int, str], list[dg.AssetKey]] = {}
-        for key in ordered:
+        for key in (k for k in ordered if needed.get(k)):  # upstream of the targets, but read by none of them
             pdef = self.graph.get(key).partitions_def
             groups.setdefault((stage[key], repr(pdef)), []).append(key)
         planned = []

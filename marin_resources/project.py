@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from marin_resources.typed_config import ConfigError
+from marin_resources.typed_config import ConfigError, read_yaml
 
 PROJECT_FILE = "marin.yaml"
 CONFIG_ENV = "MARIN_CONFIG"
@@ -68,12 +66,7 @@ def find_project_file(environ: Mapping[str, str], cwd: Path) -> Path | None:
 
 def load_project_file(path: Path) -> ProjectFile:
     """The project file at ``path``, its top level checked: known sections of the right types."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ProjectFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    except OSError as exc:
-        raise ProjectFileError(f"{path}: cannot read the project file: {exc.strerror or exc}") from None
+    data = read_yaml(path, "project file", ProjectFileError)
     if data is None:
         data = {}
     if not isinstance(data, Mapping):

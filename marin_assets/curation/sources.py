@@ -46,12 +46,11 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO, ContextManager
 
-import yaml
 
 from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_resources.identity import validate_partition_key
-from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, read_yaml, typed_config
 
 FORMATS = ("text", "jsonl", "parquet", "html", "warc", "auto")
 PYPI_SDIST_SCHEME = "pypi-sdist"
@@ -417,12 +416,7 @@ def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path, global_f
 def load_curation_config(path: str | Path) -> CurationConfig:
     """Load and validate a sources YAML file (e.g. ``marin_assets/sources.yaml``)."""
     p = Path(path).expanduser().resolve()
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise SourceConfigError(f"{p}: not valid YAML: {exc}") from None
-    except OSError as exc:
-        raise SourceConfigError(f"{p}: cannot read the sources file: {exc.strerror or exc}") from None
+    data = read_yaml(p, "sources file", SourceConfigError)
     try:
         return parse_curation_config(data, p.parent, origin=str(p))
     except SourceConfigError as exc:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-import yaml
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
@@ -26,7 +25,7 @@ from marin_resources.keys import asset_key
 from marin_resources.parallel_map import in_process_map
 from marin_resources.progress import ProgressMeter
 from marin_resources.store import ArtifactStore, FileEntry, Manifest
-from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, read_yaml, typed_config
 
 if TYPE_CHECKING:
     from marin_assets.deployment import Deployment  # which reads this module's registry
@@ -116,11 +115,7 @@ def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
     path = Path(path)
     if not path.is_file():
         raise RegistryError(f"tokenization registry not found: {path} (MARIN_REGISTRY names another file)")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RegistryError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    return parse_registry(raw, str(path))
+    return parse_registry(read_yaml(path, "tokenization registry", RegistryError) or {}, str(path))
 
 
 def parse_registry(raw: Any, origin: str, extends: TokenizationRegistry | None = None) -> TokenizationRegistry:
