@@ -254,11 +254,12 @@ def test_the_cli_and_the_code_location_read_the_project_file_of_their_directory(
         "    workspace = open_workspace(stack, dg.DagsterInstance.get(), sys.argv[1])\n"
         "    repo = next(iter(workspace.get_code_location('marin').get_repositories().values()))\n"
         "    store = next(r for r in repo.get_resources() if r.name == 'store')\n"
-        "    print(store.configured_values['prefix'])\n"
-        "    print(sorted(k.to_user_string() for k in workspace.asset_graph.get_all_asset_keys()))\n")
+        "    print('prefix', store.configured_values['prefix'])\n"
+        "    print('keys', sorted(k.to_user_string() for k in workspace.asset_graph.get_all_asset_keys()))\n")
     shown = subprocess.run([sys.executable, "-c", probe, str(REPO / "workspace.yaml")], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0, shown.stderr[-3000:]
-    prefix, keys = shown.stdout.strip().splitlines()[-2:]
+    lines = dict(line.split(" ", 1) for line in shown.stdout.splitlines() if line.startswith(("prefix ", "keys ")))
+    prefix, keys = lines["prefix"], lines["keys"]  # the code server logs to stdout too
     assert prefix == f'"{tmp_path / "store"}"'
     assert "'raw/notes_raw'" in keys and "'tokenizer/notes_tokenizer'" in keys and "'raw/shakespeare_raw'" in keys
