@@ -4,7 +4,7 @@ resources and the deployment.
 
 - `local` (default): embedded instance, local launcher, the store at MARIN_PREFIX, else the project
   file's `store:`, else `./local_store`.
-- `prod`: MARIN_PREFIX is required, cloud clients from dagster-gcp / dagster-aws for gs:// or s3://,
+- `prod`: a store is required (MARIN_PREFIX or the project file's), cloud clients from dagster-gcp / dagster-aws for gs:// or s3://,
   and, with MARIN_TRAINING_IMAGE set, training in
   Kubernetes pods sized by each run's `resources` (GPU nodes labelled MARIN_GPU_TYPE). With a bucket
   prefix the pods mount nothing; with a path prefix the store is the volume MARIN_STORE_CLAIM

@@ -46,7 +46,6 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO, ContextManager
 
-
 from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_resources.identity import validate_partition_key
@@ -318,18 +317,13 @@ def extend_curation_config(config: CurationConfig, data: Mapping[str, Any], base
     against ``base_dir`` and start from ``config``'s filter defaults, with the project's `filters:`
     over them; the existing sources keep theirs, so their artifacts keep their identity. `quality:`
     sets only the keys it names: new sources are scored and share the keep threshold only where its
-    `sources:` lists them. `language_id:` replaces the existing one. Errors name ``origin``."""
+    `sources:` lists them. `language_id:` replaces the existing one. ``data`` holds these sections
+    only, each of its type (`marin_resources.project` checks the file's top level); errors name
+    ``origin``."""
     base = Path(base_dir)
     try:
-        unknown = sorted(set(data) - {"sources", "filters", "quality", "language_id"})
-        if unknown:
-            raise SourceConfigError(f"unknown curation section {unknown[0]!r} "
-                                    "(allowed: sources, filters, quality, language_id)")
-        raw_sources = data.get("sources") or []
-        if not isinstance(raw_sources, list):
-            raise SourceConfigError(f"sources: expected a list of source mappings, got {raw_sources!r}")
         global_filters = _decode(FilterConfig, data.get("filters") or {}, "filters", base=config.filters)
-        added = {s.name: s for s in _parse_sources(raw_sources, base, global_filters)}
+        added = {s.name: s for s in _parse_sources(data.get("sources") or [], base, global_filters)}
         sources = [added.pop(s.name, s) for s in config.sources] + list(added.values())
         quality = {"quality": config.quality, "quality_positive_sources": config.quality_positive_sources,
                    "quality_negative_sources": config.quality_negative_sources,

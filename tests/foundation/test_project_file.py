@@ -193,6 +193,22 @@ def test_marin_init_writes_a_starter_that_loads_and_never_replaces_one(tmp_path,
     assert other.curation.source("my_text").uri == f"{tmp_path}/other/texts/**/*.txt"
 
 
+def test_the_closing_lines_say_where_the_store_is_and_how_the_ui_finds_the_project(tmp_path, monkeypatch):
+    from marin_assets.cli import store_origin, ui_command
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    path = project(tmp_path, "store: store\n")
+    monkeypatch.chdir(tmp_path)
+    here = MarinSettings.from_env({}, cwd=tmp_path)
+    assert store_origin(here) == f"store: in {path}"
+    assert ui_command(here).startswith(f"DAGSTER_HOME={tmp_path / 'home'} dagster dev -w ")
+    monkeypatch.chdir(REPO)  # elsewhere: the command names the file
+    assert f"MARIN_CONFIG={path} dagster dev" in ui_command(here)
+    default = MarinSettings.from_env({}, cwd=REPO)
+    assert store_origin(default).startswith("the default, ./local_store")
+    assert store_origin(MarinSettings.from_env({"MARIN_PREFIX": "s3://b/p"}, cwd=tmp_path)) == "MARIN_PREFIX"
+
+
 def test_a_run_plans_only_its_own_mixture_and_tokenizer(tmp_path, monkeypatch):
     """Every run's checkpoint declares every mixture; building one run builds only the data it reads."""
     import dagster as dg
