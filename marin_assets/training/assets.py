@@ -295,9 +295,6 @@ def add_run_identities(catalog: Catalog, checkpoint_key: str, eval_key: str, spe
 
     catalog.add_identity(checkpoint_key, checkpoint_config)
     catalog.add_identity(eval_key, lambda run: spec_for(run).eval_identity())
-    # A run reads its own mixture and tokenizer: building it builds no other run's data.
-    catalog.add_reads(checkpoint_key, lambda run: {f"mixture/{spec_for(run).mixture}",
-                                                   f"tokenizer/{spec_for(run).tokenizer}"})
 
 
 def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLookup:
@@ -314,6 +311,13 @@ def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLoo
     return spec_for
 
 
+def run_reads(spec: RunSpec | None) -> set[str]:
+    """What a named run reads of the inputs `checkpoint` declares (every run's mixture and tokenizer):
+    its own two, so building it builds no other run's data. None (a partition of no run here, refused
+    when its step runs): nothing."""
+    return set() if spec is None else {f"mixture/{spec.mixture}", f"tokenizer/{spec.tokenizer}"}
+
+
 def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
     """`checkpoint` and `eval` over the deployment's named runs (`runs.yaml`)."""
     runs = dict(deployment.runs)
@@ -321,6 +325,7 @@ def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tup
     catalog = Catalog()
     catalog.add_discoverer(RUNS.name, lambda: sorted(runs))
     add_run_identities(catalog, "checkpoint", "eval", spec_for, store_resource(settings).get)
+    catalog.add_reads("checkpoint", lambda run: run_reads(runs.get(run)))
     assets, checks = build_run_assets(checkpoint_key="checkpoint", eval_key="eval", partitions=RUNS,
                                       spec_for=spec_for, mixture_versions=deployment.mixture_versions,
                                       tokenizer_versions=deployment.tokenizer_versions, pool=settings.train_pool,
