@@ -17,6 +17,9 @@ IdentityFn = Callable[[str | None], Any]
 ExternalFn = Callable[[str | None], dict[str, str]]
 # (manifest, store) -> what `marin status` adds about a fresh artifact (e.g. what a pinned input is pinned to).
 NoteFn = Callable[[Any, Any], str | None]
+# partition -> the marin keys of the declared inputs that partition reads, where it reads fewer than
+# its asset declares (a run reads its own mixture and tokenizer, not those of every run).
+ReadsFn = Callable[[str], set[str]]
 
 
 @dataclass
@@ -25,6 +28,7 @@ class Catalog:
     identities: dict[str, IdentityFn] = field(default_factory=dict)
     externals: dict[str, ExternalFn] = field(default_factory=dict)
     notes: dict[str, NoteFn] = field(default_factory=dict)
+    reads: dict[str, ReadsFn] = field(default_factory=dict)
 
     def add_discoverer(self, partitions_name: str, fn: Discoverer) -> None:
         self.discoverers[partitions_name] = fn
@@ -38,6 +42,10 @@ class Catalog:
     def add_note(self, asset_key: str, fn: NoteFn) -> None:
         self.notes[asset_key] = fn
 
+    def add_reads(self, asset_key: str, fn: ReadsFn) -> None:
+        self.reads[asset_key] = fn
+
     def merge(self, other: Catalog) -> Catalog:
         return Catalog({**self.discoverers, **other.discoverers}, {**self.identities, **other.identities},
-                       {**self.externals, **other.externals}, {**self.notes, **other.notes})
+                       {**self.externals, **other.externals}, {**self.notes, **other.notes},
+                       {**self.reads, **other.reads})

@@ -11,6 +11,10 @@
     marin migrate [--dry-run]
     marin failures [--json]
     marin compare RUN [RUN ...] [--plot PNG] [--json]
+    marin init DIR [--data FOLDER]      write a commented starter project file, DIR/marin.yaml
+
+Every command reads the project file: ./marin.yaml, or the file --config PATH (or MARIN_CONFIG)
+names; it extends the built-in sources, tokenizers, mixtures, runs and sweeps, and names the store.
 
 A refusal (bad config, unknown asset, unreachable store, unreadable instance database) is one
 line, `marin: <cause>`, and exit 2; `marin --debug COMMAND ...` adds the traceback.
@@ -427,7 +431,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if code != 0:
             return code
     _, settings, instance = planner()
-    home = os.environ["DAGSTER_HOME"]
     from marin_assets.export.assets import HF_MODEL_VERSION, loading_snippet
     from marin_resources.store import ArtifactStore
 
@@ -435,11 +438,56 @@ def cmd_demo(args: argparse.Namespace) -> int:
     model_lines = "".join(f"\n              {line}" for line in loading_snippet(export.uri).splitlines()) \
         if export is not None else ""
     print(f"\ndemo finished in {time.monotonic() - started:.1f}s\n"
-          f"  artifacts:  {settings.prefix}\n"
+          f"  store:      {settings.prefix} ({store_origin(settings)})\n"
           f"  model:      {export.uri if export else 'not exported'} (Hugging Face format){model_lines}\n"
           f"  manifests:  find {settings.prefix} -name .artifact.json\n"
           f"  status:     marin status\n"
-          f"  web UI:     DAGSTER_HOME={home} dagster dev -w {REPO_ROOT / 'workspace.yaml'} -h 127.0.0.1")
+          f"  web UI:     {ui_command(settings)}")
+    return 0
+
+
+def store_origin(settings) -> str:
+    """Which setting named the store, for the lines that print it."""
+    if settings.prefix_named_by == "default":
+        return "the default, ./local_store in the working directory; set `store:` in marin.yaml to move it"
+    if settings.prefix_named_by == "MARIN_PREFIX":
+        return "MARIN_PREFIX"
+    return f"store: in {settings.prefix_named_by}"
+
+
+def ui_command(settings) -> str:
+    """The `dagster dev` command that shows this instance, store and project in the web UI. The code
+    location finds ./marin.yaml itself; a project file elsewhere is named in MARIN_CONFIG."""
+    from marin_resources.project import CONFIG_ENV, PROJECT_FILE
+
+    project = settings.project
+    elsewhere = project is not None and project.path != (Path.cwd() / PROJECT_FILE).resolve()
+    named = f"{CONFIG_ENV}={project.path} " if elsewhere else ""
+    workspace = REPO_ROOT / "workspace.yaml"
+    return f"DAGSTER_HOME={os.environ['DAGSTER_HOME']} {named}dagster dev -w {workspace} -h 127.0.0.1"
+
+
+STARTER_PROJECT = Path(__file__).with_name("starter_project.yaml")
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Write DIR/marin.yaml from the commented starter; never over an existing file."""
+    from string import Template
+
+    from marin_resources.project import PROJECT_FILE
+
+    directory = Path(args.directory).expanduser()
+    target = directory / PROJECT_FILE
+    if target.exists():
+        print(f"marin: {target} exists; not replacing a project file", file=sys.stderr)
+        return 2
+    # The source's files: FOLDER's .txt files at any depth, else texts/ beside the project file.
+    source_uri = f"{Path(args.data).expanduser().resolve()}/**/*.txt" if args.data else "texts/**/*.txt"
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(target, "x") as fh:  # "x": a file created meanwhile is not replaced either
+        fh.write(Template(STARTER_PROJECT.read_text()).substitute(source_uri=source_uri))
+    print(f"wrote {target}: source my_text ({source_uri}), tokenizer, mixture and run my-first-run; "
+          f"next: cd {directory} && marin materialize eval --partition my-first-run")
     return 0
 
 
@@ -455,6 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="with a refusal (exit 2: bad config, unknown asset, unreachable store or instance "
                              "database), print the traceback too")
+    parser.add_argument("--config", metavar="PATH",
+                        help="the project file (default: MARIN_CONFIG, else ./marin.yaml if there is one)")
     parser.add_argument("--process-output", choices=("file", "console"),
                         default=os.environ.get("MARIN_PROCESS_OUTPUT", "file"),
                         help="where training/eval processes print (default: file, in the run's directory; "
@@ -521,6 +571,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where to write the overlaid loss curves (default: ./compare.png)")
     cmp.add_argument("--json", action="store_true", help="print the table as JSON (rows, values by run, notes)")
     cmp.set_defaults(fn=cmd_compare)
+    init = sub.add_parser("init", help="write a commented starter project file, DIR/marin.yaml (never over one)")
+    init.add_argument("directory", metavar="DIR")
+    init.add_argument("--data", metavar="FOLDER",
+                      help="the folder of your text files (default: DIR/texts); its .txt files at any depth")
+    init.set_defaults(fn=cmd_init)
     return parser
 
 
@@ -533,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     # build, two cores, load 40+) it answered later and runs failed before they started.
     os.environ.setdefault("DAGSTER_GRPC_TIMEOUT_SECONDS", str(GRPC_TIMEOUT_S))
     try:
+        use_project_file(args.config)
         return args.fn(args)
     except Exception as exc:
         known = refusal(exc)
@@ -543,6 +599,21 @@ def main(argv: list[str] | None = None) -> int:
         code, line = known
         print(f"marin: {line}", file=sys.stderr)
         return code
+
+
+def use_project_file(config: str | None) -> None:
+    """Name the project file (``--config``, else MARIN_CONFIG, else ./marin.yaml) in MARIN_CONFIG by its
+    absolute path, so the code server and run workers read the same file whatever their directory."""
+    from marin_resources.project import CONFIG_ENV, ProjectFileError, find_project_file
+
+    if config:
+        path = Path(config).expanduser().resolve()
+        if not path.is_file():
+            raise ProjectFileError(f"--config {config}: no such project file")
+        os.environ[CONFIG_ENV] = str(path)
+    project = find_project_file(os.environ, Path.cwd())
+    if project is not None:
+        os.environ[CONFIG_ENV] = str(project)
 
 
 def refusal(exc: Exception) -> tuple[int, str] | None:

@@ -1,6 +1,7 @@
 """What one deployment builds: its sources, tokenizers and mixtures, training runs and scaling
-sweeps, read once from their YAML files (MARIN_SOURCES, MARIN_REGISTRY, MARIN_RUNS, MARIN_SWEEPS,
-else the bundled ones) and handed to every stage by `stages.py`.
+sweeps, read once and handed to every stage by `stages.py`. Each part is the bundled YAML file (or
+the file MARIN_SOURCES, MARIN_REGISTRY, MARIN_RUNS or MARIN_SWEEPS names instead), with the
+project file's sections (`marin.yaml`, see `marin_resources.project`) on top.
 
 Each part is already resolved against the others: the tokenization registry keeps the entries
 whose sources are curated here, and runs and sweeps keep those whose mixture and tokenizer this
@@ -11,19 +12,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, CurationConfig, load_curation_config
-from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, load_sweeps
+from marin_assets.curation.sources import (
+    DEFAULT_SOURCES_PATH,
+    CurationConfig,
+    extend_curation_config,
+    load_curation_config,
+)
+from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, extend_sweeps, load_sweeps
 from marin_assets.tokenization.registry import (
     MIXTURE_VERSION,
     REGISTRY_PATH,
     TokenizationRegistry,
     load_registry,
+    parse_registry,
     registry_for_sources,
 )
-from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, check_memory_fit, load_run_registry
+from marin_assets.training.spec import (
+    DEFAULT_RUNS_YAML,
+    RunSpec,
+    check_memory_fit,
+    extend_run_registry,
+    load_run_registry,
+)
 from marin_resources.environments import MarinSettings
 from marin_resources.placement import device_memory
+from marin_resources.project import CURATION_SECTIONS, REGISTRY_SECTIONS
+from marin_resources.typed_config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -38,9 +54,19 @@ class Deployment:
     @classmethod
     def load(cls, settings: MarinSettings) -> Deployment:
         curation = load_curation_config(settings.sources_file or DEFAULT_SOURCES_PATH)
-        deployment = cls.resolve(curation, load_registry(settings.registry_file or REGISTRY_PATH),
-                                 load_run_registry(settings.runs_file or DEFAULT_RUNS_YAML),
-                                 load_sweeps(settings.sweeps_file or DEFAULT_SWEEPS_YAML))
+        registry = load_registry(settings.registry_file or REGISTRY_PATH)
+        runs = load_run_registry(settings.runs_file or DEFAULT_RUNS_YAML)
+        sweeps = load_sweeps(settings.sweeps_file or DEFAULT_SWEEPS_YAML)
+        project = settings.project
+        if project is not None:
+            origin = str(project.path)
+            curation = extend_curation_config(curation, project.part(CURATION_SECTIONS), project.directory, origin)
+            registry = parse_registry(project.part(REGISTRY_SECTIONS), origin, extends=registry)
+            runs = extend_run_registry(runs, project.sections.get("runs", {}), origin)
+            sweeps = extend_sweeps(sweeps, project.sections.get("sweeps", {}), origin)
+        deployment = cls.resolve(curation, registry, runs, sweeps)
+        if project is not None:
+            deployment.require_built(project.sections, str(project.path))
         # Before anything launches: a run too big for the devices it names is refused here, by the
         # tokenizer's target vocabulary and the devices' memory (runtime placement, never identity).
         for run in deployment.runs.values():
@@ -60,6 +86,32 @@ class Deployment:
         return cls(curation, tokenization,
                    {n: r for n, r in runs.items() if buildable(r.mixture, r.tokenizer)},
                    {n: s for n, s in sweeps.items() if buildable(s.mixture, s.tokenizer)})
+
+    def require_built(self, sections: Mapping[str, Any], origin: str) -> None:
+        """ConfigError naming ``origin`` for an entry of the project file that `resolve` would drop: a
+        typo in a name must not make a run or a mixture silently disappear."""
+        tokenization = self.tokenization
+        for name in sections.get("tokenizers") or {}:
+            if name not in tokenization.tokenizers:
+                raise ConfigError(f"{origin}: tokenizer {name!r}: train_on names a source that is not declared "
+                                  f"(sources: {', '.join(sorted(self.source_names))})")
+        for name, body in (sections.get("tokenized") or {}).items():
+            if name not in tokenization.tokenized:
+                raise ConfigError(f"{origin}: tokenized {name!r}: " + (
+                    f"no source named {name!r} (sources: {', '.join(sorted(self.source_names))})"
+                    if name not in self.source_names else f"tokenizer {body['tokenizer']!r} cannot be built here"))
+        for name, body in (sections.get("mixtures") or {}).items():
+            if name not in tokenization.mixtures:
+                missing = sorted(set(body["components"]) - set(tokenization.tokenized))
+                raise ConfigError(f"{origin}: mixture {name!r}: component(s) {missing} are not tokenized here "
+                                  f"(tokenized: {', '.join(sorted(tokenization.tokenized))})")
+        for section, kept in (("runs", self.runs), ("sweeps", self.sweeps)):
+            for name, body in (sections.get(section) or {}).items():
+                if name not in kept:
+                    raise ConfigError(
+                        f"{origin}: {section[:-1]} {name!r}: mixture {body.get('mixture')!r} with tokenizer "
+                        f"{body.get('tokenizer')!r} is not built here (mixtures: "
+                        f"{', '.join(f'{m} ({e.tokenizer})' for m, e in sorted(tokenization.mixtures.items()))})")
 
     @property
     def source_names(self) -> set[str]:

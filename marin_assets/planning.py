@@ -185,6 +185,11 @@ class Planner:
             return {partition}
         return existing
 
+    def reads(self, key: dg.AssetKey, partition: str | None, parent: dg.AssetKey) -> bool:
+        """Whether `key[partition]` reads ``parent``: every declared input, unless the catalog says fewer."""
+        reads = self.catalog.reads.get(key_str(key))
+        return reads is None or partition is None or key_str(parent) in reads(partition)
+
     def wanted_identity(self, key: dg.AssetKey, partition: str | None) -> Any | None:
         """The identity config the code wants for ``key[partition]`` now, where the catalog knows it."""
         identity = self.catalog.identities.get(key_str(key))
@@ -300,10 +305,10 @@ class Planner:
             for parent in self.graph.get(key).parent_keys:
                 if parent in stage:
                     needed.setdefault(parent, set()).update(
-                        p for child_part in needed.get(key, ())
+                        p for child_part in needed.get(key, ()) if self.reads(key, child_part, parent)
                         for p in self.parent_partitions(key, child_part, parent))
         for key in ordered:  # a whole-corpus step over a source that discovery found empty builds nothing
-            if self.graph.get(key).partitions_def is None:
+            if self.graph.get(key).partitions_def is None and needed.get(key):
                 for parent in self.graph.get(key).parent_keys:
                     pdef = self.graph.get(parent).partitions_def if parent in stage else None
                     if isinstance(pdef, dg.DynamicPartitionsDefinition) and not needed.get(parent):
@@ -311,7 +316,7 @@ class Planner:
                                            f"no partitions (discovery found none for {pdef.name}; does the "
                                            "source's uri match any file?)")
         groups: dict[tuple[int, str], list[dg.AssetKey]] = {}
-        for key in ordered:
+        for key in (k for k in ordered if needed.get(k)):  # upstream of the targets, but read by none of them
             pdef = self.graph.get(key).partitions_def
             groups.setdefault((stage[key], repr(pdef)), []).append(key)
         planned = []

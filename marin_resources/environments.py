@@ -1,8 +1,11 @@
-"""Resources chosen by environment. This is the only place that reads MARIN_* variables;
-assets receive everything through resources.
+"""Resources chosen by environment. This is the only place that reads MARIN_* variables and finds
+the project file (`marin.yaml`, see `marin_resources.project`); assets receive everything through
+resources and the deployment.
 
-- `local` (default): embedded instance, `./local_store` prefix (or MARIN_PREFIX), local launcher.
-- `prod`: MARIN_PREFIX is required, cloud clients from dagster-gcp / dagster-aws for gs:// or s3://,
+- `local` (default): embedded instance, local launcher, the store at MARIN_PREFIX, else the project
+  file's `store:`, else `./local_store`.
+- `prod`: a store is required (MARIN_PREFIX or the project file's), cloud clients from dagster-gcp /
+  dagster-aws for gs:// or s3://,
   and, with MARIN_TRAINING_IMAGE set, training in
   Kubernetes pods sized by each run's `resources` (GPU nodes labelled MARIN_GPU_TYPE). With a bucket
   prefix the pods mount nothing; with a path prefix the store is the volume MARIN_STORE_CLAIM
@@ -29,6 +32,7 @@ from typing import Any
 
 import dagster as dg
 
+from marin_resources.project import ProjectFile, find_project_file, load_project_file
 from marin_resources.ray_address import ray_host_port
 from marin_resources.typed_config import ConfigError
 
@@ -42,7 +46,8 @@ TRAIN_POOLS = ("cpu-train", "gpu", "tpu")
 
 @dataclass(frozen=True)
 class MarinSettings:
-    """Runtime settings read once from the environment; none of them enter a fingerprint."""
+    """Runtime settings read once from the environment and the project file; none of them enter a
+    fingerprint. The project file's other sections do, through the `Deployment` they extend."""
 
     env: str
     prefix: str
@@ -74,20 +79,31 @@ class MarinSettings:
     """The eval suites file (MARIN_SUITES); None: the bundled suites.yaml."""
     eval_suite: str | None = None
     """The suite ``harness_eval`` runs (MARIN_EVAL_SUITE); None: the file's ``default_suite``."""
+    project: ProjectFile | None = None
+    """The project file (MARIN_CONFIG, else ./marin.yaml); None: the built-in definitions alone."""
+    prefix_named_by: str = "default"
+    """Where ``prefix`` came from: ``MARIN_PREFIX``, the project file's path, or ``default``."""
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> MarinSettings:
+    def from_env(cls, environ: dict[str, str] | None = None, cwd: Path | None = None) -> MarinSettings:
         e = os.environ if environ is None else environ
         env = e.get("MARIN_ENV", "local")
         if env not in ENVIRONMENTS:
             raise ConfigError(f"MARIN_ENV must be one of {', '.join(ENVIRONMENTS)}, got {env!r}")
-        prefix = e.get("MARIN_PREFIX")
+        project_path = find_project_file(e, Path.cwd() if cwd is None else cwd)
+        project = load_project_file(project_path) if project_path is not None else None
+        # An explicit MARIN_PREFIX wins over the project file (a deployment's or a test's override).
+        prefix, named_by, where = e.get("MARIN_PREFIX"), "MARIN_PREFIX", "MARIN_PREFIX="
+        if not prefix and project is not None and project.store:
+            prefix, named_by, where = project.store, str(project.path), f"{project.path}: store: "
         if env == "prod" and not prefix:
-            raise ConfigError("MARIN_ENV=prod needs MARIN_PREFIX (for example gs://bucket/marin or s3://bucket/marin)")
-        prefix = prefix or DEFAULT_PREFIX
+            raise ConfigError("MARIN_ENV=prod needs a store: MARIN_PREFIX or the project file's `store:` "
+                              "(for example gs://bucket/marin or s3://bucket/marin)")
+        if not prefix:
+            prefix, named_by = DEFAULT_PREFIX, "default"
         scheme = prefix.split("://", 1)[0] if "://" in prefix else "file"
         if scheme not in STORE_SCHEMES:
-            raise ConfigError(f"MARIN_PREFIX={prefix}: {scheme}:// is not a store this project writes to "
+            raise ConfigError(f"{where}{prefix}: {scheme}:// is not a store this project writes to "
                               f"(a local path, file://, gs://, gcs:// or s3://)")
         if "://" not in prefix:
             prefix = str(Path(prefix).expanduser().resolve())
@@ -124,7 +140,8 @@ class MarinSettings:
                    wandb_online=bool(e.get("WANDB_API_KEY")), process_output=process_output,
                    ray=ray, ray_address=ray_address, ray_cpus=ray_cpus, ray_chunk_mb=ray_chunk_mb,
                    ray_chunk_docs=ray_chunk_docs, dedup_batch_shards=dedup_batch_shards,
-                   suites_file=e.get("MARIN_SUITES") or None, eval_suite=e.get("MARIN_EVAL_SUITE") or None)
+                   suites_file=e.get("MARIN_SUITES") or None, eval_suite=e.get("MARIN_EVAL_SUITE") or None,
+                   project=project, prefix_named_by=named_by)
 
 
 def check_ray_reachable(settings: MarinSettings) -> None:

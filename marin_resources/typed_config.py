@@ -14,6 +14,7 @@ import functools
 import json
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -56,6 +57,18 @@ def dotted(path: tuple[str | int, ...]) -> str:
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
+
+
+def read_yaml(path: Path, what: str, error: type[ConfigError] = ConfigError) -> Any:
+    """The parsed YAML document at ``path``; ``error`` in one line naming the file otherwise."""
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
 
 
 @functools.cache

@@ -46,8 +46,6 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import yaml
-
 from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
 from marin_assets.curation.formats import FORMATS, resolve_format
 from marin_assets.curation.local_cache import cache_dir
@@ -55,7 +53,7 @@ from marin_assets.curation.pii import PiiConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_assets.curation.url_filter import UrlBlocklistError, read_url_blocklist
 from marin_resources.identity import validate_partition_key
-from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, read_yaml, typed_config
 
 PYPI_SDIST_SCHEME = "pypi-sdist"
 HF_SCHEME = "hf"
@@ -167,6 +165,8 @@ class CurationConfig:
     # An adopted fastText language-ID model (lid.176); None: langid.py.
     language_id: LanguageIdConfig | None = None
     path: str | None = None
+    # The top-level `filters:` defaults the sources were parsed with (a project file's sources start from them).
+    filters: FilterConfig = field(default_factory=FilterConfig)
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:
@@ -325,26 +325,59 @@ def parse_curation_config(data: Any, base_dir: str | Path, origin: str = "<memor
     if not isinstance(raw_sources, list) or not raw_sources:
         raise SourceConfigError(f"{origin}: 'sources' must be a non-empty list")
     global_filters = _decode(FilterConfig, data.get("filters") or {}, "filters")
-    sources = []
-    seen: set[str] = set()
-    for i, raw in enumerate(raw_sources):
-        src = _parse_source(raw, i, base, global_filters)
-        if src.name in seen:
-            raise SourceConfigError(f"source {src.name!r}: duplicate source name")
-        seen.add(src.name)
-        sources.append(src)
-
-    quality = _parse_quality(data.get("quality"), sources, base, global_filters)
-    language_id = None
-    if data.get("language_id") is not None:
-        language_id = _decode(LanguageIdConfig, data["language_id"], "language_id")
-        language_id = dataclasses.replace(language_id, model_uri=_resolve_uri(language_id.model_uri, base))
+    sources = _parse_sources(raw_sources, base, global_filters)
     return CurationConfig(
         sources=tuple(sources),
-        **quality,
-        language_id=language_id,
+        **_parse_quality(data.get("quality"), sources, base, global_filters),
+        language_id=_parse_language_id(data.get("language_id"), base),
         path=origin,
+        filters=global_filters,
     )
+
+
+def _parse_sources(raw_sources: list, base: Path, global_filters: FilterConfig) -> list[SourceConfig]:
+    sources: list[SourceConfig] = []
+    for i, raw in enumerate(raw_sources):
+        src = _parse_source(raw, i, base, global_filters)
+        if any(s.name == src.name for s in sources):
+            raise SourceConfigError(f"source {src.name!r}: duplicate source name")
+        sources.append(src)
+    return sources
+
+
+def _parse_language_id(raw: Any, base: Path) -> LanguageIdConfig | None:
+    if raw is None:
+        return None
+    language_id = _decode(LanguageIdConfig, raw, "language_id")
+    return dataclasses.replace(language_id, model_uri=_resolve_uri(language_id.model_uri, base))
+
+
+def extend_curation_config(config: CurationConfig, data: Mapping[str, Any], base_dir: str | Path,
+                           origin: str) -> CurationConfig:
+    """``config`` with a project file's curation sections on top (`marin_resources.project`).
+
+    `sources:` adds sources; one with the name of an existing source replaces it. They are parsed
+    against ``base_dir`` and start from ``config``'s filter defaults, with the project's `filters:`
+    over them; the existing sources keep theirs, so their artifacts keep their identity. `quality:`
+    sets only the keys it names: new sources are scored and share the keep threshold only where its
+    `sources:` lists them. `language_id:` replaces the existing one. ``data`` holds these sections
+    only, each of its type (`marin_resources.project` checks the file's top level); errors name
+    ``origin``."""
+    base = Path(base_dir)
+    try:
+        global_filters = _decode(FilterConfig, data.get("filters") or {}, "filters", base=config.filters)
+        added = {s.name: s for s in _parse_sources(data.get("sources") or [], base, global_filters)}
+        sources = [added.pop(s.name, s) for s in config.sources] + list(added.values())
+        quality = {"quality": config.quality, "quality_positive_sources": config.quality_positive_sources,
+                   "quality_negative_sources": config.quality_negative_sources,
+                   "quality_sources": config.quality_sources}
+        if data.get("quality") is not None:
+            quality = _parse_quality(data["quality"], sources, base, global_filters, inherited=config)
+        language_id = _parse_language_id(data["language_id"], base) if data.get("language_id") is not None \
+            else config.language_id
+    except SourceConfigError as exc:
+        raise SourceConfigError(f"{origin}: {exc}") from None
+    return dataclasses.replace(config, sources=tuple(sources), **quality, language_id=language_id)
 
 
 def _is_pinned(source: SourceConfig) -> bool:
@@ -356,19 +389,22 @@ def _is_pinned(source: SourceConfig) -> bool:
     return not source.uri.startswith(INSTALLED_DISTS_SCHEME + "://") and not _GLOB_CHARS.search(source.uri)
 
 
-def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path,
-                   global_filters: FilterConfig) -> dict[str, Any]:
+def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path, global_filters: FilterConfig,
+                   inherited: CurationConfig | None = None) -> dict[str, Any]:
     """The ``quality:`` block: classifier settings, pinned training sources, the scored corpus sources.
 
     Training sources are declared sources (by name) or inline source mappings, and must be pinned so
-    that the classifier never depends on the machine it is trained on.
+    that the classifier never depends on the machine it is trained on. With ``inherited`` (a project
+    file's block over the built-in one) what the block leaves out is ``inherited``'s.
     """
     if raw_q is None:
         return {}
     if not isinstance(raw_q, Mapping):
         raise SourceConfigError(f"quality: expected a mapping, got {raw_q!r}")
+    previous = inherited.quality if inherited is not None else None
     try:
-        quality = _decode(QualityConfig, {k: v for k, v in raw_q.items() if k not in _QUALITY_EXTRA_KEYS}, "quality")
+        quality = _decode(QualityConfig, {k: v for k, v in raw_q.items() if k not in _QUALITY_EXTRA_KEYS}, "quality",
+                          base=previous)
     except SourceConfigError as exc:
         raise SourceConfigError(f"{exc} (also allowed: {', '.join(_QUALITY_EXTRA_KEYS)})") from None
     except ValueError as exc:
@@ -378,6 +414,9 @@ def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path,
     declared = {s.name: s for s in sources}
     training: dict[str, tuple[SourceConfig, ...]] = {}
     for key in ("positive_sources", "negative_sources"):
+        if previous is not None and key not in raw_q:
+            training[key] = getattr(inherited, f"quality_{key}")
+            continue
         entries = raw_q.get(key, [])
         if not isinstance(entries, list):
             raise SourceConfigError(f"quality.{key}: expected a list of source names or mappings, got {entries!r}")
@@ -402,7 +441,8 @@ def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path,
     if not trained and (training["positive_sources"] or training["negative_sources"]):
         raise SourceConfigError("quality: positive_sources/negative_sources train a model; an adopted model "
                                 "(model_uri) or the compression classifier takes none")
-    scored = _decode(tuple[str, ...], raw_q.get("sources", [s.name for s in sources]), "quality.sources")
+    scored = _decode(tuple[str, ...], raw_q["sources"], "quality.sources") if "sources" in raw_q \
+        else inherited.quality_sources if previous is not None else tuple(s.name for s in sources)
     for name in scored:
         if name not in declared:
             raise SourceConfigError(f"quality.sources: {name!r} is not a declared source")
@@ -413,12 +453,7 @@ def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path,
 def load_curation_config(path: str | Path) -> CurationConfig:
     """Load and validate a sources YAML file (e.g. ``marin_assets/sources.yaml``)."""
     p = Path(path).expanduser().resolve()
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise SourceConfigError(f"{p}: not valid YAML: {exc}") from None
-    except OSError as exc:
-        raise SourceConfigError(f"{p}: cannot read the sources file: {exc.strerror or exc}") from None
+    data = read_yaml(p, "sources file", SourceConfigError)
     try:
         return parse_curation_config(data, p.parent, origin=str(p))
     except SourceConfigError as exc:

@@ -39,9 +39,9 @@ HARNESS_METRICS = ("acc", "acc_norm")
 class SweepConfigError(ConfigError):
     """A sweep config is invalid; the message names the sweep and the field."""
 
-    def __init__(self, sweep: str, field_path: str, problem: str):
-        self.sweep, self.field_path = sweep, field_path
-        super().__init__(f"sweep {sweep!r}: field {field_path!r}: {problem}")
+    def __init__(self, sweep: str, field_path: str, problem: str, origin: str | None = None):
+        self.sweep, self.field_path, self.problem = sweep, field_path, problem
+        super().__init__(f"{f'{origin}: ' if origin else ''}sweep {sweep!r}: field {field_path!r}: {problem}")
 
 
 @typed_config
@@ -335,4 +335,13 @@ def load_sweeps(path: str | Path = DEFAULT_SWEEPS_YAML) -> dict[str, SweepConfig
         document = yaml.safe_load(fh)
     if not isinstance(document, Mapping) or not isinstance(document.get("sweeps"), Mapping):
         raise ValueError(f"{path}: expected a top-level 'sweeps:' mapping of sweep name to config")
-    return {str(name): sweep_from_dict(str(name), raw) for name, raw in document["sweeps"].items()}
+    return extend_sweeps({}, document["sweeps"], str(path))
+
+
+def extend_sweeps(sweeps: Mapping[str, SweepConfig], raw: Mapping[str, Any], origin: str) -> dict[str, SweepConfig]:
+    """``sweeps`` with those of ``raw`` (``{name: {...}}``) added, each replacing the sweep of its name.
+    Errors name ``origin``."""
+    try:
+        return {**sweeps, **{str(name): sweep_from_dict(str(name), spec) for name, spec in raw.items()}}
+    except SweepConfigError as exc:
+        raise SweepConfigError(exc.sweep, exc.field_path, exc.problem, origin=origin) from None

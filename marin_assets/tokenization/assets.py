@@ -1,6 +1,6 @@
 """Tokenization assets: tokenizer/<name>, tokenized/<source> (a Levanter cache root) and
 mixture/<name> (Levanter's mixture data config). Declared in `registry.yaml` (or the file named by
-MARIN_REGISTRY, read into `MarinSettings.registry_file`)."""
+MARIN_REGISTRY, read into `MarinSettings.registry_file`), extended by the project file's sections."""
 
 import json
 import random

@@ -7,12 +7,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from marin_assets.tokenization.cache import CacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
-from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
+from marin_resources.project import REGISTRY_SECTIONS
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, read_yaml, typed_config
 
 REGISTRY_PATH = Path(__file__).with_name("registry.yaml")
 # v2: a trained tokenizer is pinned to the corpus it was first trained on (recorded in its identity,
@@ -74,7 +73,8 @@ def _decoded(tp: type, raw: Any, where: str) -> Any:
     try:
         return decode(tp, raw)
     except FieldProblem as exc:
-        raise RegistryError(f"{where}: field {exc.dotted!r}: {exc.problem}") from None
+        raise RegistryError(f"{where}: field {exc.dotted!r}: {exc.problem}" if exc.path
+                            else f"{where}: {exc.problem}") from None
 
 
 def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, TokenizerEntry],
@@ -89,43 +89,101 @@ def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, Token
     return TokenizedEntry(source, tok, _decoded(CacheConfig, body, where), floor)
 
 
+_MIXTURE_KEYS = ("tokenizer", "components")
+
+
 def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
     path = Path(path)
     if not path.is_file():
         raise RegistryError(f"tokenization registry not found: {path} (MARIN_REGISTRY names another file)")
-    raw = yaml.safe_load(path.read_text()) or {}
-    unknown = set(raw) - {"tokenizers", "tokenized", "default", "mixtures"}
+    return parse_registry(read_yaml(path, "tokenization registry", RegistryError) or {}, str(path))
+
+
+def parse_registry(raw: Any, origin: str, extends: TokenizationRegistry | None = None) -> TokenizationRegistry:
+    """A registry from parsed YAML; every error names ``origin`` and the entry.
+
+    With ``extends`` (a project file's sections over the built-in registry) each entry adds to
+    ``extends``'s or replaces the one of its name, `default:` replaces the default, and every mixture,
+    old or new, is checked against the entries it now resolves to."""
+    try:
+        return _parse_registry(raw, extends)
+    except RegistryError as exc:
+        raise RegistryError(f"{origin}: {exc}") from None
+
+
+def _parse_registry(raw: Any, extends: TokenizationRegistry | None) -> TokenizationRegistry:
+    if not isinstance(raw, dict):
+        raise RegistryError(f"expected a mapping of sections ({', '.join(REGISTRY_SECTIONS)}), got {raw!r}")
+    unknown = set(raw) - set(REGISTRY_SECTIONS)
     if unknown:
-        raise RegistryError(f"{path}: unknown section(s) {sorted(unknown)}; allowed: default, mixtures, tokenized, "
-                            "tokenizers")
-    tokenizers = {}
-    for name, body in (raw.get("tokenizers") or {}).items():
-        body = dict(body or {})
-        train_on, adopt = tuple(body.pop("train_on", ())), body.pop("adopt", None)
-        version = str(body.pop("version", TOKENIZER_VERSION))
-        if bool(train_on) == bool(adopt):
-            raise RegistryError(f"tokenizer {name!r}: give exactly one of train_on or adopt")
-        try:
-            validate_partition_key(version)
-        except InvalidPartitionKeyError as e:
-            raise RegistryError(f"tokenizer {name!r}: version {version!r} is not a valid path segment: {e}") from e
-        tokenizers[name] = TokenizerEntry(name, _decoded(TokenizerConfig, body, f"tokenizer {name!r}"), train_on,
-                                          adopt, version)
-    tokenized = {source: _tokenized_entry(source, body, tokenizers, f"tokenized {source!r}")
-                 for source, body in (raw.get("tokenized") or {}).items()}
-    default = _tokenized_entry("*", raw["default"], tokenizers, "default") if raw.get("default") else None
-    mixtures = {}
-    for name, body in (raw.get("mixtures") or {}).items():
-        comps = {c: float((v or {}).get("weight", 1.0)) for c, v in (body.get("components") or {}).items()}
-        entries = {c: tokenized.get(c, default) for c in comps}
+        raise RegistryError(f"unknown section(s) {sorted(unknown)}; allowed: {', '.join(sorted(REGISTRY_SECTIONS))}")
+    tokenizers = dict(extends.tokenizers) if extends else {}
+    for name, body in _section(raw, "tokenizers").items():
+        tokenizers[name] = _tokenizer_entry(name, body)
+    tokenized = dict(extends.tokenized) if extends else {}
+    for source, body in _section(raw, "tokenized").items():
+        tokenized[source] = _tokenized_entry(source, body, tokenizers, f"tokenized {source!r}")
+    default = extends.default if extends else None
+    if raw.get("default"):
+        default = _tokenized_entry("*", raw["default"], tokenizers, "default")
+    mixtures = dict(extends.mixtures) if extends else {}
+    for name, body in _section(raw, "mixtures").items():
+        mixtures[name] = _mixture_entry(name, body)
+    for mixture in mixtures.values():
+        entries = {c: tokenized.get(c, default) for c in mixture.weights}
         missing = [c for c, e in entries.items() if e is None]
         if missing:
-            raise RegistryError(f"mixture {name!r}: components {missing} have no tokenized entry and no default")
-        tok = body.get("tokenizer")
-        if any(e.tokenizer != tok for e in entries.values()):
-            raise RegistryError(f"mixture {name!r}: every component must use tokenizer {tok!r}")
-        mixtures[name] = MixtureEntry(name, tok, comps)
+            raise RegistryError(f"mixture {mixture.name!r}: components {missing} have no tokenized entry and no "
+                                "default")
+        others = sorted({e.tokenizer for e in entries.values()} - {mixture.tokenizer})
+        if others:
+            raise RegistryError(f"mixture {mixture.name!r}: every component must use tokenizer "
+                                f"{mixture.tokenizer!r}; some use {others}")
     return TokenizationRegistry(tokenizers, tokenized, mixtures, default)
+
+
+def _section(raw: dict, name: str) -> dict:
+    section = raw.get(name) or {}
+    if not isinstance(section, dict):
+        raise RegistryError(f"{name}: expected a mapping of name to entry, got {section!r}")
+    return section
+
+
+def _tokenizer_entry(name: str, body: Any) -> TokenizerEntry:
+    where = f"tokenizer {name!r}"
+    if body is not None and not isinstance(body, dict):
+        raise RegistryError(f"{where}: expected a mapping, got {body!r}")
+    body = dict(body or {})
+    train_on = _decoded(tuple[str, ...], body.pop("train_on", ()), f"{where}.train_on")
+    adopt = _decoded(str | None, body.pop("adopt", None), f"{where}.adopt")
+    version = str(body.pop("version", TOKENIZER_VERSION))
+    if bool(train_on) == bool(adopt):
+        raise RegistryError(f"{where}: give exactly one of train_on or adopt")
+    try:
+        validate_partition_key(version)
+    except InvalidPartitionKeyError as e:
+        raise RegistryError(f"{where}: version {version!r} is not a valid path segment: {e}") from e
+    return TokenizerEntry(name, _decoded(TokenizerConfig, body, where), train_on, adopt, version)
+
+
+def _mixture_entry(name: str, body: Any) -> MixtureEntry:
+    where = f"mixture {name!r}"
+    if not isinstance(body, dict):
+        raise RegistryError(f"{where}: expected a mapping with tokenizer and components, got {body!r}")
+    unknown = sorted(set(body) - set(_MIXTURE_KEYS))
+    if unknown:
+        raise RegistryError(f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(_MIXTURE_KEYS)})")
+    tokenizer = _decoded(str, body.get("tokenizer"), f"{where}.tokenizer")
+    components = body.get("components")
+    if not isinstance(components, dict) or not components:
+        raise RegistryError(f"{where}.components: expected a mapping of source to {{weight: W}}, got {components!r}")
+    weights = {}
+    for component, value in components.items():
+        value = value or {}
+        if not isinstance(value, dict) or set(value) - {"weight"}:
+            raise RegistryError(f"{where}.components.{component}: expected {{weight: W}}, got {value!r}")
+        weights[component] = _decoded(float, value.get("weight", 1.0), f"{where}.components.{component}.weight")
+    return MixtureEntry(name, tokenizer, weights)
 
 
 def registry_for_sources(registry: TokenizationRegistry, sources: set[str]) -> TokenizationRegistry:

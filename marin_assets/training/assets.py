@@ -319,11 +319,19 @@ def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLoo
 
     def spec_for(run: str) -> RunSpec:
         if run not in runs:
-            raise input_refused(f"no run named {run!r} in this deployment's runs file "
-                             f"({settings.runs_file or 'the bundled runs.yaml'}); known: {sorted(runs)}")
+            project = f" and {settings.project.path}" if settings.project is not None else ""
+            raise input_refused(f"no run named {run!r} in this deployment's runs "
+                             f"({settings.runs_file or 'the bundled runs.yaml'}{project}); known: {sorted(runs)}")
         return runs[run]
 
     return spec_for
+
+
+def run_reads(spec: RunSpec | None) -> set[str]:
+    """What a named run reads of the inputs `checkpoint` declares (every run's mixture and tokenizer):
+    its own two, so building it builds no other run's data. None (a partition of no run here, refused
+    when its step runs): nothing."""
+    return set() if spec is None else {f"mixture/{spec.mixture}", f"tokenizer/{spec.tokenizer}"}
 
 
 def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
@@ -333,6 +341,7 @@ def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tup
     catalog = Catalog()
     catalog.add_discoverer(RUNS.name, lambda: sorted(runs))
     add_run_identities(catalog, "checkpoint", "eval", spec_for, store_resource(settings).get)
+    catalog.add_reads("checkpoint", lambda run: run_reads(runs.get(run)))
     assets, checks = build_run_assets(checkpoint_key="checkpoint", eval_key="eval", partitions=RUNS,
                                       spec_for=spec_for, mixture_versions=deployment.mixture_versions,
                                       tokenizer_versions=deployment.tokenizer_versions, pool=settings.train_pool,

@@ -492,9 +492,15 @@ def load_run_registry(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec
         raise ConfigError(f"{path}: cannot read the run registry: {exc}") from None
     if not isinstance(document, Mapping) or not isinstance(document.get("runs"), Mapping):
         raise ConfigError(f"{path}: expected a top-level 'runs:' mapping of run name to spec")
+    return extend_run_registry({}, document["runs"], str(path))
+
+
+def extend_run_registry(runs: Mapping[str, RunSpec], raw: Mapping[str, Any], origin: str) -> dict[str, RunSpec]:
+    """``runs`` with the specs of ``raw`` (``{name: {...}}``) added, each replacing the run of its name;
+    a run may start from any run of the result. Errors name ``origin``."""
     try:
-        runs = {str(name): RunSpec.from_dict(str(name), raw) for name, raw in document["runs"].items()}
-        validate_init_sources(runs)
-        return runs
+        merged = {**runs, **{str(name): RunSpec.from_dict(str(name), spec) for name, spec in raw.items()}}
+        validate_init_sources(merged)
+        return merged
     except RunSpecError as exc:
-        raise RunSpecError(exc.run, exc.field_path, exc.problem, origin=str(path)) from None
+        raise RunSpecError(exc.run, exc.field_path, exc.problem, origin=origin) from None
