@@ -57,7 +57,13 @@ async def run_request_execution_data(workspace, request: dg.RunRequest, instance
 RUN_WORKER_PRELOAD = ("dagster", "dagster._grpc.impl", "dagster._core.storage.runs.sqlite", "alembic")
 
 
-def fork_run_workers_from_a_preloaded_server() -> None:
+# The fork server listens on a Unix socket at <tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX, and a
+# socket path has at most 107 bytes (Linux's sun_path): under a longer TMPDIR, workers are spawned.
+_FORK_SERVER_SOCKET_SUFFIX = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+_UNIX_SOCKET_PATH_MAX = 107
+
+
+def fork_run_workers_from_a_preloaded_server() -> bool:
     """Make this process's code server start run workers from a fork server that has imported
     Dagster, instead of spawning each one to import it again.
 
@@ -69,14 +75,21 @@ def fork_run_workers_from_a_preloaded_server() -> None:
     arguments and loads the code location itself, as before; only its start-up changes. The server
     sets ``_mp_ctx`` in ``__init__``, which may run before the code location is imported: a data
     descriptor on the class wins over that instance attribute. Harmless in any other process.
+    Returns whether it did: not where the temporary directory's path is too long for the fork
+    server's socket (Dagster's spawn stays, as before).
     """
     import multiprocessing
+    import tempfile
+
+    if len(tempfile.gettempdir().encode()) + _FORK_SERVER_SOCKET_SUFFIX > _UNIX_SOCKET_PATH_MAX:
+        return False
 
     from dagster._grpc.server import DagsterApiServer
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(RUN_WORKER_PRELOAD))
     DagsterApiServer._mp_ctx = property(lambda self: context, lambda self, value: None)
+    return True
 
 
 def automation_instance(context: dg.AutomationContext) -> dg.DagsterInstance:

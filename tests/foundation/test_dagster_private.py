@@ -176,3 +176,25 @@ def test_a_custom_automation_condition_reads_the_instance_and_its_partitions():
         assert seen == [(instance, {"a", "b"}), (instance, {None})]
         assert result.get_requested_partitions(built.key) == {"a"} and result.get_num_requested(whole.key) == 1
         assert private.finished_sensor_ticks(instance, "automation", 0.0) == 0  # no daemon ticked here
+
+
+def test_under_a_temporary_directory_too_long_for_a_socket_workers_are_spawned(tmp_path):
+    """The fork server's Unix socket lives in the temporary directory; a path past 107 bytes cannot
+    be bound ("AF_UNIX path too long", every run failing at launch), so spawning stays."""
+    import os
+    import subprocess
+    import sys
+
+    long_dir = tmp_path / ("t" * 100)
+    long_dir.mkdir()
+    probe = ("import multiprocessing; from dagster._grpc.server import DagsterApiServer; "
+             "from marin_resources import dagster_private as p; "
+             "installed = p.fork_run_workers_from_a_preloaded_server(); "
+             "s = object.__new__(DagsterApiServer); s._mp_ctx = multiprocessing.get_context('spawn'); "
+             "print(installed, s._mp_ctx.get_start_method())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TMPDIR": str(long_dir)}).stdout.split()
+    assert out == ["False", "spawn"]
+    short = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                           env={**os.environ, "TMPDIR": "/tmp"}).stdout.split()
+    assert short == ["True", "forkserver"]
