@@ -656,14 +656,16 @@ class Planner:
         if step.success:
             step.manifests = [f"{self.current(k, part).uri}/.artifact.json"
                               for k in keys if self.version_of(k) is not None]
+        elif ok:
+            step.error = f"ERROR check(s) failed: {'; '.join(failed)}"
         else:
-            step.error = failure_message(self.instance, run.run_id) if not ok else \
-                f"ERROR check(s) failed: {'; '.join(failed)}"
+            failures = step_failures(self.instance, run.run_id)
+            step.error = failure_message(self.instance, run.run_id, failures)
             # The code server that started a killed worker may mark its run failed before the
             # planner's health check does, with Dagster's generic message: name the cause instead.
-            if not ok and OUTSIDE_FAILURE in step.error and (pid := self.gone_worker_pid(run.run_id)):
+            if OUTSIDE_FAILURE in step.error and (pid := self.gone_worker_pid(run.run_id)):
                 step.error = step.error.replace(OUTSIDE_FAILURE, worker_died(pid))
-            step.refused = not ok and refused_input(self.instance, run.run_id)
+            step.refused = refused_input(failures)
         return step
 
 
@@ -838,20 +840,24 @@ def quiet_run_config() -> dict:
     return {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
-def refused_input(instance: dg.DagsterInstance, run_id: str) -> bool:
-    """Whether a failed run's steps failed only by refusing their input (`input_refused`)."""
-    failures = [entry.dagster_event.step_failure_data for entry in
-                instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE) if entry.dagster_event is not None]
+def step_failures(instance: dg.DagsterInstance, run_id: str) -> list:
+    """The STEP_FAILURE events of a run, read once for its message and for whether it refused."""
+    return [entry.dagster_event for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+            if entry.dagster_event is not None]
+
+
+def refused_input(failures: list) -> bool:
+    """Whether a failed run's steps (``step_failures``) failed only by refusing their input (`input_refused`)."""
     return bool(failures) and all(
-        data.user_failure_data is not None and REFUSED_METADATA_KEY in (data.user_failure_data.metadata or {})
-        for data in failures)
+        (data := event.step_failure_data).user_failure_data is not None
+        and REFUSED_METADATA_KEY in (data.user_failure_data.metadata or {})
+        for event in failures)
 
 
-def failure_message(instance: dg.DagsterInstance, run_id: str) -> str:
-    """The first step failure of a run, unwrapped to the user's error; else why the run failed
-    outside its steps (`failure_outside_steps`)."""
-    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
-        event = entry.dagster_event
-        if event is not None and event.step_failure_data.error:
+def failure_message(instance: dg.DagsterInstance, run_id: str, failures: list) -> str:
+    """The first step failure of a run (``step_failures``), unwrapped to the user's error; else why
+    the run failed outside its steps (`failure_outside_steps`)."""
+    for event in failures:
+        if event.step_failure_data.error:
             return f"{event.step_key}: {describe_error(event.step_failure_data.error)}"
     return failure_outside_steps(instance, run_id)[1]
