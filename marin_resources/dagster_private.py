@@ -74,17 +74,19 @@ def fork_run_workers_from_a_preloaded_server() -> bool:
     thread, and forks each worker from it. The worker runs the same function with the same pickled
     arguments and loads the code location itself, as before; only its start-up changes. The server
     sets ``_mp_ctx`` in ``__init__``, which may run before the code location is imported: a data
-    descriptor on the class wins over that instance attribute. Harmless in any other process.
-    Returns whether it did: not where the temporary directory's path is too long for the fork
-    server's socket (Dagster's spawn stays, as before).
+    descriptor on the class wins over that instance attribute. Returns whether it did: only in a
+    process that runs a code server (which imported ``dagster._grpc.server`` before loading the code
+    location; any other process is left alone and spared that import), and not where the temporary
+    directory's path is too long for the fork server's socket (Dagster's spawn stays, as before).
     """
     import multiprocessing
+    import sys
     import tempfile
 
-    if len(tempfile.gettempdir().encode()) + _FORK_SERVER_SOCKET_SUFFIX > _UNIX_SOCKET_PATH_MAX:
+    server = sys.modules.get("dagster._grpc.server")
+    if server is None or len(tempfile.gettempdir().encode()) + _FORK_SERVER_SOCKET_SUFFIX > _UNIX_SOCKET_PATH_MAX:
         return False
-
-    from dagster._grpc.server import DagsterApiServer
+    DagsterApiServer = server.DagsterApiServer
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(RUN_WORKER_PRELOAD))

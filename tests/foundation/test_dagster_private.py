@@ -135,7 +135,7 @@ def test_run_workers_fork_from_a_server_that_imported_dagster():
 
     from dagster._grpc.server import DagsterApiServer
 
-    import marin_assets.definitions  # noqa: F401 - installs the descriptor, as a code server's load does
+    assert private.fork_run_workers_from_a_preloaded_server()  # what loading the code location does in a server
 
     assert "self._mp_ctx.Process(" in inspect.getsource(DagsterApiServer.StartRun)
     assert "self._mp_ctx = " in inspect.getsource(DagsterApiServer.__init__)
@@ -176,6 +176,16 @@ def test_a_custom_automation_condition_reads_the_instance_and_its_partitions():
         assert seen == [(instance, {"a", "b"}), (instance, {None})]
         assert result.get_requested_partitions(built.key) == {"a"} and result.get_num_requested(whole.key) == 1
         assert private.finished_sensor_ticks(instance, "automation", 0.0) == 0  # no daemon ticked here
+
+
+def test_outside_a_code_server_nothing_is_installed_and_its_module_is_not_imported():
+    import subprocess
+    import sys
+
+    probe = ("import sys; from marin_resources import dagster_private as p; "
+             "print(p.fork_run_workers_from_a_preloaded_server(), 'dagster._grpc.server' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.split() == ["False", "False"]
 
 
 def test_under_a_temporary_directory_too_long_for_a_socket_workers_are_spawned(tmp_path):
