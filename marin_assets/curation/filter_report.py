@@ -69,16 +69,14 @@ def report_table(report: Mapping[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def threshold_shifts(per_source: Mapping[str, QuantileSketch], keep_fraction: float) -> dict[str, dict[str, Any]]:
-    """What each source does to the shared quality threshold: the threshold the other sources' scores
-    alone would give, and how far this source moves it (``shift``: the shared threshold minus that).
-    A source whose text the classifier scores low pulls the threshold down, so every other source
-    keeps more; one scored high pushes it up, and the others lose documents. None where nothing
-    would be filtered (no other source, or keep_fraction 1)."""
-    shared = QuantileSketch(next(iter(per_source.values())).relative_accuracy) if per_source else None
-    for sketch in per_source.values():
-        shared.merge(sketch)
-    threshold = keep_threshold(shared, keep_fraction) if shared is not None else float("-inf")
+def threshold_shifts(per_source: Mapping[str, QuantileSketch], keep_fraction: float,
+                     threshold: float) -> dict[str, dict[str, Any]]:
+    """What each source does to the shared quality threshold (``threshold``, from the merge of
+    ``per_source``): the threshold the other sources' scores alone would give, and how far this
+    source moves it (``shift``: the shared threshold minus that). A source whose text the classifier
+    scores low pulls the threshold down, so every other source keeps more; one scored high pushes it
+    up, and the others lose documents. None where nothing would be filtered (no other source, or
+    keep_fraction 1)."""
     shifts = {}
     for name, sketch in sorted(per_source.items()):
         others = QuantileSketch(sketch.relative_accuracy)

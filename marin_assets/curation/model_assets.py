@@ -189,8 +189,8 @@ def build_quality_threshold(config: CurationConfig, catalog: Catalog):
                 merged.merge(source)
             # Which source moved the shared threshold, and by how much: adding a source changes what is kept
             # from every other one, which the per-source reports alone do not show.
-            shifts = threshold_shifts(per_source, quality.keep_fraction)
             threshold = keep_threshold(merged, quality.keep_fraction)
+            shifts = threshold_shifts(per_source, quality.keep_fraction, threshold)
             threshold = None if threshold == float("-inf") else threshold  # keep_fraction 1 (or no scores): keep all
             # Only the threshold is data: the counts move with every shard, the threshold rarely leaves its bucket.
             writer.write_json("threshold.json", {"threshold": threshold, "keep_fraction": quality.keep_fraction,

@@ -37,14 +37,14 @@ def test_a_source_scored_low_pulls_the_shared_threshold_down_by_its_shift():
     rng = np.random.default_rng(0)
     prose = QuantileSketch(0.01).add(rng.uniform(0.5, 1.0, 4000))
     docs = QuantileSketch(0.01).add(rng.uniform(0.0, 0.2, 4000))  # the classifier scores it low
-    shifts = threshold_shifts({"prose": prose, "docs": docs}, keep_fraction=0.8)
     shared = keep_threshold(QuantileSketch(0.01).merge(prose).merge(docs), 0.8)
+    shifts = threshold_shifts({"prose": prose, "docs": docs}, keep_fraction=0.8, threshold=shared)
     assert shifts["docs"]["threshold_without"] == pytest.approx(keep_threshold(prose, 0.8), abs=1e-6)
     assert shifts["docs"]["shift"] == pytest.approx(shared - keep_threshold(prose, 0.8), abs=1e-6)
     assert shifts["docs"]["shift"] < -0.3  # adding docs lets prose keep much more
     assert 0 < shifts["prose"]["shift"] < 0.1 and shifts["prose"]["scored_documents"] == 4000
     table = shifts_table(shifts)
     assert "| docs | 4,000 |" in table and "| prose | 4,000 |" in table
-    alone = threshold_shifts({"prose": prose}, keep_fraction=0.8)
+    alone = threshold_shifts({"prose": prose}, keep_fraction=0.8, threshold=keep_threshold(prose, 0.8))
     assert alone["prose"] == {"scored_documents": 4000, "threshold_without": None, "shift": None}
     assert "keep all" in shifts_table(alone)
