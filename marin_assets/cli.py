@@ -30,6 +30,7 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 from marin_assets import hide_dagster_notices
@@ -100,25 +101,48 @@ def planner():
 
 
 def cmd_materialize(args: argparse.Namespace) -> int:
+    return materialize_plans([[args]])
+
+
+def materialize_plans(plans: list[list[argparse.Namespace]], announce: Sequence[str] = ()) -> int:
+    """Each plan is `marin materialize` of its arguments' targets (one plan: their steps overlap),
+    the plans one after another, stopping at the first that fails. They share one planner, one
+    discovery and one code server, which a command per plan would each pay again. `announce[i]` is
+    printed before plan i. Every option comes from the plan's first arguments."""
     from marin_assets.planning import WorkspaceRuns, parse_key
     from marin_resources.environments import check_ray_reachable
 
     plan, settings, _ = planner()
     check_ray_reachable(settings)  # before any run starts, so nothing is built without its cluster
-    say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    json_out = plans[0][0].json
+    say = (lambda m: print(m, file=sys.stderr)) if json_out else print
     added = plan.discover()
     for name, keys in added.items():
         if keys:
             say(f"discovered {len(keys)} new partition(s) of {name}: "
                 f"{', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}")
     report_refused(plan)
-    started = time.monotonic()
-    if args.rebuild:
-        plan.retract(parse_key(args.selection), args.partition, log=say)
-    # A rebuild reads its inputs again, so it re-hashes them: tampered bytes are never carried downstream.
-    with stdout_to_stderr(args.json), WorkspaceRuns(plan.instance, str(REPO_ROOT / "workspace.yaml")) as runs:
-        steps = plan.materialize(parse_key(args.selection), args.partition, log=say, force=args.force,
-                                 verify=args.verify or args.rebuild, runs=runs, max_parallel=args.max_parallel)
+    with WorkspaceRuns(plan.instance, str(REPO_ROOT / "workspace.yaml")) as runs:
+        for number, targets in enumerate(plans):
+            if number < len(announce):
+                say(announce[number])
+            args = targets[0]
+            started = time.monotonic()
+            if args.rebuild:
+                plan.retract(parse_key(args.selection), args.partition, log=say)
+            # A rebuild reads its inputs again, so it re-hashes them: tampered bytes are never carried downstream.
+            with stdout_to_stderr(json_out):  # the code server and run workers, started here, inherit it
+                steps = plan.materialize_all([(parse_key(t.selection), t.partition) for t in targets], log=say,
+                                             force=args.force, verify=args.verify or args.rebuild, runs=runs,
+                                             max_parallel=args.max_parallel)
+            code = report_plan(steps, settings, started, say, json_out)
+            if code != 0:
+                return code
+    return 0
+
+
+def report_plan(steps, settings, started: float, say, json_out: bool) -> int:
+    """The plan's one-line summary (and with --json its steps); its exit code."""
     failed = [s for s in steps if not s.success and not s.skipped]
     skipped = sum(s.skipped for s in steps)
     ran = sum(s.ran for s in steps)
@@ -129,7 +153,7 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     say(f"{'ok' if ok else 'FAILED'}: {runs} run(s){failures}, {len(steps) - ran - skipped} fresh step(s) skipped"
         f"{f', {skipped} step(s) not run after a failure' if skipped else ''}, "
         f"{time.monotonic() - started:.1f}s, prefix {settings.prefix}")
-    if args.json:
+    if json_out:
         print(json.dumps({"success": ok, "prefix": settings.prefix,
                           "steps": [s.__dict__ for s in steps],
                           "manifests": sorted({m for s in steps for m in s.manifests})}, indent=2))
@@ -406,35 +430,35 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo_materialize_args() -> list[argparse.Namespace]:
-    """What the demo's three commands parse to, every option at its default:
-    `marin materialize eval --partition nano-shakespeare`, `marin materialize hf_model --partition
-    nano-shakespeare`, then `marin materialize scaling_fit/demo`."""
+def demo_materialize_args() -> list[list[argparse.Namespace]]:
+    """The demo's two plans, every option at its default: `marin materialize eval --partition
+    nano-shakespeare`, then `hf_model --partition nano-shakespeare` and `scaling_fit/demo` as one
+    plan."""
     parser = build_parser()
-    return [parser.parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION]),
-            parser.parse_args(["materialize", "hf_model", "--partition", DEMO_PARTITION]),
-            parser.parse_args(["materialize", f"scaling_fit/{DEMO_SWEEP}"])]
+    return [[parser.parse_args(["materialize", DEMO_TARGET, "--partition", DEMO_PARTITION])],
+            [parser.parse_args(["materialize", f"scaling_fit/{DEMO_SWEEP}"]),
+             parser.parse_args(["materialize", "hf_model", "--partition", DEMO_PARTITION])]]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    # One after the other, not as one plan, so that the named run trains alone: beside sweep runs
-    # the Levanter processes compete for the two cores (measured: the named run still training
-    # after 8 minutes instead of about 4, each sweep run beside it 190-197 s).
-    steps = ("raw -> documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval",
-             "the run's checkpoint in Hugging Face format, read back by transformers",
-             f"sweep/{DEMO_SWEEP} -> 9 sweep runs (sweep_checkpoint, sweep_eval) -> isoFLOP fit")
-    for materialize, path in zip(demo_materialize_args(), steps):
-        where = f"{materialize.selection}[{materialize.partition}]" if materialize.partition else materialize.selection
-        print(f"marin demo: materializing {where} and everything upstream of it: {path}")
-        code = cmd_materialize(materialize)
-        if code != 0:
-            return code
-    _, settings, instance = planner()
+    # The named run first and alone: beside sweep runs the Levanter processes compete for the two
+    # cores (measured: the named run still training after 8 minutes instead of about 4, each sweep
+    # run beside it 190-197 s). Its export then joins the sweep's plan, listed last so that it takes
+    # the slot the sweep's odd run leaves free instead of a turn of its own.
+    plans = demo_materialize_args()
+    announce = [f"marin demo: materializing {DEMO_TARGET}[{DEMO_PARTITION}] and everything upstream of it: raw -> "
+                "documents -> filtered -> deduplicated -> tokenizer -> tokenized -> mixture -> checkpoint -> eval",
+                f"marin demo: materializing scaling_fit/{DEMO_SWEEP} (sweep/{DEMO_SWEEP} -> 9 sweep runs "
+                f"(sweep_checkpoint, sweep_eval) -> isoFLOP fit) and hf_model[{DEMO_PARTITION}] (the run's "
+                "checkpoint in Hugging Face format, read back by transformers)"]
+    code = materialize_plans(plans, announce)
+    if code != 0:
+        return code
     from marin_assets.export.assets import HF_MODEL_VERSION, loading_snippet
-    from marin_resources.store import ArtifactStore
 
-    export = ArtifactStore(settings.prefix).find("hf_model", HF_MODEL_VERSION, DEMO_PARTITION)
+    settings, store = store_only()
+    export = store.find("hf_model", HF_MODEL_VERSION, DEMO_PARTITION)
     model_lines = "".join(f"\n              {line}" for line in loading_snippet(export.uri).splitlines()) \
         if export is not None else ""
     print(f"\ndemo finished in {time.monotonic() - started:.1f}s\n"

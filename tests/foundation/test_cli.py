@@ -124,10 +124,11 @@ def test_rebuild_withdraws_one_partition_and_keeps_its_manifest(env, tmp_path):
 def test_demo_materializes_with_every_materialize_option_at_its_default():
     from marin_assets.cli import build_parser, demo_materialize_args
 
-    run, export, sweep = demo_materialize_args()
+    [run], [sweep, export] = demo_materialize_args()
     assert (run.selection, run.partition) == ("eval", "nano-shakespeare")
-    assert (export.selection, export.partition) == ("hf_model", "nano-shakespeare")
+    # The export shares the sweep's plan, listed after it so that it fills a slot the sweep leaves.
     assert (sweep.selection, sweep.partition) == ("scaling_fit/demo", None)
+    assert (export.selection, export.partition) == ("hf_model", "nano-shakespeare")
     materialize = build_parser()._subparsers._group_actions[0].choices["materialize"]
     for args in (run, export, sweep):
         assert not (args.force or args.rebuild or args.json)
