@@ -83,6 +83,10 @@ class MarinSettings:
     """The project file (MARIN_CONFIG, else ./marin.yaml); None: the built-in definitions alone."""
     prefix_named_by: str = "default"
     """Where ``prefix`` came from: ``MARIN_PREFIX``, the project file's path, or ``default``."""
+    jax_compilation_cache: str | None = None
+    """JAX's persistent compilation cache for training and eval processes (MARIN_JAX_CACHE; ``off``:
+    none). Locally it defaults to DAGSTER_HOME's ``jax_compilation_cache``: runs of the same shapes
+    (a sweep's budgets at one model size, a run and its eval) then compile once."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, cwd: Path | None = None) -> MarinSettings:
@@ -128,6 +132,8 @@ class MarinSettings:
         ray_chunk_mb = _positive_int(e, "MARIN_RAY_CHUNK_MB", 32)
         ray_chunk_docs = _positive_int(e, "MARIN_RAY_CHUNK_DOCS", 200_000)
         dedup_batch_shards = _positive_int(e, "MARIN_DEDUP_BATCH_SHARDS", 8)
+        jax_cache = e.get("MARIN_JAX_CACHE") or (
+            str(Path(e["DAGSTER_HOME"]) / "jax_compilation_cache") if env == "local" and e.get("DAGSTER_HOME") else None)
         return cls(env=env, prefix=prefix, sources_file=e.get("MARIN_SOURCES") or None,
                    runs_file=e.get("MARIN_RUNS") or None, registry_file=e.get("MARIN_REGISTRY") or None,
                    sweeps_file=e.get("MARIN_SWEEPS") or None,
@@ -141,7 +147,8 @@ class MarinSettings:
                    ray=ray, ray_address=ray_address, ray_cpus=ray_cpus, ray_chunk_mb=ray_chunk_mb,
                    ray_chunk_docs=ray_chunk_docs, dedup_batch_shards=dedup_batch_shards,
                    suites_file=e.get("MARIN_SUITES") or None, eval_suite=e.get("MARIN_EVAL_SUITE") or None,
-                   project=project, prefix_named_by=named_by)
+                   project=project, prefix_named_by=named_by,
+                   jax_compilation_cache=None if jax_cache == "off" else jax_cache)
 
 
 def check_ray_reachable(settings: MarinSettings) -> None:
@@ -205,11 +212,14 @@ def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[
     from marin_resources.launchers import LocalPipesLauncher
     from marin_resources.object_stores import store_process_env
 
+    # The store's endpoints and region, named for the process (a local one would also inherit them).
+    process_env = store_process_env()
+    if settings.jax_compilation_cache:
+        process_env["JAX_COMPILATION_CACHE_DIR"] = settings.jax_compilation_cache
     if settings.env != "prod" or not settings.training_image:
-        # The store's endpoints and region, named for the process (a local one would also inherit them).
         return {"launcher": LocalPipesLauncher(wandb_api_key=dg.EnvVar("WANDB_API_KEY") if settings.wandb_online
                                                else None, output_to_file=settings.process_output == "file",
-                                               extra_env=store_process_env())}
+                                               extra_env=process_env)}
     from marin_resources.k8s import K8sTrainingLauncher, SecretEnvRefConfig
 
     secrets = [SecretEnvRefConfig(env_name="WANDB_API_KEY", secret_name="marin-secrets", key="wandb-api-key")] \
@@ -219,7 +229,7 @@ def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[
                                             store_prefix=settings.prefix,
                                             store_claim=None if on_bucket else settings.store_claim,
                                             gpu_type=settings.gpu_type, secret_env=secrets,
-                                            s3=cloud.get("s3"), gcs=cloud.get("gcs"), extra_env=store_process_env())}
+                                            s3=cloud.get("s3"), gcs=cloud.get("gcs"), extra_env=process_env)}
 
 
 def _data_parallel(settings: MarinSettings):
