@@ -161,7 +161,8 @@ def _lines(texts: pl.Series) -> pl.LazyFrame:
 
 
 def c4_statistics(texts: pl.Series, on: Mapping[str, float]) -> tuple[pl.DataFrame, pl.Series, dict[str, int]]:
-    """The c4 document statistics, the text each document keeps, and the lines each line rule removed.
+    """The c4 document statistics (with ``lines_removed/<rule>``: the lines each line rule removed
+    from the document), the text each document keeps, and the lines each line rule removed in all.
 
     Each line is stripped and its citation marks removed; it is removed by the first line rule
     (of those ``on``: key -> threshold) it fails. Lorem ipsum and curly brackets are looked for
@@ -212,11 +213,11 @@ def c4_statistics(texts: pl.Series, on: Mapping[str, float]) -> tuple[pl.DataFra
         pl.col("_curly").sum().alias("c4_curly_bracket_lines"),
         sentences.filter(kept).sum().alias("c4_sentences"),
         pl.col("cleaned").filter(kept).str.join("\n").str.strip_chars().alias("_text"),
+        *((pl.col("_removed_by") == r.name).sum().alias(f"lines_removed/{r.name}") for r in line_rules),
     ).sort("_doc").collect())
-    removed = {r.name: 0 for r in line_rules}
-    for name, n in lines.group_by("_removed_by").len().drop_nulls().iter_rows():
-        removed[name] = n
-    stats = per_doc.select(pl.col("c4_lorem_ipsum_lines", "c4_curly_bracket_lines", "c4_sentences").cast(pl.Float64))
+    stats = per_doc.select(pl.col("c4_lorem_ipsum_lines", "c4_curly_bracket_lines", "c4_sentences").cast(pl.Float64),
+                           pl.col("^lines_removed/.*$"))
+    removed = {r.name: int(per_doc[f"lines_removed/{r.name}"].sum()) for r in line_rules}
     return stats, per_doc["_text"], removed
 
 
