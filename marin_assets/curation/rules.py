@@ -251,6 +251,48 @@ _NGRAM_MULTIPLIERS = np.random.default_rng(0x6E6772616D).integers(1, 2**63, size
                                                                   dtype=np.uint64) | np.uint64(1)
 
 
+@dataclass
+class _Groups:
+    """Positions grouped by the n-gram starting there."""
+
+    first: np.ndarray  # each group of two or more: its first position, ascending
+    count: np.ndarray  # and its size
+    repeats: np.ndarray  # every position but the first of its group
+    shared: np.ndarray  # the positions of the groups of two or more, ascending
+
+
+def _group(keys: np.ndarray, positions: np.ndarray) -> _Groups:
+    order = np.argsort(keys)  # not stable: each group's first position is its minimum
+    keys, positions = keys[order], positions[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if keys.size else np.zeros(0, dtype=np.int64)
+    count = np.diff(starts, append=keys.size)
+    first = np.minimum.reduceat(positions, starts) if keys.size else positions
+    several = count > 1
+    in_several = np.repeat(several, count)
+    repeats = positions[positions != np.repeat(first, count)]
+    by_first = np.argsort(first[several])
+    return _Groups(first[several][by_first], count[several][by_first], repeats, np.sort(positions[in_several]))
+
+
+def _top_ngram_chars(groups: _Groups, n: int, doc: np.ndarray, cum: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per document: characters of its most frequent n-gram (words and spaces) times its count,
+    the earliest of equals; a document whose n-grams are all different counts its first one."""
+    n_docs = ends.size - 1
+    top = np.zeros(n_docs)
+    starts = ends[:-1]
+    fits = ends[1:] - starts >= n
+    top[fits] = cum[starts[fits] + n] - cum[starts[fits]] + n - 1
+    at, count = groups.first, groups.count
+    if at.size:
+        group_doc = doc[at]  # ascending with ``at``, so each document's groups are contiguous
+        bounds = np.flatnonzero(np.r_[True, group_doc[1:] != group_doc[:-1]])
+        is_most = count == np.repeat(np.maximum.reduceat(count, bounds), np.diff(bounds, append=at.size))
+        best_docs, best = np.unique(group_doc[is_most], return_index=True)
+        best_at = at[is_most][best]
+        top[best_docs] = (cum[best_at + n] - cum[best_at] + n - 1) * count[is_most][best]
+    return top
+
+
 def gopher_repetition_statistics(texts: pl.Series) -> pl.DataFrame:
     """Per document and n: the characters of its most frequent n-gram times its occurrences (ties:
     the one seen first), and the characters of the words inside any occurrence of an n-gram seen
@@ -258,7 +300,7 @@ def gopher_repetition_statistics(texts: pl.Series) -> pl.DataFrame:
 
     Words are the whitespace-separated ones; an n-gram's characters are its words' and the n - 1
     spaces between them (for the top n-gram) or its words' alone (for the duplicates, as DataTrove
-    counts them). N-grams are grouped by a 64-bit hash of their words' hashes."""
+    counts them). N-grams are grouped by a 64-bit hash of their words' hashes and their document's."""
     words = (pl.DataFrame({"w": texts}).lazy().with_row_index("_doc")
              .with_columns(pl.col("w").str.extract_all(r"\S+")).explode("w").drop_nulls("w")
              .select("_doc", pl.col("w").hash(seed=0).alias("h"), pl.col("w").str.len_chars().alias("n"))
@@ -273,36 +315,27 @@ def gopher_repetition_statistics(texts: pl.Series) -> pl.DataFrame:
     ends = np.zeros(n_docs + 1, dtype=np.int64)
     np.cumsum(np.bincount(doc, minlength=n_docs), out=ends[1:])
     left = ends[doc + 1] - np.arange(doc.size) if doc.size else np.zeros(0, dtype=np.int64)
+    doc_mix = doc.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     columns = {}
     ngram = word_hash.copy()
+    # An n-gram can repeat only where its first n - 1 words do: each n groups only the positions
+    # whose (n - 1)-gram occurs more than once, a few percent of the words in most text.
+    candidates = np.flatnonzero(left >= 1)
     with np.errstate(over="ignore"):
         ngram *= _NGRAM_MULTIPLIERS[0]
         for n in range(2, max(DUPLICATE_NGRAMS) + 1):
             ngram = ngram[:-1] + word_hash[n - 1:] * _NGRAM_MULTIPLIERS[n - 1]
-            start = np.flatnonzero(left[: ngram.size] >= n)
-            key = ngram[start] ^ (doc[start].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
-            order = np.argsort(key, kind="stable")  # equal n-grams stay in text order
-            sorted_key = key[order]
-            first = np.ones(order.size, dtype=bool)
-            first[1:] = sorted_key[1:] != sorted_key[:-1]
+            candidates = candidates[left[candidates] >= n]
+            groups = _group(ngram[candidates] ^ doc_mix[candidates], candidates)
             if n in TOP_NGRAMS:
-                group = np.flatnonzero(first)
-                count = np.diff(group, append=order.size)
-                at = start[order[group]]  # each n-gram's first position
-                chars = (cum[at + n] - cum[at] + n - 1) * count
-                # Per document the group with most occurrences, the earliest of equals.
-                best = np.lexsort((at, -count, doc[at]))
-                best = best[np.r_[True, doc[at][best][1:] != doc[at][best][:-1]]] if best.size else best
-                top = np.zeros(n_docs)
-                top[doc[at][best]] = chars[best]
-                columns[f"top_{n}gram_fraction"] = top
+                columns[f"top_{n}gram_fraction"] = _top_ngram_chars(groups, n, doc, cum, ends)
             if n in DUPLICATE_NGRAMS:
-                repeated = start[order[~first]]
-                cover = np.bincount(repeated, minlength=doc.size + 1) - np.bincount(repeated + n,
-                                                                                    minlength=doc.size + 1)
+                cover = np.bincount(groups.repeats, minlength=doc.size + 1) - np.bincount(groups.repeats + n,
+                                                                                          minlength=doc.size + 1)
                 covered = np.cumsum(cover[:-1]) > 0
                 columns[f"duplicate_{n}gram_fraction"] = np.bincount(doc[covered], weights=length[covered],
                                                                      minlength=n_docs)
+            candidates = groups.shared
     fractions = {name: np.divide(chars, total, out=np.zeros(n_docs), where=total > 0)
                  for name, chars in columns.items()}
     return pl.DataFrame({name: fractions[name] for name in

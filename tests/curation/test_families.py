@@ -255,3 +255,36 @@ def test_rule_comparisons():
     assert frame.select(rule.fails(pl.col("s"), 1))["s"].to_list() == [True, False, False]
     assert frame.select(dataclasses.replace(rule, comparison="max").fails(pl.col("s"), 1))["s"].to_list() == [
         False, False, True]
+
+
+def _reference_repetition(text: str) -> dict[str, float]:
+    """The repetition statistics of one text, the slow and obvious way."""
+    words = text.split()
+    stats = {}
+    for n in (2, 3, 4):
+        grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+        counts: dict[tuple, int] = {}
+        for gram in grams:  # insertion order: the earliest of equal counts wins
+            counts[gram] = counts.get(gram, 0) + 1
+        top = max(counts.items(), key=lambda item: item[1], default=None)
+        stats[f"top_{n}gram_fraction"] = 0.0 if top is None else len(" ".join(top[0])) * top[1] / len(text)
+    for n in range(5, 11):
+        seen, covered = set(), [False] * len(words)
+        for i in range(len(words) - n + 1):
+            gram = tuple(words[i:i + n])
+            if gram in seen:
+                covered[i:i + n] = [True] * n
+            seen.add(gram)
+        stats[f"duplicate_{n}gram_fraction"] = sum(len(w) for w, c in zip(words, covered) if c) / len(text)
+    return stats
+
+
+def test_repetition_statistics_equal_the_obvious_computation_on_real_text():
+    from pydoc_data.topics import topics
+
+    texts = [topics[name] for name in sorted(topics)][:150]
+    texts += [" ".join(t.split()[:40]) * 3 for t in texts[:30]]  # repeated passages, some overlapping
+    texts += ["one", "a b", "x " * 30, "\n"]
+    stats = filters.gopher_repetition_statistics(pl.Series(texts))
+    for i, text in enumerate(texts):
+        assert stats.row(i, named=True) == pytest.approx(_reference_repetition(text)), i
