@@ -100,6 +100,8 @@ GOPHER_DEFAULTS: dict[str, float | None] = {r.key: r.default for r in RULES if r
 
 # C4's terminal punctuation (a line ending in "..." has none), its citation marks, its policy phrases.
 C4_LINE_END_PATTERN = r"[.?!\"']$"
+# c4 splits lines where Python's str.splitlines does (as C4's code did): a form feed ends a line too.
+C4_LINE_BREAK_PATTERN = "\r\n|[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]"
 C4_CITATION_PATTERN = r"\[\d*]|\[edit]|\[citation needed]"
 C4_POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies",
                      "use cookies")
@@ -151,11 +153,13 @@ def thresholds(families: Mapping[str, Mapping[str, float | None]]) -> list[tuple
 # ------------------------------------------------------------------ statistics
 
 
-def _lines(texts: pl.Series) -> pl.LazyFrame:
-    """One row per line (split at "\\n") of each text: ``_doc``, ``_line`` (position in the text), ``line``."""
+def _lines(texts: pl.Series, breaks: str | None = None) -> pl.LazyFrame:
+    """One row per line (split at "\\n", and at the matches of ``breaks``) of each text: ``_doc``,
+    ``_line`` (position in the text), ``line``."""
+    text = pl.col("line") if breaks is None else pl.col("line").str.replace_all(breaks, "\n")
     return (pl.DataFrame({"line": texts}).lazy()
             .with_row_index("_doc")
-            .with_columns(pl.col("line").str.split("\n"))
+            .with_columns(text.str.split("\n"))
             .explode("line")
             .with_columns(pl.int_range(pl.len()).over("_doc").alias("_line")))
 
@@ -173,7 +177,8 @@ def c4_statistics(texts: pl.Series, on: Mapping[str, float]) -> tuple[pl.DataFra
     cleaned = stripped.str.replace_all(C4_CITATION_PATTERN, "")
     lower = pl.col("cleaned").str.to_lowercase()
     longest_limit = on.get("max_line_word_length")
-    lines = _lines(texts).with_columns(stripped.alias("stripped"), cleaned.alias("cleaned")).with_columns(
+    lines = _lines(texts, C4_LINE_BREAK_PATTERN).with_columns(stripped.alias("stripped"), cleaned.alias("cleaned"))
+    lines = lines.with_columns(
         (pl.col("cleaned").str.contains(C4_LINE_END_PATTERN) & ~pl.col("cleaned").str.ends_with("..."))
         .cast(pl.Int64).alias("line_terminal_punctuation"),
         pl.col("stripped").str.count_matches(r"\S+").alias("line_words"),

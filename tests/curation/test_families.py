@@ -82,6 +82,13 @@ def test_c4_keeps_the_lines_that_pass_and_drops_citations():
                                     "c4.max_line_policy_phrases": 1}
 
 
+def test_c4_splits_lines_where_python_does():
+    text = "Page one ends here.\x0cPage two ends here\r\nLine three ends here.\rLine four ends here."
+    result = apply_filters(pl.DataFrame({"id": ["0"], "text": [text]}), _only("c4", min_sentences=None))
+    assert result.kept["text"][0] == "Page one ends here.\nLine three ends here.\nLine four ends here."
+    assert result.line_removals["c4.min_line_terminal_punctuation"] == 1
+
+
 def test_c4_sentences_just_pass_and_just_fail():
     five = "One sentence is here. Two sentences are here.\nThree are here! Four? Five is the end."
     assert _failed([five], _only("c4")) == [[]]
