@@ -295,3 +295,21 @@ def test_repetition_statistics_equal_the_obvious_computation_on_real_text():
     stats = filters.gopher_repetition_statistics(pl.Series(texts))
     for i, text in enumerate(texts):
         assert stats.row(i, named=True) == pytest.approx(_reference_repetition(text)), i
+
+
+def test_a_shard_in_chunks_keeps_c4_text_and_sums_its_line_removals():
+    from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
+    from marin_assets.curation.minhash import MinHashConfig
+
+    body = "One sentence is here. Two sentences are here.\nThree are here! Four? Five is the end.\n"
+    texts = [body + "Menu", "Home\n" + body, body + "Short one."]
+    docs = pl.DataFrame({"id": ["0", "1", "2"], "text": texts})
+    task = FilterTask(_only("c4"), MinHashConfig())
+    whole = merge_chunks([filter_chunk(docs, task)], task)
+    chunked = merge_chunks([filter_chunk(docs.slice(i, 1), task) for i in range(3)], task)
+    assert whole.kept["text"].to_list() == [body.strip()] * 3 == chunked.kept["text"].to_list()
+    assert whole.line_removals == chunked.line_removals
+    # "Menu", "Home" and the empty line after the body of the second (an empty line has no punctuation).
+    removed = whole.line_removals
+    assert removed["c4.min_line_terminal_punctuation"] == 3 and removed["c4.min_line_words"] == 1
+    assert (whole.signatures.hashvalues == chunked.signatures.hashvalues).all()
