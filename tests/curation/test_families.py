@@ -313,3 +313,43 @@ def test_a_shard_in_chunks_keeps_c4_text_and_sums_its_line_removals():
     removed = whole.line_removals
     assert removed["c4.min_line_terminal_punctuation"] == 3 and removed["c4.min_line_words"] == 1
     assert (whole.signatures.hashvalues == chunked.signatures.hashvalues).all()
+
+
+@pytest.mark.slow  # materializes raw, documents and filtered of a text source in this process
+def test_a_source_with_families_builds_filtered_with_their_reasons_metrics_and_text(tmp_path):
+    import json
+
+    import dagster as dg
+
+    from marin_assets.curation.assets import build_curation_stage
+    from marin_assets.deployment import Deployment
+    from marin_resources.environments import MarinSettings, build_resources
+    from marin_resources.keys import asset_key
+
+    body = "One sentence is here. Two sentences are here.\nThree are here! Four? Five is the end."
+    (tmp_path / "texts").mkdir()
+    for name, text in {"plain": body + "\nMenu", "lorem": body + "\nLorem ipsum dolor sit amet.",
+                       "prose": NORMAL_TEXT}.items():
+        (tmp_path / "texts" / f"{name}.txt").write_text(text)
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("sources:\n  - name: notes\n    uri: texts/*.txt\n    format: text\n"
+                       "    filters: {languages: [], min_words: 5, min_stop_words: null, families: {c4: {}}}\n")
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
+    stage, catalog = build_curation_stage(settings, Deployment.load(settings))
+    assert catalog.identities["filtered/notes"](None)["filters"]["families"] == {"c4": {}}
+    defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
+    (partition,) = catalog.discoverers["notes_shards"]()
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("notes_shards", [partition])
+        result = dg.materialize(list(defs.assets), partition_key=partition, instance=instance,
+                                resources=defs.resources,
+                                selection=[asset_key(f"{stage}/notes") for stage in ("raw", "documents", "filtered")])
+        assert result.success
+    (manifest_path,) = (tmp_path / "store" / "filtered" / "notes").glob("v*/*/.artifact.json")
+    metrics = json.loads(manifest_path.read_text())["metrics"]
+    assert metrics["dropped/c4.max_lorem_ipsum_lines"] == 1 and metrics["dropped/c4.min_sentences"] == 1  # prose
+    assert metrics["lines_removed/c4.min_line_terminal_punctuation"] >= 1
+    assert pl.read_parquet(manifest_path.parent / "documents.parquet")["text"].to_list() == [body]
+    dropped = pl.read_parquet(manifest_path.parent / "dropped.parquet")
+    assert sorted(dropped["reason"].to_list()) == ["c4.max_lorem_ipsum_lines", "c4.min_sentences"]
+    assert dropped["error"].null_count() == 2
