@@ -1,4 +1,5 @@
-"""Our heuristic rules against DataTrove's GopherQualityFilter and C4QualityFilter, on the same documents.
+"""Our heuristic rules and rule families against DataTrove's filters (Gopher, C4, FineWeb, Gopher repetition), on the
+same documents.
 
 DataTrove is installed into a throwaway virtual environment created here (`uv venv` in a
 temporary folder, then `uv pip install "datatrove[processing]" spacy`; spaCy is its English word
@@ -23,8 +24,15 @@ as the share of documents on which the two decisions are equal, with the counts 
 of disagreement; and once more with DataTrove given whitespace-separated words instead of spaCy
 tokens, which separates what the tokenizer decides from what the rule decides. C4QualityFilter's
 rules (terminal punctuation, lines of 3+ words, 5+ sentences, curly brackets, lorem ipsum,
-javascript/policy lines) have no counterpart in our rules; its decisions are reported by reason, and
-against our overall decision.
+javascript/policy lines) are reported by reason, and against our overall decision.
+
+The families (`rules.py`): each of c4, fineweb and gopher_repetition alone (no language id, no
+Gopher rule) against DataTrove's C4QualityFilter, FineWebQualityFilter and GopherRepetitionFilter
+(only its n-gram rules, the part the family has), CPU seconds and MB/s per core of each. Then per
+rule, each decided alone on both sides (DataTrove's filter with only the counterpart of that rule
+on), and for c4's line rules the documents from which both remove the same number of lines
+(DataTrove's line counters per document), plus the share of documents whose text c4 leaves the
+same on both sides; the rules that count words once more with DataTrove on whitespace words.
 
     python -m benchmarks.curation_peer [--docs 3000] [--pages 300] [--repeats 2] [--venv DIR]
 
@@ -49,7 +57,8 @@ from pathlib import Path
 
 import polars as pl
 
-from marin_assets.curation.filters import FilterConfig, apply_filters, enabled_rules
+from marin_assets.curation.filters import RULE_ORDER, FilterConfig, apply_filters, enabled_rules
+from marin_assets.curation.rules import OPTIONAL_FAMILIES, RULES, c4_statistics
 
 DATATROVE = "datatrove[processing]==0.10.1"
 
@@ -115,6 +124,75 @@ WORKER = textwrap.dedent('''
     for rule, args in rules.items():
         filt = GopherQualityFilter(**{**off, **args})
         out["rules_whitespace"][rule] = [decide(filt, t) != "kept" for t in texts]
+
+    # The families: each of DataTrove's filters timed with its defaults (Gopher repetition with only
+    # its n-gram rules, the part our gopher_repetition family has), then each rule decided alone.
+    from datatrove.pipeline.filters import FineWebQualityFilter, GopherRepetitionFilter
+    import datatrove.pipeline.filters.c4_filters as c4_module
+    import datatrove.pipeline.filters.fineweb_quality_filter as fineweb_module
+    import datatrove.pipeline.filters.gopher_repetition_filter as repetition_module
+
+    no_lines = dict(dup_line_frac=None, dup_para_frac=None, dup_line_char_frac=None, dup_para_char_frac=None)
+    out["family_cpu_s"] = {}
+    out["family_cpu_s"]["c4"], _ = timed([C4QualityFilter()])
+    out["family_cpu_s"]["fineweb"], _ = timed([FineWebQualityFilter()])
+    out["family_cpu_s"]["gopher_repetition"], _ = timed([GopherRepetitionFilter(**no_lines)])
+    for module in (c4_module, fineweb_module, repetition_module):  # memoised for the per-rule passes
+        for name in ("split_into_words", "split_into_sentences"):
+            if hasattr(module, name):
+                cache, real = {}, getattr(module, name)
+                setattr(module, name, lambda text, language, cache=cache, real=real:
+                        cache[text] if text in cache else cache.setdefault(text, real(text, language)))
+
+    def reasons(filt):
+        return [decide(filt, t) for t in texts]
+
+    family = {}
+    # C4: a document rule alone is C4 with the other two document rules off (its line rules on).
+    family["c4.min_sentences"] = reasons(C4QualityFilter(filter_lorem_ipsum=False, filter_curly_bracket=False))
+    family["c4.max_lorem_ipsum_lines"] = reasons(C4QualityFilter(min_num_sentences=-1, filter_curly_bracket=False))
+    family["c4.max_curly_bracket_lines"] = reasons(C4QualityFilter(min_num_sentences=-1, filter_lorem_ipsum=False))
+    # Its line rules: the lines each removed from each document (no document rule, so no early return).
+    lines = C4QualityFilter(min_num_sentences=-1, filter_lorem_ipsum=False, filter_curly_bracket=False)
+    removed = []
+    def count(*labels, **kwargs):
+        for label in labels:
+            removed[-1][label] = removed[-1].get(label, 0) + 1
+    lines.stat_update = count
+    c4_texts = []
+    for t in texts:
+        removed.append({})
+        doc = Document(text=t, id="x")
+        c4_texts.append(doc.text if lines.filter(doc) is True else None)
+    out["c4_line_removals"] = removed
+    out["c4_texts"] = c4_texts
+    off = dict(line_punct_thr=-1.0, short_line_thr=1e9, char_duplicates_ratio=1e9, new_line_ratio=1e9)
+    for rule, args in {"fineweb.min_line_punct_ratio": {"line_punct_thr": 0.12},
+                       "fineweb.max_short_line_ratio": {"short_line_thr": 0.67},
+                       "fineweb.max_char_duplicate_ratio": {"char_duplicates_ratio": 0.01},
+                       "fineweb.max_newline_ratio": {"new_line_ratio": 0.3}}.items():
+        family[rule] = reasons(FineWebQualityFilter(**{**off, **args}))
+    tops, dups = dict(((2, 0.2), (3, 0.18), (4, 0.16))), dict(((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12),
+                                                              (9, 0.11), (10, 0.10)))
+
+    def repetition_rules():
+        decided = {}
+        for n, frac in tops.items():
+            filt = GopherRepetitionFilter(**no_lines, top_n_grams=((n, frac),), dup_n_grams=())
+            decided[f"gopher_repetition.max_top_{n}gram_fraction"] = reasons(filt)
+        for n, frac in dups.items():
+            filt = GopherRepetitionFilter(**no_lines, top_n_grams=(), dup_n_grams=((n, frac),))
+            decided[f"gopher_repetition.max_duplicate_{n}gram_fraction"] = reasons(filt)
+        return decided
+
+    family.update(repetition_rules())
+    out["family_rules"] = family
+    # Once more with whitespace words instead of spaCy tokens, where words are what a rule counts.
+    whitespace = lambda text, language: text.split()
+    repetition_module.split_into_words = whitespace
+    fineweb_module.split_into_words = whitespace
+    out["family_rules_whitespace"] = {**repetition_rules(), "fineweb.max_newline_ratio":
+                                      reasons(FineWebQualityFilter(**{**off, "new_line_ratio": 0.3}))}
     print(json.dumps(out))
 ''')
 
@@ -158,6 +236,79 @@ def our_pass(docs: pl.DataFrame, cfg: FilterConfig, repeats: int):
 def our_rule_failures(docs: pl.DataFrame, result) -> dict[str, list[bool]]:
     failed = dict(zip(result.dropped["id"].to_list(), result.dropped["failed_rules"].to_list()))
     return {rule: [rule in failed.get(i, ()) for i in docs["id"].to_list()] for rule in GOPHER_RULES}
+
+
+# DataTrove's C4 line counters -> our c4 line rules.
+C4_LINE_RULES = {"line-filter-too_long_word": "c4.max_line_word_length",
+                 "line-filter-no_terminal_punc": "c4.min_line_terminal_punctuation",
+                 "line-filter-too_few_words": "c4.min_line_words", "line-filter-javascript": "c4.max_line_javascript",
+                 "line-filter-policy": "c4.max_line_policy_phrases"}
+
+
+def family_config(family: str) -> FilterConfig:
+    """Only ``family``'s rules, at their defaults (no language id, no Gopher rule)."""
+    return FilterConfig(languages=(), **{rule: None for rule in RULE_ORDER if rule != "language"},
+                        families={family: {}})
+
+
+def agreement_row(ours: list[bool], peer: list[bool], whitespace: list[bool] | None) -> dict:
+    n = len(ours)
+    row = {"agreement": round(sum(a == b for a, b in zip(ours, peer)) / n, 4),
+           "ours_only": sum(a and not b for a, b in zip(ours, peer)),
+           "datatrove_only": sum(b and not a for a, b in zip(ours, peer)),
+           "ours_drops": sum(ours), "datatrove_drops": sum(peer)}
+    if whitespace is not None:
+        row["agreement_whitespace_words"] = round(sum(a == b for a, b in zip(ours, whitespace)) / n, 4)
+    return row
+
+
+def family_comparison(docs: pl.DataFrame, peer: dict, repeats: int, megabytes: float) -> dict:
+    """Per family: CPU seconds of ours and DataTrove's, and per rule the agreement of the decisions
+    (for c4's line rules: documents on which both remove the same number of lines)."""
+    n = docs.height
+    speed, rules = {}, {}
+    for family in OPTIONAL_FAMILIES:
+        seconds, result = our_pass(docs, family_config(family), repeats)
+        speed[family] = {"ours_cpu_s": round(seconds, 3), "datatrove_cpu_s": round(peer["family_cpu_s"][family], 3),
+                         "ours_mb_s": round(megabytes / seconds, 2),
+                         "datatrove_mb_s": round(megabytes / peer["family_cpu_s"][family], 3),
+                         "speedup": round(peer["family_cpu_s"][family] / seconds, 1)}
+        failed = dict(zip(result.dropped["id"].to_list(), result.dropped["failed_rules"].to_list()))
+        for rule in (r for r in RULES if r.family == family and r.unit == "document"):
+            ours = [rule.name in failed.get(i, ()) for i in docs["id"].to_list()]
+            theirs = [d != "kept" for d in peer["family_rules"][rule.name]]
+            whitespace = peer["family_rules_whitespace"].get(rule.name)
+            rules[rule.name] = agreement_row(ours, theirs, None if whitespace is None else
+                                             [d != "kept" for d in whitespace])
+    on = {r.key: r.default for r in RULES if r.family == "c4"}
+    stats, texts, _ = c4_statistics(docs["text"], on)
+    for label, name in C4_LINE_RULES.items():
+        ours = stats[f"lines_removed/{name}"].to_list()
+        theirs = [removed.get(label, 0) for removed in peer["c4_line_removals"]]
+        rules[name] = {"agreement": round(sum(a == b for a, b in zip(ours, theirs)) / n, 4),
+                       "ours_lines": int(sum(ours)), "datatrove_lines": int(sum(theirs))}
+    both = [(a, b) for a, b in zip(texts.to_list(), peer["c4_texts"]) if b is not None]
+    text_agreement = round(sum(a == b for a, b in both) / len(both), 4) if both else None
+    return {"speed": speed, "rules": rules, "c4_same_text": text_agreement, "c4_texts_compared": len(both)}
+
+
+def print_families(comparison: dict) -> None:
+    print(f"{'family':<20} {'ours CPU s':>10} {'DT CPU s':>9} {'ours MB/s/core':>15} {'DT MB/s/core':>13} {'x':>6}")
+    for family, row in comparison["speed"].items():
+        print(f"{family:<20} {row['ours_cpu_s']:>10.2f} {row['datatrove_cpu_s']:>9.2f} {row['ours_mb_s']:>15.2f}"
+              f" {row['datatrove_mb_s']:>13.3f} {row['speedup']:>6.1f}")
+    print(f"{'rule':<46} {'agree':>7} {'ours only':>10} {'DT only':>8} {'ours':>6} {'DT':>6}"
+          f" {'agree, DT whitespace':>21}")
+    for rule, row in comparison["rules"].items():
+        if "ours_lines" in row:
+            print(f"{rule:<46} {row['agreement']:>7.1%}   lines removed: ours {row['ours_lines']}, "
+                  f"DataTrove {row['datatrove_lines']} (agreement: documents with the same count)")
+            continue
+        ws = row.get("agreement_whitespace_words")
+        print(f"{rule:<46} {row['agreement']:>7.1%} {row['ours_only']:>10} {row['datatrove_only']:>8}"
+              f" {row['ours_drops']:>6} {row['datatrove_drops']:>6} {'' if ws is None else f'{ws:.1%}':>21}")
+    print(f"c4 text kept, identical to DataTrove's: {comparison['c4_same_text']:.1%} of the "
+          f"{comparison['c4_texts_compared']} documents DataTrove keeps")
 
 
 def main() -> None:
@@ -232,6 +383,8 @@ def main() -> None:
         all_kept[i] = False
     c4_vs_ours = sum((c == "kept") == k for c, k in zip(peer["c4"], all_kept)) / n
     print(f"whole-filter agreement, ours (Gopher rules) vs GopherQualityFilter: {overall:.1%}")
+    families = family_comparison(docs, peer, args.repeats, megabytes)
+    print_families(families)
     print(f"C4QualityFilter decisions: {c4_reasons}; same keep/drop as ours (all rules): {c4_vs_ours:.1%} "
           "(no rule of ours is meant to match C4's)")
     print(json.dumps({
@@ -240,7 +393,7 @@ def main() -> None:
         "docs_per_s_per_core": {label: round(n / s, 1) for label, s in rows},
         "speedup_vs_gopher": round(speedup, 2), "rule_agreement": agreement,
         "gopher_overall_agreement": round(overall, 4),
-        "c4_reasons": c4_reasons, "c4_vs_ours_all": round(c4_vs_ours, 4),
+        "c4_reasons": c4_reasons, "c4_vs_ours_all": round(c4_vs_ours, 4), "families": families,
     }))
 
 

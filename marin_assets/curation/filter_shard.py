@@ -48,6 +48,7 @@ class FilteredChunk:
     hashvalues: np.ndarray  # MinHash signatures of `kept`, row-aligned
     kernel: str  # kernels.COMPILED or NUMPY: what the process that filtered it had
     pii: dict[str, int]  # kind -> addresses replaced in `kept`, and "documents" changed
+    line_removals: dict[str, int]  # line rule (c4) -> lines it removed
 
 
 @dataclass
@@ -58,6 +59,7 @@ class FilteredShard:
     signatures: SignatureTable
     kernel: str  # kernels.COMPILED where every chunk ran the compiled kernels, else NUMPY
     pii: dict[str, int]  # kind -> addresses replaced, and "documents" changed (empty without the pass)
+    line_removals: dict[str, int]  # line rule (c4) -> lines it removed (empty without c4)
 
 
 def filter_chunk(docs: pl.DataFrame, task: FilterTask) -> FilteredChunk:
@@ -78,7 +80,8 @@ def filter_chunk(docs: pl.DataFrame, task: FilterTask) -> FilteredChunk:
         scores = scorer.score(texts) if kept.height else np.zeros(0)
         kept = kept.with_columns(pl.Series("quality_score", scores, dtype=pl.Float64))
     return FilteredChunk(kept, result.dropped, dict(result.per_rule_drop_counts),
-                         compute_signatures(kept, task.minhash, texts).hashvalues, kernels.implementation(), pii)
+                         compute_signatures(kept, task.minhash, texts).hashvalues, kernels.implementation(), pii,
+                         dict(result.line_removals))
 
 
 def merge_chunks(chunks: list[FilteredChunk], task: FilterTask) -> FilteredShard:
@@ -87,12 +90,12 @@ def merge_chunks(chunks: list[FilteredChunk], task: FilterTask) -> FilteredShard
     dropped = pl.concat([c.dropped for c in chunks], how="vertical").rechunk()
     counts: dict[str, int] = {}
     pii: dict[str, int] = {}
+    line_removals: dict[str, int] = {}
     for chunk in chunks:
-        for rule, n in chunk.counts.items():
-            counts[rule] = counts.get(rule, 0) + n
-        for kind, n in chunk.pii.items():
-            pii[kind] = pii.get(kind, 0) + n
+        for total, part in ((counts, chunk.counts), (pii, chunk.pii), (line_removals, chunk.line_removals)):
+            for name, n in part.items():
+                total[name] = total.get(name, 0) + n
     hashvalues = np.concatenate([c.hashvalues for c in chunks]).astype(np.uint32, copy=False)
     signatures = SignatureTable(ids=kept["id"].to_numpy().astype(object), hashvalues=hashvalues, config=task.minhash)
     kernel = kernels.COMPILED if all(c.kernel == kernels.COMPILED for c in chunks) else kernels.NUMPY
-    return FilteredShard(kept, dropped, counts, signatures, kernel, pii)
+    return FilteredShard(kept, dropped, counts, signatures, kernel, pii, line_removals)

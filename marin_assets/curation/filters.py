@@ -1,9 +1,10 @@
-"""Heuristic quality rules (Gopher / C4 style) and language identification (fastText's lid.176 by
-default, or langid.py's model).
+"""Heuristic quality rules and language identification (fastText's lid.176 by default, or
+langid.py's model).
 
-Every rule is a column expression over the whole documents frame, so one
-polars query evaluates all rules for all documents of a shard without a Python
-loop per document. Each threshold in :class:`FilterConfig` can be set to
+The rules are the rows of ``rules.RULES``: the Gopher family, always on, and the families a
+source opts in to (C4, FineWeb, Gopher repetition). Every rule compares a column of a statistics
+frame computed for the whole documents frame at once, so one polars query evaluates all rules for
+all documents of a shard without a Python loop per document. Each threshold can be set to
 ``None`` to switch that rule off.
 """
 
@@ -13,8 +14,8 @@ import itertools
 import os
 import re
 import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from functools import cached_property, lru_cache
 from types import ModuleType
 from typing import Literal
@@ -25,6 +26,21 @@ from scipy import sparse
 
 from marin_assets.curation.fasttext_models import LID176, FastTextClassifier
 from marin_assets.curation.kernels import kernel
+from marin_assets.curation.rules import (
+    C4,
+    FINEWEB,
+    GOPHER,
+    GOPHER_DEFAULTS,
+    GOPHER_REPETITION,
+    RULES,
+    FamilyConfigError,
+    Rule,
+    c4_statistics,
+    fineweb_statistics,
+    gopher_repetition_statistics,
+    normalize_families,
+    thresholds,
+)
 from marin_assets.curation.url_filter import URL_BLOCKED
 from marin_resources.typed_config import typed_config
 
@@ -50,26 +66,27 @@ PARAGRAPH_BREAK_PATTERN = r"\n[ \t]*\n\s*"
 class FilterConfig:
     """Thresholds of the heuristic rules; ``None`` switches a rule off.
 
-    Defaults follow Gopher (Rae et al. 2021) except where noted.
+    The flat fields are the Gopher family's thresholds, their defaults the table's (``rules.RULES``):
+    Gopher (Rae et al. 2021) except where noted.
     """
 
-    min_words: int | None = 50
-    max_words: int | None = 100_000
-    min_mean_word_length: float | None = 3.0
-    max_mean_word_length: float | None = 10.0
+    min_words: int | None = GOPHER_DEFAULTS["min_words"]
+    max_words: int | None = GOPHER_DEFAULTS["max_words"]
+    min_mean_word_length: float | None = GOPHER_DEFAULTS["min_mean_word_length"]
+    max_mean_word_length: float | None = GOPHER_DEFAULTS["max_mean_word_length"]
     # ('#' + ellipses) per word.
-    max_symbol_word_ratio: float | None = 0.1
+    max_symbol_word_ratio: float | None = GOPHER_DEFAULTS["max_symbol_word_ratio"]
     # Fraction of words that contain no letter at all.
-    max_non_alpha_word_fraction: float | None = 0.2
-    max_bullet_line_fraction: float | None = 0.9
-    max_ellipsis_line_fraction: float | None = 0.3
+    max_non_alpha_word_fraction: float | None = GOPHER_DEFAULTS["max_non_alpha_word_fraction"]
+    max_bullet_line_fraction: float | None = GOPHER_DEFAULTS["max_bullet_line_fraction"]
+    max_ellipsis_line_fraction: float | None = GOPHER_DEFAULTS["max_ellipsis_line_fraction"]
     # Repeated occurrences (beyond the first) of a line / paragraph, as a
     # fraction of the characters in all lines / paragraphs. Character-weighted
     # rather than count-based so verse drama, whose speaker tags ("Ham.") repeat
     # hundreds of times, is not mistaken for boilerplate.
-    max_duplicate_line_fraction: float | None = 0.2
-    max_duplicate_paragraph_fraction: float | None = 0.2
-    min_stop_words: int | None = 2
+    max_duplicate_line_fraction: float | None = GOPHER_DEFAULTS["max_duplicate_line_fraction"]
+    max_duplicate_paragraph_fraction: float | None = GOPHER_DEFAULTS["max_duplicate_paragraph_fraction"]
+    min_stop_words: int | None = GOPHER_DEFAULTS["min_stop_words"]
     # Language identification; an empty tuple switches it off.
     languages: tuple[str, ...] = ("en",)
     # fasttext: fastText's lid.176, pinned by sha256 (or the model of the top-level `language_id:` block);
@@ -79,6 +96,24 @@ class FilterConfig:
     # Either identifier reads only the first characters: long documents rarely
     # switch language and the cost is linear in length.
     language_sample_chars: int = 5000
+    # The optional families this source opts in to, each with the thresholds it sets (the others
+    # keep the table's defaults; None switches a rule off): {"c4": {}, "fineweb": {"max_short_line_ratio": 0.5}}.
+    families: Mapping[str, Mapping[str, float | None] | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "families", normalize_families(self.families))
+        except FamilyConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+
+def filter_identity(cfg: FilterConfig) -> dict:
+    """What of ``cfg`` defines the filtered documents: every field, ``families`` only when some is
+    selected, so a source without families keeps the identity (and artifacts) it had before them."""
+    identity = asdict(cfg)
+    if not cfg.families:
+        del identity["families"]
+    return identity
 
 
 @typed_config
@@ -99,37 +134,10 @@ class LanguageIdConfig:
 # Texts (and how many leading characters to read) -> (language code, probability) per text.
 LanguageIdentifier = Callable[[list[str], int], tuple[list[str], list[float]]]
 
-# Rule name -> (stat column, comparison). The rule name is the config field.
-_MIN_RULES = {
-    "min_words": "n_words",
-    "min_mean_word_length": "mean_word_length",
-    "min_stop_words": "n_stop_words",
-}
-_MAX_RULES = {
-    "max_words": "n_words",
-    "max_mean_word_length": "mean_word_length",
-    "max_symbol_word_ratio": "symbol_word_ratio",
-    "max_non_alpha_word_fraction": "non_alpha_word_fraction",
-    "max_bullet_line_fraction": "bullet_line_fraction",
-    "max_ellipsis_line_fraction": "ellipsis_line_fraction",
-    "max_duplicate_line_fraction": "duplicate_line_fraction",
-    "max_duplicate_paragraph_fraction": "duplicate_paragraph_fraction",
-}
-# Evaluation order; a dropped document's ``reason`` is the first rule it fails.
-RULE_ORDER: tuple[str, ...] = (
-    "language",
-    "min_words",
-    "max_words",
-    "min_mean_word_length",
-    "max_mean_word_length",
-    "max_symbol_word_ratio",
-    "max_non_alpha_word_fraction",
-    "max_bullet_line_fraction",
-    "max_ellipsis_line_fraction",
-    "max_duplicate_line_fraction",
-    "max_duplicate_paragraph_fraction",
-    "min_stop_words",
-)
+# Evaluation order of the rules every source has; a dropped document's ``reason`` is the first
+# rule it fails. The selected families' document rules follow, in the table's order.
+RULE_ORDER: tuple[str, ...] = ("language", *(r.key for r in RULES if r.family == GOPHER))
+_GOPHER_RULES = {r.key: r for r in RULES if r.family == GOPHER}
 
 
 @dataclass
@@ -144,10 +152,22 @@ class FilterResult:
     # ``kept["text"]`` as Python strings, row-aligned, for the next pass over them (MinHash):
     # converting 25 MB of text costs about 0.07 s each time.
     kept_texts: list[str] | None = None
+    # Line rule (c4) -> lines it removed from the kept and dropped documents.
+    line_removals: dict[str, int] = field(default_factory=dict)
+
+
+def error_reason(family: str) -> str:
+    """The reason of a document on which a family's statistics raised (it is dropped alone)."""
+    return f"{family}.error"
 
 
 def enabled_rules(cfg: FilterConfig) -> list[str]:
-    return [r for r in RULE_ORDER if (bool(cfg.languages) if r == "language" else getattr(cfg, r) is not None)]
+    """Every document rule that is on, in evaluation order (with each selected family's error reason)."""
+    gopher = [r for r in RULE_ORDER if (bool(cfg.languages) if r == "language" else getattr(cfg, r) is not None)]
+    on = {rule.name for rule, _ in thresholds(cfg.families) if rule.unit == "document"}
+    families = [name for family in cfg.families
+                for name in (error_reason(family), *(r.name for r in RULES if r.family == family and r.name in on))]
+    return gopher + families
 
 
 # The duplicate statistics sort by (document, hash >> this) in one uint64: 40 hash bits for up
@@ -753,17 +773,60 @@ def add_language_columns(df: pl.DataFrame, sample_chars: int, identify: Language
 
 
 def _rule_failures(stats: pl.DataFrame, cfg: FilterConfig) -> pl.DataFrame:
-    """Boolean column per enabled heuristic rule: True where the document fails."""
-    exprs = []
-    for rule in RULE_ORDER:
-        threshold = getattr(cfg, rule, None)
-        if rule == "language" or threshold is None:
-            continue
-        if rule in _MIN_RULES:
-            exprs.append((pl.col(_MIN_RULES[rule]) < threshold).alias(rule))
-        else:
-            exprs.append((pl.col(_MAX_RULES[rule]) > threshold).alias(rule))
-    return stats.select(exprs)
+    """Boolean column per enabled Gopher rule: True where the document fails."""
+    return stats.select(rule.fails(pl.col(rule.statistic), threshold).alias(rule.name)
+                        for rule in _GOPHER_RULES.values() if (threshold := getattr(cfg, rule.key)) is not None)
+
+
+@dataclass
+class _FamilyResult:
+    failures: pl.DataFrame  # a boolean column per rule name (with the family's error reason), per document
+    errors: list[str | None]  # per document: why its statistics raised, or None
+    c4_texts: pl.Series | None = None  # what c4 keeps of each document
+    line_removals: dict[str, int] = field(default_factory=dict)
+
+
+def _family_statistics(family: str, texts: pl.Series, on: Mapping[str, float]):
+    if family == C4:
+        return c4_statistics(texts, on)
+    if family == FINEWEB:
+        return fineweb_statistics(texts), None, {}
+    assert family == GOPHER_REPETITION, family
+    return gopher_repetition_statistics(texts), None, {}
+
+
+def _family_failures(family: str, rules: list[tuple[Rule, float]], texts: pl.Series) -> _FamilyResult:
+    """The family's failures for every document. Its statistics are computed for all documents at
+    once; if that raises, for each document alone, and a document that raises then fails the
+    family's error reason alone (its other rules do not fail)."""
+    on = {rule.key: threshold for rule, threshold in rules}
+    errors: list[str | None] = [None] * len(texts)
+    try:
+        stats, c4_texts, removals = _family_statistics(family, texts, on)
+    except Exception:  # noqa: BLE001 - narrowed to the documents that raise just below
+        parts, c4_parts, removals = [], [], {}
+        for i in range(len(texts)):
+            try:
+                part, c4_text, removed = _family_statistics(family, texts.slice(i, 1), on)
+            except Exception as exc:  # noqa: BLE001 - this document alone is dropped with the reason
+                errors[i] = f"{type(exc).__name__}: {exc}"
+                part, c4_text, removed = None, None, {}
+            parts.append(part)
+            c4_parts.append(None if c4_text is None else c4_text[0])
+            for name, n in removed.items():
+                removals[name] = removals.get(name, 0) + n
+        schema = next((p.schema for p in parts if p is not None), None)
+        stats = pl.concat([p if p is not None else pl.DataFrame([pl.Series(c, [None], t) for c, t in schema.items()])
+                           for p in parts]) if schema is not None else None
+        c4_texts = pl.Series("text", c4_parts, pl.String) if family == C4 else None
+    failed = pl.Series(error_reason(family), [e is not None for e in errors], pl.Boolean)
+    documents = [(rule, threshold) for rule, threshold in rules if rule.unit == "document"]
+    if stats is None:  # every document raised
+        columns = [failed, *(pl.Series(rule.name, [False] * len(texts)) for rule, _ in documents)]
+    else:
+        columns = [failed, *stats.select(rule.fails(pl.col(rule.statistic), threshold).fill_null(False).alias(rule.name)
+                                         for rule, threshold in documents).get_columns()]
+    return _FamilyResult(pl.DataFrame(columns), errors, c4_texts, removals)
 
 
 def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentifier | None = None,
@@ -777,6 +840,11 @@ def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentif
     ``min_stop_words`` off. ``identify`` replaces the identifier ``cfg`` names (e.g. by an adopted
     fastText model). ``blocked`` (per row: the document's URL is on the source's block list) adds
     the rule ``url_blocked``, before all others: a blocked site is dropped whatever its text.
+
+    The selected families' rules come last. With any family selected the dropped documents have an
+    ``error`` column: why a family's statistics raised on the document (its reason is then
+    ``<family>.error``), else null. With ``c4`` selected a kept document's text is what c4 keeps
+    of it (its lines that pass c4's line rules); the dropped ones keep their text as read.
     """
     rules = enabled_rules(cfg)
     if blocked is not None:
@@ -785,10 +853,11 @@ def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentif
     texts = df["text"].to_list() if df["text"].null_count() == 0 else None
     if cfg.languages:
         df = add_language_columns(df, cfg.language_sample_chars, identify or default_identifier(cfg), texts)
+    extra = ["error"] if cfg.families else []
     if df.height == 0 or not rules:
         dropped = df.clear().with_columns(
-            pl.lit(None, pl.String).alias("reason"), pl.lit(None, pl.List(pl.String)).alias("failed_rules")
-        )
+            pl.lit(None, pl.String).alias("reason"), pl.lit(None, pl.List(pl.String)).alias("failed_rules"),
+            *(pl.lit(None, pl.String).alias(name) for name in extra))
         return FilterResult(df, dropped, counts, texts)
 
     columns: list[pl.Series] = []
@@ -797,9 +866,21 @@ def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentif
     if cfg.languages:
         wrong_language = ~df["lang"].is_in(list(cfg.languages)) | (df["lang_score"] < cfg.min_language_score)
         columns.append(wrong_language.alias("language"))
-    if any(r not in ("language", URL_BLOCKED) for r in rules):
+    if any(r in _GOPHER_RULES for r in rules):
         columns.extend(_rule_failures(text_stats(df, texts), cfg).get_columns())
+    errors: list[str | None] = [None] * df.height
+    c4_texts, line_removals = None, {}
+    family_texts = df["text"].fill_null("")
+    for family in cfg.families:
+        result = _family_failures(family, [(r, t) for r, t in thresholds(cfg.families) if r.family == family],
+                                  family_texts)
+        columns.extend(result.failures.get_columns())
+        errors = [e if e is not None else f for e, f in zip(errors, result.errors)]
+        c4_texts = result.c4_texts if family == C4 else c4_texts
+        line_removals |= result.line_removals
     failures = pl.DataFrame(columns)
+    if extra:
+        df = df.with_columns(pl.Series("error", errors, pl.String))
     marked = df.with_columns(
         failures.select(
             pl.concat_list(
@@ -812,8 +893,13 @@ def apply_filters(df: pl.DataFrame, cfg: FilterConfig, identify: LanguageIdentif
 
     keep = marked["reason"].is_null()
     dropped = marked.filter(~keep)
-    kept = marked.filter(keep).drop("failed_rules", "reason")
+    kept = marked.filter(keep).drop("failed_rules", "reason", *extra)
     for reason, n in dropped.group_by("reason").len().iter_rows():
         counts[reason] = n
-    kept_texts = None if texts is None else list(itertools.compress(texts, keep.to_list()))
-    return FilterResult(kept, dropped.select([*kept.columns, "reason", "failed_rules"]), counts, kept_texts)
+    if c4_texts is not None:
+        kept = kept.with_columns(c4_texts.filter(keep).alias("text"))
+        kept_texts = kept["text"].to_list()
+    else:
+        kept_texts = None if texts is None else list(itertools.compress(texts, keep.to_list()))
+    return FilterResult(kept, dropped.select([*kept.columns, "reason", "failed_rules", *extra]), counts, kept_texts,
+                        line_removals)

@@ -35,6 +35,7 @@ from marin_assets.curation.dedup import (
 from marin_assets.curation.fasttext_models import LID176, ModelFileError
 from marin_assets.curation.filter_report import MOST, filter_report, largest_rule_problem, report_table
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
+from marin_assets.curation.filters import filter_identity
 from marin_assets.curation.minhash import MinHashConfig, load_signatures, save_signatures
 from marin_assets.curation.model_assets import (
     CLASSIFIER_KEY,
@@ -295,7 +296,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     language_model = language is not None and config.language_id is not None  # adopted: the language_model asset
     pii = pii_of(source)
     blocklist = read_url_blocklist(source.url_blocklist) if source.url_blocklist is not None else None
-    filtered_identity = {"filters": asdict(source.filters), "minhash": asdict(dedup_cfg.minhash),
+    filtered_identity = {"filters": filter_identity(source.filters), "minhash": asdict(dedup_cfg.minhash),
                          "quality_classifier": quality.classifier if quality else None,
                          "score_max_chars": quality.score_max_chars if uses_model else None,
                          "sketch_relative_accuracy": quality.sketch_relative_accuracy if quality else None,
@@ -373,7 +374,8 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                         "drop_fraction": round(dropped.height / total, 6) if total else 0.0,
                         "kernel": result.kernel,  # compiled or numpy: same bytes, so not in the data version
                         **{f"dropped/{rule}": n for rule, n in sorted(result.counts.items())},
-                        **{f"pii/{kind}": n for kind, n in sorted(result.pii.items())}}
+                        **{f"pii/{kind}": n for kind, n in sorted(result.pii.items())},
+                        **{f"lines_removed/{rule}": n for rule, n in sorted(result.line_removals.items())}}
             return Built(metrics=metrics, metadata={"dagster/row_count": kept.height, "chunks": len(ranges)})
 
         upstream = [documents] + [optional[k] for k in ("classifier", "language_model") if k in optional]
