@@ -5,6 +5,8 @@ import uuid
 
 import pytest
 
+from marin_resources.environments import JAX_CACHE_MAX_BYTES
+
 
 def _ops_fixtures():
     """tests/ops/conftest.py's moto_server / GCS emulator fixtures (started and stopped by PID), for the
@@ -17,6 +19,19 @@ def _ops_fixtures():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_jax_compilation_cache(tmp_path_factory):
+    """One JAX compilation cache for every training process of the session, across xdist workers: the
+    suite trains the same tiny shapes over and over, and compiling them is about half of each run's
+    CPU. Training processes get it through JAX_COMPILATION_CACHE_DIR, which the local launcher honours
+    (tests/training/test_compilation_cache.py checks that a cached run trains bit for bit the same)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(root / "jax_compilation_cache"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(JAX_CACHE_MAX_BYTES))  # entries read under a lock
 
 
 _ops = _ops_fixtures()
