@@ -19,6 +19,7 @@ import numpy as np
 from marin_assets.catalog import Catalog
 from marin_assets.curation.fasttext_models import FastTextClassifier, ModelFileError, fetch_model, sha256_hex
 from marin_assets.curation.filter_report import shifts_table, threshold_shifts
+from marin_assets.curation.filters import filter_identity
 from marin_assets.curation.quality import QualityConfig, train_quality_model
 from marin_assets.curation.readers import read_shard
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
@@ -61,7 +62,9 @@ def classifier_identity(config: CurationConfig) -> dict[str, Any]:
 def _training_source_identity(source: SourceConfig) -> dict[str, Any]:
     """A training source's fields, less PII removal and the URL block list: the classifier reads its
     texts straight from the pin, through neither."""
-    return {k: v for k, v in asdict(source).items() if k not in ("pii", "url_blocklist")}
+    identity = {k: v for k, v in asdict(source).items() if k not in ("pii", "url_blocklist")}
+    identity["filters"] = filter_identity(source.filters)  # no `families` key where none is selected
+    return identity
 
 
 def pinned_source_texts(source: SourceConfig) -> list[str]:

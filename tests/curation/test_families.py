@@ -353,3 +353,17 @@ def test_a_source_with_families_builds_filtered_with_their_reasons_metrics_and_t
     dropped = pl.read_parquet(manifest_path.parent / "dropped.parquet")
     assert sorted(dropped["reason"].to_list()) == ["c4.max_lorem_ipsum_lines", "c4.min_sentences"]
     assert dropped["error"].null_count() == 2
+
+
+def test_the_quality_classifiers_identity_is_unchanged_for_training_sources_without_families():
+    """The classifier's identity names its training sources' filters: a source without families must
+    give the identity it gave before families existed, or every classifier (and everything it scores)
+    rebuilds on upgrade."""
+    from marin_assets.curation.model_assets import _training_source_identity
+    from marin_assets.curation.sources import SourceConfig
+
+    plain = _training_source_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl"))
+    assert "families" not in plain["filters"]
+    picked = _training_source_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl",
+                                                    filters=FilterConfig(families={"c4": {}})))
+    assert picked["filters"]["families"] == {"c4": {}}

@@ -81,5 +81,20 @@ def test_demo_reaches_a_scaling_fit_and_is_a_noop_the_second_time(tmp_path):
     assert ids[0] == scope["tokenizer"].bos_token_id and ids[-1] == scope["tokenizer"].eos_token_id
     assert scope["model"](np.asarray([ids[:-1]])).logits.shape[-1] == scope["model"].config.vocab_size
 
+    # One identity per artifact: everything the demo committed is what `marin status` wants now. Status
+    # finds an artifact by the fingerprint of the identity the catalog computes for it, so a catalog copy
+    # that drifted from the one the asset committed would show here as missing or stale.
+    status = subprocess.run([sys.executable, "-m", "marin_assets.cli", "status", "--json"], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert status.returncode == 0, status.stderr[-3000:]
+    states = {(s["asset_key"], s["partition"]): s for s in json.loads(status.stdout)}
+    committed = list((tmp_path / "store").rglob(".artifact.json"))
+    assert len(committed) >= 30
+    for path in committed:
+        manifest = json.loads(path.read_text())
+        state = states.get((manifest["asset_key"], manifest["partition"]))
+        assert state is not None and state["state"] == "fresh", (manifest["asset_key"], manifest["partition"], state)
+        assert Path(state["uri"]).resolve() == path.parent.resolve()  # this very artifact, not another version
+
     again = demo(env)
     assert again.stdout.count("ok: 0 run(s)") == 2, again.stdout[-3000:]
