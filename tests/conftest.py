@@ -23,9 +23,9 @@ def _ops_fixtures():
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_jax_compilation_cache(tmp_path_factory):
-    """One JAX compilation cache for every training process of the session, across xdist workers: the
-    suite trains the same tiny shapes over and over, and compiling them is about half of each run's
-    CPU. Training processes get it through JAX_COMPILATION_CACHE_DIR, which the local launcher honours
+    """One JAX compilation cache for every training process of the session, across xdist workers: a
+    run that trains the same config again (a resume after kill -9, a rebuild, a test that repeats
+    another's run) reads what was compiled, about half of such a run's CPU. Training processes get it through JAX_COMPILATION_CACHE_DIR, which the local launcher honours
     (tests/training/test_compilation_cache.py checks that a cached run trains bit for bit the same)."""
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
