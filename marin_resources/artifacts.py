@@ -211,7 +211,7 @@ def refuse_damaged_inputs(artifacts: ArtifactStore, upstream: Sequence[ArtifactH
             raise dg.Failure(f"input {handle.uri} was withdrawn while this run waited; "
                              f"materialize it again: marin materialize {label}")
         problems = check(manifest)
-        if manifest.data_version != handle.data_version:
+        if not manifest.holds_version(handle.data_version):
             problems.append(f"{handle.uri}: data_version {manifest.data_version[:12]} != "
                             f"{handle.data_version[:12]} handed to this run")
         if problems:

@@ -120,6 +120,17 @@ class Manifest:
     def upstream_versions(self) -> dict[tuple[str, str | None], str]:
         return {(u.asset_key, u.partition): u.data_version for u in self.upstream}
 
+    def file_version(self, rel: str) -> str | None:
+        """The version of one of its files, as a reader of that file alone records it (`sha256=<hex>`):
+        a shard's run that reads its own file of a whole-corpus artifact is not stale when the
+        artifact gains other files. None where it has no such file."""
+        return next((f"sha256={f.sha256}" for f in self.files if f.path == rel), None)
+
+    def holds_version(self, version: str) -> bool:
+        """Whether a reader that recorded ``version`` of this artifact read it as it is: its data
+        version, or the version of one of its files (`file_version`)."""
+        return version == self.data_version or any(version == f"sha256={f.sha256}" for f in self.files)
+
 
 def version_dir(code_version: str, fingerprint: str) -> str:
     """The path segment of one identity: ``{code_version}-{fingerprint[:8]}``."""
