@@ -5,6 +5,7 @@ MARIN_REGISTRY, read into `MarinSettings.registry_file`), extended by the projec
 import json
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +150,7 @@ def shard_file(shard: str) -> str:
 
 
 ROWS_DIR = "rows"  # a `token_shards/<source>` partition's row files, under its artifact
+SHARD_LOOKUPS_IN_FLIGHT = 32
 
 
 def token_shards_identity(entry: TokenizedEntry) -> dict[str, Any]:
@@ -212,10 +214,14 @@ def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: Arti
     if manifest is None:
         raise dg.Failure(f"{corpus.uri} lost its manifest")
     fp = fingerprint(token_shards_identity(entry))
+    files = sorted(f.path for f in manifest.files if f.path.startswith("data/") and f.path.endswith(".parquet"))
+    shards = [rel[len("data/"):-len(".parquet")] for rel in files]
+    # One manifest per shard (tens of thousands at scale): read concurrently, as the store allows.
+    with ThreadPoolExecutor(max_workers=SHARD_LOOKUPS_IN_FLIGHT) as pool:
+        manifests = list(pool.map(lambda shard: artifacts.find(key, TOKEN_SHARDS_VERSION, shard, fingerprint=fp),
+                                  shards))
     found, missing, outdated = [], [], []
-    for rel in sorted(f.path for f in manifest.files if f.path.startswith("data/") and f.path.endswith(".parquet")):
-        shard = rel[len("data/"):-len(".parquet")]
-        encoded = artifacts.find(key, TOKEN_SHARDS_VERSION, shard, fingerprint=fp)
+    for rel, shard, encoded in zip(files, shards, manifests):
         refs = encoded.upstream_versions() if encoded is not None else {}
         if encoded is None:
             missing.append(shard)
