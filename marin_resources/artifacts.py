@@ -163,7 +163,7 @@ def materialize_artifact(
     else:
         log = context.log.warning if decision.state == "damaged" else context.log.info
         log(f"building {key}[{partition}]: {decision.reason}")
-        refuse_damaged_inputs(artifacts, upstream, check)
+        refuse_damaged_inputs(artifacts, upstream, full=full)
         started, cpu_started = time.monotonic(), cpu_seconds()
         # Files of a damaged artifact cannot be trusted to resume from (an incremental builder would
         # see its own ledger and skip the missing part): it is built from scratch.
@@ -198,10 +198,10 @@ def materialize_artifact(
     return dg.Output(handle, metadata=scrub(metadata), data_version=dg.DataVersion(manifest.data_version))
 
 
-def refuse_damaged_inputs(artifacts: ArtifactStore, upstream: Sequence[ArtifactHandle],
-                          check: Callable[[Manifest], list[str]]) -> None:
-    """Fail before reading any input whose stored files or data version do not match its manifest.
-    Inputs outside the store (a source's listing) are checked by their own asset."""
+def refuse_damaged_inputs(artifacts: ArtifactStore, upstream: Sequence[ArtifactHandle], *, full: bool) -> None:
+    """Fail before reading any input whose stored files or data version do not match its manifest
+    (``full``: re-hash them). Inputs outside the store (a source's listing) are checked by their own
+    asset; an input read as one of its files (`Manifest.file_version`) by that file alone."""
     for handle in upstream:
         if not handle.uri.startswith(artifacts.prefix + "/"):
             continue
@@ -210,7 +210,10 @@ def refuse_damaged_inputs(artifacts: ArtifactStore, upstream: Sequence[ArtifactH
         if manifest is None:
             raise dg.Failure(f"input {handle.uri} was withdrawn while this run waited; "
                              f"materialize it again: marin materialize {label}")
-        problems = check(manifest)
+        one_file = manifest.file_of_version(handle.data_version) \
+            if handle.data_version != manifest.data_version else None
+        problems = artifacts.check_file(manifest, one_file, full=full) if one_file is not None \
+            else artifacts.verify(manifest) if full else artifacts.check_files(manifest)
         if not manifest.holds_version(handle.data_version):
             problems.append(f"{handle.uri}: data_version {manifest.data_version[:12]} != "
                             f"{handle.data_version[:12]} handed to this run")

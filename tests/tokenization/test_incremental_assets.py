@@ -367,3 +367,24 @@ def test_the_planner_encodes_each_shard_in_its_own_step_before_the_cache(pipelin
     ran = [(r.asset_keys, r.partition) for r in pipeline.planner().materialize(cache_key, None, log=lambda line: None)
            if r.ran]
     assert ran == [([f"token_shards/{SOURCE}"], "b-new"), ([f"tokenized/{SOURCE}"], None)]
+
+
+def test_a_shard_reads_and_checks_its_own_file_of_the_corpus_only(pipeline, corpus):
+    """A token_shards partition checks the one corpus file it reads, not the whole artifact: a damaged
+    file refuses its own partition, and its sibling's run does not see it."""
+    pipeline.commit_corpus({"b-new": corpus[-10:]})
+    pipeline.shards()
+    pipeline.run(f"tokenizer/{TOKENIZER.name}")
+    data = pipeline.store.local_path(pipeline.dedup_uri) / "data"
+    with open(data / "b-new.parquet", "ab") as fh:
+        fh.write(b"damage")
+    failed = pipeline.run(f"token_shards/{SOURCE}", "b-new", ok=False)
+    error = failed.get_step_failure_events()[0].event_specific_data.error.message
+    assert f"refusing damaged input deduplicated/{SOURCE}" in error and "b-new.parquet" in error, error
+    pipeline.run(f"token_shards/{SOURCE}", "m-first")
+    manifest = pipeline.store.find(f"token_shards/{SOURCE}", "v1", "m-first")
+    corpus_manifest = pipeline.store.read_manifest(pipeline.dedup_uri)
+    assert manifest.upstream_versions()[(f"deduplicated/{SOURCE}", "m-first")] == \
+        corpus_manifest.file_version("data/m-first.parquet")
+    assert corpus_manifest.holds_version(corpus_manifest.file_version("data/m-first.parquet"))
+    assert not corpus_manifest.holds_version("sha256=" + "0" * 64)
