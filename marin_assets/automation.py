@@ -5,7 +5,7 @@ partition and requests `raw/<source>` for each new or changed shard. From there 
 to the training mixture carries `FOLLOWS_NEW_DATA`, which the `automation` sensor evaluates:
 
     raw[shard] -> documents[shard] -> filtered[shard] -> dedup_index/<group> -> deduplicated
-               -> tokenized -> mixture
+               -> token_shards[shard] -> tokenized -> mixture
 
 An asset is requested once an input has a new *data version* (or will be built in the same
 tick), while no input is missing or in progress; the cross-shard ones are append-only (the dedup
@@ -168,6 +168,17 @@ FOLLOWS_NEW_DATA = (
     & ~dg.AutomationCondition.in_progress()
     & ~ATrainingReadsIt()
 ).with_label("follows_new_data")
+
+# A shard's encoding (`token_shards/<source>`): a partition not yet built is requested once its
+# corpus has new data (the new shard's file is then there), and a built one never for another
+# shard's arrival: its rows depend on its own file alone (`Catalog.add_file_read`).
+ENCODES_NEW_SHARDS = (
+    (dg.AutomationCondition.missing() & ANY_INPUT_HAS_NEW_DATA).since_last_handled()
+    & ~dg.AutomationCondition.any_deps_missing()
+    & ~dg.AutomationCondition.any_deps_in_progress()
+    & ~dg.AutomationCondition.in_progress()
+    & ~ATrainingReadsIt()
+).with_label("encodes_new_shards")
 
 
 # Dagster's cap on the assets and checks of one sensor evaluated in the code server.

@@ -232,6 +232,7 @@ class Planner:
         recorded = manifest.upstream_versions()
         wanted = dict(recorded)  # inputs the planner cannot evaluate are taken as recorded
         decisions: dict[tuple[str, str | None], Decision] = {}
+        file_parent, file_of = self.catalog.file_reads.get(name, (None, None))
         for parent in sorted(self.graph.get(key).parent_keys):
             if self.version_of(parent) is None:
                 continue
@@ -243,7 +244,11 @@ class Planner:
             for p in sorted(parts, key=str):
                 parent_decision, current = self._assess(parent, p, verify, memo)
                 decisions[(pname, p)] = parent_decision
-                if current is not None:
+                if pname == file_parent and partition is not None:  # reads its own file of the parent
+                    version = current.file_version(file_of(partition)) if current is not None \
+                        else recorded.get((pname, partition))
+                    wanted[(pname, partition)] = version or "absent"
+                elif current is not None:
                     wanted[(pname, p)] = current.data_version
                 elif (pname, p) in recorded:
                     wanted[(pname, p)] = recorded[(pname, p)]  # missing: said by its decision, not as new data

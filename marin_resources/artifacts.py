@@ -13,6 +13,7 @@ import json
 import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ ALL_PARTITIONS_METADATA_KEY = "marin/all_partitions"
 # Run tag: re-hash every file of the artifact and of its inputs instead of the cheap size check.
 VERIFY_TAG = "marin/verify"
 REFUSED_METADATA_KEY = "marin/refused"
+INPUT_CHECKS_IN_FLIGHT = 32
 
 
 def input_refused(message: str) -> dg.Failure:
@@ -163,7 +165,7 @@ def materialize_artifact(
     else:
         log = context.log.warning if decision.state == "damaged" else context.log.info
         log(f"building {key}[{partition}]: {decision.reason}")
-        refuse_damaged_inputs(artifacts, upstream, check)
+        refuse_damaged_inputs(artifacts, upstream, full=full)
         started, cpu_started = time.monotonic(), cpu_seconds()
         # Files of a damaged artifact cannot be trusted to resume from (an incremental builder would
         # see its own ledger and skip the missing part): it is built from scratch.
@@ -198,25 +200,34 @@ def materialize_artifact(
     return dg.Output(handle, metadata=scrub(metadata), data_version=dg.DataVersion(manifest.data_version))
 
 
-def refuse_damaged_inputs(artifacts: ArtifactStore, upstream: Sequence[ArtifactHandle],
-                          check: Callable[[Manifest], list[str]]) -> None:
-    """Fail before reading any input whose stored files or data version do not match its manifest.
-    Inputs outside the store (a source's listing) are checked by their own asset."""
-    for handle in upstream:
+def refuse_damaged_inputs(artifacts: ArtifactStore, upstream: Sequence[ArtifactHandle], *, full: bool) -> None:
+    """Fail before reading any input whose stored files or data version do not match its manifest
+    (``full``: re-hash them). Inputs outside the store (a source's listing) are checked by their own
+    asset; an input read as one of its files (`Manifest.file_version`) by that file alone. A step
+    over every shard has tens of thousands of inputs: they are checked `INPUT_CHECKS_IN_FLIGHT` at
+    a time, and the first damaged one, in input order, is named."""
+    def damage(handle: ArtifactHandle) -> str | None:
         if not handle.uri.startswith(artifacts.prefix + "/"):
-            continue
+            return None
         label = handle.asset_key + (f" --partition {handle.partition}" if handle.partition else "")
         manifest = artifacts.read_manifest(handle.uri)
         if manifest is None:
-            raise dg.Failure(f"input {handle.uri} was withdrawn while this run waited; "
-                             f"materialize it again: marin materialize {label}")
-        problems = check(manifest)
-        if manifest.data_version != handle.data_version:
+            return f"input {handle.uri} was withdrawn while this run waited; materialize it again: marin materialize " \
+                   f"{label}"
+        one_file = manifest.file_of_version(handle.data_version) \
+            if handle.data_version != manifest.data_version else None
+        problems = artifacts.check_file(manifest, one_file, full=full) if one_file is not None \
+            else artifacts.verify(manifest) if full else artifacts.check_files(manifest)
+        if not manifest.holds_version(handle.data_version):
             problems.append(f"{handle.uri}: data_version {manifest.data_version[:12]} != "
                             f"{handle.data_version[:12]} handed to this run")
-        if problems:
-            raise dg.Failure(f"refusing damaged input {handle.asset_key}: {damage_summary(problems)}; "
-                             f"rebuild it: marin materialize {label}")
+        return f"refusing damaged input {handle.asset_key}: {damage_summary(problems)}; rebuild it: " \
+               f"marin materialize {label}" if problems else None
+
+    with ThreadPoolExecutor(max_workers=INPUT_CHECKS_IN_FLIGHT) as pool:
+        refused = next((message for message in pool.map(damage, upstream) if message is not None), None)
+    if refused is not None:
+        raise dg.Failure(refused)
 
 
 class ArtifactHandleIOManager(dg.ConfigurableIOManager):

@@ -21,6 +21,12 @@ STAGE_OWNERS = {"curation": "team:marin-curation", "tokenization": "team:marin-t
                 "scaling": "team:marin-scaling", "reports": "team:marin-ops"}
 
 
+def shard_partitions(source: str) -> dg.DynamicPartitionsDefinition:
+    """The partitions of a source's per-shard assets, one per shard its discovery found: curation's
+    (`raw`, `documents`, `filtered`) and tokenization's (`token_shards`)."""
+    return dg.DynamicPartitionsDefinition(name=f"{source}_shards")
+
+
 def asset_key(marin_key: str) -> dg.AssetKey:
     """The Dagster asset key of a marin key (`filtered/shakespeare` -> `filtered/shakespeare_filtered`)."""
     parts = [p for p in marin_key.split("/") if p]

@@ -152,7 +152,7 @@ def build_lineage(store: ArtifactStore, manifest: Manifest, *, verify: bool = Fa
                 child.problems.append(f"{ref.uri}: manifest missing")
         else:
             child = build_lineage(store, upstream, verify=verify, _seen=seen)
-            if upstream.data_version != ref.data_version:
+            if not upstream.holds_version(ref.data_version):
                 child.problems.append(f"{ref.uri}: data version {upstream.data_version[:12]} != "
                                       f"{ref.data_version[:12]} recorded by {manifest.asset_key}")
         seen[seen_key] = child

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import getpass
 import hashlib
 import json
@@ -119,6 +120,30 @@ class Manifest:
 
     def upstream_versions(self) -> dict[tuple[str, str | None], str]:
         return {(u.asset_key, u.partition): u.data_version for u in self.upstream}
+
+    def file_version(self, rel: str) -> str | None:
+        """The version of one of its files, as a reader of that file alone records it (`sha256=<hex>`):
+        a shard's run that reads its own file of a whole-corpus artifact is not stale when the
+        artifact gains other files. None where it has no such file."""
+        return self._file_versions.get(rel)
+
+    def holds_version(self, version: str) -> bool:
+        """Whether a reader that recorded ``version`` of this artifact read it as it is: its data
+        version, or the version of one of its files (`file_version`)."""
+        return version == self.data_version or self.file_of_version(version) is not None
+
+    def file_of_version(self, version: str) -> str | None:
+        """The file a `file_version` names; None where it names none of this artifact's files."""
+        return self._files_by_version.get(version)
+
+    @functools.cached_property
+    def _file_versions(self) -> dict[str, str]:
+        # Looked up once per shard of a corpus of tens of thousands; a read manifest's files do not change.
+        return {f.path: f"sha256={f.sha256}" for f in self.files}
+
+    @functools.cached_property
+    def _files_by_version(self) -> dict[str, str]:
+        return {version: path for path, version in self._file_versions.items()}
 
 
 def version_dir(code_version: str, fingerprint: str) -> str:
@@ -407,6 +432,20 @@ class ArtifactStore:
             elif size != entry.bytes:
                 problems.append(f"{manifest.uri}/{entry.path}: {size} bytes, recorded {entry.bytes}")
         return problems
+
+    def check_file(self, manifest: Manifest, rel: str, *, full: bool = False) -> list[str]:
+        """`check_files` of one listed file (with ``full``, `verify`'s re-hash): what a reader of that
+        file alone checks, without listing an artifact of tens of thousands of files."""
+        entry = next(f for f in manifest.files if f.path == rel)
+        try:
+            actual = self.hash_file(manifest.uri, rel) if full else \
+                FileEntry(rel, self.fs.size(self.fs_path(f"{manifest.uri}/{rel}")), entry.sha256)
+        except FileNotFoundError:
+            return [f"{manifest.uri}/{rel}: missing"]
+        if (actual.bytes, actual.sha256) != (entry.bytes, entry.sha256):
+            return [f"{manifest.uri}/{rel}: {actual.bytes} bytes, sha256 {actual.sha256[:12]}; recorded "
+                    f"{entry.bytes}, {entry.sha256[:12]}"]
+        return []
 
     def verify(self, manifest: Manifest) -> list[str]:
         """Files whose bytes no longer match the manifest (changed, missing, or added), and a data

@@ -38,7 +38,7 @@ from marin_resources.artifacts import (
 )
 from marin_resources.dagster_private import observable_source_assets_def
 from marin_resources.environments import MarinSettings
-from marin_resources.keys import asset_key, stage_owners
+from marin_resources.keys import asset_key, shard_partitions, stage_owners
 from marin_resources.progress import ProgressMeter
 from marin_resources.store import FileEntry, UpstreamRef
 
@@ -48,7 +48,7 @@ MAX_QUARANTINE_FRACTION = 0.2
 
 
 def shards_partitions(source: SourceConfig) -> dg.DynamicPartitionsDefinition:
-    return dg.DynamicPartitionsDefinition(name=f"{source.name}_shards")
+    return shard_partitions(source.name)
 
 
 _LISTING_TTL_S = 30.0

@@ -4,23 +4,29 @@ MARIN_REGISTRY, read into `MarinSettings.registry_file`), extended by the projec
 
 import json
 import random
-from dataclasses import asdict
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from marin_assets.automation import FOLLOWS_NEW_DATA
+from marin_assets.automation import ENCODES_NEW_SHARDS, FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
 from marin_assets.tokenization.cache import (
+    ROWS,
     CacheConfig,
+    ShardSpec,
     appended_shard_keys,
-    build_levanter_cache,
+    assemble_levanter_cache,
     cache_shard_order,
+    encode_shard_rows,
     iter_parquet_texts,
 )
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.registry import (
     MIXTURE_VERSION,
+    TOKEN_SHARDS_VERSION,
     TOKENIZED_VERSION,
     MixtureEntry,
     TokenizedEntry,
@@ -33,15 +39,15 @@ from marin_resources.artifacts import (
     Built,
     MarinStore,
     checked_manifest,
+    input_refused,
     marin_asset,
     marin_check,
     materialize_artifact,
 )
 from marin_resources.data_parallel import DataParallel
 from marin_resources.environments import MarinSettings
-from marin_resources.keys import asset_key
-from marin_resources.parallel_map import in_process_map
-from marin_resources.progress import ProgressMeter
+from marin_resources.identity import fingerprint
+from marin_resources.keys import asset_key, shard_partitions
 from marin_resources.store import ArtifactStore, FileEntry, Manifest
 
 if TYPE_CHECKING:
@@ -138,36 +144,137 @@ def build_tokenizer_asset(entry: TokenizerEntry):
 # ---- append-only token caches --------------------------------------------------------------------
 
 
+def shard_file(shard: str) -> str:
+    """The file of `deduplicated/<source>` that holds one shard's documents."""
+    return f"data/{shard}.parquet"
+
+
+ROWS_DIR = "rows"  # a `token_shards/<source>` partition's row files, under its artifact
+SHARD_LOOKUPS_IN_FLIGHT = 32
+
+
+def token_shards_identity(entry: TokenizedEntry) -> dict[str, Any]:
+    return {"encoding": entry.cache.encoding_identity()}
+
+
+def build_token_shards_asset(entry: TokenizedEntry):
+    """`token_shards/<source>`: one partition per deduplicated shard, each that shard's documents
+    encoded into row files (`encode_shard_rows`) in its own run: on a cluster its own pod."""
+    key, corpus_key = f"token_shards/{entry.source}", f"deduplicated/{entry.source}"
+    identity = token_shards_identity(entry)
+
+    @marin_asset(key=key, version=TOKEN_SHARDS_VERSION, partitions_def=shard_partitions(entry.source),
+                 group_name="tokenization", kinds={"numpy"}, identity=identity,
+                 automation_condition=ENCODES_NEW_SHARDS,
+                 ins={"corpus": dg.AssetIn(key=asset_key(corpus_key)),
+                      "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))},
+                 tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
+                 description=f"One shard of `{entry.source}` encoded with tokenizer/{entry.tokenizer}, per partition: "
+                             "its documents' rows ([BOS] + text + [EOS], int32), split by the validation fraction, "
+                             "and their id hashes, which `tokenized/<source>` moves into its Levanter cache. "
+                             "Follows its own shard file of the corpus: a new shard elsewhere does not touch it.")
+    def token_shards(context: dg.AssetExecutionContext, store: MarinStore, corpus: ArtifactHandle,
+                     tokenizer: ArtifactHandle):
+        artifacts = store.get()
+        shard, rel = context.partition_key, shard_file(context.partition_key)
+        corpus_manifest = artifacts.read_manifest(corpus.uri)
+        version = corpus_manifest.file_version(rel) if corpus_manifest is not None else None
+        if version is None:
+            raise input_refused(f"{corpus_key} holds no shard {shard!r} ({rel}) yet; materialize {corpus_key} first "
+                                f"(marin materialize {key} --partition {shard} plans it)")
+        # Recorded as the shard's file, not the whole corpus: the corpus gaining shards leaves it fresh.
+        shard_input = replace(corpus, partition=shard, data_version=version)
+
+        def build(writer) -> Built:
+            uri = f"{corpus.uri}/{rel}"
+            started = time.monotonic()
+            # Ledger key store-relative (store://...): the cache's bytes are the same under any prefix.
+            encoded = encode_shard_rows(ShardSpec(artifacts.portable(uri), version, uri), tokenizer.uri,
+                                        writer.path(ROWS_DIR), entry.cache)
+            documents = encoded["train_documents"] + encoded["validation_documents"]
+            return Built(metrics={"shard": {k: v for k, v in encoded.items() if k != ROWS}, "documents": documents,
+                                  "tokens": encoded["train_tokens"] + encoded["validation_tokens"],
+                                  "text_bytes": encoded["text_bytes"],
+                                  "encode_seconds": round(time.monotonic() - started, 3)},
+                         metadata={"dagster/row_count": documents})
+
+        return materialize_artifact(context, store, config=identity, upstream=[shard_input, tokenizer], build=build)
+
+    return token_shards
+
+
+def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: ArtifactHandle,
+                   tokenizer: ArtifactHandle) -> list[Manifest]:
+    """The `token_shards/<source>` partition of every shard the corpus holds, in its order, each encoded
+    from that shard's file as it is now with this tokenizer. Refuses in one line, naming them, where
+    any is missing (never encoded, or failed) or was encoded from another file or tokenizer: a cache
+    is assembled from every shard its corpus lists, never with a hole."""
+    key = f"token_shards/{entry.source}"
+    manifest = artifacts.read_manifest(corpus.uri)
+    if manifest is None:
+        raise dg.Failure(f"{corpus.uri} lost its manifest")
+    fp = fingerprint(token_shards_identity(entry))
+    files = sorted(f.path for f in manifest.files if f.path.startswith("data/") and f.path.endswith(".parquet"))
+    shards = [rel[len("data/"):-len(".parquet")] for rel in files]
+    # One manifest per shard (tens of thousands at scale): read concurrently, as the store allows.
+    with ThreadPoolExecutor(max_workers=SHARD_LOOKUPS_IN_FLIGHT) as pool:
+        manifests = list(pool.map(lambda shard: artifacts.find(key, TOKEN_SHARDS_VERSION, shard, fingerprint=fp),
+                                  shards))
+    found, missing, outdated = [], [], []
+    for rel, shard, encoded in zip(files, shards, manifests):
+        refs = encoded.upstream_versions() if encoded is not None else {}
+        if encoded is None:
+            missing.append(shard)
+        elif refs.get((corpus.asset_key, shard)) != manifest.file_version(rel) \
+                or refs.get((tokenizer.asset_key, None)) != tokenizer.data_version:
+            outdated.append(shard)
+        else:
+            found.append(encoded)
+    if missing or outdated:
+        def named(shards: list[str]) -> str:
+            return ", ".join(shards[:5]) + (f" and {len(shards) - 5} more" if len(shards) > 5 else "")
+
+        problems = ([f"{len(missing)} not encoded ({named(missing)})"] if missing else []) \
+            + ([f"{len(outdated)} encoded from another file or tokenizer ({named(outdated)})"] if outdated else [])
+        total = len(found) + len(missing) + len(outdated)
+        raise input_refused(f"tokenized/{entry.source}: of the {total} shards of {corpus.asset_key}, "
+                            + "; ".join(problems)
+                            + f"; materialize them first: marin materialize {key} (or tokenized/{entry.source}, "
+                            "which plans them)")
+    return found
+
+
 def build_tokenized_asset(entry: TokenizedEntry):
+    """`token_shards/<source>` and `tokenized/<source>`, which assembles the shards' rows into one
+    Levanter cache, with its checks."""
     key = f"tokenized/{entry.source}"
     identity = {"cache": entry.cache.identity()}
+    token_shards = build_token_shards_asset(entry)
 
     @marin_asset(key=key, version=TOKENIZED_VERSION, group_name="tokenization", kinds={"levanter"},
                  identity=identity, automation_condition=FOLLOWS_NEW_DATA,
                  ins={"corpus": dg.AssetIn(key=asset_key(f"deduplicated/{entry.source}")),
                       "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))},
+                 deps=[token_shards.key],
                  tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
                  description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "
                              "a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
                              "(BOS + text + EOS per document), validation chosen by a hash of the document id. "
-                             "Append-only: each deduplicated shard is one ledger shard, encoded once as its own unit "
-                             "of work (a Ray task each when Ray is chosen), then assembled; a new shard is appended.")
+                             "Append-only: each deduplicated shard is one ledger shard, encoded once by its own "
+                             f"partition of token_shards/{entry.source}; this step only moves their rows into the "
+                             "cache, and a new shard is appended.")
     def tokenized(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                   corpus: ArtifactHandle, tokenizer: ArtifactHandle):
         artifacts = store.get()
+        shards = encoded_shards(artifacts, entry, corpus, tokenizer)
 
         def build(writer) -> Built:
-            files = corpus_files(artifacts, corpus.uri)
-            # Each shard to encode is one unit of work: in this process, or one Ray task each.
-            # Ledger keys are store-relative (store://...): the cache's bytes are the same under any prefix.
-            # The default resource maps in this process: as in_process_map, the cache encodes a shard at a
-            # time and reports progress after each (a distributed map reports when all are done).
-            in_process = type(data_parallel).map is DataParallel.map
-            parallel_map = in_process_map if in_process else data_parallel.parallel_map(context)
-            stats = build_levanter_cache(list(files), tokenizer.uri, writer.uri, entry.cache, fingerprints=files,
-                                         parallel_map=parallel_map,
-                                         keys={uri: artifacts.portable(uri) for uri in files},
-                                         progress=ProgressMeter(context.log.info, "encoded"))
+            # Assembly only moves bytes: one unit of work per zarr shard file, here or on the resource's workers.
+            # The manifest gives its metrics back resolved under this store: the ledger keys them store-relative.
+            stats = assemble_levanter_cache([{**artifacts.portable(m.metrics["shard"]), ROWS: f"{m.uri}/{ROWS_DIR}"}
+                                             for m in shards],
+                                            tokenizer.uri, writer.uri, entry.cache,
+                                            parallel_map=data_parallel.parallel_map(context))
             # The shard files were hashed as the units wrote them: the commit does not read them back.
             writer.vouch(FileEntry(*written) for written in stats.files_written)
             metrics = {"documents": stats.documents, "tokens": stats.tokens, "text_bytes": stats.text_bytes,
@@ -177,15 +284,15 @@ def build_tokenized_asset(entry: TokenizedEntry):
                        "validation_tokens": stats.validation.tokens, "skipped_documents": stats.skipped_documents,
                        "shards": stats.shards, "shards_reused": stats.shards_reused,
                        "shards_encoded": stats.shards_encoded, "documents_encoded": stats.documents_encoded,
-                       "encode_seconds": stats.encode_seconds, "assembly_seconds": stats.assembly_seconds,
+                       "assembly_seconds": stats.assembly_seconds,
                        # What assembly moved per second: MB of int32 tokens into the cache's arrays.
                        "assembly_mb_per_s": round(stats.tokens_encoded * 4 / 1e6 / stats.assembly_seconds, 1)
                        if stats.assembly_seconds else None}
             return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents})
 
-        # Resume keeps the previous cache so that unchanged upstream shards are reused, not re-encoded.
-        return materialize_artifact(context, store, config=identity, upstream=[corpus, tokenizer], build=build,
-                                    resume=True)
+        # Resume keeps the previous cache so that unchanged upstream shards are reused, not moved again.
+        upstream = [corpus, tokenizer, *(ArtifactHandle.from_manifest(m) for m in shards)]
+        return materialize_artifact(context, store, config=identity, upstream=upstream, build=build, resume=True)
 
     @marin_check(tokenized, name="decode_roundtrip",
                  description=f"The shards the last build encoded, and one earlier shard: their documents match "
@@ -232,7 +339,7 @@ def build_tokenized_asset(entry: TokenizedEntry):
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
         return validation_size_result(manifest.metrics, floor, entry.cache)
 
-    return tokenized, roundtrip, validation_size
+    return token_shards, tokenized, roundtrip, validation_size
 
 
 def validation_size_result(metrics: dict[str, Any], floor: ValidationFloor, cache: CacheConfig) -> dg.AssetCheckResult:
@@ -299,9 +406,11 @@ def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment") 
         assets.append(build_tokenizer_asset(entry))
         catalog.add_note(f"tokenizer/{entry.name}", pin_note)
     for entry in registry.tokenized.values():
-        asset, *asset_checks = build_tokenized_asset(entry)
+        token_shards, tokenized, *asset_checks = build_tokenized_asset(entry)
         catalog.add_identity(f"tokenized/{entry.source}", lambda p, e=entry: {"cache": e.cache.identity()})
-        assets.append(asset)
+        catalog.add_identity(f"token_shards/{entry.source}", lambda p, e=entry: token_shards_identity(e))
+        catalog.add_file_read(f"token_shards/{entry.source}", f"deduplicated/{entry.source}", shard_file)
+        assets.extend([token_shards, tokenized])
         checks.extend(asset_checks)
     for entry in registry.mixtures.values():
         assets.append(build_mixture_asset(entry))

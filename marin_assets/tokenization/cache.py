@@ -93,6 +93,11 @@ class CacheConfig:
         config without one keeps the fingerprint it had before the field existed)."""
         return {k: v for k, v in asdict(self).items() if k != "validation_min_documents" or v is not None}
 
+    def encoding_identity(self) -> dict:
+        """What decides one shard's encoded rows (`encode_shard_rows`): a validation minimum is applied
+        when the shards are assembled, so it is not here."""
+        return {k: v for k, v in self.row_identity().items() if k != "validation_min_documents"}
+
     def row_identity(self) -> dict:
         """The settings that decide which rows a cache holds; a change forces a full rebuild. With
         a minimum, `validation_fraction` is the threshold `with_validation_minimum` worked out."""
@@ -170,11 +175,19 @@ def with_validation_minimum(cfg: CacheConfig, doc_ids: Iterable[str]) -> CacheCo
     row identity) moves and the cache is rebuilt, until the fraction alone holds out enough."""
     if cfg.validation_min_documents is None:
         return cfg
-    hashes = sorted(_id_hash(doc_id) for doc_id in doc_ids)
-    wanted = min(cfg.validation_min_documents, len(hashes) // 2)
-    if wanted == 0 or hashes[wanted - 1] / 2**32 < cfg.validation_fraction:
-        return cfg
-    return replace(cfg, validation_fraction=(hashes[wanted - 1] + 1) / 2**32)
+    hashes = np.fromiter((_id_hash(doc_id) for doc_id in doc_ids), dtype=np.uint32)
+    held_out = int(np.count_nonzero(hashes / 2**32 < cfg.validation_fraction))
+    return replace(cfg, validation_fraction=_raised_fraction(cfg, hashes.size, held_out, lambda: hashes))
+
+
+def _raised_fraction(cfg: CacheConfig, documents: int, held_out: int, id_hashes: Callable[[], np.ndarray]) -> float:
+    """The split threshold of ``with_validation_minimum`` for a corpus of ``documents``, ``held_out`` of
+    them below ``cfg.validation_fraction``: the fraction itself where that is enough, else just above
+    the id hash of the minimum-th lowest (``id_hashes`` is read only then)."""
+    wanted = min(cfg.validation_min_documents or 0, documents // 2)
+    if wanted == 0 or held_out >= wanted:
+        return cfg.validation_fraction
+    return (int(np.partition(id_hashes(), wanted - 1)[wanted - 1]) + 1) / 2**32
 
 
 def parquet_ids(doc_files: Sequence[str], cfg: CacheConfig) -> Iterator[str]:
@@ -434,13 +447,15 @@ class _Encoder:
         # Releases the GIL: runs in a worker thread while the main thread frames the previous batch.
         return self.tok.encode_batch_fast(texts, add_special_tokens=False)
 
-    def frame(self, batch: _DocBatch, encodings: list) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Encodings of a batch -> per split, (concatenated [BOS] ids [EOS] rows, row lengths)."""
+    def frame(self, batch: _DocBatch, encodings: list) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:
+        """Encodings of a batch -> per split, (concatenated [BOS] ids [EOS] rows, row lengths); and the
+        documents' id hashes, in document order (what a validation minimum is decided from)."""
         ids = [e.ids for e in encodings]
         n = len(ids)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=TOKEN_DTYPE, count=int(lengths.sum()))
-        in_val = np.fromiter((is_validation_document(i, self.fraction) for i in batch.ids), dtype=bool, count=n)
+        hashes = np.fromiter(map(_id_hash, batch.ids), dtype=np.uint32, count=n)
+        in_val = hashes / 2**32 < self.fraction  # is_validation_document, on every id at once
         out = {}
         for split, mask in (("train", ~in_val), ("validation", in_val)):
             if mask.all():
@@ -449,7 +464,7 @@ class _Encoder:
                 out[split] = _frame_rows(flat[np.repeat(mask, lengths)], lengths[mask], self.bos, self.eos)
             else:
                 out[split] = (np.empty(0, TOKEN_DTYPE), np.empty(0, np.int64))
-        return out
+        return out, hashes
 
 
 def _encode_ahead(encoder: _Encoder, batches: Iterator[_DocBatch]) -> Iterator[tuple[_DocBatch, list]]:
@@ -468,19 +483,26 @@ def _encode_ahead(encoder: _Encoder, batches: Iterator[_DocBatch]) -> Iterator[t
 # ---------------------------------------------------------------------------------------------
 # Per-shard encoding: the unit of work that fans out
 #
-# Each shard is encoded on its own (in the build's process, or as a Ray task on any node) into
-# plain files under `<cache root>/.encoded/<shard digest>/<attempt>/`: per split, the rows' tokens
-# (int32, little-endian, BOS and EOS included) and their lengths (int64); then
-# `<shard digest>/entry.json`, the shard's ledger entry and the attempt it vouches for, written
-# last: a shard is encoded once it is there. Assembly then only moves
-# those bytes into Levanter's arrays, in ledger order. A build killed after some shards were
-# encoded finds them again (same cache identity, same file fingerprint) and encodes only the rest;
-# `.encoded` is removed when the cache is finished, before the artifact is committed.
+# Each shard is encoded on its own into plain row files in a folder of its own: per split, the rows'
+# tokens (int32, little-endian, BOS and EOS included) and their lengths (int64), split by the
+# fraction alone; and every document's id hash (uint32, document order), from which assembly
+# applies a validation minimum without encoding again. Assembly then only moves those bytes into
+# Levanter's arrays, in ledger order. The folder is either the shard's own artifact
+# (`encode_shard_rows`: `token_shards/<source>`, one partition per shard) or, for a build that
+# encodes its own shards (`build_levanter_cache`), `<cache root>/.encoded/<shard digest>/<attempt>/`
+# with `<shard digest>/entry.json`, the shard's ledger entry and the attempt it vouches for, written
+# last: a build killed after some shards were encoded finds them again (same cache identity, same
+# file fingerprint) and encodes only the rest; `.encoded` is removed when the cache is finished.
 
 ENCODED_DIR = ".encoded"
 _ENCODED_ENTRY = "entry.json"
 _ROWS_AT = "encoded_as"  # the attempt folder an encoded shard's entry vouches for; not in the ledger
+# In an encoded shard's entry, beside its ledger fields: where its row files are, and the identity
+# it was encoded with (its split at that identity's fraction).
+ROWS, ENCODING = "rows", "encoding"
 _ROW_FILES = {"tokens": np.dtype("<i4"), "lengths": np.dtype("<i8")}
+ID_HASHES = "id_hashes"
+_ID_HASH_DTYPE = np.dtype("<u4")
 
 
 @dataclass(frozen=True)
@@ -512,35 +534,105 @@ def encode_parquet_shard(spec: ShardSpec, job: EncodeJob) -> dict:
         return {"key": spec.key, "error": f"{type(exc).__name__}: {exc}"}
 
 
+def encode_shard_rows(spec: ShardSpec, tokenizer_dir: str, rows_uri: str, cfg: CacheConfig) -> dict:
+    """Encode one Parquet shard into row files under ``rows_uri`` (a shard's own artifact), for
+    `assemble_levanter_cache` to move into a cache later; returns its entry (ledger fields, `rows`,
+    `encoding`). Split by ``cfg.validation_fraction`` alone: a `validation_min_documents` needs the
+    whole corpus, so assembly applies it (from the id hashes written here), and no shard is encoded
+    again when the corpus grows."""
+    split_by_fraction = replace(cfg, validation_min_documents=None)
+    with local_tokenizer_dir(tokenizer_dir) as local_tok:
+        bos_eos = _special_token_ids(local_tok) or _levanter_preprocessor_metadata(tokenizer_dir, local_tok)[1:3]
+        encoding = _manifest_identity(tokenizer_json_sha256(local_tok), *bos_eos, split_by_fraction)
+        encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), *bos_eos, split_by_fraction)
+    shard = _parquet_shard(spec.uri, split_by_fraction, spec.fingerprint, spec.key)
+    return {**_encode_rows(shard, encoder, split_by_fraction, rows_uri), ROWS: rows_uri.rstrip("/"), ENCODING: encoding}
+
+
 def _encode_shard(shard: _Shard, job: EncodeJob) -> dict:
     out = job.shard_dir(shard.key, shard.fingerprint)
-    fs, path = fsspec.core.url_to_fs(out)
     if shard.fingerprint is not None and (done := _read_json(f"{out}/{_ENCODED_ENTRY}")) is not None:
-        return done  # encoded by an earlier, interrupted build
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # keep Rust threads on in forked workers
+        return {**done, ROWS: f"{out}/{done[_ROWS_AT]}", ENCODING: job.identity}  # an earlier, interrupted build's
     # Each attempt writes its own folder and `entry.json` names the one it vouches for: a retried
     # task never writes into files that a presumed-dead earlier attempt may still be writing.
     attempt = uuid.uuid4().hex[:16]
-    fs.makedirs(f"{path}/{attempt}", exist_ok=True)
-    entry = _shard_entry(shard)
     with local_tokenizer_dir(job.tokenizer_dir) as local_tok:
         encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), job.bos, job.eos, job.cfg)
+    entry = _encode_rows(shard, encoder, job.cfg, f"{out}/{attempt}")
+    _write_json(f"{out}/{_ENCODED_ENTRY}", {**entry, _ROWS_AT: attempt})
+    return {**entry, ROWS: f"{out}/{attempt}", ENCODING: job.identity}
+
+
+def _encode_rows(shard: _Shard, encoder: _Encoder, cfg: CacheConfig, rows_uri: str) -> dict:
+    """Write a shard's row files under ``rows_uri``; returns its ledger entry."""
+    fs, path = fsspec.core.url_to_fs(rows_uri)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # keep Rust threads on in forked workers
+    fs.makedirs(path, exist_ok=True)
+    entry = _shard_entry(shard)
     with contextlib.ExitStack() as files:
-        rows = {(split, kind): files.enter_context(fs.open(f"{path}/{attempt}/{split}.{kind}", "wb"))
+        rows = {(split, kind): files.enter_context(fs.open(f"{path}/{split}.{kind}", "wb"))
                 for split in SPLITS for kind in _ROW_FILES}
-        for batch, encodings in _encode_ahead(encoder, _iter_clean_batches(shard, job.cfg)):
+        id_hashes = files.enter_context(fs.open(f"{path}/{ID_HASHES}", "wb"))
+        for batch, encodings in _encode_ahead(encoder, _iter_clean_batches(shard, cfg)):
             entry["skipped_documents"] += batch.skipped
             if not batch.texts:
                 continue
             entry["text_bytes"] += batch.text_bytes
-            for split, (data, lengths) in encoder.frame(batch, encodings).items():
+            framed, hashes = encoder.frame(batch, encodings)
+            id_hashes.write(hashes.astype(_ID_HASH_DTYPE, copy=False).tobytes())
+            for split, (data, lengths) in framed.items():
                 rows[split, "tokens"].write(data.astype(_ROW_FILES["tokens"], copy=False).tobytes())
                 rows[split, "lengths"].write(lengths.astype(_ROW_FILES["lengths"], copy=False).tobytes())
                 entry[f"{split}_documents"] += int(lengths.size)
                 entry[f"{split}_tokens"] += int(data.size)
-    done = {**entry, _ROWS_AT: attempt}
-    _write_json(f"{out}/{_ENCODED_ENTRY}", done)
-    return done
+    return entry
+
+
+def _read_rows(rows_uri: str, name: str, dtype: np.dtype) -> np.ndarray:
+    with fsspec.open(f"{rows_uri}/{name}", "rb") as fh:
+        return np.frombuffer(fh.read(), dtype=dtype)
+
+
+def validation_threshold(cfg: CacheConfig, encoded: Sequence[dict]) -> float:
+    """The fraction a cache of these encoded shards (every shard of it, each split by
+    ``cfg.validation_fraction``) is split at: ``with_validation_minimum`` over the corpus, from the
+    shards' counts, and only where the fraction holds out too few, from their id hashes."""
+    documents = sum(e["train_documents"] + e["validation_documents"] for e in encoded)
+    held_out = sum(e["validation_documents"] for e in encoded)
+    return _raised_fraction(cfg, documents, held_out, lambda: np.concatenate(
+        [np.empty(0, _ID_HASH_DTYPE)] + [_read_rows(e[ROWS], ID_HASHES, _ID_HASH_DTYPE) for e in encoded]))
+
+
+def _resplit(entry: dict, fraction: float, rows_uri: str) -> dict:
+    """An encoded shard's rows split again at ``fraction`` (a raised validation minimum) into row files
+    under ``rows_uri``: the same rows, in document order within each split; no encoding."""
+    was = entry[ENCODING]["validation_fraction"]
+    hashes = _read_rows(entry[ROWS], ID_HASHES, _ID_HASH_DTYPE).astype(np.float64) / 2**32
+    rows = {}  # split -> its rows as they are, in document order
+    for split in SPLITS:
+        tokens = _read_rows(entry[ROWS], f"{split}.tokens", _ROW_FILES["tokens"])
+        lengths = _read_rows(entry[ROWS], f"{split}.lengths", _ROW_FILES["lengths"])
+        rows[split] = np.split(tokens, np.cumsum(lengths)[:-1]) if lengths.size else []
+    # Document d is row `position[d]` of the split it was in.
+    was_validation = hashes < was
+    position = np.empty(hashes.size, dtype=np.int64)
+    for mask in (~was_validation, was_validation):
+        position[mask] = np.arange(int(mask.sum()))
+    fs, path = fsspec.core.url_to_fs(rows_uri)
+    fs.makedirs(path, exist_ok=True)
+    out = {**entry, ROWS: rows_uri, ENCODING: {**entry[ENCODING], "validation_fraction": fraction}}
+    now_validation = hashes < fraction
+    for split, mask in (("train", ~now_validation), ("validation", now_validation)):
+        moved = [rows["validation" if was_validation[d] else "train"][position[d]] for d in np.flatnonzero(mask)]
+        tokens = np.concatenate([np.empty(0, _ROW_FILES["tokens"])] + moved)
+        with fs.open(f"{path}/{split}.tokens", "wb") as fh:
+            fh.write(tokens.tobytes())
+        with fs.open(f"{path}/{split}.lengths", "wb") as fh:
+            fh.write(np.array([r.size for r in moved], dtype=_ROW_FILES["lengths"]).tobytes())
+        out[f"{split}_documents"], out[f"{split}_tokens"] = len(moved), int(tokens.size)
+    with fs.open(f"{path}/{ID_HASHES}", "wb") as fh:
+        fh.write(_read_rows(entry[ROWS], ID_HASHES, _ID_HASH_DTYPE).tobytes())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -569,10 +661,9 @@ class FileUnit:
 
 @dataclass(frozen=True)
 class AssemblyJob:
-    """What every unit of one assembly shares: the encoded shards in ledger order, and where each
-    split's arrays stood before them."""
+    """What every unit of one assembly shares: the encoded shards in ledger order (each entry names
+    its row files, `rows`), and where each split's arrays stood before them."""
 
-    encode: EncodeJob
     out_root: str
     entries: tuple[dict, ...]
     base: dict[str, tuple[int, int]]  # split -> (rows, tokens) before this assembly
@@ -622,8 +713,7 @@ def _unit_values(unit: FileUnit, job: AssemblyJob) -> Iterator[np.ndarray]:
     rows, tokens = job.starts(unit.split)
     width = _ROW_FILES["tokens"].itemsize
     for i, entry in enumerate(job.entries):
-        fs, base = fsspec.core.url_to_fs(
-            f"{job.encode.shard_dir(entry['key'], entry['fingerprint'])}/{entry[_ROWS_AT]}/{unit.split}")
+        fs, base = fsspec.core.url_to_fs(f"{entry[ROWS]}/{unit.split}")
         if unit.array == "data":
             low, high = max(unit.start, int(tokens[i])), min(unit.stop, int(tokens[i + 1]))
             if low >= high:
@@ -828,8 +918,9 @@ def _shard_entry(shard: _Shard) -> dict:
     }
 
 
-def _reuse_plan(manifest: dict | None, identity: dict, shards: Sequence[_Shard]) -> tuple[int, list[_Shard]]:
-    """(committed ledger shards to keep, shards to encode after them, in order).
+def _reuse_plan(manifest: dict | None, identity: dict, shards: Sequence[_Shard | dict]) -> tuple[int, list]:
+    """(committed ledger shards to keep, shards to encode or assemble after them, in order); a shard is
+    a `_Shard` or an encoded shard's entry.
 
     Kept: the longest run of committed shards, in ledger order, that are still wanted with the same
     fingerprint. Rows cannot leave the middle of a Levanter store, so a removed or changed file
@@ -837,15 +928,19 @@ def _reuse_plan(manifest: dict | None, identity: dict, shards: Sequence[_Shard])
     `shards`, so an append-only corpus encodes each file exactly once."""
     if manifest is None or manifest.get("identity") != identity:
         return 0, list(shards)
-    wanted = {s.key: s for s in shards}
+    wanted = {_key_and_fingerprint(s)[0]: _key_and_fingerprint(s)[1] for s in shards}
     keep = 0
     for old in manifest["shards"]:
-        new = wanted.get(old["key"])
-        if new is None or new.fingerprint is None or new.fingerprint != old["fingerprint"]:
+        fingerprint = wanted.get(old["key"])
+        if fingerprint is None or fingerprint != old["fingerprint"]:
             break
         keep += 1
     kept = {e["key"] for e in manifest["shards"][:keep]}
-    return keep, [s for s in shards if s.key not in kept]
+    return keep, [s for s in shards if _key_and_fingerprint(s)[0] not in kept]
+
+
+def _key_and_fingerprint(shard: _Shard | dict) -> tuple[str, str | None]:
+    return (shard["key"], shard["fingerprint"]) if isinstance(shard, dict) else (shard.key, shard.fingerprint)
 
 
 def _encode_all(todo: Sequence[_Shard], job: EncodeJob, parallel_map: ParallelMap,
@@ -875,20 +970,12 @@ def _encode_all(todo: Sequence[_Shard], job: EncodeJob, parallel_map: ParallelMa
 
 def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: CacheConfig,
            parallel_map: ParallelMap = in_process_map, progress: ProgressMeter | None = None) -> CacheStats:
-    if not shards:
-        raise ValueError("no documents to tokenize: the shard list is empty")
-    keys = [s.key for s in shards]
-    if len(set(keys)) != len(keys):
-        raise ValueError("duplicate document files in the input list")
-
+    _require_distinct([s.key for s in shards])
     out_root = out_root.rstrip("/")
-    manifest_uri = f"{out_root}/{MANIFEST_NAME}"
-    fs, root_path = fsspec.core.url_to_fs(out_root)
-
     with local_tokenizer_dir(tokenizer_dir) as local_tok, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="levanter-metadata") as background:
         tok_sha = tokenizer_json_sha256(local_tok)
-        old = _read_json(manifest_uri) if cfg.incremental else None
+        old = _read_json(f"{out_root}/{MANIFEST_NAME}") if cfg.incremental else None
         # Levanter's metadata for a new cache imports Levanter and transformers (seconds): it is worked
         # out while the shards are encoded with the BOS/EOS ids the tokenizer's own files give, and the
         # two must agree before anything is written.
@@ -905,12 +992,61 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
         # so a shard that fails leaves the previous cache as it was, and never a hole in a new one.
         started = time.monotonic()
         encoded = _encode_all(todo, job, parallel_map, progress)
-        encoded_at = time.monotonic()
+        encode_seconds = time.monotonic() - started
         metadata, bos, eos, files_sha = levanter.result()
     if (bos, eos) != tuple(bos_eos):
         raise ValueError(f"tokenizer at {tokenizer_dir}: its files give BOS/EOS ids {tuple(bos_eos)}, transformers "
                          f"{(bos, eos)}")
+    stats = _assemble(out_root, identity, metadata, files_sha, old, reuse, encoded, cfg.flush_tokens, parallel_map)
+    return replace(stats, encode_seconds=round(encode_seconds, 3))
 
+
+def _require_distinct(keys: list[str]) -> None:
+    if not keys:
+        raise ValueError("no documents to tokenize: the shard list is empty")
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate document files in the input list")
+
+
+def assemble_levanter_cache(encoded: Sequence[dict], tokenizer_dir: str, out_root: str, cfg: CacheConfig,
+                            parallel_map: ParallelMap = in_process_map) -> CacheStats:
+    """Assemble the Levanter cache root ``out_root`` from shards encoded elsewhere (`encode_shard_rows`:
+    each entry names its row files): every shard of the cache, in order, as `build_levanter_cache`
+    takes its files. Only moves bytes: ledger shards already committed with the same fingerprint are
+    kept (as `build_levanter_cache` keeps them) and the others' rows are appended, one unit of work
+    per zarr shard file through ``parallel_map``. A validation minimum is decided here, over every
+    shard (`validation_threshold`); where it raises the threshold, the shards' rows are split again
+    (no encoding). The cache is byte-identical to `build_levanter_cache`'s on the same files."""
+    _require_distinct([e["key"] for e in encoded])
+    out_root = out_root.rstrip("/")
+    split_by_fraction = replace(cfg, validation_min_documents=None)
+    split = replace(cfg, validation_fraction=validation_threshold(cfg, encoded))
+    with local_tokenizer_dir(tokenizer_dir) as local_tok:
+        tok_sha = tokenizer_json_sha256(local_tok)
+        old = _read_json(f"{out_root}/{MANIFEST_NAME}") if cfg.incremental else None
+        metadata, bos, eos, files_sha = _preprocessor_metadata(tokenizer_dir, local_tok, old)
+    wanted = _manifest_identity(tok_sha, bos, eos, split_by_fraction)
+    foreign = [e["key"] for e in encoded if e[ENCODING] != wanted]
+    if foreign:
+        raise ValueError(f"{len(foreign)} shard(s) were encoded with another tokenizer or settings than this cache's "
+                         f"({', '.join(foreign[:5])}); encode them again")
+    identity = _manifest_identity(tok_sha, bos, eos, split)
+    reuse, todo = _reuse_plan(old, identity, encoded)
+    if old is not None and not todo and reuse == len(old["shards"]) and old.get("finished"):
+        return _stats_from_manifest(out_root, old, reused=reuse)
+    if split.validation_fraction != cfg.validation_fraction:
+        todo = [_resplit(e, split.validation_fraction, f"{out_root}/{ENCODED_DIR}/resplit/{i}")
+                for i, e in enumerate(todo)]
+    return _assemble(out_root, identity, metadata, files_sha, old, reuse, todo, cfg.flush_tokens, parallel_map)
+
+
+def _assemble(out_root: str, identity: dict, metadata: dict, files_sha: str, old: dict | None, reuse: int,
+              encoded: Sequence[dict], flush_tokens: int, parallel_map: ParallelMap) -> CacheStats:
+    """Keep the first ``reuse`` ledger shards of the cache at ``out_root`` (its manifest ``old``) and
+    append the ``encoded`` shards' rows after them; the manifest and Levanter's ledgers move last."""
+    manifest_uri = f"{out_root}/{MANIFEST_NAME}"
+    fs, root_path = fsspec.core.url_to_fs(out_root)
+    started = time.monotonic()
     if reuse == 0:
         for name in (*SPLITS, MANIFEST_NAME):
             if fs.exists(f"{root_path}/{name}"):
@@ -925,9 +1061,9 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
     for split, array in arrays.items():
         array.trim_to(sum(e[f"{split}_documents"] for e in entries))  # rows of shards no longer wanted
         base[split] = (array.rows, array.size)
-    assembly = AssemblyJob(job, out_root, tuple(encoded), base,
+    assembly = AssemblyJob(out_root, tuple(encoded), base,
                            {f"{split}/{name}": getattr(array, name).layout for split, array in arrays.items()
-                            for name in ("data", "offsets")}, cfg.flush_tokens)
+                            for name in ("data", "offsets")}, flush_tokens)
     ends = {split: assembly.ends(split) for split in SPLITS}
     for split, array in arrays.items():
         # Values a killed assembly wrote past where this one ends (it had more shards) are zeroed.
@@ -964,7 +1100,8 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
         # The row count last: from here a reader sees the new rows, whose tokens are all there.
         array.offsets.write(0, np.array([ends[split][0]], dtype=np.int64))
         written |= array.offsets.written
-    manifest["shards"] = entries + [{k: v for k, v in e.items() if k != _ROWS_AT} for e in encoded]
+    manifest["shards"] = entries + [{k: v for k, v in e.items() if k not in (_ROWS_AT, ROWS, ENCODING)}
+                                    for e in encoded]
     del manifest[_ASSEMBLING]
     for split in SPLITS:
         _write_ledger(f"{out_root}/{split}", manifest["shards"], split, metadata, finished=True)
@@ -973,8 +1110,7 @@ def _build(shards: Sequence[_Shard], tokenizer_dir: str, out_root: str, cfg: Cac
     if fs.exists(f"{root_path}/{ENCODED_DIR}"):
         fs.rm(f"{root_path}/{ENCODED_DIR}", recursive=True)
     return replace(_stats_from_manifest(out_root, manifest, reused=reuse),
-                   encode_seconds=round(encoded_at - started, 3),
-                   assembly_seconds=round(time.monotonic() - encoded_at, 3),
+                   assembly_seconds=round(time.monotonic() - started, 3),
                    files_written=tuple((path[len(root_path) + 1:], *entry) for path, entry in sorted(written.items())
                                        if entry is not None))
 

@@ -18,6 +18,7 @@ REGISTRY_PATH = Path(__file__).with_name("registry.yaml")
 # not in its upstream), so new shards no longer retrain it.
 TOKENIZER_VERSION = "v2"
 TOKENIZED_VERSION = "v1"
+TOKEN_SHARDS_VERSION = "v1"
 MIXTURE_VERSION = "v1"
 
 

@@ -173,3 +173,43 @@ def test_the_operations_page_states_every_sensor_and_schedule_default():
         assert schedule.cron_schedule == "0 6 * * *"
         stated[schedule.name] = (schedule.default_status.value.lower(), "06:00 UTC daily")
     assert rows == stated
+
+
+def test_a_shards_encoding_follows_its_corpus_only_while_missing():
+    """`ENCODES_NEW_SHARDS` (token_shards[shard] over the unpartitioned deduplicated corpus): a new
+    corpus version requests the partitions never built (the new shard's), and not the built ones,
+    whose rows depend on their own file alone; then the cache follows the new partition."""
+    from marin_assets.automation import ENCODES_NEW_SHARDS
+
+    corpus, encoded, cache = (dg.AssetKey(k) for k in ("corpus", "encoded", "cache"))
+    versions: dict = {}
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(SHARDS.name, ["a", "b"])
+    assets = [versioned(corpus, versions),
+              versioned(encoded, versions, partitions_def=SHARDS, deps=[corpus],
+                        automation_condition=ENCODES_NEW_SHARDS),
+              versioned(cache, versions, deps=[corpus, encoded], automation_condition=FOLLOWS_NEW_DATA)]
+    cursor = None
+
+    def build(key, partition, version):
+        versions[(key, partition)] = version
+        assert dg.materialize(assets, selection=[key], partition_key=partition, instance=instance).success
+
+    def requested():
+        nonlocal cursor
+        result = dg.evaluate_automation_conditions(assets, instance, cursor=cursor)
+        cursor = result.cursor
+        return {k.to_user_string(): set(result.get_requested_partitions(k)) for k in (encoded, cache)
+                if result.get_num_requested(k)}
+
+    build(corpus, None, "corpus-1")
+    for shard in ("a", "b"):
+        build(encoded, shard, f"encoded-{shard}-1")
+    build(cache, None, "cache-1")
+    assert requested() == {}
+    instance.add_dynamic_partitions(SHARDS.name, ["c"])
+    build(corpus, None, "corpus-2")  # the corpus gains shard c
+    assert requested() == {"encoded": {"c"}}  # not a or b; the cache waits for c
+    assert requested() == {}
+    build(encoded, "c", "encoded-c-1")
+    assert requested() == {"cache": {None}}

@@ -244,7 +244,7 @@ def test_a_worker_node_killed_mid_step_costs_a_retry_not_the_artifact(sources, o
 
 
 BUILD_SOURCE = "spreadbuild"
-BUILD_SHARDS = 3  # three shards to encode: one Ray task each
+BUILD_SHARDS = 3  # three shards: one token_shards partition (its own run) and one dedup write task each
 BUILD_SHARD_MB = 4  # three shards' dedup keys are more than one MARIN_RAY_CHUNK_MB: keys and passes spread
 
 
@@ -294,7 +294,7 @@ def latest_metadata(root: Path, key: str, monkeypatch) -> dict:
 
 
 @pytest.mark.slow  # two builds of 12 MB through tokenized/ (about 90 s on 2 cores)
-def test_encoding_and_dedup_units_fan_out_over_both_nodes_to_the_one_process_bytes(build_sources, head, worker2,
+def test_dedup_units_fan_out_over_both_nodes_to_the_one_process_bytes(build_sources, head, worker2,
                                                                                   tmp_path, monkeypatch):
     sources, registry = build_sources
     root = tmp_path / "build"  # the same store path for both builds: a token cache's ledger names its files
@@ -305,8 +305,11 @@ def test_encoding_and_dedup_units_fan_out_over_both_nodes_to_the_one_process_byt
                                           "MARIN_RAY_CHUNK_DOCS": "1"})
     assert on_cluster == one_process and any(key.startswith("tokenized/") for key in on_cluster)
 
-    encoding = latest_metadata(root, f"tokenized/{BUILD_SOURCE}", monkeypatch)
-    assert encoding["marin/ray_tasks"] == BUILD_SHARDS, encoding  # one task per shard to encode
+    # Each shard is encoded by its own token_shards partition's run; the cache, under one zarr shard
+    # file of tokens, is assembled in its step's own process.
+    assert sum(key.startswith(f"token_shards/{BUILD_SOURCE}/") for key in on_cluster) == BUILD_SHARDS
+    assembly = latest_metadata(root, f"tokenized/{BUILD_SOURCE}", monkeypatch)
+    assert assembly.get("marin/ray_tasks", 0) == 0, assembly
     passes = latest_metadata(root, f"dedup_index/{BUILD_SOURCE}", monkeypatch)
     # One task per new shard's keys, per bucket range's pass, per unit of collision components (if
     # any collide), per bucket range's new run.
@@ -314,7 +317,7 @@ def test_encoding_and_dedup_units_fan_out_over_both_nodes_to_the_one_process_byt
     written = latest_metadata(root, f"deduplicated/{BUILD_SOURCE}", monkeypatch)
     assert written["marin/ray_tasks"] == BUILD_SHARDS, written  # one task per shard to write
     assert written["marin/files_vouched"] == 2 * BUILD_SHARDS, written  # data/ and duplicates/: not re-read
-    assert len({*encoding["marin/ray_nodes"], *passes["marin/ray_nodes"], *written["marin/ray_nodes"]}) == 2
+    assert len({*passes["marin/ray_nodes"], *written["marin/ray_nodes"]}) == 2
 
 
 @pytest.mark.slow  # Ray, through a `marin` process

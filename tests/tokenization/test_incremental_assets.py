@@ -24,6 +24,7 @@ from marin_assets.tokenization.assets import (
     build_tokenized_asset,
     build_tokenizer_asset,
     pin_note,
+    shard_file,
 )
 from marin_assets.tokenization.cache import CacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
@@ -35,6 +36,7 @@ from marin_resources.store import ArtifactStore
 
 SOURCE = "letters"
 DEDUP_VERSION = "v1"
+PARTITIONS = f"{SOURCE}_shards"
 EXEMPLAR = {"input_ids": np.zeros((0,), dtype=np.int32)}
 TOKENIZER = TokenizerEntry("letters_bpe", TokenizerConfig(vocab_size=400), train_on=(SOURCE,))
 TOKENIZED = TokenizedEntry(SOURCE, TOKENIZER.name, CacheConfig(validation_fraction=0.2, batch_rows=64))
@@ -81,18 +83,34 @@ class Pipeline:
     def assets(self, tokenizer: TokenizerEntry = TOKENIZER):
         dedup = dg.AssetSpec(key=asset_key(f"deduplicated/{SOURCE}"), metadata={
             VERSION_METADATA_KEY: DEDUP_VERSION}).with_io_manager_key("artifact_io_manager")
-        tokenized, *checks = build_tokenized_asset(TOKENIZED)
-        return [dedup, build_tokenizer_asset(tokenizer), tokenized, *checks]
+        token_shards, tokenized, *checks = build_tokenized_asset(TOKENIZED)
+        return [dedup, build_tokenizer_asset(tokenizer), token_shards, tokenized, *checks]
 
-    def materialize(self, tokenizer: TokenizerEntry = TOKENIZER) -> dg.ExecuteInProcessResult:
-        result = dg.materialize(self.assets(tokenizer), instance=self.instance,
-                                resources=build_resources(self.settings))
-        assert result.success
+    def shards(self) -> list[str]:
+        """The corpus's shards, each a partition of token_shards/letters (as discovery adds them)."""
+        shards = sorted(p.stem for p in (self.store.local_path(self.dedup_uri) / "data").glob("*.parquet"))
+        known = set(self.instance.get_dynamic_partitions(PARTITIONS))
+        self.instance.add_dynamic_partitions(PARTITIONS, [s for s in shards if s not in known])
+        return shards
+
+    def run(self, key: str, partition: str | None = None, tokenizer: TokenizerEntry = TOKENIZER,
+            ok: bool = True) -> dg.ExecuteInProcessResult:
+        result = dg.materialize(self.assets(tokenizer), instance=self.instance, partition_key=partition,
+                                resources=build_resources(self.settings), raise_on_error=False,
+                                selection=dg.AssetSelection.assets(asset_key(key)))
+        assert result.success is ok
         return result
+
+    def materialize(self, tokenizer: TokenizerEntry = TOKENIZER) -> list[dg.ExecuteInProcessResult]:
+        """The tokenizer, each shard's partition of token_shards/letters (its own run), then the cache."""
+        return [self.run(f"tokenizer/{tokenizer.name}", tokenizer=tokenizer),
+                *(self.run(f"token_shards/{SOURCE}", shard, tokenizer) for shard in self.shards()),
+                self.run(f"tokenized/{SOURCE}", tokenizer=tokenizer)]
 
     def planner(self) -> Planner:
         catalog = Catalog()
         catalog.add_note(f"tokenizer/{TOKENIZER.name}", pin_note)
+        catalog.add_file_read(f"token_shards/{SOURCE}", f"deduplicated/{SOURCE}", shard_file)
         defs = dg.Definitions(assets=self.assets(), resources=build_resources(self.settings))
         return Planner(defs, catalog, self.store, self.instance)
 
@@ -100,8 +118,9 @@ class Pipeline:
         return self.store.local_path(self.store.find(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None).uri)
 
 
-def _metadata(result: dg.ExecuteInProcessResult, key: str) -> dict:
-    event = next(e for e in result.get_asset_materialization_events() if e.asset_key == asset_key(key))
+def _metadata(results: list[dg.ExecuteInProcessResult], key: str, partition: str | None = None) -> dict:
+    event = next(e for result in results for e in result.get_asset_materialization_events()
+                 if e.asset_key == asset_key(key) and e.partition == partition)
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
@@ -154,7 +173,11 @@ def test_new_shard_is_encoded_once_and_appended(pipeline, corpus, monkeypatch):
     assert (tokenizer_after.data_version, tokenizer_after.finished_at) == \
         (tokenizer_before.data_version, tokenizer_before.finished_at)
 
-    # Exactly the new shard's documents were encoded, appended as one ledger shard.
+    # Exactly the new shard's documents were encoded, in its own partition's run; the others were reused.
+    assert {shard: _metadata(second, f"token_shards/{SOURCE}", shard)["marin/reused"]
+            for shard in ("b-new", "m-first", "p-second")} == {"b-new": False, "m-first": True, "p-second": True}
+    assert _metadata(second, f"token_shards/{SOURCE}", "b-new")["documents"] == len(new_docs)
+    # The cache appended the new shard's rows as one ledger shard.
     meta = _metadata(second, f"tokenized/{SOURCE}")
     assert (meta["shards_encoded"], meta["shards_reused"], meta["shards"]) == (1, 2, 3)
     assert meta["documents_encoded"] == len(new_docs)
@@ -189,7 +212,7 @@ def test_new_shard_is_encoded_once_and_appended(pipeline, corpus, monkeypatch):
     assert meta["marin/files_rehash_skipped"] + meta["marin/files_vouched"] == len(after_files) - len(hashed)
 
     # The decode round-trip check reads rows in ledger (append) order.
-    checks = second.get_asset_check_evaluations()
+    checks = second[-1].get_asset_check_evaluations()
     assert checks and all(c.passed for c in checks)
 
 
@@ -217,9 +240,7 @@ def test_pinned_tokenizer_status_and_explicit_retrain(pipeline, corpus):
 
     # Retraining is an explicit new version: it trains on today's corpus and pins that.
     retrained = TokenizerEntry(TOKENIZER.name, TOKENIZER.config, TOKENIZER.train_on, version="v3")
-    result = dg.materialize(pipeline.assets(retrained)[:2], instance=pipeline.instance,
-                            resources=build_resources(pipeline.settings))
-    assert result.success
+    pipeline.run(f"tokenizer/{TOKENIZER.name}", tokenizer=retrained)
     v3 = pipeline.store.find(f"tokenizer/{TOKENIZER.name}", "v3", None)
     assert v3.config["corpora"] == {SOURCE: grown.data_version}
     assert v3.metrics["pinned_corpus"][SOURCE]["data_version"] == grown.data_version
@@ -233,7 +254,9 @@ def test_changed_committed_shard_reencodes_from_it(pipeline, corpus):
     texts = pq.read_table(path).column("text").to_pylist()[:-3]
     os.remove(path)
     pipeline.commit_corpus({"p-second": texts})
-    meta = _metadata(pipeline.materialize(), f"tokenized/{SOURCE}")
+    results = pipeline.materialize()
+    assert _metadata(results, f"token_shards/{SOURCE}", "p-second")["marin/reused"] is False
+    meta = _metadata(results, f"tokenized/{SOURCE}")
     assert (meta["shards_encoded"], meta["shards_reused"]) == (1, 1)
     assert meta["documents_encoded"] == len(texts)
 
@@ -263,7 +286,7 @@ def test_two_prefixes_give_the_same_bytes_and_a_moved_cache_loads_with_the_token
         pipeline.commit_corpus({"m-first": corpus[:third], "p-second": corpus[third:2 * third]})
         pipeline.materialize()
         built.append({(m.asset_key, m.partition): m.data_version for m in _manifests(pipeline.store)})
-    assert len(built[0]) == 3 and built[0] == built[1]
+    assert len(built[0]) == 5 and built[0] == built[1]  # the corpus, tokenizer, two token shards and the cache
 
     shutil.copytree(tmp_path / "a" / "store", tmp_path / "moved" / "store", symlinks=True)
     shutil.rmtree(tmp_path / "a")  # nothing may still point into the old prefix
@@ -289,3 +312,79 @@ def _manifests(store: ArtifactStore) -> list:
     from marin_resources.migrate import manifests
 
     return manifests(store)
+
+
+def test_a_shard_that_fails_to_encode_fails_alone_and_the_cache_is_never_assembled_with_a_hole(pipeline, corpus):
+    """A shard that cannot be encoded fails its own partition's run; its siblings commit, and the cache
+    refuses in one line naming it, leaving the committed cache as it was. Fixed, the rerun encodes
+    that shard alone."""
+    import pyarrow as pa
+
+    pipeline.materialize()
+    root = pipeline.cache_root()
+    before = _snapshot(root)
+    bad = pipeline.store.local_path(pipeline.dedup_uri) / "data" / "k-broken.parquet"
+    pq.write_table(pa.table({"id": ["x"], "body": ["no text column"]}), bad)
+    pipeline.commit_corpus({"z-fine": corpus[-10:]})
+    shards = pipeline.shards()
+    failed = pipeline.run(f"token_shards/{SOURCE}", "k-broken", ok=False)
+    assert "missing column(s) ['text']" in str(failed.get_step_failure_events()[0].event_specific_data.error)
+    fine = pipeline.run(f"token_shards/{SOURCE}", "z-fine")
+    assert _metadata([fine], f"token_shards/{SOURCE}", "z-fine")["documents"] == 10
+    refused = pipeline.run(f"tokenized/{SOURCE}", ok=False)
+    error = refused.get_step_failure_events()[0].event_specific_data.error.message
+    assert f"of the {len(shards)} shards of deduplicated/{SOURCE}, 1 not encoded (k-broken)" in error, error
+    assert _snapshot(root) == before  # the committed cache is untouched
+
+    os.remove(bad)
+    pipeline.commit_corpus({"k-broken": corpus[:5]})  # the shard replaced by readable documents
+    results = pipeline.materialize()
+    assert [shard for shard in pipeline.shards()
+            if not _metadata(results, f"token_shards/{SOURCE}", shard)["marin/reused"]] == ["k-broken"]
+    assert _metadata(results, f"tokenized/{SOURCE}")["shards"] == 4
+
+
+def test_the_planner_encodes_each_shard_in_its_own_step_before_the_cache(pipeline, corpus):
+    """`marin materialize tokenized/<source>` plans one token_shards step per shard, then the cache;
+    a new shard makes its own partition missing and the cache stale, and leaves the other partitions
+    fresh, though the corpus they read from has a new data version."""
+    pipeline.shards()
+    planner = pipeline.planner()
+    cache_key, shards_key = parse_key(f"tokenized/{SOURCE}"), parse_key(f"token_shards/{SOURCE}")
+    steps = planner.steps_of([(cache_key, None)])
+    encode = [i for i, step in enumerate(steps) if step.keys == [shards_key]]
+    assert sorted(steps[i].partition for i in encode) == ["m-first", "p-second"]
+    (assemble,) = [i for i, step in enumerate(steps) if cache_key in step.keys]
+    assert set(encode) <= steps[assemble].after
+
+    results = planner.materialize(cache_key, None, log=lambda line: None)
+    assert all(r.success for r in results)
+    pipeline.commit_corpus({"b-new": corpus[-10:]})
+    pipeline.shards()
+    states = {(s.asset_key, s.partition): s.state for s in pipeline.planner().status([shards_key, cache_key])}
+    assert states == {(f"token_shards/{SOURCE}", "b-new"): "missing", (f"token_shards/{SOURCE}", "m-first"): "fresh",
+                      (f"token_shards/{SOURCE}", "p-second"): "fresh", (f"tokenized/{SOURCE}", None): "stale"}
+    ran = [(r.asset_keys, r.partition) for r in pipeline.planner().materialize(cache_key, None, log=lambda line: None)
+           if r.ran]
+    assert ran == [([f"token_shards/{SOURCE}"], "b-new"), ([f"tokenized/{SOURCE}"], None)]
+
+
+def test_a_shard_reads_and_checks_its_own_file_of_the_corpus_only(pipeline, corpus):
+    """A token_shards partition checks the one corpus file it reads, not the whole artifact: a damaged
+    file refuses its own partition, and its sibling's run does not see it."""
+    pipeline.commit_corpus({"b-new": corpus[-10:]})
+    pipeline.shards()
+    pipeline.run(f"tokenizer/{TOKENIZER.name}")
+    data = pipeline.store.local_path(pipeline.dedup_uri) / "data"
+    with open(data / "b-new.parquet", "ab") as fh:
+        fh.write(b"damage")
+    failed = pipeline.run(f"token_shards/{SOURCE}", "b-new", ok=False)
+    error = failed.get_step_failure_events()[0].event_specific_data.error.message
+    assert f"refusing damaged input deduplicated/{SOURCE}" in error and "b-new.parquet" in error, error
+    pipeline.run(f"token_shards/{SOURCE}", "m-first")
+    manifest = pipeline.store.find(f"token_shards/{SOURCE}", "v1", "m-first")
+    corpus_manifest = pipeline.store.read_manifest(pipeline.dedup_uri)
+    assert manifest.upstream_versions()[(f"deduplicated/{SOURCE}", "m-first")] == \
+        corpus_manifest.file_version("data/m-first.parquet")
+    assert corpus_manifest.holds_version(corpus_manifest.file_version("data/m-first.parquet"))
+    assert not corpus_manifest.holds_version("sha256=" + "0" * 64)

@@ -634,3 +634,65 @@ def test_encoding_in_this_process_reports_each_shard(shards, tokenizer_dir, cfg,
                                  progress=ProgressMeter(lines.append, "encoded", every_s=0))
     assert len(lines) == len(shards)  # one line after each shard
     assert lines[-1].startswith(f"[progress] encoded: {stats.documents:,} documents, ")
+
+
+def test_a_cache_assembled_from_shards_encoded_on_their_own_is_the_serial_builds(shards, tokenizer_dir, cfg, built,
+                                                                                  tmp_path):
+    """`token_shards/<source>`'s path: each shard encoded into a folder of its own (as its own
+    partition's run would, in any order), then `assemble_levanter_cache`, fresh and appended, with
+    and without a validation minimum: every file equals `build_levanter_cache`'s."""
+    from dataclasses import replace
+
+    from marin_assets.tokenization.cache import ShardSpec, assemble_levanter_cache, encode_shard_rows
+
+    def encoded(config: CacheConfig) -> list[dict]:
+        by_shard = {uri: encode_shard_rows(ShardSpec(uri, f"fp-{k}", uri), tokenizer_dir,
+                                           str(tmp_path / "rows" / str(config.validation_fraction) / str(k)), config)
+                    for k, uri in reversed(list(enumerate(shards)))}
+        return [by_shard[uri] for uri in shards]
+
+    fingerprints = {uri: f"fp-{k}" for k, uri in enumerate(shards)}
+    serial_root = str(tmp_path / "serial")
+    build_levanter_cache(shards, tokenizer_dir, serial_root, cfg, fingerprints=fingerprints)
+    rows = encoded(cfg)
+    root = str(tmp_path / "assembled")
+    stats = assemble_levanter_cache(rows, tokenizer_dir, root, cfg)
+    assert _file_hashes(root) == _file_hashes(serial_root)
+    assert stats.documents == built[1].documents and stats.shards_encoded == len(shards)
+    for split in ("train", "validation"):  # Levanter reads the assembled cache's rows as the serial build's
+        ours, theirs = _rows(f"{root}/{split}"), _rows(f"{built[0]}/{split}")
+        assert len(ours) == len(theirs) and all(np.array_equal(a, b) for a, b in zip(ours, theirs))
+
+    # An append moves the new shard's rows only; the same rows again change nothing.
+    grown, serial_grown = str(tmp_path / "grown"), str(tmp_path / "serial_grown")
+    assemble_levanter_cache(rows[:2], tokenizer_dir, grown, cfg)
+    appended = assemble_levanter_cache(rows, tokenizer_dir, grown, cfg)
+    assert (appended.shards_reused, appended.shards_encoded) == (2, 1)
+    build_levanter_cache(shards[:2], tokenizer_dir, serial_grown, cfg, fingerprints=fingerprints)
+    build_levanter_cache(shards, tokenizer_dir, serial_grown, cfg, fingerprints=fingerprints)
+    assert _file_hashes(grown) == _file_hashes(serial_grown)
+    assert assemble_levanter_cache(rows, tokenizer_dir, grown, cfg).shards_encoded == 0
+
+    # A minimum the fraction does not meet is decided over the whole corpus at assembly: the shards
+    # were split by the fraction alone, and their rows are split again, not encoded again.
+    tiny = replace(cfg, validation_fraction=0.001, validation_min_documents=12)
+    tiny_rows = encoded(tiny)
+    assert sum(e["validation_documents"] for e in tiny_rows) < 12
+    minimum, serial_minimum = str(tmp_path / "minimum"), str(tmp_path / "serial_minimum")
+    assert assemble_levanter_cache(tiny_rows, tokenizer_dir, minimum, tiny).validation.documents == 12
+    build_levanter_cache(shards, tokenizer_dir, serial_minimum, tiny, fingerprints=fingerprints)
+    assert _file_hashes(minimum) == _file_hashes(serial_minimum)
+    # Growing: the threshold moves with the corpus (a rebuild, as the serial build does).
+    few, serial_few = str(tmp_path / "few"), str(tmp_path / "serial_few")
+    small = replace(tiny, validation_min_documents=3)
+    small_rows = encoded(small)
+    for cut in (2, 3):
+        assemble_levanter_cache(small_rows[:cut], tokenizer_dir, few, small)
+        build_levanter_cache(shards[:cut], tokenizer_dir, serial_few, small, fingerprints=fingerprints)
+        assert _file_hashes(few) == _file_hashes(serial_few)
+
+    # Rows encoded with other settings are refused, naming the shard, and the cache stays as it was.
+    before = _file_hashes(root)
+    with pytest.raises(ValueError, match=r"1 shard\(s\) were encoded with another tokenizer or settings .*part-0"):
+        assemble_levanter_cache([tiny_rows[0], *rows[1:]], tokenizer_dir, root, cfg)
+    assert _file_hashes(root) == before
