@@ -90,7 +90,8 @@ class MarinSettings:
     """JAX's persistent compilation cache for training and eval processes (MARIN_JAX_CACHE; ``off``:
     none). Locally it defaults to JAX_COMPILATION_CACHE_DIR, else DAGSTER_HOME's
     ``jax_compilation_cache``: a run started again (resumed, retried, rebuilt) compiles nothing. On a
-    cluster, name a directory every pod mounts. A runtime choice: a cached executable is the one a compile would give."""
+    cluster, name a directory every pod mounts. A runtime choice: a cached executable is the one a
+    compile would give."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, cwd: Path | None = None) -> MarinSettings:
