@@ -25,8 +25,9 @@ def _ops_fixtures():
 def shared_jax_compilation_cache(tmp_path_factory):
     """One JAX compilation cache for every training process of the session, across xdist workers: a
     run that trains the same config again (a resume after kill -9, a rebuild, a test that repeats
-    another's run) reads what was compiled, about half of such a run's CPU. Training processes get it
-    through JAX_COMPILATION_CACHE_DIR, which the local launcher honours (tests/training/test_compilation_cache.py checks that a cached run trains bit for bit the same)."""
+    another's run) reads what was compiled, about half of such a run's CPU. Training processes get
+    it through JAX_COMPILATION_CACHE_DIR, which the local launcher honours
+    (tests/training/test_compilation_cache.py checks that a cached run trains bit for bit the same)."""
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(root / "jax_compilation_cache"))
