@@ -222,11 +222,7 @@ def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[
     # The store's endpoints and region, named for the process (a local one would also inherit them).
     process_env = store_process_env()
     if settings.jax_compilation_cache:
-        process_env["JAX_COMPILATION_CACHE_DIR"] = settings.jax_compilation_cache
-        # Every compilation, not only those over JAX's default of a second: on CPU most of a small
-        # model's compile time is in many short ones (measured: 45 entries, 1 MB, for a sweep run).
-        process_env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-        process_env["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(JAX_CACHE_MAX_BYTES)
+        process_env.update(jax_cache_env(settings.jax_compilation_cache))
     if settings.env != "prod" or not settings.training_image:
         return {"launcher": LocalPipesLauncher(wandb_api_key=dg.EnvVar("WANDB_API_KEY") if settings.wandb_online
                                                else None, output_to_file=settings.process_output == "file",
@@ -241,6 +237,15 @@ def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[
                                             store_claim=None if on_bucket else settings.store_claim,
                                             gpu_type=settings.gpu_type, secret_env=secrets,
                                             s3=cloud.get("s3"), gcs=cloud.get("gcs"), extra_env=process_env)}
+
+
+def jax_cache_env(directory: str) -> dict[str, str]:
+    """The environment that gives a training or eval process JAX's compilation cache at ``directory``."""
+    return {"JAX_COMPILATION_CACHE_DIR": directory,
+            # Every compilation, not only those over JAX's default of a second: on CPU most of a small
+            # model's compile time is in many short ones (measured: 45 entries, 1 MB, for a sweep run).
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_COMPILATION_CACHE_MAX_SIZE": str(JAX_CACHE_MAX_BYTES)}
 
 
 def _data_parallel(settings: MarinSettings):

@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from marin_resources.environments import JAX_CACHE_MAX_BYTES
+from marin_resources.environments import jax_cache_env
 
 
 def _ops_fixtures():
@@ -30,9 +30,8 @@ def shared_jax_compilation_cache(tmp_path_factory):
     (tests/training/test_compilation_cache.py checks that a cached run trains bit for bit the same)."""
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(root / "jax_compilation_cache"))
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(JAX_CACHE_MAX_BYTES))  # entries read under a lock
+    for name, value in jax_cache_env(str(root / "jax_compilation_cache")).items():
+        os.environ.setdefault(name, value)
 
 
 _ops = _ops_fixtures()
