@@ -23,7 +23,7 @@ from marin_resources.typed_config import ConfigError, read_yaml
 PROJECT_FILE = "marin.yaml"
 CONFIG_ENV = "MARIN_CONFIG"
 CURATION_SECTIONS = ("filters", "sources", "quality", "language_id")
-REGISTRY_SECTIONS = ("tokenizers", "tokenized", "default", "mixtures")
+REGISTRY_SECTIONS = ("tokenizers", "tokenized", "default", "mixtures", "decontamination")
 SECTION_TYPES: dict[str, type] = {"store": str, "filters": Mapping, "sources": list, "quality": Mapping,
                                   "language_id": Mapping, "tokenizers": Mapping, "tokenized": Mapping,
                                   "default": Mapping, "mixtures": Mapping, "runs": Mapping, "sweeps": Mapping}

@@ -23,8 +23,15 @@ from marin_assets.tokenization.cache import (
     encode_shard_rows,
     iter_parquet_texts,
 )
+from marin_assets.tokenization.decontamination_assets import (
+    EVAL_NGRAMS_KEY,
+    build_decontamination_assets,
+    decontaminated_identity,
+    shard_file,
+)
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.registry import (
+    DECONTAMINATED_VERSION,
     MIXTURE_VERSION,
     TOKEN_SHARDS_VERSION,
     TOKENIZED_VERSION,
@@ -144,11 +151,6 @@ def build_tokenizer_asset(entry: TokenizerEntry):
 # ---- append-only token caches --------------------------------------------------------------------
 
 
-def shard_file(shard: str) -> str:
-    """The file of `deduplicated/<source>` that holds one shard's documents."""
-    return f"data/{shard}.parquet"
-
-
 ROWS_DIR = "rows"  # a `token_shards/<source>` partition's row files, under its artifact
 SHARD_LOOKUPS_IN_FLIGHT = 32
 
@@ -158,84 +160,94 @@ def token_shards_identity(entry: TokenizedEntry) -> dict[str, Any]:
 
 
 def build_token_shards_asset(entry: TokenizedEntry):
-    """`token_shards/<source>`: one partition per deduplicated shard, each that shard's documents
-    encoded into row files (`encode_shard_rows`) in its own run: on a cluster its own pod."""
-    key, corpus_key = f"token_shards/{entry.source}", f"deduplicated/{entry.source}"
+    """`token_shards/<source>`: one partition per deduplicated shard, each that shard's decontaminated
+    documents encoded into row files (`encode_shard_rows`) in its own run: on a cluster its own pod."""
+    key, shard_key = f"token_shards/{entry.source}", f"decontaminated/{entry.source}"
     identity = token_shards_identity(entry)
 
     @marin_asset(key=key, version=TOKEN_SHARDS_VERSION, partitions_def=shard_partitions(entry.source),
                  group_name="tokenization", kinds={"numpy"}, identity=identity,
                  automation_condition=ENCODES_NEW_SHARDS,
-                 ins={"corpus": dg.AssetIn(key=asset_key(corpus_key)),
+                 ins={"documents": dg.AssetIn(key=asset_key(shard_key)),
                       "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))},
                  tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
                  description=f"One shard of `{entry.source}` encoded with tokenizer/{entry.tokenizer}, per partition: "
-                             "its documents' rows ([BOS] + text + [EOS], int32), split by the validation fraction, "
-                             "and their id hashes, which `tokenized/<source>` moves into its Levanter cache. "
-                             "Follows its own shard file of the corpus: a new shard elsewhere does not touch it.")
-    def token_shards(context: dg.AssetExecutionContext, store: MarinStore, corpus: ArtifactHandle,
+                             f"the documents of decontaminated/{entry.source} for that shard as rows "
+                             "([BOS] + text + [EOS], int32), split by the validation fraction, and their id hashes, "
+                             "which `tokenized/<source>` moves into its Levanter cache. Follows its own shard: a new "
+                             "shard elsewhere does not touch it.")
+    def token_shards(context: dg.AssetExecutionContext, store: MarinStore, documents: ArtifactHandle,
                      tokenizer: ArtifactHandle):
         artifacts = store.get()
-        shard, rel = context.partition_key, shard_file(context.partition_key)
-        corpus_manifest = artifacts.read_manifest(corpus.uri)
-        version = corpus_manifest.file_version(rel) if corpus_manifest is not None else None
+        rel = shard_file(context.partition_key)
+        manifest = artifacts.read_manifest(documents.uri)
+        version = manifest.file_version(rel) if manifest is not None else None
         if version is None:
-            raise input_refused(f"{corpus_key} holds no shard {shard!r} ({rel}) yet; materialize {corpus_key} first "
-                                f"(marin materialize {key} --partition {shard} plans it)")
-        # Recorded as the shard's file, not the whole corpus: the corpus gaining shards leaves it fresh.
-        shard_input = replace(corpus, partition=shard, data_version=version)
+            raise input_refused(f"{shard_key}[{context.partition_key}] holds no {rel}; materialize it again")
 
         def build(writer) -> Built:
-            uri = f"{corpus.uri}/{rel}"
+            uri = f"{documents.uri}/{rel}"
             started = time.monotonic()
             # Ledger key store-relative (store://...): the cache's bytes are the same under any prefix.
             encoded = encode_shard_rows(ShardSpec(artifacts.portable(uri), version, uri), tokenizer.uri,
                                         writer.path(ROWS_DIR), entry.cache)
-            documents = encoded["train_documents"] + encoded["validation_documents"]
-            return Built(metrics={"shard": {k: v for k, v in encoded.items() if k != ROWS}, "documents": documents,
+            count = encoded["train_documents"] + encoded["validation_documents"]
+            return Built(metrics={"shard": {k: v for k, v in encoded.items() if k != ROWS}, "documents": count,
                                   "tokens": encoded["train_tokens"] + encoded["validation_tokens"],
                                   "text_bytes": encoded["text_bytes"],
                                   "encode_seconds": round(time.monotonic() - started, 3)},
-                         metadata={"dagster/row_count": documents})
+                         metadata={"dagster/row_count": count})
 
+        # Recorded as the shard's data file, not the whole partition: a changed eval index that leaves the
+        # kept documents as they were (only the dropped or marked lists move) does not re-encode them.
+        shard_input = replace(documents, data_version=version)
         return materialize_artifact(context, store, config=identity, upstream=[shard_input, tokenizer], build=build)
 
     return token_shards
 
 
 def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: ArtifactHandle,
-                   tokenizer: ArtifactHandle) -> list[Manifest]:
-    """The `token_shards/<source>` partition of every shard the corpus holds, in its order, each encoded
-    from that shard's file as it is now with this tokenizer. Refuses in one line, naming them, where
-    any is missing (never encoded, or failed) or was encoded from another file or tokenizer: a cache
-    is assembled from every shard its corpus lists, never with a hole."""
-    key = f"token_shards/{entry.source}"
+                   tokenizer: ArtifactHandle, eval_ngrams: ArtifactHandle) -> list[tuple[Manifest, Manifest]]:
+    """The `decontaminated/<source>` and `token_shards/<source>` partitions of every shard the corpus
+    holds, in its order: each shard decontaminated from its file as it is now against today's
+    `eval_ngrams`, and encoded from that with this tokenizer. Refuses in one line, naming them, where
+    any is missing (never built, or failed) or was built from other inputs: a cache is assembled from
+    every shard its corpus lists, never with a hole, never from a shard checked against old eval sets."""
+    key, dec_key = f"token_shards/{entry.source}", f"decontaminated/{entry.source}"
     manifest = artifacts.read_manifest(corpus.uri)
     if manifest is None:
         raise dg.Failure(f"{corpus.uri} lost its manifest")
-    fp = fingerprint(token_shards_identity(entry))
+    fp, dec_fp = fingerprint(token_shards_identity(entry)), fingerprint(decontaminated_identity(entry))
     files = sorted(f.path for f in manifest.files if f.path.startswith("data/") and f.path.endswith(".parquet"))
     shards = [rel[len("data/"):-len(".parquet")] for rel in files]
-    # One manifest per shard (tens of thousands at scale): read concurrently, as the store allows.
+
+    def lookup(shard: str) -> tuple[Manifest | None, Manifest | None]:
+        return (artifacts.find(dec_key, DECONTAMINATED_VERSION, shard, fingerprint=dec_fp),
+                artifacts.find(key, TOKEN_SHARDS_VERSION, shard, fingerprint=fp))
+
+    # Two manifests per shard (tens of thousands at scale): read concurrently, as the store allows.
     with ThreadPoolExecutor(max_workers=SHARD_LOOKUPS_IN_FLIGHT) as pool:
-        manifests = list(pool.map(lambda shard: artifacts.find(key, TOKEN_SHARDS_VERSION, shard, fingerprint=fp),
-                                  shards))
+        manifests = list(pool.map(lookup, shards))
     found, missing, outdated = [], [], []
-    for rel, shard, encoded in zip(files, shards, manifests):
+    for rel, shard, (checked, encoded) in zip(files, shards, manifests):
+        checked_refs = checked.upstream_versions() if checked is not None else {}
         refs = encoded.upstream_versions() if encoded is not None else {}
-        if encoded is None:
+        if checked is None or encoded is None:
             missing.append(shard)
-        elif refs.get((corpus.asset_key, shard)) != manifest.file_version(rel) \
+        elif checked_refs.get((corpus.asset_key, shard)) != manifest.file_version(rel) \
+                or checked_refs.get((eval_ngrams.asset_key, None)) != eval_ngrams.data_version \
+                or refs.get((dec_key, shard)) != checked.file_version(shard_file(shard)) \
                 or refs.get((tokenizer.asset_key, None)) != tokenizer.data_version:
             outdated.append(shard)
         else:
-            found.append(encoded)
+            found.append((checked, encoded))
     if missing or outdated:
         def named(shards: list[str]) -> str:
             return ", ".join(shards[:5]) + (f" and {len(shards) - 5} more" if len(shards) > 5 else "")
 
         problems = ([f"{len(missing)} not encoded ({named(missing)})"] if missing else []) \
-            + ([f"{len(outdated)} encoded from another file or tokenizer ({named(outdated)})"] if outdated else [])
+            + ([f"{len(outdated)} encoded from another file, eval index or tokenizer ({named(outdated)})"]
+               if outdated else [])
         total = len(found) + len(missing) + len(outdated)
         raise input_refused(f"tokenized/{entry.source}: of the {total} shards of {corpus.asset_key}, "
                             + "; ".join(problems)
@@ -254,8 +266,9 @@ def build_tokenized_asset(entry: TokenizedEntry):
     @marin_asset(key=key, version=TOKENIZED_VERSION, group_name="tokenization", kinds={"levanter"},
                  identity=identity, automation_condition=FOLLOWS_NEW_DATA,
                  ins={"corpus": dg.AssetIn(key=asset_key(f"deduplicated/{entry.source}")),
-                      "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))},
-                 deps=[token_shards.key],
+                      "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}")),
+                      "eval_ngrams": dg.AssetIn(key=asset_key(EVAL_NGRAMS_KEY))},
+                 deps=[token_shards.key, asset_key(f"decontaminated/{entry.source}")],
                  tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
                  description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "
                              "a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
@@ -264,9 +277,10 @@ def build_tokenized_asset(entry: TokenizedEntry):
                              f"partition of token_shards/{entry.source}; this step only moves their rows into the "
                              "cache, and a new shard is appended.")
     def tokenized(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
-                  corpus: ArtifactHandle, tokenizer: ArtifactHandle):
+                  corpus: ArtifactHandle, tokenizer: ArtifactHandle, eval_ngrams: ArtifactHandle):
         artifacts = store.get()
-        shards = encoded_shards(artifacts, entry, corpus, tokenizer)
+        pairs = encoded_shards(artifacts, entry, corpus, tokenizer, eval_ngrams)
+        shards = [encoded for _, encoded in pairs]
 
         def build(writer) -> Built:
             # Assembly only moves bytes: one unit of work per zarr shard file, here or on the resource's workers.
@@ -291,7 +305,8 @@ def build_tokenized_asset(entry: TokenizedEntry):
             return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents})
 
         # Resume keeps the previous cache so that unchanged upstream shards are reused, not moved again.
-        upstream = [corpus, tokenizer, *(ArtifactHandle.from_manifest(m) for m in shards)]
+        upstream = [corpus, tokenizer, eval_ngrams,
+                    *(ArtifactHandle.from_manifest(m) for pair in pairs for m in pair)]
         return materialize_artifact(context, store, config=identity, upstream=upstream, build=build, resume=True)
 
     @marin_check(tokenized, name="decode_roundtrip",
@@ -307,7 +322,9 @@ def build_tokenized_asset(entry: TokenizedEntry):
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
         refs = {u.asset_key: u for u in manifest.upstream}
-        wanted = {artifacts.portable(uri) for uri in parquet_files(artifacts, refs[f"deduplicated/{entry.source}"].uri)}
+        # The decontaminated shards it assembled, each a ledger shard (the refs of one key keep one per shard).
+        wanted = {artifacts.portable(f"{u.uri}/{shard_file(u.partition)}") for u in manifest.upstream
+                  if u.asset_key == f"decontaminated/{entry.source}"}
         ledger = cache_shard_order(manifest.uri)
         missing = sorted(wanted - set(ledger))
         # The check costs what the build encoded, not the corpus: a new shard's append reads that shard
@@ -409,9 +426,12 @@ def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment") 
         token_shards, tokenized, *asset_checks = build_tokenized_asset(entry)
         catalog.add_identity(f"tokenized/{entry.source}", lambda p, e=entry: {"cache": e.cache.identity()})
         catalog.add_identity(f"token_shards/{entry.source}", lambda p, e=entry: token_shards_identity(e))
-        catalog.add_file_read(f"token_shards/{entry.source}", f"deduplicated/{entry.source}", shard_file)
+        catalog.add_file_read(f"token_shards/{entry.source}", f"decontaminated/{entry.source}", shard_file)
         assets.extend([token_shards, tokenized])
         checks.extend(asset_checks)
+    decontamination, decontamination_checks = build_decontamination_assets(registry, catalog)
+    assets.extend(decontamination)
+    checks.extend(decontamination_checks)
     for entry in registry.mixtures.values():
         assets.append(build_mixture_asset(entry))
         catalog.add_identity(f"mixture/{entry.name}", lambda p, e=entry: {

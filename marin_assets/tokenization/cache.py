@@ -48,6 +48,14 @@ from marin_assets.tokenization.shard_files import ShardFileWriter, ShardLayout
 from marin_assets.tokenization.tokenizer import local_tokenizer_dir, tokenizer_json_sha256
 from marin_resources.parallel_map import ParallelMap, in_process_map
 from marin_resources.progress import ProgressMeter
+from marin_resources.splits import (
+    ID_HASH_DTYPE,
+    corpus_threshold,
+    id_hashes,
+    in_validation,
+    is_validation_document,
+    raised_threshold,
+)
 from marin_resources.typed_config import typed_config
 
 SPLITS = ("train", "validation")
@@ -158,15 +166,6 @@ class RoundtripFailure:
     reason: str
 
 
-def _id_hash(doc_id: str) -> int:
-    return int(hashlib.sha256(doc_id.encode("utf-8")).hexdigest()[:8], 16)
-
-
-def is_validation_document(doc_id: str, fraction: float) -> bool:
-    """Deterministic held-out membership from the document id alone."""
-    return _id_hash(doc_id) / 2**32 < fraction
-
-
 def with_validation_minimum(cfg: CacheConfig, doc_ids: Iterable[str]) -> CacheConfig:
     """``cfg`` with its validation threshold raised, where the fraction holds out fewer than
     ``validation_min_documents`` of ``doc_ids``, to just above the id hash of the minimum-th lowest:
@@ -175,19 +174,8 @@ def with_validation_minimum(cfg: CacheConfig, doc_ids: Iterable[str]) -> CacheCo
     row identity) moves and the cache is rebuilt, until the fraction alone holds out enough."""
     if cfg.validation_min_documents is None:
         return cfg
-    hashes = np.fromiter((_id_hash(doc_id) for doc_id in doc_ids), dtype=np.uint32)
-    held_out = int(np.count_nonzero(hashes / 2**32 < cfg.validation_fraction))
-    return replace(cfg, validation_fraction=_raised_fraction(cfg, hashes.size, held_out, lambda: hashes))
-
-
-def _raised_fraction(cfg: CacheConfig, documents: int, held_out: int, id_hashes: Callable[[], np.ndarray]) -> float:
-    """The split threshold of ``with_validation_minimum`` for a corpus of ``documents``, ``held_out`` of
-    them below ``cfg.validation_fraction``: the fraction itself where that is enough, else just above
-    the id hash of the minimum-th lowest (``id_hashes`` is read only then)."""
-    wanted = min(cfg.validation_min_documents or 0, documents // 2)
-    if wanted == 0 or held_out >= wanted:
-        return cfg.validation_fraction
-    return (int(np.partition(id_hashes(), wanted - 1)[wanted - 1]) + 1) / 2**32
+    return replace(cfg, validation_fraction=corpus_threshold(cfg.validation_fraction, cfg.validation_min_documents,
+                                                             doc_ids))
 
 
 def parquet_ids(doc_files: Sequence[str], cfg: CacheConfig) -> Iterator[str]:
@@ -454,8 +442,8 @@ class _Encoder:
         n = len(ids)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=TOKEN_DTYPE, count=int(lengths.sum()))
-        hashes = np.fromiter(map(_id_hash, batch.ids), dtype=np.uint32, count=n)
-        in_val = hashes / 2**32 < self.fraction  # is_validation_document, on every id at once
+        hashes = id_hashes(batch.ids, n)
+        in_val = in_validation(hashes, self.fraction)
         out = {}
         for split, mask in (("train", ~in_val), ("validation", in_val)):
             if mask.all():
@@ -502,7 +490,6 @@ _ROWS_AT = "encoded_as"  # the attempt folder an encoded shard's entry vouches f
 ROWS, ENCODING = "rows", "encoding"
 _ROW_FILES = {"tokens": np.dtype("<i4"), "lengths": np.dtype("<i8")}
 ID_HASHES = "id_hashes"
-_ID_HASH_DTYPE = np.dtype("<u4")
 
 
 @dataclass(frozen=True)
@@ -579,7 +566,7 @@ def _encode_rows(shard: _Shard, encoder: _Encoder, cfg: CacheConfig, rows_uri: s
                 continue
             entry["text_bytes"] += batch.text_bytes
             framed, hashes = encoder.frame(batch, encodings)
-            id_hashes.write(hashes.astype(_ID_HASH_DTYPE, copy=False).tobytes())
+            id_hashes.write(hashes.astype(ID_HASH_DTYPE, copy=False).tobytes())
             for split, (data, lengths) in framed.items():
                 rows[split, "tokens"].write(data.astype(_ROW_FILES["tokens"], copy=False).tobytes())
                 rows[split, "lengths"].write(lengths.astype(_ROW_FILES["lengths"], copy=False).tobytes())
@@ -599,15 +586,16 @@ def validation_threshold(cfg: CacheConfig, encoded: Sequence[dict]) -> float:
     shards' counts, and only where the fraction holds out too few, from their id hashes."""
     documents = sum(e["train_documents"] + e["validation_documents"] for e in encoded)
     held_out = sum(e["validation_documents"] for e in encoded)
-    return _raised_fraction(cfg, documents, held_out, lambda: np.concatenate(
-        [np.empty(0, _ID_HASH_DTYPE)] + [_read_rows(e[ROWS], ID_HASHES, _ID_HASH_DTYPE) for e in encoded]))
+    return raised_threshold(cfg.validation_fraction, cfg.validation_min_documents, documents, held_out,
+                            lambda: np.concatenate([np.empty(0, ID_HASH_DTYPE)] + [
+                                _read_rows(e[ROWS], ID_HASHES, ID_HASH_DTYPE) for e in encoded]))
 
 
 def _resplit(entry: dict, fraction: float, rows_uri: str) -> dict:
     """An encoded shard's rows split again at ``fraction`` (a raised validation minimum) into row files
     under ``rows_uri``: the same rows, in document order within each split; no encoding."""
     was = entry[ENCODING]["validation_fraction"]
-    hashes = _read_rows(entry[ROWS], ID_HASHES, _ID_HASH_DTYPE).astype(np.float64) / 2**32
+    hashes = _read_rows(entry[ROWS], ID_HASHES, ID_HASH_DTYPE).astype(np.float64) / 2**32
     rows = {}  # split -> its rows as they are, in document order
     for split in SPLITS:
         tokens = _read_rows(entry[ROWS], f"{split}.tokens", _ROW_FILES["tokens"])
@@ -631,7 +619,7 @@ def _resplit(entry: dict, fraction: float, rows_uri: str) -> dict:
             fh.write(np.array([r.size for r in moved], dtype=_ROW_FILES["lengths"]).tobytes())
         out[f"{split}_documents"], out[f"{split}_tokens"] = len(moved), int(tokens.size)
     with fs.open(f"{path}/{ID_HASHES}", "wb") as fh:
-        fh.write(_read_rows(entry[ROWS], ID_HASHES, _ID_HASH_DTYPE).tobytes())
+        fh.write(_read_rows(entry[ROWS], ID_HASHES, ID_HASH_DTYPE).tobytes())
     return out
 
 

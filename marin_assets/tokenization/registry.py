@@ -3,9 +3,9 @@ token caches and mixtures a deployment declares, read and checked into typed ent
 versions of the three artifacts live here too. No Dagster: the deployment reads this module, and
 the stage's assets (`tokenization/assets.py`) are built from what it returns."""
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from marin_assets.tokenization.cache import CacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
@@ -20,6 +20,8 @@ TOKENIZER_VERSION = "v2"
 TOKENIZED_VERSION = "v1"
 TOKEN_SHARDS_VERSION = "v1"
 MIXTURE_VERSION = "v1"
+EVAL_NGRAMS_VERSION = "v1"
+DECONTAMINATED_VERSION = "v1"
 
 
 class RegistryError(ConfigError):
@@ -46,12 +48,45 @@ class ValidationFloor:
     tokens: int = 5_000
 
 
+@typed_config
+@dataclass(frozen=True)
+class DecontaminationPolicy:
+    """What `decontaminated/<source>` does with a training document that shares eval n-grams: with
+    `mode: drop` (the default) it leaves the corpus, a row of the shard's `dropped/<shard>.parquet` with the
+    reason `contaminated`; with `mode: mark` it stays, listed in the shard's `marked/<shard>.parquet`.
+    A document is contaminated when at least `min_matching_ngrams` of its distinct n-grams are eval
+    n-grams. Part of the shards' identity."""
+
+    mode: Literal["drop", "mark"] = "drop"
+    min_matching_ngrams: int = 1
+
+    def __post_init__(self) -> None:
+        if self.min_matching_ngrams < 1:
+            raise ValueError(f"min_matching_ngrams must be at least 1, got {self.min_matching_ngrams}")
+
+
+@typed_config
+@dataclass(frozen=True)
+class DecontaminationSettings:
+    """The registry's `decontamination:` section: the n-gram size of `eval_ngrams`, and eval sets held as
+    files (`name: path`, JSON lines with a `text` field; a relative path is read from the directory of
+    the file that declares it) besides every tokenized source's validation split."""
+
+    ngram: int = 13
+    eval_texts: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.ngram < 1:
+            raise ValueError(f"ngram must be at least 1, got {self.ngram}")
+
+
 @dataclass(frozen=True)
 class TokenizedEntry:
     source: str
     tokenizer: str
     cache: CacheConfig
     validation_floor: ValidationFloor = ValidationFloor()
+    decontamination: DecontaminationPolicy = DecontaminationPolicy()
 
 
 @dataclass(frozen=True)
@@ -68,6 +103,7 @@ class TokenizationRegistry:
     mixtures: dict[str, MixtureEntry]
     # What a curated source without a `tokenized:` entry gets (source "*"); None: nothing.
     default: TokenizedEntry | None = None
+    decontamination: DecontaminationSettings = DecontaminationSettings()
 
 
 def _decoded(tp: type, raw: Any, where: str) -> Any:
@@ -87,7 +123,8 @@ def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, Token
     floor = _decoded(ValidationFloor, body.pop("validation_floor", None) or {}, f"{where}.validation_floor")
     if floor.documents < 0 or floor.tokens < 0:
         raise RegistryError(f"{where}.validation_floor: documents and tokens must be >= 0, got {floor}")
-    return TokenizedEntry(source, tok, _decoded(CacheConfig, body, where), floor)
+    policy = _decoded(DecontaminationPolicy, body.pop("decontamination", None) or {}, f"{where}.decontamination")
+    return TokenizedEntry(source, tok, _decoded(CacheConfig, body, where), floor, policy)
 
 
 _MIXTURE_KEYS = ("tokenizer", "components")
@@ -107,12 +144,12 @@ def parse_registry(raw: Any, origin: str, extends: TokenizationRegistry | None =
     ``extends``'s or replaces the one of its name, `default:` replaces the default, and every mixture,
     old or new, is checked against the entries it now resolves to."""
     try:
-        return _parse_registry(raw, extends)
+        return _parse_registry(raw, extends, Path(origin).parent)
     except RegistryError as exc:
         raise RegistryError(f"{origin}: {exc}") from None
 
 
-def _parse_registry(raw: Any, extends: TokenizationRegistry | None) -> TokenizationRegistry:
+def _parse_registry(raw: Any, extends: TokenizationRegistry | None, directory: Path) -> TokenizationRegistry:
     if not isinstance(raw, dict):
         raise RegistryError(f"expected a mapping of sections ({', '.join(REGISTRY_SECTIONS)}), got {raw!r}")
     unknown = set(raw) - set(REGISTRY_SECTIONS)
@@ -140,7 +177,14 @@ def _parse_registry(raw: Any, extends: TokenizationRegistry | None) -> Tokenizat
         if others:
             raise RegistryError(f"mixture {mixture.name!r}: every component must use tokenizer "
                                 f"{mixture.tokenizer!r}; some use {others}")
-    return TokenizationRegistry(tokenizers, tokenized, mixtures, default)
+    decontamination = extends.decontamination if extends else DecontaminationSettings()
+    if raw.get("decontamination"):
+        decontamination = _decoded(DecontaminationSettings, raw["decontamination"], "decontamination")
+        # Eval sets of the extended registry stay; a name given again is replaced.
+        decontamination = replace(decontamination, eval_texts={
+            **(extends.decontamination.eval_texts if extends else {}),
+            **{name: str(directory / path) for name, path in decontamination.eval_texts.items()}})
+    return TokenizationRegistry(tokenizers, tokenized, mixtures, default, decontamination)
 
 
 def _section(raw: dict, name: str) -> dict:
@@ -198,4 +242,4 @@ def registry_for_sources(registry: TokenizationRegistry, sources: set[str]) -> T
         for source in sorted(sources - set(registry.tokenized)):
             tokenized[source] = replace(registry.default, source=source)
     mixtures = {n: e for n, e in registry.mixtures.items() if set(e.weights) <= set(tokenized)}
-    return TokenizationRegistry(tokenizers, tokenized, mixtures, registry.default)
+    return TokenizationRegistry(tokenizers, tokenized, mixtures, registry.default, registry.decontamination)

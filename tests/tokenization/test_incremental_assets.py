@@ -24,9 +24,10 @@ from marin_assets.tokenization.assets import (
     build_tokenized_asset,
     build_tokenizer_asset,
     pin_note,
-    shard_file,
 )
 from marin_assets.tokenization.cache import CacheConfig
+from marin_assets.tokenization.decontamination_assets import build_decontamination_assets, shard_file
+from marin_assets.tokenization.registry import DecontaminationPolicy, TokenizationRegistry
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.artifacts import VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
@@ -39,7 +40,10 @@ DEDUP_VERSION = "v1"
 PARTITIONS = f"{SOURCE}_shards"
 EXEMPLAR = {"input_ids": np.zeros((0,), dtype=np.int32)}
 TOKENIZER = TokenizerEntry("letters_bpe", TokenizerConfig(vocab_size=400), train_on=(SOURCE,))
-TOKENIZED = TokenizedEntry(SOURCE, TOKENIZER.name, CacheConfig(validation_fraction=0.2, batch_rows=64))
+# Marked, not dropped: these tests count the documents a cache holds (stdlib sources share 13-grams
+# between files: license headers, idioms), and decontamination has tests of its own.
+TOKENIZED = TokenizedEntry(SOURCE, TOKENIZER.name, CacheConfig(validation_fraction=0.2, batch_rows=64),
+                           decontamination=DecontaminationPolicy(mode="mark"))
 # The files an append may rewrite: Levanter keeps the row count in offsets[0] and packs the first
 # 128 Mi tokens of a split into one zarr shard file, so both live in c/0 for a cache this small.
 APPEND_REWRITES = {f"{split}/{name}" for split in ("train", "validation")
@@ -80,11 +84,14 @@ class Pipeline:
             self.write_docs(str(data / f"{key}.parquet"), texts)
         writer.commit(config={}, upstream=[], producer={})
 
-    def assets(self, tokenizer: TokenizerEntry = TOKENIZER):
+    def assets(self, tokenizer: TokenizerEntry = TOKENIZER, catalog: Catalog | None = None):
         dedup = dg.AssetSpec(key=asset_key(f"deduplicated/{SOURCE}"), metadata={
             VERSION_METADATA_KEY: DEDUP_VERSION}).with_io_manager_key("artifact_io_manager")
         token_shards, tokenized, *checks = build_tokenized_asset(TOKENIZED)
-        return [dedup, build_tokenizer_asset(tokenizer), token_shards, tokenized, *checks]
+        decontamination, decontamination_checks = build_decontamination_assets(
+            TokenizationRegistry({TOKENIZER.name: TOKENIZER}, {SOURCE: TOKENIZED}, {}), catalog or Catalog())
+        return [dedup, build_tokenizer_asset(tokenizer), *decontamination, token_shards, tokenized, *checks,
+                *decontamination_checks]
 
     def shards(self) -> list[str]:
         """The corpus's shards, each a partition of token_shards/letters (as discovery adds them)."""
@@ -102,16 +109,19 @@ class Pipeline:
         return result
 
     def materialize(self, tokenizer: TokenizerEntry = TOKENIZER) -> list[dg.ExecuteInProcessResult]:
-        """The tokenizer, each shard's partition of token_shards/letters (its own run), then the cache."""
-        return [self.run(f"tokenizer/{tokenizer.name}", tokenizer=tokenizer),
-                *(self.run(f"token_shards/{SOURCE}", shard, tokenizer) for shard in self.shards()),
+        """The tokenizer and the eval index, each shard's partitions of decontaminated/letters and
+        token_shards/letters (their own runs), then the cache."""
+        shards = self.shards()
+        return [self.run(f"tokenizer/{tokenizer.name}", tokenizer=tokenizer), self.run("eval_ngrams"),
+                *(self.run(f"decontaminated/{SOURCE}", shard, tokenizer) for shard in shards),
+                *(self.run(f"token_shards/{SOURCE}", shard, tokenizer) for shard in shards),
                 self.run(f"tokenized/{SOURCE}", tokenizer=tokenizer)]
 
     def planner(self) -> Planner:
         catalog = Catalog()
         catalog.add_note(f"tokenizer/{TOKENIZER.name}", pin_note)
-        catalog.add_file_read(f"token_shards/{SOURCE}", f"deduplicated/{SOURCE}", shard_file)
-        defs = dg.Definitions(assets=self.assets(), resources=build_resources(self.settings))
+        catalog.add_file_read(f"token_shards/{SOURCE}", f"decontaminated/{SOURCE}", shard_file)
+        defs = dg.Definitions(assets=self.assets(catalog=catalog), resources=build_resources(self.settings))
         return Planner(defs, catalog, self.store, self.instance)
 
     def cache_root(self) -> Path:
@@ -286,7 +296,8 @@ def test_two_prefixes_give_the_same_bytes_and_a_moved_cache_loads_with_the_token
         pipeline.commit_corpus({"m-first": corpus[:third], "p-second": corpus[third:2 * third]})
         pipeline.materialize()
         built.append({(m.asset_key, m.partition): m.data_version for m in _manifests(pipeline.store)})
-    assert len(built[0]) == 5 and built[0] == built[1]  # the corpus, tokenizer, two token shards and the cache
+    # The corpus, tokenizer, eval index, two decontaminated and two token shards, and the cache.
+    assert len(built[0]) == 8 and built[0] == built[1]
 
     shutil.copytree(tmp_path / "a" / "store", tmp_path / "moved" / "store", symlinks=True)
     shutil.rmtree(tmp_path / "a")  # nothing may still point into the old prefix
@@ -327,8 +338,9 @@ def test_a_shard_that_fails_to_encode_fails_alone_and_the_cache_is_never_assembl
     pq.write_table(pa.table({"id": ["x"], "body": ["no text column"]}), bad)
     pipeline.commit_corpus({"z-fine": corpus[-10:]})
     shards = pipeline.shards()
-    failed = pipeline.run(f"token_shards/{SOURCE}", "k-broken", ok=False)
+    failed = pipeline.run(f"decontaminated/{SOURCE}", "k-broken", ok=False)
     assert "missing column(s) ['text']" in str(failed.get_step_failure_events()[0].event_specific_data.error)
+    pipeline.run(f"decontaminated/{SOURCE}", "z-fine")
     fine = pipeline.run(f"token_shards/{SOURCE}", "z-fine")
     assert _metadata([fine], f"token_shards/{SOURCE}", "z-fine")["documents"] == 10
     refused = pipeline.run(f"tokenized/{SOURCE}", ok=False)
@@ -345,44 +357,51 @@ def test_a_shard_that_fails_to_encode_fails_alone_and_the_cache_is_never_assembl
 
 
 def test_the_planner_encodes_each_shard_in_its_own_step_before_the_cache(pipeline, corpus):
-    """`marin materialize tokenized/<source>` plans one token_shards step per shard, then the cache;
-    a new shard makes its own partition missing and the cache stale, and leaves the other partitions
-    fresh, though the corpus they read from has a new data version."""
+    """`marin materialize tokenized/<source>` plans one step per shard, its decontamination and its
+    encoding in one run, then the cache; a new shard makes its own partitions missing and the cache
+    stale. The eval index follows the corpus (its validation split grew), so every shard is checked
+    again, but a shard whose documents are unchanged is not encoded again."""
     pipeline.shards()
     planner = pipeline.planner()
     cache_key, shards_key = parse_key(f"tokenized/{SOURCE}"), parse_key(f"token_shards/{SOURCE}")
+    checked_key = parse_key(f"decontaminated/{SOURCE}")
     steps = planner.steps_of([(cache_key, None)])
-    encode = [i for i, step in enumerate(steps) if step.keys == [shards_key]]
+    encode = [i for i, step in enumerate(steps) if shards_key in step.keys]
+    assert all(steps[i].keys == [checked_key, shards_key] for i in encode)  # no extra run per shard
     assert sorted(steps[i].partition for i in encode) == ["m-first", "p-second"]
     (assemble,) = [i for i, step in enumerate(steps) if cache_key in step.keys]
     assert set(encode) <= steps[assemble].after
 
     results = planner.materialize(cache_key, None, log=lambda line: None)
     assert all(r.success for r in results)
+    encoded = {s: pipeline.store.find(f"token_shards/{SOURCE}", "v1", s).uri for s in ("m-first", "p-second")}
     pipeline.commit_corpus({"b-new": corpus[-10:]})
     pipeline.shards()
     states = {(s.asset_key, s.partition): s.state for s in pipeline.planner().status([shards_key, cache_key])}
-    assert states == {(f"token_shards/{SOURCE}", "b-new"): "missing", (f"token_shards/{SOURCE}", "m-first"): "fresh",
-                      (f"token_shards/{SOURCE}", "p-second"): "fresh", (f"tokenized/{SOURCE}", None): "stale"}
-    ran = [(r.asset_keys, r.partition) for r in pipeline.planner().materialize(cache_key, None, log=lambda line: None)
-           if r.ran]
-    assert ran == [([f"token_shards/{SOURCE}"], "b-new"), ([f"tokenized/{SOURCE}"], None)]
+    assert states[(f"token_shards/{SOURCE}", "b-new")] == "missing"
+    assert states[(f"tokenized/{SOURCE}", None)] == "stale"
+    results = pipeline.planner().materialize(cache_key, None, log=lambda line: None)
+    assert all(r.success for r in results)
+    assert {s: pipeline.store.find(f"token_shards/{SOURCE}", "v1", s).uri for s in ("m-first", "p-second")} \
+        == encoded
+    assert pipeline.store.find(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None).metrics["shards_encoded"] == 1
 
 
 def test_a_shard_reads_and_checks_its_own_file_of_the_corpus_only(pipeline, corpus):
-    """A token_shards partition checks the one corpus file it reads, not the whole artifact: a damaged
+    """A decontaminated partition checks the one corpus file it reads, not the whole artifact: a damaged
     file refuses its own partition, and its sibling's run does not see it."""
+    pipeline.shards()
+    pipeline.run("eval_ngrams")
     pipeline.commit_corpus({"b-new": corpus[-10:]})
     pipeline.shards()
-    pipeline.run(f"tokenizer/{TOKENIZER.name}")
     data = pipeline.store.local_path(pipeline.dedup_uri) / "data"
     with open(data / "b-new.parquet", "ab") as fh:
         fh.write(b"damage")
-    failed = pipeline.run(f"token_shards/{SOURCE}", "b-new", ok=False)
+    failed = pipeline.run(f"decontaminated/{SOURCE}", "b-new", ok=False)
     error = failed.get_step_failure_events()[0].event_specific_data.error.message
     assert f"refusing damaged input deduplicated/{SOURCE}" in error and "b-new.parquet" in error, error
-    pipeline.run(f"token_shards/{SOURCE}", "m-first")
-    manifest = pipeline.store.find(f"token_shards/{SOURCE}", "v1", "m-first")
+    pipeline.run(f"decontaminated/{SOURCE}", "m-first")
+    manifest = pipeline.store.find(f"decontaminated/{SOURCE}", "v1", "m-first")
     corpus_manifest = pipeline.store.read_manifest(pipeline.dedup_uri)
     assert manifest.upstream_versions()[(f"deduplicated/{SOURCE}", "m-first")] == \
         corpus_manifest.file_version("data/m-first.parquet")

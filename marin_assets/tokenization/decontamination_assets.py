@@ -1,0 +1,242 @@
+"""Decontamination assets: `eval_ngrams` (the n-gram index of every eval text the deployment holds)
+and `decontaminated/<source>` (one partition per deduplicated shard: its training documents that
+share eval n-grams dropped, or marked), between `deduplicated/<source>` and `token_shards/<source>`.
+Thin wiring over `decontamination.py`; see docs/decontamination.md."""
+
+import time
+from dataclasses import asdict, replace
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from marin_assets.automation import ENCODES_NEW_SHARDS, FOLLOWS_NEW_DATA
+from marin_assets.catalog import Catalog
+from marin_assets.tokenization.decontamination import (
+    EvalSet,
+    EvalSetError,
+    decontaminate,
+    eval_set,
+    eval_set_texts,
+    index_bytes,
+    parquet_bytes,
+    read_index,
+    validation_texts,
+    validation_threshold_of,
+)
+from marin_assets.tokenization.ngrams import NORMALIZATION_VERSION, NgramHasher, build_index
+from marin_assets.tokenization.registry import (
+    DECONTAMINATED_VERSION,
+    EVAL_NGRAMS_VERSION,
+    TokenizationRegistry,
+    TokenizedEntry,
+)
+from marin_resources.artifacts import (
+    ArtifactHandle,
+    Built,
+    MarinStore,
+    checked_manifest,
+    input_refused,
+    marin_asset,
+    marin_check,
+    materialize_artifact,
+)
+from marin_resources.keys import asset_key, shard_partitions
+from marin_resources.store import ArtifactStore
+
+EVAL_NGRAMS_KEY = "eval_ngrams"
+INDEX_FILE = "ngrams.npy"
+
+
+def shard_file(shard: str) -> str:
+    """The file that holds one shard's documents: in `deduplicated/<source>` (every shard's), and in its
+    `decontaminated/<source>` partition, what token_shards encodes (named alike, so the token cache's
+    ledger keeps naming its shards by their keys)."""
+    return f"data/{shard}.parquet"
+
+
+def contaminated_file(shard: str, mode: str) -> str:
+    """A `decontaminated/<source>` partition's contaminated documents (`id`, `reason`, `contaminated_ngrams`):
+    its dropped table (`dropped/<shard>.parquet`), or under `mode: mark` the documents it kept and marked
+    (`marked/<shard>.parquet`)."""
+    return f"{'marked' if mode == 'mark' else 'dropped'}/{shard}.parquet"
+
+
+def corpus_files(store: ArtifactStore, uri: str) -> list[str]:
+    manifest = store.read_manifest(uri)
+    if manifest is None:
+        raise dg.Failure(f"{uri} lost its manifest")
+    return [f"{uri}/{f.path}" for f in sorted(manifest.files, key=lambda f: f.path)
+            if f.path.startswith("data/") and f.path.endswith(".parquet")]
+
+
+def split_identity(entry: TokenizedEntry) -> dict[str, Any]:
+    """What decides a source's validation split, as the token cache decides it."""
+    cache = entry.cache
+    return {"validation_fraction": cache.validation_fraction,
+            "validation_min_documents": cache.validation_min_documents, "id_column": cache.id_column,
+            "text_column": cache.text_column}
+
+
+def declared_eval_sets(registry: TokenizationRegistry) -> list[EvalSet]:
+    """The registry's eval set files, each checked and hashed (its hash is in `eval_ngrams`' identity)."""
+    return [eval_set(name, path) for name, path in sorted(registry.decontamination.eval_texts.items())]
+
+
+def eval_ngrams_identity(registry: TokenizationRegistry, sets: list[EvalSet]) -> dict[str, Any]:
+    return {"ngram": registry.decontamination.ngram, "normalization": NORMALIZATION_VERSION,
+            "validation_splits": {s: split_identity(e) for s, e in sorted(registry.tokenized.items())},
+            "eval_texts": {s.name: s.sha256 for s in sets}}
+
+
+def build_eval_ngrams_asset(registry: TokenizationRegistry, sets: list[EvalSet]):
+    sources = sorted(registry.tokenized)
+    identity = eval_ngrams_identity(registry, sets)
+    n = registry.decontamination.ngram
+    ins = {f"corpus_{s}": dg.AssetIn(key=asset_key(f"deduplicated/{s}")) for s in sources}
+
+    @marin_asset(key=EVAL_NGRAMS_KEY, version=EVAL_NGRAMS_VERSION, ins=ins, identity=identity,
+                 group_name="tokenization", kinds={"numpy"}, automation_condition=FOLLOWS_NEW_DATA,
+                 description=f"The {n}-gram hashes (lowercased words, punctuation removed; uint64, sorted, distinct: "
+                             f"`{INDEX_FILE}`) of every eval text this deployment holds: the validation split of "
+                             f"{', '.join(sources) or 'no source'}"
+                             + (f" and the eval sets {', '.join(s.name for s in sets)}" if sets else "")
+                             + ". `decontaminated/<source>` drops training documents that share them. A new eval set "
+                               "or a changed split makes it, and every decontaminated shard, stale.")
+    def eval_ngrams(context: dg.AssetExecutionContext, store: MarinStore, **corpora: ArtifactHandle):
+        artifacts = store.get()
+        current = {name.removeprefix("corpus_"): h for name, h in sorted(corpora.items())}
+
+        def build(writer) -> Built:
+            started = time.monotonic()
+            hasher = NgramHasher(n)
+            texts: list[str] = []
+            thresholds, held_out = {}, {}
+            for source, handle in current.items():
+                entry = registry.tokenized[source]
+                files = corpus_files(artifacts, handle.uri)
+                thresholds[source] = validation_threshold_of(files, entry.cache)
+                split = list(validation_texts(files, entry.cache, thresholds[source]))
+                held_out[source] = len(split)
+                texts.extend(split)
+            for declared in sets:
+                try:
+                    found = eval_set_texts(declared)
+                except EvalSetError as exc:
+                    raise input_refused(str(exc)) from None
+                held_out[f"eval_set/{declared.name}"] = len(found)
+                texts.extend(found)
+            index = build_index(hasher, texts)
+            with writer.open(INDEX_FILE) as fh:
+                fh.write(index_bytes(index))
+            seconds = time.monotonic() - started
+            text_bytes = sum(len(t.encode("utf-8")) for t in texts)
+            return Built(metrics={"ngram": n, "ngrams": int(index.size), "eval_documents": held_out,
+                                  "thresholds": thresholds, "text_bytes": text_bytes,
+                                  "build_seconds": round(seconds, 3)},
+                         metadata={"dagster/row_count": int(index.size)})
+
+        return materialize_artifact(context, store, config=identity, upstream=list(current.values()), build=build)
+
+    return eval_ngrams
+
+
+def decontaminated_identity(entry: TokenizedEntry) -> dict[str, Any]:
+    return {"policy": asdict(entry.decontamination), "id_column": entry.cache.id_column,
+            "text_column": entry.cache.text_column}
+
+
+def build_decontaminated_asset(entry: TokenizedEntry):
+    source, policy = entry.source, entry.decontamination
+    key, corpus_key = f"decontaminated/{source}", f"deduplicated/{source}"
+    identity = decontaminated_identity(entry)
+
+    @marin_asset(key=key, version=DECONTAMINATED_VERSION, partitions_def=shard_partitions(source),
+                 group_name="tokenization", kinds={"parquet"}, identity=identity,
+                 automation_condition=ENCODES_NEW_SHARDS,
+                 ins={"corpus": dg.AssetIn(key=asset_key(corpus_key)),
+                      "eval_ngrams": dg.AssetIn(key=asset_key(EVAL_NGRAMS_KEY))},
+                 tags={"marin/source": source},
+                 description=f"One shard of `{source}` per partition, checked against {EVAL_NGRAMS_KEY}: training "
+                             f"documents with at least {policy.min_matching_ngrams} eval n-gram(s) are "
+                             + ("dropped (`dropped/<shard>.parquet`, reason `contaminated`)" if policy.mode == "drop"
+                                else "kept as they are and listed in `marked/<shard>.parquet`")
+                             + "; its validation documents (the split tokenized/<source> holds out) are kept and are "
+                               f"themselves eval text. `data/<shard>.parquet` is what token_shards/{source} encodes.")
+    def decontaminated(context: dg.AssetExecutionContext, store: MarinStore, corpus: ArtifactHandle,
+                       eval_ngrams: ArtifactHandle):
+        artifacts = store.get()
+        shard, rel = context.partition_key, shard_file(context.partition_key)
+        corpus_manifest = artifacts.read_manifest(corpus.uri)
+        version = corpus_manifest.file_version(rel) if corpus_manifest is not None else None
+        if version is None:
+            raise input_refused(f"{corpus_key} holds no shard {shard!r} ({rel}) yet; materialize {corpus_key} first "
+                                f"(marin materialize {key} --partition {shard} plans it)")
+        threshold = (eval_ngrams.metrics.get("thresholds") or {}).get(source)
+        if threshold is None:
+            raise input_refused(f"{EVAL_NGRAMS_KEY} holds no validation split of {source}; materialize it again")
+        shard_input = replace(corpus, partition=shard, data_version=version)
+
+        def build(writer) -> Built:
+            started = time.monotonic()
+            with artifacts.open(f"{eval_ngrams.uri}/{INDEX_FILE}") as fh:
+                try:
+                    index = read_index(fh.read())
+                except ValueError as exc:
+                    raise input_refused(f"{EVAL_NGRAMS_KEY} ({eval_ngrams.uri}/{INDEX_FILE}): {exc}") from None
+            with artifacts.open(f"{corpus.uri}/{rel}") as fh:
+                raw = fh.read()
+            table = pq.read_table(pa.BufferReader(raw))
+            columns = (entry.cache.id_column, entry.cache.text_column)
+            missing = [c for c in columns if c not in table.column_names]
+            if missing:
+                raise dg.Failure(f"{corpus_key}/{rel}: missing column(s) {missing}")
+            result = decontaminate(table, index, NgramHasher(int(eval_ngrams.metrics["ngram"])), threshold, policy,
+                                   entry.cache)
+            with writer.open(rel) as fh:
+                # Marked: the shard's file as it is, so its token_shards partition stays fresh.
+                fh.write(parquet_bytes(result.kept) if policy.mode == "drop" else raw)
+            with writer.open(contaminated_file(shard, policy.mode)) as fh:
+                fh.write(parquet_bytes(result.contaminated_rows))
+            seconds = time.monotonic() - started
+            text_bytes = sum(len(t.encode("utf-8")) for t in table.column(entry.cache.text_column).to_pylist() if t)
+            return Built(metrics={"documents": result.documents, "validation_documents": result.validation_documents,
+                                  "contaminated": result.contaminated,
+                                  "dropped": result.contaminated if policy.mode == "drop" else 0,
+                                  "kept": result.kept.num_rows, "matching_ngrams": result.matching_ngrams,
+                                  "mode": policy.mode, "threshold": threshold, "text_bytes": text_bytes,
+                                  "decontaminate_seconds": round(seconds, 3)},
+                         metadata={"dagster/row_count": result.kept.num_rows})
+
+        return materialize_artifact(context, store, config=identity, upstream=[shard_input, eval_ngrams], build=build)
+
+    @marin_check(decontaminated, name="contamination",
+                 description="No training document of the shard shares eval n-grams (a WARN names how many do: "
+                             "dropped, or marked under `mode: mark`).")
+    def contamination(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
+        manifest = checked_manifest(context, store, key, DECONTAMINATED_VERSION)
+        if manifest is None:
+            return dg.AssetCheckResult(passed=False, metadata={"error": "no committed shard"})
+        found = int(manifest.metrics.get("contaminated", 0))
+        verb = "dropped" if policy.mode == "drop" else "marked"
+        return dg.AssetCheckResult(
+            passed=found == 0, severity=dg.AssetCheckSeverity.WARN,
+            description=f"{found} training document(s) share eval n-grams ({verb})" if found else None,
+            metadata={"contaminated": found, "documents": int(manifest.metrics.get("documents", 0))})
+
+    return decontaminated, contamination
+
+
+def build_decontamination_assets(registry: TokenizationRegistry, catalog: Catalog) -> tuple[list, list]:
+    """`eval_ngrams` and `decontaminated/<source>` for every tokenized source, with their checks."""
+    sets = declared_eval_sets(registry)  # a missing or damaged one: EvalSetError, one line, before anything runs
+    catalog.add_identity(EVAL_NGRAMS_KEY, lambda p: eval_ngrams_identity(registry, sets))
+    assets, checks = [build_eval_ngrams_asset(registry, sets)], []
+    for entry in registry.tokenized.values():
+        decontaminated, check = build_decontaminated_asset(entry)
+        catalog.add_identity(f"decontaminated/{entry.source}", lambda p, e=entry: decontaminated_identity(e))
+        catalog.add_file_read(f"decontaminated/{entry.source}", f"deduplicated/{entry.source}", shard_file)
+        assets.append(decontaminated)
+        checks.append(check)
+    return assets, checks
