@@ -5,7 +5,7 @@ partition and requests `raw/<source>` for each new or changed shard. From there 
 to the training mixture carries `FOLLOWS_NEW_DATA`, which the `automation` sensor evaluates:
 
     raw[shard] -> documents[shard] -> filtered[shard] -> dedup_index/<group> -> deduplicated
-               -> token_shards[shard] -> tokenized -> mixture
+               -> eval_ngrams, decontaminated[shard] -> token_shards[shard] -> tokenized -> mixture
 
 An asset is requested once an input has a new *data version* (or will be built in the same
 tick), while no input is missing or in progress; the cross-shard ones are append-only (the dedup
@@ -154,12 +154,11 @@ def latest_runs_since(instance: dg.DagsterInstance, key: dg.AssetKey, partitions
 
 # An input with a new data version, not built by a plan that builds this asset too, nor in a run
 # that builds this asset (Dagster's own rule), or an input that will be requested in this tick.
-ANY_INPUT_HAS_NEW_DATA = dg.AutomationCondition.any_deps_match(
-    (dg.AutomationCondition.data_version_changed()
-     & ~dg.AutomationCondition.executed_with_root_target()
-     & ~MadeByAPlanBuildingIt()).with_label("new_data_version")
-    | dg.AutomationCondition.will_be_requested()
-).with_label("any_input_has_new_data")
+NEW_DATA = ((dg.AutomationCondition.data_version_changed()
+             & ~dg.AutomationCondition.executed_with_root_target()
+             & ~MadeByAPlanBuildingIt()).with_label("new_data_version")
+            | dg.AutomationCondition.will_be_requested())
+ANY_INPUT_HAS_NEW_DATA = dg.AutomationCondition.any_deps_match(NEW_DATA).with_label("any_input_has_new_data")
 
 FOLLOWS_NEW_DATA = (
     (dg.AutomationCondition.newly_missing() | ANY_INPUT_HAS_NEW_DATA).since_last_handled()
@@ -169,16 +168,21 @@ FOLLOWS_NEW_DATA = (
     & ~ATrainingReadsIt()
 ).with_label("follows_new_data")
 
-# A shard's encoding (`token_shards/<source>`): a partition not yet built is requested once its
-# corpus has new data (the new shard's file is then there), and a built one never for another
-# shard's arrival: its rows depend on its own file alone (`Catalog.add_file_read`).
-ENCODES_NEW_SHARDS = (
-    (dg.AutomationCondition.missing() & ANY_INPUT_HAS_NEW_DATA).since_last_handled()
-    & ~dg.AutomationCondition.any_deps_missing()
-    & ~dg.AutomationCondition.any_deps_in_progress()
-    & ~dg.AutomationCondition.in_progress()
-    & ~ATrainingReadsIt()
-).with_label("encodes_new_shards")
+
+def checks_new_shards_and_new_evals(eval_index: dg.AssetKey) -> dg.AutomationCondition:
+    """`decontaminated/<source>`, a shard's step that reads its own file of the whole corpus: a partition
+    not yet built is requested once its corpus has new data (the new shard's file is then there), and a
+    built one never for another shard's arrival (`Catalog.add_file_read`); but every built one again
+    when the eval index (``eval_index``) has new data, since a new eval text may be in any shard."""
+    new_evals = dg.AutomationCondition.any_deps_match(NEW_DATA).allow(
+        dg.AssetSelection.assets(eval_index)).with_label("eval_index_has_new_data")
+    return (
+        ((dg.AutomationCondition.missing() & ANY_INPUT_HAS_NEW_DATA) | new_evals).since_last_handled()
+        & ~dg.AutomationCondition.any_deps_missing()
+        & ~dg.AutomationCondition.any_deps_in_progress()
+        & ~dg.AutomationCondition.in_progress()
+        & ~ATrainingReadsIt()
+    ).with_label("checks_new_shards_and_new_evals")
 
 
 # Dagster's cap on the assets and checks of one sensor evaluated in the code server.

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from marin_assets.automation import ENCODES_NEW_SHARDS, FOLLOWS_NEW_DATA
+from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
 from marin_assets.tokenization.cache import (
     ROWS,
@@ -167,7 +167,8 @@ def build_token_shards_asset(entry: TokenizedEntry):
 
     @marin_asset(key=key, version=TOKEN_SHARDS_VERSION, partitions_def=shard_partitions(entry.source),
                  group_name="tokenization", kinds={"numpy"}, identity=identity,
-                 automation_condition=ENCODES_NEW_SHARDS,
+                 # Its one input is its own shard's decontaminated file: new data there is this shard's.
+                 automation_condition=FOLLOWS_NEW_DATA,
                  ins={"documents": dg.AssetIn(key=asset_key(shard_key)),
                       "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))},
                  tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},

@@ -11,7 +11,7 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from marin_assets.automation import ENCODES_NEW_SHARDS, FOLLOWS_NEW_DATA
+from marin_assets.automation import FOLLOWS_NEW_DATA, checks_new_shards_and_new_evals
 from marin_assets.catalog import Catalog
 from marin_assets.tokenization.decontamination import (
     EvalSet,
@@ -154,7 +154,7 @@ def build_decontaminated_asset(entry: TokenizedEntry):
 
     @marin_asset(key=key, version=DECONTAMINATED_VERSION, partitions_def=shard_partitions(source),
                  group_name="tokenization", kinds={"parquet"}, identity=identity,
-                 automation_condition=ENCODES_NEW_SHARDS,
+                 automation_condition=checks_new_shards_and_new_evals(asset_key(EVAL_NGRAMS_KEY)),
                  ins={"corpus": dg.AssetIn(key=asset_key(corpus_key)),
                       "eval_ngrams": dg.AssetIn(key=asset_key(EVAL_NGRAMS_KEY))},
                  tags={"marin/source": source},

@@ -175,20 +175,22 @@ def test_the_operations_page_states_every_sensor_and_schedule_default():
     assert rows == stated
 
 
-def test_a_shards_encoding_follows_its_corpus_only_while_missing():
-    """`ENCODES_NEW_SHARDS` (token_shards[shard] over the unpartitioned deduplicated corpus): a new
-    corpus version requests the partitions never built (the new shard's), and not the built ones,
-    whose rows depend on their own file alone; then the cache follows the new partition."""
-    from marin_assets.automation import ENCODES_NEW_SHARDS
+def test_a_shards_decontamination_follows_new_shards_and_a_new_eval_index():
+    """`checks_new_shards_and_new_evals` (decontaminated[shard] over the corpus and the eval index): a
+    new corpus version requests only the partition never built; a new eval index requests every one,
+    since a new eval text may be in any shard. Each shard's encoding is requested with it, in the same
+    tick (a run per shard), and reuses its rows where the shard's documents did not change."""
+    from marin_assets.automation import checks_new_shards_and_new_evals
 
-    corpus, encoded, cache = (dg.AssetKey(k) for k in ("corpus", "encoded", "cache"))
+    corpus, index, checked, encoded = (dg.AssetKey(k) for k in ("corpus", "index", "checked", "encoded"))
     versions: dict = {}
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(SHARDS.name, ["a", "b"])
-    assets = [versioned(corpus, versions),
-              versioned(encoded, versions, partitions_def=SHARDS, deps=[corpus],
-                        automation_condition=ENCODES_NEW_SHARDS),
-              versioned(cache, versions, deps=[corpus, encoded], automation_condition=FOLLOWS_NEW_DATA)]
+    assets = [versioned(corpus, versions), versioned(index, versions, deps=[corpus]),
+              versioned(checked, versions, partitions_def=SHARDS, deps=[corpus, index],
+                        automation_condition=checks_new_shards_and_new_evals(index)),
+              versioned(encoded, versions, partitions_def=SHARDS, deps=[checked],
+                        automation_condition=FOLLOWS_NEW_DATA)]
     cursor = None
 
     def build(key, partition, version):
@@ -199,17 +201,22 @@ def test_a_shards_encoding_follows_its_corpus_only_while_missing():
         nonlocal cursor
         result = dg.evaluate_automation_conditions(assets, instance, cursor=cursor)
         cursor = result.cursor
-        return {k.to_user_string(): set(result.get_requested_partitions(k)) for k in (encoded, cache)
+        return {k.to_user_string(): set(result.get_requested_partitions(k)) for k in (checked, encoded)
                 if result.get_num_requested(k)}
 
     build(corpus, None, "corpus-1")
+    build(index, None, "index-1")
     for shard in ("a", "b"):
+        build(checked, shard, f"checked-{shard}-1")
         build(encoded, shard, f"encoded-{shard}-1")
-    build(cache, None, "cache-1")
     assert requested() == {}
     instance.add_dynamic_partitions(SHARDS.name, ["c"])
-    build(corpus, None, "corpus-2")  # the corpus gains shard c
-    assert requested() == {"encoded": {"c"}}  # not a or b; the cache waits for c
+    build(corpus, None, "corpus-2")  # the corpus gains shard c; the eval index is unchanged
+    assert requested() == {"checked": {"c"}, "encoded": {"c"}}
     assert requested() == {}
+    build(checked, "c", "checked-c-1")
     build(encoded, "c", "encoded-c-1")
-    assert requested() == {"cache": {None}}
+    assert requested() == {}
+    build(index, None, "index-2")  # a new eval set
+    assert requested() == {"checked": {"a", "b", "c"}, "encoded": {"a", "b", "c"}}
+    assert requested() == {}
