@@ -448,8 +448,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # the slot the sweep's odd run leaves free instead of a turn of its own.
     plans = demo_materialize_args()
     announce = [f"marin demo: materializing {DEMO_TARGET}[{DEMO_PARTITION}] and everything upstream of it: raw -> "
-                "documents -> filtered -> deduplicated -> tokenizer -> token_shards -> tokenized -> mixture -> "
-                "checkpoint -> eval",
+                "documents -> filtered -> deduplicated -> tokenizer, eval_ngrams -> decontaminated -> token_shards "
+                "-> tokenized -> mixture -> checkpoint -> eval",
                 f"marin demo: materializing scaling_fit/{DEMO_SWEEP} (sweep/{DEMO_SWEEP} -> 9 sweep runs "
                 f"(sweep_checkpoint, sweep_eval) -> isoFLOP fit) and hf_model[{DEMO_PARTITION}] (the run's "
                 "checkpoint in Hugging Face format, read back by transformers)"]

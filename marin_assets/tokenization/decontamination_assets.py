@@ -84,14 +84,20 @@ def declared_eval_sets(registry: TokenizationRegistry) -> list[EvalSet]:
     return [eval_set(name, path) for name, path in sorted(registry.decontamination.eval_texts.items())]
 
 
+def evaluated_sources(registry: TokenizationRegistry) -> list[str]:
+    """The sources whose validation split is eval text: every component of a mixture (a model trained
+    on the mixture is evaluated on them). A source in no mixture is trained on by nothing."""
+    return sorted({c for mixture in registry.mixtures.values() for c in mixture.weights} & set(registry.tokenized))
+
+
 def eval_ngrams_identity(registry: TokenizationRegistry, sets: list[EvalSet]) -> dict[str, Any]:
     return {"ngram": registry.decontamination.ngram, "normalization": NORMALIZATION_VERSION,
-            "validation_splits": {s: split_identity(e) for s, e in sorted(registry.tokenized.items())},
+            "validation_splits": {s: split_identity(registry.tokenized[s]) for s in evaluated_sources(registry)},
             "eval_texts": {s.name: s.sha256 for s in sets}}
 
 
 def build_eval_ngrams_asset(registry: TokenizationRegistry, sets: list[EvalSet]):
-    sources = sorted(registry.tokenized)
+    sources = evaluated_sources(registry)
     identity = eval_ngrams_identity(registry, sets)
     n = registry.decontamination.ngram
     ins = {f"corpus_{s}": dg.AssetIn(key=asset_key(f"deduplicated/{s}")) for s in sources}
@@ -173,9 +179,9 @@ def build_decontaminated_asset(entry: TokenizedEntry):
         if version is None:
             raise input_refused(f"{corpus_key} holds no shard {shard!r} ({rel}) yet; materialize {corpus_key} first "
                                 f"(marin materialize {key} --partition {shard} plans it)")
-        threshold = (eval_ngrams.metrics.get("thresholds") or {}).get(source)
-        if threshold is None:
-            raise input_refused(f"{EVAL_NGRAMS_KEY} holds no validation split of {source}; materialize it again")
+        # A source in no mixture: its split is not eval text, and it is split by its fraction alone
+        # (the minimum needs the whole corpus; none of its documents is kept as eval text either way).
+        threshold = (eval_ngrams.metrics.get("thresholds") or {}).get(source, entry.cache.validation_fraction)
         shard_input = replace(corpus, partition=shard, data_version=version)
 
         def build(writer) -> Built:

@@ -35,6 +35,7 @@ from marin_assets.tokenization.ngrams import NgramHasher, build_index, normalize
 from marin_assets.tokenization.registry import (
     DecontaminationPolicy,
     DecontaminationSettings,
+    MixtureEntry,
     TokenizationRegistry,
     TokenizedEntry,
     TokenizerEntry,
@@ -233,6 +234,7 @@ def test_the_registry_declares_eval_sets_and_policies(tmp_path):
 
 TOKENIZER = TokenizerEntry("letters_bpe", TokenizerConfig(vocab_size=300), train_on=(SOURCE,))
 DROP = DecontaminationPolicy()
+MIXTURE = MixtureEntry(SOURCE, TOKENIZER.name, {SOURCE: 1.0})
 DEDUP_FP = fingerprint({})
 
 
@@ -257,7 +259,7 @@ class Store:
 
     def configure(self, eval_texts: dict[str, str], policy: DecontaminationPolicy = DROP):
         entry = TokenizedEntry(SOURCE, TOKENIZER.name, CACHE, decontamination=policy)
-        self.registry = TokenizationRegistry({TOKENIZER.name: TOKENIZER}, {SOURCE: entry}, {},
+        self.registry = TokenizationRegistry({TOKENIZER.name: TOKENIZER}, {SOURCE: entry}, {SOURCE: MIXTURE},
                                              decontamination=DecontaminationSettings(N, eval_texts))
         self.catalog = Catalog()
         dedup = dg.AssetSpec(key=asset_key(f"deduplicated/{SOURCE}"),
@@ -388,3 +390,14 @@ def test_a_validation_minimum_is_applied_to_the_whole_corpus(tmp_path):
                                                       for t in pq.read_table(f).column("text").to_pylist()
                                                       ]).validation_fraction
     assert sum(is_validation_document(_doc_id(t), threshold) for t in docs) == 6
+
+
+def test_only_mixture_components_validation_splits_are_eval_text(tmp_path, shards):
+    """A source in no mixture is trained on by nothing: its split is not indexed (the demo's
+    installed_packages, say, is not built to decontaminate shakespeare)."""
+    built = Store(tmp_path / "store", shards)
+    alone = TokenizationRegistry(built.registry.tokenizers, built.registry.tokenized, {})
+    assert eval_ngrams_identity(alone, [])["validation_splits"] == {}
+    assets, _ = build_decontamination_assets(alone, Catalog())
+    (index,) = [a for a in assets if a.key == asset_key("eval_ngrams")]
+    assert index.dependency_keys == set()

@@ -27,7 +27,7 @@ from marin_assets.tokenization.assets import (
 )
 from marin_assets.tokenization.cache import CacheConfig
 from marin_assets.tokenization.decontamination_assets import build_decontamination_assets, shard_file
-from marin_assets.tokenization.registry import DecontaminationPolicy, TokenizationRegistry
+from marin_assets.tokenization.registry import DecontaminationPolicy, MixtureEntry, TokenizationRegistry
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.artifacts import VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
@@ -89,7 +89,8 @@ class Pipeline:
             VERSION_METADATA_KEY: DEDUP_VERSION}).with_io_manager_key("artifact_io_manager")
         token_shards, tokenized, *checks = build_tokenized_asset(TOKENIZED)
         decontamination, decontamination_checks = build_decontamination_assets(
-            TokenizationRegistry({TOKENIZER.name: TOKENIZER}, {SOURCE: TOKENIZED}, {}), catalog or Catalog())
+            TokenizationRegistry({TOKENIZER.name: TOKENIZER}, {SOURCE: TOKENIZED},
+                                 {SOURCE: MixtureEntry(SOURCE, TOKENIZER.name, {SOURCE: 1.0})}), catalog or Catalog())
         return [dedup, build_tokenizer_asset(tokenizer), *decontamination, token_shards, tokenized, *checks,
                 *decontamination_checks]
 
