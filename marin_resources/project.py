@@ -26,7 +26,8 @@ CURATION_SECTIONS = ("filters", "sources", "quality", "language_id")
 REGISTRY_SECTIONS = ("tokenizers", "tokenized", "default", "mixtures", "decontamination")
 SECTION_TYPES: dict[str, type] = {"store": str, "filters": Mapping, "sources": list, "quality": Mapping,
                                   "language_id": Mapping, "tokenizers": Mapping, "tokenized": Mapping,
-                                  "default": Mapping, "mixtures": Mapping, "runs": Mapping, "sweeps": Mapping}
+                                  "default": Mapping, "mixtures": Mapping, "decontamination": Mapping,
+                                  "runs": Mapping, "sweeps": Mapping}
 _TYPE_NAMES = {str: "a string", Mapping: "a mapping", list: "a list"}
 
 

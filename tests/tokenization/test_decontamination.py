@@ -401,3 +401,19 @@ def test_only_mixture_components_validation_splits_are_eval_text(tmp_path, shard
     assets, _ = build_decontamination_assets(alone, Catalog())
     (index,) = [a for a in assets if a.key == asset_key("eval_ngrams")]
     assert index.dependency_keys == set()
+
+
+def test_the_cli_refuses_a_missing_eval_set_in_one_line_with_exit_code_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "marin.yaml").write_text("decontamination:\n  eval_texts:\n    qa: evals/qa.jsonl\n")
+    env = {**os.environ, "MARIN_PREFIX": str(tmp_path / "store"), "DAGSTER_HOME": str(tmp_path / "home"),
+           "MARIN_CONFIG": str(tmp_path / "marin.yaml")}
+    proc = subprocess.run([sys.executable, "-m", "marin_assets.cli", "status", "eval_ngrams"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"marin: eval set 'qa': cannot read {tmp_path / 'evals/qa.jsonl'}: No such file or directory"]
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob(".artifact.json"))
