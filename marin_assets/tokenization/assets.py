@@ -24,9 +24,9 @@ from marin_assets.tokenization.cache import (
     iter_parquet_texts,
 )
 from marin_assets.tokenization.decontamination_assets import (
-    EVAL_NGRAMS_KEY,
     build_decontamination_assets,
     decontaminated_identity,
+    eval_ngrams_key,
     shard_file,
 )
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
@@ -268,7 +268,7 @@ def build_tokenized_asset(entry: TokenizedEntry):
                  identity=identity, automation_condition=FOLLOWS_NEW_DATA,
                  ins={"corpus": dg.AssetIn(key=asset_key(f"deduplicated/{entry.source}")),
                       "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}")),
-                      "eval_ngrams": dg.AssetIn(key=asset_key(EVAL_NGRAMS_KEY))},
+                      "eval_ngrams": dg.AssetIn(key=asset_key(eval_ngrams_key(entry.source)))},
                  deps=[token_shards.key, asset_key(f"decontaminated/{entry.source}")],
                  tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
                  description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "

@@ -1,6 +1,7 @@
-"""Decontamination assets: `eval_ngrams` (the n-gram index of every eval text the deployment holds)
-and `decontaminated/<source>` (one partition per deduplicated shard: its training documents that
-share eval n-grams dropped, or marked), between `deduplicated/<source>` and `token_shards/<source>`.
+"""Decontamination assets: `eval_ngrams/<source>` (the n-gram index of the eval text a source must not
+contain: its own validation split, its mixture partners', the declared eval sets) and
+`decontaminated/<source>` (one partition per deduplicated shard: its training documents that share
+eval n-grams dropped, or marked), between `deduplicated/<source>` and `token_shards/<source>`.
 Thin wiring over `decontamination.py`; see docs/decontamination.md."""
 
 import time
@@ -45,7 +46,10 @@ from marin_resources.artifacts import (
 from marin_resources.keys import asset_key, shard_partitions
 from marin_resources.store import ArtifactStore
 
-EVAL_NGRAMS_KEY = "eval_ngrams"
+
+def eval_ngrams_key(source: str) -> str:
+    """The eval index a source's shards are checked against."""
+    return f"eval_ngrams/{source}"
 INDEX_FILE = "ngrams.npy"
 
 
@@ -84,32 +88,35 @@ def declared_eval_sets(registry: TokenizationRegistry) -> list[EvalSet]:
     return [eval_set(name, path) for name, path in sorted(registry.decontamination.eval_texts.items())]
 
 
-def evaluated_sources(registry: TokenizationRegistry) -> list[str]:
-    """The sources whose validation split is eval text: every component of a mixture (a model trained
-    on the mixture is evaluated on them). A source in no mixture is trained on by nothing."""
-    return sorted({c for mixture in registry.mixtures.values() for c in mixture.weights} & set(registry.tokenized))
+def reference_sources(registry: TokenizationRegistry, source: str) -> list[str]:
+    """The sources whose validation split ``source``'s training documents must not contain: its own, and
+    that of every source it shares a mixture with (a model trained on the mixture is evaluated on them)."""
+    partners = {c for mixture in registry.mixtures.values() if source in mixture.weights for c in mixture.weights}
+    return sorted(({source} | partners) & set(registry.tokenized))
 
 
-def eval_ngrams_identity(registry: TokenizationRegistry, sets: list[EvalSet]) -> dict[str, Any]:
+def eval_ngrams_identity(registry: TokenizationRegistry, source: str, sets: list[EvalSet]) -> dict[str, Any]:
     return {"ngram": registry.decontamination.ngram, "normalization": NORMALIZATION_VERSION,
-            "validation_splits": {s: split_identity(registry.tokenized[s]) for s in evaluated_sources(registry)},
+            "validation_splits": {s: split_identity(registry.tokenized[s])
+                                  for s in reference_sources(registry, source)},
             "eval_texts": {s.name: s.sha256 for s in sets}}
 
 
-def build_eval_ngrams_asset(registry: TokenizationRegistry, sets: list[EvalSet]):
-    sources = evaluated_sources(registry)
-    identity = eval_ngrams_identity(registry, sets)
+def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: list[EvalSet]):
+    sources = reference_sources(registry, source)
+    identity = eval_ngrams_identity(registry, source, sets)
     n = registry.decontamination.ngram
     ins = {f"corpus_{s}": dg.AssetIn(key=asset_key(f"deduplicated/{s}")) for s in sources}
 
-    @marin_asset(key=EVAL_NGRAMS_KEY, version=EVAL_NGRAMS_VERSION, ins=ins, identity=identity,
+    @marin_asset(key=eval_ngrams_key(source), version=EVAL_NGRAMS_VERSION, ins=ins, identity=identity,
                  group_name="tokenization", kinds={"numpy"}, automation_condition=FOLLOWS_NEW_DATA,
-                 description=f"The {n}-gram hashes (lowercased words, punctuation removed; uint64, sorted, distinct: "
-                             f"`{INDEX_FILE}`) of every eval text this deployment holds: the validation split of "
-                             f"{', '.join(sources) or 'no source'}"
+                 tags={"marin/source": source},
+                 description=f"The eval text `{source}`'s training documents are checked against, as {n}-gram hashes "
+                             f"(lowercased words, punctuation removed; uint64, sorted, distinct: `{INDEX_FILE}`): the "
+                             f"validation split of {', '.join(sources)}"
                              + (f" and the eval sets {', '.join(s.name for s in sets)}" if sets else "")
-                             + ". `decontaminated/<source>` drops training documents that share them. A new eval set "
-                               "or a changed split makes it, and every decontaminated shard, stale.")
+                             + f". decontaminated/{source} drops training documents that share them. A new eval set "
+                               "or a grown split makes it, and every decontaminated shard, stale.")
     def eval_ngrams(context: dg.AssetExecutionContext, store: MarinStore, **corpora: ArtifactHandle):
         artifacts = store.get()
         current = {name.removeprefix("corpus_"): h for name, h in sorted(corpora.items())}
@@ -160,11 +167,11 @@ def build_decontaminated_asset(entry: TokenizedEntry):
 
     @marin_asset(key=key, version=DECONTAMINATED_VERSION, partitions_def=shard_partitions(source),
                  group_name="tokenization", kinds={"parquet"}, identity=identity,
-                 automation_condition=checks_new_shards_and_new_evals(asset_key(EVAL_NGRAMS_KEY)),
+                 automation_condition=checks_new_shards_and_new_evals(asset_key(eval_ngrams_key(source))),
                  ins={"corpus": dg.AssetIn(key=asset_key(corpus_key)),
-                      "eval_ngrams": dg.AssetIn(key=asset_key(EVAL_NGRAMS_KEY))},
+                      "eval_ngrams": dg.AssetIn(key=asset_key(eval_ngrams_key(source)))},
                  tags={"marin/source": source},
-                 description=f"One shard of `{source}` per partition, checked against {EVAL_NGRAMS_KEY}: training "
+                 description=f"One shard of `{source}` per partition, checked against eval_ngrams/{source}: training "
                              f"documents with at least {policy.min_matching_ngrams} eval n-gram(s) are "
                              + ("dropped (`dropped/<shard>.parquet`, reason `contaminated`)" if policy.mode == "drop"
                                 else "kept as they are and listed in `marked/<shard>.parquet`")
@@ -179,9 +186,9 @@ def build_decontaminated_asset(entry: TokenizedEntry):
         if version is None:
             raise input_refused(f"{corpus_key} holds no shard {shard!r} ({rel}) yet; materialize {corpus_key} first "
                                 f"(marin materialize {key} --partition {shard} plans it)")
-        # A source in no mixture: its split is not eval text, and it is split by its fraction alone
-        # (the minimum needs the whole corpus; none of its documents is kept as eval text either way).
-        threshold = (eval_ngrams.metrics.get("thresholds") or {}).get(source, entry.cache.validation_fraction)
+        threshold = (eval_ngrams.metrics.get("thresholds") or {}).get(source)
+        if threshold is None:
+            raise input_refused(f"{eval_ngrams.asset_key} holds no validation split of {source}; materialize it again")
         shard_input = replace(corpus, partition=shard, data_version=version)
 
         def build(writer) -> Built:
@@ -190,7 +197,7 @@ def build_decontaminated_asset(entry: TokenizedEntry):
                 try:
                     index = read_index(fh.read())
                 except ValueError as exc:
-                    raise input_refused(f"{EVAL_NGRAMS_KEY} ({eval_ngrams.uri}/{INDEX_FILE}): {exc}") from None
+                    raise input_refused(f"{eval_ngrams.asset_key} ({eval_ngrams.uri}/{INDEX_FILE}): {exc}") from None
             with artifacts.open(f"{corpus.uri}/{rel}") as fh:
                 raw = fh.read()
             table = pq.read_table(pa.BufferReader(raw))
@@ -235,11 +242,13 @@ def build_decontaminated_asset(entry: TokenizedEntry):
 
 
 def build_decontamination_assets(registry: TokenizationRegistry, catalog: Catalog) -> tuple[list, list]:
-    """`eval_ngrams` and `decontaminated/<source>` for every tokenized source, with their checks."""
+    """`eval_ngrams/<source>` and `decontaminated/<source>` for every tokenized source, with their checks."""
     sets = declared_eval_sets(registry)  # a missing or damaged one: EvalSetError, one line, before anything runs
-    catalog.add_identity(EVAL_NGRAMS_KEY, lambda p: eval_ngrams_identity(registry, sets))
-    assets, checks = [build_eval_ngrams_asset(registry, sets)], []
+    assets, checks = [], []
     for entry in registry.tokenized.values():
+        catalog.add_identity(eval_ngrams_key(entry.source),
+                             lambda p, s=entry.source: eval_ngrams_identity(registry, s, sets))
+        assets.append(build_eval_ngrams_asset(registry, entry.source, sets))
         decontaminated, check = build_decontaminated_asset(entry)
         catalog.add_identity(f"decontaminated/{entry.source}", lambda p, e=entry: decontaminated_identity(e))
         catalog.add_file_read(f"decontaminated/{entry.source}", f"deduplicated/{entry.source}", shard_file)

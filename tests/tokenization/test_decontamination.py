@@ -275,7 +275,7 @@ class Store:
         return result
 
     def build(self) -> list[dg.ExecuteInProcessResult]:
-        return [self.run("eval_ngrams"), *(self.run(f"decontaminated/{SOURCE}", s) for s in self.shards)]
+        return [self.run(f"eval_ngrams/{SOURCE}"), *(self.run(f"decontaminated/{SOURCE}", s) for s in self.shards)]
 
     def planner(self) -> Planner:
         defs = dg.Definitions(assets=self.assets, resources=build_resources(self.settings))
@@ -312,7 +312,7 @@ def test_the_assets_drop_planted_copies_into_the_dropped_table_and_warn(tmp_path
     # One check per shard's run, in shard order: it warns where a shard held contaminated documents.
     verdicts = [(c.passed, c.severity) for r in results[1:] for c in r.get_asset_check_evaluations()]
     assert verdicts == [(True, dg.AssetCheckSeverity.WARN), (False, dg.AssetCheckSeverity.WARN)]
-    ngrams = built.store.find("eval_ngrams", "v1", None)
+    ngrams = built.store.find(f"eval_ngrams/{SOURCE}", "v1", None)
     assert ngrams.metrics["eval_documents"] == {SOURCE: len(planted["validation"])}
     assert ngrams.metrics["thresholds"] == {SOURCE: FRACTION}
 
@@ -330,16 +330,16 @@ def test_eval_set_items_are_found_and_a_new_eval_set_makes_the_index_and_every_s
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(json.dumps({"text": item}) + "\n" for item in planted["items"]))
     built.configure({"qa": str(qa)})
-    assert fingerprint(eval_ngrams_identity(built.registry, [eval_set("qa", str(qa))])) != \
-        fingerprint(eval_ngrams_identity(built.registry, []))
+    assert fingerprint(eval_ngrams_identity(built.registry, SOURCE, [eval_set("qa", str(qa))])) != \
+        fingerprint(eval_ngrams_identity(built.registry, SOURCE, []))
     states = {(s.asset_key, s.partition): s.state for s in built.planner().status()}
-    assert states[("eval_ngrams", None)] == "missing"  # a new identity
+    assert states[(f"eval_ngrams/{SOURCE}", None)] == "missing"  # a new identity
     assert {states[(f"decontaminated/{SOURCE}", s)] for s in built.shards} == {"stale"}
     built.build()
     after = built.store.find(f"decontaminated/{SOURCE}", "v1", "b-second")
     items_planted = sum(1 for t in planted["contaminated"] if any(item in t for item in planted["items"]))
     assert after.metrics["contaminated"] == before + items_planted
-    assert built.store.find("eval_ngrams", "v1", None).metrics["eval_documents"]["eval_set/qa"] == \
+    assert built.store.find(f"eval_ngrams/{SOURCE}", "v1", None).metrics["eval_documents"]["eval_set/qa"] == \
         len(planted["items"])
     assert {s.state for s in built.planner().status()} == {"fresh"}
 
@@ -349,10 +349,10 @@ def test_an_eval_set_changed_after_load_is_refused_and_nothing_is_committed(tmp_
     qa.write_text('{"text": "a question of some length"}\n')
     built = Store(tmp_path / "store", shards, {"qa": str(qa)})
     qa.write_text("damaged")
-    failed = built.run("eval_ngrams", ok=False)
+    failed = built.run(f"eval_ngrams/{SOURCE}", ok=False)
     error = failed.get_step_failure_events()[0].event_specific_data.error.message
     assert "eval set 'qa'" in error and "changed since" in error
-    assert built.store.find("eval_ngrams", "v1", None) is None
+    assert built.store.find(f"eval_ngrams/{SOURCE}", "v1", None) is None
     with pytest.raises(EvalSetError, match="line 1: not JSON"):
         built.configure({"qa": str(qa)})  # what loading the code location does: the CLI exits 2
 
@@ -392,15 +392,21 @@ def test_a_validation_minimum_is_applied_to_the_whole_corpus(tmp_path):
     assert sum(is_validation_document(_doc_id(t), threshold) for t in docs) == 6
 
 
-def test_only_mixture_components_validation_splits_are_eval_text(tmp_path, shards):
-    """A source in no mixture is trained on by nothing: its split is not indexed (the demo's
-    installed_packages, say, is not built to decontaminate shakespeare)."""
+def test_a_sources_index_holds_its_own_split_and_its_mixture_partners_only(tmp_path, shards):
+    """A source is checked against its own validation split and those of the sources it shares a
+    mixture with; a source in another mixture is not built to decontaminate it."""
     built = Store(tmp_path / "store", shards)
-    alone = TokenizationRegistry(built.registry.tokenizers, built.registry.tokenized, {})
-    assert eval_ngrams_identity(alone, [])["validation_splits"] == {}
-    assets, _ = build_decontamination_assets(alone, Catalog())
-    (index,) = [a for a in assets if a.key == asset_key("eval_ngrams")]
-    assert index.dependency_keys == set()
+    other = TokenizedEntry("notes", TOKENIZER.name, CACHE)
+    alone = TokenizedEntry("memo", TOKENIZER.name, CACHE)
+    registry = TokenizationRegistry(
+        built.registry.tokenizers, {SOURCE: built.registry.tokenized[SOURCE], "notes": other, "memo": alone},
+        {"ab": MixtureEntry("ab", TOKENIZER.name, {SOURCE: 1.0, "notes": 0.0}),
+         "c": MixtureEntry("c", TOKENIZER.name, {"notes": 1.0})})
+    splits = {s: sorted(eval_ngrams_identity(registry, s, [])["validation_splits"]) for s in (SOURCE, "notes", "memo")}
+    assert splits == {SOURCE: [SOURCE, "notes"], "notes": [SOURCE, "notes"], "memo": ["memo"]}
+    assets, _ = build_decontamination_assets(registry, Catalog())
+    (index,) = [a for a in assets if a.key == asset_key("eval_ngrams/memo")]
+    assert index.dependency_keys == {asset_key("deduplicated/memo")}
 
 
 def test_the_cli_refuses_a_missing_eval_set_in_one_line_with_exit_code_2(tmp_path):
@@ -411,7 +417,7 @@ def test_the_cli_refuses_a_missing_eval_set_in_one_line_with_exit_code_2(tmp_pat
     (tmp_path / "marin.yaml").write_text("decontamination:\n  eval_texts:\n    qa: evals/qa.jsonl\n")
     env = {**os.environ, "MARIN_PREFIX": str(tmp_path / "store"), "DAGSTER_HOME": str(tmp_path / "home"),
            "MARIN_CONFIG": str(tmp_path / "marin.yaml")}
-    proc = subprocess.run([sys.executable, "-m", "marin_assets.cli", "status", "eval_ngrams"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "marin_assets.cli", "status", "eval_ngrams/shakespeare"], env=env,
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [

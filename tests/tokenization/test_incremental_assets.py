@@ -113,7 +113,7 @@ class Pipeline:
         """The tokenizer and the eval index, each shard's partitions of decontaminated/letters and
         token_shards/letters (their own runs), then the cache."""
         shards = self.shards()
-        return [self.run(f"tokenizer/{tokenizer.name}", tokenizer=tokenizer), self.run("eval_ngrams"),
+        return [self.run(f"tokenizer/{tokenizer.name}", tokenizer=tokenizer), self.run(f"eval_ngrams/{SOURCE}"),
                 *(self.run(f"decontaminated/{SOURCE}", shard, tokenizer) for shard in shards),
                 *(self.run(f"token_shards/{SOURCE}", shard, tokenizer) for shard in shards),
                 self.run(f"tokenized/{SOURCE}", tokenizer=tokenizer)]
@@ -392,7 +392,7 @@ def test_a_shard_reads_and_checks_its_own_file_of_the_corpus_only(pipeline, corp
     """A decontaminated partition checks the one corpus file it reads, not the whole artifact: a damaged
     file refuses its own partition, and its sibling's run does not see it."""
     pipeline.shards()
-    pipeline.run("eval_ngrams")
+    pipeline.run(f"eval_ngrams/{SOURCE}")
     pipeline.commit_corpus({"b-new": corpus[-10:]})
     pipeline.shards()
     data = pipeline.store.local_path(pipeline.dedup_uri) / "data"
