@@ -5,7 +5,7 @@ partition and requests `raw/<source>` for each new or changed shard. From there 
 to the training mixture carries `FOLLOWS_NEW_DATA`, which the `automation` sensor evaluates:
 
     raw[shard] -> documents[shard] -> filtered[shard] -> dedup_index/<group> -> deduplicated
-               -> eval_ngrams, decontaminated[shard] -> token_shards[shard] -> tokenized -> mixture
+               -> eval_ngrams/<source>, decontaminated[shard] -> token_shards[shard] -> tokenized -> mixture
 
 An asset is requested once an input has a new *data version* (or will be built in the same
 tick), while no input is missing or in progress; the cross-shard ones are append-only (the dedup

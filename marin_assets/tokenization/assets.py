@@ -211,7 +211,7 @@ def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: Arti
                    tokenizer: ArtifactHandle, eval_ngrams: ArtifactHandle) -> list[tuple[Manifest, Manifest]]:
     """The `decontaminated/<source>` and `token_shards/<source>` partitions of every shard the corpus
     holds, in its order: each shard decontaminated from its file as it is now against today's
-    `eval_ngrams`, and encoded from that with this tokenizer. Refuses in one line, naming them, where
+    `eval_ngrams/<source>`, and encoded from that with this tokenizer. Refuses in one line, naming them, where
     any is missing (never built, or failed) or was built from other inputs: a cache is assembled from
     every shard its corpus lists, never with a hole, never from a shard checked against old eval sets."""
     key, dec_key = f"token_shards/{entry.source}", f"decontaminated/{entry.source}"

@@ -84,7 +84,7 @@ def split_identity(entry: TokenizedEntry) -> dict[str, Any]:
 
 
 def declared_eval_sets(registry: TokenizationRegistry) -> list[EvalSet]:
-    """The registry's eval set files, each checked and hashed (its hash is in `eval_ngrams`' identity)."""
+    """The registry's eval set files, each checked and hashed (the hash is in every index's identity)."""
     return [eval_set(name, path) for name, path in sorted(registry.decontamination.eval_texts.items())]
 
 

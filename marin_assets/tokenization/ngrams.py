@@ -87,7 +87,7 @@ class NgramHasher:
 
 
 def build_index(hasher: NgramHasher, texts: Iterable[str], batch_texts: int = 256) -> np.ndarray:
-    """The sorted, distinct n-gram hashes of ``texts``: what `eval_ngrams` stores."""
+    """The sorted, distinct n-gram hashes of ``texts``: what `eval_ngrams/<source>` stores."""
     parts = [np.empty(0, np.uint64)]
     pending: list[str] = []
     for text in texts:

@@ -68,7 +68,7 @@ class DecontaminationPolicy:
 @typed_config
 @dataclass(frozen=True)
 class DecontaminationSettings:
-    """The registry's `decontamination:` section: the n-gram size of `eval_ngrams`, and eval sets held as
+    """The registry's `decontamination:` section: the n-gram size of `eval_ngrams/<source>`, and eval sets held as
     files (`name: path`, JSON lines with a `text` field; a relative path is read from the directory of
     the file that declares it) besides every tokenized source's validation split."""
 
