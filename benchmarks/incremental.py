@@ -232,7 +232,8 @@ def main() -> None:
         print(f"{m.scenario:<28} {m.runs:>5} {len(m.shards_built):>13} {m.fresh_skipped:>6} {m.wall_s:>8.1f} "
               f"{m.in_run_s:>9.1f}")
     ran = {**added.step_s, **full.step_s}
-    steps = [k for a in (*PER_SHARD, "dedup_index", "deduplicated", "tokenizer", "token_shards", "tokenized")
+    steps = [k for a in (*PER_SHARD, "dedup_index", "deduplicated", "tokenizer", "eval_ngrams", "decontaminated",
+                         "token_shards", "tokenized")
              for k in (a, f"{a} checks") if k in ran]
     print(f"\nseconds per asset step (summed over partitions):\n{'step':<20} {'+1 file':>8} {'full':>8}")
     for step in steps:
