@@ -68,9 +68,10 @@ class DecontaminationPolicy:
 @typed_config
 @dataclass(frozen=True)
 class DecontaminationSettings:
-    """The registry's `decontamination:` section: the n-gram size of `eval_ngrams/<source>`, and eval sets held as
-    files (`name: path`, JSON lines with a `text` field; a relative path is read from the directory of
-    the file that declares it) besides every tokenized source's validation split."""
+    """The registry's `decontamination:` section: the n-gram size of the `eval_ngrams/<source>` indexes,
+    and eval sets held as files (`name: path`, JSON lines with a `text` field; a relative path is read
+    from the directory of the file that declares it), which every source is checked against besides
+    its own validation split and its mixture partners'."""
 
     ngram: int = 13
     eval_texts: dict[str, str] = field(default_factory=dict)
