@@ -49,13 +49,10 @@ class NgramHasher:
         cache = self._words
         if len(cache) > _WORD_CACHE_LIMIT:
             cache.clear()
-        out = np.empty(len(words), dtype=np.uint64)
-        for i, word in enumerate(words):
-            h = cache.get(word)
-            if h is None:
-                h = cache[word] = _word_hash(word)
-            out[i] = h
-        return out
+        # Set and map operations run in C: Python code runs once per new word, not once per word.
+        for word in set(words).difference(cache):
+            cache[word] = _word_hash(word)
+        return np.fromiter(map(cache.__getitem__, words), dtype=np.uint64, count=len(words))
 
     def batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(n-gram hashes of every text, concatenated; the index of the text each belongs to)."""
@@ -121,8 +118,12 @@ def overlap(hasher: NgramHasher, index: np.ndarray, texts: Sequence[str]) -> Ove
     grams, doc_of = hasher.batch(texts)
     total = np.bincount(doc_of, minlength=len(texts))
     hit = in_index(index, grams)
-    # Distinct matching n-grams per text: a repeated eval line counts once.
-    pairs = np.unique(np.stack([doc_of[hit], grams[hit].view(np.int64)]), axis=1) if hit.any() \
-        else np.empty((2, 0), np.int64)
-    matching = np.bincount(pairs[0], minlength=len(texts))
+    # Distinct matching n-grams per text: a repeated eval line counts once. The hits are in text order
+    # already; sorting each text's hits by value puts repeats side by side.
+    docs, hits = doc_of[hit], grams[hit]
+    order = np.lexsort((hits, docs))
+    docs, hits = docs[order], hits[order]
+    first = np.ones(docs.size, dtype=bool)
+    first[1:] = (docs[1:] != docs[:-1]) | (hits[1:] != hits[:-1])
+    matching = np.bincount(docs[first], minlength=len(texts))
     return Overlap(total, matching)
