@@ -6,13 +6,16 @@ import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
 from marin_assets.automation import ENCODES_NEW_SHARDS, FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
+from marin_assets.tokenization.cache import (
+    MANIFEST_NAME as CACHE_MANIFEST,
+)
 from marin_assets.tokenization.cache import (
     ROWS,
     CacheConfig,
@@ -21,7 +24,9 @@ from marin_assets.tokenization.cache import (
     assemble_levanter_cache,
     cache_shard_order,
     encode_shard_rows,
+    held_shards,
     iter_parquet_texts,
+    split_by_fraction_alone,
 )
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.registry import (
@@ -203,12 +208,28 @@ def build_token_shards_asset(entry: TokenizedEntry):
     return token_shards
 
 
+@dataclass(frozen=True)
+class EncodedShards:
+    """Every shard of a corpus as `tokenized/<source>` assembles it, in corpus order: its entry for
+    `assemble_levanter_cache` and its `token_shards` partition as an input, with which of them were
+    carried from the previous build's record and which were looked up now."""
+
+    entries: list[dict]
+    inputs: list[ArtifactHandle]
+    carried: list[ArtifactHandle]
+    looked_up: int  # token_shards manifests read
+
+
 def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: ArtifactHandle,
-                   tokenizer: ArtifactHandle) -> list[Manifest]:
+                   tokenizer: ArtifactHandle, previous: Manifest | None = None) -> EncodedShards:
     """The `token_shards/<source>` partition of every shard the corpus holds, in its order, each encoded
     from that shard's file as it is now with this tokenizer. Refuses in one line, naming them, where
     any is missing (never encoded, or failed) or was encoded from another file or tokenizer: a cache
-    is assembled from every shard its corpus lists, never with a hole."""
+    is assembled from every shard its corpus lists, never with a hole.
+
+    With ``previous``, the committed cache this build resumes, a shard it holds from the same file
+    with the same tokenizer is taken as it recorded it (`carried_shards`), not looked up: an append
+    reads the new shards' manifests, not the corpus's."""
     key = f"token_shards/{entry.source}"
     manifest = artifacts.read_manifest(corpus.uri)
     if manifest is None:
@@ -216,12 +237,19 @@ def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: Arti
     fp = fingerprint(token_shards_identity(entry))
     files = sorted(f.path for f in manifest.files if f.path.startswith("data/") and f.path.endswith(".parquet"))
     shards = [rel[len("data/"):-len(".parquet")] for rel in files]
+    carried = carried_shards(artifacts, entry, tokenizer, previous, {
+        artifacts.portable(f"{corpus.uri}/{rel}"): (shard, manifest.file_version(rel))
+        for rel, shard in zip(files, shards, strict=True)})
+    todo = [shard for shard in shards if shard not in carried]
     # One manifest per shard (tens of thousands at scale): read concurrently, as the store allows.
     with ThreadPoolExecutor(max_workers=SHARD_LOOKUPS_IN_FLIGHT) as pool:
-        manifests = list(pool.map(lambda shard: artifacts.find(key, TOKEN_SHARDS_VERSION, shard, fingerprint=fp),
-                                  shards))
-    found, missing, outdated = [], [], []
-    for rel, shard, encoded in zip(files, shards, manifests):
+        manifests = dict(zip(todo, pool.map(
+            lambda shard: artifacts.find(key, TOKEN_SHARDS_VERSION, shard, fingerprint=fp), todo)))
+    found, missing, outdated = {}, [], []
+    for rel, shard in zip(files, shards):
+        if shard in carried:
+            continue
+        encoded = manifests[shard]
         refs = encoded.upstream_versions() if encoded is not None else {}
         if encoded is None:
             missing.append(shard)
@@ -229,19 +257,55 @@ def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: Arti
                 or refs.get((tokenizer.asset_key, None)) != tokenizer.data_version:
             outdated.append(shard)
         else:
-            found.append(encoded)
+            found[shard] = encoded
     if missing or outdated:
         def named(shards: list[str]) -> str:
             return ", ".join(shards[:5]) + (f" and {len(shards) - 5} more" if len(shards) > 5 else "")
 
         problems = ([f"{len(missing)} not encoded ({named(missing)})"] if missing else []) \
             + ([f"{len(outdated)} encoded from another file or tokenizer ({named(outdated)})"] if outdated else [])
-        total = len(found) + len(missing) + len(outdated)
-        raise input_refused(f"tokenized/{entry.source}: of the {total} shards of {corpus.asset_key}, "
+        raise input_refused(f"tokenized/{entry.source}: of the {len(shards)} shards of {corpus.asset_key}, "
                             + "; ".join(problems)
                             + f"; materialize them first: marin materialize {key} (or tokenized/{entry.source}, "
                             "which plans them)")
-    return found
+    # The ledger keys them store-relative: the cache's bytes are the same under any prefix.
+    entries = [carried[shard][0] if shard in carried
+               else {**artifacts.portable(found[shard].metrics["shard"]), ROWS: f"{found[shard].uri}/{ROWS_DIR}"}
+               for shard in shards]
+    if carried and not split_by_fraction_alone(entry.cache, entries):
+        # A validation minimum the fraction does not meet: the assembly reads every shard's id hashes.
+        return encoded_shards(artifacts, entry, corpus, tokenizer)
+    return EncodedShards(entries, [carried[shard][1] if shard in carried else ArtifactHandle.from_manifest(found[shard])
+                                   for shard in shards], [handle for _, handle in carried.values()], len(todo))
+
+
+def carried_shards(artifacts: ArtifactStore, entry: TokenizedEntry, tokenizer: ArtifactHandle,
+                   previous: Manifest | None, wanted: dict[str, tuple[str, str | None]]
+                   ) -> dict[str, tuple[dict, ArtifactHandle]]:
+    """shard -> (its ledger entry, its `token_shards` input as ``previous`` recorded it), for the shards
+    of ``wanted`` (ledger key -> (shard, its file's version now)) that the committed cache ``previous``
+    holds and keeps (`held_shards`): encoded from the same file (the ledger's fingerprint is the file
+    version the shard was encoded from), with the tokenizer it recorded, which is this one. That build
+    found each one's partition encoded from that file with that tokenizer, and recorded it; nothing
+    it checked has changed, so it is not looked up or checked again. A shard whose partition it did not
+    record at the place this code looks (another code version) is looked up."""
+    if previous is None:
+        return {}
+    recorded = {(ref.asset_key, ref.partition): ref for ref in previous.upstream}
+    used = recorded.get((tokenizer.asset_key, None))
+    ledger = next((f for f in previous.files if f.path == CACHE_MANIFEST), None)
+    if used is None or used.data_version != tokenizer.data_version or ledger is None:
+        return {}
+    key, fp = f"token_shards/{entry.source}", fingerprint(token_shards_identity(entry))
+    carried = {}
+    for held in held_shards(previous.uri, {k: version for k, (_, version) in wanted.items()}, entry.cache,
+                            sha256=ledger.sha256):
+        shard = wanted[held["key"]][0]
+        ref = recorded.get((key, shard))
+        if ref is not None and ref.uri == artifacts.artifact_uri(key, TOKEN_SHARDS_VERSION, shard, fingerprint=fp):
+            carried[shard] = (held, ArtifactHandle(ref.asset_key, shard, TOKEN_SHARDS_VERSION, ref.uri,
+                                                   ref.data_version))
+    return carried
 
 
 def build_tokenized_asset(entry: TokenizedEntry):
@@ -266,14 +330,15 @@ def build_tokenized_asset(entry: TokenizedEntry):
     def tokenized(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                   corpus: ArtifactHandle, tokenizer: ArtifactHandle):
         artifacts = store.get()
-        shards = encoded_shards(artifacts, entry, corpus, tokenizer)
+        # The cache a build resumes: the shards it holds are taken from its record, not looked up again.
+        previous = artifacts.find(key, TOKENIZED_VERSION, None, fingerprint=fingerprint(identity))
+        shards = encoded_shards(artifacts, entry, corpus, tokenizer, previous)
 
         def build(writer) -> Built:
+            # A damaged cache is built from scratch, from every shard's rows: each is looked up.
+            encoded = shards if writer.resumed else encoded_shards(artifacts, entry, corpus, tokenizer)
             # Assembly only moves bytes: one unit of work per zarr shard file, here or on the resource's workers.
-            # The manifest gives its metrics back resolved under this store: the ledger keys them store-relative.
-            stats = assemble_levanter_cache([{**artifacts.portable(m.metrics["shard"]), ROWS: f"{m.uri}/{ROWS_DIR}"}
-                                             for m in shards],
-                                            tokenizer.uri, writer.uri, entry.cache,
+            stats = assemble_levanter_cache(encoded.entries, tokenizer.uri, writer.uri, entry.cache,
                                             parallel_map=data_parallel.parallel_map(context))
             # The shard files were hashed as the units wrote them: the commit does not read them back.
             writer.vouch(FileEntry(*written) for written in stats.files_written)
@@ -288,11 +353,12 @@ def build_tokenized_asset(entry: TokenizedEntry):
                        # What assembly moved per second: MB of int32 tokens into the cache's arrays.
                        "assembly_mb_per_s": round(stats.tokens_encoded * 4 / 1e6 / stats.assembly_seconds, 1)
                        if stats.assembly_seconds else None}
-            return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents})
+            return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents,
+                                                    "marin/shard_manifests_read": encoded.looked_up})
 
         # Resume keeps the previous cache so that unchanged upstream shards are reused, not moved again.
-        upstream = [corpus, tokenizer, *(ArtifactHandle.from_manifest(m) for m in shards)]
-        return materialize_artifact(context, store, config=identity, upstream=upstream, build=build, resume=True)
+        return materialize_artifact(context, store, config=identity, upstream=[corpus, tokenizer, *shards.inputs],
+                                    build=build, resume=True, carried=shards.carried)
 
     @marin_check(tokenized, name="decode_roundtrip",
                  description=f"The shards the last build encoded, and one earlier shard: their documents match "
