@@ -134,10 +134,15 @@ def materialize_artifact(
     upstream: Sequence[ArtifactHandle],
     build: Callable[[ArtifactWriter], Built | None],
     resume: bool = False,
+    carried: Sequence[ArtifactHandle] = (),
 ) -> dg.Output[ArtifactHandle]:
     """Build an artifact unless an identical one is already committed; report it either way.
 
     `config` is the identity: it is fingerprinted and stored. Runtime choices must not be in it.
+    `carried`: inputs (also in `upstream`) taken as the committed artifact recorded them, whose files a
+    resumed build does not read (a token shard its cache already holds). The input check passes them
+    over when the build resumes (`writer.resumed`), and checks them as any other when it starts from
+    scratch (a damaged artifact) or re-hashes everything (`marin/verify`).
     """
     artifacts = store.get()
     key = asset_key_str(context.asset_key)
@@ -165,11 +170,12 @@ def materialize_artifact(
     else:
         log = context.log.warning if decision.state == "damaged" else context.log.info
         log(f"building {key}[{partition}]: {decision.reason}")
-        refuse_damaged_inputs(artifacts, upstream, full=full)
-        started, cpu_started = time.monotonic(), cpu_seconds()
         # Files of a damaged artifact cannot be trusted to resume from (an incremental builder would
         # see its own ledger and skip the missing part): it is built from scratch.
         resume = resume and decision.state != "damaged"
+        unread = {(h.asset_key, h.partition) for h in carried} if resume and not full else set()
+        refuse_damaged_inputs(artifacts, [h for h in upstream if (h.asset_key, h.partition) not in unread], full=full)
+        started, cpu_started = time.monotonic(), cpu_seconds()
         with writing(artifacts, key, version, partition, fingerprint=fp, run_id=context.run.run_id,
                      resume=resume) as writer:
             built = build(writer) or Built()
@@ -178,6 +184,8 @@ def materialize_artifact(
         extra.update(built.metadata)
         if resume:
             extra["marin/files_rehash_skipped"] = writer.files_rehash_skipped
+        if unread:
+            extra["marin/inputs_carried"] = len(unread)  # recorded as the last commit did, not checked again
         if writer.files_vouched:
             extra["marin/files_vouched"] = writer.files_vouched  # hashed by the units that wrote them
         extra["marin/build_seconds"] = round(time.monotonic() - started, 3)

@@ -37,15 +37,26 @@ def is_validation_document(doc_id: str, threshold: float) -> bool:
     return id_hash(doc_id) / 2**32 < threshold
 
 
+def validation_wanted(min_documents: int | None, documents: int) -> int:
+    """How many of ``documents`` a minimum asks to hold out: at most half the corpus."""
+    return min(min_documents or 0, documents // 2)
+
+
+def fraction_holds_enough(min_documents: int | None, documents: int, held_out: int) -> bool:
+    """Whether ``held_out`` of ``documents`` (those below the fraction) meet the minimum."""
+    wanted = validation_wanted(min_documents, documents)
+    return wanted == 0 or held_out >= wanted
+
+
 def raised_threshold(fraction: float, min_documents: int | None, documents: int, held_out: int,
                      hashes: Callable[[], np.ndarray]) -> float:
     """The split threshold of a corpus of ``documents``, ``held_out`` of them below ``fraction``, that
     holds out at least ``min_documents`` (at most half the corpus): the fraction itself where that is
     enough, else just above the id hash of the ``min_documents``-th lowest (``hashes`` is read only
     then), so those documents, whatever order they come in, are validation."""
-    wanted = min(min_documents or 0, documents // 2)
-    if wanted == 0 or held_out >= wanted:
+    if fraction_holds_enough(min_documents, documents, held_out):
         return fraction
+    wanted = validation_wanted(min_documents, documents)
     return (int(np.partition(hashes(), wanted - 1)[wanted - 1]) + 1) / 2**32
 
 

@@ -492,7 +492,8 @@ class ArtifactStore:
         except BaseException:
             lease.release()
             raise
-        return ArtifactWriter(self, asset_key, code_version, partition, fingerprint, uri, run_id, lease, previous)
+        return ArtifactWriter(self, asset_key, code_version, partition, fingerprint, uri, run_id, lease, previous,
+                              resumed=resume)
 
     def _lease(self, path: str, run_id: str) -> Lease:
         return acquire(self._lease_objects, f"{path}/{LOCK_NAME}", run_id,
@@ -545,8 +546,10 @@ class ArtifactWriter:
     `staging_dir()` for tools that need a local directory (uploaded at commit on object stores)."""
 
     def __init__(self, store: ArtifactStore, asset_key: str, code_version: str, partition: str | None,
-                 fingerprint: str, uri: str, run_id: str, lease: Lease, previous: CommittedFiles | None = None):
+                 fingerprint: str, uri: str, run_id: str, lease: Lease, previous: CommittedFiles | None = None,
+                 *, resumed: bool = False):
         self.store, self.asset_key, self.code_version, self.partition = store, asset_key, code_version, partition
+        self.resumed = resumed  # the build continues from the files there (begin's `resume`), not from nothing
         self.fingerprint = fingerprint
         self.uri, self.run_id, self.lease, self.previous = uri, run_id, lease, previous
         self.files_rehash_skipped = 0

@@ -6,13 +6,16 @@ import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
+from marin_assets.tokenization.cache import (
+    MANIFEST_NAME as CACHE_MANIFEST,
+)
 from marin_assets.tokenization.cache import (
     ROWS,
     CacheConfig,
@@ -21,7 +24,9 @@ from marin_assets.tokenization.cache import (
     assemble_levanter_cache,
     cache_shard_order,
     encode_shard_rows,
+    held_shards,
     iter_parquet_texts,
+    split_by_fraction_alone,
 )
 from marin_assets.tokenization.decontamination_assets import (
     build_decontamination_assets,
@@ -207,13 +212,34 @@ def build_token_shards_asset(entry: TokenizedEntry):
     return token_shards
 
 
+@dataclass(frozen=True)
+class EncodedShards:
+    """Every shard of a corpus as `tokenized/<source>` assembles it, in corpus order: its entry for
+    `assemble_levanter_cache` and its `decontaminated` and `token_shards` partitions as inputs, with
+    which of them were carried from the previous build's record and which were looked up now."""
+
+    entries: list[dict]
+    inputs: list[ArtifactHandle]
+    carried: list[ArtifactHandle]
+    looked_up: int  # shards whose decontaminated and token_shards manifests were read
+    sources: dict[str, list[str | None]]
+    """shard -> [its deduplicated file's version, its decontaminated file's version]: what the next
+    build checks a shard it holds against, without reading its partitions' manifests."""
+
+
 def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: ArtifactHandle,
-                   tokenizer: ArtifactHandle, eval_ngrams: ArtifactHandle) -> list[tuple[Manifest, Manifest]]:
+                   tokenizer: ArtifactHandle, eval_ngrams: ArtifactHandle,
+                   previous: Manifest | None = None) -> EncodedShards:
     """The `decontaminated/<source>` and `token_shards/<source>` partitions of every shard the corpus
     holds, in its order: each shard decontaminated from its file as it is now against today's
-    `eval_ngrams/<source>`, and encoded from that with this tokenizer. Refuses in one line, naming them, where
-    any is missing (never built, or failed) or was built from other inputs: a cache is assembled from
-    every shard its corpus lists, never with a hole, never from a shard checked against old eval sets."""
+    `eval_ngrams/<source>`, and encoded from that with this tokenizer. Refuses in one line, naming them,
+    where any is missing (never built, or failed) or was built from other inputs: a cache is assembled
+    from every shard its corpus lists, never with a hole, never from a shard checked against an older
+    index.
+
+    With ``previous``, the committed cache this build resumes, a shard it holds from the same file,
+    checked against the same index and encoded with the same tokenizer is taken as it recorded it
+    (`carried_shards`), not looked up: an append reads the new shards' manifests, not the corpus's."""
     key, dec_key = f"token_shards/{entry.source}", f"decontaminated/{entry.source}"
     manifest = artifacts.read_manifest(corpus.uri)
     if manifest is None:
@@ -221,6 +247,9 @@ def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: Arti
     fp, dec_fp = fingerprint(token_shards_identity(entry)), fingerprint(decontaminated_identity(entry))
     files = sorted(f.path for f in manifest.files if f.path.startswith("data/") and f.path.endswith(".parquet"))
     shards = [rel[len("data/"):-len(".parquet")] for rel in files]
+    versions = {shard: manifest.file_version(rel) for rel, shard in zip(files, shards, strict=True)}
+    carried = carried_shards(artifacts, entry, tokenizer, eval_ngrams, previous, versions)
+    todo = [shard for shard in shards if shard not in carried]
 
     def lookup(shard: str) -> tuple[Manifest | None, Manifest | None]:
         return (artifacts.find(dec_key, DECONTAMINATED_VERSION, shard, fingerprint=dec_fp),
@@ -228,20 +257,21 @@ def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: Arti
 
     # Two manifests per shard (tens of thousands at scale): read concurrently, as the store allows.
     with ThreadPoolExecutor(max_workers=SHARD_LOOKUPS_IN_FLIGHT) as pool:
-        manifests = list(pool.map(lookup, shards))
-    found, missing, outdated = [], [], []
-    for rel, shard, (checked, encoded) in zip(files, shards, manifests):
+        manifests = dict(zip(todo, pool.map(lookup, todo)))
+    found, missing, outdated = {}, [], []
+    for shard in todo:
+        checked, encoded = manifests[shard]
         checked_refs = checked.upstream_versions() if checked is not None else {}
         refs = encoded.upstream_versions() if encoded is not None else {}
         if checked is None or encoded is None:
             missing.append(shard)
-        elif checked_refs.get((corpus.asset_key, shard)) != manifest.file_version(rel) \
+        elif checked_refs.get((corpus.asset_key, shard)) != versions[shard] \
                 or checked_refs.get((eval_ngrams.asset_key, None)) != eval_ngrams.data_version \
                 or refs.get((dec_key, shard)) != checked.file_version(shard_file(shard)) \
                 or refs.get((tokenizer.asset_key, None)) != tokenizer.data_version:
             outdated.append(shard)
         else:
-            found.append((checked, encoded))
+            found[shard] = (checked, encoded)
     if missing or outdated:
         def named(shards: list[str]) -> str:
             return ", ".join(shards[:5]) + (f" and {len(shards) - 5} more" if len(shards) > 5 else "")
@@ -249,12 +279,65 @@ def encoded_shards(artifacts: ArtifactStore, entry: TokenizedEntry, corpus: Arti
         problems = ([f"{len(missing)} not encoded ({named(missing)})"] if missing else []) \
             + ([f"{len(outdated)} encoded from another file, eval index or tokenizer ({named(outdated)})"]
                if outdated else [])
-        total = len(found) + len(missing) + len(outdated)
-        raise input_refused(f"tokenized/{entry.source}: of the {total} shards of {corpus.asset_key}, "
+        raise input_refused(f"tokenized/{entry.source}: of the {len(shards)} shards of {corpus.asset_key}, "
                             + "; ".join(problems)
                             + f"; materialize them first: marin materialize {key} (or tokenized/{entry.source}, "
                             "which plans them)")
-    return found
+    # The ledger keys them store-relative: the cache's bytes are the same under any prefix.
+    entries = [carried[shard][0] if shard in carried
+               else {**artifacts.portable(found[shard][1].metrics["shard"]), ROWS: f"{found[shard][1].uri}/{ROWS_DIR}"}
+               for shard in shards]
+    if carried and not split_by_fraction_alone(entry.cache, entries):
+        # A validation minimum the fraction does not meet: the assembly reads every shard's id hashes.
+        return encoded_shards(artifacts, entry, corpus, tokenizer, eval_ngrams)
+    inputs = [handle for shard in shards for handle in (
+        carried[shard][1] if shard in carried else tuple(ArtifactHandle.from_manifest(m) for m in found[shard]))]
+    sources = {shard: [versions[shard], carried[shard][2] if shard in carried
+                       else found[shard][0].file_version(shard_file(shard))] for shard in shards}
+    return EncodedShards(entries, inputs, [h for _, handles, _ in carried.values() for h in handles], len(todo),
+                         sources)
+
+
+def carried_shards(artifacts: ArtifactStore, entry: TokenizedEntry, tokenizer: ArtifactHandle,
+                   eval_ngrams: ArtifactHandle, previous: Manifest | None, versions: dict[str, str | None]
+                   ) -> dict[str, tuple[dict, tuple[ArtifactHandle, ArtifactHandle], str]]:
+    """shard -> (its ledger entry, its `decontaminated` and `token_shards` inputs as ``previous`` recorded
+    them, its decontaminated file's version), for the shards of ``versions`` (shard -> its deduplicated
+    file's version now) that the committed cache ``previous`` holds and keeps (`held_shards`): built
+    from the same deduplicated file (recorded in its `decontaminated_from`), against the same eval
+    index and with the same tokenizer it recorded. That build found each one's partitions made from
+    those, and recorded them; nothing it checked has changed, so they are not looked up or checked
+    again. A shard whose partitions it did not record at the place this code looks is looked up."""
+    if previous is None:
+        return {}
+    recorded = {(ref.asset_key, ref.partition): ref for ref in previous.upstream}
+    used, index = recorded.get((tokenizer.asset_key, None)), recorded.get((eval_ngrams.asset_key, None))
+    ledger = next((f for f in previous.files if f.path == CACHE_MANIFEST), None)
+    if used is None or used.data_version != tokenizer.data_version or index is None \
+            or index.data_version != eval_ngrams.data_version or ledger is None:
+        return {}
+    key, fp = f"token_shards/{entry.source}", fingerprint(token_shards_identity(entry))
+    dec_key, dec_fp = f"decontaminated/{entry.source}", fingerprint(decontaminated_identity(entry))
+    sources = previous.metrics.get("decontaminated_from") or {}
+    wanted: dict[str, tuple[str, str]] = {}  # ledger key -> (shard, the decontaminated file's version)
+    for shard, version in versions.items():
+        was = sources.get(shard)
+        if was is not None and was[0] == version and was[1] is not None:
+            uri = artifacts.artifact_uri(dec_key, DECONTAMINATED_VERSION, shard, fingerprint=dec_fp)
+            wanted[artifacts.portable(f"{uri}/{shard_file(shard)}")] = (shard, was[1])
+    carried = {}
+    for held in held_shards(previous.uri, {k: version for k, (_, version) in wanted.items()}, entry.cache,
+                            sha256=ledger.sha256):
+        shard, version = wanted[held["key"]]
+        ref, dec_ref = recorded.get((key, shard)), recorded.get((dec_key, shard))
+        if ref is not None and dec_ref is not None \
+                and ref.uri == artifacts.artifact_uri(key, TOKEN_SHARDS_VERSION, shard, fingerprint=fp) \
+                and dec_ref.uri == artifacts.artifact_uri(dec_key, DECONTAMINATED_VERSION, shard, fingerprint=dec_fp):
+            carried[shard] = (held, (ArtifactHandle(dec_key, shard, DECONTAMINATED_VERSION, dec_ref.uri,
+                                                    dec_ref.data_version),
+                                     ArtifactHandle(key, shard, TOKEN_SHARDS_VERSION, ref.uri, ref.data_version)),
+                              version)
+    return carried
 
 
 def build_tokenized_asset(entry: TokenizedEntry):
@@ -280,15 +363,15 @@ def build_tokenized_asset(entry: TokenizedEntry):
     def tokenized(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                   corpus: ArtifactHandle, tokenizer: ArtifactHandle, eval_ngrams: ArtifactHandle):
         artifacts = store.get()
-        pairs = encoded_shards(artifacts, entry, corpus, tokenizer, eval_ngrams)
-        shards = [encoded for _, encoded in pairs]
+        # The cache a build resumes: the shards it holds are taken from its record, not looked up again.
+        previous = artifacts.find(key, TOKENIZED_VERSION, None, fingerprint=fingerprint(identity))
+        shards = encoded_shards(artifacts, entry, corpus, tokenizer, eval_ngrams, previous)
 
         def build(writer) -> Built:
+            # A damaged cache is built from scratch, from every shard's rows: each is looked up.
+            encoded = shards if writer.resumed else encoded_shards(artifacts, entry, corpus, tokenizer, eval_ngrams)
             # Assembly only moves bytes: one unit of work per zarr shard file, here or on the resource's workers.
-            # The manifest gives its metrics back resolved under this store: the ledger keys them store-relative.
-            stats = assemble_levanter_cache([{**artifacts.portable(m.metrics["shard"]), ROWS: f"{m.uri}/{ROWS_DIR}"}
-                                             for m in shards],
-                                            tokenizer.uri, writer.uri, entry.cache,
+            stats = assemble_levanter_cache(encoded.entries, tokenizer.uri, writer.uri, entry.cache,
                                             parallel_map=data_parallel.parallel_map(context))
             # The shard files were hashed as the units wrote them: the commit does not read them back.
             writer.vouch(FileEntry(*written) for written in stats.files_written)
@@ -302,13 +385,15 @@ def build_tokenized_asset(entry: TokenizedEntry):
                        "assembly_seconds": stats.assembly_seconds,
                        # What assembly moved per second: MB of int32 tokens into the cache's arrays.
                        "assembly_mb_per_s": round(stats.tokens_encoded * 4 / 1e6 / stats.assembly_seconds, 1)
-                       if stats.assembly_seconds else None}
-            return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents})
+                       if stats.assembly_seconds else None,
+                       "decontaminated_from": encoded.sources}
+            return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents,
+                                                    "marin/shard_manifests_read": encoded.looked_up})
 
         # Resume keeps the previous cache so that unchanged upstream shards are reused, not moved again.
-        upstream = [corpus, tokenizer, eval_ngrams,
-                    *(ArtifactHandle.from_manifest(m) for pair in pairs for m in pair)]
-        return materialize_artifact(context, store, config=identity, upstream=upstream, build=build, resume=True)
+        return materialize_artifact(context, store, config=identity,
+                                    upstream=[corpus, tokenizer, eval_ngrams, *shards.inputs],
+                                    build=build, resume=True, carried=shards.carried)
 
     @marin_check(tokenized, name="decode_roundtrip",
                  description=f"The shards the last build encoded, and one earlier shard: their documents match "

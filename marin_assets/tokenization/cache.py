@@ -51,6 +51,7 @@ from marin_resources.progress import ProgressMeter
 from marin_resources.splits import (
     ID_HASH_DTYPE,
     corpus_threshold,
+    fraction_holds_enough,
     id_hashes,
     in_validation,
     is_validation_document,
@@ -584,11 +585,36 @@ def validation_threshold(cfg: CacheConfig, encoded: Sequence[dict]) -> float:
     """The fraction a cache of these encoded shards (every shard of it, each split by
     ``cfg.validation_fraction``) is split at: ``with_validation_minimum`` over the corpus, from the
     shards' counts, and only where the fraction holds out too few, from their id hashes."""
-    documents = sum(e["train_documents"] + e["validation_documents"] for e in encoded)
-    held_out = sum(e["validation_documents"] for e in encoded)
-    return raised_threshold(cfg.validation_fraction, cfg.validation_min_documents, documents, held_out,
-                            lambda: np.concatenate([np.empty(0, ID_HASH_DTYPE)] + [
-                                _read_rows(e[ROWS], ID_HASHES, ID_HASH_DTYPE) for e in encoded]))
+    documents, held_out = _split_counts(encoded)
+
+    def id_hashes() -> np.ndarray:
+        _require_rows(encoded, "a raised validation threshold reads every shard's id hashes")
+        return np.concatenate([np.empty(0, ID_HASH_DTYPE)]
+                              + [_read_rows(e[ROWS], ID_HASHES, ID_HASH_DTYPE) for e in encoded])
+
+    return raised_threshold(cfg.validation_fraction, cfg.validation_min_documents, documents, held_out, id_hashes)
+
+
+def split_by_fraction_alone(cfg: CacheConfig, encoded: Sequence[dict]) -> bool:
+    """Whether a cache of these shards is split at ``cfg.validation_fraction`` itself, as their counts
+    show (no validation minimum, or the fraction holds out enough): its assembly then reads no
+    shard's id hashes, and keeps the shards its ledger holds without their rows."""
+    return fraction_holds_enough(cfg.validation_min_documents, *_split_counts(encoded))
+
+
+def _split_counts(encoded: Sequence[dict]) -> tuple[int, int]:
+    """(documents, validation documents) of these shards, each split by the cache's own fraction."""
+    return (sum(e["train_documents"] + e["validation_documents"] for e in encoded),
+            sum(e["validation_documents"] for e in encoded))
+
+
+def _require_rows(entries: Sequence[dict], why: str) -> None:
+    """Refuse entries given without row files (ledger entries of shards a cache holds) where ``why``
+    needs their rows: the cache would otherwise be assembled with a hole."""
+    held = [e["key"] for e in entries if ROWS not in e]
+    if held:
+        raise ValueError(f"{len(held)} shard(s) were given as held by the cache, without their row files "
+                         f"({', '.join(held[:5])}), but {why}; give their encoded rows")
 
 
 def _resplit(entry: dict, fraction: float, rows_uri: str) -> dict:
@@ -916,15 +942,41 @@ def _reuse_plan(manifest: dict | None, identity: dict, shards: Sequence[_Shard |
     `shards`, so an append-only corpus encodes each file exactly once."""
     if manifest is None or manifest.get("identity") != identity:
         return 0, list(shards)
-    wanted = {_key_and_fingerprint(s)[0]: _key_and_fingerprint(s)[1] for s in shards}
+    keep = _kept_count(manifest, dict(_key_and_fingerprint(s) for s in shards))
+    kept = {e["key"] for e in manifest["shards"][:keep]}
+    return keep, [s for s in shards if _key_and_fingerprint(s)[0] not in kept]
+
+
+def _kept_count(manifest: dict, wanted: Mapping[str, str | None]) -> int:
+    """How many of the manifest's ledger shards, from the first, are still wanted (key -> fingerprint)
+    with the fingerprint they were committed with."""
     keep = 0
     for old in manifest["shards"]:
         fingerprint = wanted.get(old["key"])
         if fingerprint is None or fingerprint != old["fingerprint"]:
             break
         keep += 1
-    kept = {e["key"] for e in manifest["shards"][:keep]}
-    return keep, [s for s in shards if _key_and_fingerprint(s)[0] not in kept]
+    return keep
+
+
+def held_shards(cache_root: str, wanted: Mapping[str, str | None], cfg: CacheConfig, *, sha256: str) -> list[dict]:
+    """The ledger entries of the cache at ``cache_root`` that an assembly of the shards ``wanted`` (key ->
+    fingerprint) keeps without reading their rows: the longest run, in ledger order, still wanted with
+    the same fingerprint, as `_reuse_plan` keeps them. None of them where its manifest is not the committed one
+    (``sha256``, as the artifact's manifest records it: a build stopped between its assembly and its
+    commit) or not finished, or the cache was split at a raised threshold (a validation minimum), which
+    the next assembly decides again from every shard's id hashes. One read, whatever the corpus."""
+    fs, path = fsspec.core.url_to_fs(f"{cache_root.rstrip('/')}/{MANIFEST_NAME}")
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return []
+    if hashlib.sha256(data).hexdigest() != sha256:
+        return []
+    manifest = json.loads(data)
+    if not manifest.get("finished") or manifest["identity"].get("validation_fraction") != cfg.validation_fraction:
+        return []
+    return manifest["shards"][:_kept_count(manifest, wanted)]
 
 
 def _key_and_fingerprint(shard: _Shard | dict) -> tuple[str, str | None]:
@@ -1004,7 +1056,12 @@ def assemble_levanter_cache(encoded: Sequence[dict], tokenizer_dir: str, out_roo
     kept (as `build_levanter_cache` keeps them) and the others' rows are appended, one unit of work
     per zarr shard file through ``parallel_map``. A validation minimum is decided here, over every
     shard (`validation_threshold`); where it raises the threshold, the shards' rows are split again
-    (no encoding). The cache is byte-identical to `build_levanter_cache`'s on the same files."""
+    (no encoding). The cache is byte-identical to `build_levanter_cache`'s on the same files.
+
+    A shard the cache already holds may be given as its ledger entry, without row files (`held_shards`):
+    one of the 74,500 shards of a large corpus is then not looked up again to append one. Such a
+    shard must be one this assembly keeps; where it is not (a changed identity, a shard before it
+    removed or changed, a raised validation threshold), this raises naming it, and nothing is written."""
     _require_distinct([e["key"] for e in encoded])
     out_root = out_root.rstrip("/")
     split_by_fraction = replace(cfg, validation_min_documents=None)
@@ -1014,12 +1071,15 @@ def assemble_levanter_cache(encoded: Sequence[dict], tokenizer_dir: str, out_roo
         old = _read_json(f"{out_root}/{MANIFEST_NAME}") if cfg.incremental else None
         metadata, bos, eos, files_sha = _preprocessor_metadata(tokenizer_dir, local_tok, old)
     wanted = _manifest_identity(tok_sha, bos, eos, split_by_fraction)
-    foreign = [e["key"] for e in encoded if e[ENCODING] != wanted]
+    # A held shard passed this check when its cache took it: it is kept only under the same identity.
+    foreign = [e["key"] for e in encoded if ROWS in e and e[ENCODING] != wanted]
     if foreign:
         raise ValueError(f"{len(foreign)} shard(s) were encoded with another tokenizer or settings than this cache's "
                          f"({', '.join(foreign[:5])}); encode them again")
     identity = _manifest_identity(tok_sha, bos, eos, split)
     reuse, todo = _reuse_plan(old, identity, encoded)
+    _require_rows(todo, "the cache does not keep them (its identity changed, or a shard before them was removed "
+                        "or changed)")
     if old is not None and not todo and reuse == len(old["shards"]) and old.get("finished"):
         return _stats_from_manifest(out_root, old, reused=reuse)
     if split.validation_fraction != cfg.validation_fraction:

@@ -25,11 +25,11 @@ from marin_assets.tokenization.assets import (
     build_tokenizer_asset,
     pin_note,
 )
-from marin_assets.tokenization.cache import CacheConfig
+from marin_assets.tokenization.cache import CacheConfig, is_validation_document
 from marin_assets.tokenization.decontamination_assets import build_decontamination_assets, shard_file
 from marin_assets.tokenization.registry import DecontaminationPolicy, MixtureEntry, TokenizationRegistry
 from marin_assets.tokenization.tokenizer import TokenizerConfig
-from marin_resources.artifacts import VERSION_METADATA_KEY
+from marin_resources.artifacts import VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
@@ -102,12 +102,21 @@ class Pipeline:
         return shards
 
     def run(self, key: str, partition: str | None = None, tokenizer: TokenizerEntry = TOKENIZER,
-            ok: bool = True) -> dg.ExecuteInProcessResult:
+            ok: bool = True, tags: dict[str, str] | None = None) -> dg.ExecuteInProcessResult:
         result = dg.materialize(self.assets(tokenizer), instance=self.instance, partition_key=partition,
-                                resources=build_resources(self.settings), raise_on_error=False,
+                                resources=build_resources(self.settings), raise_on_error=False, tags=tags,
                                 selection=dg.AssetSelection.assets(asset_key(key)))
         assert result.success is ok
         return result
+
+    def encode(self, shard: str) -> None:
+        """A new or changed shard's steps before the cache: the eval index (reused, or rebuilt at the same
+        data version where the corpus's validation split is unchanged), the shard's decontamination and
+        its encoding."""
+        self.run(f"eval_ngrams/{SOURCE}")
+        self.shards()
+        self.run(f"decontaminated/{SOURCE}", shard)
+        self.run(f"token_shards/{SOURCE}", shard)
 
     def materialize(self, tokenizer: TokenizerEntry = TOKENIZER) -> list[dg.ExecuteInProcessResult]:
         """The tokenizer and the eval index, each shard's partitions of decontaminated/letters and
@@ -408,3 +417,133 @@ def test_a_shard_reads_and_checks_its_own_file_of_the_corpus_only(pipeline, corp
         corpus_manifest.file_version("data/m-first.parquet")
     assert corpus_manifest.holds_version(corpus_manifest.file_version("data/m-first.parquet"))
     assert not corpus_manifest.holds_version("sha256=" + "0" * 64)
+
+
+def _training_only(texts: list[str]) -> list[str]:
+    """The texts that are training documents (ids are their sha256): a shard of these leaves the
+    corpus's validation split, and so the eval index, as it was."""
+    return [t for t in texts if not is_validation_document(hashlib.sha256(t.encode()).hexdigest(),
+                                                           TOKENIZED.cache.validation_fraction)]
+
+
+def _counting_manifest_reads(monkeypatch, prefix: str) -> list[str]:
+    """URIs of the manifests read under `prefix` (a store path) from now on: a counting store."""
+    reads: list[str] = []
+    real = ArtifactStore.read_manifest
+
+    def counting(self, uri):
+        if uri.startswith(prefix):
+            reads.append(uri)
+        return real(self, uri)
+
+    monkeypatch.setattr(ArtifactStore, "read_manifest", counting)
+    return reads
+
+
+def _lineage(store: ArtifactStore, manifest) -> list[tuple]:
+    return [(u.asset_key, u.partition, u.data_version, store.portable(u.uri)) for u in manifest.upstream]
+
+
+def test_a_one_shard_append_reads_the_new_shards_manifest_only_and_builds_what_reading_every_one_builds(
+        tmp_path, corpus, write_docs, monkeypatch):
+    """Issue #28: a new shard's append looked up and checked the token_shards manifest of every shard
+    of the corpus (74,500 at 10 TB). The shards the cache holds from the same file with the same
+    tokenizer are taken from its own record: the append reads the new shard's manifest, once to find
+    it and once to check it, whatever the corpus. The cache's bytes, its manifest's data version,
+    metrics and lineage are those of a build that reads every manifest (the path before), on a second
+    store; with nothing new, neither path reads one. (The new shard holds training documents only, so
+    the eval index is unchanged and the shards held stay checked against it.)"""
+    from marin_assets.tokenization import assets as tokenization_assets
+
+    sixth = len(corpus) // 6
+    first = {f"s-{k}": corpus[k * sixth:(k + 1) * sixth] for k in range(5)}
+    built = {}
+    for name, fast in (("full", False), ("fast", True)):
+        pipeline = Pipeline(tmp_path / name, corpus, write_docs)
+        pipeline.commit_corpus(first)
+        pipeline.materialize()
+        pipeline.commit_corpus({"a-new": _training_only(corpus[5 * sixth:])})
+        pipeline.encode("a-new")
+        with monkeypatch.context() as patched:
+            if not fast:  # the path before: no shard carried, every one looked up and checked
+                patched.setattr(tokenization_assets, "carried_shards", lambda *args, **kwargs: {})
+            reads = _counting_manifest_reads(patched, f"{pipeline.store.prefix}/token_shards/")
+            meta = _metadata([pipeline.run(f"tokenized/{SOURCE}")], f"tokenized/{SOURCE}")
+            appended = list(reads)
+            reads.clear()
+            assert _metadata([pipeline.run(f"tokenized/{SOURCE}")], f"tokenized/{SOURCE}")["marin/reused"] is True
+        manifest = pipeline.store.find(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None)
+        built[name] = {"reads": appended, "reads_when_fresh": reads, "meta": meta, "manifest": manifest,
+                       "files": _snapshot(pipeline.cache_root()), "lineage": _lineage(pipeline.store, manifest),
+                       "store": pipeline.store}
+
+    fast, full = built["fast"], built["full"]
+    assert len(full["reads"]) == 2 * 6 and full["meta"]["marin/shard_manifests_read"] == 6
+    assert [uri.rsplit("/", 1)[1] for uri in fast["reads"]] == ["a-new", "a-new"]  # the lookup, the input check
+    # Each shard's decontaminated and token_shards partitions.
+    assert fast["meta"]["marin/shard_manifests_read"] == 1 and fast["meta"]["marin/inputs_carried"] == 2 * 5
+    assert "marin/inputs_carried" not in full["meta"]
+    assert fast["reads_when_fresh"] == [] and len(full["reads_when_fresh"]) == 6
+    assert (fast["meta"]["shards_encoded"], fast["meta"]["shards_reused"]) == (1, 5)
+
+    assert fast["files"] == full["files"]
+    assert fast["manifest"].data_version == full["manifest"].data_version
+    assert fast["lineage"] == full["lineage"] and len(fast["lineage"]) == 3 + 2 * 6
+    timing = {"assembly_seconds", "assembly_mb_per_s"}
+    assert {k: v for k, v in fast["manifest"].metrics.items() if k not in timing} == \
+        {k: v for k, v in full["manifest"].metrics.items() if k not in timing}
+    assert fast["store"].verify(fast["manifest"]) == []
+
+
+def test_a_changed_shard_or_tokenizer_is_looked_up_and_refused_until_encoded_again(pipeline, corpus):
+    """The shards carried from the cache's record are those from the same file with the same
+    tokenizer: a changed shard file is looked up (and refused while its partition holds the old
+    file's encoding), and a new tokenizer looks up every shard and refuses the old encodings."""
+    pipeline.materialize()
+    root = pipeline.cache_root()
+    before = _snapshot(root)
+    path = pipeline.store.local_path(pipeline.dedup_uri) / "data" / "p-second.parquet"
+    was = pq.read_table(path).column("text").to_pylist()
+    dropped = set(_training_only(was)[-3:])  # training documents: the eval index stays as it was
+    texts = [t for t in was if t not in dropped]
+    os.remove(path)
+    pipeline.commit_corpus({"p-second": texts})
+    error = pipeline.run(f"tokenized/{SOURCE}", ok=False).get_step_failure_events()[0].event_specific_data.error
+    assert (f"of the 2 shards of deduplicated/{SOURCE}, 1 encoded from another file, eval index or tokenizer "
+            "(p-second)" in error.message), error.message
+    assert _snapshot(root) == before
+
+    pipeline.encode("p-second")
+    meta = _metadata([pipeline.run(f"tokenized/{SOURCE}")], f"tokenized/{SOURCE}")
+    assert (meta["marin/shard_manifests_read"], meta["marin/inputs_carried"]) == (1, 2)  # m-first's carried
+    assert (meta["shards_encoded"], meta["shards_reused"], meta["documents"]) == \
+        (1, 1, len(corpus) // 3 + len(texts))
+
+    retrained = TokenizerEntry(TOKENIZER.name, TOKENIZER.config, TOKENIZER.train_on, version="v3")
+    pipeline.run(f"tokenizer/{TOKENIZER.name}", tokenizer=retrained)
+    error = pipeline.run(f"tokenized/{SOURCE}", tokenizer=retrained, ok=False) \
+        .get_step_failure_events()[0].event_specific_data.error
+    assert "of the 2 shards of deduplicated/letters, 2 encoded from another file, eval index or tokenizer" \
+        in error.message
+
+
+def test_a_damaged_cache_is_rebuilt_from_every_shards_looked_up_rows(pipeline, corpus):
+    """A damaged cache is built from scratch, from every shard's rows: none is carried, each is looked
+    up and checked, and the rebuilt cache is whole. A verifying run (`marin/verify`) appends from the
+    cache's record but re-hashes every input, the carried ones too."""
+    pipeline.materialize()
+    pipeline.commit_corpus({"b-new": _training_only(corpus[-30:])[-10:]})
+    pipeline.encode("b-new")
+    verified = _metadata([pipeline.run(f"tokenized/{SOURCE}", tags={VERIFY_TAG: "true"})], f"tokenized/{SOURCE}")
+    assert "marin/inputs_carried" not in verified and verified["marin/shard_manifests_read"] == 1
+
+    pipeline.commit_corpus({"c-new": _training_only(corpus[-60:-30])[-10:]})
+    pipeline.encode("c-new")
+    os.remove(pipeline.cache_root() / "validation" / "shard_ledger.json")
+    result = pipeline.run(f"tokenized/{SOURCE}")
+    meta = _metadata([result], f"tokenized/{SOURCE}")
+    assert "marin/inputs_carried" not in meta and meta["marin/shard_manifests_read"] == 4
+    assert (meta["shards_encoded"], meta["shards_reused"]) == (4, 0)
+    assert meta["documents"] == 2 * (len(corpus) // 3) + 20
+    manifest = pipeline.store.find(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None)
+    assert pipeline.store.verify(manifest) == []

@@ -696,3 +696,51 @@ def test_a_cache_assembled_from_shards_encoded_on_their_own_is_the_serial_builds
     with pytest.raises(ValueError, match=r"1 shard\(s\) were encoded with another tokenizer or settings .*part-0"):
         assemble_levanter_cache([tiny_rows[0], *rows[1:]], tokenizer_dir, root, cfg)
     assert _file_hashes(root) == before
+
+
+def test_shards_the_cache_holds_are_appended_to_from_its_ledger_without_their_rows(shards, tokenizer_dir, cfg,
+                                                                                     tmp_path):
+    """An append given the shards the cache holds as its own ledger entries (`held_shards`: no row files,
+    as `tokenized/<source>` gives them without looking them up) writes the same bytes as one given every
+    shard's rows. Where the assembly would need their rows (a shard before them removed, a raised
+    validation threshold), it refuses naming them and the cache stays as it was; a ledger that is not
+    the committed one is not used."""
+    import hashlib
+    import shutil
+    from dataclasses import replace
+
+    from marin_assets.tokenization.cache import (
+        MANIFEST_NAME,
+        ShardSpec,
+        assemble_levanter_cache,
+        encode_shard_rows,
+        held_shards,
+    )
+
+    rows = [encode_shard_rows(ShardSpec(uri, f"fp-{k}", uri), tokenizer_dir, str(tmp_path / "rows" / str(k)), cfg)
+            for k, uri in enumerate(shards)]
+    full, held = str(tmp_path / "full"), str(tmp_path / "held")
+    assemble_levanter_cache(rows[:2], tokenizer_dir, full, cfg)
+    shutil.copytree(full, held)
+    sha = hashlib.sha256(open(f"{held}/{MANIFEST_NAME}", "rb").read()).hexdigest()
+    wanted = {e["key"]: e["fingerprint"] for e in rows}
+    ledger = held_shards(held, wanted, cfg, sha256=sha)
+    assert [e["key"] for e in ledger] == shards[:2] and all("rows" not in e for e in ledger)
+    assert held_shards(held, wanted, cfg, sha256="0" * 64) == []  # not the committed ledger
+    assert held_shards(held, {**wanted, shards[0]: "fp-changed"}, cfg, sha256=sha) == []  # changed first shard
+    assert held_shards(held, wanted, replace(cfg, validation_fraction=0.5), sha256=sha) == []
+
+    appended = assemble_levanter_cache([*ledger, rows[2]], tokenizer_dir, held, cfg)
+    assert (appended.shards_reused, appended.shards_encoded) == (2, 1)
+    assemble_levanter_cache(rows, tokenizer_dir, full, cfg)
+    assert _file_hashes(held) == _file_hashes(full)
+
+    # The first shard gone: the second's rows move, and a held entry has none.
+    before = _file_hashes(held)
+    with pytest.raises(ValueError, match=r"1 shard\(s\) were given as held by the cache.*part-1.*does not keep"):
+        assemble_levanter_cache([ledger[1], rows[2]], tokenizer_dir, held, cfg)
+    # A validation minimum the fraction does not meet reads every shard's id hashes.
+    with pytest.raises(ValueError, match=r"2 shard\(s\) were given as held.*raised validation threshold"):
+        assemble_levanter_cache([*ledger, rows[2]], tokenizer_dir, held,
+                                replace(cfg, validation_min_documents=10**6))
+    assert _file_hashes(held) == before
