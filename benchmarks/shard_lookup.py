@@ -5,16 +5,18 @@ Usage:
     python benchmarks/shard_lookup.py [--shards 500 5000] [--latency-ms 0] [--workdir DIR]
 
 For each size N, a synthetic store on local disk: `deduplicated/<source>` listing N+1 shard files,
-N+1 committed `token_shards/<source>` partitions (manifests as the asset writes them, with five small
-row files each), a tokenizer, and the committed cache of the first N shards (its artifact manifest,
-with the N shards as inputs, and its ledger `marin_tokenize_manifest.json`). Then the two steps the
-append runs before its assembly, as the asset runs them:
+its eval index, N+1 committed `decontaminated/<source>` and `token_shards/<source>` partitions
+(manifests as the assets write them, with small data and row files), a tokenizer, and the committed
+cache of the first N shards (its artifact manifest, with the N shards' partitions as inputs and
+their deduplicated files in `decontaminated_from`, and its ledger `marin_tokenize_manifest.json`).
+Then the two steps the append runs before its assembly, as the asset runs them:
 
-  old: `encoded_shards` with no previous cache (every manifest read, 32 at a time) and the input
-       check (`refuse_damaged_inputs`) over every input: each manifest read again, its files listed;
+  old: `encoded_shards` with no previous cache (every shard's two manifests read, 32 shards at a
+       time) and the input check (`refuse_damaged_inputs`) over every input: each manifest read
+       again, its files listed;
   new: the committed cache's manifest read, `encoded_shards` with it (`carried_shards`: its ledger,
        `marin_tokenize_manifest.json`, read once through fsspec, not counted below) and the input
-       check over what is read: the corpus, the tokenizer and the new shard.
+       check over what is read: the corpus, the tokenizer, the eval index and the new shard.
 
 Both must give the same inputs (the lineage the manifest records) and entries. Reported: the
 token_shards manifests read, the store calls (manifest reads and listings), wall and CPU seconds.
@@ -42,7 +44,18 @@ from pathlib import Path  # noqa: E402
 from marin_assets.tokenization.assets import ROWS_DIR, encoded_shards, token_shards_identity  # noqa: E402
 from marin_assets.tokenization.cache import MANIFEST_NAME as CACHE_MANIFEST  # noqa: E402
 from marin_assets.tokenization.cache import CacheConfig  # noqa: E402
-from marin_assets.tokenization.registry import TOKEN_SHARDS_VERSION, TOKENIZED_VERSION, TokenizedEntry  # noqa: E402
+from marin_assets.tokenization.decontamination_assets import (  # noqa: E402
+    decontaminated_identity,
+    eval_ngrams_key,
+    shard_file,
+)
+from marin_assets.tokenization.registry import (  # noqa: E402
+    DECONTAMINATED_VERSION,
+    EVAL_NGRAMS_VERSION,
+    TOKEN_SHARDS_VERSION,
+    TOKENIZED_VERSION,
+    TokenizedEntry,
+)
 from marin_resources.artifacts import ArtifactHandle, refuse_damaged_inputs  # noqa: E402
 from marin_resources.identity import fingerprint  # noqa: E402
 from marin_resources.store import ArtifactStore, FileEntry, Manifest, content_data_version  # noqa: E402
@@ -85,14 +98,22 @@ def synthetic_store(root: Path, shards: int) -> tuple[ArtifactStore, dict]:
     encoding = {"format_version": 1, "tokenizer_json_sha256": _sha(b"{}"), "bos_token_id": 1, "eos_token_id": 2,
                 **ENTRY.cache.encoding_identity()}
     identity = token_shards_identity(ENTRY)
-    encoded = []
+    index = ArtifactHandle.from_manifest(commit(store, eval_ngrams_key(SOURCE), EVAL_NGRAMS_VERSION, None, {},
+                                                {"ngrams.npy": b"index"}, upstream=[corpus]))
+    encoded, checked, sources = [], [], {}
     for n in names:
-        version = corpus_manifest.file_version(f"data/{n}.parquet")
-        shard = {"key": store.portable(f"{corpus.uri}/data/{n}.parquet"), "fingerprint": version,
+        read = corpus_manifest.file_version(f"data/{n}.parquet")
+        dec = commit(store, f"decontaminated/{SOURCE}", DECONTAMINATED_VERSION, n, decontaminated_identity(ENTRY),
+                     {shard_file(n): b"kept " + n.encode(), f"dropped/{n}.parquet": b"dropped " + n.encode()},
+                     upstream=[replace(corpus, partition=n, data_version=read), index])
+        checked.append(dec)
+        version = dec.file_version(shard_file(n))
+        sources[n] = [read, version]
+        shard = {"key": store.portable(f"{dec.uri}/{shard_file(n)}"), "fingerprint": version,
                  "train_documents": 44_550, "train_tokens": 47_000_000, "validation_documents": 450,
                  "validation_tokens": 470_000, "text_bytes": 134_000_000, "skipped_documents": 0,
                  "encoding": encoding}
-        inputs = [replace(corpus, partition=n, data_version=version), tokenizer]
+        inputs = [replace(ArtifactHandle.from_manifest(dec), data_version=version), tokenizer]
         encoded.append(commit(store, f"token_shards/{SOURCE}", TOKEN_SHARDS_VERSION, n, identity,
                               {f"{ROWS_DIR}/{f}": n.encode() + f.encode() for f in ROW_FILES},
                               upstream=inputs, metrics={"shard": shard, "documents": 45_000}))
@@ -102,9 +123,11 @@ def synthetic_store(root: Path, shards: int) -> tuple[ArtifactStore, dict]:
               "shards": [{k: v for k, v in m.metrics["shard"].items() if k != "encoding"} for m in encoded[:-1]]}
     ledger_bytes = json.dumps(store.portable(ledger), indent=1, sort_keys=True).encode()
     commit(store, f"tokenized/{SOURCE}", TOKENIZED_VERSION, None, {"cache": ENTRY.cache.identity()},
-                      {CACHE_MANIFEST: ledger_bytes},
-                      upstream=[corpus, tokenizer, *(ArtifactHandle.from_manifest(m) for m in encoded[:-1])])
-    return store, {"corpus": corpus, "tokenizer": tokenizer}
+           {CACHE_MANIFEST: ledger_bytes},
+           upstream=[corpus, tokenizer, index, *(ArtifactHandle.from_manifest(m) for pair in
+                                                zip(checked[:-1], encoded[:-1]) for m in pair)],
+           metrics={"decontaminated_from": {n: sources[n] for n in names[:-1]}})
+    return store, {"corpus": corpus, "tokenizer": tokenizer, "index": index}
 
 
 class Calls:
@@ -136,17 +159,17 @@ class Calls:
 
 
 def lookup(store: ArtifactStore, inputs: dict, *, carry: bool, latency_s: float) -> dict:
-    corpus, tokenizer = inputs["corpus"], inputs["tokenizer"]
+    corpus, tokenizer, index = inputs["corpus"], inputs["tokenizer"], inputs["index"]
     with Calls(latency_s) as calls:
         wall, cpu = time.perf_counter(), time.process_time()
         # The asset reads the committed cache it resumes first (its ledger is read by `held_shards`).
         previous = store.find(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None,
                               fingerprint=fingerprint({"cache": ENTRY.cache.identity()})) if carry else None
-        found = encoded_shards(store, ENTRY, corpus, tokenizer, previous)
+        found = encoded_shards(store, ENTRY, corpus, tokenizer, index, previous)
         looked_up = time.perf_counter() - wall
         carried = {h.partition for h in found.carried}
-        refuse_damaged_inputs(store, [corpus, tokenizer, *(h for h in found.inputs if h.partition not in carried)],
-                              full=False)
+        refuse_damaged_inputs(store, [corpus, tokenizer, index,
+                                      *(h for h in found.inputs if h.partition not in carried)], full=False)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"token_shards_manifests_read": calls.token_shards, "manifest_reads": calls.manifests,
             "listings": calls.listings, "lookup_s": round(looked_up, 3), "with_input_check_s": round(wall, 3),
