@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marin_resources.k8s.manifests import K8sSpecError
-from marin_resources.object_stores import PIPES_BUCKET_ENV
+from marin_resources.storage.object_stores import PIPES_BUCKET_ENV
 
 # ----------------------------------------------------------------------------- Pipes through a bucket
 
