@@ -50,7 +50,7 @@ from pathlib import Path  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from marin_assets.curation.sources import ensure_pypi_sdist  # noqa: E402
-from marin_resources.store import REFS_DIR, ArtifactStore, Manifest  # noqa: E402
+from marin_resources.storage.store import REFS_DIR, ArtifactStore, Manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = "plays"

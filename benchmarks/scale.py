@@ -62,7 +62,7 @@ import psutil  # noqa: E402
 
 from benchmarks.scale_corpus import CorpusWriter  # noqa: E402
 from marin_resources.display import parse_duration  # noqa: E402
-from marin_resources.store import MANIFEST_NAME, Manifest  # noqa: E402
+from marin_resources.storage.store import MANIFEST_NAME, Manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CODE_DIR = REPO  # --code: another checkout's graph, for before/after comparisons

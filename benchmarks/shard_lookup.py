@@ -57,8 +57,8 @@ from marin_assets.tokenization.registry import (  # noqa: E402
     TokenizedEntry,
 )
 from marin_resources.artifacts import ArtifactHandle, refuse_damaged_inputs  # noqa: E402
-from marin_resources.identity import fingerprint  # noqa: E402
-from marin_resources.store import ArtifactStore, FileEntry, Manifest, content_data_version  # noqa: E402
+from marin_resources.storage.identity import fingerprint  # noqa: E402
+from marin_resources.storage.store import ArtifactStore, FileEntry, Manifest, content_data_version  # noqa: E402
 
 SOURCE, TOKENIZER = "synthetic", "synthetic_bpe"
 ENTRY = TokenizedEntry(SOURCE, TOKENIZER, CacheConfig(validation_fraction=0.01))

@@ -61,7 +61,7 @@ def ensure_dagster_home() -> Path:
 def open_instance():
     import dagster as dg
 
-    from marin_resources.object_stores import quiet_logger
+    from marin_resources.storage.object_stores import quiet_logger
 
     ensure_dagster_home()
     # dagster-postgres logs each retry of an unreachable database on the root logger; the refusal
@@ -224,9 +224,9 @@ def print_why(plan, key_text: str, partition: str | None, *, verify: bool) -> in
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     from marin_assets.planning import parse_key
-    from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
-    from marin_resources.lineage import bill_of_materials, build_lineage, render_tree
-    from marin_resources.signing import SignatureError, sign_bom
+    from marin_resources.storage.identity import InvalidPartitionKeyError, validate_partition_key
+    from marin_resources.storage.lineage import bill_of_materials, build_lineage, render_tree
+    from marin_resources.storage.signing import SignatureError, sign_bom
 
     if args.verify_bom:
         return verify_bom(args)
@@ -281,7 +281,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 def verify_bom(args: argparse.Namespace) -> int:
     """`marin lineage --verify-bom FILE --pubkey PUB`: the signature, then every listed file re-hashed."""
-    from marin_resources.signing import SignatureError, verify_signed_bom
+    from marin_resources.storage.signing import SignatureError, verify_signed_bom
 
     if not args.pubkey:
         print("marin: --verify-bom needs --pubkey PUB (the signer's public key)", file=sys.stderr)
@@ -306,7 +306,7 @@ def verify_bom(args: argparse.Namespace) -> int:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from marin_resources.signing import generate_keypair
+    from marin_resources.storage.signing import generate_keypair
 
     try:
         private, public = generate_keypair(args.keyfile)
@@ -329,7 +329,7 @@ def current_artifacts(plan) -> tuple[dict[str, tuple[bool, str]], list]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from marin_resources.gc import PINS_PATH, plan_gc, run_gc
+    from marin_resources.storage.gc import PINS_PATH, plan_gc, run_gc
 
     plan, settings, _ = planner()
     plan.discover()
@@ -350,7 +350,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_pin(args: argparse.Namespace) -> int:
     from marin_assets.planning import parse_key
-    from marin_resources.gc import PINS_PATH, add_pin
+    from marin_resources.storage.gc import PINS_PATH, add_pin
 
     plan, settings, _ = planner()
     key = parse_key(args.key)
@@ -365,7 +365,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from marin_resources.migrate import migrate
+    from marin_resources.storage.migrate import migrate
 
     settings, store = store_only()
     result = migrate(store, dry_run=args.dry_run)
@@ -653,11 +653,11 @@ def refusal(exc: Exception) -> tuple[int, str] | None:
     from dagster_postgres.utils import DagsterPostgresException
 
     from marin_assets.planning import RequestError
-    from marin_resources.gc import OldLayoutError
-    from marin_resources.identity import InvalidPartitionKeyError
-    from marin_resources.object_stores import StoreUnavailableError
     from marin_resources.ray_address import RayUnavailableError
-    from marin_resources.store import ArtifactLockedError
+    from marin_resources.storage.gc import OldLayoutError
+    from marin_resources.storage.identity import InvalidPartitionKeyError
+    from marin_resources.storage.object_stores import StoreUnavailableError
+    from marin_resources.storage.store import ArtifactLockedError
     from marin_resources.typed_config import ConfigError
 
     if isinstance(exc, ArtifactLockedError):

@@ -29,11 +29,11 @@ from marin_resources.dagster_private import (
     run_request_execution_data,
 )
 from marin_resources.failures import describe_check, describe_error, failure_outside_steps
-from marin_resources.freshness import Decision, damage_summary, decide, label_of
-from marin_resources.identity import InvalidPartitionKeyError, fingerprint, validate_partition_key
 from marin_resources.keys import parse_selection
 from marin_resources.progress import PRINT_EVERY_S, parse_line
-from marin_resources.store import ArtifactStore, Manifest, UpstreamRef
+from marin_resources.storage.freshness import Decision, damage_summary, decide, label_of
+from marin_resources.storage.identity import InvalidPartitionKeyError, fingerprint, validate_partition_key
+from marin_resources.storage.store import ArtifactStore, Manifest, UpstreamRef
 
 Log = Callable[[str], None]
 CLI_TAG, HOST_TAG, PID_TAG = "marin/cli", "marin/host", "marin/pid"

@@ -20,12 +20,12 @@ from typing import Any
 import dagster as dg
 
 from marin_resources.display import display_metadata
-from marin_resources.freshness import damage_summary, decide, label_of
-from marin_resources.identity import fingerprint as compute_fingerprint
 from marin_resources.keys import asset_key, marin_key, stage_owners
-from marin_resources.object_stores import check_store_reachable
-from marin_resources.secrets import scrub
-from marin_resources.store import ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info, writing
+from marin_resources.storage.freshness import damage_summary, decide, label_of
+from marin_resources.storage.identity import fingerprint as compute_fingerprint
+from marin_resources.storage.object_stores import check_store_reachable
+from marin_resources.storage.secrets import scrub
+from marin_resources.storage.store import ArtifactStore, ArtifactWriter, Manifest, UpstreamRef, producer_info, writing
 
 VERSION_METADATA_KEY = "marin/version"
 ALL_PARTITIONS_METADATA_KEY = "marin/all_partitions"

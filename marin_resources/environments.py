@@ -192,7 +192,7 @@ def default_executor() -> dg.ExecutorDefinition:
 def store_resource(settings: MarinSettings):
     """The `store` resource (`MarinStore`); building it opens nothing, `.get()` does."""
     from marin_resources.artifacts import MarinStore
-    from marin_resources.object_stores import storage_options
+    from marin_resources.storage.object_stores import storage_options
 
     return MarinStore(prefix=settings.prefix, storage_options=storage_options(settings.prefix))
 
@@ -217,7 +217,7 @@ def build_resources(settings: MarinSettings) -> dict[str, Any]:
 
 def _launcher_resources(settings: MarinSettings, cloud: dict[str, Any]) -> dict[str, Any]:
     from marin_resources.launchers import LocalPipesLauncher
-    from marin_resources.object_stores import store_process_env
+    from marin_resources.storage.object_stores import store_process_env
 
     # The store's endpoints and region, named for the process (a local one would also inherit them).
     process_env = store_process_env()

@@ -18,9 +18,9 @@ import polars as pl
 from upath import UPath
 
 from marin_resources.artifacts import VERSION_METADATA_KEY, MarinStore
-from marin_resources.identity import fingerprint, validate_partition_key
 from marin_resources.keys import marin_key
-from marin_resources.store import producer_info, version_dir, writing
+from marin_resources.storage.identity import fingerprint, validate_partition_key
+from marin_resources.storage.store import producer_info, version_dir, writing
 
 PARQUET_NAME = "value.parquet"
 JSON_NAME = "value.json"

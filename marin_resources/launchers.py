@@ -165,7 +165,7 @@ class TrainingLauncher(dg.ConfigurableResource):
     wandb_entity: str | None = None
     extra_env: dict[str, str] = {}
     """Variables added to the process's environment: the store's endpoints and region, which a pod
-    does not inherit (marin_resources.object_stores.store_process_env)."""
+    does not inherit (marin_resources.storage.object_stores.store_process_env)."""
 
     def wandb_online(self) -> bool:
         """Whether the process gets a W&B API key (and so logs online)."""

@@ -40,7 +40,7 @@ from marin_resources.dagster_private import observable_source_assets_def
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import asset_key, shard_partitions, stage_owners
 from marin_resources.progress import ProgressMeter
-from marin_resources.store import FileEntry, UpstreamRef
+from marin_resources.storage.store import FileEntry, UpstreamRef
 
 RAW_VERSION = "v1"
 DOCUMENTS_VERSION = "v1"

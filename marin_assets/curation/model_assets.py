@@ -33,7 +33,7 @@ from marin_resources.artifacts import (
     marin_asset,
     materialize_artifact,
 )
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 
 CLASSIFIER_KEY = "quality_classifier"
 CLASSIFIER_VERSION = "v2"

@@ -63,10 +63,10 @@ from marin_resources.artifacts import (
     materialize_artifact,
 )
 from marin_resources.data_parallel import DataParallel
-from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
 from marin_resources.parallel_map import in_process_map
-from marin_resources.store import ArtifactStore, FileEntry
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import ArtifactStore, FileEntry
 
 FILTERED_VERSION = "v1"
 DEDUP_VERSION = "v1"

@@ -52,7 +52,7 @@ from marin_assets.curation.local_cache import cache_dir
 from marin_assets.curation.pii import PiiConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_assets.curation.url_filter import UrlBlocklistError, read_url_blocklist
-from marin_resources.identity import validate_partition_key
+from marin_resources.storage.identity import validate_partition_key
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, read_yaml, typed_config
 
 PYPI_SDIST_SCHEME = "pypi-sdist"

@@ -49,7 +49,7 @@ from marin_resources.artifacts import (
 from marin_resources.environments import MarinSettings
 from marin_resources.keys import asset_key
 from marin_resources.launchers import TrainingLauncher
-from marin_resources.store import Manifest
+from marin_resources.storage.store import Manifest
 
 CROSS_EVAL_VERSION = EVAL_VERSION
 """The same process and report as eval[run]: a change to one is a change to both."""

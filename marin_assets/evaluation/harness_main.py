@@ -195,7 +195,7 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
         resolve_checkpoint,
     )
     from marin_assets.training.levanter_config import parse_train_config
-    from marin_resources.object_stores import install_tensorstore_paths
+    from marin_resources.storage.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
     config = parse_train_config(config_path)

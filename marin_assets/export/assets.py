@@ -43,7 +43,7 @@ from marin_resources.artifacts import (
 )
 from marin_resources.environments import MarinSettings
 from marin_resources.launchers import TrainingLauncher
-from marin_resources.store import FileEntry
+from marin_resources.storage.store import FileEntry
 
 DEFAULT_MAX_SHARD_MB = 2048
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from marin_assets.training.metrics import parse_metrics, pyplot
 from marin_assets.training.train_main import METRICS_FILE
-from marin_resources.store import ArtifactStore, Manifest
+from marin_resources.storage.store import ArtifactStore, Manifest
 
 MISSING = "-"
 

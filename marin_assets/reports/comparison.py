@@ -24,7 +24,7 @@ from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
 from marin_resources.artifacts import MarinStore, input_refused
 from marin_resources.display import png_markdown
 from marin_resources.keys import asset_key, stage_owners
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 
 COMPARISON_KEY = "reports/run_comparison"
 

@@ -52,9 +52,9 @@ from marin_resources.artifacts import (
 )
 from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings, store_resource
-from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import ArtifactStore
 
 SWEEP_VERSION = "v1"
 # v2: forecasts by both methods (envelope and joint), the primary one named by the config.

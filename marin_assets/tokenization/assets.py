@@ -58,9 +58,9 @@ from marin_resources.artifacts import (
 )
 from marin_resources.data_parallel import DataParallel
 from marin_resources.environments import MarinSettings
-from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key, shard_partitions
-from marin_resources.store import ArtifactStore, FileEntry, Manifest
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import ArtifactStore, FileEntry, Manifest
 
 if TYPE_CHECKING:
     from marin_assets.deployment import Deployment  # which reads tokenization/registry.py

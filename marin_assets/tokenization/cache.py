@@ -774,7 +774,7 @@ def _zarr3_array(url: str, dtype: str, fresh: bool):
     """Open (``fresh``: replace) one of a JaggedArrayStore's arrays, created as Levanter creates it."""
     import tensorstore as ts
 
-    from marin_resources.object_stores import tensorstore_kvstore
+    from marin_resources.storage.object_stores import tensorstore_kvstore
 
     kvstore = tensorstore_kvstore(url)
     if kvstore["driver"] == "file":
@@ -790,7 +790,7 @@ def _zarr3_array(url: str, dtype: str, fresh: bool):
 def _read_zarr3_array(url: str):
     import tensorstore as ts
 
-    from marin_resources.object_stores import tensorstore_kvstore
+    from marin_resources.storage.object_stores import tensorstore_kvstore
 
     return ts.open({"driver": "zarr3", "kvstore": tensorstore_kvstore(url)}, open=True).result()
 

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from marin_assets.tokenization.cache import CacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
-from marin_resources.identity import InvalidPartitionKeyError, validate_partition_key
 from marin_resources.project import REGISTRY_SECTIONS
+from marin_resources.storage.identity import InvalidPartitionKeyError, validate_partition_key
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, read_yaml, typed_config
 
 REGISTRY_PATH = Path(__file__).with_name("registry.yaml")

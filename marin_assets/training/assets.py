@@ -50,7 +50,7 @@ from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.keys import asset_key
 from marin_resources.launchers import ProcessCommand, TrainingLauncher
-from marin_resources.store import STORE_SCHEME, ArtifactStore
+from marin_resources.storage.store import STORE_SCHEME, ArtifactStore
 
 CHECKPOINT_VERSION = "v1"
 EVAL_VERSION = "v1"

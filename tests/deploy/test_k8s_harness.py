@@ -16,8 +16,8 @@ from marin_assets.evaluation.suites import load_suites
 from marin_assets.training.assets import CHECKPOINT_VERSION, RUNS, build_training_stage, named_run_lookup
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE, build_train_config
 from marin_assets.training.spec import load_run_registry
-from marin_resources.identity import fingerprint
-from marin_resources.store import producer_info, writing
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import producer_info, writing
 from tests.deploy.test_k8s_training_launcher import make_deployment
 
 FAKE_HARNESS_MAIN = str(Path(__file__).with_name("fake_harness_main.py"))

@@ -18,9 +18,9 @@ from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stag
 from marin_assets.training.spec import load_run_registry
 from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
 from marin_resources.environments import MarinSettings, build_resources
-from marin_resources.identity import fingerprint
 from marin_resources.k8s import K8sSpecError, K8sTrainingLauncher, SecretEnvRefConfig, tpu_slice
-from marin_resources.store import producer_info, writing
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import producer_info, writing
 
 to_dict = kubernetes.client.ApiClient().sanitize_for_serialization
 FAKE_TRAIN_MAIN = str(Path(__file__).with_name("fake_train_main.py"))
@@ -180,7 +180,7 @@ def test_on_a_bucket_the_training_pod_mounts_nothing_and_its_run_directory_trave
     import s3fs
 
     prefix, options = s3_env
-    from marin_resources.object_stores import store_process_env
+    from marin_resources.storage.object_stores import store_process_env
 
     settings, resources = make_deployment(tmp_path, cluster, prefix, options, pipes_interval_s=0.05,
                                           extra_env=store_process_env())

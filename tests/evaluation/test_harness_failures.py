@@ -21,8 +21,8 @@ from marin_assets.training.assets import CHECKPOINT_VERSION, RUNS  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
 from marin_resources.environments import MarinSettings, build_resources  # noqa: E402
 from marin_resources.failures import failed_materializations  # noqa: E402
-from marin_resources.identity import fingerprint  # noqa: E402
-from marin_resources.store import producer_info, writing  # noqa: E402
+from marin_resources.storage.identity import fingerprint  # noqa: E402
+from marin_resources.storage.store import producer_info, writing  # noqa: E402
 
 RUN = "tiny"
 

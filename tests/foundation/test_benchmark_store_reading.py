@@ -6,8 +6,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from marin_resources.identity import fingerprint
-from marin_resources.store import ArtifactStore, producer_info, writing
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import ArtifactStore, producer_info, writing
 
 # benchmarks/ is a folder of scripts, not an installed package: load the script by its path.
 _SPEC = importlib.util.spec_from_file_location(

@@ -187,7 +187,7 @@ def test_a_run_killed_mid_partition_loses_nothing_and_the_rerun_redoes_only_it(t
     import dagster as dg
 
     from marin_assets.planning import Planner
-    from marin_resources.store import ArtifactStore
+    from marin_resources.storage.store import ArtifactStore
 
     data = tmp_path / "shards"
     data.mkdir()

@@ -12,9 +12,9 @@ from marin_resources.artifacts import (
     marin_asset,
     materialize_artifact,
 )
-from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key, marin_key
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import ArtifactStore
 
 SHARDS = dg.DynamicPartitionsDefinition(name="test_shards")
 

@@ -16,7 +16,7 @@ from marin_assets.export.assets import HF_MODEL_VERSION, loading_snippet
 from marin_assets.scaling_sweeps.assets import SCALING_FIT_VERSION
 from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep
 from marin_assets.training.train_main import FINAL_EVAL_FILE
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.heaviest]
 REPO = Path(__file__).resolve().parents[2]

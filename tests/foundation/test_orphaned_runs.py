@@ -9,7 +9,7 @@ import dagster as dg
 from marin_assets.catalog import Catalog
 from marin_assets.planning import CLI_TAG, HOST_TAG, PID_TAG, Planner
 from marin_resources.dagster_private import worker_started_event_data
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 
 
 def test_dead_cli_run_is_reaped_and_its_slot_freed(tmp_path):

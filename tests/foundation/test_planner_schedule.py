@@ -10,7 +10,7 @@ import pytest
 from marin_assets.catalog import Catalog
 from marin_assets.planning import InProcessRuns, Planner, parse_key
 from marin_resources.keys import asset_key
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 
 SHARDS = dg.StaticPartitionsDefinition(["broken", "fast", "slow"])
 # Its own partitions definition, so that it is a step of its own, not one run with test/fast_only.

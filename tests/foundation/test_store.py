@@ -10,8 +10,13 @@ import time
 
 import pytest
 
-from marin_resources.identity import InvalidPartitionKeyError, changed_fields, fingerprint, validate_partition_key
-from marin_resources.store import (
+from marin_resources.storage.identity import (
+    InvalidPartitionKeyError,
+    changed_fields,
+    fingerprint,
+    validate_partition_key,
+)
+from marin_resources.storage.store import (
     MANIFEST_NAME,
     ArtifactLockedError,
     ArtifactStore,
@@ -107,8 +112,8 @@ def test_rebuild_removes_the_manifest_before_touching_files(tmp_path):
 
 _KILLED_WRITER = textwrap.dedent("""
     import sys, time
-    from marin_resources.identity import fingerprint
-    from marin_resources.store import ArtifactStore, producer_info
+    from marin_resources.storage.identity import fingerprint
+    from marin_resources.storage.store import ArtifactStore, producer_info
     store = ArtifactStore(sys.argv[1])
     w = store.begin("raw/big", "v1", "p", fingerprint=fingerprint({}), run_id="victim")
     for i in range(10_000):
@@ -190,7 +195,7 @@ def test_resumed_commit_hashes_only_what_the_build_wrote(tmp_path, monkeypatch):
 def test_commit_takes_vouched_entries_of_files_whose_size_matches(tmp_path, monkeypatch):
     import hashlib
 
-    from marin_resources.store import FileEntry
+    from marin_resources.storage.store import FileEntry
 
     store = ArtifactStore(str(tmp_path))
     hashed = []

@@ -26,7 +26,7 @@ import pytest
 from marin_assets.tokenization.registry import MIXTURE_VERSION, TOKENIZED_VERSION
 from marin_resources.dagster_private import finished_sensor_ticks
 from marin_resources.keys import asset_key
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 from tests.ops.conftest import stop
 
 REPO = Path(__file__).resolve().parents[2]

@@ -143,7 +143,7 @@ def dagster_ui(tmp_path, monkeypatch):
 def test_launch_materialization_from_the_ui(dagster_ui):
     from playwright.sync_api import expect, sync_playwright
 
-    from marin_resources.store import ArtifactStore
+    from marin_resources.storage.store import ArtifactStore
 
     base, store, procs, logs = dagster_ui
     if not CHROMIUM.exists():

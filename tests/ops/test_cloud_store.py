@@ -4,11 +4,11 @@ import dagster as dg
 import pytest
 
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
-from marin_resources.identity import fingerprint
 from marin_resources.io_managers import ValueIOManagerFactory
 from marin_resources.keys import asset_key
-from marin_resources.retry import with_retries
-from marin_resources.store import ArtifactStore, producer_info, writing
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.retry import with_retries
+from marin_resources.storage.store import ArtifactStore, producer_info, writing
 
 
 @pytest.fixture(params=["s3", "gcs"])
@@ -95,6 +95,6 @@ def test_store_survives_injected_faults_on_object_store(s3_prefix, monkeypatch):
             return real_pipe(path, data, **kw)
 
         monkeypatch.setattr(store.fs, "pipe_file", flaky_pipe)
-        monkeypatch.setattr("marin_resources.retry.time.sleep", lambda s: None)
+        monkeypatch.setattr("marin_resources.storage.retry.time.sleep", lambda s: None)
         w.commit(config={}, upstream=[], producer={})
     assert store.find("raw/x", "v1", None) is not None

@@ -130,7 +130,7 @@ class UnreachableStore(dg.ConfigurableResource):
     """A store whose endpoint does not answer: it fails when the run starts its resources."""
 
     def create_resource(self, context):
-        from marin_resources.object_stores import StoreUnavailableError
+        from marin_resources.storage.object_stores import StoreUnavailableError
 
         raise StoreUnavailableError("store s3://gone/x: cannot reach bucket gone at http://127.0.0.1:9 "
                                     "(EndpointConnectionError: Could not connect)")
@@ -146,7 +146,7 @@ def test_a_run_that_fails_before_any_step_quotes_its_cause(tmp_path):
     'Execution of run ... failed. An exception was thrown during execution.'"""
     from marin_assets.catalog import Catalog
     from marin_assets.planning import Planner
-    from marin_resources.store import ArtifactStore
+    from marin_resources.storage.store import ArtifactStore
 
     defs = dg.Definitions(assets=[needs_store], resources={"store": UnreachableStore()})
     with dg.instance_for_test() as instance:
@@ -168,7 +168,7 @@ def test_a_run_whose_worker_is_killed_is_told_apart(tmp_path, kill_in):
     marks its run failed (its tags name the dead process), as after any kill."""
     from marin_assets.catalog import Catalog
     from marin_assets.planning import Planner
-    from marin_resources.store import ArtifactStore
+    from marin_resources.storage.store import ArtifactStore
 
     home = tmp_path / "home"
     home.mkdir()
@@ -216,7 +216,7 @@ def test_a_step_that_refuses_its_input_is_told_apart_from_a_failed_build(tmp_pat
     from marin_assets.catalog import Catalog
     from marin_assets.planning import Planner
     from marin_resources.artifacts import input_refused
-    from marin_resources.store import ArtifactStore
+    from marin_resources.storage.store import ArtifactStore
 
     @dg.asset
     def imported():

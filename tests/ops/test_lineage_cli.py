@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from marin_resources.lineage import bill_of_materials, build_lineage
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.lineage import bill_of_materials, build_lineage
+from marin_resources.storage.store import ArtifactStore
 
 # Every test reads the module's `marin materialize` build.
 pytestmark = pytest.mark.slow

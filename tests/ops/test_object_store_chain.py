@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from marin_resources.object_stores import fix_kvstore, store_process_env
+from marin_resources.storage.object_stores import fix_kvstore, store_process_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.heaviest]
 
@@ -193,7 +193,7 @@ def test_the_s3_kvstore_gets_the_bucket_path_and_endpoint():
 
 def test_jax_s3_specs_go_to_the_bucket_not_a_local_path():
     """JAX 0.7 alone turns s3://b/x into the local file path s3:/b/x."""
-    from marin_resources.object_stores import install_tensorstore_paths
+    from marin_resources.storage.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
     import jax.experimental.array_serialization.serialization as serialization
@@ -205,7 +205,7 @@ def test_jax_s3_specs_go_to_the_bucket_not_a_local_path():
 def test_the_cache_writers_kvstore_is_the_one_jax_builds(monkeypatch):
     """The token cache is written without JAX (tensorstore_kvstore); Levanter reads it through JAX's
     spec, as install_tensorstore_paths fixes it. Both must name the same objects."""
-    from marin_resources.object_stores import install_tensorstore_paths, tensorstore_kvstore
+    from marin_resources.storage.object_stores import install_tensorstore_paths, tensorstore_kvstore
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
     install_tensorstore_paths()

@@ -23,7 +23,7 @@ import yaml
 
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
 from marin_resources.keys import asset_key
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
 DAYS = dg.StaticPartitionsDefinition(["2024-01-01", "2024-01-02"])

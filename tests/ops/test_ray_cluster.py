@@ -21,7 +21,7 @@ from marin_resources.data_parallel import DataParallel
 from marin_resources.environments import MarinSettings, build_resources, check_ray_reachable
 from marin_resources.keys import asset_key
 from marin_resources.ray_address import RayUnavailableError
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 from tests.ops.conftest import free_port
 
 SOURCE = "spread"

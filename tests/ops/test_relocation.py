@@ -14,10 +14,10 @@ from marin_assets.tokenization.assets import build_mixture_asset, read_mixture_c
 from marin_assets.tokenization.registry import MIXTURE_VERSION, MixtureEntry
 from marin_assets.training.assets import relocated_train_config
 from marin_resources.artifacts import VERSION_METADATA_KEY, ArtifactHandle, ArtifactHandleIOManager, MarinStore
-from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
-from marin_resources.lineage import build_lineage
-from marin_resources.store import MANIFEST_NAME, STORE_SCHEME, ArtifactStore, UpstreamRef, writing
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.lineage import build_lineage
+from marin_resources.storage.store import MANIFEST_NAME, STORE_SCHEME, ArtifactStore, UpstreamRef, writing
 
 BODY = ("The harbour master counted the boats at dawn and wrote each name in a heavy green ledger. "
         "Gulls argued over the nets while the tide turned slowly against the stone wall of the pier. ")

@@ -5,7 +5,7 @@ import json
 import dagster as dg
 
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
-from marin_resources.secrets import REDACTED, scrub
+from marin_resources.storage.secrets import REDACTED, scrub
 
 PLANTED = {"WANDB_API_KEY": "wandb-planted-0123456789", "HF_TOKEN": "hf_plantedTOKENvalue42",
            "AWS_SECRET_ACCESS_KEY": "aws/planted+secret/key"}

@@ -253,7 +253,7 @@ def test_a_failed_error_check_fails_the_command_and_says_which_count_broke_it(bu
     assert summary["steps"][-1]["skipped"] and summary["steps"][-1]["partition"] is None
     assert "in the same run" in proc.stderr, proc.stderr[-3000:]
     assert "withdrew what this run committed for" in proc.stderr, proc.stderr[-3000:]
-    from marin_resources.store import ArtifactStore
+    from marin_resources.storage.store import ArtifactStore
     artifacts = ArtifactStore(str(built["store"]))
     assert all(artifacts.find(key, "v1", None) is None for key in ("dedup_index/mostlybad", "deduplicated/mostlybad"))
     rows = [r for r in _ok(built["runs"]["failures"]) if r["partition"] == "bad.jsonl"]

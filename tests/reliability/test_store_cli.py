@@ -23,7 +23,7 @@ import pytest
 
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
 from marin_resources.keys import asset_key
-from marin_resources.store import MANIFEST_NAME, ArtifactStore
+from marin_resources.storage.store import MANIFEST_NAME, ArtifactStore
 from tests.foundation.test_dagster_artifacts import make_defs
 
 FORGED = "0" * 64

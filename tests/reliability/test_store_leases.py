@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from marin_resources.lineage import build_lineage
-from marin_resources.store import LOCK_NAME, ArtifactLockedError, ArtifactStore, producer_info, writing
+from marin_resources.storage.lineage import build_lineage
+from marin_resources.storage.store import LOCK_NAME, ArtifactLockedError, ArtifactStore, producer_info, writing
 from tests.ops.conftest import gcs_prefix, gcs_server, s3_prefix, s3_server  # noqa: F401 - fixtures
 
 
@@ -97,7 +97,7 @@ def test_a_writer_that_lost_its_lease_neither_commits_nor_removes_the_new_lease(
 _RACER = textwrap.dedent("""
     import asyncio, json, os, sys, time
     from pathlib import Path
-    from marin_resources.store import ArtifactLockedError, ArtifactStore, producer_info, writing
+    from marin_resources.storage.store import ArtifactLockedError, ArtifactStore, producer_info, writing
     prefix, options, run_id, gate = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
     store = ArtifactStore(prefix, options)
     if not store.is_local:

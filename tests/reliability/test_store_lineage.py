@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from marin_resources.identity import fingerprint
-from marin_resources.lineage import bill_of_materials, build_lineage
-from marin_resources.store import (
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.lineage import bill_of_materials, build_lineage
+from marin_resources.storage.store import (
     MANIFEST_NAME,
     ArtifactStore,
     FileEntry,

@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from marin_resources.gc import OldLayoutError, add_pin, plan_gc, read_pins, run_gc
-from marin_resources.identity import fingerprint
-from marin_resources.lineage import bill_of_materials, build_lineage
-from marin_resources.migrate import migrate
-from marin_resources.signing import generate_keypair, sign_bom, verify_signed_bom
-from marin_resources.store import (
+from marin_resources.storage.gc import OldLayoutError, add_pin, plan_gc, read_pins, run_gc
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.lineage import bill_of_materials, build_lineage
+from marin_resources.storage.migrate import migrate
+from marin_resources.storage.signing import generate_keypair, sign_bom, verify_signed_bom
+from marin_resources.storage.store import (
     MANIFEST_NAME,
     ArtifactStore,
     FileEntry,

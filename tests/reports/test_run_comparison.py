@@ -24,8 +24,8 @@ from marin_assets.reports.comparison import build_run_comparison_asset, load_run
 from marin_assets.training.levanter_config import validation_only_config
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, RunSpec
 from marin_resources.environments import MarinSettings, build_resources
-from marin_resources.identity import fingerprint
-from marin_resources.store import ArtifactStore, Manifest, UpstreamRef, producer_info, writing
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import ArtifactStore, Manifest, UpstreamRef, producer_info, writing
 
 RUNS_YAML = """
 runs:

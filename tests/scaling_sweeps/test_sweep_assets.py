@@ -22,9 +22,9 @@ from marin_assets.scaling_sweeps.forecasting import (
 )
 from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
 from marin_resources.environments import MarinSettings, build_resources
-from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
-from marin_resources.store import ArtifactStore, UpstreamRef, producer_info, writing
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import ArtifactStore, UpstreamRef, producer_info, writing
 
 SWEEP = "syn"
 CHECKPOINT, EVAL, RUNS = f"sweep_checkpoint/{SWEEP}", f"sweep_eval/{SWEEP}", f"{SWEEP}_sweep_runs"

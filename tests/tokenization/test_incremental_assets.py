@@ -31,9 +31,9 @@ from marin_assets.tokenization.registry import DecontaminationPolicy, MixtureEnt
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.artifacts import VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
-from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import ArtifactStore
 
 SOURCE = "letters"
 DEDUP_VERSION = "v1"
@@ -330,7 +330,7 @@ def test_two_prefixes_give_the_same_bytes_and_a_moved_cache_loads_with_the_token
 
 
 def _manifests(store: ArtifactStore) -> list:
-    from marin_resources.migrate import manifests
+    from marin_resources.storage.migrate import manifests
 
     return manifests(store)
 

@@ -13,9 +13,9 @@ from marin_assets.reports.comparison import load_runs
 from marin_assets.tokenization.assets import MIXTURE_VERSION, TOKENIZED_VERSION, build_tokenization_stage
 from marin_assets.training.assets import build_training_stage
 from marin_resources.environments import MarinSettings, build_resources
-from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
-from marin_resources.store import UpstreamRef, producer_info, writing
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import UpstreamRef, producer_info, writing
 
 
 def commit(store, key: str, version: str, *, config, copy_from=None, files=None, upstream=()):

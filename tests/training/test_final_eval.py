@@ -11,7 +11,7 @@ from marin_assets.training.eval_main import REPORT_VERSION, evenly_spaced
 from marin_assets.training.spec import validate_run
 from marin_assets.training.train_main import FINAL_EVAL_FILE
 from marin_resources.artifacts import ArtifactHandle
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 
 
 def checkpoint_with(tmp_path, report):

@@ -311,8 +311,8 @@ class RecordingLauncher:
 
 
 def _commit(store, key: str, partition: str | None, files: dict[str, bytes], metrics=None):
-    from marin_resources.identity import fingerprint
-    from marin_resources.store import producer_info, writing
+    from marin_resources.storage.identity import fingerprint
+    from marin_resources.storage.store import producer_info, writing
 
     with writing(store, key, "v1", partition, fingerprint=fingerprint({"name": key}), run_id="test") as writer:
         for name, data in files.items():
@@ -324,7 +324,7 @@ def _commit(store, key: str, partition: str | None, files: dict[str, bytes], met
 def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_dir, synthetic_deployment):
     from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stage
     from marin_resources.environments import MarinSettings, build_resources
-    from marin_resources.lineage import build_lineage
+    from marin_resources.storage.lineage import build_lineage
 
     runs_file = _registry(tmp_path, base={}, tuned={"init_from": {"run": "base"}, "mixture": "m"},
                           broken={"init_from": {"path": str(tmp_path / "empty")}})

@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from marin_resources.retry import SDK_ATTEMPTS, STORAGE_RETRY
+from marin_resources.storage.retry import SDK_ATTEMPTS, STORAGE_RETRY
 
 S3_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 GCS_EMULATOR_VAR = "STORAGE_EMULATOR_HOST"

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from marin_resources.lineage import build_lineage
-from marin_resources.store import LOCK_NAME, MANIFEST_NAME, ArtifactStore, Manifest, UpstreamRef
+from marin_resources.storage.lineage import build_lineage
+from marin_resources.storage.store import LOCK_NAME, MANIFEST_NAME, ArtifactStore, Manifest, UpstreamRef
 
 Log = Callable[[str], None]
 

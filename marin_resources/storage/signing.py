@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from marin_resources.identity import canonical_json
-from marin_resources.lineage import bill_of_materials, build_lineage
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.identity import canonical_json
+from marin_resources.storage.lineage import bill_of_materials, build_lineage
+from marin_resources.storage.store import ArtifactStore
 
 ALGORITHM = "ed25519"
 

@@ -5,7 +5,7 @@ client retries by itself, its tries count against that total instead of multiply
 is configured for `SDK_ATTEMPTS` per call and `with_retries` around it makes
 `attempts_around(SDK_ATTEMPTS)` calls (2 x 3 = 6); tensorstore, which nothing wraps, gets the
 whole budget. gcsfs retries 6 times with no option to change it (documented in
-docs/object-stores.md). See `marin_resources.object_stores` for the SDK settings.
+docs/object-stores.md). See `marin_resources.storage.object_stores` for the SDK settings.
 """
 
 from __future__ import annotations

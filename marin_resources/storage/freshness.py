@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from marin_resources.identity import changed_fields
-from marin_resources.store import Manifest, UpstreamRef
+from marin_resources.storage.identity import changed_fields
+from marin_resources.storage.store import Manifest, UpstreamRef
 
 State = Literal["missing", "fresh", "stale", "damaged"]
 # What changed: the data of an input, an identity config, a code version, stored bytes, or an input that

@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from marin_resources.store import ArtifactStore, Manifest, content_data_version
+from marin_resources.storage.store import ArtifactStore, Manifest, content_data_version
 
 
 @dataclass

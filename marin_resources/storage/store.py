@@ -43,8 +43,8 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from marin_resources.identity import canonical_json, validate_partition_key
-from marin_resources.leases import (
+from marin_resources.storage.identity import canonical_json, validate_partition_key
+from marin_resources.storage.leases import (
     HEARTBEAT_S,
     TIMEOUT_S,
     ArtifactLockedError,  # noqa: F401 - re-exported: writers catch it from the store
@@ -52,9 +52,9 @@ from marin_resources.leases import (
     acquire,
     lease_objects_for,
 )
-from marin_resources.object_stores import sdk_attempts
-from marin_resources.retry import STORAGE_RETRY, attempts_around, with_retries
-from marin_resources.secrets import scrub
+from marin_resources.storage.object_stores import sdk_attempts
+from marin_resources.storage.retry import STORAGE_RETRY, attempts_around, with_retries
+from marin_resources.storage.secrets import scrub
 
 MANIFEST_NAME = ".artifact.json"
 LOCK_NAME = ".lock"
@@ -252,7 +252,7 @@ class ArtifactStore:
         self.retry_attempts = STORAGE_RETRY.attempts if self.is_local else attempts_around(sdk_attempts(self.fs))
 
     def retrying(self, fn):
-        """``fn()`` retried on transient errors, within the storage retry policy (see marin_resources.retry)."""
+        """``fn()`` retried on transient errors, within the storage retry policy (see marin_resources.storage.retry)."""
         return with_retries(fn, attempts=self.retry_attempts)
 
     # ---- locations -------------------------------------------------------------------------

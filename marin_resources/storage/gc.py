@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from marin_resources.store import (
+from marin_resources.storage.store import (
     LOCK_NAME,
     MANIFEST_NAME,
     REFS_DIR,
