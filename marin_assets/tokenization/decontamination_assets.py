@@ -45,7 +45,7 @@ from marin_resources.artifacts import (
     materialize_artifact,
 )
 from marin_resources.keys import asset_key, shard_partitions
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore
 
 
 def eval_ngrams_key(source: str) -> str:

@@ -44,10 +44,10 @@ from marin_assets.tokenization.registry import (
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.artifacts import VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
-from marin_resources.identity import fingerprint
 from marin_resources.keys import asset_key
 from marin_resources.splits import corpus_threshold
-from marin_resources.store import ArtifactStore
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import ArtifactStore
 
 SOURCE = "letters"
 N = 13
@@ -282,7 +282,7 @@ class Store:
         return Planner(defs, self.catalog, self.store, self.instance)
 
     def versions(self) -> dict:
-        from marin_resources.migrate import manifests
+        from marin_resources.storage.migrate import manifests
 
         return {(m.asset_key, m.partition): m.data_version for m in manifests(self.store)}
 
