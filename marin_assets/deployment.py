@@ -20,7 +20,6 @@ from marin_assets.curation.sources import (
     extend_curation_config,
     load_curation_config,
 )
-from marin_assets.evaluation.suites import SuiteRegistry, load_suites
 from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, extend_sweeps, load_sweeps
 from marin_assets.tokenization.registry import (
     MIXTURE_VERSION,
@@ -51,9 +50,6 @@ class Deployment:
     """Named runs (runs.yaml) on a mixture and tokenizer built here."""
     sweeps: Mapping[str, SweepConfig]
     """Sweeps on a mixture and tokenizer built here."""
-    evaluated_sources: frozenset[str] = frozenset()
-    """Sources whose validation split an eval suite reads (an offline task's text, a `bpb:` set):
-    eval text that no training corpus may contain (decontamination)."""
 
     @classmethod
     def load(cls, settings: MarinSettings) -> Deployment:
@@ -68,7 +64,7 @@ class Deployment:
             registry = parse_registry(project.part(REGISTRY_SECTIONS), origin, extends=registry)
             runs = extend_run_registry(runs, project.sections.get("runs", {}), origin)
             sweeps = extend_sweeps(sweeps, project.sections.get("sweeps", {}), origin)
-        deployment = cls.resolve(curation, registry, runs, sweeps, evaluated_sources(load_suites(settings.suites_file)))
+        deployment = cls.resolve(curation, registry, runs, sweeps)
         if project is not None:
             deployment.require_built(project.sections, str(project.path))
         # Before anything launches: a run too big for the devices it names is refused here, by the
@@ -80,7 +76,7 @@ class Deployment:
 
     @classmethod
     def resolve(cls, curation: CurationConfig, registry: TokenizationRegistry, runs: Mapping[str, RunSpec],
-                sweeps: Mapping[str, SweepConfig], evaluated: frozenset[str] = frozenset()) -> Deployment:
+                sweeps: Mapping[str, SweepConfig]) -> Deployment:
         """Keep what this deployment can build."""
         tokenization = registry_for_sources(registry, {s.name for s in curation.sources})
 
@@ -89,8 +85,7 @@ class Deployment:
 
         return cls(curation, tokenization,
                    {n: r for n, r in runs.items() if buildable(r.mixture, r.tokenizer)},
-                   {n: s for n, s in sweeps.items() if buildable(s.mixture, s.tokenizer)},
-                   frozenset(evaluated) & frozenset(tokenization.tokenized))
+                   {n: s for n, s in sweeps.items() if buildable(s.mixture, s.tokenizer)})
 
     def require_built(self, sections: Mapping[str, Any], origin: str) -> None:
         """ConfigError naming ``origin`` for an entry of the project file that `resolve` would drop: a
@@ -129,9 +124,3 @@ class Deployment:
     @property
     def tokenizer_versions(self) -> dict[str, str]:
         return {t: e.version for t, e in self.tokenization.tokenizers.items()}
-
-
-def evaluated_sources(suites: SuiteRegistry) -> frozenset[str]:
-    """The sources whose validation split the eval suites read: offline tasks' and `bpb:` sets'."""
-    return frozenset({task.source for task in suites.offline_tasks.values()}
-                     | {source for suite in suites.suites.values() for source in suite.bpb})

@@ -515,8 +515,7 @@ def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment") 
         catalog.add_file_read(f"token_shards/{entry.source}", f"decontaminated/{entry.source}", shard_file)
         assets.extend([token_shards, tokenized])
         checks.extend(asset_checks)
-    decontamination, decontamination_checks = build_decontamination_assets(registry, catalog,
-                                                                           deployment.evaluated_sources)
+    decontamination, decontamination_checks = build_decontamination_assets(registry, catalog)
     assets.extend(decontamination)
     checks.extend(decontamination_checks)
     for entry in registry.mixtures.values():

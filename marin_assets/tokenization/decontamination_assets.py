@@ -5,7 +5,6 @@ eval n-grams dropped, or marked), between `deduplicated/<source>` and `token_sha
 Thin wiring over `decontamination.py`; see docs/decontamination.md."""
 
 import time
-from collections.abc import Set
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -89,26 +88,23 @@ def declared_eval_sets(registry: TokenizationRegistry) -> list[EvalSet]:
     return [eval_set(name, path) for name, path in sorted(registry.decontamination.eval_texts.items())]
 
 
-def reference_sources(registry: TokenizationRegistry, source: str, evaluated: Set[str] = frozenset()) -> list[str]:
-    """The sources whose validation split ``source``'s training documents must not contain: its own,
-    that of every source it shares a mixture with (a model trained on the mixture is evaluated on
-    them), and ``evaluated``, the sources the eval suites read (offline tasks' text, `bpb:` sets)."""
+def reference_sources(registry: TokenizationRegistry, source: str) -> list[str]:
+    """The sources whose validation split ``source``'s training documents must not contain: its own, and
+    that of every source it shares a mixture with (a model trained on the mixture is evaluated on them)."""
     partners = {c for mixture in registry.mixtures.values() if source in mixture.weights for c in mixture.weights}
-    return sorted(({source} | partners | set(evaluated)) & set(registry.tokenized))
+    return sorted(({source} | partners) & set(registry.tokenized))
 
 
-def eval_ngrams_identity(registry: TokenizationRegistry, source: str, sets: list[EvalSet],
-                         evaluated: Set[str] = frozenset()) -> dict[str, Any]:
+def eval_ngrams_identity(registry: TokenizationRegistry, source: str, sets: list[EvalSet]) -> dict[str, Any]:
     return {"ngram": registry.decontamination.ngram, "normalization": NORMALIZATION_VERSION,
             "validation_splits": {s: split_identity(registry.tokenized[s])
-                                  for s in reference_sources(registry, source, evaluated)},
+                                  for s in reference_sources(registry, source)},
             "eval_texts": {s.name: s.sha256 for s in sets}}
 
 
-def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: list[EvalSet],
-                            evaluated: Set[str] = frozenset()):
-    sources = reference_sources(registry, source, evaluated)
-    identity = eval_ngrams_identity(registry, source, sets, evaluated)
+def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: list[EvalSet]):
+    sources = reference_sources(registry, source)
+    identity = eval_ngrams_identity(registry, source, sets)
     n = registry.decontamination.ngram
     ins = {f"corpus_{s}": dg.AssetIn(key=asset_key(f"deduplicated/{s}")) for s in sources}
 
@@ -245,16 +241,14 @@ def build_decontaminated_asset(entry: TokenizedEntry):
     return decontaminated, contamination
 
 
-def build_decontamination_assets(registry: TokenizationRegistry, catalog: Catalog,
-                                 evaluated: Set[str] = frozenset()) -> tuple[list, list]:
-    """`eval_ngrams/<source>` and `decontaminated/<source>` for every tokenized source, with their checks;
-    ``evaluated``: the sources whose validation split the eval suites read."""
+def build_decontamination_assets(registry: TokenizationRegistry, catalog: Catalog) -> tuple[list, list]:
+    """`eval_ngrams/<source>` and `decontaminated/<source>` for every tokenized source, with their checks."""
     sets = declared_eval_sets(registry)  # a missing or damaged one: EvalSetError, one line, before anything runs
     assets, checks = [], []
     for entry in registry.tokenized.values():
         catalog.add_identity(eval_ngrams_key(entry.source),
-                             lambda p, s=entry.source: eval_ngrams_identity(registry, s, sets, evaluated))
-        assets.append(build_eval_ngrams_asset(registry, entry.source, sets, evaluated))
+                             lambda p, s=entry.source: eval_ngrams_identity(registry, s, sets))
+        assets.append(build_eval_ngrams_asset(registry, entry.source, sets))
         decontaminated, check = build_decontaminated_asset(entry)
         catalog.add_identity(f"decontaminated/{entry.source}", lambda p, e=entry: decontaminated_identity(e))
         catalog.add_file_read(f"decontaminated/{entry.source}", f"deduplicated/{entry.source}", shard_file)

@@ -407,20 +407,6 @@ def test_a_sources_index_holds_its_own_split_and_its_mixture_partners_only(tmp_p
     assets, _ = build_decontamination_assets(registry, Catalog())
     (index,) = [a for a in assets if a.key == asset_key("eval_ngrams/memo")]
     assert index.dependency_keys == {asset_key("deduplicated/memo")}
-    # A source an eval suite reads (an offline task's text, a `bpb:` set) is eval text for every source.
-    read = {s: sorted(eval_ngrams_identity(registry, s, [], {"notes"})["validation_splits"]) for s in ("memo",)}
-    assert read == {"memo": ["memo", "notes"]}
-
-
-def test_the_deployment_knows_which_sources_the_eval_suites_read():
-    from marin_assets.deployment import Deployment
-
-    deployment = Deployment.load(MarinSettings.from_env({}))
-    # suites.yaml: the shakespeare offline tasks and its bpb set.
-    assert deployment.evaluated_sources == {"shakespeare"}
-    validation_splits = eval_ngrams_identity(deployment.tokenization, "installed_packages", [],
-                                             deployment.evaluated_sources)["validation_splits"]
-    assert sorted(validation_splits) == ["installed_packages", "shakespeare"]
 
 
 def test_the_cli_refuses_a_missing_eval_set_in_one_line_with_exit_code_2(tmp_path):
