@@ -364,9 +364,11 @@ class _Collector:
         """``raw`` as a document, decoded as its declared ``charset`` when that works, else as
         :func:`decode_bytes` guesses."""
         if len(raw) > self.source.max_doc_bytes:
-            self.quarantine(
-                source_id, Reason.TOO_LARGE, f"{len(raw)} bytes > max_doc_bytes {self.source.max_doc_bytes}", raw
-            )
+            # Its head, as every other too-large record: a quarantine row stays bounded.
+            limit = self.source.max_doc_bytes
+            self.quarantine(source_id, Reason.TOO_LARGE, f"{len(raw)} bytes > max_doc_bytes {limit}; "
+                            f"payload truncated to {_OVERSIZE_PAYLOAD_BYTES} bytes", raw[:_OVERSIZE_PAYLOAD_BYTES],
+                            raw_size=len(raw))
             return
         decoded = _decode_declared(raw, charset) or decode_bytes(raw)
         if decoded.text is None:
