@@ -663,7 +663,7 @@ def _user() -> str:
 
 def git_sha() -> str | None:
     """Commit of the code that runs, read without spawning git (cheap, works in images without git)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # marin_resources/storage/store.py -> the repository
     head = root / ".git" / "HEAD"
     try:
         ref = head.read_text().strip()

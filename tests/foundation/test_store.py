@@ -22,6 +22,7 @@ from marin_resources.storage.store import (
     ArtifactStore,
     UpstreamRef,
     content_data_version,
+    git_sha,
     producer_info,
     writing,
 )
@@ -213,3 +214,12 @@ def test_commit_takes_vouched_entries_of_files_whose_size_matches(tmp_path, monk
     assert sorted(hashed) == ["b", "c"] and w.files_vouched == 1
     assert sorted(f.path for f in manifest.files) == ["a", "b", "c"]
     assert store.verify(manifest) == []
+
+
+def test_git_sha_is_the_commit_of_this_checkout():
+    # Read from the file tree, not by spawning git: a module that moves must still find the repository.
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    head = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert git_sha() == head.stdout.strip()
