@@ -130,6 +130,7 @@ def evaluate_checkpoint(
     from levanter.models.lm_model import LmExample, compute_next_token_loss
 
     from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
+    from marin_assets.training.flat_dots import use_flat_dots
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.storage.object_stores import install_tensorstore_paths
 
@@ -138,6 +139,7 @@ def evaluate_checkpoint(
     name_tokenizer_as_ledgers_do(config.data)  # the caches' ledgers name it so: no metadata mismatch
     tokenizer = config.data.the_tokenizer
     trainer = config.trainer
+    use_flat_dots()  # the products the training process ran, so a report here matches its own
     resolved = resolve_checkpoint(config, checkpoint_path)
 
     Pos = config.model.Pos

@@ -570,6 +570,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     from levanter.main import train_lm
 
     from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
+    from marin_assets.training.flat_dots import use_flat_dots
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.storage.object_stores import install_tensorstore_paths
 
@@ -583,6 +584,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
         config = dataclasses.replace(config, trainer=dataclasses.replace(
             config.trainer, distributed=dataclasses.replace(config.trainer.distributed,
                                                             initialize_jax_distributed=False)))
+    flat_dots = use_flat_dots()  # after jax.distributed: it asks JAX for its backend
     # Every process trains; process 0 alone keeps the run's records (metrics, summary, curve, mirror).
     leader = group is None or group.process_id == 0
     checkpoints = config.trainer.checkpointer.expanded_path(config.trainer.id)
@@ -657,6 +659,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
             "process_count": sink.summary.get("process_count"),
             **mesh_axis_sizes(config.trainer),
             "sharded_weight": sharding or None,
+            "flat_dots": flat_dots,
             "train_seconds": elapsed,
             "wandb_run_dir": sink.wandb_run_dir,
             "checkpoint_dir": checkpoints,
