@@ -59,7 +59,9 @@ import polars as pl
 
 from marin_assets.curation import filters as current_filters
 from marin_assets.curation import readers
+from marin_assets.curation.config import DEFAULT_SOURCES_PATH, load_curation_config, parse_curation_config
 from marin_assets.curation.dedup import parquet_bytes
+from marin_assets.curation.discovery import Shard, discover_shards
 from marin_assets.curation.fasttext_models import LID176
 from marin_assets.curation.filters import (
     PARAGRAPH_BREAK_PATTERN,
@@ -70,17 +72,10 @@ from marin_assets.curation.filters import (
     fasttext_identifier,
     identify_language,
 )
+from marin_assets.curation.listed_files import FileRef
 from marin_assets.curation.minhash import MinHashConfig, compute_signatures, save_signatures
 from marin_assets.curation.pii import EMAIL_RE, IPV4_RE, IPV6_RE, PiiConfig, Scrubber, scrub_frame
 from marin_assets.curation.readers import read_shard
-from marin_assets.curation.sources import (
-    DEFAULT_SOURCES_PATH,
-    FileRef,
-    Shard,
-    discover_shards,
-    load_curation_config,
-    parse_curation_config,
-)
 
 REPO = Path(__file__).resolve().parent.parent
 LID176_IDENTIFIER = fasttext_identifier(LID176.read())

@@ -49,7 +49,7 @@ from pathlib import Path  # noqa: E402
 
 import pyarrow.parquet as pq  # noqa: E402
 
-from marin_assets.curation.sources import ensure_pypi_sdist  # noqa: E402
+from marin_assets.curation.schemes.pypi_sdist import ensure_pypi_sdist  # noqa: E402
 from marin_resources.storage.store import REFS_DIR, ArtifactStore, Manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

@@ -33,22 +33,24 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         os.environ["MARIN_CACHE_DIR"] = str(Path(tmp) / "cache")
-        from marin_assets.curation import sources
+        from marin_assets.curation import content_hashes
+        from marin_assets.curation.config import parse_curation_config
+        from marin_assets.curation.discovery import discover_shards
 
         data = Path(tmp) / "data"
         data.mkdir()
         for i in range(args.files):
             (data / f"f{i:06d}.txt").write_bytes(os.urandom(args.kib * 1024))
-        source = sources.parse_curation_config({"sources": [{"name": "bench", "uri": str(data)}]}, tmp).sources[0]
+        source = parse_curation_config({"sources": [{"name": "bench", "uri": str(data)}]}, tmp).sources[0]
 
         hashed: dict[str, int] = {}
-        real_sha256_file = sources.sha256_file
+        real_sha256_file = content_hashes.sha256_file
 
         def counting(path):
             hashed[phase] = hashed.get(phase, 0) + 1
             return real_sha256_file(path)
 
-        sources.sha256_file = counting
+        content_hashes.sha256_file = counting
         timings = {}
         for phase in ("cold", "warm", "one_rewritten"):
             if phase == "one_rewritten":
@@ -57,7 +59,7 @@ def main() -> None:
                 target.write_bytes(os.urandom(args.kib * 1024))
                 os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same mtime
             started = time.perf_counter()
-            shards = sources.discover_shards(source)
+            shards = discover_shards(source)
             timings[phase] = round(time.perf_counter() - started, 3)
             assert len(shards) == args.files
             print(f"{phase:14} {timings[phase]:8.3f} s  files hashed: {hashed.get(phase, 0)}")

@@ -21,11 +21,11 @@ import numpy as np
 import polars as pl
 
 from benchmarks.filters import load_documents, module_at
+from marin_assets.curation.config import DEFAULT_SOURCES_PATH, load_curation_config
 from marin_assets.curation.filters import apply_filters
 from marin_assets.curation.model_assets import pinned_source_texts
 from marin_assets.curation.quality import QualityScorer, compression_ratios, train_quality_model
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
-from marin_assets.curation.sources import DEFAULT_SOURCES_PATH, load_curation_config
 
 
 def cpu(fn):

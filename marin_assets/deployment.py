@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from marin_assets.curation.sources import (
+from marin_assets.curation.config import (
     DEFAULT_SOURCES_PATH,
     CurationConfig,
     extend_curation_config,

@@ -101,7 +101,7 @@ def curation_planner(tmp_path, monkeypatch):
 def synthetic_deployment():
     """`make(runs={}, sweeps={}, mixture="m") -> Deployment` over one source `src`, tokenizer `t` and
     mixture `mixture` (both at version v1), for stages built without the bundled YAML files."""
-    from marin_assets.curation.sources import CurationConfig, SourceConfig
+    from marin_assets.curation.config import CurationConfig, SourceConfig
     from marin_assets.deployment import Deployment
     from marin_assets.tokenization.cache import CacheConfig
     from marin_assets.tokenization.registry import MixtureEntry, TokenizationRegistry, TokenizedEntry, TokenizerEntry

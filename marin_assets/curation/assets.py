@@ -3,7 +3,7 @@
     raw/<source>  ->  documents/<source>  (per shard, dynamic partitions added by discovery)
 
 Assets are thin wiring: reading, normalization and quarantine live in `readers.py`,
-discovery in `sources.py`; this module only moves bytes through the store.
+discovery in `discovery.py`, copying in `copying.py`; this module only moves bytes through the store.
 """
 
 import json
@@ -13,18 +13,14 @@ import dagster as dg
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
+from marin_assets.curation.config import SourceConfig, reading_identity
+from marin_assets.curation.copying import copy_listed_file
+from marin_assets.curation.discovery import Shard, discover_shards
+from marin_assets.curation.listed_files import FileRef
 from marin_assets.curation.model_assets import build_model_assets
 from marin_assets.curation.readers import read_shard, with_original_source_ids
 from marin_assets.curation.refine import build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
-from marin_assets.curation.sources import (
-    FileRef,
-    Shard,
-    SourceConfig,
-    copy_listed_file,
-    discover_shards,
-    reading_identity,
-)
 from marin_assets.deployment import Deployment
 from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifacts import (

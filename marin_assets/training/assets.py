@@ -115,7 +115,7 @@ def resolve_init_weights(spec: RunSpec, store: ArtifactStore) -> tuple[InitWeigh
                                    f"yet: marin materialize {HF_MODEL_KEY} --partition {init.run}")
         weights = resolve_export(manifest.uri, {f.path: f.sha256 for f in manifest.files}, manifest.uri)
         return weights, [ArtifactHandle.from_manifest(manifest)]
-    from marin_assets.curation.sources import ContentHashCache
+    from marin_assets.curation.content_hashes import ContentHashCache
 
     with ContentHashCache() as hashes:
         return resolve_path(init.path, hashes), []

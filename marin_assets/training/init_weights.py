@@ -124,7 +124,7 @@ def _protocols(fs) -> tuple[str, ...]:
 def _resolve_hub(path: str, hashes) -> InitWeights:
     """``hf://ORG/NAME[@REVISION]``: the revision (default main) resolved to its commit, as the
     curation stage's Hub source does; the URI names the commit, so later reads get the same bytes."""
-    from marin_assets.curation.sources import hub_commit, use_hf_endpoint
+    from marin_assets.curation.schemes.hf import hub_commit, use_hf_endpoint
 
     match = HF_MODEL_PATH_RE.match(path)
     if match is None:
@@ -183,7 +183,7 @@ def hub_reads() -> Iterator[None]:
     from huggingface_hub import constants
     from huggingface_hub.utils import reset_sessions
 
-    from marin_assets.curation.sources import use_hf_endpoint
+    from marin_assets.curation.schemes.hf import use_hf_endpoint
 
     offline = constants.HF_HUB_OFFLINE
     constants.HF_HUB_OFFLINE = False

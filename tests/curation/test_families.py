@@ -12,9 +12,9 @@ import polars as pl
 import pytest
 
 from marin_assets.curation import filters
+from marin_assets.curation.config import SourceConfigError, load_curation_config, parse_curation_config
 from marin_assets.curation.filters import RULE_ORDER, FilterConfig, apply_filters, enabled_rules
 from marin_assets.curation.rules import RULES, Rule, c4_statistics
-from marin_assets.curation.sources import SourceConfigError, load_curation_config, parse_curation_config
 
 from .conftest import NORMAL_TEXT, build_filtered_shard
 from .test_pii import _filtered_identity
@@ -348,8 +348,8 @@ def test_the_quality_classifiers_identity_is_unchanged_for_training_sources_with
     """The classifier's identity names its training sources' filters: a source without families must
     give the identity it gave before families existed, or every classifier (and everything it scores)
     rebuilds on upgrade."""
+    from marin_assets.curation.config import SourceConfig
     from marin_assets.curation.model_assets import _training_source_identity
-    from marin_assets.curation.sources import SourceConfig
 
     plain = _training_source_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl"))
     assert "families" not in plain["filters"]

@@ -14,8 +14,8 @@ import re
 import polars as pl
 import pytest
 
+from marin_assets.curation.discovery import discover_shards
 from marin_assets.curation.readers import read_shard
-from marin_assets.curation.sources import discover_shards
 
 from .conftest import make_source
 from .hub_standin import HubStandIn

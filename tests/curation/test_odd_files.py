@@ -15,17 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from marin_assets.curation import sources
+from marin_assets.curation.copying import CopiedFile, copy_listed_file
+from marin_assets.curation.discovery import discover_shards, list_source_files
+from marin_assets.curation.listed_files import CHANGED_DURING_READ, NOT_A_REGULAR_FILE, refusal_parts
 from marin_assets.curation.readers import read_shard
-from marin_assets.curation.sources import (
-    CHANGED_DURING_READ,
-    NOT_A_REGULAR_FILE,
-    CopiedFile,
-    copy_listed_file,
-    discover_shards,
-    list_source_files,
-    refusal_parts,
-)
 
 from .conftest import NORMAL_TEXT, make_source
 
@@ -89,7 +82,7 @@ def test_odd_entries_beyond_the_issue(tmp_path, monkeypatch):
             os.unlink(path)
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(sources.os, "open", guarded_open)
+    monkeypatch.setattr(os, "open", guarded_open)
     src = make_source(tmp_path, uri="src", format="jsonl")
     refs = {r.relpath: r for r in list_source_files(src)}
     assert set(refs) == {"dir.jsonl/inner.jsonl", "empty.jsonl", "locked.jsonl"}

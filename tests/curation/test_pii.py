@@ -13,6 +13,7 @@ import pytest
 
 from marin_assets.catalog import Catalog
 from marin_assets.curation import pii
+from marin_assets.curation.config import SourceConfigError, parse_curation_config, pii_of
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.filters import FilterConfig
 from marin_assets.curation.minhash import MinHashConfig
@@ -26,7 +27,6 @@ from marin_assets.curation.pii import (
     sub_in_runs,
 )
 from marin_assets.curation.refine import build_refinement_assets
-from marin_assets.curation.sources import SourceConfigError, parse_curation_config, pii_of
 
 from .conftest import NORMAL_TEXT
 

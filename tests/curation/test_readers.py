@@ -17,6 +17,8 @@ import pytest
 import zstandard
 from ftfy.badness import BADNESS_RE, is_bad
 
+from marin_assets.curation.config import DEFAULT_SOURCES_PATH, load_curation_config
+from marin_assets.curation.discovery import Shard, discover_shards, list_source_files
 from marin_assets.curation.filters import FilterConfig, apply_filters
 from marin_assets.curation.readers import (
     DOCUMENT_SCHEMA,
@@ -27,13 +29,6 @@ from marin_assets.curation.readers import (
     resolve_format,
     strip_gutenberg,
     with_original_source_ids,
-)
-from marin_assets.curation.sources import (
-    DEFAULT_SOURCES_PATH,
-    Shard,
-    discover_shards,
-    list_source_files,
-    load_curation_config,
 )
 
 from .conftest import NORMAL_TEXT, make_source

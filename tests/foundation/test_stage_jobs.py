@@ -5,7 +5,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from marin_assets.curation.sources import discover_shards, load_sources
+from marin_assets.curation.config import load_sources
+from marin_assets.curation.discovery import discover_shards
 from marin_assets.definitions import build_definitions
 from marin_assets.jobs import JOB_STAGES, build_stage_jobs, stage_job_name
 from marin_resources import dagster_private as private

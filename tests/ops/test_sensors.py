@@ -7,8 +7,9 @@ import pytest
 
 from marin_assets.automation import PINS_INPUTS_TAG
 from marin_assets.curation.assets import build_curation_stage
+from marin_assets.curation.config import load_curation_config
+from marin_assets.curation.discovery import discover_shards
 from marin_assets.curation.sensors import diff_shards
-from marin_assets.curation.sources import discover_shards, load_curation_config
 from marin_assets.deployment import Deployment
 from marin_assets.planning import Planner, parse_key
 from marin_resources.environments import MarinSettings, build_resources

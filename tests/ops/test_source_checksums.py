@@ -7,8 +7,9 @@ import uuid
 import fsspec
 import pytest
 
-from marin_assets.curation import sources
-from marin_assets.curation.sources import discover_shards, list_source_files, parse_curation_config
+from marin_assets.curation.config import parse_curation_config
+from marin_assets.curation.content_hashes import ContentHashCache
+from marin_assets.curation.discovery import discover_shards, list_source_files
 
 LETTER = b"Dear reader, the tide came in early today and the harbour filled with boats.\n"
 
@@ -51,7 +52,7 @@ def test_object_store_files_are_identified_by_the_stores_checksum(request, store
     fs.pipe({f"{bucket}/d/one.txt": LETTER, f"{bucket}/d/two.txt": LETTER.upper()})
     uri = f"{scheme}://{bucket}/d/*.txt"
     hashed = []
-    monkeypatch.setattr(sources.ContentHashCache, "sha256_of_remote", lambda *a: hashed.append(a) or "x")
+    monkeypatch.setattr(ContentHashCache, "sha256_of_remote", lambda *a: hashed.append(a) or "x")
     refs = list_source_files(source(uri))
     assert all(r.etag.startswith(checksum) and r.mtime is None for r in refs), refs
     before = fingerprints(fs, uri)

@@ -102,7 +102,7 @@ def test_its_tokenizer_frames_documents_as_the_token_cache_did(exported, tiny_ar
 def test_a_run_continued_from_the_export_starts_at_the_loss_the_run_ended_with(trained_run, exported, tiny_artifact,
                                                                               tiny_mixture, tmp_path):
     """Import (`init_from`) of the export: the continued run's first step is the trained model's loss."""
-    from marin_assets.curation.sources import ContentHashCache
+    from marin_assets.curation.content_hashes import ContentHashCache
     from marin_assets.training.init_weights import resolve_path
     from marin_assets.training.levanter_config import build_train_config, write_train_config
     from marin_assets.training.spec import InitFrom

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import SUBPROCESS_ENV, tiny_spec
 
-from marin_assets.curation.sources import ContentHashCache
+from marin_assets.curation.content_hashes import ContentHashCache
 from marin_assets.training.init_weights import (
     InitWeightsError,
     check_weights,

@@ -1,0 +1,216 @@
+"""Paths and fsspec URLs: a local path (relative to the sources file), ``file://``, ``gs://``,
+``s3://`` or any other fsspec protocol, optionally a glob, optionally chained into an archive
+(``tar://texts/*.txt::file:///x.tar.gz``). A matched archive is read as its members.
+
+A local file is identified by its sha256 (cached by its stat), a store object by the checksum the
+store keeps (or, without one, the sha256 of its bytes, cached by modification time). Local files
+that must not be read are listed as refused: a link out of the source root, a link to nothing, a
+FIFO, socket or device, a file that cannot be opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from marin_assets.curation.content_hashes import (
+    MTIME_KEYS,
+    ContentHashCache,
+    NotARegularFileError,
+    content_checksum,
+    file_kind,
+    info_str,
+    open_regular,
+    stat_stamp,
+)
+from marin_assets.curation.listed_files import (
+    BROKEN_LINK,
+    NOT_A_REGULAR_FILE,
+    OUTSIDE_ROOT,
+    UNREADABLE_FILE,
+    FileRef,
+    refusal,
+)
+from marin_assets.curation.schemes.base import (
+    GLOB_CHARS,
+    FileState,
+    ListedSource,
+    ReadThroughFsspec,
+    absolute_uri,
+    file_sha256,
+    is_pinned_file,
+)
+from marin_assets.curation.schemes.fsspec_listing import archive_protocol, glob_files, glob_root, listed_file, relative
+from marin_assets.curation.schemes.hf import HF_SCHEME, use_hf_endpoint
+
+FILES_SCHEME = "files"  # not a URI prefix: the scheme of plain paths and of every fsspec protocol
+
+
+def local_path(uri: str) -> str | None:
+    """The path of a ``file://`` URI (not chained into an archive), None for any other URI."""
+    return uri[len("file://"):] if uri.startswith("file://") and "::" not in uri else None
+
+
+def _expand_archive(archive_uri: str, archive_relpath: str) -> list[FileRef]:
+    import fsspec
+
+    protocol = archive_protocol(archive_uri)
+    afs, _ = fsspec.core.url_to_fs(f"{protocol}://::{archive_uri}")
+    members = glob_files(afs, "")
+    return [
+        listed_file(f"{protocol}://{m}::{archive_uri}", f"{archive_relpath}/{m.lstrip('/')}", info)
+        for m, info in members.items()
+    ]
+
+
+def _outside_root(path: str, root: str) -> str | None:
+    """Why ``path`` may not be read: it (or a directory link on its way) resolves outside ``root``.
+    A link to nothing is left to `_local_refusal`: it says `broken_link`, the more useful cause."""
+    if os.path.islink(path) and not os.path.exists(path):
+        return None
+    real, real_root = os.path.realpath(path), os.path.realpath(root or ".")
+    if real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
+        return None
+    return refusal(OUTSIDE_ROOT, f"symlink resolves outside the source root {real_root} (to {real}); "
+                                 "set follow_symlinks: true on the source to read it")
+
+
+def _local_refusal(path: str) -> str | None:
+    """Why a listed local path is not opened at all: a link to nothing, or not a regular file (a FIFO
+    would hang the first read, a device may never end). Decided by ``stat`` alone."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if not os.path.islink(path):
+            raise  # removed since it was listed
+        return refusal(BROKEN_LINK, f"symlink to {os.readlink(path)}, which does not exist")
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return refusal(BROKEN_LINK, f"symlink to {os.readlink(path)}: {exc.strerror}")
+        raise
+    return None if stat.S_ISREG(mode) else refusal(NOT_A_REGULAR_FILE, f"{file_kind(mode)}; never opened")
+
+
+def list_files(source: ListedSource) -> list[FileRef]:
+    """Every file (or archive member) a path or fsspec URL names."""
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    uri = source.uri
+    use_hf_endpoint()  # an archive on the Hub is chained into an hf:// URL
+    # A long-lived process (a sensor) must see today's listing, through the credentials and
+    # endpoint its environment names now: a fresh instance, not fsspec's cached one. A chained
+    # URL's filesystem comes from the cache, so its listings are dropped instead.
+    chained = "::" in uri
+    fs, path = fsspec.core.url_to_fs(uri, **({} if chained else {"skip_instance_cache": True}))
+    local = isinstance(fs, LocalFileSystem) and not chained
+    if chained:
+        fs.invalidate_cache()
+        protocol, target = uri.split("://", 1)[0], uri.split("::", 1)[1]
+
+        def rebuild(p: str) -> str:
+            return f"{protocol}://{p}::{target}"
+    else:
+        rebuild = fs.unstrip_protocol
+    try:
+        matches = glob_files(fs, path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"source {source.name!r}: {uri} does not exist") from None
+    root = path.rstrip("/") if not GLOB_CHARS.search(path) and fs.isdir(path) else glob_root(path)
+    refs = []
+    with contextlib.ExitStack() as stack:
+        hashes = stack.enter_context(ContentHashCache())
+        for p, info in matches.items():
+            rel = relative(p, root)
+            if local:
+                try:
+                    refused = None if source.follow_symlinks else _outside_root(p, root)
+                    if refused is None and os.path.isdir(p):
+                        continue  # a link to a directory: fsspec does not descend into it, nor do we
+                    refused = refused or _local_refusal(p)
+                    archive = refused is None and source.expand_archives and archive_protocol(p)
+                    # Content identity: a touched file is the same file, a same-size rewrite is not.
+                    etag = None if refused or archive else f"sha256:{hashes.sha256(p)}"
+                except FileNotFoundError:
+                    continue  # removed since it was listed: it is no longer part of the source
+                except NotARegularFileError as exc:  # put in the file's place since it was listed
+                    refused, etag = refusal(NOT_A_REGULAR_FILE, f"{exc}; never read"), None
+                except OSError as exc:
+                    refused, etag = refusal(UNREADABLE_FILE, f"{type(exc).__name__}: {exc.strerror}"), None
+                if refused is not None:
+                    refs.append(FileRef(uri=rebuild(p), relpath=rel, etag=f"symlink:{os.readlink(p)}"
+                                        if os.path.islink(p) else None, refused=refused))
+                elif archive:
+                    refs.extend(_expand_archive(rebuild(p), rel))
+                else:
+                    refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=etag))
+            elif info.get("type", "file") != "file":  # whatever a store lists that is not a file
+                refs.append(FileRef(uri=rebuild(p), relpath=rel, refused=refusal(
+                    NOT_A_REGULAR_FILE, f"listed as {info.get('type')!r}, not a file; never read")))
+            elif source.expand_archives and "::" not in uri and archive_protocol(p):
+                refs.extend(_expand_archive(rebuild(p), rel))
+            elif content_checksum(info) is not None:
+                refs.append(listed_file(rebuild(p), rel, info))
+            else:
+                # No checksum kept by the store (plain HTTP, an archive member, memory): hash the
+                # bytes once, cached by URI, size and modification time.
+                digest = hashes.sha256_of_listed(fs, p, rebuild(p), info)
+                refs.append(FileRef(uri=rebuild(p), relpath=rel, size=info.get("size"), etag=f"sha256:{digest}"))
+    return refs
+
+
+@dataclass(frozen=True)
+class FilesScheme(ReadThroughFsspec):
+    """Local files and store objects: they may change at any time, so each read is checked."""
+
+    name: str = FILES_SCHEME
+
+    def declared_uri(self, uri: str, base_dir: Path, where: str) -> str:
+        return absolute_uri(uri, base_dir)
+
+    def is_pinned(self, source: ListedSource) -> bool:
+        return is_pinned_file(source)
+
+    def pinned_sha256(self, source: ListedSource) -> str | None:
+        return file_sha256(self.resolve_url(source.uri, source.sha256))
+
+    def list_files(self, source: ListedSource) -> list[FileRef]:
+        return list_files(source)
+
+    def resolve_url(self, uri: str, expected_sha256: str | None) -> str:
+        if f"{HF_SCHEME}://" in uri:  # an archive on the Hub
+            use_hf_endpoint()
+        return uri
+
+    def open_stored(self, uri: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """A local file by :func:`open_regular`, so a FIFO put in its place since listing is refused,
+        not waited on."""
+        path = local_path(uri)
+        return open_regular(path) if path is not None else self.open(uri, None, decompress=False)
+
+    def splits_by_byte_range(self, uri: str) -> bool:
+        return "::" not in uri and "://" in uri  # not an archive member
+
+    def file_state(self, uri: str) -> FileState | None:
+        """A local file's size, mtime, ctime and inode; a store object's size and checksum (or
+        modification time); None for a member of an archive (whose reader sees one archive it opened)."""
+        import fsspec
+
+        path = local_path(uri)
+        if path is not None:
+            size, *stamp = stat_stamp(path)
+            return FileState(size=size, stat=tuple(stamp))
+        if "::" in uri:
+            return None
+        fs, path = fsspec.core.url_to_fs(uri)
+        fs.invalidate_cache(path)
+        info = fs.info(path)
+        return FileState(size=info.get("size"), store_tag=content_checksum(info) or info_str(info, MTIME_KEYS))
+
+
+FILES = FilesScheme()
