@@ -661,17 +661,32 @@ def _user() -> str:
         return str(os.getuid())
 
 
-def git_sha() -> str | None:
+def _git_dirs(root: Path) -> tuple[Path, Path]:
+    """The checkout's git directory (its HEAD) and the common one (its branches): the same directory in
+    a plain clone; in a `git worktree` (or submodule) ``.git`` is a file naming the former."""
+    dot_git = root / ".git"
+    git_dir = dot_git
+    if dot_git.is_file():
+        pointer = dot_git.read_text().strip()
+        if pointer.startswith("gitdir: "):
+            git_dir = (root / pointer[len("gitdir: "):]).resolve()
+    common = git_dir / "commondir"
+    return git_dir, (git_dir / common.read_text().strip()).resolve() if common.exists() else git_dir
+
+
+CHECKOUT = Path(__file__).resolve().parents[2]  # marin_resources/storage/store.py -> the repository
+
+
+def git_sha(root: Path = CHECKOUT) -> str | None:
     """Commit of the code that runs, read without spawning git (cheap, works in images without git)."""
-    root = Path(__file__).resolve().parents[2]  # marin_resources/storage/store.py -> the repository
-    head = root / ".git" / "HEAD"
     try:
-        ref = head.read_text().strip()
+        git_dir, common = _git_dirs(root)
+        ref = (git_dir / "HEAD").read_text().strip()
         if ref.startswith("ref: "):
-            ref_path = root / ".git" / ref[5:]
+            ref_path = common / ref[5:]
             if ref_path.exists():
                 return ref_path.read_text().strip()
-            packed = root / ".git" / "packed-refs"
+            packed = common / "packed-refs"
             for line in packed.read_text().splitlines():
                 if line.endswith(" " + ref[5:]):
                     return line.split()[0]

@@ -223,3 +223,25 @@ def test_git_sha_is_the_commit_of_this_checkout():
     if head.returncode != 0:
         pytest.skip("not a git checkout")
     assert git_sha() == head.stdout.strip()
+
+
+def test_git_sha_of_a_worktree_and_of_packed_refs(tmp_path):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    repo, tree = tmp_path / "repo", tmp_path / "tree"
+    subprocess.run([*git, "init", "-q", str(repo)], check=True)
+    (repo / "f").write_text("x")
+    subprocess.run([*git, "-C", str(repo), "add", "f"], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-qm", "one"], check=True)
+    subprocess.run([*git, "-C", str(repo), "worktree", "add", "-q", "-b", "side", str(tree)], check=True)
+    (tree / "f").write_text("y")
+    subprocess.run([*git, "-C", str(tree), "commit", "-qam", "two"], check=True)
+
+    def rev(where):
+        return subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert (tree / ".git").is_file()  # a worktree's .git names its git directory
+    assert git_sha(tree) == rev(tree) != rev(repo)
+    assert git_sha(repo) == rev(repo)
+    subprocess.run([*git, "-C", str(repo), "pack-refs", "--all"], check=True)
+    assert git_sha(tree) == rev(tree) and git_sha(repo) == rev(repo)
