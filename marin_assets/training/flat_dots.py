@@ -9,7 +9,7 @@ forward. Merged into one axis by a reshape (free on a row-major array), every su
 two-dimensional, and XLA hands a 2-D product to Eigen with transpose flags instead of copying.
 
 The math is the same product; only the summation order inside it may differ, as between any two
-matmul kernels. `benchmarks/flat_dots.py` measures the step time with and without it.
+matmul kernels. `benchmarks/cpu_step.py` measures the step time with and without it.
 
 `use_flat_dots` installs it for the whole process, on CPU only: GPU and TPU compilers take these
 products as they are. It replaces two defaults of haliax 1.4.dev453 (the version pyproject.toml

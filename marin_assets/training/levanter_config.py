@@ -84,9 +84,16 @@ def _prepare_data_config(spec: RunSpec, data_config: Mapping[str, Any], tokenize
     return data
 
 
-def model_config(m: ModelSpec, tokenizer_dir: str, *, gradient_checkpointing: bool) -> dict[str, Any]:
+# Cross-entropy over vocabulary blocks of this size on CPU, never the whole [tokens, vocab] logits at
+# once: they do not fit the cache, and the CPU's memory bandwidth (about 4 GB/s a core here) then sets
+# the step time. Measured with benchmarks/cpu_step.py (docs/training.md, "Measurements").
+CPU_CROSS_ENTROPY_BLOCK = 256
+
+
+def model_config(m: ModelSpec, tokenizer_dir: str, *, on_accelerator: bool) -> dict[str, Any]:
     """Levanter's model config for ``m``: its family's registered config class (the ``type``) and
-    the fields that class has."""
+    the fields that class has. ``on_accelerator`` sets how it computes, not what: activation
+    recomputation on accelerators, a blockwise cross-entropy on CPU."""
     config: dict[str, Any] = {
         "type": m.family,
         "seq_len": m.seq_len,
@@ -109,7 +116,8 @@ def model_config(m: ModelSpec, tokenizer_dir: str, *, gradient_checkpointing: bo
         # Local tokenizer: Levanter otherwise consults the HF hub for the reference checkpoint's.
         "tokenizer": tokenizer_dir,
         # Recomputing activations only pays off when memory is the limit, i.e. on big models.
-        "gradient_checkpointing": gradient_checkpointing,
+        "gradient_checkpointing": on_accelerator,
+        "cross_entropy_block_size": None if on_accelerator else CPU_CROSS_ENTROPY_BLOCK,
     })
     return config
 
@@ -142,7 +150,7 @@ def build_train_config(
     return {
         **initialization,
         "data": _prepare_data_config(spec, data_config, tokenizer_dir),
-        "model": model_config(m, tokenizer_dir, gradient_checkpointing=on_accelerator),
+        "model": model_config(m, tokenizer_dir, on_accelerator=on_accelerator),
         "optimizer": {
             "type": o.type,
             "learning_rate": o.learning_rate,
