@@ -18,7 +18,7 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ import polars as pl
 from marin_assets.curation import listed_files
 from marin_assets.curation.config import SourceConfig
 from marin_assets.curation.discovery import Shard
-from marin_assets.curation.formats import resolve_format
+from marin_assets.curation.formats import FORMATS, resolve_format
 from marin_assets.curation.listed_files import FileRef, refusal_parts
 from marin_assets.curation.opening import open_binary, prefetch_tar_members
 from marin_assets.curation.web import HTML_CONTENT_TYPES, html_to_text, iter_warc, looks_like_html
@@ -587,6 +587,19 @@ def with_original_source_ids(frame: pl.DataFrame, originals: dict[str, str]) -> 
     )
 
 
+# One reader per concrete format of `formats.FORMATS` (all but ``auto``, which `resolve_format` resolves
+# per file): a format added there without a reader here fails at import, not on the first such file.
+READERS: dict[str, Callable[[_Collector, FileRef], None]] = {
+    "text": functools.partial(_read_whole_file, fmt="text"),
+    "html": functools.partial(_read_whole_file, fmt="html"),
+    "jsonl": _read_jsonl,
+    "parquet": _read_parquet,
+    "warc": _read_warc,
+}
+if set(READERS) != set(FORMATS) - {"auto"}:
+    raise ImportError(f"readers: formats {sorted(set(FORMATS) - {'auto'} - set(READERS))} have no reader")
+
+
 def read_shard(source: SourceConfig, shard: Shard, progress: ProgressMeter | None = None) -> ReadResult:
     """Read every file of ``shard`` into documents and quarantined records; ``progress`` counts
     each file's documents and bytes as it is read.
@@ -606,18 +619,8 @@ def read_shard(source: SourceConfig, shard: Shard, progress: ProgressMeter | Non
             col.n_refused_files += 1
             col.quarantine(ref.uri, *refusal_parts(ref.refused), b"", raw_size=0)
             continue
-        fmt = resolve_format(source.format, ref.relpath)
         try:
-            if fmt in ("text", "html"):
-                _read_whole_file(col, ref, fmt)
-            elif fmt == "jsonl":
-                _read_jsonl(col, ref)
-            elif fmt == "parquet":
-                _read_parquet(col, ref)
-            elif fmt == "warc":
-                _read_warc(col, ref)
-            else:
-                raise ValueError(f"unknown format {fmt!r}")
+            READERS[resolve_format(source.format, ref.relpath)](col, ref)
         except Exception as exc:  # noqa: BLE001 -- one bad file must not fail the shard
             col.n_records += 1  # the unread rest of the file, reported as one record
             col.quarantine(ref.uri, Reason.UNREADABLE, f"{type(exc).__name__}: {exc}", b"", raw_size=ref.size or 0)
