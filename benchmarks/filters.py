@@ -69,9 +69,8 @@ from marin_assets.curation.filters import (
     FilterConfig,
     apply_filters,
     enabled_rules,
-    fasttext_identifier,
-    identify_language,
 )
+from marin_assets.curation.language_id import fasttext_identifier, identify_language
 from marin_assets.curation.listed_files import FileRef
 from marin_assets.curation.minhash import MinHashConfig, compute_signatures, save_signatures
 from marin_assets.curation.pii import EMAIL_RE, IPV4_RE, IPV6_RE, PiiConfig, Scrubber, scrub_frame

@@ -1,6 +1,6 @@
 /* langid.py's feature counts of a batch of texts, as a CSR matrix (marin_assets/curation/filters.py).
  *
- * `filters._feature_hits` with `_language_feature_counts` is the definition: every 1- to 4-byte
+ * `language_id._feature_hits` with `_language_feature_counts` is the definition: every 1- to 4-byte
  * n-gram of each text's UTF-8 bytes is looked up in the same feature tables, and the hits are summed
  * per (text, feature). Here that is one pass per text with a per-text counter instead of numpy arrays
  * of every position and a sort of every hit; tests/curation/test_filters.py compares the two.
@@ -12,7 +12,7 @@
 #include <string.h>
 
 typedef struct {
-    /* filters._FeatureTables.kernel: `two` answers the 2-byte lookup and picks the row of `three`
+    /* language_id._FeatureTables.kernel: `two` answers the 2-byte lookup and picks the row of `three`
      * for the third byte, whose entry answers the 3-byte lookup and picks the row of `four` for
      * the fourth byte. Row 0 of `three` and of `four` is zeros. */
     const uint16_t *one, *four;

@@ -15,7 +15,8 @@ import numpy as np
 import polars as pl
 
 from marin_assets.curation import kernels
-from marin_assets.curation.filters import FilterConfig, LanguageIdentifier, apply_filters, fasttext_identifier
+from marin_assets.curation.filters import FilterConfig, apply_filters
+from marin_assets.curation.language_id import LanguageIdentifier, fasttext_identifier
 from marin_assets.curation.minhash import MinHashConfig, SignatureTable, compute_signatures
 from marin_assets.curation.pii import PiiConfig, scrub_frame
 from marin_assets.curation.quality import QualityConfig, QualityScorer

@@ -10,17 +10,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from marin_assets.curation import filters, kernels
-from marin_assets.curation.filters import (
-    RULE_ORDER,
-    FilterConfig,
+from marin_assets.curation import filters, kernels, language_id
+from marin_assets.curation.filters import RULE_ORDER, FilterConfig, apply_filters, enabled_rules, text_stats
+from marin_assets.curation.language_id import (
     _language_identifier,
     _language_model,
-    apply_filters,
-    enabled_rules,
     identify_language,
     language_features,
-    text_stats,
 )
 
 from .conftest import NORMAL_TEXT
@@ -349,7 +345,7 @@ def test_language_model_cache_file_gives_the_same_model(tmp_path, monkeypatch):
 @pytest.mark.compiled_kernels
 def test_language_id_kernel_rejects_inconsistent_arrays():
     langid = kernels.MODULES["_langid"]
-    tables = filters._language_model().tables
+    tables = language_id._language_model().tables
     two, three, four = tables.kernel
     starts, indptr = np.array([0, 3], dtype=np.int64), np.empty(2, dtype=np.int64)
     with pytest.raises(ValueError, match="inconsistent"):
