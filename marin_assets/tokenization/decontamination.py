@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from marin_assets.tokenization.cache import CacheConfig, iter_split_documents, parquet_ids
-from marin_assets.tokenization.ngrams import NgramHasher, overlap
+from marin_assets.tokenization.ngrams import NgramHasher, build_index, overlap
 from marin_assets.tokenization.registry import DecontaminationPolicy
 from marin_resources.splits import corpus_threshold, id_hashes, in_validation
 from marin_resources.typed_config import ConfigError
@@ -100,6 +100,36 @@ def validation_texts(doc_files: Sequence[str], cfg: CacheConfig, threshold: floa
     """The texts of a source's validation documents at ``threshold``."""
     for _, text in iter_split_documents(doc_files, replace(cfg, validation_fraction=threshold), "validation"):
         yield text
+
+
+@dataclass(frozen=True)
+class SplitNgramsJob:
+    """What every unit of `eval_ngrams/<source>` shares: how the source is split, and the n-grams' n."""
+    cfg: CacheConfig
+    threshold: float
+    ngram: int
+
+
+@dataclass(frozen=True)
+class SplitNgrams:
+    hashes: np.ndarray
+    """Sorted, distinct n-gram hashes of the unit's validation documents."""
+    documents: int
+    text_bytes: int
+
+
+def split_ngrams(doc_files: Sequence[str], job: SplitNgramsJob) -> SplitNgrams:
+    """One unit of work of an eval index: the validation documents of ``doc_files`` (some of a
+    source's corpus files) as n-gram hashes. Units are independent, so a step may spread them over
+    workers; `merged_index` of every unit's hashes is the index of the whole split."""
+    texts = list(validation_texts(doc_files, job.cfg, job.threshold))
+    return SplitNgrams(build_index(NgramHasher(job.ngram), texts), len(texts),
+                       sum(len(t.encode("utf-8")) for t in texts))
+
+
+def merged_index(parts: Iterable[np.ndarray]) -> np.ndarray:
+    """The sorted, distinct union of sorted hash arrays: the same index as hashing their texts at once."""
+    return np.unique(np.concatenate([np.empty(0, np.uint64), *parts]))
 
 
 def index_bytes(index: np.ndarray) -> bytes:

@@ -9,6 +9,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import dagster as dg
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -17,13 +18,15 @@ from marin_assets.catalog import Catalog
 from marin_assets.tokenization.decontamination import (
     EvalSet,
     EvalSetError,
+    SplitNgramsJob,
     decontaminate,
     eval_set,
     eval_set_texts,
     index_bytes,
+    merged_index,
     parquet_bytes,
     read_index,
-    validation_texts,
+    split_ngrams,
     validation_threshold_of,
 )
 from marin_assets.tokenization.ngrams import NORMALIZATION_VERSION, NgramHasher, build_index
@@ -43,6 +46,7 @@ from marin_resources.artifacts import (
     marin_check,
     materialize_artifact,
 )
+from marin_resources.data_parallel import DataParallel
 from marin_resources.keys import asset_key, shard_partitions
 from marin_resources.storage.store import ArtifactStore
 
@@ -67,12 +71,17 @@ def contaminated_file(shard: str, mode: str) -> str:
     return f"{'marked' if mode == 'mark' else 'dropped'}/{shard}.parquet"
 
 
-def corpus_files(store: ArtifactStore, uri: str) -> list[str]:
+def corpus_file_sizes(store: ArtifactStore, uri: str) -> list[tuple[str, int]]:
+    """The corpus's document files, in path order, with their sizes in bytes."""
     manifest = store.read_manifest(uri)
     if manifest is None:
         raise dg.Failure(f"{uri} lost its manifest")
-    return [f"{uri}/{f.path}" for f in sorted(manifest.files, key=lambda f: f.path)
+    return [(f"{uri}/{f.path}", f.bytes) for f in sorted(manifest.files, key=lambda f: f.path)
             if f.path.startswith("data/") and f.path.endswith(".parquet")]
+
+
+def corpus_files(store: ArtifactStore, uri: str) -> list[str]:
+    return [path for path, _ in corpus_file_sizes(store, uri)]
 
 
 def split_identity(entry: TokenizedEntry) -> dict[str, Any]:
@@ -117,34 +126,39 @@ def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: l
                              + (f" and the eval sets {', '.join(s.name for s in sets)}" if sets else "")
                              + f". decontaminated/{source} drops training documents that share them. A new eval set "
                                "or a grown split makes it, and every decontaminated shard, stale.")
-    def eval_ngrams(context: dg.AssetExecutionContext, store: MarinStore, **corpora: ArtifactHandle):
+    def eval_ngrams(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
+                    **corpora: ArtifactHandle):
         artifacts = store.get()
         current = {name.removeprefix("corpus_"): h for name, h in sorted(corpora.items())}
 
         def build(writer) -> Built:
             started = time.monotonic()
-            hasher = NgramHasher(n)
-            texts: list[str] = []
-            thresholds, held_out = {}, {}
+            parts: list[np.ndarray] = []
+            thresholds, held_out, text_bytes = {}, {}, 0
             for source, handle in current.items():
                 entry = registry.tokenized[source]
-                files = corpus_files(artifacts, handle.uri)
-                thresholds[source] = validation_threshold_of(files, entry.cache)
-                split = list(validation_texts(files, entry.cache, thresholds[source]))
-                held_out[source] = len(split)
-                texts.extend(split)
+                files = corpus_file_sizes(artifacts, handle.uri)
+                paths = [path for path, _ in files]
+                thresholds[source] = validation_threshold_of(paths, entry.cache)
+                # Units of about a chunk's bytes of corpus files: here, or on the resource's workers.
+                units = data_parallel.parallel_map(context)(
+                    split_ngrams, [paths[a:b] for a, b in data_parallel.ranges([size for _, size in files])],
+                    SplitNgramsJob(entry.cache, thresholds[source], n))
+                held_out[source] = sum(unit.documents for unit in units)
+                text_bytes += sum(unit.text_bytes for unit in units)
+                parts.extend(unit.hashes for unit in units)
             for declared in sets:
                 try:
                     found = eval_set_texts(declared)
                 except EvalSetError as exc:
                     raise input_refused(str(exc)) from None
                 held_out[f"eval_set/{declared.name}"] = len(found)
-                texts.extend(found)
-            index = build_index(hasher, texts)
+                text_bytes += sum(len(t.encode("utf-8")) for t in found)
+                parts.append(build_index(NgramHasher(n), found))
+            index = merged_index(parts)
             with writer.open(INDEX_FILE) as fh:
                 fh.write(index_bytes(index))
             seconds = time.monotonic() - started
-            text_bytes = sum(len(t.encode("utf-8")) for t in texts)
             return Built(metrics={"ngram": n, "ngrams": int(index.size), "eval_documents": held_out,
                                   "thresholds": thresholds, "text_bytes": text_bytes,
                                   "build_seconds": round(seconds, 3)},

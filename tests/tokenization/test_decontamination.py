@@ -25,9 +25,13 @@ from marin_assets.tokenization.cache import CacheConfig, is_validation_document,
 from marin_assets.tokenization.decontamination import (
     CONTAMINATED,
     EvalSetError,
+    SplitNgramsJob,
     decontaminate,
     eval_set,
     eval_set_texts,
+    merged_index,
+    split_ngrams,
+    validation_texts,
     validation_threshold_of,
 )
 from marin_assets.tokenization.decontamination_assets import build_decontamination_assets, eval_ngrams_identity
@@ -115,6 +119,25 @@ def test_the_split_is_the_token_caches_own():
     assert corpus_threshold(cfg.validation_fraction, cfg.validation_min_documents, ids) \
         == raised.validation_fraction > cfg.validation_fraction
     assert sum(is_validation_document(i, raised.validation_fraction) for i in ids) == 10
+
+
+def test_an_index_built_in_units_is_the_index_built_at_once(tmp_path):
+    """eval_ngrams/<source> hashes chunks of corpus files as separate units (maybe on other workers):
+    merged, they give the same sorted array as hashing the whole validation split in one pass."""
+    cfg = CacheConfig(validation_fraction=0.3)
+    files = []
+    for i in range(5):
+        path = tmp_path / f"shard-{i}.parquet"
+        pq.write_table(_table(_clean_documents(40, seed=10 + i)), path)
+        files.append(str(path))
+    at_once = build_index(NgramHasher(13), validation_texts(files, cfg, cfg.validation_fraction))
+    job = SplitNgramsJob(cfg, cfg.validation_fraction, 13)
+    units = [split_ngrams(chunk, job) for chunk in (files[:1], files[1:4], files[4:], [])]
+    merged = merged_index(unit.hashes for unit in units)
+    assert at_once.size > 1000 and merged.dtype == np.uint64
+    assert np.array_equal(merged, at_once)
+    assert sum(u.documents for u in units) == sum(1 for _ in validation_texts(files, cfg, cfg.validation_fraction))
+    assert units[-1].documents == 0 and units[-1].hashes.size == 0
 
 
 @pytest.fixture(scope="module")
