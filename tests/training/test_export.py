@@ -120,9 +120,14 @@ def test_a_run_continued_from_the_export_starts_at_the_loss_the_run_ended_with(t
                       "--init-sha256", weights.sha256, cwd=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = json.loads((out / METRICS_FILE).read_text().splitlines()[0])["loss"]
-    ended = json.loads((trained_run / SUMMARY_FILE).read_text())["train_loss_last"]
     started = json.loads((trained_run / SUMMARY_FILE).read_text())["train_loss_first"]
-    assert first == pytest.approx(ended, rel=0.02) and started - ended > 1.0
+    # The first step scores another batch than the trained run's last, so it is compared with the spread
+    # of the trained run's own last losses (about +-0.1 here), not with one of them.
+    trained = [json.loads(line)["loss"] for line in (trained_run / METRICS_FILE).read_text().splitlines()]
+    tail = trained[-10:]
+    margin = (max(tail) - min(tail)) / 2
+    assert min(tail) - margin <= first <= max(tail) + margin, (first, tail)
+    assert started - first > 1.0  # nowhere near a fresh model's loss
 
 
 def test_a_missing_checkpoint_is_one_line_and_exit_2(trained_run, tmp_path):
