@@ -140,9 +140,12 @@ def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: l
                 files = corpus_file_sizes(artifacts, handle.uri)
                 paths = [path for path, _ in files]
                 thresholds[source] = validation_threshold_of(paths, entry.cache)
-                # Units of about a chunk's bytes of corpus files: here, or on the resource's workers.
+                # Units of about a chunk's bytes of validation text, here or on the resource's workers: hashing
+                # it is the work (a file's other documents are only read past), so a corpus whose split is
+                # under one chunk stays in this process (at 160 MB, Ray's worker starts cost more than it).
+                weights = [int(size * thresholds[source]) for _, size in files]
                 units = data_parallel.parallel_map(context)(
-                    split_ngrams, [paths[a:b] for a, b in data_parallel.ranges([size for _, size in files])],
+                    split_ngrams, [paths[a:b] for a, b in data_parallel.ranges(weights)],
                     SplitNgramsJob(entry.cache, thresholds[source], n))
                 held_out[source] = sum(unit.documents for unit in units)
                 text_bytes += sum(unit.text_bytes for unit in units)
