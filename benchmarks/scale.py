@@ -473,17 +473,20 @@ def machine_ceiling(workers: int = 2, rounds: int = 1_500_000, repeats: int = 5)
     ratios = []
     for _ in range(repeats):
         alone = _hash_loop(rounds)
-        with multiprocessing.Pool(workers, initializer=_pin_to, initargs=(cores,)) as pool:
-            together = pool.map(_hash_loop, [rounds] * workers)
-        ratios.append(round(workers * alone / max(together), 3))
+        # One process per core, all started before any is joined: a pool could hand both loops to one worker.
+        results = multiprocessing.SimpleQueue()
+        loops = [multiprocessing.Process(target=_hash_loop_on, args=(core, rounds, results)) for core in cores]
+        for loop in loops:
+            loop.start()
+        for loop in loops:
+            loop.join()
+        ratios.append(round(len(loops) * alone / max(results.get() for _ in loops), 3))
     return ratios
 
 
-def _pin_to(cores: list[int]) -> None:
-    import multiprocessing
-
-    index = (multiprocessing.current_process()._identity or (1,))[0] - 1
-    os.sched_setaffinity(0, {cores[index % len(cores)]})
+def _hash_loop_on(core: int, rounds: int, results) -> None:
+    os.sched_setaffinity(0, {core})
+    results.put(_hash_loop(rounds))
 
 
 def report_workers(results: list[dict], ceiling: float) -> dict:
