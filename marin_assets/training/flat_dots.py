@@ -4,9 +4,10 @@ haliax contracts named axes with ``jax.lax.dot_general`` on operands of three or
 [batch, position, embed] against [embed, mlp]. The gradient of such a weight contracts over batch
 *and* position, and XLA's CPU compiler in jaxlib 0.7.2 canonicalises that product by physically
 transposing the [batch, position, feature] operand (a `copy` of a `transpose`, at about 60 million
-floats a second on the 2-core VM it was profiled on): in the demo's nano Llama the backward pass took six times the
-forward. Merged into one axis by a reshape (free on a row-major array), every such product is
-two-dimensional, and XLA hands a 2-D product to Eigen with transpose flags instead of copying.
+floats a second on the 2-core VM it was profiled on): in the demo's nano Llama the backward pass
+took six times the forward. Merged into one axis by a reshape (free on a row-major array), every
+such product is two-dimensional, and XLA hands a 2-D product to Eigen with transpose flags instead
+of copying.
 
 The math is the same product; only the summation order inside it may differ, as between any two
 matmul kernels. `benchmarks/cpu_step.py` measures the step time with and without it.

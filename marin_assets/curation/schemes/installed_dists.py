@@ -132,30 +132,15 @@ def _installed_dist_bytes(uri: str) -> bytes:
 
 
 def _dist_refs(dists: list[importlib.metadata.Distribution]) -> list[FileRef]:
+    """Each distribution's description (if it has one) and licence files, versioned by its version."""
     refs = []
     for dist in dists:
         name = canonical_dist_name(dist.metadata["Name"])
-        version = dist.version
         description = _dist_description(dist)
-        if description:
-            refs.append(
-                FileRef(
-                    uri=f"{INSTALLED_DISTS_SCHEME}://{name}/DESCRIPTION",
-                    relpath=f"{name}/DESCRIPTION",
-                    size=len(description.encode("utf-8")),
-                    etag=version,
-                )
-            )
-        for rel in _dist_license_files(dist):
-            text = dist.read_text(rel) or ""
-            refs.append(
-                FileRef(
-                    uri=f"{INSTALLED_DISTS_SCHEME}://{name}/{rel}",
-                    relpath=f"{name}/{rel}",
-                    size=len(text.encode("utf-8")),
-                    etag=version,
-                )
-            )
+        texts = [("DESCRIPTION", description)] if description else []
+        texts += [(rel, dist.read_text(rel) or "") for rel in _dist_license_files(dist)]
+        refs += [FileRef(uri=f"{INSTALLED_DISTS_SCHEME}://{name}/{rel}", relpath=f"{name}/{rel}",
+                         size=len(text.encode("utf-8")), etag=dist.version) for rel, text in texts]
     return refs
 
 
