@@ -135,7 +135,8 @@ class Planner:
         staleness (the UI's "Unsynced") sees a changed source as `marin status` does. Returns how
         many observations were recorded."""
         current: dict[dg.AssetKey, dict[str, str]] = {}
-        for consumer, external in sorted(self.catalog.externals.items()):
+        externals = {spec.key: spec.external for spec in self.catalog.specs.values() if spec.external is not None}
+        for consumer, external in sorted(externals.items()):
             key = parse_key(consumer)
             pdef = self.graph.get(key).partitions_def if self.graph.has(key) else None
             if pdef is None or (names is not None and getattr(pdef, "name", None) not in names):
@@ -187,13 +188,15 @@ class Planner:
 
     def reads(self, key: dg.AssetKey, partition: str | None, parent: dg.AssetKey) -> bool:
         """Whether `key[partition]` reads ``parent``: every declared input, unless the catalog says fewer."""
-        reads = self.catalog.reads.get(key_str(key))
+        spec = self.catalog.specs.get(key_str(key))
+        reads = spec.reads if spec is not None else None
         return reads is None or partition is None or key_str(parent) in reads(partition)
 
     def wanted_identity(self, key: dg.AssetKey, partition: str | None) -> Any | None:
-        """The identity config the code wants for ``key[partition]`` now, where the catalog knows it."""
-        identity = self.catalog.identities.get(key_str(key))
-        return None if identity is None else identity(partition)
+        """The identity config the code wants for ``key[partition]`` now, from its spec (None: not an
+        artifact the catalog declares)."""
+        spec = self.catalog.specs.get(key_str(key))
+        return None if spec is None else spec.identity(partition)
 
     def current(self, key: dg.AssetKey, partition: str | None) -> Manifest | None:
         """The committed artifact of the identity the code wants now: found by its config where the
@@ -210,7 +213,8 @@ class Planner:
         partition stale, and the decision keeps the input's own cause (`marin status --why`)."""
         decision, manifest = self._assess(key, partition, verify, {} if memo is None else memo)
         cause = decision.reason
-        note = self.catalog.notes.get(key_str(key))
+        spec = self.catalog.specs.get(key_str(key))
+        note = spec.note if spec is not None else None
         if decision.state == "fresh" and note is not None and manifest is not None:
             cause = note(manifest, self.store) or cause
         return PartitionState(key_str(key), partition, decision.state, cause,
@@ -232,7 +236,9 @@ class Planner:
         recorded = manifest.upstream_versions()
         wanted = dict(recorded)  # inputs the planner cannot evaluate are taken as recorded
         decisions: dict[tuple[str, str | None], Decision] = {}
-        file_parent, file_of = self.catalog.file_reads.get(name, (None, None))
+        spec = self.catalog.specs.get(name)
+        file_read = spec.file_read if spec is not None else None
+        file_parent, file_of = (file_read.parent_key, file_read.file_of) if file_read is not None else (None, None)
         for parent in sorted(self.graph.get(key).parent_keys):
             if self.version_of(parent) is None:
                 continue
@@ -252,7 +258,7 @@ class Planner:
                     wanted[(pname, p)] = current.data_version
                 elif (pname, p) in recorded:
                     wanted[(pname, p)] = recorded[(pname, p)]  # missing: said by its decision, not as new data
-        external = self.catalog.externals.get(name)
+        external = spec.external if spec is not None else None
         if external is not None:
             wanted.update({(ext_key, partition): v for ext_key, v in external(partition).items()})
         upstream = [UpstreamRef(k, p, v, "") for (k, p), v in wanted.items()]

@@ -19,6 +19,7 @@ from typing import Any
 
 import dagster as dg
 
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.display import display_metadata
 from marin_resources.keys import asset_key, marin_key, stage_owners
 from marin_resources.storage.freshness import damage_summary, decide, label_of
@@ -98,10 +99,9 @@ def marin_check(asset: dg.AssetsDefinition, **kwargs: Any):
     return dg.asset_check(asset=asset, partitions_def=asset.partitions_def, **kwargs)
 
 
-def checked_manifest(context: dg.AssetCheckExecutionContext, store: MarinStore, key: str,
-                     version: str) -> Manifest | None:
+def checked_manifest(context: dg.AssetCheckExecutionContext, store: MarinStore, spec: ArtifactSpec) -> Manifest | None:
     """The committed artifact an asset check inspects: the check's partition (none when unpartitioned)."""
-    return store.get().find(key, version, asset_partition(context))
+    return store.get().find(spec.key, spec.version, asset_partition(context))
 
 
 def asset_partition(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> str | None:
@@ -111,12 +111,6 @@ def asset_partition(context: dg.AssetExecutionContext | dg.AssetCheckExecutionCo
     if context.op_execution_context.assets_def.partitions_def is None:
         return None
     return context.partition_key
-
-
-def store_version(context: dg.AssetExecutionContext) -> str:
-    """The code version used in paths: the asset's declared `marin/version` metadata."""
-    spec = context.assets_def.specs_by_key[context.asset_key]
-    return str(spec.metadata[VERSION_METADATA_KEY])
 
 
 def cpu_seconds() -> float:
@@ -129,25 +123,38 @@ def cpu_seconds() -> float:
 def materialize_artifact(
     context: dg.AssetExecutionContext,
     store: MarinStore,
+    spec: ArtifactSpec,
     *,
-    config: Any,
     upstream: Sequence[ArtifactHandle],
     build: Callable[[ArtifactWriter], Built | None],
     resume: bool = False,
     carried: Sequence[ArtifactHandle] = (),
+    first_identity: Any = None,
+    run_config: Any = None,
 ) -> dg.Output[ArtifactHandle]:
-    """Build an artifact unless an identical one is already committed; report it either way.
+    """Build the artifact of ``spec`` unless an identical one is already committed; report it either way.
 
-    `config` is the identity: it is fingerprinted and stored. Runtime choices must not be in it.
+    The spec's identity of this partition is fingerprinted and stored. Runtime choices must not be in it.
     `carried`: inputs (also in `upstream`) taken as the committed artifact recorded them, whose files a
     resumed build does not read (a token shard its cache already holds). The input check passes them
     over when the build resumes (`writer.resumed`), and checks them as any other when it starts from
     scratch (a damaged artifact) or re-hashes everything (`marin/verify`).
+    `first_identity`: the identity of a partition whose spec has none yet, an artifact pinned to the
+    inputs of its first build (a trained tokenizer); once committed, the spec reads it back.
+    `run_config`: the build's Dagster config, where the spec says it is part of the identity.
     """
     artifacts = store.get()
-    key = asset_key_str(context.asset_key)
+    key, version = spec.key, spec.version
+    if asset_key_str(context.asset_key) != key:
+        raise ValueError(f"asset {asset_key_str(context.asset_key)} materialized with the spec of {key}")
     partition = asset_partition(context)
-    version = store_version(context)
+    if (run_config is None) != (spec.run_config is None):
+        raise ValueError(f"{key}: its spec takes a run config {spec.run_config}, the build passed {run_config!r}")
+    config = spec.identity(partition) if run_config is None else spec.identity(partition, run_config)
+    if config is None:
+        if first_identity is None:
+            raise ValueError(f"{key}[{partition}]: its spec gives no identity and the build none for a first one")
+        config = first_identity
     fp = compute_fingerprint(config)
     refs = [h.ref() for h in upstream]
     full = context.run.tags.get(VERIFY_TAG) == "true"
@@ -284,17 +291,19 @@ def all_partitions_in(key: str | dg.AssetKey, **kwargs: Any) -> dg.AssetIn:
     return dg.AssetIn(key=key if isinstance(key, dg.AssetKey) else asset_key(key), metadata=metadata, **kwargs)
 
 
-def marin_asset(*, key: str, version: str, identity: Any | None = None, **asset_kwargs: Any):
-    """`dg.asset` for store-backed artifacts.
+def marin_asset(spec: ArtifactSpec, **asset_kwargs: Any):
+    """`dg.asset` for the store-backed artifact of ``spec``.
 
-    `key` is the marin key (`filtered/shakespeare`); the Dagster key follows marin_resources.keys.
-    `version` is the code version used in storage paths (with the identity fingerprint beside it).
-    When the asset's identity config is static, a short fingerprint of it is appended to Dagster's
-    code version too, so that the UI marks the asset stale after a config change. The stage's
-    owners are set from `group_name`.
+    The spec's key is the marin key (`filtered/shakespeare`); the Dagster key follows
+    marin_resources.keys. Its version is the code version used in storage paths (with the identity
+    fingerprint beside it). Where the spec has a partition-independent identity, a short fingerprint
+    of it is appended to Dagster's code version too, so that the UI marks the asset stale after a
+    config change. The stage's owners are set from `group_name`.
     """
-    dagster_version = version if identity is None else f"{version}+{compute_fingerprint(identity)[:8]}"
+    version = spec.version
+    dagster_version = version if spec.code_identity is None \
+        else f"{version}+{compute_fingerprint(spec.code_identity)[:8]}"
     metadata = {VERSION_METADATA_KEY: version, **asset_kwargs.pop("metadata", {})}
     owners = asset_kwargs.pop("owners", None) or stage_owners(asset_kwargs.get("group_name", ""))
-    return dg.asset(key=asset_key(key), code_version=dagster_version, metadata=metadata, owners=owners,
+    return dg.asset(key=asset_key(spec.key), code_version=dagster_version, metadata=metadata, owners=owners,
                     io_manager_key="artifact_io_manager", **asset_kwargs)

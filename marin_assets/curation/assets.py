@@ -23,12 +23,12 @@ from marin_assets.curation.refine import build_refinement_assets, write_parquet
 from marin_assets.curation.sensors import build_new_shard_sensor
 from marin_assets.deployment import Deployment
 from marin_resources.allocator import keep_freed_memory
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
     checked_manifest,
-    marin_asset,
     marin_check,
     materialize_artifact,
 )
@@ -103,15 +103,16 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
     name = source.name
     source_identity = reading_identity(source)
     catalog.add_discoverer(partitions.name, lambda: [s.key for s in current_shards(source)])
-    catalog.add_identity(f"raw/{name}", lambda partition: {"source": source_identity, "shard": partition})
-    catalog.add_external(f"raw/{name}",
-                         lambda partition: {external_key(source): shard_by_key(source, partition).fingerprint})
-    catalog.add_identity(f"documents/{name}", lambda partition: {"source": source_identity})
+    raw_spec = ArtifactSpec(
+        f"raw/{name}", RAW_VERSION, lambda partition: {"source": source_identity, "shard": partition},
+        code_identity={"source": source_identity},
+        external=lambda partition: {external_key(source): shard_by_key(source, partition).fingerprint})
+    documents_spec = ArtifactSpec.fixed(f"documents/{name}", DOCUMENTS_VERSION, {"source": source_identity})
     external = build_source_observation(source, partitions)
 
-    @marin_asset(key=f"raw/{name}", version=RAW_VERSION, partitions_def=partitions, group_name="curation",
-                 identity={"source": source_identity}, tags={"marin/source": name}, deps=[external.key],
-                 kinds={"files"}, description=f"Raw bytes of source `{name}` ({source.uri}), one shard per partition.")
+    @catalog.asset(raw_spec, partitions_def=partitions, group_name="curation", tags={"marin/source": name},
+                   deps=[external.key], kinds={"files"},
+                   description=f"Raw bytes of source `{name}` ({source.uri}), one shard per partition.")
     def raw(context: dg.AssetExecutionContext, store: MarinStore) -> dg.Output[ArtifactHandle]:
         shard = shard_by_key(source, context.partition_key)
         # The listing (paths, sizes, content checksums) stands in for the outside world's data version.
@@ -142,15 +143,13 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
             return Built(metrics={"files": len(shard.files), "raw_bytes": total},
                          metadata={"source_uri": source.uri})
 
-        return materialize_artifact(context, store, config={"source": source_identity, "shard": shard.key},
-                                    upstream=[_as_handle(source_ref)], build=build)
+        return materialize_artifact(context, store, raw_spec, upstream=[_as_handle(source_ref)], build=build)
 
-    @marin_asset(key=f"documents/{name}", version=DOCUMENTS_VERSION, partitions_def=partitions,
-                 identity={"source": source_identity}, tags={"marin/source": name},
-                 group_name="curation", kinds={"parquet"}, ins={"raw": dg.AssetIn(key=raw.key)},
-                 automation_condition=FOLLOWS_NEW_DATA,
-                 description=f"Normalized documents of `{name}` (id, text, source, source_id, metadata) "
-                             "plus a quarantine table of every record that could not be used.")
+    @catalog.asset(documents_spec, partitions_def=partitions, tags={"marin/source": name},
+                   group_name="curation", kinds={"parquet"}, ins={"raw": dg.AssetIn(key=raw.key)},
+                   automation_condition=FOLLOWS_NEW_DATA,
+                   description=f"Normalized documents of `{name}` (id, text, source, source_id, metadata) "
+                               "plus a quarantine table of every record that could not be used.")
     def documents(context: dg.AssetExecutionContext, store: MarinStore, raw: ArtifactHandle):
         artifacts = store.get()
 
@@ -181,19 +180,19 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
                        **{f"quarantine/{k}": v for k, v in result.quarantine_counts.items()}}
             return Built(metrics=metrics, metadata={"dagster/row_count": docs.height, "parquet_bytes": doc_bytes})
 
-        return materialize_artifact(context, store, config={"source": source_identity}, upstream=[raw], build=build)
+        return materialize_artifact(context, store, documents_spec, upstream=[raw], build=build)
 
     @marin_check(documents, description="Quarantined records stay under "
                                                  f"{MAX_QUARANTINE_FRACTION:.0%} of the records read from the shard. "
                                                  "A shard with no document (every record quarantined, or every "
                                                  "file refused) is a valid empty shard: a warning, not a failure.")
     def documents_quarantine_bound(context: dg.AssetCheckExecutionContext, store: MarinStore):
-        m = _manifest_for_check(store, f"documents/{name}", DOCUMENTS_VERSION, context)
+        m = _manifest_for_check(store, documents_spec, context)
         return quarantine_bound_result(m.metrics, MAX_QUARANTINE_FRACTION)
 
     @marin_check(documents, description="Every input record is either a document or quarantined.")
     def documents_accounted(context: dg.AssetCheckExecutionContext, store: MarinStore):
-        return accounted_result(_manifest_for_check(store, f"documents/{name}", DOCUMENTS_VERSION, context).metrics)
+        return accounted_result(_manifest_for_check(store, documents_spec, context).metrics)
 
     return [external, raw, documents, documents_quarantine_bound, documents_accounted,
             build_new_shard_sensor(source, partitions, raw.key, external.key)]
@@ -210,10 +209,10 @@ def _as_handle(ref: UpstreamRef) -> ArtifactHandle:
     return ArtifactHandle(ref.asset_key, ref.partition, "external", ref.uri, ref.data_version)
 
 
-def _manifest_for_check(store: MarinStore, key: str, version: str, context):
-    manifest = checked_manifest(context, store, key, version)
+def _manifest_for_check(store: MarinStore, spec: ArtifactSpec, context):
+    manifest = checked_manifest(context, store, spec)
     if manifest is None:
-        raise dg.Failure(f"{key} has no committed artifact to check")
+        raise dg.Failure(f"{spec.key} has no committed artifact to check")
     return manifest
 
 

@@ -25,13 +25,13 @@ from marin_assets.curation.quality import QualityConfig, train_quality_model
 from marin_assets.curation.readers import read_shard
 from marin_assets.curation.schemes.registry import scheme_of
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
     all_partitions_in,
     input_refused,
-    marin_asset,
     materialize_artifact,
 )
 from marin_resources.storage.store import ArtifactStore
@@ -99,8 +99,7 @@ def build_model_assets(config: CurationConfig, catalog: Catalog) -> list:
     assets = []
     quality = config.quality
     if quality is not None and quality.classifier == "fasttext":
-        identity = classifier_identity(config)
-        catalog.add_identity(CLASSIFIER_KEY, lambda partition: identity)
+        classifier_spec = ArtifactSpec.fixed(CLASSIFIER_KEY, CLASSIFIER_VERSION, classifier_identity(config))
         adopted = quality.model_uri is not None
         description = (f"fastText quality classifier adopted from `{quality.model_uri}` (sha256 "
                        f"{quality.model_sha256[:12]}...); scores are P({quality.positive_label})." if adopted else
@@ -109,8 +108,7 @@ def build_model_assets(config: CurationConfig, catalog: Catalog) -> list:
                        + ", ".join(s.name for s in config.quality_negative_sources)
                        + "): one thread, a fixed seed, the same sources give the same model bytes.")
 
-        @marin_asset(key=CLASSIFIER_KEY, version=CLASSIFIER_VERSION, identity=identity, group_name="curation",
-                     kinds={"fasttext"}, description=description)
+        @catalog.asset(classifier_spec, group_name="curation", kinds={"fasttext"}, description=description)
         def quality_classifier(context: dg.AssetExecutionContext, store: MarinStore):
             def build(writer) -> Built:
                 if adopted:
@@ -129,20 +127,19 @@ def build_model_assets(config: CurationConfig, catalog: Catalog) -> list:
                                                  "words": info.n_words, "quantized": info.quantized})
                 return Built(metrics={**summary, "model_sha256": sha256_hex(model), "model_bytes": len(model)})
 
-            return materialize_artifact(context, store, config=identity, upstream=[], build=build)
+            return materialize_artifact(context, store, classifier_spec, upstream=[], build=build)
 
         assets.append(quality_classifier)
 
     language = config.language_id
     if language is not None:
-        lang_identity = {"adopted_sha256": language.model_sha256}
-        catalog.add_identity(LANGUAGE_MODEL_KEY, lambda partition: lang_identity)
+        language_spec = ArtifactSpec.fixed(LANGUAGE_MODEL_KEY, LANGUAGE_MODEL_VERSION,
+                                           {"adopted_sha256": language.model_sha256})
 
-        @marin_asset(key=LANGUAGE_MODEL_KEY, version=LANGUAGE_MODEL_VERSION, identity=lang_identity,
-                     group_name="curation", kinds={"fasttext"},
-                     description=f"fastText language-ID model adopted from `{language.model_uri}` (sha256 "
-                                 f"{language.model_sha256[:12]}...); identifies the languages of every source whose "
-                                 "`language_identifier` is `fasttext`, in place of the pinned lid.176.")
+        @catalog.asset(language_spec, group_name="curation", kinds={"fasttext"},
+                       description=f"fastText language-ID model adopted from `{language.model_uri}` (sha256 "
+                                   f"{language.model_sha256[:12]}...); identifies the languages of every source whose "
+                                   "`language_identifier` is `fasttext`, in place of the pinned lid.176.")
         def language_model(context: dg.AssetExecutionContext, store: MarinStore):
             def build(writer) -> Built:
                 model = _adopted(language.model_uri, language.model_sha256, "language model", [])
@@ -152,7 +149,7 @@ def build_model_assets(config: CurationConfig, catalog: Catalog) -> list:
                 return Built(metrics={"languages": len(info.labels), "model_bytes": len(model),
                                       "adopted_from": language.model_uri})
 
-            return materialize_artifact(context, store, config=lang_identity, upstream=[], build=build)
+            return materialize_artifact(context, store, language_spec, upstream=[], build=build)
 
         assets.append(language_model)
     if quality is not None and config.quality_sources:
@@ -163,19 +160,18 @@ def build_model_assets(config: CurationConfig, catalog: Catalog) -> list:
 def build_quality_threshold(config: CurationConfig, catalog: Catalog):
     quality = config.quality
     assert quality is not None
-    identity = {"keep_fraction": quality.keep_fraction, "relative_accuracy": quality.sketch_relative_accuracy,
-                "classifier": quality.classifier, "sources": list(config.quality_sources)}
-    catalog.add_identity(THRESHOLD_KEY, lambda partition: identity)
+    threshold_spec = ArtifactSpec.fixed(THRESHOLD_KEY, THRESHOLD_VERSION, {
+        "keep_fraction": quality.keep_fraction, "relative_accuracy": quality.sketch_relative_accuracy,
+        "classifier": quality.classifier, "sources": list(config.quality_sources)})
     ins = {f"shards_{name}": all_partitions_in(f"filtered/{name}") for name in config.quality_sources}
 
-    @marin_asset(key=THRESHOLD_KEY, version=THRESHOLD_VERSION, identity=identity, ins=ins, group_name="curation",
-                 kinds={"json"},
-                 description=f"The keep threshold of the `{quality.classifier}` quality score over the corpus being "
-                             f"filtered ({', '.join(config.quality_sources)}): the {1 - quality.keep_fraction:g} "
-                             "quantile of every scored document, from the shards' mergeable sketches (relative "
-                             f"accuracy {quality.sketch_relative_accuracy:g}); independent of shard order. "
-                             "`threshold_shifts` says "
-                             "how far each source moves it: the threshold the other sources alone would give.")
+    @catalog.asset(threshold_spec, ins=ins, group_name="curation", kinds={"json"},
+                   description=f"The keep threshold of the `{quality.classifier}` quality score over the corpus being "
+                               f"filtered ({', '.join(config.quality_sources)}): the {1 - quality.keep_fraction:g} "
+                               "quantile of every scored document, from the shards' mergeable sketches (relative "
+                               f"accuracy {quality.sketch_relative_accuracy:g}); independent of shard order. "
+                               "`threshold_shifts` says "
+                               "how far each source moves it: the threshold the other sources alone would give.")
     def quality_threshold(context: dg.AssetExecutionContext, store: MarinStore, **inputs: dict[str, ArtifactHandle]):
         artifacts = store.get()
         handles = [h for _, shards in sorted(inputs.items()) for _, h in sorted(shards.items())]
@@ -206,7 +202,7 @@ def build_quality_threshold(config: CurationConfig, catalog: Catalog):
                                   **{f"shift/{name}": row["shift"] for name, row in shifts.items()}},
                          metadata={"threshold_shifts": dg.MetadataValue.md(shifts_table(shifts))})
 
-        return materialize_artifact(context, store, config=identity, upstream=handles, build=build)
+        return materialize_artifact(context, store, threshold_spec, upstream=handles, build=build)
 
     return quality_threshold
 

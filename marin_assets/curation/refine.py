@@ -51,6 +51,7 @@ from marin_assets.curation.paragraphs import remove_duplicate_paragraphs
 from marin_assets.curation.sketch import QuantileSketch
 from marin_assets.curation.url_filter import blocklist_bytes, read_url_blocklist
 from marin_resources.allocator import keep_freed_memory
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
@@ -58,7 +59,6 @@ from marin_resources.artifacts import (
     all_partitions_in,
     checked_manifest,
     input_refused,
-    marin_asset,
     marin_check,
     materialize_artifact,
 )
@@ -129,17 +129,16 @@ def dedup_index_key(group: str) -> dg.AssetKey:
 
 def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupConfig, catalog: Catalog):
     """`dedup_index/<group>`: the incremental, partitioned dedup index over every filtered shard of the group."""
-    identity = {"dedup": asdict(dedup_cfg), "sources": [member.name for member in members]}
-    catalog.add_identity(f"dedup_index/{group}", lambda partition: identity)
+    spec = ArtifactSpec.fixed(f"dedup_index/{group}", DEDUP_INDEX_VERSION,
+                              {"dedup": asdict(dedup_cfg), "sources": [member.name for member in members]})
     ins = {f"shards_{member.name}": all_partitions_in(f"filtered/{member.name}") for member in members}
 
-    @marin_asset(key=f"dedup_index/{group}", version=DEDUP_INDEX_VERSION, identity=identity, ins=ins,
-                 group_name="curation", kinds={"parquet"}, tags={"marin/dedup_group": group},
-                 automation_condition=FOLLOWS_NEW_DATA,
-                 description=f"Dedup index of group `{group}` ({', '.join(m.name for m in members)}): shard order, "
-                             "each shard's keep/drop decisions, and the LSH and exact keys of kept documents as "
-                             f"sorted runs in {dedup_cfg.index_partitions} bucket-hash ranges. Append-only: a new "
-                             "shard is checked against the kept documents and earlier decisions stay fixed.")
+    @catalog.asset(spec, ins=ins, group_name="curation", kinds={"parquet"}, tags={"marin/dedup_group": group},
+                   automation_condition=FOLLOWS_NEW_DATA,
+                   description=f"Dedup index of group `{group}` ({', '.join(m.name for m in members)}): shard order, "
+                               "each shard's keep/drop decisions, and the LSH and exact keys of kept documents as "
+                               f"sorted runs in {dedup_cfg.index_partitions} bucket-hash ranges. Append-only: a new "
+                               "shard is checked against the kept documents and earlier decisions stay fixed.")
     def dedup_index(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                     **inputs: dict[str, ArtifactHandle]):
         artifacts = store.get()
@@ -181,8 +180,8 @@ def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupC
                                   "update/reset": update.reset_reason or ""},
                          metadata={"new_shards": len(update.new_shards)})
 
-        return materialize_artifact(context, store, config=identity, upstream=[h for *_, h in handles],
-                                    build=build, resume=True)
+        return materialize_artifact(context, store, spec, upstream=[h for *_, h in handles], build=build,
+                                    resume=True)
 
     return dedup_index
 
@@ -307,8 +306,8 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     exact_paragraphs = exact_paragraphs_of(source)
     dedup_identity = {"dedup": asdict(dedup_cfg), "group": group, "exact_paragraphs": exact_paragraphs,
                       "quality_threshold": quality is not None}
-    catalog.add_identity(f"filtered/{name}", lambda partition: filtered_identity)
-    catalog.add_identity(f"deduplicated/{name}", lambda partition: dedup_identity)
+    filtered_spec = ArtifactSpec.fixed(f"filtered/{name}", FILTERED_VERSION, filtered_identity)
+    dedup_spec = ArtifactSpec.fixed(f"deduplicated/{name}", DEDUP_VERSION, dedup_identity)
 
     ins: dict[str, dg.AssetIn] = {"documents": dg.AssetIn(key=documents_key)}
     if uses_model:
@@ -316,19 +315,18 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     if language_model:
         ins["language_model"] = dg.AssetIn(key=asset_key(LANGUAGE_MODEL_KEY))
 
-    @marin_asset(key=f"filtered/{name}", version=FILTERED_VERSION, partitions_def=partitions, ins=ins,
-                 identity=filtered_identity, tags={"marin/source": name},
-                 group_name="curation", kinds={"parquet", "polars"},
-                 automation_condition=FOLLOWS_NEW_DATA,
-                 description=f"Documents of `{name}` that pass "
-                             + ("the URL block list, " if blocklist is not None else "")
-                             + f"language id ({describe_language_id(source, config)}) and the Gopher/C4 heuristics"
-                             + (", with e-mail and public IP addresses replaced by placeholders (counts in "
-                                "`pii/*`)" if pii is not None else "")
-                             + ", with their attributes (`lang`, `lang_score`"
-                             + (f", `quality_score` from the {quality.classifier} classifier, sketched in "
-                                f"`{SKETCH_FILE}` for the corpus-wide threshold" if quality else "")
-                             + "). Dropped documents are kept in `dropped.parquet` with their reason; MinHash "
+    @catalog.asset(filtered_spec, partitions_def=partitions, ins=ins, tags={"marin/source": name},
+                   group_name="curation", kinds={"parquet", "polars"},
+                   automation_condition=FOLLOWS_NEW_DATA,
+                   description=f"Documents of `{name}` that pass "
+                               + ("the URL block list, " if blocklist is not None else "")
+                               + f"language id ({describe_language_id(source, config)}) and the Gopher/C4 heuristics"
+                               + (", with e-mail and public IP addresses replaced by placeholders (counts in "
+                                  "`pii/*`)" if pii is not None else "")
+                               + ", with their attributes (`lang`, `lang_score`"
+                               + (f", `quality_score` from the {quality.classifier} classifier, sketched in "
+                                  f"`{SKETCH_FILE}` for the corpus-wide threshold" if quality else "")
+                               + "). Dropped documents are kept in `dropped.parquet` with their reason; MinHash "
                                "signatures of the kept documents are cached per shard for dedup.")
     def filtered(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                  documents: ArtifactHandle, **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
@@ -379,25 +377,24 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             return Built(metrics=metrics, metadata={"dagster/row_count": kept.height, "chunks": len(ranges)})
 
         upstream = [documents] + [optional[k] for k in ("classifier", "language_model") if k in optional]
-        return materialize_artifact(context, store, config=filtered_identity, upstream=upstream, build=build)
+        return materialize_artifact(context, store, filtered_spec, upstream=upstream, build=build)
 
     dedup_ins = {"index": dg.AssetIn(key=dedup_index_key(group))}
     if quality is not None:
         dedup_ins["threshold"] = dg.AssetIn(key=asset_key(THRESHOLD_KEY))
 
-    @marin_asset(key=f"deduplicated/{name}", version=DEDUP_VERSION, ins=dedup_ins, identity=dedup_identity,
-                 tags={"marin/source": name, "marin/dedup_group": group}, automation_condition=FOLLOWS_NEW_DATA,
-                 group_name="curation", kinds={"parquet"},
-                 description=f"`{name}` after exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication against "
-                             f"dedup group `{group}`"
-                             + (", then the corpus-wide quality threshold (`quality_dropped/<shard>.parquet`)"
-                                if quality else "")
-                             + (", then exact paragraph dedup (removed spans in `paragraph_spans/<shard>.parquet`)"
-                                if exact_paragraphs else "")
-                             + ". `data/<shard>.parquet` holds each shard's kept documents and "
-                             "`duplicates/<shard>.parquet` its dropped ids, with the kept id that replaced each and "
-                             "their exact Jaccard. Files of earlier shards are rewritten only when the threshold "
-                             "moves.")
+    @catalog.asset(dedup_spec, ins=dedup_ins, tags={"marin/source": name, "marin/dedup_group": group},
+                   automation_condition=FOLLOWS_NEW_DATA, group_name="curation", kinds={"parquet"},
+                   description=f"`{name}` after exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication against "
+                               f"dedup group `{group}`"
+                               + (", then the corpus-wide quality threshold (`quality_dropped/<shard>.parquet`)"
+                                  if quality else "")
+                               + (", then exact paragraph dedup (removed spans in `paragraph_spans/<shard>.parquet`)"
+                                  if exact_paragraphs else "")
+                               + ". `data/<shard>.parquet` holds each shard's kept documents and "
+                               "`duplicates/<shard>.parquet` its dropped ids, with the kept id that replaced each and "
+                               "their exact Jaccard. Files of earlier shards are rewritten only when the threshold "
+                               "moves.")
     def deduplicated(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                      index: ArtifactHandle, **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
         artifacts = store.get()
@@ -482,15 +479,14 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                                    "filter_report_table": dg.MetadataValue.md(report_table(report))})
 
         upstream = [index] + ([threshold_handle] if threshold_handle is not None else [])
-        return materialize_artifact(context, store, config=dedup_identity, upstream=upstream, build=build,
-                                    resume=True)
+        return materialize_artifact(context, store, dedup_spec, upstream=upstream, build=build, resume=True)
 
     checks = [
-        _bound_check(filtered, f"filtered/{name}", FILTERED_VERSION, "drop_fraction", MAX_FILTER_DROP_FRACTION,
+        _bound_check(filtered, filtered_spec, "drop_fraction", MAX_FILTER_DROP_FRACTION,
                      input_metric="input_documents"),
-        _bound_check(deduplicated, f"deduplicated/{name}", DEDUP_VERSION, "drop_fraction", MAX_DEDUP_DROP_FRACTION),
-        _schema_check(deduplicated, f"deduplicated/{name}", DEDUP_VERSION),
-        _largest_rule_check(deduplicated, f"deduplicated/{name}"),
+        _bound_check(deduplicated, dedup_spec, "drop_fraction", MAX_DEDUP_DROP_FRACTION),
+        _schema_check(deduplicated, dedup_spec),
+        _largest_rule_check(deduplicated, dedup_spec),
     ]
     # The group's first source (in YAML order) carries the group's index asset.
     index_assets = [build_dedup_index(group, members, dedup_cfg, catalog)] if members[0] is source else []
@@ -507,16 +503,16 @@ def _not_committed(key: str) -> dg.AssetCheckResult:
                                description=f"no committed {key}")
 
 
-def _bound_check(asset, key: str, version: str, metric: str, bound: float, input_metric: str | None = None):
+def _bound_check(asset, spec: ArtifactSpec, metric: str, bound: float, input_metric: str | None = None):
     """`metric` at most `bound`, and some document kept. With `input_metric` (a per-shard step), a
     shard that got no document in (every record quarantined upstream) is empty, not over-filtered."""
     @marin_check(asset, name=f"{metric}_bound",
                     description=f"`{metric}` stays at or under {bound}; a filter or dedup that drops most of a "
                                 "corpus is a misconfiguration, not a result.")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, key, version)
+        manifest = checked_manifest(context, store, spec)
         if manifest is None:
-            return _not_committed(key)
+            return _not_committed(spec.key)
         value = float(manifest.metrics.get(metric, 0.0))
         documents = manifest.metrics.get("documents", 0)
         empty_input = input_metric is not None and manifest.metrics.get(input_metric) == 0
@@ -542,15 +538,15 @@ def source_filter_report(store: ArtifactStore, shards: list, scored: bool, *, du
                          quality_dropped=quality_dropped, scores=scores)
 
 
-def _largest_rule_check(asset, key: str):
+def _largest_rule_check(asset, spec: ArtifactSpec):
     @marin_check(asset, name="no_rule_drops_most",
                  description=f"No single rule (a filter, the language filter, duplicates, the quality threshold) "
                              f"drops more than {MOST:.0%} of the documents read from the source; a warning, with "
                              "the source's filter report.")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, key, DEDUP_VERSION)
+        manifest = checked_manifest(context, store, spec)
         if manifest is None:
-            return _not_committed(key)
+            return _not_committed(spec.key)
         report = manifest.metrics.get("filter_report") or {}
         problem = largest_rule_problem(report)
         return dg.AssetCheckResult(passed=problem is None, severity=dg.AssetCheckSeverity.WARN, description=problem,
@@ -560,7 +556,7 @@ def _largest_rule_check(asset, key: str):
     return check
 
 
-def _schema_check(asset, key: str, version: str):
+def _schema_check(asset, spec: ArtifactSpec):
     @marin_check(asset, name="document_schema",
                  description="The output shards the last build wrote have the document columns with string "
                              "types and unique ids (earlier shards were checked when they were written and are "
@@ -569,9 +565,9 @@ def _schema_check(asset, key: str, version: str):
         import pyarrow.parquet as pq
 
         artifacts = store.get()
-        manifest = checked_manifest(context, store, key, version)
+        manifest = checked_manifest(context, store, spec)
         if manifest is None:
-            return _not_committed(key)
+            return _not_committed(spec.key)
         written = {f"data/{shard}.parquet" for shard in manifest.metrics.get("written_shards", [])}
         problems, ids, rows = [], set(), 0
         for entry in manifest.files:

@@ -56,12 +56,12 @@ from marin_assets.training.assets import RUNS, SpecLookup, check_pool, local_dir
 from marin_assets.training.commands import HARNESS_REPORT_FILE, harness_command
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
 from marin_assets.training.spec import RunSpec
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
     checked_manifest,
-    marin_asset,
     marin_check,
     materialize_artifact,
 )
@@ -101,18 +101,19 @@ def held_out_documents(store, tokenized: ArtifactHandle, source: str) -> list[tu
     return list(iter_split_documents(list(corpus_files(store, corpus.uri)), cfg, "validation"))
 
 
-def build_eval_task_asset(spec: NextLineTaskSpec):
+def build_eval_task_asset(spec: NextLineTaskSpec, catalog: Catalog):
     source_key = f"tokenized/{spec.source}"
+    artifact = ArtifactSpec.fixed(eval_task_key(spec.name), EVAL_TASK_VERSION, spec.identity())
 
-    @marin_asset(key=eval_task_key(spec.name), version=EVAL_TASK_VERSION, identity=spec.identity(),
-                 ins={"tokenized": dg.AssetIn(key=asset_key(source_key))}, group_name="evaluation",
-                 kinds={"lm-eval"},
-                 description=f"Offline multiple-choice task `{spec.name}`: the true "
-                             f"{'next line' if spec.continuation == 'next_line' else 'end of a line'} of a passage "
-                             f"among {spec.choices} choices ({DISTRACTOR_TEXT[spec.distractors]}) from "
-                             f"{source_key}'s validation split (never trained on). An lm-eval task YAML "
-                             f"(`{spec.name}{TASK_FILE_SUFFIX}`) over JSON lines (`{spec.name}{DATA_FILE_SUFFIX}`); "
-                             "deterministic in its config and the held-out text.")
+    @catalog.asset(artifact,
+                   ins={"tokenized": dg.AssetIn(key=asset_key(source_key))}, group_name="evaluation",
+                   kinds={"lm-eval"},
+                   description=f"Offline multiple-choice task `{spec.name}`: the true "
+                               f"{'next line' if spec.continuation == 'next_line' else 'end of a line'} of a passage "
+                               f"among {spec.choices} choices ({DISTRACTOR_TEXT[spec.distractors]}) from "
+                               f"{source_key}'s validation split (never trained on). An lm-eval task YAML "
+                               f"(`{spec.name}{TASK_FILE_SUFFIX}`) over JSON lines (`{spec.name}{DATA_FILE_SUFFIX}`); "
+                               "deterministic in its config and the held-out text.")
     def eval_task(context: dg.AssetExecutionContext, store: MarinStore, tokenized: ArtifactHandle):
         artifacts = store.get()
 
@@ -137,7 +138,7 @@ def build_eval_task_asset(spec: NextLineTaskSpec):
                                    "preview": dg.MetadataValue.json([i.to_json() for i in items[:PREVIEW_ITEMS]]),
                                    "items_per_document": dg.MetadataValue.json(per_doc)})
 
-        return materialize_artifact(context, store, config=spec.identity(), upstream=[tokenized], build=build)
+        return materialize_artifact(context, store, artifact, upstream=[tokenized], build=build)
 
     return eval_task
 
@@ -220,7 +221,7 @@ class HarnessSuite:
 
 def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
                         partitions: dg.DynamicPartitionsDefinition, spec_for: SpecLookup, pool: str,
-                        group_name: str, tags: dict[str, str] | None = None, subject: str = ""):
+                        group_name: str, catalog: Catalog, tags: dict[str, str] | None = None, subject: str = ""):
     """The suite on each run's final checkpoint (``checkpoint_key``), a run per partition, and its
     ``beats_chance`` check; ``spec_for`` gives a partition's `RunSpec` when a step runs (dg.Failure
     for an unknown run)."""
@@ -231,14 +232,16 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
     chance = chance_levels(registry, suite)
     tags = {"marin/partitioned_by": "run", **(tags or {})}
 
-    @marin_asset(key=key, version=HARNESS_EVAL_VERSION, partitions_def=partitions, ins=ins,
-                 group_name=group_name, pool=pool, kinds={"levanter", "lm-eval"}, tags=tags,
-                 metadata={"suite": suite.name},
-                 description=f"Suite `{suite.name}` on a run's final checkpoint{subject} through Levanter's eval "
-                             f"harness (lm-eval): {', '.join(t.name for t in suite.tasks) or 'no tasks'}"
-                             f"{'; bits-per-byte on held-out ' + ', '.join(suite.bpb) if suite.bpb else ''}. "
-                             "Per task `<task>/acc`, `<task>/acc_norm` and their stderr in the manifest; lm-eval's "
-                             "version and the task configs' hashes are part of its identity.")
+    artifact = ArtifactSpec(key, HARNESS_EVAL_VERSION, lambda run: harness.identity(spec_for(str(run))))
+
+    @catalog.asset(artifact, partitions_def=partitions, ins=ins,
+                   group_name=group_name, pool=pool, kinds={"levanter", "lm-eval"}, tags=tags,
+                   metadata={"suite": suite.name},
+                   description=f"Suite `{suite.name}` on a run's final checkpoint{subject} through Levanter's eval "
+                               f"harness (lm-eval): {', '.join(t.name for t in suite.tasks) or 'no tasks'}"
+                               f"{'; bits-per-byte on held-out ' + ', '.join(suite.bpb) if suite.bpb else ''}. "
+                               "Per task `<task>/acc`, `<task>/acc_norm` and their stderr in the manifest; lm-eval's "
+                               "version and the task configs' hashes are part of its identity.")
     def harness_eval(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher,
                      checkpoint: ArtifactHandle, **inputs: ArtifactHandle):
         spec = spec_for(context.partition_key)
@@ -289,7 +292,7 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
 
         upstream = [checkpoint, *[task_handles[k] for k in sorted(task_handles)],
                     *[heldout[k] for k in sorted(heldout)]]
-        return materialize_artifact(context, store, config=config, upstream=upstream, build=build)
+        return materialize_artifact(context, store, artifact, upstream=upstream, build=build)
 
     hard = {t.name for t in suite.tasks if t.hard}
 
@@ -297,7 +300,7 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
                  description="Every offline task not marked `hard` has a positive margin over chance, "
                              "acc - 2 x stderr - chance; every task's margin is recorded.")
     def beats_chance(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, key, HARNESS_EVAL_VERSION)
+        manifest = checked_manifest(context, store, artifact)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": f"no committed {key}"})
         margins = {task: margin_over_chance(manifest.metrics, task, level) for task, level in chance.items()}
@@ -322,8 +325,7 @@ def build_evaluation_stage(settings: MarinSettings, deployment: Deployment) -> t
     tasks: set[str] = set()
     for spec in registry.offline_tasks.values():
         if spec.source in tokenized_sources:
-            assets.append(build_eval_task_asset(spec))
-            catalog.add_identity(eval_task_key(spec.name), lambda p, s=spec: s.identity())
+            assets.append(build_eval_task_asset(spec, catalog))
             tasks.add(spec.name)
     harness = HarnessSuite.resolve(registry, registry.suite(settings.eval_suite), tasks, tokenized_sources)
     run_sets = [dict(key="harness_eval", checkpoint_key="checkpoint", partitions=RUNS,
@@ -336,8 +338,7 @@ def build_evaluation_stage(settings: MarinSettings, deployment: Deployment) -> t
                                  group_name="scaling", tags={"marin/sweep": name}, subject=f" of sweep {name!r}"))
     checks = []
     for run_set in run_sets:
-        asset, check = build_harness_asset(harness, pool=settings.train_pool, **run_set)
+        asset, check = build_harness_asset(harness, pool=settings.train_pool, catalog=catalog, **run_set)
         assets.append(asset)
         checks.append(check)
-        catalog.add_identity(run_set["key"], lambda run, f=run_set["spec_for"]: harness.identity(f(run)))
     return dg.Definitions(assets=assets, asset_checks=checks), catalog

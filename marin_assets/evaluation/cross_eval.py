@@ -38,12 +38,12 @@ from marin_assets.training.assets import (
 from marin_assets.training.commands import EVAL_REPORT_FILE, eval_command
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE, validation_only_config
 from marin_assets.training.spec import RunSpec
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
     input_refused,
-    marin_asset,
     materialize_artifact,
 )
 from marin_resources.environments import MarinSettings
@@ -82,19 +82,20 @@ def tokenizer_mismatch(run: RunSpec, checkpoint: Manifest | None, source: str, t
     return None
 
 
-def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup, pool: str):
+def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup, pool: str, catalog: Catalog):
     """``cross_eval/<source>`` over the named runs (partitions of ``checkpoint``)."""
     key = cross_eval_key(source)
+    artifact = ArtifactSpec(key, CROSS_EVAL_VERSION, lambda run: cross_eval_identity(spec_for(str(run)), source))
 
-    @marin_asset(key=key, version=CROSS_EVAL_VERSION, partitions_def=RUNS, group_name="evaluation", pool=pool,
-                 ins={"checkpoint": dg.AssetIn(key=asset_key("checkpoint")),
-                      "tokenized": dg.AssetIn(key=asset_key(f"tokenized/{source}"))},
-                 kinds={"levanter"}, tags={"marin/partitioned_by": "run"},
-                 description=f"A run's final checkpoint scored on the validation split of `tokenized/{source}` "
-                             f"(tokenizer `{tokenizer}`), whatever the run trained on: `eval/{source}/loss`, "
-                             f"`eval/{source}/bpb`, tokens and bytes, as `eval` defines them, and greedy samples. "
-                             "A run with another tokenizer is refused. Materialize it on demand: "
-                             f"`marin materialize {key} --partition RUN`.")
+    @catalog.asset(artifact, partitions_def=RUNS, group_name="evaluation", pool=pool,
+                   ins={"checkpoint": dg.AssetIn(key=asset_key("checkpoint")),
+                        "tokenized": dg.AssetIn(key=asset_key(f"tokenized/{source}"))},
+                   kinds={"levanter"}, tags={"marin/partitioned_by": "run"},
+                   description=f"A run's final checkpoint scored on the validation split of `tokenized/{source}` "
+                               f"(tokenizer `{tokenizer}`), whatever the run trained on: `eval/{source}/loss`, "
+                               f"`eval/{source}/bpb`, tokens and bytes, as `eval` defines them, and greedy samples. "
+                               "A run with another tokenizer is refused. Materialize it on demand: "
+                               f"`marin materialize {key} --partition RUN`.")
     def cross_eval(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher,
                    checkpoint: ArtifactHandle, tokenized: ArtifactHandle):
         spec = spec_for(context.partition_key)
@@ -121,8 +122,7 @@ def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup,
             built.metadata.update({"run": spec.name, "eval_set": source})
             return built
 
-        return materialize_artifact(context, store, config=cross_eval_identity(spec, source),
-                                    upstream=[checkpoint, tokenized], build=build)
+        return materialize_artifact(context, store, artifact, upstream=[checkpoint, tokenized], build=build)
 
     return cross_eval
 
@@ -136,6 +136,6 @@ def build_cross_eval_stage(settings: MarinSettings, deployment: Deployment) -> t
     assets = []
     for source, entry in sorted(deployment.tokenization.tokenized.items()):
         if entry.tokenizer in run_tokenizers:
-            assets.append(build_cross_eval_asset(source, entry.tokenizer, spec_for=spec_for, pool=settings.train_pool))
-            catalog.add_identity(cross_eval_key(source), lambda run, s=source: cross_eval_identity(spec_for(run), s))
+            assets.append(build_cross_eval_asset(source, entry.tokenizer, spec_for=spec_for, pool=settings.train_pool,
+                                                 catalog=catalog))
     return dg.Definitions(assets=assets), catalog

@@ -33,12 +33,12 @@ from marin_assets.training.commands import export_command
 from marin_assets.training.export_main import EXPORT_ERROR_FILE, EXPORT_REPORT_FILE, HF_MODEL_KEY, HF_MODEL_VERSION
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
 from marin_assets.training.spec import RunSpec
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
     input_refused,
-    marin_asset,
     materialize_artifact,
 )
 from marin_resources.environments import MarinSettings
@@ -69,15 +69,24 @@ def loading_snippet(path: str) -> str:
             f"model = FlaxLlamaForCausalLM.from_pretrained({path!r})")
 
 
-def build_hf_model_asset(*, spec_for: SpecLookup, pool: str):
-    @marin_asset(key=HF_MODEL_KEY, version=HF_MODEL_VERSION, partitions_def=RUNS, group_name="export", pool=pool,
-                 ins={"checkpoint": dg.AssetIn(key="checkpoint")}, kinds={"huggingface", "safetensors"},
-                 tags={"marin/partitioned_by": "run"},
-                 description="A run's final checkpoint (or a chosen step) as a Hugging Face model directory: "
-                             "`config.json`, `generation_config.json`, float32 `model.safetensors` and the run's "
-                             "tokenizer, which frames a text as the token cache did (BOS + text + EOS). Loaded "
-                             "back with transformers and compared with Levanter's model (logits on validation "
-                             "sequences, greedy generation) before it is committed.")
+def hf_model_spec(spec_for: SpecLookup) -> ArtifactSpec:
+    def identity(run: str | None, config: ExportConfig | None = None) -> dict:
+        return export_identity(spec_for(str(run)), config or ExportConfig())
+
+    return ArtifactSpec(HF_MODEL_KEY, HF_MODEL_VERSION, identity, run_config=ExportConfig)
+
+
+def build_hf_model_asset(*, spec_for: SpecLookup, pool: str, catalog: Catalog):
+    artifact = hf_model_spec(spec_for)
+
+    @catalog.asset(artifact, partitions_def=RUNS, group_name="export", pool=pool,
+                   ins={"checkpoint": dg.AssetIn(key="checkpoint")}, kinds={"huggingface", "safetensors"},
+                   tags={"marin/partitioned_by": "run"},
+                   description="A run's final checkpoint (or a chosen step) as a Hugging Face model directory: "
+                               "`config.json`, `generation_config.json`, float32 `model.safetensors` and the run's "
+                               "tokenizer, which frames a text as the token cache did (BOS + text + EOS). Loaded "
+                               "back with transformers and compared with Levanter's model (logits on validation "
+                               "sequences, greedy generation) before it is committed.")
     def hf_model(context: dg.AssetExecutionContext, config: ExportConfig, store: MarinStore,
                  launcher: TrainingLauncher, checkpoint: ArtifactHandle):
         spec = spec_for(context.partition_key)
@@ -119,8 +128,7 @@ def build_hf_model_asset(*, spec_for: SpecLookup, pool: str):
                         "load_it": dg.MetadataValue.md(f"```python\n{loading_snippet(writer.uri)}\n```")}
             return Built(metrics=metrics, metadata=metadata)
 
-        return materialize_artifact(context, store, config=export_identity(spec, config), upstream=[checkpoint],
-                                    build=build)
+        return materialize_artifact(context, store, artifact, upstream=[checkpoint], build=build, run_config=config)
 
     return hf_model
 
@@ -142,5 +150,5 @@ def build_export_stage(settings: MarinSettings, deployment: Deployment) -> tuple
     """`hf_model` over the deployment's named runs."""
     spec_for = named_run_lookup(settings, deployment)
     catalog = Catalog()
-    catalog.add_identity(HF_MODEL_KEY, lambda run: export_identity(spec_for(run), ExportConfig()))
-    return dg.Definitions(assets=[build_hf_model_asset(spec_for=spec_for, pool=settings.train_pool)]), catalog
+    return dg.Definitions(assets=[build_hf_model_asset(spec_for=spec_for, pool=settings.train_pool,
+                                                       catalog=catalog)]), catalog

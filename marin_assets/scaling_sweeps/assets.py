@@ -39,14 +39,15 @@ from marin_assets.scaling_sweeps.forecasting import (
     score_forecast,
     score_metric_forecast,
 )
-from marin_assets.training.assets import SpecLookup, add_run_identities, build_run_assets
+from marin_assets.training.assets import SpecLookup, build_run_assets
 from marin_assets.training.spec import RunSpec
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
     all_partitions_in,
-    marin_asset,
+    checked_manifest,
     marin_check,
     materialize_artifact,
 )
@@ -199,12 +200,13 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
     sweep_fp = fingerprint(identity)
     fit_names = [r.spec.name for r in plan.fit_runs()]
     name = config.name
-    # Identity of each artifact; the catalog gives the same to `marin status`, which finds each by it.
-    configs = {"sweep": identity,
-               "scaling_fit": {"sweep_fingerprint": sweep_fp, "fit_runs": fit_names},
-               "forecast": {"sweep_fingerprint": sweep_fp},
-               # The targets follow from the forecast, an upstream whose data version is recorded.
-               "forecast_check": {"sweep_fingerprint": sweep_fp}}
+    sweep_spec = ArtifactSpec.fixed(f"sweep/{name}", SWEEP_VERSION, identity)
+    fit_spec = ArtifactSpec.fixed(f"scaling_fit/{name}", SCALING_FIT_VERSION,
+                                  {"sweep_fingerprint": sweep_fp, "fit_runs": fit_names})
+    forecast_spec = ArtifactSpec.fixed(f"forecast/{name}", FORECAST_VERSION, {"sweep_fingerprint": sweep_fp})
+    # The targets follow from the forecast, an upstream whose data version is recorded.
+    forecast_check_spec = ArtifactSpec.fixed(f"forecast_check/{name}", FORECAST_CHECK_VERSION,
+                                             {"sweep_fingerprint": sweep_fp})
     tags = {"marin/sweep": name}
     partitions = runs_partitions(name)
     store = store_resource(settings)
@@ -214,14 +216,13 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
         checkpoint_key=checkpoint_key(name), eval_key=eval_key(name), partitions=partitions, spec_for=spec_for,
         mixture_versions={config.mixture: deployment.mixture_versions[config.mixture]},
         tokenizer_versions={config.tokenizer: deployment.tokenizer_versions[config.tokenizer]},
-        pool=settings.train_pool, group_name="scaling", tags=tags, subject=f" of sweep {name!r}")
+        pool=settings.train_pool, group_name="scaling", catalog=catalog, store=store.get, tags=tags,
+        subject=f" of sweep {name!r}")
     catalog.add_discoverer(partitions.name, lambda: runs.names(store.get()))
-    add_run_identities(catalog, checkpoint_key(name), eval_key(name), spec_for, store.get)
 
-    @marin_asset(key=f"sweep/{name}", version=SWEEP_VERSION, identity=configs["sweep"], group_name="scaling",
-                 kinds={"json"}, tags={"marin/sweep": name},
-                 description=f"IsoFLOP plan of sweep `{name}`: fit budgets {list(config.fit_budgets)}, target "
-                             f"budgets {list(config.target_budgets)}; every candidate and rejection (plan.json).")
+    @catalog.asset(sweep_spec, group_name="scaling", kinds={"json"}, tags={"marin/sweep": name},
+                   description=f"IsoFLOP plan of sweep `{name}`: fit budgets {list(config.fit_budgets)}, target "
+                               f"budgets {list(config.target_budgets)}; every candidate and rejection (plan.json).")
     def sweep(context: dg.AssetExecutionContext, store: MarinStore):
         def build(writer) -> Built:
             writer.write_json("plan.json", plan.to_dict())
@@ -229,7 +230,7 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                                   "target_budgets": list(config.target_budgets)},
                          metadata={"runs": dg.MetadataValue.json(fit_names)})
 
-        return materialize_artifact(context, store, config=configs["sweep"], upstream=[], build=build)
+        return materialize_artifact(context, store, sweep_spec, upstream=[], build=build)
 
     fit_runs_only = dg.SpecificPartitionsPartitionMapping(fit_names)
     metric = forecast_metric(config)
@@ -241,14 +242,14 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
     if linked:
         fit_ins["harness"] = all_partitions_in(harness_key(name), partition_mapping=fit_runs_only)
 
-    @marin_asset(key=f"scaling_fit/{name}", version=SCALING_FIT_VERSION, identity=configs["scaling_fit"],
-                 group_name="scaling", ins=fit_ins, kinds={"scipy", "matplotlib"}, tags={"marin/sweep": name},
-                 description=f"Sweep `{name}`'s fit runs ({fitted_key(config)}) fitted two ways: the "
-                             "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
-                             "every target candidate with a bootstrap interval: fit.json, joint.png, and fit.png "
-                             "when the envelope is identifiable (three budgets with an interior optimum)."
-                             + (f" {metric} follows the loss through a {config.link} link fitted over the fit runs."
-                                if linked else ""))
+    @catalog.asset(fit_spec, group_name="scaling", ins=fit_ins, kinds={"scipy", "matplotlib"},
+                   tags={"marin/sweep": name},
+                   description=f"Sweep `{name}`'s fit runs ({fitted_key(config)}) fitted two ways: the "
+                               "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
+                               "every target candidate with a bootstrap interval: fit.json, joint.png, and fit.png "
+                               "when the envelope is identifiable (three budgets with an interior optimum)."
+                               + (f" {metric} follows the loss through a {config.link} link fitted over the fit runs."
+                                  if linked else ""))
     def scaling_fit(context: dg.AssetExecutionContext, store: MarinStore, plan_handle: ArtifactHandle,
                     evals: dict[str, ArtifactHandle], **linked_inputs: dict[str, ArtifactHandle]):
         # `harness` is an input only when the sweep forecasts a harness metric.
@@ -293,14 +294,13 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
             return Built(metrics=metrics, metadata=metadata)
 
         upstream = [plan_handle] + [evals[n] for n in sorted(evals)] + [harness[n] for n in sorted(harness)]
-        return materialize_artifact(context, store, config=configs["scaling_fit"], upstream=upstream, build=build)
+        return materialize_artifact(context, store, fit_spec, upstream=upstream, build=build)
 
-    @marin_asset(key=f"forecast/{name}", version=FORECAST_VERSION, identity=configs["forecast"], group_name="scaling",
-                 kinds={"json"}, tags={"marin/sweep": name},
-                 ins={"fit": dg.AssetIn(key=scaling_fit.key)},
-                 description=f"The forecast of the target runs of sweep `{name}`, frozen before they train: for each "
-                             "target budget, the candidate nearest the forecast optimum and its loss interval. "
-                             "Its existence registers the target runs as partitions of checkpoint/eval.")
+    @catalog.asset(forecast_spec, group_name="scaling", kinds={"json"}, tags={"marin/sweep": name},
+                   ins={"fit": dg.AssetIn(key=scaling_fit.key)},
+                   description=f"The forecast of the target runs of sweep `{name}`, frozen before they train: for each "
+                               "target budget, the candidate nearest the forecast optimum and its loss interval. "
+                               "Its existence registers the target runs as partitions of checkpoint/eval.")
     def forecast(context: dg.AssetExecutionContext, store: MarinStore, fit: ArtifactHandle):
         record = forecast_record(read_json(store.get(), fit.uri, "fit.json"))
 
@@ -317,14 +317,13 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                                     f"{t['run']}/{record['metric']}_high": t["metric_high"]})
             return Built(metrics=metrics, metadata={"targets": dg.MetadataValue.json(record["targets"])})
 
-        return materialize_artifact(context, store, config=configs["forecast"], upstream=[fit], build=build)
+        return materialize_artifact(context, store, forecast_spec, upstream=[fit], build=build)
 
-    @marin_asset(key=f"forecast_check/{name}", version=FORECAST_CHECK_VERSION, identity=configs["forecast_check"],
-                 group_name="scaling", ins={"forecast_in": dg.AssetIn(key=forecast.key),
-                                            "evals": all_partitions_in(checked_key)},
-                 kinds={"json"}, tags={"marin/sweep": name},
-                 description=f"Sweep `{name}`: each target run's {metric} against its forecast (signed error %, "
-                             "inside the interval or not, forecast committed before training or not).")
+    @catalog.asset(forecast_check_spec, group_name="scaling",
+                   ins={"forecast_in": dg.AssetIn(key=forecast.key), "evals": all_partitions_in(checked_key)},
+                   kinds={"json"}, tags={"marin/sweep": name},
+                   description=f"Sweep `{name}`: each target run's {metric} against its forecast (signed error %, "
+                               "inside the interval or not, forecast committed before training or not).")
     def forecast_check(context: dg.AssetExecutionContext, store: MarinStore, forecast_in: ArtifactHandle,
                        evals: dict[str, ArtifactHandle]):
         # `evals` holds every run of the sweep that is a partition now: the fit runs, and the target
@@ -366,20 +365,18 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
 
         targets = sorted(s["run"] for s in scores)
         upstream = [forecast_in] + [evals[n] for n in targets]
-        return materialize_artifact(context, store, config=configs["forecast_check"], upstream=upstream, build=build)
+        return materialize_artifact(context, store, forecast_check_spec, upstream=upstream, build=build)
 
     @marin_check(forecast_check, name="within_forecast_interval",
                     description="Every target's actual eval loss lies inside its primary forecast's interval, and the "
                                 "forecast was committed before the target trained. Metadata: signed error % per "
                                 "target, for the primary and every other recorded method.")
     def within_forecast_interval(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = store.get().find(f"forecast_check/{name}", FORECAST_CHECK_VERSION, None)
+        manifest = checked_manifest(context, store, forecast_check_spec)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed forecast check"})
         return forecast_check_result(read_json(store.get(), manifest.uri, "check.json"))
 
-    for kind, kind_config in configs.items():
-        catalog.add_identity(f"{kind}/{name}", lambda _partition, c=kind_config: c)
     return [sweep, scaling_fit, forecast, forecast_check, *run_assets], [within_forecast_interval, *run_checks]
 
 

@@ -5,6 +5,7 @@ MARIN_REGISTRY, read into `MarinSettings.registry_file`), extended by the projec
 import json
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -46,18 +47,18 @@ from marin_assets.tokenization.registry import (
     ValidationFloor,
 )
 from marin_assets.tokenization.tokenizer import adopt_tokenizer, train_bpe_tokenizer
+from marin_resources.artifact_spec import ArtifactSpec, FileRead
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
     checked_manifest,
     input_refused,
-    marin_asset,
     marin_check,
     materialize_artifact,
 )
 from marin_resources.data_parallel import DataParallel
-from marin_resources.environments import MarinSettings
+from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.keys import asset_key, shard_partitions
 from marin_resources.storage.identity import fingerprint
 from marin_resources.storage.store import ArtifactStore, FileEntry, Manifest
@@ -90,6 +91,20 @@ def tokenizer_identity(entry: TokenizerEntry, corpora: dict[str, str]) -> dict[s
     return {"tokenizer": asdict(entry.config), "adopt": entry.adopt, "corpora": dict(sorted(corpora.items()))}
 
 
+def tokenizer_spec(entry: TokenizerEntry, store: Callable[[], ArtifactStore]) -> ArtifactSpec:
+    """A pinned tokenizer's identity is its settings and the corpora of its first build: once one is
+    committed, the corpora it recorded (``store``: where it is looked up); before, decided by that
+    build from its inputs (`materialize_artifact`'s ``first_identity``)."""
+    key = f"tokenizer/{entry.name}"
+
+    def identity(_partition: str | None) -> dict[str, Any] | None:
+        previous = store().find(key, entry.version, None)
+        return None if previous is None else tokenizer_identity(entry, tokenizer_pin(previous, {}))
+
+    return ArtifactSpec(key, entry.version, identity, note=pin_note, code_identity={
+        "tokenizer": asdict(entry.config), "adopt": entry.adopt, "train_on": list(entry.train_on)})
+
+
 def tokenizer_pin(previous: Manifest | None, current: dict[str, ArtifactHandle]) -> dict[str, str]:
     """source -> corpus data version the tokenizer is pinned to: the committed one's, else today's."""
     if previous is not None:
@@ -113,8 +128,9 @@ def pin_note(manifest: Manifest, store: ArtifactStore) -> str | None:
             f"(retrain: a new `version:` in the registry)")
 
 
-def build_tokenizer_asset(entry: TokenizerEntry):
-    key = f"tokenizer/{entry.name}"
+def build_tokenizer_asset(entry: TokenizerEntry, catalog: Catalog, store: Callable[[], ArtifactStore]):
+    spec = tokenizer_spec(entry, store)
+    key = spec.key
     ins = {f"corpus_{src}": dg.AssetIn(key=asset_key(f"deduplicated/{src}")) for src in entry.train_on}
     description = (f"Byte-level BPE tokenizer (vocab {entry.config.vocab_size}) trained on "
                    f"{', '.join(entry.train_on)}; a Hugging Face tokenizer directory that AutoTokenizer and "
@@ -122,9 +138,8 @@ def build_tokenizer_asset(entry: TokenizerEntry):
                    "retrain it (a new `version:` in the registry does)." if entry.train_on
                    else f"Tokenizer adopted from {entry.adopt}.")
 
-    @marin_asset(key=key, version=entry.version, ins=ins, group_name="tokenization",
-                 identity={"tokenizer": asdict(entry.config), "adopt": entry.adopt, "train_on": list(entry.train_on)},
-                 kinds={"huggingface"}, tags={"marin/tokenizer": entry.name}, description=description)
+    @catalog.asset(spec, ins=ins, group_name="tokenization", kinds={"huggingface"},
+                   tags={"marin/tokenizer": entry.name}, description=description)
     def tokenizer(context: dg.AssetExecutionContext, store: MarinStore, **corpora: ArtifactHandle):
         artifacts = store.get()
         current = {name.removeprefix("corpus_"): h for name, h in sorted(corpora.items())}
@@ -148,7 +163,8 @@ def build_tokenizer_asset(entry: TokenizerEntry):
                                                     for src, h in current.items()}})
 
         # No upstream refs: the corpora are a pin (in the identity), so a grown corpus is not "stale".
-        return materialize_artifact(context, store, config=tokenizer_identity(entry, pin), upstream=[], build=build)
+        return materialize_artifact(context, store, spec, first_identity=tokenizer_identity(entry, pin), upstream=[],
+                                    build=build)
 
     return tokenizer
 
@@ -164,24 +180,25 @@ def token_shards_identity(entry: TokenizedEntry) -> dict[str, Any]:
     return {"encoding": entry.cache.encoding_identity()}
 
 
-def build_token_shards_asset(entry: TokenizedEntry):
+def build_token_shards_asset(entry: TokenizedEntry, catalog: Catalog):
     """`token_shards/<source>`: one partition per deduplicated shard, each that shard's decontaminated
     documents encoded into row files (`encode_shard_rows`) in its own run: on a cluster its own pod."""
-    key, shard_key = f"token_shards/{entry.source}", f"decontaminated/{entry.source}"
-    identity = token_shards_identity(entry)
+    shard_key = f"decontaminated/{entry.source}"
+    spec = ArtifactSpec.fixed(f"token_shards/{entry.source}", TOKEN_SHARDS_VERSION, token_shards_identity(entry),
+                              file_read=FileRead(shard_key, shard_file))
 
-    @marin_asset(key=key, version=TOKEN_SHARDS_VERSION, partitions_def=shard_partitions(entry.source),
-                 group_name="tokenization", kinds={"numpy"}, identity=identity,
-                 # Its one input is its own shard's decontaminated file: new data there is this shard's.
-                 automation_condition=FOLLOWS_NEW_DATA,
-                 ins={"documents": dg.AssetIn(key=asset_key(shard_key)),
-                      "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))},
-                 tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
-                 description=f"One shard of `{entry.source}` encoded with tokenizer/{entry.tokenizer}, per partition: "
-                             f"the documents of decontaminated/{entry.source} for that shard as rows "
-                             "([BOS] + text + [EOS], int32), split by the validation fraction, and their id hashes, "
-                             "which `tokenized/<source>` moves into its Levanter cache. Follows its own shard: a new "
-                             "shard elsewhere does not touch it.")
+    @catalog.asset(spec, partitions_def=shard_partitions(entry.source), group_name="tokenization", kinds={"numpy"},
+                   # Its one input is its own shard's decontaminated file: new data there is this shard's.
+                   automation_condition=FOLLOWS_NEW_DATA,
+                   ins={"documents": dg.AssetIn(key=asset_key(shard_key)),
+                        "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))},
+                   tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
+                   description=f"One shard of `{entry.source}` encoded with tokenizer/{entry.tokenizer}, per "
+                               "partition: "
+                               f"the documents of decontaminated/{entry.source} for that shard as rows "
+                               "([BOS] + text + [EOS], int32), split by the validation fraction, and their id hashes, "
+                               "which `tokenized/<source>` moves into its Levanter cache. Follows its own shard: a new "
+                               "shard elsewhere does not touch it.")
     def token_shards(context: dg.AssetExecutionContext, store: MarinStore, documents: ArtifactHandle,
                      tokenizer: ArtifactHandle):
         artifacts = store.get()
@@ -207,7 +224,7 @@ def build_token_shards_asset(entry: TokenizedEntry):
         # Recorded as the shard's data file, not the whole partition: a changed eval index that leaves the
         # kept documents as they were (only the dropped or marked lists move) does not re-encode them.
         shard_input = replace(documents, data_version=version)
-        return materialize_artifact(context, store, config=identity, upstream=[shard_input, tokenizer], build=build)
+        return materialize_artifact(context, store, spec, upstream=[shard_input, tokenizer], build=build)
 
     return token_shards
 
@@ -340,31 +357,31 @@ def carried_shards(artifacts: ArtifactStore, entry: TokenizedEntry, tokenizer: A
     return carried
 
 
-def build_tokenized_asset(entry: TokenizedEntry):
+def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog):
     """`token_shards/<source>` and `tokenized/<source>`, which assembles the shards' rows into one
     Levanter cache, with its checks."""
-    key = f"tokenized/{entry.source}"
-    identity = {"cache": entry.cache.identity()}
-    token_shards = build_token_shards_asset(entry)
+    spec = ArtifactSpec.fixed(f"tokenized/{entry.source}", TOKENIZED_VERSION, {"cache": entry.cache.identity()})
+    key = spec.key
+    token_shards = build_token_shards_asset(entry, catalog)
 
-    @marin_asset(key=key, version=TOKENIZED_VERSION, group_name="tokenization", kinds={"levanter"},
-                 identity=identity, automation_condition=FOLLOWS_NEW_DATA,
-                 ins={"corpus": dg.AssetIn(key=asset_key(f"deduplicated/{entry.source}")),
-                      "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}")),
-                      "eval_ngrams": dg.AssetIn(key=asset_key(eval_ngrams_key(entry.source)))},
-                 deps=[token_shards.key, asset_key(f"decontaminated/{entry.source}")],
-                 tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
-                 description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory is "
-                             "a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
-                             "(BOS + text + EOS per document), validation chosen by a hash of the document id. "
-                             "Append-only: each deduplicated shard is one ledger shard, encoded once by its own "
-                             f"partition of token_shards/{entry.source}; this step only moves their rows into the "
-                             "cache, and a new shard is appended.")
+    @catalog.asset(spec, group_name="tokenization", kinds={"levanter"}, automation_condition=FOLLOWS_NEW_DATA,
+                   ins={"corpus": dg.AssetIn(key=asset_key(f"deduplicated/{entry.source}")),
+                        "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}")),
+                        "eval_ngrams": dg.AssetIn(key=asset_key(eval_ngrams_key(entry.source)))},
+                   deps=[token_shards.key, asset_key(f"decontaminated/{entry.source}")],
+                   tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
+                   description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory "
+                               "is "
+                               "a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
+                               "(BOS + text + EOS per document), validation chosen by a hash of the document id. "
+                               "Append-only: each deduplicated shard is one ledger shard, encoded once by its own "
+                               f"partition of token_shards/{entry.source}; this step only moves their rows into the "
+                               "cache, and a new shard is appended.")
     def tokenized(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                   corpus: ArtifactHandle, tokenizer: ArtifactHandle, eval_ngrams: ArtifactHandle):
         artifacts = store.get()
         # The cache a build resumes: the shards it holds are taken from its record, not looked up again.
-        previous = artifacts.find(key, TOKENIZED_VERSION, None, fingerprint=fingerprint(identity))
+        previous = artifacts.find(key, TOKENIZED_VERSION, None, fingerprint=fingerprint(spec.identity(None)))
         shards = encoded_shards(artifacts, entry, corpus, tokenizer, eval_ngrams, previous)
 
         def build(writer) -> Built:
@@ -391,8 +408,7 @@ def build_tokenized_asset(entry: TokenizedEntry):
                                                     "marin/shard_manifests_read": encoded.looked_up})
 
         # Resume keeps the previous cache so that unchanged upstream shards are reused, not moved again.
-        return materialize_artifact(context, store, config=identity,
-                                    upstream=[corpus, tokenizer, eval_ngrams, *shards.inputs],
+        return materialize_artifact(context, store, spec, upstream=[corpus, tokenizer, eval_ngrams, *shards.inputs],
                                     build=build, resume=True, carried=shards.carried)
 
     @marin_check(tokenized, name="decode_roundtrip",
@@ -404,7 +420,7 @@ def build_tokenized_asset(entry: TokenizedEntry):
         from marin_assets.tokenization.cache import decode_roundtrip_check
 
         artifacts = store.get()
-        manifest = checked_manifest(context, store, key, TOKENIZED_VERSION)
+        manifest = checked_manifest(context, store, spec)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
         refs = {u.asset_key: u for u in manifest.upstream}
@@ -437,7 +453,7 @@ def build_tokenized_asset(entry: TokenizedEntry):
                              "tokens (the registry's `validation_floor`): fewer measure loss with little confidence. "
                              "A warning; `validation_min_documents` sets a minimum for the split itself.")
     def validation_size(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, key, TOKENIZED_VERSION)
+        manifest = checked_manifest(context, store, spec)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
         return validation_size_result(manifest.metrics, floor, entry.cache)
@@ -464,18 +480,19 @@ def mixture_spec(entry: MixtureEntry, caches: dict[str, ArtifactHandle], tokeniz
         name: MixtureComponent(cache_root=caches[name].uri, weight=w) for name, w in sorted(entry.weights.items())})
 
 
-def build_mixture_asset(entry: MixtureEntry):
+def build_mixture_asset(entry: MixtureEntry, catalog: Catalog):
     ins = {f"cache_{c}": dg.AssetIn(key=asset_key(f"tokenized/{c}")) for c in entry.weights}
     ins["tokenizer"] = dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))
-    identity = {"weights": dict(sorted(entry.weights.items())), "tokenizer": entry.tokenizer}
+    spec = ArtifactSpec.fixed(f"mixture/{entry.name}", MIXTURE_VERSION,
+                              {"weights": dict(sorted(entry.weights.items())), "tokenizer": entry.tokenizer})
 
-    @marin_asset(key=f"mixture/{entry.name}", version=MIXTURE_VERSION, identity=identity, ins=ins,
-                 group_name="tokenization", kinds={"levanter", "json"}, automation_condition=FOLLOWS_NEW_DATA,
-                 tags={"marin/mixture": entry.name, "marin/tokenizer": entry.tokenizer},
-                 description=f"Training mixture `{entry.name}` "
-                             f"({', '.join(f'{c}: {w}' for c, w in entry.weights.items())}), "
-                             "rendered to Levanter's mixture data config (`data.json`). Deterministic: same spec and "
-                             "same cache data versions give the same bytes.")
+    @catalog.asset(spec, ins=ins, group_name="tokenization", kinds={"levanter", "json"},
+                   automation_condition=FOLLOWS_NEW_DATA,
+                   tags={"marin/mixture": entry.name, "marin/tokenizer": entry.tokenizer},
+                   description=f"Training mixture `{entry.name}` "
+                               f"({', '.join(f'{c}: {w}' for c, w in entry.weights.items())}), "
+                               "rendered to Levanter's mixture data config (`data.json`). Deterministic: same spec and "
+                               "same cache data versions give the same bytes.")
     def mixture(context: dg.AssetExecutionContext, store: MarinStore, tokenizer: ArtifactHandle,
                 **caches: ArtifactHandle):
         by_name = {k.removeprefix("cache_"): h for k, h in caches.items()}
@@ -489,7 +506,7 @@ def build_mixture_asset(entry: MixtureEntry):
                          metadata={"data_config": dg.MetadataValue.json(data)})
 
         upstream = [tokenizer] + [h for _, h in sorted(by_name.items())]
-        return materialize_artifact(context, store, config=identity, upstream=upstream, build=build)
+        return materialize_artifact(context, store, spec, upstream=upstream, build=build)
 
     return mixture
 
@@ -506,20 +523,14 @@ def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment") 
     catalog = Catalog()
     assets, checks = [], []
     for entry in registry.tokenizers.values():
-        assets.append(build_tokenizer_asset(entry))
-        catalog.add_note(f"tokenizer/{entry.name}", pin_note)
+        assets.append(build_tokenizer_asset(entry, catalog, store_resource(settings).get))
     for entry in registry.tokenized.values():
-        token_shards, tokenized, *asset_checks = build_tokenized_asset(entry)
-        catalog.add_identity(f"tokenized/{entry.source}", lambda p, e=entry: {"cache": e.cache.identity()})
-        catalog.add_identity(f"token_shards/{entry.source}", lambda p, e=entry: token_shards_identity(e))
-        catalog.add_file_read(f"token_shards/{entry.source}", f"decontaminated/{entry.source}", shard_file)
+        token_shards, tokenized, *asset_checks = build_tokenized_asset(entry, catalog)
         assets.extend([token_shards, tokenized])
         checks.extend(asset_checks)
     decontamination, decontamination_checks = build_decontamination_assets(registry, catalog)
     assets.extend(decontamination)
     checks.extend(decontamination_checks)
     for entry in registry.mixtures.values():
-        assets.append(build_mixture_asset(entry))
-        catalog.add_identity(f"mixture/{entry.name}", lambda p, e=entry: {
-            "weights": dict(sorted(e.weights.items())), "tokenizer": e.tokenizer})
+        assets.append(build_mixture_asset(entry, catalog))
     return dg.Definitions(assets=assets, asset_checks=checks), catalog

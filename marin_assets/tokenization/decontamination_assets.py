@@ -36,13 +36,13 @@ from marin_assets.tokenization.registry import (
     TokenizationRegistry,
     TokenizedEntry,
 )
+from marin_resources.artifact_spec import ArtifactSpec, FileRead
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
     checked_manifest,
     input_refused,
-    marin_asset,
     marin_check,
     materialize_artifact,
 )
@@ -111,20 +111,21 @@ def eval_ngrams_identity(registry: TokenizationRegistry, source: str, sets: list
             "eval_texts": {s.name: s.sha256 for s in sets}}
 
 
-def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: list[EvalSet]):
+def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: list[EvalSet], catalog: Catalog):
     sources = reference_sources(registry, source)
-    identity = eval_ngrams_identity(registry, source, sets)
+    spec = ArtifactSpec.fixed(eval_ngrams_key(source), EVAL_NGRAMS_VERSION,
+                              eval_ngrams_identity(registry, source, sets))
     n = registry.decontamination.ngram
     ins = {f"corpus_{s}": dg.AssetIn(key=asset_key(f"deduplicated/{s}")) for s in sources}
 
-    @marin_asset(key=eval_ngrams_key(source), version=EVAL_NGRAMS_VERSION, ins=ins, identity=identity,
-                 group_name="tokenization", kinds={"numpy"}, automation_condition=FOLLOWS_NEW_DATA,
-                 tags={"marin/source": source},
-                 description=f"The eval text `{source}`'s training documents are checked against, as {n}-gram hashes "
-                             f"(lowercased words, punctuation removed; uint64, sorted, distinct: `{INDEX_FILE}`): the "
-                             f"validation split of {', '.join(sources)}"
-                             + (f" and the eval sets {', '.join(s.name for s in sets)}" if sets else "")
-                             + f". decontaminated/{source} drops training documents that share them. A new eval set "
+    @catalog.asset(spec, ins=ins, group_name="tokenization", kinds={"numpy"}, automation_condition=FOLLOWS_NEW_DATA,
+                   tags={"marin/source": source},
+                   description=f"The eval text `{source}`'s training documents are checked against, as {n}-gram hashes "
+                               f"(lowercased words, punctuation removed; uint64, sorted, distinct: `{INDEX_FILE}`): "
+                               "the "
+                               f"validation split of {', '.join(sources)}"
+                               + (f" and the eval sets {', '.join(s.name for s in sets)}" if sets else "")
+                               + f". decontaminated/{source} drops training documents that share them. A new eval set "
                                "or a grown split makes it, and every decontaminated shard, stale.")
     def eval_ngrams(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                     **corpora: ArtifactHandle):
@@ -167,7 +168,7 @@ def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: l
                                   "build_seconds": round(seconds, 3)},
                          metadata={"dagster/row_count": int(index.size)})
 
-        return materialize_artifact(context, store, config=identity, upstream=list(current.values()), build=build)
+        return materialize_artifact(context, store, spec, upstream=list(current.values()), build=build)
 
     return eval_ngrams
 
@@ -177,22 +178,22 @@ def decontaminated_identity(entry: TokenizedEntry) -> dict[str, Any]:
             "text_column": entry.cache.text_column}
 
 
-def build_decontaminated_asset(entry: TokenizedEntry):
+def build_decontaminated_asset(entry: TokenizedEntry, catalog: Catalog):
     source, policy = entry.source, entry.decontamination
     key, corpus_key = f"decontaminated/{source}", f"deduplicated/{source}"
-    identity = decontaminated_identity(entry)
+    spec = ArtifactSpec.fixed(key, DECONTAMINATED_VERSION, decontaminated_identity(entry),
+                              file_read=FileRead(corpus_key, shard_file))
 
-    @marin_asset(key=key, version=DECONTAMINATED_VERSION, partitions_def=shard_partitions(source),
-                 group_name="tokenization", kinds={"parquet"}, identity=identity,
-                 automation_condition=checks_new_shards_and_new_evals(asset_key(eval_ngrams_key(source))),
-                 ins={"corpus": dg.AssetIn(key=asset_key(corpus_key)),
-                      "eval_ngrams": dg.AssetIn(key=asset_key(eval_ngrams_key(source)))},
-                 tags={"marin/source": source},
-                 description=f"One shard of `{source}` per partition, checked against eval_ngrams/{source}: training "
-                             f"documents with at least {policy.min_matching_ngrams} eval n-gram(s) are "
-                             + ("dropped (`dropped/<shard>.parquet`, reason `contaminated`)" if policy.mode == "drop"
-                                else "kept as they are and listed in `marked/<shard>.parquet`")
-                             + "; its validation documents (the split tokenized/<source> holds out) are kept and are "
+    @catalog.asset(spec, partitions_def=shard_partitions(source), group_name="tokenization", kinds={"parquet"},
+                   automation_condition=checks_new_shards_and_new_evals(asset_key(eval_ngrams_key(source))),
+                   ins={"corpus": dg.AssetIn(key=asset_key(corpus_key)),
+                        "eval_ngrams": dg.AssetIn(key=asset_key(eval_ngrams_key(source)))},
+                   tags={"marin/source": source},
+                   description=f"One shard of `{source}` per partition, checked against eval_ngrams/{source}: training "
+                               f"documents with at least {policy.min_matching_ngrams} eval n-gram(s) are "
+                               + ("dropped (`dropped/<shard>.parquet`, reason `contaminated`)" if policy.mode == "drop"
+                                  else "kept as they are and listed in `marked/<shard>.parquet`")
+                               + "; its validation documents (the split tokenized/<source> holds out) are kept and are "
                                f"themselves eval text. `data/<shard>.parquet` is what token_shards/{source} encodes.")
     def decontaminated(context: dg.AssetExecutionContext, store: MarinStore, corpus: ArtifactHandle,
                        eval_ngrams: ArtifactHandle):
@@ -239,13 +240,13 @@ def build_decontaminated_asset(entry: TokenizedEntry):
                                   "decontaminate_seconds": round(seconds, 3)},
                          metadata={"dagster/row_count": result.kept.num_rows})
 
-        return materialize_artifact(context, store, config=identity, upstream=[shard_input, eval_ngrams], build=build)
+        return materialize_artifact(context, store, spec, upstream=[shard_input, eval_ngrams], build=build)
 
     @marin_check(decontaminated, name="contamination",
                  description="No training document of the shard shares eval n-grams (a WARN names how many do: "
                              "dropped, or marked under `mode: mark`).")
     def contamination(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, key, DECONTAMINATED_VERSION)
+        manifest = checked_manifest(context, store, spec)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed shard"})
         found = int(manifest.metrics.get("contaminated", 0))
@@ -263,12 +264,8 @@ def build_decontamination_assets(registry: TokenizationRegistry, catalog: Catalo
     sets = declared_eval_sets(registry)  # a missing or damaged one: EvalSetError, one line, before anything runs
     assets, checks = [], []
     for entry in registry.tokenized.values():
-        catalog.add_identity(eval_ngrams_key(entry.source),
-                             lambda p, s=entry.source: eval_ngrams_identity(registry, s, sets))
-        assets.append(build_eval_ngrams_asset(registry, entry.source, sets))
-        decontaminated, check = build_decontaminated_asset(entry)
-        catalog.add_identity(f"decontaminated/{entry.source}", lambda p, e=entry: decontaminated_identity(e))
-        catalog.add_file_read(f"decontaminated/{entry.source}", f"deduplicated/{entry.source}", shard_file)
+        assets.append(build_eval_ngrams_asset(registry, entry.source, sets, catalog))
+        decontaminated, check = build_decontaminated_asset(entry, catalog)
         assets.append(decontaminated)
         checks.append(check)
     return assets, checks

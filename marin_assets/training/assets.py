@@ -36,13 +36,13 @@ from marin_assets.training.levanter_config import (
 )
 from marin_assets.training.spec import RunSpec
 from marin_assets.training.train_main import FINAL_EVAL_FILE, INPUT_ERROR_FILE, SUMMARY_FILE
+from marin_resources.artifact_spec import ArtifactSpec, ReadsFn
 from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
     checked_manifest,
     input_refused,
-    marin_asset,
     marin_check,
     materialize_artifact,
 )
@@ -156,23 +156,37 @@ def launcher_wandb(launcher: TrainingLauncher, spec: RunSpec) -> WandbSettings:
 SpecLookup = Callable[[str], RunSpec]
 
 
+def run_specs(checkpoint_key: str, eval_key: str, spec_for: SpecLookup, store: Callable[[], ArtifactStore],
+              reads: ReadsFn | None = None) -> tuple[ArtifactSpec, ArtifactSpec]:
+    """The artifact specs of a set of runs' checkpoints and evals (``store``: where a run's initial
+    weights are resolved, opened only for runs that have them)."""
+    def checkpoint_config(run: str | None) -> dict[str, Any] | None:
+        spec = spec_for(str(run))
+        return spec.identity() if spec.init_from is None else checkpoint_identity(spec, store())
+
+    return (ArtifactSpec(checkpoint_key, CHECKPOINT_VERSION, checkpoint_config, reads=reads),
+            ArtifactSpec(eval_key, EVAL_VERSION, lambda run: spec_for(str(run)).eval_identity()))
+
+
 def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.DynamicPartitionsDefinition,
                      spec_for: SpecLookup, mixture_versions: dict[str, str], tokenizer_versions: dict[str, str],
-                     pool: str, group_name: str, tags: dict[str, str] | None = None,
+                     pool: str, group_name: str, catalog: Catalog, store: Callable[[], ArtifactStore],
+                     reads: ReadsFn | None = None, tags: dict[str, str] | None = None,
                      subject: str = "") -> tuple[list, list]:
     """A checkpoint asset and its eval asset over ``partitions``, a run per partition; ``spec_for``
     gives a partition's `RunSpec` when a step runs (it raises dg.Failure for an unknown run)."""
+    checkpoint_spec, eval_spec = run_specs(checkpoint_key, eval_key, spec_for, store, reads)
     upstream_keys = [asset_key(f"mixture/{m}") for m in sorted(mixture_versions)] + \
                     [asset_key(f"tokenizer/{t}") for t in sorted(tokenizer_versions)]
     # A run of either reads its inputs for a long time: automation rebuilds nothing upstream meanwhile.
     tags = {"marin/partitioned_by": "run", PINS_INPUTS_TAG: "true", **(tags or {})}
 
-    @marin_asset(key=checkpoint_key, version=CHECKPOINT_VERSION, partitions_def=partitions, deps=upstream_keys,
-                 group_name=group_name, kinds={"levanter", "jax"}, pool=pool, tags=tags,
-                 description=f"A Levanter training run{subject}: `checkpoints/step-N/` in Levanter's layout, the "
-                             "generated `train_config.yaml`, per-step `metrics.jsonl` and a loss curve. "
-                             "Re-materializing a killed or failed run resumes from its latest checkpoint; a "
-                             "finished run is a cache hit.")
+    @catalog.asset(checkpoint_spec, partitions_def=partitions, deps=upstream_keys,
+                   group_name=group_name, kinds={"levanter", "jax"}, pool=pool, tags=tags,
+                   description=f"A Levanter training run{subject}: `checkpoints/step-N/` in Levanter's layout, the "
+                               "generated `train_config.yaml`, per-step `metrics.jsonl` and a loss curve. "
+                               "Re-materializing a killed or failed run resumes from its latest checkpoint; a "
+                               "finished run is a cache hit.")
     def checkpoint(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher):
         spec = spec_for(context.partition_key)
         check_pool(spec, pool)
@@ -221,13 +235,13 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
             return Built(metrics=metrics, metadata=metadata)
 
         # resume=True keeps Levanter's checkpoints from an interrupted attempt.
-        return materialize_artifact(context, store, config=spec.identity(init_sha256),
-                                    upstream=[mixture, tokenizer, *sources], build=build, resume=True)
+        return materialize_artifact(context, store, checkpoint_spec, upstream=[mixture, tokenizer, *sources],
+                                    build=build, resume=True)
 
     @marin_check(checkpoint, name="loss_fell",
                     description="The final training loss is finite and lower than the first.")
     def loss_fell(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, checkpoint_key, CHECKPOINT_VERSION)
+        manifest = checked_manifest(context, store, checkpoint_spec)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed checkpoint"})
         first, last = manifest.metrics.get("train_loss_first"), manifest.metrics.get("train_loss_last")
@@ -236,10 +250,10 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                                    description=None if ok else f"train_loss_last={last} is not finite and below "
                                                                f"train_loss_first={first}")
 
-    @marin_asset(key=eval_key, version=EVAL_VERSION, partitions_def=partitions, group_name=group_name, pool=pool,
-                 ins={"checkpoint": dg.AssetIn(key=checkpoint.key)}, kinds={"levanter"}, tags=tags,
-                 description=f"Evaluation of a run's final checkpoint{subject} with Levanter: loss and bits-per-byte "
-                             "on each validation set, greedy samples, and a JSON report (`eval_report.json`).")
+    @catalog.asset(eval_spec, partitions_def=partitions, group_name=group_name, pool=pool,
+                   ins={"checkpoint": dg.AssetIn(key=checkpoint.key)}, kinds={"levanter"}, tags=tags,
+                   description=f"Evaluation of a run's final checkpoint{subject} with Levanter: loss and bits-per-byte "
+                               "on each validation set, greedy samples, and a JSON report (`eval_report.json`).")
     def evaluation(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher,
                    checkpoint: ArtifactHandle):
         spec = spec_for(context.partition_key)
@@ -264,11 +278,11 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                                      resources=spec.resources.for_evaluation(), extras={"run": spec.name})
             return eval_built(json.loads((Path(out) / EVAL_REPORT_FILE).read_text()), evaluated_by="eval process")
 
-        return materialize_artifact(context, store, config=spec.eval_identity(), upstream=[checkpoint], build=build)
+        return materialize_artifact(context, store, eval_spec, upstream=[checkpoint], build=build)
 
     @marin_check(evaluation, name="bpb_finite", description="Every eval set's bits-per-byte is finite.")
     def bpb_finite(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, eval_key, EVAL_VERSION)
+        manifest = checked_manifest(context, store, eval_spec)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed eval"})
         bpb = {k: v for k, v in manifest.metrics.items() if k.endswith("/bpb")}
@@ -301,18 +315,6 @@ def eval_built(report: dict[str, Any], *, evaluated_by: str) -> Built:
     return Built(metrics=metrics, metadata=metadata)
 
 
-def add_run_identities(catalog: Catalog, checkpoint_key: str, eval_key: str, spec_for: SpecLookup,
-                       store: Callable[[], ArtifactStore]) -> None:
-    """What `marin status` compares each run's committed artifacts with (``store``: where a run's
-    initial weights are resolved, opened only for runs that have them)."""
-    def checkpoint_config(run: str) -> dict[str, Any] | None:
-        spec = spec_for(run)
-        return spec.identity() if spec.init_from is None else checkpoint_identity(spec, store())
-
-    catalog.add_identity(checkpoint_key, checkpoint_config)
-    catalog.add_identity(eval_key, lambda run: spec_for(run).eval_identity())
-
-
 def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLookup:
     """The spec of one of the deployment's named runs (`runs.yaml`); dg.Failure for any other name."""
     runs = dict(deployment.runs)
@@ -340,10 +342,9 @@ def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tup
     spec_for = named_run_lookup(settings, deployment)
     catalog = Catalog()
     catalog.add_discoverer(RUNS.name, lambda: sorted(runs))
-    add_run_identities(catalog, "checkpoint", "eval", spec_for, store_resource(settings).get)
-    catalog.add_reads("checkpoint", lambda run: run_reads(runs.get(run)))
     assets, checks = build_run_assets(checkpoint_key="checkpoint", eval_key="eval", partitions=RUNS,
                                       spec_for=spec_for, mixture_versions=deployment.mixture_versions,
                                       tokenizer_versions=deployment.tokenizer_versions, pool=settings.train_pool,
-                                      group_name="training")
+                                      group_name="training", catalog=catalog, store=store_resource(settings).get,
+                                      reads=lambda run: run_reads(runs.get(run)))
     return dg.Definitions(assets=assets, asset_checks=checks), catalog

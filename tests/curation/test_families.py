@@ -333,7 +333,7 @@ def test_a_source_with_families_builds_filtered_with_their_reasons_metrics_and_t
                        "    filters: {languages: [], min_words: 5, min_stop_words: null, families: {c4: {}}}\n")
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
     _, catalog = build_curation_stage(settings, Deployment.load(settings))
-    assert catalog.identities["filtered/notes"](None)["filters"]["families"] == {"c4": {}}
+    assert catalog.specs["filtered/notes"].identity(None)["filters"]["families"] == {"c4": {}}
     manifest_path = build_filtered_shard(settings, "notes")
     metrics = json.loads(manifest_path.read_text())["metrics"]
     assert metrics["dropped/c4.max_lorem_ipsum_lines"] == 1 and metrics["dropped/c4.min_sentences"] == 1  # prose

@@ -165,7 +165,7 @@ def _filtered_identity(tmp_path, **fields) -> dict:
     catalog = Catalog()
     build_refinement_assets(config.sources[0], config, dg.DynamicPartitionsDefinition(name="s_shards"),
                             dg.AssetKey(["documents", "s"]), catalog)
-    return catalog.identities["filtered/s"](None)
+    return catalog.specs["filtered/s"].identity(None)
 
 
 def test_the_yaml_decides_pii_and_the_identity_says_so(tmp_path):

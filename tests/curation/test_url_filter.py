@@ -113,7 +113,7 @@ def _filtered_identity(config) -> dict:
     catalog = Catalog()
     build_refinement_assets(config.sources[0], config, dg.DynamicPartitionsDefinition(name="s_shards"),
                             dg.AssetKey(["documents", "s"]), catalog)
-    return catalog.identities["filtered/s"](None)
+    return catalog.specs["filtered/s"].identity(None)
 
 
 def test_the_lists_sha256_is_filtereds_identity_and_not_raws(tmp_path):

@@ -290,7 +290,7 @@ def test_a_warc_source_builds_filtered_without_its_blocked_pages_and_its_pii(pag
                        "    filters: {languages: [], min_words: 20}\n")
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
     _, catalog = build_curation_stage(settings, Deployment.load(settings))
-    identity = catalog.identities["filtered/web"](None)
+    identity = catalog.specs["filtered/web"].identity(None)
     assert identity["pii"] == {"emails": True, "ip_addresses": True, "public_ips_only": True}  # on for WARC
     assert len(identity["url_blocklist_sha256"]) == 64
     manifest_path = build_filtered_shard(settings, "web")

@@ -11,6 +11,7 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
+from marin_assets.catalog import Catalog
 from marin_assets.evaluation.assets import HARNESS_EVAL_VERSION, HarnessSuite, build_harness_asset
 from marin_assets.evaluation.suites import load_suites
 from marin_assets.training.assets import CHECKPOINT_VERSION, RUNS, build_training_stage, named_run_lookup
@@ -49,7 +50,7 @@ def test_the_suite_runs_in_a_pod_placed_like_the_run_and_its_report_is_the_manif
     harness_eval, _ = build_harness_asset(HarnessSuite.resolve(registry, suite, set(), {}), key="harness_eval",
                                           checkpoint_key="checkpoint", partitions=RUNS,
                                           spec_for=named_run_lookup(settings, deployment), pool="gpu",
-                                          group_name="evaluation")
+                                          group_name="evaluation", catalog=Catalog())
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(RUNS.name, [RUN])
         instance.event_log_storage.set_concurrency_slots("gpu", 1)

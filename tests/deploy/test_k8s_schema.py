@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from marin_assets.catalog import Catalog
 from marin_assets.evaluation.assets import HarnessSuite, build_harness_asset
 from marin_assets.evaluation.suites import load_suites
 from marin_assets.training.assets import RUNS, build_training_stage, named_run_lookup
@@ -161,7 +162,7 @@ def harness_eval(tmp_path, cluster, synthetic_deployment):
     asset, _ = build_harness_asset(HarnessSuite.resolve(registry, registry.suite("core"), set(), {}),
                                    key="harness_eval", checkpoint_key="checkpoint", partitions=RUNS,
                                    spec_for=named_run_lookup(settings, deployment), pool="gpu",
-                                   group_name="evaluation")
+                                   group_name="evaluation", catalog=Catalog())
     training, _ = build_training_stage(settings, deployment)
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(RUNS.name, [harness_test.RUN])

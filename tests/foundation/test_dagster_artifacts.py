@@ -3,13 +3,14 @@
 import dagster as dg
 import pytest
 
+from marin_assets.catalog import Catalog
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
     ArtifactHandle,
     ArtifactHandleIOManager,
     Built,
     MarinStore,
     all_partitions_in,
-    marin_asset,
     materialize_artifact,
 )
 from marin_resources.keys import asset_key, marin_key
@@ -21,11 +22,16 @@ SHARDS = dg.DynamicPartitionsDefinition(name="test_shards")
 WORDS, JOINED = asset_key("test/words"), asset_key("test/joined")
 
 
-def make_defs(prefix, *, greeting="hello", version="v1", source=None):
-    """`source`: {partition: listing hash} of an outside input that test/words records, as raw assets do."""
+def make_defs(prefix, *, greeting="hello", version="v1", source=None, catalog: Catalog | None = None):
+    """`source`: {partition: listing hash} of an outside input that test/words records, as raw assets do.
+    `catalog`: where the specs are recorded, for a planner."""
     config = {"greeting": greeting}
+    catalog = Catalog() if catalog is None else catalog
+    external = None if source is None else (lambda p: {"external/src": source[p]})
+    words_spec = ArtifactSpec("test/words", version, lambda _p: config, external=external)
+    joined_spec = ArtifactSpec.fixed("test/joined", "v1", {})
 
-    @marin_asset(key="test/words", version=version, partitions_def=SHARDS)
+    @catalog.asset(words_spec, partitions_def=SHARDS)
     def words(context: dg.AssetExecutionContext, store: MarinStore):
         def build(w):
             with w.open("words.txt") as fh:
@@ -33,16 +39,16 @@ def make_defs(prefix, *, greeting="hello", version="v1", source=None):
             return Built(metrics={"words": 2})
         outside = [] if source is None else [ArtifactHandle("external/src", context.partition_key, "x", "file:///src",
                                                             source[context.partition_key])]
-        return materialize_artifact(context, store, config=config, upstream=outside, build=build)
+        return materialize_artifact(context, store, words_spec, upstream=outside, build=build)
 
-    @marin_asset(key="test/joined", version="v1", ins={"shards": all_partitions_in("test/words")})
+    @catalog.asset(joined_spec, ins={"shards": all_partitions_in("test/words")})
     def joined(context: dg.AssetExecutionContext, store: MarinStore, shards: dict[str, ArtifactHandle]):
         def build(w):
             text = " ".join(store.get().open(f"{h.uri}/words.txt").read().decode() for h in shards.values())
             with w.open("joined.txt") as fh:
                 fh.write(text.encode())
             return Built(metrics={"shards": len(shards)})
-        return materialize_artifact(context, store, config={}, upstream=list(shards.values()), build=build)
+        return materialize_artifact(context, store, joined_spec, upstream=list(shards.values()), build=build)
 
     store = MarinStore(prefix=str(prefix))
     return [words, joined], {"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store)}
@@ -152,7 +158,6 @@ def test_value_io_manager_round_trips_tables_and_json_with_a_manifest(tmp_path, 
 
 
 def test_planner_follows_partition_mappings(tmp_path, instance):
-    from marin_assets.catalog import Catalog
     from marin_assets.planning import Planner, parse_key
 
     @dg.asset(key=asset_key("test/fit"), ins={"words": dg.AssetIn(
@@ -173,7 +178,6 @@ def test_status_follows_one_rule_and_causes_propagate_downstream(tmp_path, insta
     """The planner's states come from the rule the assets apply: a stale input makes its consumers
     stale with the cause chain; a config change is 'missing' beside the old artifact and, once
     materialized, fresh again."""
-    from marin_assets.catalog import Catalog
     from marin_assets.planning import Planner, parse_key
 
     source, greeting = {"a": "listing-a1", "b": "listing-b1"}, {"value": "hello"}
@@ -184,11 +188,8 @@ def test_status_follows_one_rule_and_causes_propagate_downstream(tmp_path, insta
                        instance=instance)
 
     def states():
-        assets, resources = make_defs(tmp_path, greeting=greeting["value"], source=source)
         catalog = Catalog()
-        catalog.add_identity("test/words", lambda p: {"greeting": greeting["value"]})
-        catalog.add_identity("test/joined", lambda p: {})
-        catalog.add_external("test/words", lambda p: {"external/src": source[p]})
+        assets, resources = make_defs(tmp_path, greeting=greeting["value"], source=source, catalog=catalog)
         planner = Planner(dg.Definitions(assets=assets, resources=resources), catalog, ArtifactStore(str(tmp_path)),
                           instance)
         return {(s.asset_key, s.partition): s for s in planner.status([parse_key("test/words"),

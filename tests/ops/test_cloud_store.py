@@ -3,6 +3,7 @@
 import dagster as dg
 import pytest
 
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
 from marin_resources.io_managers import ValueIOManagerFactory
 from marin_resources.keys import asset_key
@@ -42,13 +43,15 @@ def test_assets_and_io_managers_on_object_store(cloud, tmp_path):
     prefix, options = cloud
     store = MarinStore(prefix=prefix, storage_options=options)
 
-    @marin_asset(key="cloud/blob", version="v1")
+    spec = ArtifactSpec.fixed("cloud/blob", "v1", {"k": 1})
+
+    @marin_asset(spec)
     def blob(context: dg.AssetExecutionContext, store: MarinStore):
         def build(w):
             with w.open("blob.txt") as fh:
                 fh.write(b"in the bucket")
             return Built(metrics={"n": 1})
-        return materialize_artifact(context, store, config={"k": 1}, upstream=[], build=build)
+        return materialize_artifact(context, store, spec, upstream=[], build=build)
 
     @dg.asset(key=["cloud", "summary"], ins={"blob": dg.AssetIn(key=asset_key("cloud/blob"))})
     def summary(blob) -> dict:

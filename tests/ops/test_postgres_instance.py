@@ -21,6 +21,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
 from marin_resources.keys import asset_key
 from marin_resources.storage.store import ArtifactStore
@@ -34,7 +35,9 @@ def build_assets(prefix: str, gate_dir: Path | None = None):
     """One store-backed asset. With `gate_dir`, the writer holding the lease announces itself and
     waits for `go` before committing, so the test controls exactly when the race ends."""
 
-    @marin_asset(key="ops/daily_counts", version="v1", partitions_def=DAYS)
+    spec = ArtifactSpec.fixed("ops/daily_counts", "v1", {"unit": "documents"})
+
+    @marin_asset(spec, partitions_def=DAYS)
     def daily_counts(context: dg.AssetExecutionContext, store: MarinStore):
         def build(writer) -> Built:
             run_id = context.run.run_id
@@ -51,7 +54,7 @@ def build_assets(prefix: str, gate_dir: Path | None = None):
                 fh.write(f"written by {run_id}\n".encode())
             return Built(metrics={"rows": 2})
 
-        return materialize_artifact(context, store, config={"unit": "documents"}, upstream=[], build=build)
+        return materialize_artifact(context, store, spec, upstream=[], build=build)
 
     store = MarinStore(prefix=prefix)
     return [daily_counts], {"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store)}

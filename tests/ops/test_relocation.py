@@ -9,6 +9,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from marin_assets.catalog import Catalog
 from marin_assets.planning import InProcessRuns, Planner
 from marin_assets.tokenization.assets import build_mixture_asset, read_mixture_config
 from marin_assets.tokenization.registry import MIXTURE_VERSION, MixtureEntry
@@ -35,7 +36,7 @@ def mixture_defs(prefix: str):
     specs = [dg.AssetSpec(asset_key(k), metadata={VERSION_METADATA_KEY: "v1"})
              .with_io_manager_key("artifact_io_manager") for k in ("tokenized/letters", "tokenizer/harbour_bpe")]
     store = MarinStore(prefix=prefix)
-    return dg.Definitions(assets=[*specs, build_mixture_asset(MIXTURE)],
+    return dg.Definitions(assets=[*specs, build_mixture_asset(MIXTURE, Catalog())],
                           resources={"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store)})
 
 

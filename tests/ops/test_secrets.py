@@ -4,6 +4,7 @@ import json
 
 import dagster as dg
 
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
 from marin_resources.storage.secrets import REDACTED, scrub
 
@@ -24,18 +25,21 @@ def test_planted_secrets_do_not_reach_manifest_metadata_or_logs(tmp_path, monkey
     for key, value in PLANTED.items():
         monkeypatch.setenv(key, value)
 
-    @marin_asset(key="leaky/asset", version="v1")
+    import os
+
+    # A careless producer that puts the environment into its config and metrics.
+    spec = ArtifactSpec("leaky/asset", "v1", lambda _partition: {
+        "env_key": os.environ["WANDB_API_KEY"], "url": f"https://x?token={os.environ['HF_TOKEN']}"})
+
+    @marin_asset(spec)
     def leaky(context: dg.AssetExecutionContext, store: MarinStore):
-        # A careless producer that puts the environment into its config and metrics.
-        import os
-        careless = {"env_key": os.environ["WANDB_API_KEY"], "url": f"https://x?token={os.environ['HF_TOKEN']}"}
 
         def build(w):
             with w.open("out.txt") as fh:
                 fh.write(b"data")
             return Built(metrics={"note": os.environ["AWS_SECRET_ACCESS_KEY"]},
                          metadata={"auth": os.environ["HF_TOKEN"]})
-        return materialize_artifact(context, store, config=careless, upstream=[], build=build)
+        return materialize_artifact(context, store, spec, upstream=[], build=build)
 
     store = MarinStore(prefix=str(tmp_path))
     with dg.instance_for_test() as instance:

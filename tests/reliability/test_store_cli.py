@@ -21,6 +21,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
 from marin_resources.keys import asset_key
 from marin_resources.storage.store import MANIFEST_NAME, ArtifactStore
@@ -223,7 +224,9 @@ def test_forged_input_is_refused(tmp_path, words_built):
 
 def incremental_defs(prefix):
     """Like the token cache: a builder that resumes and skips what its own ledger says is done."""
-    @marin_asset(key="test/incremental", version="v1")
+    spec = ArtifactSpec.fixed("test/incremental", "v1", {})
+
+    @marin_asset(spec)
     def incremental(context: dg.AssetExecutionContext, store: MarinStore):
         def build(w):
             if not store.get().fs.exists(store.get().fs_path(w.path("ledger.json"))):
@@ -231,7 +234,7 @@ def incremental_defs(prefix):
                     fh.write(b"rows")
                 w.write_json("ledger.json", {"done": ["chunk-0"]})
             return Built()
-        return materialize_artifact(context, store, config={}, upstream=[], build=build, resume=True)
+        return materialize_artifact(context, store, spec, upstream=[], build=build, resume=True)
 
     store = MarinStore(prefix=str(prefix))
     return incremental, {"store": store, "artifact_io_manager": ArtifactHandleIOManager(store=store)}

@@ -112,7 +112,7 @@ def test_sweep_runs_are_their_own_partitions_and_targets_wait_for_the_forecast(e
     for key in (CHECKPOINT, EVAL):
         assert graph.get(asset_key(key)).partitions_def.name == RUNS
     assert {"sweep/syn", "scaling_fit/syn", "forecast/syn", "forecast_check/syn", CHECKPOINT, EVAL} <= \
-        set(catalog.identities)
+        set(catalog.specs)
 
 
 def test_a_sweep_on_a_mixture_this_deployment_lacks_is_left_out(env, synthetic_deployment):
@@ -332,7 +332,7 @@ def linked(tmp_path, synthetic_deployment):
     def load_linked():
         defs, partitions, _ = load_stage(settings, deployment)
         evaluation, catalog = build_evaluation_stage(settings, deployment)
-        assert HARNESS in catalog.identities
+        assert HARNESS in catalog.specs
         harness = [a for a in evaluation.assets if a.key == asset_key(HARNESS)]
         return dg.Definitions.merge(defs, dg.Definitions(assets=harness)), partitions
 

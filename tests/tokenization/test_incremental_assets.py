@@ -23,10 +23,9 @@ from marin_assets.tokenization.assets import (
     TokenizerEntry,
     build_tokenized_asset,
     build_tokenizer_asset,
-    pin_note,
 )
 from marin_assets.tokenization.cache import CacheConfig, is_validation_document
-from marin_assets.tokenization.decontamination_assets import build_decontamination_assets, shard_file
+from marin_assets.tokenization.decontamination_assets import build_decontamination_assets
 from marin_assets.tokenization.registry import DecontaminationPolicy, MixtureEntry, TokenizationRegistry
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.artifacts import VERIFY_TAG, VERSION_METADATA_KEY
@@ -87,12 +86,13 @@ class Pipeline:
     def assets(self, tokenizer: TokenizerEntry = TOKENIZER, catalog: Catalog | None = None):
         dedup = dg.AssetSpec(key=asset_key(f"deduplicated/{SOURCE}"), metadata={
             VERSION_METADATA_KEY: DEDUP_VERSION}).with_io_manager_key("artifact_io_manager")
-        token_shards, tokenized, *checks = build_tokenized_asset(TOKENIZED)
+        catalog = Catalog() if catalog is None else catalog
+        token_shards, tokenized, *checks = build_tokenized_asset(TOKENIZED, catalog)
         decontamination, decontamination_checks = build_decontamination_assets(
             TokenizationRegistry({TOKENIZER.name: TOKENIZER}, {SOURCE: TOKENIZED},
-                                 {SOURCE: MixtureEntry(SOURCE, TOKENIZER.name, {SOURCE: 1.0})}), catalog or Catalog())
-        return [dedup, build_tokenizer_asset(tokenizer), *decontamination, token_shards, tokenized, *checks,
-                *decontamination_checks]
+                                 {SOURCE: MixtureEntry(SOURCE, TOKENIZER.name, {SOURCE: 1.0})}), catalog)
+        return [dedup, build_tokenizer_asset(tokenizer, catalog, lambda: self.store), *decontamination, token_shards,
+                tokenized, *checks, *decontamination_checks]
 
     def shards(self) -> list[str]:
         """The corpus's shards, each a partition of token_shards/letters (as discovery adds them)."""
@@ -129,8 +129,6 @@ class Pipeline:
 
     def planner(self) -> Planner:
         catalog = Catalog()
-        catalog.add_note(f"tokenizer/{TOKENIZER.name}", pin_note)
-        catalog.add_file_read(f"token_shards/{SOURCE}", f"decontaminated/{SOURCE}", shard_file)
         defs = dg.Definitions(assets=self.assets(catalog=catalog), resources=build_resources(self.settings))
         return Planner(defs, catalog, self.store, self.instance)
 

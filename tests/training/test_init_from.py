@@ -352,7 +352,7 @@ def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_d
         assert ("hf_model", "base") in manifest.upstream_versions()
         assert any(node.manifest is not None and node.manifest.asset_key == "hf_model"
                    for node in build_lineage(store, manifest).walk())
-        assert catalog.identities["checkpoint"]("tuned") == manifest.config  # what `marin status` looks for
+        assert catalog.specs["checkpoint"].identity("tuned") == manifest.config  # what `marin status` looks for
         [(process, config)] = calls
         assert config["initialize_from_hf"] == export.uri
         assert process.args[process.args.index("--init-sha256") + 1] == digest
