@@ -82,8 +82,9 @@ def test_demo_reaches_a_scaling_fit_and_is_a_noop_the_second_time(tmp_path):
     assert scope["model"](np.asarray([ids[:-1]])).logits.shape[-1] == scope["model"].config.vocab_size
 
     # One identity per artifact: everything the demo committed is what `marin status` wants now. Status
-    # finds an artifact by the fingerprint of the identity the catalog computes for it, so a catalog copy
-    # that drifted from the one the asset committed would show here as missing or stale.
+    # finds an artifact by the fingerprint of its spec's identity, the one the asset committed; an
+    # identity that depends on more than the code (a tokenizer's pinned corpora) would show here as
+    # missing or stale if the two ever computed it differently.
     status = subprocess.run([sys.executable, "-m", "marin_assets.cli", "status", "--json"], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert status.returncode == 0, status.stderr[-3000:]
