@@ -21,7 +21,7 @@ import time
 
 import pyarrow as pa
 
-from marin_assets.tokenization.cache import CacheConfig
+from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.decontamination import decontaminate
 from marin_assets.tokenization.ngrams import NgramHasher, build_index
 from marin_assets.tokenization.registry import DecontaminationPolicy

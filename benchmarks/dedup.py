@@ -40,7 +40,8 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from datasketch import MinHash  # noqa: E402
 
-from marin_assets.curation.dedup import DedupConfig, Shard, dedup_source  # noqa: E402
+from marin_assets.curation.dedup import Shard, dedup_source  # noqa: E402
+from marin_assets.curation.dedup_index import DedupConfig  # noqa: E402
 from marin_assets.curation.minhash import (  # noqa: E402
     MinHashConfig,
     compute_signatures,

@@ -52,7 +52,8 @@ from pathlib import Path  # noqa: E402
 
 import polars as pl  # noqa: E402
 
-from marin_assets.curation.dedup import DedupConfig, IndexDir, ShardInput, decision_path, update_index  # noqa: E402
+from marin_assets.curation.dedup import decision_path, update_index  # noqa: E402
+from marin_assets.curation.dedup_index import DedupConfig, IndexDir, ShardInput  # noqa: E402
 from marin_assets.curation.minhash import (  # noqa: E402
     compute_signatures,
     exact_jaccard,

@@ -48,7 +48,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks.gpu_train import SIZES as TRAIN_SIZES  # noqa: E402
 from benchmarks.train import load_fixtures  # noqa: E402
 from marin_assets.export.assets import DEFAULT_MAX_SHARD_MB  # noqa: E402
-from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache_from_documents  # noqa: E402
+from marin_assets.tokenization.cache import build_levanter_cache_from_documents  # noqa: E402
+from marin_assets.tokenization.cache_config import CacheConfig  # noqa: E402
 from marin_assets.tokenization.registry import load_registry  # noqa: E402
 from marin_assets.tokenization.tokenizer import TokenizerConfig, train_bpe_tokenizer  # noqa: E402
 from marin_assets.training.commands import export_command, train_command  # noqa: E402

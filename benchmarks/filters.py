@@ -60,7 +60,7 @@ import polars as pl
 from marin_assets.curation import filters as current_filters
 from marin_assets.curation import readers
 from marin_assets.curation.config import DEFAULT_SOURCES_PATH, load_curation_config, parse_curation_config
-from marin_assets.curation.dedup import parquet_bytes
+from marin_assets.curation.dedup_index import parquet_bytes
 from marin_assets.curation.discovery import Shard, discover_shards
 from marin_assets.curation.fasttext_models import LID176
 from marin_assets.curation.filters import (

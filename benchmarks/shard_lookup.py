@@ -42,8 +42,8 @@ from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from marin_assets.tokenization.assets import ROWS_DIR, encoded_shards, token_shards_identity  # noqa: E402
-from marin_assets.tokenization.cache import MANIFEST_NAME as CACHE_MANIFEST  # noqa: E402
-from marin_assets.tokenization.cache import CacheConfig  # noqa: E402
+from marin_assets.tokenization.cache_config import CacheConfig  # noqa: E402
+from marin_assets.tokenization.cache_format import MANIFEST_NAME as CACHE_MANIFEST  # noqa: E402
 from marin_assets.tokenization.decontamination_assets import (  # noqa: E402
     decontaminated_identity,
     eval_ngrams_key,

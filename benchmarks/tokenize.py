@@ -97,7 +97,8 @@ def write_parquet(docs: list[str], out_dir: str, n_files: int) -> list[str]:
 def measure_append(files: list[str], tok_dir: str, work: str, batch_rows: int, trials: int) -> dict:
     """Median seconds to append the last file to a cache of the others, to encode that file alone,
     and to build all files; the append must encode exactly the last file's documents."""
-    from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache
+    from marin_assets.tokenization.cache import build_levanter_cache
+    from marin_assets.tokenization.cache_config import CacheConfig
 
     cfg = CacheConfig(validation_fraction=0.01, batch_rows=batch_rows)
     new_docs = pq.ParquetFile(files[-1]).metadata.num_rows
@@ -134,7 +135,8 @@ def main() -> None:
     ap.add_argument("--append-trials", type=int, default=3, help="runs of the one-new-shard measurement")
     args = ap.parse_args()
 
-    from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache
+    from marin_assets.tokenization.cache import build_levanter_cache
+    from marin_assets.tokenization.cache_config import CacheConfig
     from marin_assets.tokenization.tokenizer import TokenizerConfig, train_bpe_tokenizer
 
     texts = fetch_texts(args.data_dir)

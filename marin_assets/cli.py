@@ -109,7 +109,8 @@ def materialize_plans(plans: list[list[argparse.Namespace]], announce: Sequence[
     the plans one after another, stopping at the first that fails. They share one planner, one
     discovery and one code server, which a command per plan would each pay again. `announce[i]` is
     printed before plan i. Every option comes from the plan's first arguments."""
-    from marin_assets.planning import WorkspaceRuns, parse_key
+    from marin_assets.planning import parse_key
+    from marin_assets.run_submission import WorkspaceRuns
     from marin_resources.environments import check_ray_reachable
 
     plan, settings, _ = planner()

@@ -4,7 +4,7 @@ A step reports progress as ordinary Dagster log messages that start with a marke
 eval process through Pipes (``reporter.log``), an asset body through ``context.log``. So the lines
 are in the run's event log and on the UI's run page, wherever the step runs (a local worker, a
 pod), and `marin materialize` finds them there while the run is in flight (`RunProgress` in
-marin_assets.planning): it prints a run's ``NOTICE`` lines at once (the process log's path) and
+marin_assets.run_submission): it prints a run's ``NOTICE`` lines at once (the process log's path) and
 its newest ``PROGRESS`` line at most every ``PRINT_EVERY_S``. Nothing else of a run's log reaches
 the terminal.
 

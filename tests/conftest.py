@@ -103,7 +103,7 @@ def synthetic_deployment():
     mixture `mixture` (both at version v1), for stages built without the bundled YAML files."""
     from marin_assets.curation.config import CurationConfig, SourceConfig
     from marin_assets.deployment import Deployment
-    from marin_assets.tokenization.cache import CacheConfig
+    from marin_assets.tokenization.cache_config import CacheConfig
     from marin_assets.tokenization.registry import MixtureEntry, TokenizationRegistry, TokenizedEntry, TokenizerEntry
     from marin_assets.tokenization.tokenizer import TokenizerConfig
 

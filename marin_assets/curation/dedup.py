@@ -1,22 +1,18 @@
 """Exact and fuzzy (MinHash LSH, Jaccard-verified) deduplication: incremental, out of core.
 
 Pure logic over polars, numpy and an fsspec directory (the index); no Dagster. See docs/dedup.md.
+This module decides which documents are kept and runs the updates of the index; the index as it is
+stored is `dedup_index.py`, the passes that build it `dedup_passes.py`.
 
 One ``update_index`` call adds shards that the index has not seen:
 
 1. Order. New shards get sequence numbers after every registered one, sorted by
    ``(shard_key, source)``; a document's order is ``(seq, row)``, packed as ``seq << 32 | row``.
    Earlier documents win ("first seen is kept"), so decisions about registered shards never change.
-2. Keys (per new shard, one unit of work each: ``shard_keys_pass``): one exact key (the first 64
-   bits of the hex sha256 ``id``) and, for documents with tokens, one LSH key per band of the cached
-   MinHash signature. Keys are split by bucket-hash range into ``index_partitions`` partitions and
-   spilled into the index's ``pending/``.
-3. Collisions (per partition): the new keys, spilled to the index by partition, are matched
-   against that partition's runs of kept documents, one run file at a time; groups of two or more
-   documents with at least one new document survive. Each partition's pass (``partition_pass``)
-   is a pure function of that partition's files, so the passes are independent units of work
-   (``parallel_map``: in turn in one process, or one Ray task each); their outputs are merged in
-   partition order. Peak memory of a pass is one partition, not the corpus.
+2. Keys (per new shard, one unit of work each: ``shard_keys_pass``): exact and LSH band keys,
+   spilled into the index by bucket-hash range.
+3. Collisions (per partition: ``partition_pass``): the new keys matched against that partition's
+   runs of kept documents, as independent units of work merged in partition order.
 4. Centre assignment (new documents in order): a document is dropped if it is an exact copy of a
    kept document (a "centre"), or else if its exact Jaccard with a colliding centre reaches the
    threshold (the earliest such centre is kept in its place); otherwise it becomes a centre. Only
@@ -30,34 +26,42 @@ One ``update_index`` call adds shards that the index has not seen:
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
-import fsspec
 import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from marin_assets.curation.minhash import (
-    MinHashConfig,
-    SignatureTable,
-    band_hashes,
-    empty_signature_mask,
-    exact_jaccard,
-    shingle_sets,
+from marin_assets.curation.dedup_index import (
+    REQUIRED_COLUMNS,
+    ROW_BITS,
+    ROW_MASK,
+    DedupConfig,
+    IndexDir,
+    RegisteredShard,
+    ShardInput,
+    open_index,
+    parquet_bytes,
+    registry_path,
 )
+from marin_assets.curation.dedup_passes import (
+    KEY_BYTES,
+    CollisionPass,
+    KeysPass,
+    RunCommit,
+    partition_commit_pass,
+    partition_pass,
+    shard_keys_pass,
+)
+from marin_assets.curation.minhash import SignatureTable, exact_jaccard, shingle_sets
 from marin_resources.parallel_map import ParallelMap, in_process_map
 
-REQUIRED_COLUMNS = ("id", "text", "source", "source_id", "metadata")
 SHARD_KEY_COLUMN = "shard_key"
-_ROW_BITS = 32
-_ROW_MASK = (1 << _ROW_BITS) - 1
 
 DUPLICATES_SCHEMA = {
     "dropped_id": pl.Utf8,
@@ -73,10 +77,6 @@ DUPLICATES_SCHEMA = {
 }
 # A shard's decisions: its dropped rows (by position in the shard) and what replaced each.
 DECISION_SCHEMA = {"dropped_row": pl.UInt32, **DUPLICATES_SCHEMA}
-KEY_SCHEMA = {"band": pl.UInt16, "bucket": pl.UInt64, "doc": pl.UInt64}
-# Keys per row group of an index run: small enough that a lookup of a few keys reads little.
-RUN_ROW_GROUP_KEYS = 8192
-KEY_BYTES = 18  # a (band, bucket, doc) key: uint16 + uint64 + uint64
 
 
 def lsh_threshold(bands: int, rows: int) -> float:
@@ -89,45 +89,6 @@ def candidate_probability(similarity: float, bands: int, rows: int) -> float:
     return 1.0 - (1.0 - similarity**rows) ** bands
 
 
-@dataclass(frozen=True)
-class DedupConfig:
-    """Deduplication of one dedup group. ``bands * rows`` must not exceed ``minhash.num_perm``.
-
-    The default 12 bands x 10 rows puts the S-curve midpoint at 0.78, a little under the 0.8
-    verification threshold, so pairs right at the threshold are still proposed with probability
-    0.75 and pairs at 0.9 with 0.994; verification removes the extra candidates below 0.8.
-    ``index_partitions`` is the number of bucket-hash ranges the index is split into: the
-    candidate step holds one range at a time.
-    """
-
-    minhash: MinHashConfig = field(default_factory=MinHashConfig)
-    bands: int = 12
-    rows: int = 10
-    jaccard_threshold: float = 0.8
-    fuzzy: bool = True
-    index_partitions: int = 16
-
-    def __post_init__(self) -> None:
-        if self.bands < 2 or self.rows < 1:
-            raise ValueError(f"need bands >= 2 and rows >= 1, got bands={self.bands} rows={self.rows}")
-        if self.bands * self.rows > self.minhash.num_perm:
-            raise ValueError(
-                f"bands * rows = {self.bands * self.rows} exceeds num_perm = {self.minhash.num_perm}"
-            )
-        if not 0.0 < self.jaccard_threshold <= 1.0:
-            raise ValueError(f"jaccard_threshold must be in (0, 1], got {self.jaccard_threshold}")
-        if not 1 <= self.index_partitions <= 4096:
-            raise ValueError(f"index_partitions must be in [1, 4096], got {self.index_partitions}")
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @property
-    def exact_band(self) -> int:
-        """The band number of exact keys, after the LSH bands."""
-        return self.bands
-
-
 class Shard(NamedTuple):
     """One shard held in memory: its key (sorts in ingestion order), documents and signatures."""
 
@@ -135,35 +96,6 @@ class Shard(NamedTuple):
     docs: pl.DataFrame
     signatures: SignatureTable
     source: str = ""
-
-
-class ShardInput(NamedTuple):
-    """One shard as the index sees it: loaded on demand, so a run never holds the corpus.
-
-    ``version`` is the content version of the shard (its upstream data version); when a registered
-    shard's version changes or it disappears, earlier decisions no longer hold and the index starts over.
-    """
-
-    source: str
-    shard_key: str
-    version: str
-    load_docs: Callable[[], pl.DataFrame]
-    load_signatures: Callable[[], SignatureTable]
-    # Some rows' `id`, `text`, `source_id`, in the order asked (`read_parquet_rows`): an earlier shard
-    # holding a few documents a new shard collides with is read for those, not whole. None: load_docs.
-    load_rows: Callable[[Sequence[int]], pl.DataFrame] | None = None
-    # How many documents it holds, if known before loading it: whether its keys are worth a worker.
-    documents: int | None = None
-
-
-@dataclass
-class RegisteredShard:
-    seq: int
-    source: str
-    shard_key: str
-    version: str
-    docs: int = 0
-    kept: int = 0
 
 
 @dataclass(frozen=True)
@@ -184,230 +116,6 @@ class DedupResult:
 
 def decision_path(seq: int) -> str:
     return f"decisions/{seq:06d}.parquet"
-
-
-def _registry_path(batch: int) -> str:
-    return f"registry/{batch:06d}.json"
-
-
-def _key_run_path(partition: int, batch: int) -> str:
-    return f"keys/p{partition:04d}/{batch:06d}.parquet"
-
-
-def _pending_keys_dir(partition: int) -> str:
-    """Where the batch being decided spills its new shards' keys of one partition: in the index
-    itself, so that a partition's pass can run on any worker that reaches the store."""
-    return f"pending/p{partition:04d}"
-
-
-class IndexDir:
-    """An index directory on any fsspec filesystem (the `dedup_index` artifact, or a temp dir)."""
-
-    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
-        self.fs, self.root = fs, root.rstrip("/")
-        self.written: dict[str, tuple[int, str]] = {}
-        """Files written through this object since an update began, and still there: size and sha256
-        of the bytes written."""
-
-    @classmethod
-    def local(cls, path: str | Path) -> IndexDir:
-        return cls(fsspec.filesystem("file"), str(Path(path).resolve()))
-
-    def read_bytes(self, rel: str) -> bytes:
-        return self.fs.cat_file(f"{self.root}/{rel}")
-
-    def read_parquet(self, rel: str) -> pl.DataFrame:
-        return pl.read_parquet(io.BytesIO(self.read_bytes(rel)))
-
-    def write_bytes(self, rel: str, data: bytes) -> None:
-        path = f"{self.root}/{rel}"
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        with self.fs.open(path, "wb") as handle:
-            handle.write(data)
-        self.written[rel] = (len(data), hashlib.sha256(data).hexdigest())
-
-    def write_parquet(self, rel: str, frame: pl.DataFrame, row_group_size: int | None = None) -> None:
-        self.write_bytes(rel, parquet_bytes(frame, row_group_size))
-
-    # Many small files at once: one call, which fsspec's object-store filesystems run as concurrent
-    # requests (a batch spills, reads and removes thousands of them at scale).
-
-    def read_many(self, rels: Sequence[str]) -> list[bytes]:
-        paths = [f"{self.root}/{rel}" for rel in rels]
-        found = self.fs.cat(paths) if paths else {}
-        return [found[self.fs._strip_protocol(path)] for path in paths]
-
-    def write_many(self, files: dict[str, bytes]) -> None:
-        for folder in {f"{self.root}/{rel}".rsplit("/", 1)[0] for rel in files}:
-            self.fs.makedirs(folder, exist_ok=True)
-        if files:
-            self.fs.pipe({f"{self.root}/{rel}": data for rel, data in files.items()})
-        self.written |= {rel: (len(data), hashlib.sha256(data).hexdigest()) for rel, data in files.items()}
-
-    def remove_many(self, rels: Sequence[str]) -> None:
-        if rels:
-            self.fs.rm([f"{self.root}/{rel}" for rel in rels])
-        for rel in rels:
-            self.written.pop(rel, None)
-
-    def files(self, under: str = "") -> list[str]:
-        base = f"{self.root}/{under}".rstrip("/")
-        try:
-            found = self.fs.find(base, withdirs=False)
-        except FileNotFoundError:
-            return []
-        # Dot files belong to whoever hosts the directory (the store's lease and manifest).
-        return sorted(rel for rel in (path[len(self.root) + 1 :] for path in found) if not rel.startswith("."))
-
-    def remove(self, rel: str) -> None:
-        self.fs.rm_file(f"{self.root}/{rel}")
-        self.written.pop(rel, None)
-
-
-def parquet_bytes(frame: pl.DataFrame, row_group_size: int | None = None) -> bytes:
-    """Parquet bytes of ``frame``; the same frame always gives the same bytes (no timestamps).
-
-    zstd at level 1: on a shard of documents it costs about half the CPU of the default level 3
-    (0.08 against 0.15 s per 25 MB) for files about a fifth larger. Every per-shard artifact is
-    written once and read a few times, so the CPU matters more than the bytes."""
-    buffer = io.BytesIO()
-    frame.write_parquet(buffer, compression="zstd", compression_level=1, row_group_size=row_group_size)
-    return buffer.getvalue()
-
-
-# ---------------------------------------------------------------------------------------------
-# Registry: which shards the index holds, in order
-# ---------------------------------------------------------------------------------------------
-
-
-def read_registry(index: IndexDir) -> list[RegisteredShard]:
-    """Registered shards in order; only committed batches (those with a registry entry) count."""
-    return [shard for body in _registry_bodies(index) for shard in body["shards"]]
-
-
-def _registry_bodies(index: IndexDir) -> list[dict[str, Any]]:
-    bodies = []
-    for expected, rel in enumerate(index.files("registry")):
-        if rel != _registry_path(expected):
-            raise ValueError(f"index registry is not contiguous: found {rel}, expected {_registry_path(expected)}")
-        body = json.loads(index.read_bytes(rel))
-        body["shards"] = [RegisteredShard(**shard) for shard in body["shards"]]
-        bodies.append(body)
-    return bodies
-
-
-def _open_index(
-    index: IndexDir, config: DedupConfig, inputs: dict[tuple[str, str], ShardInput]
-) -> tuple[list[RegisteredShard], int, str | None]:
-    """(registered shards, committed batches, reset reason), after removing uncommitted leftovers."""
-    bodies = _registry_bodies(index)
-    reason = None
-    if bodies and bodies[0]["config"] != config.to_json():
-        reason = "the dedup config changed"
-    registered = [shard for body in bodies for shard in body["shards"]]
-    for shard in registered if reason is None else []:
-        current = inputs.get((shard.source, shard.shard_key))
-        if current is None:
-            reason = f"registered shard {shard.source}/{shard.shard_key} is no longer an input"
-        elif current.version != shard.version:
-            reason = f"registered shard {shard.source}/{shard.shard_key} changed (version {current.version})"
-        if reason:
-            break
-    if reason is not None:
-        for rel in index.files():
-            index.remove(rel)
-        return [], 0, reason
-    batches, next_seq = len(bodies), len(registered)
-    for rel in index.files():
-        # A batch interrupted before its registry entry left files that do not count: remove them.
-        folder, name = rel.split("/", 1)[0], rel.rsplit("/", 1)[-1]
-        number = int(name.split(".")[0]) if name.split(".")[0].isdigit() else None
-        stale = (folder == "keys" and (number is None or number >= batches)) or (
-            folder == "decisions" and (number is None or number >= next_seq)
-        )
-        if stale:
-            index.remove(rel)
-        elif folder == "pending":  # the keys of a batch that never committed
-            index.remove(rel)
-        elif folder not in ("keys", "decisions", "registry"):
-            raise ValueError(f"unexpected file {rel} in the dedup index")
-    return registered, batches, None
-
-
-# ---------------------------------------------------------------------------------------------
-# Keys and the partitioned candidate step
-# ---------------------------------------------------------------------------------------------
-
-
-def _id_prefixes(ids: Sequence[str]) -> np.ndarray:
-    """First 64 bits of each hex sha256 id, as uint64."""
-    try:
-        return np.fromiter((int(doc_id[:16], 16) for doc_id in ids), dtype=np.uint64, count=len(ids))
-    except ValueError:
-        bad = next(doc_id for doc_id in ids if not _is_hex_id(doc_id))
-        raise ValueError(f"document id {bad!r} is not a hex sha256 of the text") from None
-
-
-def _is_hex_id(doc_id: str) -> bool:
-    try:
-        int(doc_id[:16], 16)
-    except ValueError:
-        return False
-    return len(doc_id) >= 16
-
-
-def shard_keys(signatures: SignatureTable, seq: int, config: DedupConfig) -> tuple[pl.DataFrame, int]:
-    """(KEY_SCHEMA frame of one shard's exact and LSH band keys, documents without tokens)."""
-    count = len(signatures)
-    docs = (np.uint64(seq) << np.uint64(_ROW_BITS)) | np.arange(count, dtype=np.uint64)
-    bands = [np.full(count, config.exact_band, dtype=np.uint16)]
-    buckets = [_id_prefixes(signatures.ids)]
-    owners = [docs]
-    without_tokens = empty_signature_mask(signatures.hashvalues)
-    if config.fuzzy:
-        eligible = ~without_tokens
-        hashes = band_hashes(signatures.hashvalues[eligible], config.bands, config.rows)
-        bands.append(np.tile(np.arange(config.bands, dtype=np.uint16), int(eligible.sum())))
-        buckets.append(hashes.reshape(-1))
-        owners.append(np.repeat(docs[eligible], config.bands))
-    keys = pl.DataFrame(
-        {"band": np.concatenate(bands), "bucket": np.concatenate(buckets), "doc": np.concatenate(owners)},
-        schema=KEY_SCHEMA,
-    )
-    return keys, int(without_tokens.sum())
-
-
-def key_partition(buckets: np.ndarray, partitions: int) -> np.ndarray:
-    """Partition of each bucket hash: its range among ``partitions`` equal ranges of the top 32 bits."""
-    return ((buckets >> np.uint64(32)) * np.uint64(partitions)) >> np.uint64(32)
-
-
-def split_by_partition(keys: pl.DataFrame, partitions: int) -> dict[int, pl.DataFrame]:
-    """Non-empty partitions of a key frame, each sorted by (band, bucket, doc)."""
-    part = key_partition(keys["bucket"].to_numpy(), partitions)
-    return {
-        int(index): frame.drop("_partition").sort("band", "bucket", "doc")
-        for (index,), frame in keys.with_columns(pl.Series("_partition", part)).group_by("_partition")
-    }
-
-
-def partition_collisions(
-    old_runs: Iterable[Callable[[np.ndarray], pl.DataFrame]], new_keys: pl.DataFrame
-) -> pl.DataFrame:
-    """Keys of one partition whose (band, bucket) holds two or more documents, one of them new.
-
-    ``old_runs`` load the partition's runs of kept documents one at a time, given the sorted new
-    bucket hashes (a loader may skip the parts of a run that hold none of them); each run is cut
-    down to the buckets the new keys touch before the next is read, so memory is the new keys
-    plus one run.
-    """
-    if new_keys.is_empty():
-        return pl.DataFrame(schema=KEY_SCHEMA)
-    new_buckets = new_keys.select("band", "bucket").unique()
-    sorted_buckets = np.unique(new_buckets["bucket"].to_numpy())
-    matched = [run(sorted_buckets).join(new_buckets, on=["band", "bucket"], how="semi") for run in old_runs]
-    members = pl.concat([*matched, new_keys], how="vertical")
-    return members.filter(pl.len().over("band", "bucket") >= 2)
 
 
 INVOLVED_COLUMNS = ("id", "text", "source_id")
@@ -434,31 +142,6 @@ def read_parquet_rows(handle, rows: Sequence[int], columns: Sequence[str] = INVO
     return frame[(base[group_of] + wanted - starts[group_of]).tolist()]
 
 
-def read_run(index: IndexDir, rel: str, buckets: np.ndarray, stats: dict[str, int | float]) -> pl.DataFrame:
-    """The row groups of a key run whose bucket range holds one of ``buckets`` (sorted uint64).
-
-    Runs are sorted by bucket and written in small row groups, so a few new keys against a large
-    index read a fraction of it; the Parquet min/max statistics say which groups to read.
-    """
-    with index.fs.open(f"{index.root}/{rel}", "rb") as handle:
-        run = pq.ParquetFile(handle)
-        column = run.schema_arrow.get_field_index("bucket")
-        wanted = []
-        for group in range(run.num_row_groups):
-            statistics = run.metadata.row_group(group).column(column).statistics
-            if statistics is None or not statistics.has_min_max:
-                wanted.append(group)
-                continue
-            first = np.searchsorted(buckets, np.uint64(statistics.min))
-            if first < buckets.size and buckets[first] <= np.uint64(statistics.max):
-                wanted.append(group)
-        stats["index_row_groups"] += run.num_row_groups
-        stats["index_row_groups_read"] += len(wanted)
-        if not wanted:
-            return pl.DataFrame(schema=KEY_SCHEMA)
-        return pl.from_arrow(run.read_row_groups(wanted)).cast(KEY_SCHEMA)
-
-
 # ---------------------------------------------------------------------------------------------
 # Centre assignment over verified edges
 # ---------------------------------------------------------------------------------------------
@@ -480,10 +163,10 @@ def _load_involved(
     involved = _Involved()
     by_seq: dict[int, list[int]] = {}
     for doc in sorted(docs):
-        by_seq.setdefault(doc >> _ROW_BITS, []).append(doc)
+        by_seq.setdefault(doc >> ROW_BITS, []).append(doc)
     for seq, members in by_seq.items():
         # One shard at a time; only the colliding rows are kept (and, where it can, read).
-        shard, wanted = ShardInput(*shard_by_seq[seq]), [doc & _ROW_MASK for doc in members]
+        shard, wanted = ShardInput(*shard_by_seq[seq]), [doc & ROW_MASK for doc in members]
         rows = shard.load_rows(wanted) if shard.load_rows is not None else \
             shard.load_docs().select(*INVOLVED_COLUMNS)[wanted]
         texts = rows["text"].to_list()
@@ -625,7 +308,7 @@ def centre_units(collisions: pl.DataFrame, exact_band: int, shard_by_seq: dict[i
         target = units[unit_of_component[component]]
         target.groups.append((members, exact))
         for doc in members:
-            seq = doc >> _ROW_BITS
+            seq = doc >> ROW_BITS
             if seq not in target.shards:
                 target.shards[seq] = shard_by_seq[seq]
     return units
@@ -659,102 +342,6 @@ def _zero_counts() -> dict[str, int | float]:
         "seconds_centres": 0.0,
         "seconds_commit": 0.0,
     }
-
-
-def _validated(shard: ShardInput, config: DedupConfig) -> tuple[pl.DataFrame, SignatureTable]:
-    docs, signatures = shard.load_docs(), shard.load_signatures()
-    where = f"shard {shard.source}/{shard.shard_key}"
-    missing = [column for column in REQUIRED_COLUMNS if column not in docs.columns]
-    if missing:
-        raise ValueError(f"{where} lacks columns {missing}")
-    for column in ("id", "text"):
-        # Null dtype is what polars infers for an empty column; it casts to String losslessly.
-        if docs.schema[column] not in (pl.Utf8, pl.Null):
-            raise ValueError(f"{where} column {column!r} must be String, got {docs.schema[column]}")
-    if docs["id"].null_count() or docs["text"].null_count():
-        raise ValueError(f"{where} has null id or text values")
-    if len(docs) > _ROW_MASK:
-        raise ValueError(f"{where} has {len(docs)} rows; at most {_ROW_MASK} per shard")
-    if signatures.config != config.minhash:
-        raise ValueError(f"{where} signatures were computed with {signatures.config}, expected {config.minhash}")
-    if len(signatures) != len(docs) or not np.array_equal(signatures.ids, docs["id"].to_numpy().astype(object)):
-        raise ValueError(
-            f"{where} signatures are not row-aligned with its documents (stale cache?): "
-            "recompute them with compute_signatures"
-        )
-    return docs, signatures
-
-
-@dataclass(frozen=True)
-class KeysPass:
-    """A batch's key step, shared by its shards' units: the index the keys are spilled into."""
-
-    index: IndexDir
-    config: DedupConfig
-
-
-def shard_keys_pass(item: tuple[int, ShardInput], job: KeysPass) -> tuple[int, int, int]:
-    """One new shard (its sequence number and input): its documents checked against its signatures,
-    its exact and band keys (`shard_keys`) spilled into the index by partition. Returns (documents,
-    documents without tokens, keys). Shards are independent, so a batch's shards are units of work
-    (one Ray task each when Ray is chosen)."""
-    seq, shard = item
-    docs, signatures = _validated(ShardInput(*shard), job.config)
-    keys, without_tokens = shard_keys(signatures, seq, job.config)
-    job.index.write_many({f"{_pending_keys_dir(partition)}/{seq:06d}.parquet": parquet_bytes(frame)
-                          for partition, frame in split_by_partition(keys, job.config.index_partitions).items()})
-    return len(docs), without_tokens, len(keys)
-
-
-@dataclass(frozen=True)
-class CollisionPass:
-    """One batch's candidate step, shared by its partitions' passes: the index, and how many
-    committed batches (key runs per partition) the new keys are matched against."""
-
-    index: IndexDir
-    committed_batches: int
-
-
-def _spilled_keys(index: IndexDir, partition: int) -> pl.DataFrame:
-    """The keys the batch being decided spilled into one partition."""
-    spilled = index.files(_pending_keys_dir(partition))
-    return pl.concat([pl.read_parquet(io.BytesIO(data)) for data in index.read_many(spilled)]) if spilled \
-        else pl.DataFrame(schema=KEY_SCHEMA)
-
-
-def partition_pass(partition: int, job: CollisionPass) -> tuple[pl.DataFrame, dict[str, int]]:
-    """The candidate step of one bucket-hash range: its colliding keys (`partition_collisions`) and
-    what reading the index cost. A pure function of the partition's files, so the partitions of a
-    batch are independent units of work (one Ray task each when Ray is chosen)."""
-    stats = {"index_row_groups": 0, "index_row_groups_read": 0}
-    keys = _spilled_keys(job.index, partition)
-    old_runs = [
-        (lambda buckets, rel=_key_run_path(partition, number): read_run(job.index, rel, buckets, stats))  # noqa: B008 - binds this batch's path
-        for number in range(job.committed_batches)
-    ]
-    found = partition_collisions(old_runs, keys)
-    return found, {**stats, "partition_keys": len(keys) + len(found)}
-
-
-@dataclass(frozen=True)
-class RunCommit:
-    """One batch's commit of its key runs, shared by its partitions' units: the index, the batch's
-    number, and its dropped documents (sorted), whose keys stay out of the index."""
-
-    index: IndexDir
-    batch_number: int
-    dropped_docs: np.ndarray
-
-
-def partition_commit_pass(partition: int, job: RunCommit) -> tuple[str, tuple[int, str]]:
-    """One bucket range's new run: the batch's spilled keys of the partition less its dropped
-    documents', sorted and written in small row groups. Returns the run's path, size and sha256.
-    Independent of the other partitions, so a batch's run writes are units of work too."""
-    keys = _spilled_keys(job.index, partition)
-    kept = keys.filter(~pl.col("doc").is_in(pl.Series(job.dropped_docs, dtype=pl.UInt64).implode()))
-    rel = _key_run_path(partition, job.batch_number)
-    job.index.write_parquet(rel, kept.sort("bucket", "band", "doc"), row_group_size=RUN_ROW_GROUP_KEYS)
-    return rel, job.index.written[rel]
 
 
 def _index_batch(
@@ -808,7 +395,7 @@ def _index_batch(
     stats["colliding_shards"] += len({seq for unit in units for seq in unit.shards})
     lap("components")
     # Centre assignment: whole components per unit, merged in document order.
-    assigned = spread(assign_centres, units, CentreJob(batch[0].seq << _ROW_BITS, config))
+    assigned = spread(assign_centres, units, CentreJob(batch[0].seq << ROW_BITS, config))
     drops = sorted(drop for unit in assigned for drop in unit.drops)
     ids = {doc: doc_id for unit in assigned for doc, doc_id in unit.ids.items()}
     source_ids = {doc: source_id for unit in assigned for doc, source_id in unit.source_ids.items()}
@@ -818,15 +405,15 @@ def _index_batch(
     lap("centres")
 
     def where(doc: int) -> tuple[str, str]:
-        owner = shard_by_seq[doc >> _ROW_BITS]
+        owner = shard_by_seq[doc >> ROW_BITS]
         return owner.source, owner.shard_key
 
     rows_by_seq: dict[int, list[dict[str, Any]]] = {shard.seq: [] for shard in batch}
     for dropped, kept, similarity, reason in drops:
         dropped_source, dropped_shard = where(dropped)
         kept_source, kept_shard = where(kept)
-        rows_by_seq[dropped >> _ROW_BITS].append({
-            "dropped_row": dropped & _ROW_MASK,
+        rows_by_seq[dropped >> ROW_BITS].append({
+            "dropped_row": dropped & ROW_MASK,
             "dropped_id": ids[dropped],
             "dropped_source": dropped_source,
             "dropped_shard": dropped_shard,
@@ -851,7 +438,7 @@ def _index_batch(
     index.written |= dict(runs)  # written by the units, wherever they ran
     # Written last: the batch exists from here on.
     body = {"batch": batch_number, "config": config.to_json(), "shards": [asdict(shard) for shard in batch]}
-    index.write_bytes(_registry_path(batch_number), json.dumps(body, indent=1, sort_keys=True).encode())
+    index.write_bytes(registry_path(batch_number), json.dumps(body, indent=1, sort_keys=True).encode())
     index.remove_many(index.files("pending"))
     lap("commit")
 
@@ -882,7 +469,7 @@ def update_index(
             raise ValueError(f"shard keys must be unique within a source, got {shard.source}/{shard.shard_key} twice")
         inputs[(shard.source, shard.shard_key)] = shard
     index.written.clear()
-    registered, batches, reset_reason = _open_index(index, config, inputs)
+    registered, batches, reset_reason = open_index(index, config, inputs)
     known = {(shard.source, shard.shard_key) for shard in registered}
     new = sorted((key for key in inputs if key not in known), key=lambda key: (key[1], key[0]))
     shard_by_seq = {shard.seq: inputs[(shard.source, shard.shard_key)] for shard in registered}

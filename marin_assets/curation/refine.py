@@ -3,8 +3,8 @@
     documents/<source> --> filtered/<source> --> dedup_index/<group> --> deduplicated/<source>
     quality_classifier, language_model --^    +-> quality_threshold -------------^
 
-Thin wiring over `filters.py`, `quality.py`, `minhash.py`, `dedup.py` and `paragraphs.py`; the model
-assets are in `model_assets.py`.
+Thin wiring over `filters.py`, `quality.py`, `minhash.py`, `dedup.py` (with `dedup_index.py`) and
+`paragraphs.py`; the model assets are in `model_assets.py`.
 """
 
 import hashlib
@@ -21,18 +21,14 @@ from marin_assets.catalog import Catalog
 from marin_assets.curation.config import CurationConfig, SourceConfig, pii_of
 from marin_assets.curation.dedup import (
     DOCUMENT_ROW_GROUP,
-    DedupConfig,
-    IndexDir,
-    ShardInput,
     apply_decisions,
     decision_path,
     decisions_digest,
     duplicates_table,
-    parquet_bytes,
     read_parquet_rows,
-    read_registry,
     update_index,
 )
+from marin_assets.curation.dedup_index import DedupConfig, IndexDir, ShardInput, parquet_bytes, read_registry
 from marin_assets.curation.fasttext_models import LID176, ModelFileError
 from marin_assets.curation.filter_report import MOST, filter_report, largest_rule_problem, report_table
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks

@@ -5,10 +5,7 @@ See docs/tokenization.md for the on-disk layout and the Levanter data config con
 """
 
 from marin_assets.tokenization.cache import (
-    CacheConfig,
-    CacheStats,
     RoundtripFailure,
-    SplitStats,
     build_levanter_cache,
     build_levanter_cache_from_documents,
     cache_shard_order,
@@ -17,6 +14,7 @@ from marin_assets.tokenization.cache import (
     iter_parquet_texts,
     read_cache_stats,
 )
+from marin_assets.tokenization.cache_config import CacheConfig, CacheStats, SplitStats
 from marin_assets.tokenization.mixture import (
     MixtureComponent,
     MixtureSpec,

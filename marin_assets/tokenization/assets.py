@@ -14,27 +14,17 @@ import dagster as dg
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
-from marin_assets.tokenization.cache import (
-    MANIFEST_NAME as CACHE_MANIFEST,
-)
-from marin_assets.tokenization.cache import (
-    ROWS,
-    CacheConfig,
-    ShardSpec,
-    appended_shard_keys,
-    assemble_levanter_cache,
-    cache_shard_order,
-    encode_shard_rows,
-    held_shards,
-    iter_parquet_texts,
-    split_by_fraction_alone,
-)
+from marin_assets.tokenization.assembly import assemble_levanter_cache, held_shards, split_by_fraction_alone
+from marin_assets.tokenization.cache import appended_shard_keys, cache_shard_order, iter_parquet_texts
+from marin_assets.tokenization.cache_config import CacheConfig
+from marin_assets.tokenization.cache_format import MANIFEST_NAME as CACHE_MANIFEST
 from marin_assets.tokenization.decontamination_assets import (
     build_decontamination_assets,
     decontaminated_identity,
     eval_ngrams_key,
     shard_file,
 )
+from marin_assets.tokenization.encoding import ROWS, ShardSpec, encode_shard_rows
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.registry import (
     DECONTAMINATED_VERSION,

@@ -21,7 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from marin_assets.tokenization.cache import CacheConfig, iter_split_documents, parquet_ids
+from marin_assets.tokenization.cache import iter_split_documents
+from marin_assets.tokenization.cache_config import CacheConfig
+from marin_assets.tokenization.encoding import parquet_ids
 from marin_assets.tokenization.ngrams import NgramHasher, build_index, overlap
 from marin_assets.tokenization.registry import DecontaminationPolicy
 from marin_resources.splits import corpus_threshold, id_hashes, in_validation

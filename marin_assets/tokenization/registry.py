@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from marin_assets.tokenization.cache import CacheConfig
+from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.project import REGISTRY_SECTIONS
 from marin_resources.storage.identity import InvalidPartitionKeyError, validate_partition_key

@@ -129,7 +129,7 @@ def evaluate_checkpoint(
     from haliax.partitioning import round_axis_for_partitioning
     from levanter.models.lm_model import LmExample, compute_next_token_loss
 
-    from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
+    from marin_assets.tokenization.cache_format import name_tokenizer_as_ledgers_do
     from marin_assets.training.flat_dots import use_flat_dots
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.storage.object_stores import install_tensorstore_paths

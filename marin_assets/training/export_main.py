@@ -118,7 +118,7 @@ def export_checkpoint(config_path: str, output_dir: str, *, checkpoint_path: str
     from levanter.models.llama import LlamaConfig
     from levanter.utils.jax_utils import use_cpu_device
 
-    from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
+    from marin_assets.tokenization.cache_format import name_tokenizer_as_ledgers_do
     from marin_assets.training.eval_main import resolve_checkpoint
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.storage.object_stores import install_tensorstore_paths

@@ -569,7 +569,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     ``init_sha256``: the content hash the config's initial weights (``initialize_from_hf``) must have."""
     from levanter.main import train_lm
 
-    from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
+    from marin_assets.tokenization.cache_format import name_tokenizer_as_ledgers_do
     from marin_assets.training.flat_dots import use_flat_dots
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.storage.object_stores import install_tensorstore_paths

@@ -13,22 +13,19 @@ import numpy as np
 import polars as pl
 import pytest
 
-from marin_assets.curation import dedup, minhash
+from marin_assets.curation import dedup, dedup_passes, minhash
 from marin_assets.curation.dedup import (
     DECISION_SCHEMA,
     DUPLICATES_SCHEMA,
-    DedupConfig,
-    IndexDir,
     Shard,
-    ShardInput,
     candidate_probability,
     decision_path,
     dedup_source,
-    key_partition,
     lsh_threshold,
-    read_registry,
     update_index,
 )
+from marin_assets.curation.dedup_index import DedupConfig, IndexDir, ShardInput, read_registry
+from marin_assets.curation.dedup_passes import key_partition
 from marin_assets.curation.minhash import (
     MinHashConfig,
     compute_signatures,
@@ -469,7 +466,7 @@ def test_candidate_step_holds_one_bucket_range_at_a_time(planted_corpus, tmp_pat
         assert set(key_partition(buckets, config.index_partitions).tolist()) <= {partition}, rel
 
     calls = []
-    original = dedup.partition_collisions
+    original = dedup_passes.partition_collisions
 
     def spy(old_runs, new_keys):
         loaded = [run(np.unique(new_keys["bucket"].to_numpy())) for run in old_runs]
@@ -478,7 +475,7 @@ def test_candidate_step_holds_one_bucket_range_at_a_time(planted_corpus, tmp_pat
         calls.append((seen, len(loaded)))
         return original([lambda buckets, frame=frame: frame for frame in loaded], new_keys)
 
-    monkeypatch.setattr(dedup, "partition_collisions", spy)
+    monkeypatch.setattr(dedup_passes, "partition_collisions", spy)
     update = update_index(index, shard_inputs(shards), config, batch_shards=1)
     # Two batches (one new shard each), each four passes: one bucket range per pass, over that
     # range's runs only (one per earlier batch).
@@ -576,7 +573,7 @@ def test_spilled_keys_of_an_uncommitted_batch_are_removed(planted_corpus, tmp_pa
 
 
 def test_a_small_new_shard_reads_only_the_row_groups_it_needs(planted_corpus, tmp_path, monkeypatch):
-    monkeypatch.setattr(dedup, "RUN_ROW_GROUP_KEYS", 16)
+    monkeypatch.setattr(dedup_passes, "RUN_ROW_GROUP_KEYS", 16)
     config = DedupConfig()
     texts = planted_corpus["texts"]
     old_shards = make_shards(texts[:150], 3, config.minhash)

@@ -11,7 +11,7 @@ import pytest
 from marin_assets.curation import kernels
 from marin_assets.curation.filters import text_stats
 from marin_assets.curation.minhash import MinHashConfig, minhash_texts, numpy_minhash_texts
-from marin_assets.planning import InProcessRuns
+from marin_assets.run_submission import InProcessRuns
 from marin_resources.keys import asset_key
 
 from .conftest import NORMAL_TEXT

@@ -17,7 +17,7 @@ from marin_assets.curation.config import SourceConfigError, parse_curation_confi
 from marin_assets.curation.fasttext_models import LID176, ModelFileError
 from marin_assets.curation.filters import FilterConfig, apply_filters
 from marin_assets.curation.language_id import identify_language
-from marin_assets.planning import InProcessRuns
+from marin_assets.run_submission import InProcessRuns
 from marin_resources.keys import asset_key
 
 from .conftest import NORMAL_TEXT

@@ -7,7 +7,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from marin_assets.planning import Planner, WorkspaceRuns
+from marin_assets.planning import Planner
+from marin_assets.run_submission import WorkspaceRuns
 from marin_resources import dagster_private as private
 
 PARTITIONS = dg.StaticPartitionsDefinition(["a", "b"])

@@ -8,7 +8,8 @@ import dagster as dg
 import pytest
 
 from marin_assets.catalog import Catalog
-from marin_assets.planning import InProcessRuns, Planner, parse_key
+from marin_assets.planning import Planner, parse_key
+from marin_assets.run_submission import InProcessRuns
 from marin_resources.keys import asset_key
 from marin_resources.storage.store import ArtifactStore
 

@@ -7,7 +7,7 @@ import time
 
 import dagster as dg
 
-from marin_assets.planning import RunProgress
+from marin_assets.run_submission import RunProgress
 from marin_resources.progress import PRINT_EVERY_S, ProgressMeter, eta, notice_line, parse_line, progress_line
 
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from marin_assets.catalog import Catalog
-from marin_assets.planning import InProcessRuns, Planner
+from marin_assets.planning import Planner
+from marin_assets.run_submission import InProcessRuns
 from marin_assets.tokenization.assets import build_mixture_asset, read_mixture_config
 from marin_assets.tokenization.registry import MIXTURE_VERSION, MixtureEntry
 from marin_assets.training.assets import relocated_train_config

@@ -7,7 +7,7 @@ those are compared by their own inputs: fresh in both."""
 
 import pytest
 
-from marin_assets.planning import InProcessRuns
+from marin_assets.run_submission import InProcessRuns
 from marin_resources.dagster_private import stale_status_reader
 from marin_resources.keys import asset_key
 

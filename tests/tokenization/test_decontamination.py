@@ -21,7 +21,7 @@ import pytest
 
 from marin_assets.catalog import Catalog
 from marin_assets.planning import Planner
-from marin_assets.tokenization.cache import CacheConfig, is_validation_document, with_validation_minimum
+from marin_assets.tokenization.cache_config import CacheConfig, with_validation_minimum
 from marin_assets.tokenization.decontamination import (
     CONTAMINATED,
     EvalSetError,
@@ -49,7 +49,7 @@ from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.artifacts import VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
-from marin_resources.splits import corpus_threshold
+from marin_resources.splits import corpus_threshold, is_validation_document
 from marin_resources.storage.identity import fingerprint
 from marin_resources.storage.store import ArtifactStore
 

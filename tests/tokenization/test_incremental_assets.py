@@ -24,13 +24,14 @@ from marin_assets.tokenization.assets import (
     build_tokenized_asset,
     build_tokenizer_asset,
 )
-from marin_assets.tokenization.cache import CacheConfig, is_validation_document
+from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.decontamination_assets import build_decontamination_assets
 from marin_assets.tokenization.registry import DecontaminationPolicy, MixtureEntry, TokenizationRegistry
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.artifacts import VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
+from marin_resources.splits import is_validation_document
 from marin_resources.storage.identity import fingerprint
 from marin_resources.storage.store import ArtifactStore
 
@@ -316,7 +317,8 @@ def test_two_prefixes_give_the_same_bytes_and_a_moved_cache_loads_with_the_token
     spec = MixtureSpec(name="moved", components={SOURCE: MixtureComponent(cache.uri, 1.0)},
                        tokenizer_dir=tokenizer.uri, seq_len=32, shuffle=False)
     config = draccus.decode(LMMixtureDatasetConfig, render_levanter_data_config(spec))
-    from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do  # (after the builds: issue #30's check)
+    # (after the builds: issue #30's check)
+    from marin_assets.tokenization.cache_format import name_tokenizer_as_ledgers_do
 
     name_tokenizer_as_ledgers_do(config)  # as train_main and eval_main do
     with caplog.at_level(logging.INFO):

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from marin_assets.tokenization.cache import (
-    CacheConfig,
     build_levanter_cache,
     build_levanter_cache_from_documents,
     decode_roundtrip_check,
-    is_validation_document,
-    name_tokenizer_as_ledgers_do,
     read_cache_stats,
 )
+from marin_assets.tokenization.cache_config import CacheConfig
+from marin_assets.tokenization.cache_format import name_tokenizer_as_ledgers_do
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
+from marin_resources.splits import is_validation_document
 
 FRACTION = 0.1
 EXEMPLAR = {"input_ids": np.zeros((0,), dtype=np.int32)}
@@ -270,13 +270,15 @@ def _small_shard_files(full_root: str, monkeypatch) -> dict[str, list[np.ndarray
     the rows of the cache at `full_root`, read before, at full size."""
     import levanter.store.jagged_array as jagged
 
-    import marin_assets.tokenization.cache as cache_mod
+    import marin_assets.tokenization.assembly as assembly
+    import marin_assets.tokenization.cache_format as cache_format
 
     expected = {split: _rows(f"{full_root}/{split}") for split in ("train", "validation")}
-    for module, row, shard in ((cache_mod, "ROW_CHUNK", "SHARD_CHUNK"),
+    for module, row, shard in ((cache_format, "ROW_CHUNK", "SHARD_CHUNK"),
                                (jagged, "DEFAULT_CHUNK_SIZE", "DEFAULT_WRITE_CHUNK_SIZE")):
         monkeypatch.setattr(module, row, 1024)
         monkeypatch.setattr(module, shard, 4096)
+    monkeypatch.setattr(assembly, "SHARD_CHUNK", 4096)  # assembly's own binding: whether it spreads its units
     return expected
 
 
@@ -312,13 +314,13 @@ def test_assembly_over_many_shard_files_spreads_one_unit_per_file(shards, tokeni
 def test_a_shard_that_fails_to_encode_is_reported_alone(shards, tokenizer_dir, cfg, built, monkeypatch, tmp_path):
     from levanter.store.cache import TreeCache
 
-    import marin_assets.tokenization.cache as cache_mod
+    import marin_assets.tokenization.encoding as encoding
 
     full_root, _ = built
     root = str(tmp_path / "failing")
     build_levanter_cache(shards[:1], tokenizer_dir, root, cfg)
     before = _file_hashes(root)
-    real_encode = cache_mod._Encoder.encode_texts
+    real_encode = encoding._Encoder.encode_texts
     bad = shards[1]
     encoded: list[str] = []
 
@@ -327,16 +329,16 @@ def test_a_shard_that_fails_to_encode_is_reported_alone(shards, tokenizer_dir, c
             raise RuntimeError("simulated bad shard")
         return real_encode(self, texts)
 
-    real_encode_shard = cache_mod._encode_shard
+    real_encode_shard = encoding._encode_shard
 
     def encode_shard(shard, job):
         encoded.append(shard.key)
-        monkeypatch.setattr(cache_mod._Encoder, "failing", shard.key == bad, raising=False)
+        monkeypatch.setattr(encoding._Encoder, "failing", shard.key == bad, raising=False)
         return real_encode_shard(shard, job)
 
-    monkeypatch.setattr(cache_mod._Encoder, "encode_texts", encode_texts)
-    monkeypatch.setattr(cache_mod, "_encode_shard", encode_shard)
-    with pytest.raises(cache_mod.ShardEncodingError, match=r"1 of 2 shard\(s\).*part-1.*simulated bad shard") as err:
+    monkeypatch.setattr(encoding._Encoder, "encode_texts", encode_texts)
+    monkeypatch.setattr(encoding, "_encode_shard", encode_shard)
+    with pytest.raises(encoding.ShardEncodingError, match=r"1 of 2 shard\(s\).*part-1.*simulated bad shard") as err:
         build_levanter_cache(shards, tokenizer_dir, root, cfg)
     assert shards[2] not in str(err.value)
     assert encoded == shards[1:]  # the sibling after the bad shard was still encoded
@@ -345,7 +347,7 @@ def test_a_shard_that_fails_to_encode_is_reported_alone(shards, tokenizer_dir, c
     assert len(TreeCache.load(f"{root}/train", EXEMPLAR)) > 0
 
     encoded.clear()
-    monkeypatch.setattr(cache_mod._Encoder, "encode_texts", real_encode)
+    monkeypatch.setattr(encoding._Encoder, "encode_texts", real_encode)
     resumed = build_levanter_cache(shards, tokenizer_dir, root, cfg)
     assert encoded == shards[1:] and (resumed.shards_reused, resumed.shards_encoded) == (1, 2)
     _same_rows(root, full_root)
@@ -355,13 +357,14 @@ def test_a_killed_assembly_leaves_the_cache_readable_and_resumes_without_encodin
                                                                                   monkeypatch, tmp_path):
     from levanter.store.cache import TreeCache
 
-    import marin_assets.tokenization.cache as cache_mod
+    import marin_assets.tokenization.assembly as assembly
+    import marin_assets.tokenization.encoding as encoding
 
     full_root, _ = built
     root = str(tmp_path / "crash")
     build_levanter_cache(shards[:1], tokenizer_dir, root, cfg)
     before = _rows(f"{root}/train")
-    real_assemble = cache_mod.assemble_file
+    real_assemble = assembly.assemble_file
     seen = []
 
     def killed_after_one_unit(unit, job):
@@ -370,10 +373,10 @@ def test_a_killed_assembly_leaves_the_cache_readable_and_resumes_without_encodin
         seen.append(unit)
         return real_assemble(unit, job)
 
-    monkeypatch.setattr(cache_mod, "assemble_file", killed_after_one_unit)
+    monkeypatch.setattr(assembly, "assemble_file", killed_after_one_unit)
     with pytest.raises(RuntimeError, match="simulated crash"):
         build_levanter_cache(shards, tokenizer_dir, root, cfg)
-    monkeypatch.setattr(cache_mod, "assemble_file", real_assemble)
+    monkeypatch.setattr(assembly, "assemble_file", real_assemble)
     # Mid-append, Levanter still reads the one-shard cache, row for row.
     cache = TreeCache.load(f"{root}/train", EXEMPLAR)
     assert len(cache) == len(before)
@@ -381,13 +384,13 @@ def test_a_killed_assembly_leaves_the_cache_readable_and_resumes_without_encodin
         assert np.array_equal(a, b)
 
     encodes = {"n": 0}
-    real_encode = cache_mod._Encoder.encode_texts
+    real_encode = encoding._Encoder.encode_texts
 
     def counting_encode(self, texts):
         encodes["n"] += 1
         return real_encode(self, texts)
 
-    monkeypatch.setattr(cache_mod._Encoder, "encode_texts", counting_encode)
+    monkeypatch.setattr(encoding._Encoder, "encode_texts", counting_encode)
     resumed = build_levanter_cache(shards, tokenizer_dir, root, cfg)
     assert encodes["n"] == 0  # every shard's rows were already encoded: assembly only moves them
     assert (resumed.shards_reused, resumed.shards_encoded) == (1, 2)
@@ -398,11 +401,11 @@ def test_a_killed_assembly_leaves_the_cache_readable_and_resumes_without_encodin
 
 def test_a_rerun_with_fewer_shards_zeroes_what_a_killed_assembly_left(shards, tokenizer_dir, cfg, monkeypatch,
                                                                        tmp_path):
-    import marin_assets.tokenization.cache as cache_mod
+    import marin_assets.tokenization.assembly as assembly
 
     root = str(tmp_path / "shrunk")
     build_levanter_cache(shards[:1], tokenizer_dir, root, cfg)
-    real_assemble = cache_mod.assemble_file
+    real_assemble = assembly.assemble_file
     written = []
 
     def killed_after_every_unit(unit, job):
@@ -411,10 +414,10 @@ def test_a_rerun_with_fewer_shards_zeroes_what_a_killed_assembly_left(shards, to
             raise RuntimeError("simulated crash")  # every value written, the row counts not yet
         return written[-1]
 
-    monkeypatch.setattr(cache_mod, "assemble_file", killed_after_every_unit)
+    monkeypatch.setattr(assembly, "assemble_file", killed_after_every_unit)
     with pytest.raises(RuntimeError, match="simulated crash"):
         build_levanter_cache(shards, tokenizer_dir, root, cfg)
-    monkeypatch.setattr(cache_mod, "assemble_file", real_assemble)
+    monkeypatch.setattr(assembly, "assemble_file", real_assemble)
     build_levanter_cache(shards[:2], tokenizer_dir, root, cfg)  # the third shard is no longer wanted
     clean = str(tmp_path / "clean")
     build_levanter_cache(shards[:1], tokenizer_dir, clean, cfg)
@@ -562,7 +565,8 @@ def test_appending_a_shard_imports_neither_levanter_nor_jax(shards, tokenizer_di
     full_root, _ = built
     root = str(tmp_path / "root")
     build_levanter_cache(shards[:2], tokenizer_dir, root, cfg)
-    code = ("import json, sys\nfrom marin_assets.tokenization.cache import CacheConfig, build_levanter_cache\n"
+    code = ("import json, sys\nfrom marin_assets.tokenization.cache import build_levanter_cache\n"
+            "from marin_assets.tokenization.cache_config import CacheConfig\n"
             f"stats = build_levanter_cache({shards!r}, {tokenizer_dir!r}, {root!r}, {cfg!r})\n"
             "print(json.dumps([stats.shards_encoded, stats.shards_reused,\n"
             "                  sorted(m for m in ('levanter', 'jax', 'ray', 'transformers') if m in sys.modules)]))")
@@ -580,26 +584,23 @@ def test_bos_and_eos_from_the_tokenizers_files_match_transformers(tokenizer_dir,
 
     from transformers import AutoTokenizer
 
-    from marin_assets.tokenization.cache import _special_token_ids
+    from marin_assets.tokenization.cache_format import special_token_ids
 
     hf = AutoTokenizer.from_pretrained(tokenizer_dir)
-    assert _special_token_ids(tokenizer_dir) == (hf.bos_token_id, hf.eos_token_id)
+    assert special_token_ids(tokenizer_dir) == (hf.bos_token_id, hf.eos_token_id)
     unnamed = tmp_path / "unnamed"
     shutil.copytree(tokenizer_dir, unnamed)
     (unnamed / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eos|>"}))
-    assert _special_token_ids(str(unnamed)) is None  # no BOS named: transformers decides
+    assert special_token_ids(str(unnamed)) is None  # no BOS named: transformers decides
 
 
 def test_a_validation_minimum_holds_out_the_lowest_hashes_and_changes_no_other_identity(shards, tokenizer_dir, cfg,
                                                                                          tmp_path):
     from dataclasses import asdict, replace
 
-    from marin_assets.tokenization.cache import (
-        cache_config_of,
-        iter_split_documents,
-        parquet_ids,
-        with_validation_minimum,
-    )
+    from marin_assets.tokenization.cache import cache_config_of, iter_split_documents
+    from marin_assets.tokenization.cache_config import with_validation_minimum
+    from marin_assets.tokenization.encoding import parquet_ids
 
     # Without a minimum, a config's identity is what it was before the field existed.
     assert "validation_min_documents" not in cfg.identity() and "validation_min_documents" not in cfg.row_identity()
@@ -643,7 +644,8 @@ def test_a_cache_assembled_from_shards_encoded_on_their_own_is_the_serial_builds
     and without a validation minimum: every file equals `build_levanter_cache`'s."""
     from dataclasses import replace
 
-    from marin_assets.tokenization.cache import ShardSpec, assemble_levanter_cache, encode_shard_rows
+    from marin_assets.tokenization.assembly import assemble_levanter_cache
+    from marin_assets.tokenization.encoding import ShardSpec, encode_shard_rows
 
     def encoded(config: CacheConfig) -> list[dict]:
         by_shard = {uri: encode_shard_rows(ShardSpec(uri, f"fp-{k}", uri), tokenizer_dir,
@@ -709,13 +711,9 @@ def test_shards_the_cache_holds_are_appended_to_from_its_ledger_without_their_ro
     import shutil
     from dataclasses import replace
 
-    from marin_assets.tokenization.cache import (
-        MANIFEST_NAME,
-        ShardSpec,
-        assemble_levanter_cache,
-        encode_shard_rows,
-        held_shards,
-    )
+    from marin_assets.tokenization.assembly import assemble_levanter_cache, held_shards
+    from marin_assets.tokenization.cache_format import MANIFEST_NAME
+    from marin_assets.tokenization.encoding import ShardSpec, encode_shard_rows
 
     rows = [encode_shard_rows(ShardSpec(uri, f"fp-{k}", uri), tokenizer_dir, str(tmp_path / "rows" / str(k)), cfg)
             for k, uri in enumerate(shards)]

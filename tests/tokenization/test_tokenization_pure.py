@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from marin_assets.tokenization.cache import CacheConfig, is_validation_document
+from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.mixture import (
     MixtureComponent,
     MixtureSpec,
@@ -24,6 +24,7 @@ from marin_assets.tokenization.tokenizer import (
     tokenizer_json_sha256,
     train_bpe_tokenizer,
 )
+from marin_resources.splits import is_validation_document
 
 TRICKY = [
     "Windows line endings\r\nsecond line\r\n\r\n",

@@ -85,7 +85,8 @@ def test_its_tokenizer_frames_documents_as_the_token_cache_did(exported, tiny_ar
     from levanter.store.cache import TreeCache
     from transformers import AutoTokenizer
 
-    from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache_from_documents
+    from marin_assets.tokenization.cache import build_levanter_cache_from_documents
+    from marin_assets.tokenization.cache_config import CacheConfig
 
     out, _ = exported
     _, tokenizer_dir = tiny_artifact

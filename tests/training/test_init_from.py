@@ -377,7 +377,7 @@ def test_levanter_starts_from_a_transformers_llama_at_its_loss(tmp_path, tiny_ar
     import jax.random as jrandom
     from transformers import AutoTokenizer, FlaxLlamaForCausalLM
 
-    from marin_assets.tokenization.cache import name_tokenizer_as_ledgers_do
+    from marin_assets.tokenization.cache_format import name_tokenizer_as_ledgers_do
     from marin_assets.training.levanter_config import parse_train_config
 
     _, tokenizer_dir = tiny_artifact

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_moved_cache_trains_with_the_tokenizer_found_there_and_no_metadata_mismatch(tmp_path):
-    from marin_assets.tokenization.cache import CacheConfig, build_levanter_cache_from_documents
+    from marin_assets.tokenization.cache import build_levanter_cache_from_documents
+    from marin_assets.tokenization.cache_config import CacheConfig
     from marin_assets.training.levanter_config import WandbSettings, render_train_config
 
     texts = data_fixtures.stdlib_docstrings()[:300]

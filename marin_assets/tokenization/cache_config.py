@@ -1,0 +1,151 @@
+"""What a token cache is built with and what it comes to: `CacheConfig` (the settings that decide
+its rows and its identity), the validation minimum applied to it, and `CacheStats` (a cache root's
+totals, as its manifest gives them).
+
+A module of its own so that the encoding, the assembly and the entry points (`cache.py`), which
+all take these, import them without a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+
+from marin_resources.splits import corpus_threshold
+from marin_resources.typed_config import typed_config
+
+
+@typed_config
+@dataclass(frozen=True)
+class CacheConfig:
+    """How documents become cache rows.
+
+    `batch_rows` is both the Parquet read batch and the encode batch. `flush_tokens` bounds the
+    values an assembly unit holds and writes at once; Levanter's zarr3 arrays are stored in large
+    shard files that are rewritten on each write, so fewer, larger writes are much cheaper. Peak
+    memory of a unit is about 2 x flush_tokens x 4 bytes; an encoding worker holds a few batches.
+    Neither changes the cache's bytes.
+    """
+
+    validation_fraction: float = 0.01
+    validation_min_documents: int | None = None
+    """At least this many documents go to validation (the lowest id hashes), where the fraction
+    gives fewer; capped at half the corpus. None: the fraction alone (and no change of identity)."""
+    batch_rows: int = 1024
+    flush_tokens: int = 16_000_000
+    id_column: str = "id"
+    text_column: str = "text"
+    incremental: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
+        if self.batch_rows < 1 or self.flush_tokens < 1:
+            raise ValueError("batch_rows and flush_tokens must be positive")
+        if self.validation_min_documents is not None and self.validation_min_documents < 1:
+            raise ValueError(f"validation_min_documents must be at least 1, got {self.validation_min_documents}")
+
+    def identity(self) -> dict:
+        """What defines the cache's artifact: every field, the minimum only where it is set (so a
+        config without one keeps the fingerprint it had before the field existed)."""
+        return {k: v for k, v in asdict(self).items() if k != "validation_min_documents" or v is not None}
+
+    def encoding_identity(self) -> dict:
+        """What decides one shard's encoded rows (`encode_shard_rows`): a validation minimum is applied
+        when the shards are assembled, so it is not here."""
+        return {k: v for k, v in self.row_identity().items() if k != "validation_min_documents"}
+
+    def row_identity(self) -> dict:
+        """The settings that decide which rows a cache holds; a change forces a full rebuild. With
+        a minimum, `validation_fraction` is the threshold `with_validation_minimum` worked out."""
+        return {
+            "validation_fraction": self.validation_fraction,
+            "id_column": self.id_column,
+            "text_column": self.text_column,
+            **({"validation_min_documents": self.validation_min_documents}
+               if self.validation_min_documents is not None else {}),
+        }
+
+
+@dataclass(frozen=True)
+class SplitStats:
+    documents: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Totals for a whole cache root (reused shards included).
+
+    `tokens` counts stored tokens (BOS and EOS included); `text_tokens` excludes them, and
+    `bytes_per_token` = text_bytes / text_tokens is the tokenizer's compression on this corpus.
+    """
+
+    cache_root: str
+    documents: int
+    tokens: int
+    text_tokens: int
+    text_bytes: int
+    bytes_per_token: float
+    train: SplitStats
+    validation: SplitStats
+    skipped_documents: int
+    shards: int
+    shards_reused: int
+    shards_encoded: int
+    # Documents encoded by this build (0 when everything was reused): one new shard's documents on an append.
+    documents_encoded: int = 0
+    tokens_encoded: int = 0
+    # Wall seconds of the two phases of this build: the shards' encoding, and moving their rows into the cache.
+    encode_seconds: float = 0.0
+    assembly_seconds: float = 0.0
+    # The shard files this build wrote, as they stand at its end: (path under the cache root, bytes,
+    # sha256 of the bytes written). The commit takes them instead of reading the files back.
+    files_written: tuple[tuple[str, int, str], ...] = ()
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "files_written"}
+
+
+def with_validation_minimum(cfg: CacheConfig, doc_ids: Iterable[str]) -> CacheConfig:
+    """``cfg`` with its validation threshold raised, where the fraction holds out fewer than
+    ``validation_min_documents`` of ``doc_ids``, to just above the id hash of the minimum-th lowest:
+    those documents, the same whatever order they come in, go to validation. At most half the
+    documents are held out. A growing corpus lowers that hash, so the threshold (in the cache's
+    row identity) moves and the cache is rebuilt, until the fraction alone holds out enough."""
+    if cfg.validation_min_documents is None:
+        return cfg
+    return replace(cfg, validation_fraction=corpus_threshold(cfg.validation_fraction, cfg.validation_min_documents,
+                                                             doc_ids))
+
+
+def stats_from_manifest(cache_root: str, manifest: dict, reused: int) -> CacheStats:
+    """Totals of a cache root whose first `reused` ledger shards were kept and the rest encoded."""
+    shards = manifest["shards"]
+    encoded = shards[reused:]
+
+    def total(field_name: str) -> int:
+        return sum(s[field_name] for s in shards)
+
+    train = SplitStats(total("train_documents"), total("train_tokens"))
+    val = SplitStats(total("validation_documents"), total("validation_tokens"))
+    docs = train.documents + val.documents
+    tokens = train.tokens + val.tokens
+    text_tokens = tokens - 2 * docs
+    text_bytes = total("text_bytes")
+    return CacheStats(
+        cache_root=cache_root,
+        documents=docs,
+        tokens=tokens,
+        text_tokens=text_tokens,
+        text_bytes=text_bytes,
+        bytes_per_token=text_bytes / text_tokens if text_tokens else 0.0,
+        train=train,
+        validation=val,
+        skipped_documents=total("skipped_documents"),
+        shards=len(shards),
+        shards_reused=reused,
+        shards_encoded=len(encoded),
+        documents_encoded=sum(s["train_documents"] + s["validation_documents"] for s in encoded),
+        tokens_encoded=sum(s["train_tokens"] + s["validation_tokens"] for s in encoded),
+    )

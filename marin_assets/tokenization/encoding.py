@@ -1,0 +1,407 @@
+"""Reading document shards and encoding each into row files: the unit of work that fans out.
+
+Encoding uses HF `tokenizers` directly (`encode_batch_fast`: multithreaded Rust), not Levanter's Ray
+pipeline, one shard at a time as its own unit of work (see "Per-shard encoding"): in the build's
+process, or spread over workers by the `parallel_map` a caller passes (one Ray task per shard).
+Here: the document sources (Parquet files, or documents held in memory), their cleaning, the
+encoding of a shard into `[BOS] + ids(text) + [EOS]` rows split by the validation fraction, and the
+row files that assembly (`assembly.py`) moves into the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import queue
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from marin_assets.tokenization.cache_config import CacheConfig
+from marin_assets.tokenization.cache_format import (
+    SPLITS,
+    TOKEN_DTYPE,
+    levanter_preprocessor_metadata,
+    manifest_identity,
+    read_json,
+    special_token_ids,
+    write_json,
+)
+from marin_assets.tokenization.tokenizer import local_tokenizer_dir, tokenizer_json_sha256
+from marin_resources.parallel_map import ParallelMap, in_process_map
+from marin_resources.progress import ProgressMeter
+from marin_resources.splits import ID_HASH_DTYPE, id_hashes, in_validation
+
+# ---------------------------------------------------------------------------------------------
+# Document sources
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """A Parquet document file to encode, as a worker is told it: its ledger key, content fingerprint
+    and URI."""
+
+    key: str
+    fingerprint: str | None
+    uri: str
+
+
+@dataclass(frozen=True)
+class DocumentShard:
+    """A shard of documents to encode (a ledger shard): its key, fingerprint and how its batches are read."""
+
+    key: str
+    fingerprint: str | None  # None: contents unknown, never reused
+    open_batches: Callable[[], Iterator[pa.RecordBatch]]
+    file: ShardSpec | None = None  # how a worker elsewhere opens it; None: documents held in this process
+
+
+@dataclass
+class _DocBatch:
+    ids: list[str]
+    texts: list[str]
+    text_bytes: int
+    skipped: int
+
+
+def _file_fingerprint(fs, path: str) -> str:
+    info = fs.info(path)
+    # Prefer content hashes / object generations that object stores expose; fall back to mtime.
+    for key in ("md5Hash", "ETag", "etag", "md5", "generation", "crc32c", "mtime", "LastModified", "updated"):
+        if info.get(key) is not None:
+            return f"size={info.get('size')};{key}={info[key]}"
+    return f"size={info.get('size')}"
+
+
+def parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None, key: str | None = None) -> DocumentShard:
+    """A Parquet document file; `fingerprint` (e.g. the sha256 its producer recorded) replaces the
+    size/mtime fingerprint, so a file rewritten with the same bytes is still recognised. `key` names
+    it in the ledger (default: its URI)."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"document file not found: {uri}")
+
+    def open_batches() -> Iterator[pa.RecordBatch]:
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            names = set(pf.schema_arrow.names)
+            missing = {cfg.id_column, cfg.text_column} - names
+            if missing:
+                raise ValueError(f"{uri}: missing column(s) {sorted(missing)}; has {sorted(names)}")
+            yield from pf.iter_batches(batch_size=cfg.batch_rows, columns=[cfg.id_column, cfg.text_column])
+
+    fingerprint = fingerprint or _file_fingerprint(fs, path)
+    key = key or uri
+    return DocumentShard(key=key, fingerprint=fingerprint, open_batches=open_batches,
+                         file=ShardSpec(key, fingerprint, uri))
+
+
+def iterator_shard(documents: Iterable[tuple[str, str]], name: str, cfg: CacheConfig) -> DocumentShard:
+    used = False
+
+    def open_batches() -> Iterator[pa.RecordBatch]:
+        nonlocal used
+        if used:
+            raise RuntimeError("an iterator of documents can only be read once")
+        used = True
+        it = iter(documents)
+        while chunk := list(itertools.islice(it, cfg.batch_rows)):
+            ids, texts = zip(*chunk)
+            yield pa.record_batch(
+                [pa.array(ids, pa.string()), pa.array(texts, pa.string())], names=[cfg.id_column, cfg.text_column]
+            )
+
+    return DocumentShard(key=name, fingerprint=None, open_batches=open_batches)
+
+
+def _clean(batch: pa.RecordBatch, cfg: CacheConfig) -> _DocBatch:
+    """Drop rows without an id or with null/empty text (counted in `skipped`)."""
+    ids = batch.column(cfg.id_column)
+    texts = batch.column(cfg.text_column)
+    if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
+        raise ValueError(f"text column must be a string column, got {texts.type}")
+    nbytes = pc.binary_length(texts)
+    keep = pc.and_(pc.and_(pc.is_valid(ids), pc.is_valid(texts)), pc.greater(pc.fill_null(nbytes, 0), 0))
+    kept = pc.sum(keep).as_py() or 0
+    if kept != len(batch):
+        ids, texts, nbytes = pc.filter(ids, keep), pc.filter(texts, keep), pc.filter(nbytes, keep)
+    return _DocBatch(
+        ids=ids.cast(pa.string()).to_pylist(),
+        texts=texts.to_pylist(),
+        text_bytes=int(pc.sum(nbytes).as_py() or 0),
+        skipped=len(batch) - kept,
+    )
+
+
+def _prefetch(it: Iterator, depth: int = 2) -> Iterator:
+    """Run `it` in a background thread (Parquet decode overlaps encoding); re-raise its errors."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in itertools.chain(it, [done]):
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():  # consumer went away: stop reading
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            q.put(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def iter_clean_batches(shard: DocumentShard, cfg: CacheConfig) -> Iterator[_DocBatch]:
+    for batch in _prefetch(shard.open_batches()):
+        yield _clean(batch, cfg)
+
+
+def parquet_ids(doc_files: Sequence[str], cfg: CacheConfig) -> Iterator[str]:
+    """The ids of the documents a cache of these Parquet files holds (rows `_clean` keeps)."""
+    for uri in doc_files:
+        for batch in parquet_shard(os.fspath(uri), cfg).open_batches():
+            yield from _clean(batch, cfg).ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+def _frame_rows(flat: np.ndarray, lengths: np.ndarray, bos: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated token ids of n docs -> concatenated `[BOS] ids [EOS]` rows and their lengths."""
+    row_lengths = lengths + 2
+    ends = np.cumsum(row_lengths)
+    starts = ends - row_lengths
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=TOKEN_DTYPE)
+    is_text = np.ones(out.size, dtype=bool)
+    is_text[starts] = False
+    is_text[ends - 1] = False
+    out[starts] = bos
+    out[ends - 1] = eos
+    out[is_text] = flat
+    return out, row_lengths
+
+
+class _Encoder:
+    def __init__(self, tokenizer_json: str, bos: int, eos: int, cfg: CacheConfig):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(tokenizer_json)
+        # Text that happens to spell a special token (e.g. "<|eos|>") is encoded as plain text, so
+        # documents cannot inject control tokens and decode(ids) reproduces them.
+        self.tok.encode_special_tokens = True
+        self.bos, self.eos = bos, eos
+        self.fraction = cfg.validation_fraction
+
+    def encode_texts(self, texts: list[str]) -> list:
+        # Releases the GIL: runs in a worker thread while the main thread frames the previous batch.
+        return self.tok.encode_batch_fast(texts, add_special_tokens=False)
+
+    def frame(self, batch: _DocBatch, encodings: list) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:
+        """Encodings of a batch -> per split, (concatenated [BOS] ids [EOS] rows, row lengths); and the
+        documents' id hashes, in document order (what a validation minimum is decided from)."""
+        ids = [e.ids for e in encodings]
+        n = len(ids)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=TOKEN_DTYPE, count=int(lengths.sum()))
+        hashes = id_hashes(batch.ids, n)
+        in_val = in_validation(hashes, self.fraction)
+        out = {}
+        for split, mask in (("train", ~in_val), ("validation", in_val)):
+            if mask.all():
+                out[split] = _frame_rows(flat, lengths, self.bos, self.eos)
+            elif mask.any():
+                out[split] = _frame_rows(flat[np.repeat(mask, lengths)], lengths[mask], self.bos, self.eos)
+            else:
+                out[split] = (np.empty(0, TOKEN_DTYPE), np.empty(0, np.int64))
+        return out, hashes
+
+
+def _encode_ahead(encoder: _Encoder, batches: Iterator[_DocBatch]) -> Iterator[tuple[_DocBatch, list]]:
+    """Yield (batch, encodings) while the next batch is already being encoded."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as pool:
+        ahead: tuple[_DocBatch, Future | None] | None = None
+        for batch in batches:
+            job = pool.submit(encoder.encode_texts, batch.texts) if batch.texts else None
+            if ahead is not None:
+                yield ahead[0], ahead[1].result() if ahead[1] is not None else []
+            ahead = (batch, job)
+        if ahead is not None:
+            yield ahead[0], ahead[1].result() if ahead[1] is not None else []
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-shard encoding: the unit of work that fans out
+#
+# Each shard is encoded on its own into plain row files in a folder of its own: per split, the rows'
+# tokens (int32, little-endian, BOS and EOS included) and their lengths (int64), split by the
+# fraction alone; and every document's id hash (uint32, document order), from which assembly
+# applies a validation minimum without encoding again. Assembly then only moves those bytes into
+# Levanter's arrays, in ledger order. The folder is either the shard's own artifact
+# (`encode_shard_rows`: `token_shards/<source>`, one partition per shard) or, for a build that
+# encodes its own shards (`build_levanter_cache`), `<cache root>/.encoded/<shard digest>/<attempt>/`
+# with `<shard digest>/entry.json`, the shard's ledger entry and the attempt it vouches for, written
+# last: a build killed after some shards were encoded finds them again (same cache identity, same
+# file fingerprint) and encodes only the rest; `.encoded` is removed when the cache is finished.
+
+ENCODED_DIR = ".encoded"
+_ENCODED_ENTRY = "entry.json"
+ROWS_AT = "encoded_as"  # the attempt folder an encoded shard's entry vouches for; not in the ledger
+# In an encoded shard's entry, beside its ledger fields: where its row files are, and the identity
+# it was encoded with (its split at that identity's fraction).
+ROWS, ENCODING = "rows", "encoding"
+ROW_FILES = {"tokens": np.dtype("<i4"), "lengths": np.dtype("<i8")}
+ID_HASHES = "id_hashes"
+
+
+@dataclass(frozen=True)
+class EncodeJob:
+    """What the encoding of every shard of one build shares (shipped once to each worker)."""
+
+    tokenizer_dir: str
+    bos: int
+    eos: int
+    cfg: CacheConfig
+    identity: dict
+    encoded_root: str
+
+    def shard_dir(self, key: str, fingerprint: str | None) -> str:
+        digest = hashlib.sha256(json.dumps([self.identity, key, fingerprint], sort_keys=True).encode()).hexdigest()
+        return f"{self.encoded_root}/{digest[:32]}"
+
+
+class ShardEncodingError(ValueError):
+    """Some shards could not be encoded; the others were, and are kept for the rerun."""
+
+
+def encode_parquet_shard(spec: ShardSpec, job: EncodeJob) -> dict:
+    """Encode one Parquet shard into its row files; returns its ledger entry, or `{"key", "error"}`
+    when it fails, so that one bad shard is reported alone while its siblings finish."""
+    try:
+        return _encode_shard(parquet_shard(spec.uri, job.cfg, spec.fingerprint, spec.key), job)
+    except Exception as exc:  # noqa: BLE001 - reported per shard by the build
+        return {"key": spec.key, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def encode_shard_rows(spec: ShardSpec, tokenizer_dir: str, rows_uri: str, cfg: CacheConfig) -> dict:
+    """Encode one Parquet shard into row files under ``rows_uri`` (a shard's own artifact), for
+    `assemble_levanter_cache` to move into a cache later; returns its entry (ledger fields, `rows`,
+    `encoding`). Split by ``cfg.validation_fraction`` alone: a `validation_min_documents` needs the
+    whole corpus, so assembly applies it (from the id hashes written here), and no shard is encoded
+    again when the corpus grows."""
+    split_by_fraction = replace(cfg, validation_min_documents=None)
+    with local_tokenizer_dir(tokenizer_dir) as local_tok:
+        bos_eos = special_token_ids(local_tok) or levanter_preprocessor_metadata(tokenizer_dir, local_tok)[1:3]
+        encoding = manifest_identity(tokenizer_json_sha256(local_tok), *bos_eos, split_by_fraction)
+        encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), *bos_eos, split_by_fraction)
+    shard = parquet_shard(spec.uri, split_by_fraction, spec.fingerprint, spec.key)
+    return {**_encode_rows(shard, encoder, split_by_fraction, rows_uri), ROWS: rows_uri.rstrip("/"), ENCODING: encoding}
+
+
+def _encode_shard(shard: DocumentShard, job: EncodeJob) -> dict:
+    out = job.shard_dir(shard.key, shard.fingerprint)
+    if shard.fingerprint is not None and (done := read_json(f"{out}/{_ENCODED_ENTRY}")) is not None:
+        return {**done, ROWS: f"{out}/{done[ROWS_AT]}", ENCODING: job.identity}  # an earlier, interrupted build's
+    # Each attempt writes its own folder and `entry.json` names the one it vouches for: a retried
+    # task never writes into files that a presumed-dead earlier attempt may still be writing.
+    attempt = uuid.uuid4().hex[:16]
+    with local_tokenizer_dir(job.tokenizer_dir) as local_tok:
+        encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), job.bos, job.eos, job.cfg)
+    entry = _encode_rows(shard, encoder, job.cfg, f"{out}/{attempt}")
+    write_json(f"{out}/{_ENCODED_ENTRY}", {**entry, ROWS_AT: attempt})
+    return {**entry, ROWS: f"{out}/{attempt}", ENCODING: job.identity}
+
+
+def _encode_rows(shard: DocumentShard, encoder: _Encoder, cfg: CacheConfig, rows_uri: str) -> dict:
+    """Write a shard's row files under ``rows_uri``; returns its ledger entry."""
+    fs, path = fsspec.core.url_to_fs(rows_uri)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # keep Rust threads on in forked workers
+    fs.makedirs(path, exist_ok=True)
+    entry = _shard_entry(shard)
+    with contextlib.ExitStack() as files:
+        rows = {(split, kind): files.enter_context(fs.open(f"{path}/{split}.{kind}", "wb"))
+                for split in SPLITS for kind in ROW_FILES}
+        id_hashes = files.enter_context(fs.open(f"{path}/{ID_HASHES}", "wb"))
+        for batch, encodings in _encode_ahead(encoder, iter_clean_batches(shard, cfg)):
+            entry["skipped_documents"] += batch.skipped
+            if not batch.texts:
+                continue
+            entry["text_bytes"] += batch.text_bytes
+            framed, hashes = encoder.frame(batch, encodings)
+            id_hashes.write(hashes.astype(ID_HASH_DTYPE, copy=False).tobytes())
+            for split, (data, lengths) in framed.items():
+                rows[split, "tokens"].write(data.astype(ROW_FILES["tokens"], copy=False).tobytes())
+                rows[split, "lengths"].write(lengths.astype(ROW_FILES["lengths"], copy=False).tobytes())
+                entry[f"{split}_documents"] += int(lengths.size)
+                entry[f"{split}_tokens"] += int(data.size)
+    return entry
+
+
+def read_rows(rows_uri: str, name: str, dtype: np.dtype) -> np.ndarray:
+    with fsspec.open(f"{rows_uri}/{name}", "rb") as fh:
+        return np.frombuffer(fh.read(), dtype=dtype)
+
+
+def _shard_entry(shard: DocumentShard) -> dict:
+    return {
+        "key": shard.key,
+        "fingerprint": shard.fingerprint,
+        "train_documents": 0,
+        "train_tokens": 0,
+        "validation_documents": 0,
+        "validation_tokens": 0,
+        "text_bytes": 0,
+        "skipped_documents": 0,
+    }
+
+
+def encode_shards(todo: Sequence[DocumentShard], job: EncodeJob, parallel_map: ParallelMap,
+                progress: ProgressMeter | None = None) -> list[dict]:
+    """Ledger entries of `todo`, in order, each shard encoded as its own unit of work; `progress`
+    counts their documents and text bytes (after each shard in this process, after all of them on
+    workers). Raises `ShardEncodingError` naming every shard that failed, after the others were encoded."""
+    if all(shard.file is not None for shard in todo):
+        files = [shard.file for shard in todo]
+        batches = [[f] for f in files] if progress is not None and parallel_map is in_process_map else [files]
+        entries = []
+        for batch in batches:
+            done = parallel_map(encode_parquet_shard, batch, job)
+            entries += done
+            if progress is not None:
+                progress.add(documents=sum(e.get("train_documents", 0) + e.get("validation_documents", 0)
+                                           for e in done), nbytes=sum(e.get("text_bytes", 0) for e in done))
+    else:  # documents held in this process (an iterator) cannot be shipped to a worker
+        entries = [_encode_shard(shard, job) for shard in todo]
+    failed = [entry for entry in entries if "error" in entry]
+    if failed:
+        listed = "; ".join(f"{entry['key']}: {entry['error']}" for entry in failed[:5])
+        raise ShardEncodingError(f"{len(failed)} of {len(todo)} shard(s) could not be encoded ({listed}); "
+                                 f"the other {len(todo) - len(failed)} are encoded and kept for the rerun")
+    return entries
