@@ -24,6 +24,13 @@ class Catalog:
     discoverers: dict[str, Discoverer] = field(default_factory=dict)
     specs: dict[str, ArtifactSpec] = field(default_factory=dict)
 
+    def spec(self, key: str) -> ArtifactSpec:
+        """The spec of ``key``, declared by a stage built before the one asking."""
+        spec = self.specs.get(key)
+        if spec is None:
+            raise ValueError(f"no stage before this one declares {key!r}; declared: {', '.join(sorted(self.specs))}")
+        return spec
+
     def add_discoverer(self, partitions_name: str, fn: Discoverer) -> None:
         self.discoverers[partitions_name] = fn
 

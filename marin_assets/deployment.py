@@ -22,7 +22,6 @@ from marin_assets.curation.config import (
 )
 from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, extend_sweeps, load_sweeps
 from marin_assets.tokenization.registry import (
-    MIXTURE_VERSION,
     REGISTRY_PATH,
     TokenizationRegistry,
     load_registry,
@@ -117,10 +116,3 @@ class Deployment:
     def source_names(self) -> set[str]:
         return {s.name for s in self.curation.sources}
 
-    @property
-    def mixture_versions(self) -> dict[str, str]:
-        return {m: MIXTURE_VERSION for m in self.tokenization.mixtures}
-
-    @property
-    def tokenizer_versions(self) -> dict[str, str]:
-        return {t: e.version for t, e in self.tokenization.tokenizers.items()}

@@ -1,5 +1,6 @@
-"""The stages of the graph, in pipeline order. Each takes the runtime settings and the deployment
-(read once, here) and returns its definitions and catalog entries."""
+"""The stages of the graph, in pipeline order. Each takes the runtime settings, the deployment (read
+once, here) and the catalog of the stages before it, whose artifact specs it reads its inputs
+from, and returns its definitions and its own catalog."""
 
 import dagster as dg
 
@@ -25,7 +26,19 @@ def build_stages(settings: MarinSettings) -> list[tuple]:
     """Every stage's (definitions, catalog), all built from one `Deployment`, then the automation sensors
     and a job per stage (`marin_assets/jobs.py`)."""
     deployment = Deployment.load(settings)
-    stages = [stage(settings, deployment) for stage in STAGES]
+    stages, upstream = [], Catalog()
+    for stage in STAGES:
+        defs, catalog = stage(settings, deployment, upstream)
+        stages.append((defs, catalog))
+        upstream = upstream.merge(catalog)
     stage_defs = [defs for defs, _ in stages]
     across = dg.Definitions(sensors=build_automation_sensors(stage_defs), jobs=build_stage_jobs(stage_defs))
     return stages + [(across, Catalog())]
+
+
+def build_stage(stage, settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+    """One stage as `build_stages` builds it: with the catalog of the stages before it."""
+    upstream = Catalog()
+    for earlier in STAGES[:STAGES.index(stage)]:
+        upstream = upstream.merge(earlier(settings, deployment, upstream)[1])
+    return stage(settings, deployment, upstream)

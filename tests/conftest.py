@@ -75,6 +75,7 @@ def curation_planner(tmp_path, monkeypatch):
     from marin_assets.curation.assets import build_curation_stage
     from marin_assets.deployment import Deployment
     from marin_assets.planning import Planner
+    from marin_assets.stages import build_stage
     from marin_resources.environments import MarinSettings, build_resources
 
     home = tmp_path / "home"
@@ -87,7 +88,7 @@ def curation_planner(tmp_path, monkeypatch):
         sources = tmp_path / "sources.yaml"
         sources.write_text(sources_yaml)
         settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-        stage, catalog = build_curation_stage(settings, Deployment.load(settings))
+        stage, catalog = build_stage(build_curation_stage, settings, Deployment.load(settings))
         defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
         instances.append(dg.DagsterInstance.from_config(str(home)))
         return Planner(defs, catalog, defs.resources["store"].get(), instances[-1])

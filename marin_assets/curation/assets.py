@@ -248,7 +248,8 @@ def accounted_result(metrics: dict) -> dg.AssetCheckResult:
                                f"{records - total} record(s) neither a document nor quarantined")
 
 
-def build_curation_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+def build_curation_stage(settings: MarinSettings, deployment: Deployment,
+                         upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
     config = deployment.curation
     catalog = Catalog()
     defs = []

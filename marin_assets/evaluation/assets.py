@@ -314,7 +314,8 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
     return harness_eval, beats_chance
 
 
-def build_evaluation_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+def build_evaluation_stage(settings: MarinSettings, deployment: Deployment,
+                           upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
     """`eval_task/<task>` for the offline tasks on sources tokenized here; `harness_eval` over the
     deployment's named runs, and `sweep_harness_eval/<sweep>` over the runs of each sweep that
     forecasts a harness metric."""

@@ -127,7 +127,8 @@ def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup,
     return cross_eval
 
 
-def build_cross_eval_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+def build_cross_eval_stage(settings: MarinSettings, deployment: Deployment,
+                           upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
     """``cross_eval/<source>`` for every source tokenized with a tokenizer some named run uses (no
     run could be scored on the others)."""
     spec_for = named_run_lookup(settings, deployment)

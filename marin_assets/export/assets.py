@@ -146,7 +146,8 @@ def weight_entries(out: Path, files: list[str]) -> list[FileEntry]:
     return entries
 
 
-def build_export_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+def build_export_stage(settings: MarinSettings, deployment: Deployment,
+                       upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
     """`hf_model` over the deployment's named runs."""
     spec_for = named_run_lookup(settings, deployment)
     catalog = Catalog()

@@ -54,6 +54,7 @@ daily_failure_report = dg.ScheduleDefinition(job=failure_report_job, cron_schedu
                                              description="Refresh the failure report every morning.")
 
 
-def build_reports_stage(settings: MarinSettings, deployment: "Deployment") -> tuple[dg.Definitions, Catalog]:
+def build_reports_stage(settings: MarinSettings, deployment: "Deployment",
+                        upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
     return dg.Definitions(assets=[failure_report, build_run_comparison_asset(deployment)], jobs=[failure_report_job],
                           schedules=[daily_failure_report]), Catalog()

@@ -39,7 +39,7 @@ from marin_assets.scaling_sweeps.forecasting import (
     score_forecast,
     score_metric_forecast,
 )
-from marin_assets.training.assets import SpecLookup, build_run_assets
+from marin_assets.training.assets import SpecLookup, build_run_assets, mixture_specs, tokenizer_specs
 from marin_assets.training.spec import RunSpec
 from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
@@ -193,7 +193,7 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
 
 
 def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: SweepConfig,
-                       catalog: Catalog) -> tuple[list, list]:
+                       catalog: Catalog, upstream: Catalog) -> tuple[list, list]:
     plan = plan_sweep(config)
     runs = SweepRuns(plan)
     identity = config.identity()
@@ -214,8 +214,8 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
 
     run_assets, run_checks = build_run_assets(
         checkpoint_key=checkpoint_key(name), eval_key=eval_key(name), partitions=partitions, spec_for=spec_for,
-        mixture_versions={config.mixture: deployment.mixture_versions[config.mixture]},
-        tokenizer_versions={config.tokenizer: deployment.tokenizer_versions[config.tokenizer]},
+        mixtures={config.mixture: mixture_specs(deployment, upstream)[config.mixture]},
+        tokenizers={config.tokenizer: tokenizer_specs(deployment, upstream)[config.tokenizer]},
         pool=settings.train_pool, group_name="scaling", catalog=catalog, store=store.get, tags=tags,
         subject=f" of sweep {name!r}")
     catalog.add_discoverer(partitions.name, lambda: runs.names(store.get()))
@@ -431,12 +431,13 @@ def build_sweep_runs_sensor(deployment: Deployment) -> dg.SensorDefinition:
     return sweep_runs
 
 
-def build_scaling_sweeps_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+def build_scaling_sweeps_stage(settings: MarinSettings, deployment: Deployment,
+                               upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
     """One asset set per sweep of the deployment (sweeps on a mixture it does not build are left out)."""
     assets, checks = [], []
     catalog = Catalog()
     for config in deployment.sweeps.values():
-        sweep_assets, sweep_checks = build_sweep_assets(settings, deployment, config, catalog)
+        sweep_assets, sweep_checks = build_sweep_assets(settings, deployment, config, catalog, upstream)
         assets += sweep_assets
         checks += sweep_checks
     sensors = [build_sweep_runs_sensor(deployment)] if deployment.sweeps else []

@@ -507,7 +507,8 @@ def read_mixture_config(store: ArtifactStore, handle: ArtifactHandle) -> dict[st
         return store.resolve(json.load(fh))
 
 
-def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment") -> tuple[dg.Definitions, Catalog]:
+def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment",
+                             upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
     """Tokenizers, tokenized caches and mixtures of `deployment.tokenization`."""
     registry = deployment.tokenization
     catalog = Catalog()

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +66,12 @@ def local_dir(store: MarinStore, writer) -> str:
     return str(writer.staging_dir())
 
 
-def find_handle(store: MarinStore, key: str, version: str) -> ArtifactHandle:
-    manifest = store.get().find(key, version, None)
+def find_handle(store: MarinStore, spec: ArtifactSpec) -> ArtifactHandle:
+    """The committed artifact of an unpartitioned input the run names (its mixture, its tokenizer)."""
+    manifest = store.get().find(spec.key, spec.version, None)
     if manifest is None:
-        raise dg.Failure(f"{key} has no committed artifact at {version}; materialize it first "
-                         f"(marin materialize {key})")
+        raise dg.Failure(f"{spec.key} has no committed artifact at {spec.version}; materialize it first "
+                         f"(marin materialize {spec.key})")
     return ArtifactHandle.from_manifest(manifest)
 
 
@@ -169,15 +170,16 @@ def run_specs(checkpoint_key: str, eval_key: str, spec_for: SpecLookup, store: C
 
 
 def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.DynamicPartitionsDefinition,
-                     spec_for: SpecLookup, mixture_versions: dict[str, str], tokenizer_versions: dict[str, str],
-                     pool: str, group_name: str, catalog: Catalog, store: Callable[[], ArtifactStore],
-                     reads: ReadsFn | None = None, tags: dict[str, str] | None = None,
+                     spec_for: SpecLookup, mixtures: Mapping[str, ArtifactSpec],
+                     tokenizers: Mapping[str, ArtifactSpec], pool: str, group_name: str, catalog: Catalog,
+                     store: Callable[[], ArtifactStore], reads: ReadsFn | None = None,
+                     tags: dict[str, str] | None = None,
                      subject: str = "") -> tuple[list, list]:
     """A checkpoint asset and its eval asset over ``partitions``, a run per partition; ``spec_for``
-    gives a partition's `RunSpec` when a step runs (it raises dg.Failure for an unknown run)."""
+    gives a partition's `RunSpec` when a step runs (it raises dg.Failure for an unknown run). ``mixtures``
+    and ``tokenizers``: the specs of those a run may name, by name."""
     checkpoint_spec, eval_spec = run_specs(checkpoint_key, eval_key, spec_for, store, reads)
-    upstream_keys = [asset_key(f"mixture/{m}") for m in sorted(mixture_versions)] + \
-                    [asset_key(f"tokenizer/{t}") for t in sorted(tokenizer_versions)]
+    upstream_keys = [asset_key(specs[name].key) for specs in (mixtures, tokenizers) for name in sorted(specs)]
     # A run of either reads its inputs for a long time: automation rebuilds nothing upstream meanwhile.
     tags = {"marin/partitioned_by": "run", PINS_INPUTS_TAG: "true", **(tags or {})}
 
@@ -191,8 +193,8 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
         spec = spec_for(context.partition_key)
         check_pool(spec, pool)
         artifacts = store.get()
-        mixture = find_handle(store, f"mixture/{spec.mixture}", mixture_versions[spec.mixture])
-        tokenizer = find_handle(store, f"tokenizer/{spec.tokenizer}", tokenizer_versions[spec.tokenizer])
+        mixture = find_handle(store, mixtures[spec.mixture])
+        tokenizer = find_handle(store, tokenizers[spec.tokenizer])
         data_config = read_mixture_config(artifacts, mixture)
         label = f"{checkpoint_key}[{spec.name}]"
         try:
@@ -329,6 +331,16 @@ def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLoo
     return spec_for
 
 
+def mixture_specs(deployment: Deployment, upstream: Catalog) -> dict[str, ArtifactSpec]:
+    """The specs of the deployment's mixtures, as the tokenization stage declared them."""
+    return {name: upstream.spec(f"mixture/{name}") for name in deployment.tokenization.mixtures}
+
+
+def tokenizer_specs(deployment: Deployment, upstream: Catalog) -> dict[str, ArtifactSpec]:
+    """The specs of the deployment's tokenizers, as the tokenization stage declared them."""
+    return {name: upstream.spec(f"tokenizer/{name}") for name in deployment.tokenization.tokenizers}
+
+
 def run_reads(spec: RunSpec | None) -> set[str]:
     """What a named run reads of the inputs `checkpoint` declares (every run's mixture and tokenizer):
     its own two, so building it builds no other run's data. None (a partition of no run here, refused
@@ -336,15 +348,16 @@ def run_reads(spec: RunSpec | None) -> set[str]:
     return set() if spec is None else {f"mixture/{spec.mixture}", f"tokenizer/{spec.tokenizer}"}
 
 
-def build_training_stage(settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
+def build_training_stage(settings: MarinSettings, deployment: Deployment,
+                         upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
     """`checkpoint` and `eval` over the deployment's named runs (`runs.yaml`)."""
     runs = dict(deployment.runs)
     spec_for = named_run_lookup(settings, deployment)
     catalog = Catalog()
     catalog.add_discoverer(RUNS.name, lambda: sorted(runs))
     assets, checks = build_run_assets(checkpoint_key="checkpoint", eval_key="eval", partitions=RUNS,
-                                      spec_for=spec_for, mixture_versions=deployment.mixture_versions,
-                                      tokenizer_versions=deployment.tokenizer_versions, pool=settings.train_pool,
+                                      spec_for=spec_for, mixtures=mixture_specs(deployment, upstream),
+                                      tokenizers=tokenizer_specs(deployment, upstream), pool=settings.train_pool,
                                       group_name="training", catalog=catalog, store=store_resource(settings).get,
                                       reads=lambda run: run_reads(runs.get(run)))
     return dg.Definitions(assets=assets, asset_checks=checks), catalog

@@ -65,10 +65,11 @@ def build_filtered_shard(settings, source: str) -> Path:
 
     from marin_assets.curation.assets import build_curation_stage
     from marin_assets.deployment import Deployment
+    from marin_assets.stages import build_stage
     from marin_resources.environments import build_resources
     from marin_resources.keys import asset_key
 
-    stage, catalog = build_curation_stage(settings, Deployment.load(settings))
+    stage, catalog = build_stage(build_curation_stage, settings, Deployment.load(settings))
     defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
     (partition,) = catalog.discoverers[f"{source}_shards"]()
     with dg.instance_for_test() as instance:

@@ -66,9 +66,10 @@ def test_chunks_merge_to_the_one_piece_result_with_and_without_a_quality_score(l
 def _filtered(tmp_path: Path, sources: Path, data_parallel: DataParallel | None):
     """Materialize filtered/licenses in this process; its manifest and the run's event log."""
     from marin_assets.curation.assets import build_curation_stage
+    from marin_assets.stages import build_stage
 
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-    stage, catalog = build_curation_stage(settings, Deployment.load(settings))
+    stage, catalog = build_stage(build_curation_stage, settings, Deployment.load(settings))
     resources = build_resources(settings)
     if data_parallel is not None:
         resources["data_parallel"] = data_parallel

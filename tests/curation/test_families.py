@@ -321,6 +321,7 @@ def test_a_source_with_families_builds_filtered_with_their_reasons_metrics_and_t
 
     from marin_assets.curation.assets import build_curation_stage
     from marin_assets.deployment import Deployment
+    from marin_assets.stages import build_stage
     from marin_resources.environments import MarinSettings
 
     body = "One sentence is here. Two sentences are here.\nThree are here! Four? Five is the end."
@@ -332,7 +333,7 @@ def test_a_source_with_families_builds_filtered_with_their_reasons_metrics_and_t
     sources.write_text("sources:\n  - name: notes\n    uri: texts/*.txt\n    format: text\n"
                        "    filters: {languages: [], min_words: 5, min_stop_words: null, families: {c4: {}}}\n")
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-    _, catalog = build_curation_stage(settings, Deployment.load(settings))
+    _, catalog = build_stage(build_curation_stage, settings, Deployment.load(settings))
     assert catalog.specs["filtered/notes"].identity(None)["filters"]["families"] == {"c4": {}}
     manifest_path = build_filtered_shard(settings, "notes")
     metrics = json.loads(manifest_path.read_text())["metrics"]

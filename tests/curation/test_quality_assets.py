@@ -20,6 +20,7 @@ from marin_assets.curation.filter_report import largest_rule_problem
 from marin_assets.curation.schemes import pypi_sdist
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
 from marin_assets.deployment import Deployment
+from marin_assets.stages import build_stage
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
 from marin_resources.storage.store import ArtifactStore
@@ -86,7 +87,7 @@ class Graph:
         (root / "sources.yaml").write_text(yaml_text)
         self.prefix = str(root / "store")
         settings = MarinSettings.from_env({"MARIN_PREFIX": self.prefix, "MARIN_SOURCES": str(root / "sources.yaml")})
-        stage, _ = build_curation_stage(settings, Deployment.load(settings))
+        stage, _ = build_stage(build_curation_stage, settings, Deployment.load(settings))
         self.defs = dg.Definitions.merge(stage, dg.Definitions(resources=build_resources(settings)))
         self.assets = list(self.defs.assets)
         self.resources = build_resources(settings)

@@ -277,6 +277,7 @@ PLANTED_PAGE = (b"<html><head><title>Contact</title></head><body><main>"
 def test_a_warc_source_builds_filtered_without_its_blocked_pages_and_its_pii(pages, tmp_path):
     from marin_assets.curation.assets import build_curation_stage
     from marin_assets.deployment import Deployment
+    from marin_assets.stages import build_stage
     from marin_resources.environments import MarinSettings
 
     (tmp_path / "crawl").mkdir()
@@ -289,7 +290,7 @@ def test_a_warc_source_builds_filtered_without_its_blocked_pages_and_its_pii(pag
     sources.write_text("sources:\n  - name: web\n    uri: crawl/*.warc.gz\n    url_blocklist: block.txt\n"
                        "    filters: {languages: [], min_words: 20}\n")
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-    _, catalog = build_curation_stage(settings, Deployment.load(settings))
+    _, catalog = build_stage(build_curation_stage, settings, Deployment.load(settings))
     identity = catalog.specs["filtered/web"].identity(None)
     assert identity["pii"] == {"emails": True, "ip_addresses": True, "public_ips_only": True}  # on for WARC
     assert len(identity["url_blocklist_sha256"]) == 64

@@ -14,6 +14,7 @@ import yaml
 from marin_assets.catalog import Catalog
 from marin_assets.evaluation.assets import HARNESS_EVAL_VERSION, HarnessSuite, build_harness_asset
 from marin_assets.evaluation.suites import load_suites
+from marin_assets.stages import build_stage
 from marin_assets.training.assets import CHECKPOINT_VERSION, RUNS, build_training_stage, named_run_lookup
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE, build_train_config
 from marin_assets.training.spec import load_run_registry
@@ -54,7 +55,7 @@ def test_the_suite_runs_in_a_pod_placed_like_the_run_and_its_report_is_the_manif
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(RUNS.name, [RUN])
         instance.event_log_storage.set_concurrency_slots("gpu", 1)
-        training, _ = build_training_stage(settings, deployment)
+        training, _ = build_stage(build_training_stage, settings, deployment)
         result = dg.materialize([*training.assets, harness_eval], partition_key=RUN, instance=instance,
                                 resources=resources, selection=[harness_eval.key], raise_on_error=False)
     assert result.success, [e.message for e in result.all_events if e.is_failure]

@@ -24,6 +24,7 @@ import yaml
 from marin_assets.catalog import Catalog
 from marin_assets.evaluation.assets import HarnessSuite, build_harness_asset
 from marin_assets.evaluation.suites import load_suites
+from marin_assets.stages import build_stage
 from marin_assets.training.assets import RUNS, build_training_stage, named_run_lookup
 from marin_assets.training.spec import load_run_registry
 from marin_resources.k8s import (
@@ -163,7 +164,7 @@ def harness_eval(tmp_path, cluster, synthetic_deployment):
                                    key="harness_eval", checkpoint_key="checkpoint", partitions=RUNS,
                                    spec_for=named_run_lookup(settings, deployment), pool="gpu",
                                    group_name="evaluation", catalog=Catalog())
-    training, _ = build_training_stage(settings, deployment)
+    training, _ = build_stage(build_training_stage, settings, deployment)
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(RUNS.name, [harness_test.RUN])
         return dg.materialize([*training.assets, asset], partition_key=harness_test.RUN, instance=instance,

@@ -14,6 +14,7 @@ import kubernetes
 import pytest
 import yaml
 
+from marin_assets.stages import build_stage
 from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stage
 from marin_assets.training.spec import load_run_registry
 from marin_resources.artifacts import ArtifactHandleIOManager, MarinStore
@@ -85,7 +86,8 @@ def deployment(tmp_path, cluster, instance):
 def materialize_checkpoint(deployment, run: str, pool: str, cluster, synthetic_deployment):
     settings, resources, instance = deployment
     runs = load_run_registry(settings.runs_file)
-    defs, _ = build_training_stage(dataclasses.replace(settings, train_pool=pool), synthetic_deployment(runs=runs))
+    defs, _ = build_stage(build_training_stage, dataclasses.replace(settings, train_pool=pool),
+                          synthetic_deployment(runs=runs))
     [checkpoint] = [a for a in defs.assets if a.key == dg.AssetKey("checkpoint")]
     slots_while_running = []
     cluster.on_pod_start.append(

@@ -12,6 +12,7 @@ from marin_assets.curation.discovery import discover_shards
 from marin_assets.curation.sensors import diff_shards
 from marin_assets.deployment import Deployment
 from marin_assets.planning import Planner, parse_key
+from marin_assets.stages import build_stage
 from marin_resources.environments import MarinSettings, build_resources
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank today. " * 30
@@ -26,7 +27,7 @@ def write_sources(tmp_path, watched):
 
 def make_defs(tmp_path, sources):
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources)})
-    stage_defs, catalog = build_curation_stage(settings, Deployment.load(settings))
+    stage_defs, catalog = build_stage(build_curation_stage, settings, Deployment.load(settings))
     defs = dg.Definitions.merge(stage_defs, dg.Definitions(resources=build_resources(settings)))
     return defs, catalog
 

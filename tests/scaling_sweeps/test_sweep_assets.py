@@ -20,6 +20,7 @@ from marin_assets.scaling_sweeps.forecasting import (
     runs_table,
     score_forecast,
 )
+from marin_assets.stages import build_stage
 from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
@@ -61,7 +62,7 @@ def load(synthetic_deployment):
 
 
 def load_stage(settings, deployment):
-    defs, catalog = sweep_assets.build_scaling_sweeps_stage(settings, deployment)
+    defs, catalog = build_stage(sweep_assets.build_scaling_sweeps_stage, settings, deployment)
     defs = dg.Definitions.merge(defs, dg.Definitions(resources=build_resources(settings)))
     return defs, catalog.discoverers[RUNS](), catalog
 
@@ -118,7 +119,7 @@ def test_sweep_runs_are_their_own_partitions_and_targets_wait_for_the_forecast(e
 def test_a_sweep_on_a_mixture_this_deployment_lacks_is_left_out(env, synthetic_deployment):
     settings, sweeps_file = env
     deployment = synthetic_deployment(sweeps=load_sweeps(sweeps_file), mixture="other")
-    defs, _ = sweep_assets.build_scaling_sweeps_stage(settings, deployment)
+    defs, _ = build_stage(sweep_assets.build_scaling_sweeps_stage, settings, deployment)
     assert not list(defs.assets or []) and not list(defs.sensors or [])
 
 
@@ -331,7 +332,7 @@ def linked(tmp_path, synthetic_deployment):
 
     def load_linked():
         defs, partitions, _ = load_stage(settings, deployment)
-        evaluation, catalog = build_evaluation_stage(settings, deployment)
+        evaluation, catalog = build_stage(build_evaluation_stage, settings, deployment)
         assert HARNESS in catalog.specs
         harness = [a for a in evaluation.assets if a.key == asset_key(HARNESS)]
         return dg.Definitions.merge(defs, dg.Definitions(assets=harness)), partitions

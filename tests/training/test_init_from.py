@@ -322,6 +322,7 @@ def _commit(store, key: str, partition: str | None, files: dict[str, bytes], met
 
 
 def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_dir, synthetic_deployment):
+    from marin_assets.stages import build_stage
     from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stage
     from marin_resources.environments import MarinSettings, build_resources
     from marin_resources.storage.lineage import build_lineage
@@ -339,7 +340,7 @@ def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_d
                                                  for n in ("config.json", "model.safetensors")})
     calls: list = []
     resources["launcher"] = RecordingLauncher.make(calls)
-    defs, catalog = build_training_stage(settings, synthetic_deployment(runs=load_run_registry(runs_file)))
+    defs, catalog = build_stage(build_training_stage, settings, synthetic_deployment(runs=load_run_registry(runs_file)))
     [checkpoint] = [a for a in defs.assets if a.key == dg.AssetKey("checkpoint")]
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("runs", ["base", "broken", "tuned"])
