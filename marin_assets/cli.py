@@ -410,10 +410,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from marin_assets.deployment import Deployment
     from marin_assets.reports.compare import CompareError, compare, plot_loss_curves, text_table
     from marin_assets.reports.comparison import load_runs
+    from marin_assets.stages import build_catalog
 
     settings, store = store_only()
+    deployment = Deployment.load(settings)
     try:
-        results = load_runs(Deployment.load(settings), store, args.runs)
+        results = load_runs(deployment, store, build_catalog(settings, deployment), args.runs)
     except CompareError as exc:
         print(f"marin: {exc}", file=sys.stderr)
         return 2

@@ -18,8 +18,8 @@ from marin_assets.tokenization.assets import build_tokenization_stage
 from marin_assets.training.assets import build_training_stage
 from marin_resources.environments import MarinSettings
 
-STAGES = [build_curation_stage, build_tokenization_stage, build_training_stage, build_evaluation_stage,
-          build_cross_eval_stage, build_export_stage, build_reports_stage, build_scaling_sweeps_stage]
+STAGES = [build_curation_stage, build_tokenization_stage, build_training_stage, build_export_stage,
+          build_scaling_sweeps_stage, build_evaluation_stage, build_cross_eval_stage, build_reports_stage]
 
 
 def build_stages(settings: MarinSettings) -> list[tuple]:
@@ -38,7 +38,16 @@ def build_stages(settings: MarinSettings) -> list[tuple]:
 
 def build_stage(stage, settings: MarinSettings, deployment: Deployment) -> tuple[dg.Definitions, Catalog]:
     """One stage as `build_stages` builds it: with the catalog of the stages before it."""
+    return stage(settings, deployment, catalog_before(STAGES.index(stage), settings, deployment))
+
+
+def build_catalog(settings: MarinSettings, deployment: Deployment) -> Catalog:
+    """Every stage's specs, without the rest of the definitions (`marin compare`)."""
+    return catalog_before(len(STAGES), settings, deployment)
+
+
+def catalog_before(count: int, settings: MarinSettings, deployment: Deployment) -> Catalog:
     upstream = Catalog()
-    for earlier in STAGES[:STAGES.index(stage)]:
+    for earlier in STAGES[:count]:
         upstream = upstream.merge(earlier(settings, deployment, upstream)[1])
-    return stage(settings, deployment, upstream)
+    return upstream

@@ -56,5 +56,6 @@ daily_failure_report = dg.ScheduleDefinition(job=failure_report_job, cron_schedu
 
 def build_reports_stage(settings: MarinSettings, deployment: "Deployment",
                         upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
-    return dg.Definitions(assets=[failure_report, build_run_comparison_asset(deployment)], jobs=[failure_report_job],
+    comparison = build_run_comparison_asset(deployment, upstream)
+    return dg.Definitions(assets=[failure_report, comparison], jobs=[failure_report_job],
                           schedules=[daily_failure_report]), Catalog()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
-from marin_assets.evaluation.assets import HARNESS_EVAL_VERSION
-from marin_assets.evaluation.cross_eval import CROSS_EVAL_VERSION, cross_eval_key
+from marin_assets.evaluation.cross_eval import cross_eval_key
 from marin_assets.reports.compare import (
     CompareError,
     RunKeys,
@@ -20,7 +20,6 @@ from marin_assets.reports.compare import (
 )
 from marin_assets.scaling_sweeps.assets import SweepRuns, checkpoint_key, eval_key, harness_key
 from marin_assets.scaling_sweeps.config import plan_sweep
-from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
 from marin_resources.artifacts import MarinStore, input_refused
 from marin_resources.display import png_markdown
 from marin_resources.keys import asset_key, stage_owners
@@ -29,25 +28,31 @@ from marin_resources.storage.store import ArtifactStore
 COMPARISON_KEY = "reports/run_comparison"
 
 
-def run_locations(deployment: Deployment, store: ArtifactStore) -> dict[str, RunKeys]:
+def run_locations(deployment: Deployment, store: ArtifactStore, specs: Catalog) -> dict[str, RunKeys]:
     """Every run of the deployment: the named runs (runs.yaml) with their evaluations, and each
-    sweep's runs (its fit runs, and the targets of its committed forecast) with the sweep's own."""
-    cross = tuple((cross_eval_key(s), CROSS_EVAL_VERSION) for s in sorted(deployment.tokenization.tokenized))
-    named = (("eval", EVAL_VERSION), ("harness_eval", HARNESS_EVAL_VERSION), *cross)
-    locations = {run: RunKeys(("checkpoint", CHECKPOINT_VERSION), named,
-                              f"marin materialize eval --partition {run}") for run in deployment.runs}
+    sweep's runs (its fit runs, and the targets of its committed forecast) with the sweep's own;
+    each artifact's key and code version as its spec in ``specs`` declares them."""
+    def declared(*keys: str) -> tuple[tuple[str, str], ...]:
+        return tuple((specs.specs[k].key, specs.specs[k].version) for k in keys if k in specs.specs)
+
+    cross = [cross_eval_key(s) for s in sorted(deployment.tokenization.tokenized)]
+    named = declared("eval", "harness_eval", *cross)
+    (checkpoint,) = declared("checkpoint")
+    locations = {run: RunKeys(checkpoint, named, f"marin materialize eval --partition {run}")
+                 for run in deployment.runs}
     for sweep, config in sorted(deployment.sweeps.items()):
-        evaluations = ((eval_key(sweep), EVAL_VERSION), (harness_key(sweep), HARNESS_EVAL_VERSION))
+        evaluations = declared(eval_key(sweep), harness_key(sweep))
+        (sweep_checkpoint,) = declared(checkpoint_key(sweep))
         for run in SweepRuns(plan_sweep(config)).names(store):
-            locations.setdefault(run, RunKeys((checkpoint_key(sweep), CHECKPOINT_VERSION), evaluations,
+            locations.setdefault(run, RunKeys(sweep_checkpoint, evaluations,
                                               f"marin materialize {eval_key(sweep)} --partition {run}"))
     return locations
 
 
-def load_runs(deployment: Deployment, store: ArtifactStore, names: list[str]) -> list[RunResults]:
+def load_runs(deployment: Deployment, store: ArtifactStore, specs: Catalog, names: list[str]) -> list[RunResults]:
     """The committed results of each named run, in the order given; `CompareError` (one line) for a
     run the deployment does not define or one never trained."""
-    locations = run_locations(deployment, store)
+    locations = run_locations(deployment, store, specs)
     for name in names:
         if name not in locations:
             raise CompareError(f"unknown run {name!r}: neither a named run "
@@ -61,7 +66,9 @@ class RunComparisonConfig(dg.Config):
     """Runs to compare, named runs or sweep runs; empty: every named run with a committed checkpoint."""
 
 
-def build_run_comparison_asset(deployment: Deployment) -> dg.AssetsDefinition:
+def build_run_comparison_asset(deployment: Deployment, specs: Catalog) -> dg.AssetsDefinition:
+    checkpoint = specs.spec("checkpoint")
+
     @dg.asset(key=asset_key(COMPARISON_KEY), group_name="reports", code_version="v1", owners=stage_owners("reports"),
               kinds={"markdown"},
               description="Runs side by side, as `marin compare` prints them: parameters, tokens, final train "
@@ -73,12 +80,12 @@ def build_run_comparison_asset(deployment: Deployment) -> dg.AssetsDefinition:
                        store: MarinStore) -> dg.MaterializeResult:
         artifacts = store.get()
         names = config.runs or [r for r in sorted(deployment.runs)
-                                if artifacts.find("checkpoint", CHECKPOINT_VERSION, r) is not None]
+                                if artifacts.find(checkpoint.key, checkpoint.version, r) is not None]
         if not names:
             raise input_refused("no named run has a committed checkpoint to compare yet: "
                                 "marin materialize eval --partition RUN")
         try:
-            results = load_runs(deployment, artifacts, names)
+            results = load_runs(deployment, artifacts, specs, names)
         except CompareError as exc:
             raise input_refused(str(exc)) from None
         comparison = compare(results)

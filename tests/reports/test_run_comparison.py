@@ -21,6 +21,7 @@ from marin_assets.reports.compare import (
     text_table,
 )
 from marin_assets.reports.comparison import build_run_comparison_asset, load_runs
+from marin_assets.stages import build_catalog
 from marin_assets.training.levanter_config import validation_only_config
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, RunSpec
 from marin_resources.environments import MarinSettings, build_resources
@@ -82,6 +83,11 @@ def deployment(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def specs(deployment):
+    return build_catalog(MarinSettings.from_env(), deployment)
+
+
+@pytest.fixture
 def store(tmp_path, deployment):
     """`small` and `wide` trained and evaluated (`wide` with an eval of its previous checkpoint)."""
     store = ArtifactStore(str(tmp_path / "store"))
@@ -98,8 +104,8 @@ def store(tmp_path, deployment):
     return store
 
 
-def test_the_table_has_a_column_per_run_and_a_row_per_metric_either_has(deployment, store):
-    results = load_runs(deployment, store, ["small", "wide"])
+def test_the_table_has_a_column_per_run_and_a_row_per_metric_either_has(deployment, store, specs):
+    results = load_runs(deployment, store, specs, ["small", "wide"])
     comparison = compare(results)
     rows = dict(comparison.rows)
     assert comparison.runs == ("small", "wide")
@@ -130,8 +136,8 @@ def test_the_table_has_a_column_per_run_and_a_row_per_metric_either_has(deployme
     assert "| word_order acc | 0.9350 ± 0.0123 | - |" in markdown
 
 
-def test_curves_line_up_by_tokens_and_are_drawn_on_one_plot(deployment, store, tmp_path):
-    results = load_runs(deployment, store, ["small", "wide"])
+def test_curves_line_up_by_tokens_and_are_drawn_on_one_plot(deployment, store, specs, tmp_path):
+    results = load_runs(deployment, store, specs, ["small", "wide"])
     x_label, curves = loss_curves(results)
     assert x_label == "tokens trained"
     small, wide = curves
@@ -147,13 +153,13 @@ def test_curves_line_up_by_tokens_and_are_drawn_on_one_plot(deployment, store, t
         loss_curves(results)
 
 
-def test_unknown_and_untrained_runs_are_refused_in_one_line(deployment, store):
+def test_unknown_and_untrained_runs_are_refused_in_one_line(deployment, store, specs):
     with pytest.raises(CompareError, match=r"^unknown run 'nope': neither a named run \(small, untrained, wide\) "
                                            r"nor a run of a sweep"):
-        load_runs(deployment, store, ["small", "nope"])
+        load_runs(deployment, store, specs, ["small", "nope"])
     with pytest.raises(CompareError, match=r"^run 'untrained' has no committed checkpoint in .*: train it first "
                                            r"\(marin materialize eval --partition untrained\)$"):
-        load_runs(deployment, store, ["untrained"])
+        load_runs(deployment, store, specs, ["untrained"])
 
 
 def test_marin_compare_prints_the_table_and_writes_the_plot(store, tmp_path, capsys):
@@ -173,8 +179,8 @@ def test_marin_compare_prints_the_table_and_writes_the_plot(store, tmp_path, cap
         assert out == "" and err.startswith(line) and err.count("\n") == 1
 
 
-def test_the_comparison_asset_shows_the_table_and_the_plot(deployment, store):
-    asset = build_run_comparison_asset(deployment)
+def test_the_comparison_asset_shows_the_table_and_the_plot(deployment, store, specs):
+    asset = build_run_comparison_asset(deployment, specs)
     resources = {"store": build_resources(MarinSettings.from_env())["store"]}
     with dg.instance_for_test() as instance:
         result = dg.materialize([asset], instance=instance, resources=resources)

@@ -10,6 +10,7 @@ from marin_assets.curation.assets import build_curation_stage
 from marin_assets.evaluation.cross_eval import build_cross_eval_stage
 from marin_assets.reports.compare import compare, loss_curves, plot_loss_curves, text_table
 from marin_assets.reports.comparison import load_runs
+from marin_assets.stages import build_catalog, build_stage
 from marin_assets.tokenization.assets import MIXTURE_VERSION, TOKENIZED_VERSION, build_tokenization_stage
 from marin_assets.training.assets import build_training_stage
 from marin_resources.environments import MarinSettings, build_resources
@@ -50,8 +51,8 @@ def test_two_trained_runs_side_by_side_and_one_scored_on_a_cache_by_cross_eval(t
     runs = {"a": tiny_spec("a", steps=30, mixture="m", tokenizer="t"),
             "b": tiny_spec("b", steps=20, mixture="m", tokenizer="t", train_batch_size=16)}
     deployment = synthetic_deployment(runs=runs)
-    stages = [build(settings, deployment)[0] for build in (build_curation_stage, build_tokenization_stage,
-                                                           build_training_stage, build_cross_eval_stage)]
+    stages = [build_stage(build, settings, deployment)[0] for build in (
+        build_curation_stage, build_tokenization_stage, build_training_stage, build_cross_eval_stage)]
     assets = [a for defs in stages for a in defs.assets]
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("runs", sorted(runs))
@@ -83,7 +84,7 @@ def test_two_trained_runs_side_by_side_and_one_scored_on_a_cache_by_cross_eval(t
             f"data version {tokenizer.data_version[:12]}, tokenized/src was built with it at ffffffffffff")
         assert store.find("cross_eval/src", "v1", "b") is None
 
-    results = load_runs(deployment, store, ["a", "b"])
+    results = load_runs(deployment, store, build_catalog(settings, deployment), ["a", "b"])
     comparison = compare(results)
     rows = dict(comparison.rows)
     assert rows["steps"] == (30, 20) and rows["tokens trained"] == (30 * 8 * 64, 20 * 16 * 64)
