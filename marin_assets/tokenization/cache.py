@@ -179,11 +179,18 @@ def iter_split_documents(doc_files: Sequence[str], cfg: CacheConfig, split: str)
     documents a downstream task may be built from without touching what the model trained on."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    for doc_id, text, held_out in iter_documents_with_split(doc_files, cfg):
+        if held_out == (split == "validation"):
+            yield doc_id, text
+
+
+def iter_documents_with_split(doc_files: Sequence[str], cfg: CacheConfig) -> Iterator[tuple[str, str, bool]]:
+    """(id, text, whether it is a validation document) of every document a cache of these files holds,
+    in cache order."""
     for uri in doc_files:
         for batch in iter_clean_batches(parquet_shard(os.fspath(uri), cfg), cfg):
             for doc_id, text in zip(batch.ids, batch.texts):
-                if is_validation_document(doc_id, cfg.validation_fraction) == (split == "validation"):
-                    yield doc_id, text
+                yield doc_id, text, is_validation_document(doc_id, cfg.validation_fraction)
 
 
 def decode_roundtrip_check(

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from marin_assets.tokenization.cache import iter_split_documents
+from marin_assets.tokenization.cache import iter_documents_with_split, iter_split_documents
 from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.encoding import parquet_ids
 from marin_assets.tokenization.ngrams import NgramHasher, build_index, overlap
@@ -117,16 +117,23 @@ class SplitNgrams:
     hashes: np.ndarray
     """Sorted, distinct n-gram hashes of the unit's validation documents."""
     documents: int
+    """Validation documents hashed."""
     text_bytes: int
+    corpus_documents: int
+    """Every document of the unit's files that a cache holds: what a validation minimum counts."""
 
 
 def split_ngrams(doc_files: Sequence[str], job: SplitNgramsJob) -> SplitNgrams:
     """One unit of work of an eval index: the validation documents of ``doc_files`` (some of a
     source's corpus files) as n-gram hashes. Units are independent, so a step may spread them over
     workers; `merged_index` of every unit's hashes is the index of the whole split."""
-    texts = list(validation_texts(doc_files, job.cfg, job.threshold))
+    texts, corpus_documents = [], 0
+    for _, text, held_out in iter_documents_with_split(doc_files, replace(job.cfg, validation_fraction=job.threshold)):
+        corpus_documents += 1
+        if held_out:
+            texts.append(text)
     return SplitNgrams(build_index(NgramHasher(job.ngram), texts), len(texts),
-                       sum(len(t.encode("utf-8")) for t in texts))
+                       sum(len(t.encode("utf-8")) for t in texts), corpus_documents)
 
 
 def merged_index(parts: Iterable[np.ndarray]) -> np.ndarray:

@@ -15,9 +15,11 @@ import pyarrow.parquet as pq
 
 from marin_assets.automation import FOLLOWS_NEW_DATA, checks_new_shards_and_new_evals
 from marin_assets.catalog import Catalog
+from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.decontamination import (
     EvalSet,
     EvalSetError,
+    SplitNgrams,
     SplitNgramsJob,
     decontaminate,
     eval_set,
@@ -48,6 +50,7 @@ from marin_resources.artifacts import (
 )
 from marin_resources.data_parallel import DataParallel
 from marin_resources.keys import asset_key, shard_partitions
+from marin_resources.splits import fraction_holds_enough
 from marin_resources.storage.store import ArtifactStore
 
 
@@ -132,22 +135,31 @@ def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: l
         artifacts = store.get()
         current = {name.removeprefix("corpus_"): h for name, h in sorted(corpora.items())}
 
+        def hashed(files: list[tuple[str, int]], cfg: CacheConfig, threshold: float) -> list[SplitNgrams]:
+            # Units of about a chunk's bytes of validation text, here or on the resource's workers: hashing
+            # it is the work (a file's other documents are only read past), so a corpus whose split is
+            # under one chunk stays in this process (at 160 MB, Ray's worker starts cost more than it).
+            paths = [path for path, _ in files]
+            weights = [int(size * threshold) for _, size in files]
+            return data_parallel.parallel_map(context)(
+                split_ngrams, [paths[a:b] for a, b in data_parallel.ranges(weights)],
+                SplitNgramsJob(cfg, threshold, n))
+
         def build(writer) -> Built:
             started = time.monotonic()
             parts: list[np.ndarray] = []
             thresholds, held_out, text_bytes = {}, {}, 0
             for source, handle in current.items():
-                entry = registry.tokenized[source]
+                cfg = registry.tokenized[source].cache
                 files = corpus_file_sizes(artifacts, handle.uri)
-                paths = [path for path, _ in files]
-                thresholds[source] = validation_threshold_of(paths, entry.cache)
-                # Units of about a chunk's bytes of validation text, here or on the resource's workers: hashing
-                # it is the work (a file's other documents are only read past), so a corpus whose split is
-                # under one chunk stays in this process (at 160 MB, Ray's worker starts cost more than it).
-                weights = [int(size * thresholds[source]) for _, size in files]
-                units = data_parallel.parallel_map(context)(
-                    split_ngrams, [paths[a:b] for a, b in data_parallel.ranges(weights)],
-                    SplitNgramsJob(entry.cache, thresholds[source], n))
+                # The split's fraction, unless it holds out fewer than the cache's minimum: the units count
+                # the corpus as they read it, so only a corpus that small has every id read again, here.
+                thresholds[source] = cfg.validation_fraction
+                units = hashed(files, cfg, thresholds[source])
+                if not fraction_holds_enough(cfg.validation_min_documents, sum(u.corpus_documents for u in units),
+                                             sum(u.documents for u in units)):
+                    thresholds[source] = validation_threshold_of([path for path, _ in files], cfg)
+                    units = hashed(files, cfg, thresholds[source])
                 held_out[source] = sum(unit.documents for unit in units)
                 text_bytes += sum(unit.text_bytes for unit in units)
                 parts.extend(unit.hashes for unit in units)

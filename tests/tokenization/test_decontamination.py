@@ -137,6 +137,7 @@ def test_an_index_built_in_units_is_the_index_built_at_once(tmp_path):
     assert at_once.size > 1000 and merged.dtype == np.uint64
     assert np.array_equal(merged, at_once)
     assert sum(u.documents for u in units) == sum(1 for _ in validation_texts(files, cfg, cfg.validation_fraction))
+    assert sum(u.corpus_documents for u in units) == 200
     assert units[-1].documents == 0 and units[-1].hashes.size == 0
 
 
@@ -265,7 +266,8 @@ class Store:
     """A store holding `deduplicated/letters` (shards of Parquet), and the decontamination assets over it."""
 
     def __init__(self, root: Path, shards: dict[str, list[str]], eval_texts: dict[str, str] | None = None,
-                 policy: DecontaminationPolicy = DROP):
+                 policy: DecontaminationPolicy = DROP, cache: CacheConfig = CACHE):
+        self.cache = cache
         self.settings = MarinSettings.from_env({"MARIN_PREFIX": str(root)})
         self.store = ArtifactStore(self.settings.prefix)
         self.instance = dg.DagsterInstance.ephemeral()
@@ -281,7 +283,7 @@ class Store:
         self.configure(eval_texts or {}, policy)
 
     def configure(self, eval_texts: dict[str, str], policy: DecontaminationPolicy = DROP):
-        entry = TokenizedEntry(SOURCE, TOKENIZER.name, CACHE, decontamination=policy)
+        entry = TokenizedEntry(SOURCE, TOKENIZER.name, self.cache, decontamination=policy)
         self.registry = TokenizationRegistry({TOKENIZER.name: TOKENIZER}, {SOURCE: entry}, {SOURCE: MIXTURE},
                                              decontamination=DecontaminationSettings(N, eval_texts))
         self.catalog = Catalog()
@@ -413,6 +415,34 @@ def test_a_validation_minimum_is_applied_to_the_whole_corpus(tmp_path):
                                                       for t in pq.read_table(f).column("text").to_pylist()
                                                       ]).validation_fraction
     assert sum(is_validation_document(_doc_id(t), threshold) for t in docs) == 6
+
+
+def test_the_index_reads_every_id_again_only_for_a_split_short_of_its_minimum(tmp_path, shards, monkeypatch):
+    """The units count the corpus as they hash its split. A fraction that holds out the cache's
+    minimum is taken as it is, with no pass over every id in the step's own process (at 10 TB, billions
+    of ids in one process); one that falls short is raised over the whole corpus, as the cache's is."""
+    from marin_assets.tokenization import decontamination_assets
+
+    passes = []
+    monkeypatch.setattr(decontamination_assets, "validation_threshold_of",
+                        lambda files, cfg: passes.append(len(files)) or validation_threshold_of(files, cfg))
+    enough_cache = CacheConfig(validation_fraction=0.2, validation_min_documents=10)
+    enough = Store(tmp_path / "enough", shards, cache=enough_cache)
+    enough.run(f"eval_ngrams/{SOURCE}")
+    index = enough.store.find(f"eval_ngrams/{SOURCE}", "v1", None)
+    assert passes == [] and index.metrics["thresholds"] == {SOURCE: 0.2}
+    assert index.metrics["eval_documents"][SOURCE] >= 10
+
+    short_cache = CacheConfig(validation_fraction=0.001, validation_min_documents=6)
+    short = Store(tmp_path / "short", shards, cache=short_cache)
+    short.run(f"eval_ngrams/{SOURCE}")
+    index = short.store.find(f"eval_ngrams/{SOURCE}", "v1", None)
+    corpus = short.store.find(f"deduplicated/{SOURCE}", "v1", None)
+    files = [str(short.store.local_path(corpus.uri) / "data" / f"{shard}.parquet") for shard in sorted(shards)]
+    assert passes == [2]
+    assert index.metrics["thresholds"] == {SOURCE: validation_threshold_of(files, short_cache)}
+    assert index.metrics["thresholds"][SOURCE] > short_cache.validation_fraction
+    assert index.metrics["eval_documents"][SOURCE] == 6
 
 
 def test_a_sources_index_holds_its_own_split_and_its_mixture_partners_only(tmp_path, shards):
