@@ -102,7 +102,10 @@ def declared_eval_sets(registry: TokenizationRegistry) -> list[EvalSet]:
 
 def reference_sources(registry: TokenizationRegistry, source: str) -> list[str]:
     """The sources whose validation split ``source``'s training documents must not contain: its own, and
-    that of every source it shares a mixture with (a model trained on the mixture is evaluated on them)."""
+    that of every source it shares a mixture with (a model trained on the mixture is evaluated on them);
+    none where the registry checks against its eval sets alone (`validation_splits: false`)."""
+    if not registry.decontamination.validation_splits:
+        return []
     partners = {c for mixture in registry.mixtures.values() if source in mixture.weights for c in mixture.weights}
     return sorted(({source} | partners) & set(registry.tokenized))
 
@@ -120,14 +123,14 @@ def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: l
                               eval_ngrams_identity(registry, source, sets))
     n = registry.decontamination.ngram
     ins = {f"corpus_{s}": dg.AssetIn(key=asset_key(f"deduplicated/{s}")) for s in sources}
+    held = ([f"the validation split of {', '.join(sources)}"] if sources else []) \
+        + ([f"the eval sets {', '.join(s.name for s in sets)}"] if sets else [])
 
     @catalog.asset(spec, ins=ins, group_name="tokenization", kinds={"numpy"}, automation_condition=FOLLOWS_NEW_DATA,
                    tags={"marin/source": source},
                    description=f"The eval text `{source}`'s training documents are checked against, as {n}-gram hashes "
                                f"(lowercased words, punctuation removed; uint64, sorted, distinct: `{INDEX_FILE}`): "
-                               "the "
-                               f"validation split of {', '.join(sources)}"
-                               + (f" and the eval sets {', '.join(s.name for s in sets)}" if sets else "")
+                               + (" and ".join(held) or "none (no eval set, and validation splits not indexed)")
                                + f". decontaminated/{source} drops training documents that share them. A new eval set "
                                "or a grown split makes it, and every decontaminated shard, stale.")
     def eval_ngrams(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
@@ -190,7 +193,8 @@ def decontaminated_identity(entry: TokenizedEntry) -> dict[str, Any]:
             "text_column": entry.cache.text_column}
 
 
-def build_decontaminated_asset(entry: TokenizedEntry, catalog: Catalog):
+def build_decontaminated_asset(entry: TokenizedEntry, catalog: Catalog, *, indexes_splits: bool):
+    """``indexes_splits``: whether the source's index holds its validation split (else eval sets alone)."""
     source, policy = entry.source, entry.decontamination
     key, corpus_key = f"decontaminated/{source}", f"deduplicated/{source}"
     spec = ArtifactSpec.fixed(key, DECONTAMINATED_VERSION, decontaminated_identity(entry),
@@ -216,7 +220,10 @@ def build_decontaminated_asset(entry: TokenizedEntry, catalog: Catalog):
         if version is None:
             raise input_refused(f"{corpus_key} holds no shard {shard!r} ({rel}) yet; materialize {corpus_key} first "
                                 f"(marin materialize {key} --partition {shard} plans it)")
-        threshold = (eval_ngrams.metrics.get("thresholds") or {}).get(source)
+        thresholds = eval_ngrams.metrics.get("thresholds") or {}
+        # A split the index does not hold (eval sets alone) is the cache's fraction here: its documents
+        # are kept as validation text, whatever eval n-grams they share.
+        threshold = thresholds.get(source) if indexes_splits else entry.cache.validation_fraction
         if threshold is None:
             raise input_refused(f"{eval_ngrams.asset_key} holds no validation split of {source}; materialize it again")
         shard_input = replace(corpus, partition=shard, data_version=version)
@@ -277,7 +284,8 @@ def build_decontamination_assets(registry: TokenizationRegistry, catalog: Catalo
     assets, checks = [], []
     for entry in registry.tokenized.values():
         assets.append(build_eval_ngrams_asset(registry, entry.source, sets, catalog))
-        decontaminated, check = build_decontaminated_asset(entry, catalog)
+        decontaminated, check = build_decontaminated_asset(
+            entry, catalog, indexes_splits=registry.decontamination.validation_splits)
         assets.append(decontaminated)
         checks.append(check)
     return assets, checks

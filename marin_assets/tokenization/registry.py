@@ -75,6 +75,11 @@ class DecontaminationSettings:
 
     ngram: int = 13
     eval_texts: dict[str, str] = field(default_factory=dict)
+    validation_splits: bool = True
+    """Check training text against the validation splits (a source's own and its mixture partners') as
+    well as the eval sets. Off, the indexes hold the eval sets alone: at terabytes, where a split's
+    n-grams would not fit a worker and a split that grows with each shard would check every shard
+    again (docs/scaling-out.md)."""
 
     def __post_init__(self) -> None:
         if self.ngram < 1:

@@ -248,6 +248,10 @@ def test_the_registry_declares_eval_sets_and_policies(tmp_path):
     registry = load_registry(path)
     assert registry.tokenized["a"].decontamination == DecontaminationPolicy("mark", 2)
     assert registry.decontamination == DecontaminationSettings(8, {"qa": str(tmp_path / "sets/qa.jsonl")})
+    assert registry.decontamination.validation_splits
+    path.write_text("tokenizers: {t: {train_on: [a]}}\ntokenized: {a: {tokenizer: t}}\n"
+                    "decontamination: {validation_splits: false}\n")
+    assert not load_registry(path).decontamination.validation_splits
     assert "decontamination" not in registry.tokenized["a"].cache.identity()
     path.write_text("tokenizers: {t: {train_on: [a]}}\ntokenized: {a: {tokenizer: t, decontamination: {mode: x}}}\n")
     with pytest.raises(Exception, match="decontamination"):
@@ -266,26 +270,33 @@ class Store:
     """A store holding `deduplicated/letters` (shards of Parquet), and the decontamination assets over it."""
 
     def __init__(self, root: Path, shards: dict[str, list[str]], eval_texts: dict[str, str] | None = None,
-                 policy: DecontaminationPolicy = DROP, cache: CacheConfig = CACHE):
-        self.cache = cache
+                 policy: DecontaminationPolicy = DROP, cache: CacheConfig = CACHE, validation_splits: bool = True):
+        self.cache, self.validation_splits = cache, validation_splits
         self.settings = MarinSettings.from_env({"MARIN_PREFIX": str(root)})
         self.store = ArtifactStore(self.settings.prefix)
         self.instance = dg.DagsterInstance.ephemeral()
-        writer = self.store.begin(f"deduplicated/{SOURCE}", "v1", None, fingerprint=DEDUP_FP, run_id="dedup")
+        self.shards: list[str] = []
+        self.add_shards(shards)
+        self.configure(eval_texts or {}, policy)
+
+    def add_shards(self, shards: dict[str, list[str]]) -> None:
+        """`deduplicated/letters` committed again with these shards' files beside those it holds."""
+        writer = self.store.begin(f"deduplicated/{SOURCE}", "v1", None, fingerprint=DEDUP_FP,
+                                  run_id=f"dedup-{len(self.shards)}", resume=bool(self.shards))
         data = self.store.local_path(self.store.artifact_uri(f"deduplicated/{SOURCE}", "v1", None,
                                                              fingerprint=DEDUP_FP)) / "data"
-        data.mkdir(parents=True)
+        data.mkdir(parents=True, exist_ok=True)
         for shard, texts in shards.items():
             pq.write_table(_table(texts), data / f"{shard}.parquet")
         writer.commit(config={}, upstream=[], producer={})
-        self.shards = sorted(shards)
-        self.instance.add_dynamic_partitions(f"{SOURCE}_shards", self.shards)
-        self.configure(eval_texts or {}, policy)
+        self.shards = sorted({*self.shards, *shards})
+        self.instance.add_dynamic_partitions(f"{SOURCE}_shards", sorted(shards))
 
     def configure(self, eval_texts: dict[str, str], policy: DecontaminationPolicy = DROP):
         entry = TokenizedEntry(SOURCE, TOKENIZER.name, self.cache, decontamination=policy)
         self.registry = TokenizationRegistry({TOKENIZER.name: TOKENIZER}, {SOURCE: entry}, {SOURCE: MIXTURE},
-                                             decontamination=DecontaminationSettings(N, eval_texts))
+                                             decontamination=DecontaminationSettings(N, eval_texts,
+                                                                                     self.validation_splits))
         self.catalog = Catalog()
         dedup = dg.AssetSpec(key=asset_key(f"deduplicated/{SOURCE}"),
                              metadata={VERSION_METADATA_KEY: "v1"}).with_io_manager_key("artifact_io_manager")
@@ -366,6 +377,31 @@ def test_eval_set_items_are_found_and_a_new_eval_set_makes_the_index_and_every_s
     assert after.metrics["contaminated"] == before + items_planted
     assert built.store.find(f"eval_ngrams/{SOURCE}", "v1", None).metrics["eval_documents"]["eval_set/qa"] == \
         len(planted["items"])
+    assert {s.state for s in built.planner().status()} == {"fresh"}
+
+
+def test_against_eval_sets_alone_a_new_shard_checks_only_itself(tmp_path, planted, shards):
+    """`validation_splits: false` (for terabytes): the index holds the eval sets alone, so a new shard,
+    whose validation documents would grow the split, leaves the index and every other shard fresh and
+    costs its own pass. Eval-set items are still dropped; copies of validation documents are kept."""
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"text": item}) + "\n" for item in planted["items"]))
+    with_items = [t for t in planted["contaminated"] if any(item in t for item in planted["items"])]
+    built = Store(tmp_path / "store", {**shards, "b-second": shards["b-second"] + with_items}, {"qa": str(qa)},
+                  validation_splits=False)
+    built.build()
+    index = built.store.find(f"eval_ngrams/{SOURCE}", "v1", None)
+    assert index.config["validation_splits"] == {} and index.upstream == []
+    assert set(index.metrics["eval_documents"]) == {"eval_set/qa"}
+    second = built.store.find(f"decontaminated/{SOURCE}", "v1", "b-second")
+    assert second.metrics["contaminated"] == len(with_items)  # the validation documents' copies are kept
+
+    built.add_shards({"c-third": planted["validation"][:5] + planted["training"][:20]})
+    states = {(s.asset_key, s.partition): s.state for s in built.planner().status()}
+    assert states[(f"eval_ngrams/{SOURCE}", None)] == "fresh"
+    assert states[(f"decontaminated/{SOURCE}", "c-third")] == "missing"
+    assert {states[(f"decontaminated/{SOURCE}", s)] for s in ("a-first", "b-second")} == {"fresh"}
+    built.run(f"decontaminated/{SOURCE}", "c-third")
     assert {s.state for s in built.planner().status()} == {"fresh"}
 
 
