@@ -184,8 +184,7 @@ def build_token_shards_asset(entry: TokenizedEntry, catalog: Catalog):
                         "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))},
                    tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
                    description=f"One shard of `{entry.source}` encoded with tokenizer/{entry.tokenizer}, per "
-                               "partition: "
-                               f"the documents of decontaminated/{entry.source} for that shard as rows "
+                               f"partition: the documents of decontaminated/{entry.source} for that shard as rows "
                                "([BOS] + text + [EOS], int32), split by the validation fraction, and their id hashes, "
                                "which `tokenized/<source>` moves into its Levanter cache. Follows its own shard: a new "
                                "shard elsewhere does not touch it.")
@@ -361,8 +360,7 @@ def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog):
                    deps=[token_shards.key, asset_key(f"decontaminated/{entry.source}")],
                    tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
                    description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory "
-                               "is "
-                               "a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
+                               "is a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
                                "(BOS + text + EOS per document), validation chosen by a hash of the document id. "
                                "Append-only: each deduplicated shard is one ledger shard, encoded once by its own "
                                f"partition of token_shards/{entry.source}; this step only moves their rows into the "
