@@ -291,6 +291,12 @@ def all_partitions_in(key: str | dg.AssetKey, **kwargs: Any) -> dg.AssetIn:
     return dg.AssetIn(key=key if isinstance(key, dg.AssetKey) else asset_key(key), metadata=metadata, **kwargs)
 
 
+def input_of(spec: ArtifactSpec, **kwargs: Any) -> dg.AssetIn:
+    """An input that reads the artifact ``spec`` declares: another stage's artifact is named by the spec
+    its catalog holds, not by a key spelled again here."""
+    return dg.AssetIn(key=asset_key(spec.key), **kwargs)
+
+
 def marin_asset(spec: ArtifactSpec, **asset_kwargs: Any):
     """`dg.asset` for the store-backed artifact of ``spec``.
 

@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,11 @@ from marin_resources.artifacts import (
     Built,
     MarinStore,
     checked_manifest,
+    input_of,
     marin_check,
     materialize_artifact,
 )
 from marin_resources.environments import MarinSettings
-from marin_resources.keys import asset_key
 from marin_resources.launchers import TrainingLauncher
 
 EVAL_TASK_VERSION = "v1"
@@ -101,12 +102,13 @@ def held_out_documents(store, tokenized: ArtifactHandle, source: str) -> list[tu
     return list(iter_split_documents(list(corpus_files(store, corpus.uri)), cfg, "validation"))
 
 
-def build_eval_task_asset(spec: NextLineTaskSpec, catalog: Catalog):
-    source_key = f"tokenized/{spec.source}"
+def build_eval_task_asset(spec: NextLineTaskSpec, catalog: Catalog, tokenized: ArtifactSpec):
+    """``tokenized``: the spec of the cache whose validation split the task is built from."""
+    source_key = tokenized.key
     artifact = ArtifactSpec.fixed(eval_task_key(spec.name), EVAL_TASK_VERSION, spec.identity())
 
     @catalog.asset(artifact,
-                   ins={"tokenized": dg.AssetIn(key=asset_key(source_key))}, group_name="evaluation",
+                   ins={"tokenized": input_of(tokenized)}, group_name="evaluation",
                    kinds={"lm-eval"},
                    description=f"Offline multiple-choice task `{spec.name}`: the true "
                                f"{'next line' if spec.continuation == 'next_line' else 'end of a line'} of a passage "
@@ -219,16 +221,18 @@ class HarnessSuite:
         return {"run": spec.identity(), **suite_identity(self.registry, self.suite)}
 
 
-def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint_key: str,
-                        partitions: dg.DynamicPartitionsDefinition, spec_for: SpecLookup, pool: str,
-                        group_name: str, catalog: Catalog, tags: dict[str, str] | None = None, subject: str = ""):
-    """The suite on each run's final checkpoint (``checkpoint_key``), a run per partition, and its
-    ``beats_chance`` check; ``spec_for`` gives a partition's `RunSpec` when a step runs (dg.Failure
-    for an unknown run)."""
+def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint: ArtifactSpec,
+                        heldout: Mapping[str, ArtifactSpec], partitions: dg.DynamicPartitionsDefinition,
+                        spec_for: SpecLookup, pool: str, group_name: str, catalog: Catalog,
+                        tags: dict[str, str] | None = None, subject: str = ""):
+    """The suite on each run's final ``checkpoint`` (the spec of the runs' checkpoints), a run per
+    partition, and its ``beats_chance`` check; ``spec_for`` gives a partition's `RunSpec` when a step
+    runs (dg.Failure for an unknown run); ``heldout``: the specs of the caches the suite's `bpb:` sets
+    read. The offline tasks' assets are this catalog's."""
     registry, suite = harness.registry, harness.suite
-    ins = {"checkpoint": dg.AssetIn(key=asset_key(checkpoint_key))}
-    ins.update({f"task_{t}": dg.AssetIn(key=asset_key(eval_task_key(t))) for t in harness.tasks})
-    ins.update({f"heldout_{s}": dg.AssetIn(key=asset_key(f"tokenized/{s}")) for s in harness.heldout})
+    ins = {"checkpoint": input_of(checkpoint)}
+    ins.update({f"task_{t}": input_of(catalog.spec(eval_task_key(t))) for t in harness.tasks})
+    ins.update({f"heldout_{s}": input_of(heldout[s]) for s in harness.heldout})
     chance = chance_levels(registry, suite)
     tags = {"marin/partitioned_by": "run", **(tags or {})}
 
@@ -324,22 +328,24 @@ def build_evaluation_stage(settings: MarinSettings, deployment: Deployment,
     catalog = Catalog()
     assets: list = []
     tasks: set[str] = set()
+    caches = {source: upstream.spec(f"tokenized/{source}") for source in sorted(tokenized_sources)}
     for spec in registry.offline_tasks.values():
         if spec.source in tokenized_sources:
-            assets.append(build_eval_task_asset(spec, catalog))
+            assets.append(build_eval_task_asset(spec, catalog, caches[spec.source]))
             tasks.add(spec.name)
     harness = HarnessSuite.resolve(registry, registry.suite(settings.eval_suite), tasks, tokenized_sources)
-    run_sets = [dict(key="harness_eval", checkpoint_key="checkpoint", partitions=RUNS,
+    run_sets = [dict(key="harness_eval", checkpoint=upstream.spec("checkpoint"), partitions=RUNS,
                      spec_for=named_run_lookup(settings, deployment), group_name="evaluation")]
     for name, config in sorted(deployment.sweeps.items()):
         if is_harness_metric(forecast_metric(config)):
-            run_sets.append(dict(key=harness_key(name), checkpoint_key=sweep_checkpoint_key(name),
+            run_sets.append(dict(key=harness_key(name), checkpoint=upstream.spec(sweep_checkpoint_key(name)),
                                  partitions=runs_partitions(name),
                                  spec_for=sweep_run_lookup(settings, SweepRuns(plan_sweep(config))),
                                  group_name="scaling", tags={"marin/sweep": name}, subject=f" of sweep {name!r}"))
     checks = []
     for run_set in run_sets:
-        asset, check = build_harness_asset(harness, pool=settings.train_pool, catalog=catalog, **run_set)
+        asset, check = build_harness_asset(harness, heldout=caches, pool=settings.train_pool, catalog=catalog,
+                                           **run_set)
         assets.append(asset)
         checks.append(check)
     return dg.Definitions(assets=assets, asset_checks=checks), catalog

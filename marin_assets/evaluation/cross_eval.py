@@ -43,11 +43,11 @@ from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
+    input_of,
     input_refused,
     materialize_artifact,
 )
 from marin_resources.environments import MarinSettings
-from marin_resources.keys import asset_key
 from marin_resources.launchers import TrainingLauncher
 from marin_resources.storage.store import Manifest
 
@@ -82,14 +82,14 @@ def tokenizer_mismatch(run: RunSpec, checkpoint: Manifest | None, source: str, t
     return None
 
 
-def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup, pool: str, catalog: Catalog):
-    """``cross_eval/<source>`` over the named runs (partitions of ``checkpoint``)."""
+def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup, pool: str, catalog: Catalog,
+                           checkpoint: ArtifactSpec, tokenized: ArtifactSpec):
+    """``cross_eval/<source>`` over the named runs (partitions of ``checkpoint``), scored on ``tokenized``."""
     key = cross_eval_key(source)
     artifact = ArtifactSpec(key, CROSS_EVAL_VERSION, lambda run: cross_eval_identity(spec_for(str(run)), source))
 
     @catalog.asset(artifact, partitions_def=RUNS, group_name="evaluation", pool=pool,
-                   ins={"checkpoint": dg.AssetIn(key=asset_key("checkpoint")),
-                        "tokenized": dg.AssetIn(key=asset_key(f"tokenized/{source}"))},
+                   ins={"checkpoint": input_of(checkpoint), "tokenized": input_of(tokenized)},
                    kinds={"levanter"}, tags={"marin/partitioned_by": "run"},
                    description=f"A run's final checkpoint scored on the validation split of `tokenized/{source}` "
                                f"(tokenizer `{tokenizer}`), whatever the run trained on: `eval/{source}/loss`, "
@@ -138,5 +138,6 @@ def build_cross_eval_stage(settings: MarinSettings, deployment: Deployment,
     for source, entry in sorted(deployment.tokenization.tokenized.items()):
         if entry.tokenizer in run_tokenizers:
             assets.append(build_cross_eval_asset(source, entry.tokenizer, spec_for=spec_for, pool=settings.train_pool,
-                                                 catalog=catalog))
+                                                 catalog=catalog, checkpoint=upstream.spec("checkpoint"),
+                                                 tokenized=upstream.spec(f"tokenized/{source}")))
     return dg.Definitions(assets=assets), catalog

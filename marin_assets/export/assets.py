@@ -38,6 +38,7 @@ from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
+    input_of,
     input_refused,
     materialize_artifact,
 )
@@ -76,11 +77,11 @@ def hf_model_spec(spec_for: SpecLookup) -> ArtifactSpec:
     return ArtifactSpec(HF_MODEL_KEY, HF_MODEL_VERSION, identity, run_config=ExportConfig)
 
 
-def build_hf_model_asset(*, spec_for: SpecLookup, pool: str, catalog: Catalog):
+def build_hf_model_asset(*, spec_for: SpecLookup, pool: str, catalog: Catalog, checkpoint: ArtifactSpec):
     artifact = hf_model_spec(spec_for)
 
     @catalog.asset(artifact, partitions_def=RUNS, group_name="export", pool=pool,
-                   ins={"checkpoint": dg.AssetIn(key="checkpoint")}, kinds={"huggingface", "safetensors"},
+                   ins={"checkpoint": input_of(checkpoint)}, kinds={"huggingface", "safetensors"},
                    tags={"marin/partitioned_by": "run"},
                    description="A run's final checkpoint (or a chosen step) as a Hugging Face model directory: "
                                "`config.json`, `generation_config.json`, float32 `model.safetensors` and the run's "
@@ -151,5 +152,5 @@ def build_export_stage(settings: MarinSettings, deployment: Deployment,
     """`hf_model` over the deployment's named runs."""
     spec_for = named_run_lookup(settings, deployment)
     catalog = Catalog()
-    return dg.Definitions(assets=[build_hf_model_asset(spec_for=spec_for, pool=settings.train_pool,
-                                                       catalog=catalog)]), catalog
+    return dg.Definitions(assets=[build_hf_model_asset(spec_for=spec_for, pool=settings.train_pool, catalog=catalog,
+                                                       checkpoint=upstream.spec("checkpoint"))]), catalog

@@ -5,7 +5,7 @@ MARIN_REGISTRY, read into `MarinSettings.registry_file`), extended by the projec
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,7 @@ from marin_assets.tokenization.registry import (
     TOKEN_SHARDS_VERSION,
     TOKENIZED_VERSION,
     MixtureEntry,
+    TokenizationRegistry,
     TokenizedEntry,
     TokenizerEntry,
     ValidationFloor,
@@ -43,6 +44,7 @@ from marin_resources.artifacts import (
     Built,
     MarinStore,
     checked_manifest,
+    input_of,
     input_refused,
     marin_check,
     materialize_artifact,
@@ -118,10 +120,12 @@ def pin_note(manifest: Manifest, store: ArtifactStore) -> str | None:
             f"(retrain: a new `version:` in the registry)")
 
 
-def build_tokenizer_asset(entry: TokenizerEntry, catalog: Catalog, store: Callable[[], ArtifactStore]):
+def build_tokenizer_asset(entry: TokenizerEntry, catalog: Catalog, store: Callable[[], ArtifactStore],
+                          corpora: Mapping[str, ArtifactSpec]):
+    """``corpora``: the `deduplicated/<source>` spec of each source, as the curation stage declared it."""
     spec = tokenizer_spec(entry, store)
     key = spec.key
-    ins = {f"corpus_{src}": dg.AssetIn(key=asset_key(f"deduplicated/{src}")) for src in entry.train_on}
+    ins = {f"corpus_{src}": input_of(corpora[src]) for src in entry.train_on}
     description = (f"Byte-level BPE tokenizer (vocab {entry.config.vocab_size}) trained on "
                    f"{', '.join(entry.train_on)}; a Hugging Face tokenizer directory that AutoTokenizer and "
                    "Levanter load offline. Pinned: trained once on the corpus as it was then; new shards do not "
@@ -346,15 +350,15 @@ def carried_shards(artifacts: ArtifactStore, entry: TokenizedEntry, tokenizer: A
     return carried
 
 
-def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog):
+def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog, corpus: ArtifactSpec):
     """`token_shards/<source>` and `tokenized/<source>`, which assembles the shards' rows into one
-    Levanter cache, with its checks."""
+    Levanter cache, with its checks; ``corpus`` is the source's `deduplicated/<source>`."""
     spec = ArtifactSpec.fixed(f"tokenized/{entry.source}", TOKENIZED_VERSION, {"cache": entry.cache.identity()})
     key = spec.key
     token_shards = build_token_shards_asset(entry, catalog)
 
     @catalog.asset(spec, group_name="tokenization", kinds={"levanter"}, automation_condition=FOLLOWS_NEW_DATA,
-                   ins={"corpus": dg.AssetIn(key=asset_key(f"deduplicated/{entry.source}")),
+                   ins={"corpus": input_of(corpus),
                         "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}")),
                         "eval_ngrams": dg.AssetIn(key=asset_key(eval_ngrams_key(entry.source)))},
                    deps=[token_shards.key, asset_key(f"decontaminated/{entry.source}")],
@@ -505,19 +509,27 @@ def read_mixture_config(store: ArtifactStore, handle: ArtifactHandle) -> dict[st
         return store.resolve(json.load(fh))
 
 
+def corpus_specs(registry: TokenizationRegistry, upstream: Catalog) -> dict[str, ArtifactSpec]:
+    """The `deduplicated/<source>` spec of every source the registry reads, as the curation stage
+    declared it (one it does not declare is refused when the code location loads)."""
+    sources = {*registry.tokenized, *(source for entry in registry.tokenizers.values() for source in entry.train_on)}
+    return {source: upstream.spec(f"deduplicated/{source}") for source in sorted(sources)}
+
+
 def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment",
                              upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
     """Tokenizers, tokenized caches and mixtures of `deployment.tokenization`."""
     registry = deployment.tokenization
     catalog = Catalog()
     assets, checks = [], []
+    corpora = corpus_specs(registry, upstream)
     for entry in registry.tokenizers.values():
-        assets.append(build_tokenizer_asset(entry, catalog, store_resource(settings).get))
+        assets.append(build_tokenizer_asset(entry, catalog, store_resource(settings).get, corpora))
     for entry in registry.tokenized.values():
-        token_shards, tokenized, *asset_checks = build_tokenized_asset(entry, catalog)
+        token_shards, tokenized, *asset_checks = build_tokenized_asset(entry, catalog, corpora[entry.source])
         assets.extend([token_shards, tokenized])
         checks.extend(asset_checks)
-    decontamination, decontamination_checks = build_decontamination_assets(registry, catalog)
+    decontamination, decontamination_checks = build_decontamination_assets(registry, catalog, corpora)
     assets.extend(decontamination)
     checks.extend(decontamination_checks)
     for entry in registry.mixtures.values():

@@ -5,6 +5,7 @@ eval n-grams dropped, or marked), between `deduplicated/<source>` and `token_sha
 Thin wiring over `decontamination.py`; see docs/decontamination.md."""
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -44,6 +45,7 @@ from marin_resources.artifacts import (
     Built,
     MarinStore,
     checked_manifest,
+    input_of,
     input_refused,
     marin_check,
     materialize_artifact,
@@ -117,12 +119,13 @@ def eval_ngrams_identity(registry: TokenizationRegistry, source: str, sets: list
             "eval_texts": {s.name: s.sha256 for s in sets}}
 
 
-def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: list[EvalSet], catalog: Catalog):
+def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: list[EvalSet], catalog: Catalog,
+                            corpora: Mapping[str, ArtifactSpec]):
     sources = reference_sources(registry, source)
     spec = ArtifactSpec.fixed(eval_ngrams_key(source), EVAL_NGRAMS_VERSION,
                               eval_ngrams_identity(registry, source, sets))
     n = registry.decontamination.ngram
-    ins = {f"corpus_{s}": dg.AssetIn(key=asset_key(f"deduplicated/{s}")) for s in sources}
+    ins = {f"corpus_{s}": input_of(corpora[s]) for s in sources}
     held = ([f"the validation split of {', '.join(sources)}"] if sources else []) \
         + ([f"the eval sets {', '.join(s.name for s in sets)}"] if sets else [])
 
@@ -193,16 +196,18 @@ def decontaminated_identity(entry: TokenizedEntry) -> dict[str, Any]:
             "text_column": entry.cache.text_column}
 
 
-def build_decontaminated_asset(entry: TokenizedEntry, catalog: Catalog, *, indexes_splits: bool):
-    """``indexes_splits``: whether the source's index holds its validation split (else eval sets alone)."""
+def build_decontaminated_asset(entry: TokenizedEntry, catalog: Catalog, corpus: ArtifactSpec, *,
+                               indexes_splits: bool):
+    """``corpus``: the source's `deduplicated/<source>`; ``indexes_splits``: whether the source's index
+    holds its validation split (else eval sets alone)."""
     source, policy = entry.source, entry.decontamination
-    key, corpus_key = f"decontaminated/{source}", f"deduplicated/{source}"
+    key, corpus_key = f"decontaminated/{source}", corpus.key
     spec = ArtifactSpec.fixed(key, DECONTAMINATED_VERSION, decontaminated_identity(entry),
                               file_read=FileRead(corpus_key, shard_file))
 
     @catalog.asset(spec, partitions_def=shard_partitions(source), group_name="tokenization", kinds={"parquet"},
                    automation_condition=checks_new_shards_and_new_evals(asset_key(eval_ngrams_key(source))),
-                   ins={"corpus": dg.AssetIn(key=asset_key(corpus_key)),
+                   ins={"corpus": input_of(corpus),
                         "eval_ngrams": dg.AssetIn(key=asset_key(eval_ngrams_key(source)))},
                    tags={"marin/source": source},
                    description=f"One shard of `{source}` per partition, checked against eval_ngrams/{source}: training "
@@ -278,14 +283,16 @@ def build_decontaminated_asset(entry: TokenizedEntry, catalog: Catalog, *, index
     return decontaminated, contamination
 
 
-def build_decontamination_assets(registry: TokenizationRegistry, catalog: Catalog) -> tuple[list, list]:
-    """`eval_ngrams/<source>` and `decontaminated/<source>` for every tokenized source, with their checks."""
+def build_decontamination_assets(registry: TokenizationRegistry, catalog: Catalog,
+                                 corpora: Mapping[str, ArtifactSpec]) -> tuple[list, list]:
+    """`eval_ngrams/<source>` and `decontaminated/<source>` for every tokenized source, with their checks;
+    ``corpora``: each source's `deduplicated/<source>` spec."""
     sets = declared_eval_sets(registry)  # a missing or damaged one: EvalSetError, one line, before anything runs
     assets, checks = [], []
     for entry in registry.tokenized.values():
-        assets.append(build_eval_ngrams_asset(registry, entry.source, sets, catalog))
+        assets.append(build_eval_ngrams_asset(registry, entry.source, sets, catalog, corpora))
         decontaminated, check = build_decontaminated_asset(
-            entry, catalog, indexes_splits=registry.decontamination.validation_splits)
+            entry, catalog, corpora[entry.source], indexes_splits=registry.decontamination.validation_splits)
         assets.append(decontaminated)
         checks.append(check)
     return assets, checks

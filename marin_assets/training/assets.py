@@ -341,11 +341,12 @@ def tokenizer_specs(deployment: Deployment, upstream: Catalog) -> dict[str, Arti
     return {name: upstream.spec(f"tokenizer/{name}") for name in deployment.tokenization.tokenizers}
 
 
-def run_reads(spec: RunSpec | None) -> set[str]:
+def run_reads(spec: RunSpec | None, mixtures: Mapping[str, ArtifactSpec],
+              tokenizers: Mapping[str, ArtifactSpec]) -> set[str]:
     """What a named run reads of the inputs `checkpoint` declares (every run's mixture and tokenizer):
     its own two, so building it builds no other run's data. None (a partition of no run here, refused
     when its step runs): nothing."""
-    return set() if spec is None else {f"mixture/{spec.mixture}", f"tokenizer/{spec.tokenizer}"}
+    return set() if spec is None else {mixtures[spec.mixture].key, tokenizers[spec.tokenizer].key}
 
 
 def build_training_stage(settings: MarinSettings, deployment: Deployment,
@@ -355,9 +356,10 @@ def build_training_stage(settings: MarinSettings, deployment: Deployment,
     spec_for = named_run_lookup(settings, deployment)
     catalog = Catalog()
     catalog.add_discoverer(RUNS.name, lambda: sorted(runs))
+    mixtures, tokenizers = mixture_specs(deployment, upstream), tokenizer_specs(deployment, upstream)
     assets, checks = build_run_assets(checkpoint_key="checkpoint", eval_key="eval", partitions=RUNS,
-                                      spec_for=spec_for, mixtures=mixture_specs(deployment, upstream),
-                                      tokenizers=tokenizer_specs(deployment, upstream), pool=settings.train_pool,
-                                      group_name="training", catalog=catalog, store=store_resource(settings).get,
-                                      reads=lambda run: run_reads(runs.get(run)))
+                                      spec_for=spec_for, mixtures=mixtures, tokenizers=tokenizers,
+                                      pool=settings.train_pool, group_name="training", catalog=catalog,
+                                      store=store_resource(settings).get,
+                                      reads=lambda run: run_reads(runs.get(run), mixtures, tokenizers))
     return dg.Definitions(assets=assets, asset_checks=checks), catalog

@@ -49,7 +49,9 @@ def test_the_suite_runs_in_a_pod_placed_like_the_run_and_its_report_is_the_manif
     registry = load_suites()
     suite = registry.suite("core")
     harness_eval, _ = build_harness_asset(HarnessSuite.resolve(registry, suite, set(), {}), key="harness_eval",
-                                          checkpoint_key="checkpoint", partitions=RUNS,
+                                          partitions=RUNS, heldout={},
+                                          checkpoint=build_stage(build_training_stage, settings, deployment)[1].spec(
+                                              "checkpoint"),
                                           spec_for=named_run_lookup(settings, deployment), pool="gpu",
                                           group_name="evaluation", catalog=Catalog())
     with dg.instance_for_test() as instance:

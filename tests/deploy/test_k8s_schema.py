@@ -161,7 +161,9 @@ def harness_eval(tmp_path, cluster, synthetic_deployment):
     harness_test.commit_checkpoint(resources["store"].get(), dict(deployment.runs)[harness_test.RUN])
     registry = load_suites()
     asset, _ = build_harness_asset(HarnessSuite.resolve(registry, registry.suite("core"), set(), {}),
-                                   key="harness_eval", checkpoint_key="checkpoint", partitions=RUNS,
+                                   key="harness_eval", partitions=RUNS, heldout={},
+                                   checkpoint=build_stage(build_training_stage, settings, deployment)[1].spec(
+                                       "checkpoint"),
                                    spec_for=named_run_lookup(settings, deployment), pool="gpu",
                                    group_name="evaluation", catalog=Catalog())
     training, _ = build_stage(build_training_stage, settings, deployment)

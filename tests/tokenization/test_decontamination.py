@@ -46,6 +46,7 @@ from marin_assets.tokenization.registry import (
     load_registry,
 )
 from marin_assets.tokenization.tokenizer import TokenizerConfig
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
@@ -266,6 +267,11 @@ MIXTURE = MixtureEntry(SOURCE, TOKENIZER.name, {SOURCE: 1.0})
 DEDUP_FP = fingerprint({})
 
 
+def corpus_specs(sources: list[str]) -> dict[str, ArtifactSpec]:
+    """The `deduplicated/<source>` specs the curation stage would declare, for assets built without it."""
+    return {source: ArtifactSpec.fixed(f"deduplicated/{source}", "v1", {}) for source in sources}
+
+
 class Store:
     """A store holding `deduplicated/letters` (shards of Parquet), and the decontamination assets over it."""
 
@@ -300,7 +306,7 @@ class Store:
         self.catalog = Catalog()
         dedup = dg.AssetSpec(key=asset_key(f"deduplicated/{SOURCE}"),
                              metadata={VERSION_METADATA_KEY: "v1"}).with_io_manager_key("artifact_io_manager")
-        assets, checks = build_decontamination_assets(self.registry, self.catalog)
+        assets, checks = build_decontamination_assets(self.registry, self.catalog, corpus_specs([SOURCE]))
         self.assets = [dedup, *assets, *checks]
 
     def run(self, key: str, partition: str | None = None, ok: bool = True) -> dg.ExecuteInProcessResult:
@@ -493,7 +499,7 @@ def test_a_sources_index_holds_its_own_split_and_its_mixture_partners_only(tmp_p
          "c": MixtureEntry("c", TOKENIZER.name, {"notes": 1.0})})
     splits = {s: sorted(eval_ngrams_identity(registry, s, [])["validation_splits"]) for s in (SOURCE, "notes", "memo")}
     assert splits == {SOURCE: [SOURCE, "notes"], "notes": [SOURCE, "notes"], "memo": ["memo"]}
-    assets, _ = build_decontamination_assets(registry, Catalog())
+    assets, _ = build_decontamination_assets(registry, Catalog(), corpus_specs([SOURCE, "notes", "memo"]))
     (index,) = [a for a in assets if a.key == asset_key("eval_ngrams/memo")]
     assert index.dependency_keys == {asset_key("deduplicated/memo")}
 

@@ -28,6 +28,7 @@ from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.decontamination_assets import build_decontamination_assets
 from marin_assets.tokenization.registry import DecontaminationPolicy, MixtureEntry, TokenizationRegistry
 from marin_assets.tokenization.tokenizer import TokenizerConfig
+from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
@@ -88,12 +89,13 @@ class Pipeline:
         dedup = dg.AssetSpec(key=asset_key(f"deduplicated/{SOURCE}"), metadata={
             VERSION_METADATA_KEY: DEDUP_VERSION}).with_io_manager_key("artifact_io_manager")
         catalog = Catalog() if catalog is None else catalog
-        token_shards, tokenized, *checks = build_tokenized_asset(TOKENIZED, catalog)
+        corpora = {SOURCE: ArtifactSpec.fixed(f"deduplicated/{SOURCE}", DEDUP_VERSION, {})}
+        token_shards, tokenized, *checks = build_tokenized_asset(TOKENIZED, catalog, corpora[SOURCE])
         decontamination, decontamination_checks = build_decontamination_assets(
             TokenizationRegistry({TOKENIZER.name: TOKENIZER}, {SOURCE: TOKENIZED},
-                                 {SOURCE: MixtureEntry(SOURCE, TOKENIZER.name, {SOURCE: 1.0})}), catalog)
-        return [dedup, build_tokenizer_asset(tokenizer, catalog, lambda: self.store), *decontamination, token_shards,
-                tokenized, *checks, *decontamination_checks]
+                                 {SOURCE: MixtureEntry(SOURCE, TOKENIZER.name, {SOURCE: 1.0})}), catalog, corpora)
+        return [dedup, build_tokenizer_asset(tokenizer, catalog, lambda: self.store, corpora), *decontamination,
+                token_shards, tokenized, *checks, *decontamination_checks]
 
     def shards(self) -> list[str]:
         """The corpus's shards, each a partition of token_shards/letters (as discovery adds them)."""
