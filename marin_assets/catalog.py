@@ -25,10 +25,11 @@ class Catalog:
     specs: dict[str, ArtifactSpec] = field(default_factory=dict)
 
     def spec(self, key: str) -> ArtifactSpec:
-        """The spec of ``key``, declared by a stage built before the one asking."""
+        """The spec of ``key``: a stage asks the catalog of the stages before it, or its own."""
         spec = self.specs.get(key)
         if spec is None:
-            raise ValueError(f"no stage before this one declares {key!r}; declared: {', '.join(sorted(self.specs))}")
+            raise ValueError(f"no artifact {key!r} is declared by the stages built so far; declared: "
+                             f"{', '.join(sorted(self.specs)) or 'none'}")
         return spec
 
     def add_discoverer(self, partitions_name: str, fn: Discoverer) -> None:

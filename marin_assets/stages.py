@@ -47,6 +47,7 @@ def build_catalog(settings: MarinSettings, deployment: Deployment) -> Catalog:
 
 
 def catalog_before(count: int, settings: MarinSettings, deployment: Deployment) -> Catalog:
+    """The specs of the first ``count`` stages."""
     upstream = Catalog()
     for earlier in STAGES[:count]:
         upstream = upstream.merge(earlier(settings, deployment, upstream)[1])
