@@ -101,6 +101,10 @@ def test_an_artifact_is_declared_once(tmp_path):
         catalog.merge(Catalog(specs=dict(catalog.specs)))
     with pytest.raises(ValueError, match="needs a key and a version"):
         ArtifactSpec.fixed("test/x", "", {})
+    # Another stage's artifact is found by its spec, and a key no stage declares is refused naming those that are.
+    assert catalog.spec("test/lines").version == "v1"
+    with pytest.raises(ValueError, match="no artifact 'test/none' is declared .*declared: test/lines, test/wrapped"):
+        catalog.spec("test/none")
 
 
 def test_an_asset_built_with_another_artifacts_spec_fails_before_writing(tmp_path, instance):
