@@ -265,7 +265,7 @@ class ArtifactHandleIOManager(dg.ConfigurableIOManager):
         version = (upstream.definition_metadata or {}).get(VERSION_METADATA_KEY)
         key = asset_key_str(context.asset_key)
         if version is None:
-            raise dg.Failure(f"upstream {key} has no {VERSION_METADATA_KEY}; declare it with marin_asset()")
+            raise dg.Failure(f"upstream {key} has no {VERSION_METADATA_KEY}; declare it with Catalog.asset(spec)")
         artifacts = self.store.get()
         wants_all = bool((context.definition_metadata or {}).get(ALL_PARTITIONS_METADATA_KEY))
         partitions: list[str | None] = list(context.asset_partition_keys) if context.has_asset_partitions else [None]

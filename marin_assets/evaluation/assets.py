@@ -262,7 +262,7 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint: Artifact
                                  f"run {spec.name!r} with tokenizer/{spec.tokenizer}: bits-per-byte would be "
                                  "meaningless")
         task_handles = {k.removeprefix("task_"): h for k, h in inputs.items() if k.startswith("task_")}
-        config = harness.identity(spec)
+        config = artifact.identity(spec.name)
 
         def build(writer) -> Built:
             out = Path(local_dir(store, writer))

@@ -72,7 +72,7 @@ def loading_snippet(path: str) -> str:
 
 def hf_model_spec(spec_for: SpecLookup) -> ArtifactSpec:
     def identity(run: str | None, config: ExportConfig | None = None) -> dict:
-        return export_identity(spec_for(str(run)), config or ExportConfig())
+        return export_identity(spec_for(str(run)), ExportConfig() if config is None else config)
 
     return ArtifactSpec(HF_MODEL_KEY, HF_MODEL_VERSION, identity, run_config=ExportConfig)
 

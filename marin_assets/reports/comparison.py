@@ -28,31 +28,37 @@ from marin_resources.storage.store import ArtifactStore
 COMPARISON_KEY = "reports/run_comparison"
 
 
-def run_locations(deployment: Deployment, store: ArtifactStore, specs: Catalog) -> dict[str, RunKeys]:
+def run_locations(deployment: Deployment, store: ArtifactStore, catalog: Catalog) -> dict[str, RunKeys]:
     """Every run of the deployment: the named runs (runs.yaml) with their evaluations, and each
     sweep's runs (its fit runs, and the targets of its committed forecast) with the sweep's own;
-    each artifact's key and code version as its spec in ``specs`` declares them."""
+    each artifact's key and code version as its spec in ``catalog`` declares them. Evaluations this
+    deployment does not build (a cross-evaluation on a cache no run's tokenizer reads, the harness of
+    a sweep that forecasts no harness metric) are not looked for."""
+    def located(key: str) -> tuple[str, str]:
+        spec = catalog.spec(key)
+        return spec.key, spec.version
+
     def declared(*keys: str) -> tuple[tuple[str, str], ...]:
-        return tuple((specs.specs[k].key, specs.specs[k].version) for k in keys if k in specs.specs)
+        return tuple(located(k) for k in keys if k in catalog.specs)
 
     cross = [cross_eval_key(s) for s in sorted(deployment.tokenization.tokenized)]
     named = declared("eval", "harness_eval", *cross)
-    (checkpoint,) = declared("checkpoint")
+    checkpoint = located("checkpoint")
     locations = {run: RunKeys(checkpoint, named, f"marin materialize eval --partition {run}")
                  for run in deployment.runs}
     for sweep, config in sorted(deployment.sweeps.items()):
         evaluations = declared(eval_key(sweep), harness_key(sweep))
-        (sweep_checkpoint,) = declared(checkpoint_key(sweep))
+        sweep_checkpoint = located(checkpoint_key(sweep))
         for run in SweepRuns(plan_sweep(config)).names(store):
             locations.setdefault(run, RunKeys(sweep_checkpoint, evaluations,
                                               f"marin materialize {eval_key(sweep)} --partition {run}"))
     return locations
 
 
-def load_runs(deployment: Deployment, store: ArtifactStore, specs: Catalog, names: list[str]) -> list[RunResults]:
+def load_runs(deployment: Deployment, store: ArtifactStore, catalog: Catalog, names: list[str]) -> list[RunResults]:
     """The committed results of each named run, in the order given; `CompareError` (one line) for a
     run the deployment does not define or one never trained."""
-    locations = run_locations(deployment, store, specs)
+    locations = run_locations(deployment, store, catalog)
     for name in names:
         if name not in locations:
             raise CompareError(f"unknown run {name!r}: neither a named run "
@@ -66,8 +72,8 @@ class RunComparisonConfig(dg.Config):
     """Runs to compare, named runs or sweep runs; empty: every named run with a committed checkpoint."""
 
 
-def build_run_comparison_asset(deployment: Deployment, specs: Catalog) -> dg.AssetsDefinition:
-    checkpoint = specs.spec("checkpoint")
+def build_run_comparison_asset(deployment: Deployment, catalog: Catalog) -> dg.AssetsDefinition:
+    checkpoint = catalog.spec("checkpoint")
 
     @dg.asset(key=asset_key(COMPARISON_KEY), group_name="reports", code_version="v1", owners=stage_owners("reports"),
               kinds={"markdown"},
@@ -85,7 +91,7 @@ def build_run_comparison_asset(deployment: Deployment, specs: Catalog) -> dg.Ass
             raise input_refused("no named run has a committed checkpoint to compare yet: "
                                 "marin materialize eval --partition RUN")
         try:
-            results = load_runs(deployment, artifacts, specs, names)
+            results = load_runs(deployment, artifacts, catalog, names)
         except CompareError as exc:
             raise input_refused(str(exc)) from None
         comparison = compare(results)

@@ -91,17 +91,10 @@ def tokenizer_spec(entry: TokenizerEntry, store: Callable[[], ArtifactStore]) ->
 
     def identity(_partition: str | None) -> dict[str, Any] | None:
         previous = store().find(key, entry.version, None)
-        return None if previous is None else tokenizer_identity(entry, tokenizer_pin(previous, {}))
+        return None if previous is None else tokenizer_identity(entry, dict(previous.config.get("corpora") or {}))
 
     return ArtifactSpec(key, entry.version, identity, note=pin_note, code_identity={
         "tokenizer": asdict(entry.config), "adopt": entry.adopt, "train_on": list(entry.train_on)})
-
-
-def tokenizer_pin(previous: Manifest | None, current: dict[str, ArtifactHandle]) -> dict[str, str]:
-    """source -> corpus data version the tokenizer is pinned to: the committed one's, else today's."""
-    if previous is not None:
-        return dict(previous.config.get("corpora") or {})
-    return {source: handle.data_version for source, handle in current.items()}
 
 
 def pin_note(manifest: Manifest, store: ArtifactStore) -> str | None:
@@ -137,10 +130,12 @@ def build_tokenizer_asset(entry: TokenizerEntry, catalog: Catalog, store: Callab
     def tokenizer(context: dg.AssetExecutionContext, store: MarinStore, **corpora: ArtifactHandle):
         artifacts = store.get()
         current = {name.removeprefix("corpus_"): h for name, h in sorted(corpora.items())}
-        pin = tokenizer_pin(artifacts.find(key, entry.version, None), current)
+        trained_on = {src: h.data_version for src, h in current.items()}
+        # Source -> the corpus data version the tokenizer is pinned to: the committed one's, else today's.
+        committed = spec.identity(None)
+        pin = trained_on if committed is None else committed["corpora"]
 
         def build(writer) -> Built:
-            trained_on = {src: h.data_version for src, h in current.items()}
             if pin != trained_on:  # only a missing tokenizer is built, and it pins today's corpora
                 raise dg.Failure(f"{key}: pinned to {pin} but would train on {trained_on}")
             out = str(writer.staging_dir())

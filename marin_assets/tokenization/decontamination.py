@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from marin_assets.tokenization.cache import iter_documents_with_split, iter_split_documents
+from marin_assets.tokenization.cache import iter_documents_with_split
 from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.encoding import parquet_ids
 from marin_assets.tokenization.ngrams import NgramHasher, build_index, overlap
@@ -96,12 +96,6 @@ def validation_threshold_of(doc_files: Sequence[str], cfg: CacheConfig) -> float
     if cfg.validation_min_documents is None:
         return cfg.validation_fraction
     return corpus_threshold(cfg.validation_fraction, cfg.validation_min_documents, parquet_ids(doc_files, cfg))
-
-
-def validation_texts(doc_files: Sequence[str], cfg: CacheConfig, threshold: float) -> Iterator[str]:
-    """The texts of a source's validation documents at ``threshold``."""
-    for _, text in iter_split_documents(doc_files, replace(cfg, validation_fraction=threshold), "validation"):
-        yield text
 
 
 @dataclass(frozen=True)

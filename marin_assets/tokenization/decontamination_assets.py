@@ -134,8 +134,9 @@ def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: l
                    description=f"The eval text `{source}`'s training documents are checked against, as {n}-gram hashes "
                                f"(lowercased words, punctuation removed; uint64, sorted, distinct: `{INDEX_FILE}`): "
                                + (" and ".join(held) or "none (no eval set, and validation splits not indexed)")
-                               + f". decontaminated/{source} drops training documents that share them. A new eval set "
-                               "or a grown split makes it, and every decontaminated shard, stale.")
+                               + f". decontaminated/{source} drops training documents that share them. A new eval set"
+                               + (" or a grown split" if sources else "")
+                               + " makes it, and every decontaminated shard, stale.")
     def eval_ngrams(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                     **corpora: ArtifactHandle):
         artifacts = store.get()
@@ -226,8 +227,9 @@ def build_decontaminated_asset(entry: TokenizedEntry, catalog: Catalog, corpus: 
             raise input_refused(f"{corpus_key} holds no shard {shard!r} ({rel}) yet; materialize {corpus_key} first "
                                 f"(marin materialize {key} --partition {shard} plans it)")
         thresholds = eval_ngrams.metrics.get("thresholds") or {}
-        # A split the index does not hold (eval sets alone) is the cache's fraction here: its documents
-        # are kept as validation text, whatever eval n-grams they share.
+        # A split the index does not hold (eval sets alone) is taken at the cache's fraction, and its
+        # documents are kept whatever eval n-grams they share. Where a validation minimum raises the
+        # cache's threshold (a corpus of a few documents), the documents it adds are checked as training.
         threshold = thresholds.get(source) if indexes_splits else entry.cache.validation_fraction
         if threshold is None:
             raise input_refused(f"{eval_ngrams.asset_key} holds no validation split of {source}; materialize it again")

@@ -202,6 +202,10 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
         except InitWeightsError as exc:
             raise input_refused(f"{label}: {exc}") from None
         init_sha256 = weights.sha256 if weights else None
+        # The spec resolves the weights again (as status does); were they replaced in between, the
+        # run would train on other weights than its identity names.
+        if checkpoint_spec.identity(context.partition_key) != spec.identity(init_sha256):
+            raise input_refused(f"{label}: the initial weights changed while the run started; materialize it again")
 
         def build(writer) -> Built:
             out = local_dir(store, writer)

@@ -21,6 +21,7 @@ import pytest
 
 from marin_assets.catalog import Catalog
 from marin_assets.planning import Planner
+from marin_assets.tokenization.cache import iter_split_documents
 from marin_assets.tokenization.cache_config import CacheConfig, with_validation_minimum
 from marin_assets.tokenization.decontamination import (
     CONTAMINATED,
@@ -31,7 +32,6 @@ from marin_assets.tokenization.decontamination import (
     eval_set_texts,
     merged_index,
     split_ngrams,
-    validation_texts,
     validation_threshold_of,
 )
 from marin_assets.tokenization.decontamination_assets import build_decontamination_assets, eval_ngrams_identity
@@ -131,13 +131,13 @@ def test_an_index_built_in_units_is_the_index_built_at_once(tmp_path):
         path = tmp_path / f"shard-{i}.parquet"
         pq.write_table(_table(_clean_documents(40, seed=10 + i)), path)
         files.append(str(path))
-    at_once = build_index(NgramHasher(13), validation_texts(files, cfg, cfg.validation_fraction))
+    at_once = build_index(NgramHasher(13), (text for _, text in iter_split_documents(files, cfg, "validation")))
     job = SplitNgramsJob(cfg, cfg.validation_fraction, 13)
     units = [split_ngrams(chunk, job) for chunk in (files[:1], files[1:4], files[4:], [])]
     merged = merged_index(unit.hashes for unit in units)
     assert at_once.size > 1000 and merged.dtype == np.uint64
     assert np.array_equal(merged, at_once)
-    assert sum(u.documents for u in units) == sum(1 for _ in validation_texts(files, cfg, cfg.validation_fraction))
+    assert sum(u.documents for u in units) == sum(1 for _ in iter_split_documents(files, cfg, "validation"))
     assert sum(u.corpus_documents for u in units) == 200
     assert units[-1].documents == 0 and units[-1].hashes.size == 0
 
