@@ -10,7 +10,7 @@ import dagster as dg
 
 from marin_assets import hide_dagster_notices
 from marin_assets.catalog import Catalog
-from marin_resources.dagster_private import fork_run_workers_from_a_preloaded_server
+from marin_resources.dagster_private import warm_run_workers
 from marin_resources.environments import MarinSettings, build_resources, default_executor
 
 
@@ -27,8 +27,8 @@ def build_definitions(settings: MarinSettings) -> tuple[dg.Definitions, Catalog]
 
 
 hide_dagster_notices()
-# A code server serving this location forks each run's worker from a process that has imported
-# Dagster already, instead of spawning it to import Dagster again (docs/operations.md, "Run workers").
-fork_run_workers_from_a_preloaded_server()
+# A code server serving this location starts each run in a process that has imported this module
+# already (docs/operations.md, "Run workers").
+warm_run_workers(__name__)
 settings = MarinSettings.from_env()
 defs, catalog = build_definitions(settings)

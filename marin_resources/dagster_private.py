@@ -63,35 +63,48 @@ _FORK_SERVER_SOCKET_SUFFIX = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
 _UNIX_SOCKET_PATH_MAX = 107
 
 
-def fork_run_workers_from_a_preloaded_server() -> bool:
-    """Make this process's code server start run workers from a fork server that has imported
-    Dagster, instead of spawning each one to import it again.
+# Set by a process that launches runs through the code servers it starts (the CLI on the embedded
+# default): those servers warm their first spare as they load, not when the first run asks.
+RUNS_START_HERE_ENV = "MARIN_RUNS_START_IN_THIS_CODE_SERVER"
 
-    Dagster's gRPC code server starts each run's worker with multiprocessing's ``spawn`` context
-    (``DagsterApiServer._mp_ctx``), so every run imports Dagster before it loads the code location:
-    about half of a worker's start, serial time paid by every run the CLI or the UI launches. A
-    ``forkserver`` context imports ``RUN_WORKER_PRELOAD`` once, in a process of its own with one
-    thread, and forks each worker from it. The worker runs the same function with the same pickled
-    arguments and loads the code location itself, as before; only its start-up changes. The server
-    sets ``_mp_ctx`` in ``__init__``, which may run before the code location is imported: a data
-    descriptor on the class wins over that instance attribute. Returns whether it did: only in a
-    process that runs a code server (which imported ``dagster._grpc.server`` before loading the code
-    location; any other process is left alone and spared that import), and not where the temporary
-    directory's path is too long for the fork server's socket (Dagster's spawn stays, as before).
+
+def warm_run_workers(module: str) -> str | None:
+    """Make this process's code server start each run in a warm spare (`marin_resources/run_workers.py`):
+    a process that has imported ``module``, the code location, before the run asks for it.
+
+    Dagster's gRPC code server starts each run's worker with the multiprocessing context
+    ``DagsterApiServer._mp_ctx``, set in ``__init__`` (which may run before the code location is
+    imported): a data descriptor on the class wins over that instance attribute. The spares start
+    from a ``forkserver`` that imported ``RUN_WORKER_PRELOAD`` once, in a process of its own with one
+    thread, rather than each importing Dagster again; where the temporary directory's path is too long
+    for the fork server's socket, they are spawned. The first spare waits for the first run, unless
+    ``RUNS_START_HERE_ENV`` says runs will come: then it starts now, beside the rest of the load (a
+    code server whose runs are pods never holds one). Returns the spares' start method, or None in a
+    process that runs no code server (one that has not imported ``dagster._grpc.server``; it is left
+    alone and spared that import).
     """
     import multiprocessing
+    import os
     import sys
     import tempfile
+    import threading
+
+    from marin_resources.run_workers import WarmRunWorkers
 
     server = sys.modules.get("dagster._grpc.server")
-    if server is None or len(tempfile.gettempdir().encode()) + _FORK_SERVER_SOCKET_SUFFIX > _UNIX_SOCKET_PATH_MAX:
-        return False
-    DagsterApiServer = server.DagsterApiServer
-
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(RUN_WORKER_PRELOAD))
-    DagsterApiServer._mp_ctx = property(lambda self: context, lambda self, value: None)
-    return True
+    if server is None:
+        return None
+    if len(tempfile.gettempdir().encode()) + _FORK_SERVER_SOCKET_SUFFIX > _UNIX_SOCKET_PATH_MAX:
+        context = multiprocessing.get_context("spawn")
+    else:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(RUN_WORKER_PRELOAD))
+    workers = WarmRunWorkers(context, module)
+    server.DagsterApiServer._mp_ctx = property(lambda self: workers, lambda self, value: None)
+    if os.environ.get(RUNS_START_HERE_ENV) == "1":
+        # In a thread: the fork server's start imports Dagster (seconds), and the load goes on meanwhile.
+        threading.Thread(target=workers.warm_next, name="marin-warm-first-run", daemon=True).start()
+    return context.get_start_method()
 
 
 def automation_instance(context: dg.AutomationContext) -> dg.DagsterInstance:

@@ -124,25 +124,32 @@ def test_a_run_with_a_python_origin_is_handed_to_the_launcher(monkeypatch):
     assert stored.job_name == job.name
 
 
-def test_run_workers_fork_from_a_server_that_imported_dagster():
-    """The code server makes its run workers with `_mp_ctx.Process`, set in its `__init__`: the class's
-    descriptor replaces that context with a fork server, whatever `__init__` assigns. Fails when a
-    Dagster upgrade renames the attribute or stops using it, or when the preloaded modules start a
-    thread (forking a process with threads can deadlock the child)."""
+def test_run_workers_are_warm_spares_forked_from_a_server_that_imported_dagster():
+    """The code server makes its run workers through `_mp_ctx`, set in its `__init__`: the class's
+    descriptor replaces that context with warm spares started from a fork server, whatever `__init__`
+    assigns. Fails when a Dagster upgrade renames the attribute or changes the calls StartRun makes on
+    it (Queue, Event, then Process with the queue and event last), or when the preloaded modules
+    start a thread (forking a process with threads can deadlock the child)."""
     import inspect
     import multiprocessing
+    import re
     import subprocess
     import sys
 
     from dagster._grpc.server import DagsterApiServer
 
-    assert private.fork_run_workers_from_a_preloaded_server()  # what loading the code location does in a server
+    from marin_resources.run_workers import WarmRunWorkers
 
-    assert "self._mp_ctx.Process(" in inspect.getsource(DagsterApiServer.StartRun)
+    assert private.warm_run_workers("marin_assets.definitions") == "forkserver"  # what a server's load does
+
+    start_run = inspect.getsource(DagsterApiServer.StartRun)
+    calls = re.findall(r"self\._mp_ctx\.(\w+)\(", start_run)
+    assert calls == ["Queue", "Event", "Process"], calls
+    assert re.search(r"event_queue,\s*termination_event,\s*\],\s*\)", start_run)  # the spare's own, last
     assert "self._mp_ctx = " in inspect.getsource(DagsterApiServer.__init__)
     server = object.__new__(DagsterApiServer)
     server._mp_ctx = multiprocessing.get_context("spawn")  # what __init__ does
-    assert server._mp_ctx.get_start_method() == "forkserver"
+    assert isinstance(server._mp_ctx, WarmRunWorkers) and server._mp_ctx.get_start_method() == "forkserver"
     from multiprocessing import forkserver
 
     assert forkserver._forkserver._preload_modules == list(private.RUN_WORKER_PRELOAD)
@@ -184,14 +191,14 @@ def test_outside_a_code_server_nothing_is_installed_and_its_module_is_not_import
     import sys
 
     probe = ("import sys; from marin_resources import dagster_private as p; "
-             "print(p.fork_run_workers_from_a_preloaded_server(), 'dagster._grpc.server' in sys.modules)")
+             "print(p.warm_run_workers('marin_assets.definitions'), 'dagster._grpc.server' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True).stdout.split() == ["False", "False"]
+                          check=True).stdout.split() == ["None", "False"]
 
 
 def test_under_a_temporary_directory_too_long_for_a_socket_workers_are_spawned(tmp_path):
     """The fork server's Unix socket lives in the temporary directory; a path past 107 bytes cannot
-    be bound ("AF_UNIX path too long", every run failing at launch), so spawning stays."""
+    be bound ("AF_UNIX path too long", every run failing at launch), so the spares are spawned."""
     import os
     import subprocess
     import sys
@@ -200,12 +207,12 @@ def test_under_a_temporary_directory_too_long_for_a_socket_workers_are_spawned(t
     long_dir.mkdir()
     probe = ("import multiprocessing; from dagster._grpc.server import DagsterApiServer; "
              "from marin_resources import dagster_private as p; "
-             "installed = p.fork_run_workers_from_a_preloaded_server(); "
+             "installed = p.warm_run_workers('marin_assets.definitions'); "
              "s = object.__new__(DagsterApiServer); s._mp_ctx = multiprocessing.get_context('spawn'); "
              "print(installed, s._mp_ctx.get_start_method())")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          env={**os.environ, "TMPDIR": str(long_dir)}).stdout.split()
-    assert out == ["False", "spawn"]
+    assert out == ["spawn", "spawn"]
     short = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                            env={**os.environ, "TMPDIR": "/tmp"}).stdout.split()
-    assert short == ["True", "forkserver"]
+    assert short == ["forkserver", "forkserver"]
