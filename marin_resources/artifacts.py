@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -102,6 +103,21 @@ def marin_check(asset: dg.AssetsDefinition, **kwargs: Any):
 def checked_manifest(context: dg.AssetCheckExecutionContext, store: MarinStore, spec: ArtifactSpec) -> Manifest | None:
     """The committed artifact an asset check inspects: the check's partition (none when unpartitioned)."""
     return store.get().find(spec.key, spec.version, asset_partition(context))
+
+
+# How many of the shards a build wrote an asset check reads back: the check runs in one process, and a
+# first build of a large corpus writes tens of thousands of shards (docs/scaling-out.md, "10 TB").
+CHECKED_SHARDS_AT_MOST = 4
+
+
+def checked_shards(written: Sequence[str], seed: str, at_most: int = CHECKED_SHARDS_AT_MOST) -> list[str]:
+    """The shards of ``written`` an asset check reads: all of them when there are at most ``at_most``
+    (an append), else a sample drawn with ``seed`` (the artifact's data version: the same artifact is
+    always checked on the same shards, and each new version on others)."""
+    ordered = sorted(written)
+    if len(ordered) <= at_most:
+        return ordered
+    return sorted(random.Random(seed).sample(ordered, at_most))
 
 
 def asset_partition(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> str | None:

@@ -49,11 +49,13 @@ from marin_assets.curation.url_filter import blocklist_bytes, read_url_blocklist
 from marin_resources.allocator import keep_freed_memory
 from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
+    CHECKED_SHARDS_AT_MOST,
     ArtifactHandle,
     Built,
     MarinStore,
     all_partitions_in,
     checked_manifest,
+    checked_shards,
     input_refused,
     marin_check,
     materialize_artifact,
@@ -554,9 +556,9 @@ def _largest_rule_check(asset, spec: ArtifactSpec):
 
 def _schema_check(asset, spec: ArtifactSpec):
     @marin_check(asset, name="document_schema",
-                 description="The output shards the last build wrote have the document columns with string "
-                             "types and unique ids (earlier shards were checked when they were written and are "
-                             "never rewritten).")
+                 description=f"Up to {CHECKED_SHARDS_AT_MOST} of the output shards the last build wrote (a "
+                             "sample when it wrote more) have the document columns with string types and unique "
+                             "ids (earlier shards were checked when they were written and are never rewritten).")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         import pyarrow.parquet as pq
 
@@ -564,7 +566,8 @@ def _schema_check(asset, spec: ArtifactSpec):
         manifest = checked_manifest(context, store, spec)
         if manifest is None:
             return _not_committed(spec.key)
-        written = {f"data/{shard}.parquet" for shard in manifest.metrics.get("written_shards", [])}
+        written_shards = manifest.metrics.get("written_shards", [])
+        written = {f"data/{shard}.parquet" for shard in checked_shards(written_shards, manifest.data_version)}
         problems, ids, rows = [], set(), 0
         for entry in manifest.files:
             if entry.path not in written:
@@ -585,6 +588,7 @@ def _schema_check(asset, spec: ArtifactSpec):
         if documents == 0:
             problems.append("documents=0: no document kept")
         return dg.AssetCheckResult(passed=not problems, description="; ".join(problems) or None,
-                                   metadata={"shards_checked": len(written), "rows_checked": rows,
+                                   metadata={"shards_checked": len(written), "shards_written": len(written_shards),
+                                             "rows_checked": rows,
                                              "problems": dg.MetadataValue.json(problems)})
     return check

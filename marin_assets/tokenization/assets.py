@@ -40,10 +40,12 @@ from marin_assets.tokenization.registry import (
 from marin_assets.tokenization.tokenizer import adopt_tokenizer, train_bpe_tokenizer
 from marin_resources.artifact_spec import ArtifactSpec, FileRead
 from marin_resources.artifacts import (
+    CHECKED_SHARDS_AT_MOST,
     ArtifactHandle,
     Built,
     MarinStore,
     checked_manifest,
+    checked_shards,
     input_of,
     input_refused,
     marin_check,
@@ -399,10 +401,11 @@ def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog, corpus: Artif
                                     build=build, resume=True, carried=shards.carried)
 
     @marin_check(tokenized, name="decode_roundtrip",
-                 description=f"The shards the last build encoded, and one earlier shard: their documents match "
-                             f"the ledger's row counts, and decode(encode(doc)) == doc on {ROUNDTRIP_SAMPLE} "
-                             "sampled documents read back from the cache; every split's row count matches the "
-                             "manifest and Levanter's ledger.")
+                 description=f"Up to {CHECKED_SHARDS_AT_MOST} of the shards the last build encoded (a sample "
+                             "when it encoded more), and one earlier shard: their documents match the ledger's "
+                             f"row counts, and decode(encode(doc)) == doc on {ROUNDTRIP_SAMPLE} sampled documents "
+                             "read back from the cache; every split's row count matches the manifest and "
+                             "Levanter's ledger.")
     def roundtrip(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         from marin_assets.tokenization.cache import decode_roundtrip_check
 
@@ -416,12 +419,13 @@ def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog, corpus: Artif
                   if u.asset_key == f"decontaminated/{entry.source}"}
         ledger = cache_shard_order(manifest.uri)
         missing = sorted(wanted - set(ledger))
-        # The check costs what the build encoded, not the corpus: a new shard's append reads that shard
-        # (and one earlier shard, a different one as the cache grows), never every shard again.
+        # The check costs a few shards, not the corpus: a new shard's append reads that shard (and one
+        # earlier shard, a different one as the cache grows); a first build, a sample of what it encoded.
         appended = appended_shard_keys(manifest.uri)
         encoded = set(appended)
         earlier = [key for key in ledger if key not in encoded]
-        checked = appended + ([random.Random(manifest.data_version).choice(earlier)] if earlier else [])
+        checked = checked_shards(appended, manifest.data_version) \
+            + ([random.Random(manifest.data_version).choice(earlier)] if earlier else [])
         uris = {artifacts.resolve(key): key for key in checked}
         failures = decode_roundtrip_check(manifest.uri, refs[f"tokenizer/{entry.tokenizer}"].uri, list(uris),
                                           sample_n=ROUNDTRIP_SAMPLE, keys=uris)
@@ -429,7 +433,8 @@ def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog, corpus: Artif
                   if failures else []) \
             + ([f"upstream_files_not_in_cache={len(missing)}"] if missing else [])
         return dg.AssetCheckResult(passed=not broken, description="; ".join(broken) or None, metadata={
-            "shards_checked": len(checked), "sampled": ROUNDTRIP_SAMPLE, "failures": len(failures),
+            "shards_checked": len(checked), "shards_encoded": len(appended), "sampled": ROUNDTRIP_SAMPLE,
+            "failures": len(failures),
             "upstream_files_not_in_cache": len(missing),
             "examples": dg.MetadataValue.json([f.__dict__ for f in failures[:5]] + missing[:5])})
 

@@ -236,3 +236,14 @@ def test_build_cpu_seconds_count_the_process_a_build_waits_for():
     # The child spins until it has used 0.3 s of its own CPU, however busy the machine is.
     subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass"], check=True)
     assert cpu_seconds() - before >= 0.3
+
+
+def test_a_check_reads_every_shard_of_an_append_and_a_seeded_sample_of_a_large_build():
+    from marin_resources.artifacts import checked_shards
+
+    assert checked_shards(["c", "a", "b"], "v1", at_most=4) == ["a", "b", "c"]
+    many = [f"shard-{i:05d}" for i in range(1000)]
+    sample = checked_shards(many, "v1", at_most=4)
+    assert len(sample) == 4 and set(sample) <= set(many)
+    assert checked_shards(list(reversed(many)), "v1", at_most=4) == sample  # the same artifact, the same shards
+    assert checked_shards(many, "v2", at_most=4) != sample  # a new version is checked on others

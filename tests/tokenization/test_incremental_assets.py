@@ -549,3 +549,29 @@ def test_a_damaged_cache_is_rebuilt_from_every_shards_looked_up_rows(pipeline, c
     assert meta["documents"] == 2 * (len(corpus) // 3) + 20
     manifest = pipeline.store.find(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None)
     assert pipeline.store.verify(manifest) == []
+
+
+def _check_metadata(result: dg.ExecuteInProcessResult, name: str) -> tuple[bool, dict]:
+    [evaluation] = [c for c in result.get_asset_check_evaluations() if c.check_name == name]
+    return evaluation.passed, {k: v.value for k, v in evaluation.metadata.items()}
+
+
+@pytest.mark.slow  # token cache builds
+def test_the_round_trip_check_reads_a_sample_of_a_large_first_build_and_an_append_whole(pipeline, corpus):
+    """A first build of tens of thousands of shards would be read back whole in the check's one process:
+    it reads at most CHECKED_SHARDS_AT_MOST of what the build encoded; an append of one shard reads it
+    and one earlier shard, as before."""
+    from marin_resources.artifacts import CHECKED_SHARDS_AT_MOST
+
+    rest = corpus[2 * (len(corpus) // 3):-10]  # what the fixture's two shards left, and the append's 10 aside
+    fifth = len(rest) // 5
+    pipeline.commit_corpus({f"s{i}": rest[i * fifth:(i + 1) * fifth] for i in range(5)})
+    built = pipeline.materialize()[-1]
+    passed, meta = _check_metadata(built, "decode_roundtrip")
+    assert passed and meta["shards_encoded"] == 7 and meta["shards_checked"] == CHECKED_SHARDS_AT_MOST
+
+    pipeline.commit_corpus({"t-new": corpus[-10:]})
+    pipeline.encode("t-new")
+    appended = pipeline.run(f"tokenized/{SOURCE}")
+    passed, meta = _check_metadata(appended, "decode_roundtrip")
+    assert passed and (meta["shards_encoded"], meta["shards_checked"]) == (1, 2)
