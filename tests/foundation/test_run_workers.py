@@ -39,6 +39,20 @@ def probe(tmp_path, monkeypatch):
     sys.modules.pop("probe_target", None)
 
 
+@pytest.fixture
+def spares():
+    """spares(module) -> WarmRunWorkers over spawn, warming ``module``; each closed at the end."""
+    made = []
+
+    def make(module: str) -> WarmRunWorkers:
+        made.append(WarmRunWorkers(multiprocessing.get_context("spawn"), module))
+        return made[-1]
+
+    yield make
+    for workers in made:
+        workers.close()
+
+
 def start_run(workers: WarmRunWorkers, target, tag: str):
     """What the code server's StartRun does with its context, in its order."""
     queue, event = workers.Queue(), workers.Event()
@@ -54,32 +68,29 @@ def wait_for(condition, timeout: float = 60.0):
         time.sleep(0.05)
 
 
-def test_a_run_goes_to_a_spare_that_imported_the_location_before_it_was_asked(probe):
+def test_a_run_goes_to_a_spare_that_imported_the_location_before_it_was_asked(probe, spares):
     directory, target = probe
-    workers = WarmRunWorkers(multiprocessing.get_context("spawn"), "probe_location")
-    try:
-        workers.warm_next()
-        wait_for(lambda: list(directory.glob("imported-*")))
-        [marker] = directory.glob("imported-*")
-        asked_at = time.time()
-        process, queue = start_run(workers, target.run, "first")
-        tag, pid, imported_at, cancelled = queue.get(timeout=60)
-        assert (tag, pid, cancelled) == ("first", int(marker.name.split("-")[1]), False)
-        assert imported_at < asked_at
-        process.join(60)
-        assert process.exitcode == 0 and not process.is_alive()  # one run, then the process ends
+    workers = spares("probe_location")
+    workers.warm_next()
+    wait_for(lambda: list(directory.glob("imported-*")))
+    [marker] = directory.glob("imported-*")
+    asked_at = time.time()
+    process, queue = start_run(workers, target.run, "first")
+    tag, pid, imported_at, cancelled = queue.get(timeout=60)
+    assert (tag, pid, cancelled) == ("first", int(marker.name.split("-")[1]), False)
+    assert imported_at < asked_at
+    process.join(60)
+    assert process.exitcode == 0 and not process.is_alive()  # one run, then the process ends
 
-        # The next spare started beside the first run: the second run gets a process of its own.
-        second, queue = start_run(workers, target.run, "second")
-        assert queue.get(timeout=60)[:2] == ("second", second.pid) and second.pid != pid
-        second.join(60)
-    finally:
-        workers.close()
+    # The next spare started beside the first run: the second run gets a process of its own.
+    second, queue = start_run(workers, target.run, "second")
+    assert queue.get(timeout=60)[:2] == ("second", second.pid) and second.pid != pid
+    second.join(60)
 
 
-def test_closing_ends_the_idle_spare_and_runs_given_out_go_on(probe):
-    directory, target = probe
-    workers = WarmRunWorkers(multiprocessing.get_context("spawn"), "probe_location")
+def test_closing_ends_the_idle_spare_and_runs_given_out_go_on(probe, spares):
+    _, target = probe
+    workers = spares("probe_location")
     process, queue = start_run(workers, target.run, "given out")
     assert queue.get(timeout=60)[0] == "given out"
     idle = workers._spare.process
@@ -91,44 +102,35 @@ def test_closing_ends_the_idle_spare_and_runs_given_out_go_on(probe):
     assert workers._spare is None  # closed: no more spares
 
 
-def test_a_location_that_fails_to_import_still_runs_the_run_which_reports_it(probe):
+def test_a_location_that_fails_to_import_still_runs_the_run_which_reports_it(probe, spares):
     """The spare swallows the import error; the run's own load of the location raises it again where
     Dagster reports it. Here the target runs, without the location."""
     _, target = probe
-    workers = WarmRunWorkers(multiprocessing.get_context("spawn"), "probe_broken")
-    try:
-        process, queue = start_run(workers, target.run, "broken")
-        assert queue.get(timeout=60)[:3] == ("broken", process.pid, None)
-        process.join(60)
-    finally:
-        workers.close()
+    workers = spares("probe_broken")
+    process, queue = start_run(workers, target.run, "broken")
+    assert queue.get(timeout=60)[:3] == ("broken", process.pid, None)
+    process.join(60)
 
 
-def test_a_spare_that_died_idle_is_replaced_and_a_cancel_reaches_the_run(probe):
+def test_a_spare_that_died_idle_is_replaced_and_a_cancel_reaches_the_run(probe, spares):
     _, target = probe
-    workers = WarmRunWorkers(multiprocessing.get_context("spawn"), "probe_location")
-    try:
-        workers.warm_next()
-        dead = workers._spare.process
-        dead.kill()
-        dead.join(60)
-        queue, event = workers.Queue(), workers.Event()
-        event.set()  # StartRun hands this event to a cancel
-        process = workers.Process(target=target.run, args=["after a death", queue, event])
-        process.start()
-        tag, pid, _, cancelled = queue.get(timeout=60)
-        assert (tag, pid, cancelled) == ("after a death", process.pid, True) and pid != dead.pid
-        process.join(60)
-    finally:
-        workers.close()
+    workers = spares("probe_location")
+    workers.warm_next()
+    dead = workers._spare.process
+    dead.kill()
+    dead.join(60)
+    queue, event = workers.Queue(), workers.Event()
+    event.set()  # StartRun hands this event to a cancel
+    process = workers.Process(target=target.run, args=["after a death", queue, event])
+    process.start()
+    tag, pid, _, cancelled = queue.get(timeout=60)
+    assert (tag, pid, cancelled) == ("after a death", process.pid, True) and pid != dead.pid
+    process.join(60)
 
 
-def test_a_server_that_stops_calling_the_context_as_expected_is_refused(probe):
+def test_a_server_that_stops_calling_the_context_as_expected_is_refused(probe, spares):
     _, target = probe
-    workers = WarmRunWorkers(multiprocessing.get_context("spawn"), "probe_location")
-    try:
-        workers.Queue(), workers.Event()
-        with pytest.raises(RuntimeError, match="no longer calls Queue"):
-            workers.Process(target=target.run, args=["x", multiprocessing.get_context("spawn").Queue(), None])
-    finally:
-        workers.close()
+    workers = spares("probe_location")
+    workers.Queue(), workers.Event()
+    with pytest.raises(RuntimeError, match="no longer calls Queue"):
+        workers.Process(target=target.run, args=["x", multiprocessing.get_context("spawn").Queue(), None])
