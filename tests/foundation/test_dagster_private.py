@@ -216,3 +216,29 @@ def test_under_a_temporary_directory_too_long_for_a_socket_workers_are_spawned(t
     short = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                            env={**os.environ, "TMPDIR": "/tmp"}).stdout.split()
     assert short == ["forkserver", "forkserver"]
+
+
+def test_a_code_server_told_that_runs_start_there_warms_its_first_spare_as_it_loads():
+    """The CLI sets RUNS_START_HERE_ENV for the code servers it starts: their first spare starts as the
+    location loads. Any other server (a webserver's, or one whose runs are pods) waits for a first run."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import time\n"
+             "from dagster._grpc.server import DagsterApiServer\n"
+             "from marin_resources import dagster_private as p\n"
+             "p.warm_run_workers('json')\n"
+             "workers = object.__new__(DagsterApiServer)._mp_ctx\n"
+             "deadline = time.monotonic() + 60\n"
+             "while workers._spare is None and time.monotonic() < deadline:\n"
+             "    time.sleep(0.1)\n"
+             "print(workers._spare is not None and workers._spare.process.is_alive())\n")
+    env = {k: v for k, v in os.environ.items() if k != private.RUNS_START_HERE_ENV}
+    told = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120,
+                          env={**env, private.RUNS_START_HERE_ENV: "1"})
+    assert told.stdout.split() == ["True"], told.stderr
+    quiet = probe.replace("+ 60", "+ 3")
+    untold = subprocess.run([sys.executable, "-c", quiet], capture_output=True, text=True, check=True, timeout=120,
+                            env=env)
+    assert untold.stdout.split() == ["False"], untold.stderr
