@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import logging
 import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -69,7 +70,10 @@ class _TakenSpare:
             pass
         finally:
             self._spare.work.close()
-        self._started()
+        try:
+            self._started()
+        except Exception as exc:  # noqa: BLE001 -- this run is under way; the next one starts a spare itself
+            logging.getLogger(__name__).warning("could not warm the next run worker: %s: %s", type(exc).__name__, exc)
 
     def is_alive(self) -> bool:
         return self._spare.process.is_alive()

@@ -134,3 +134,30 @@ def test_a_server_that_stops_calling_the_context_as_expected_is_refused(probe, s
     workers.Queue(), workers.Event()
     with pytest.raises(RuntimeError, match="no longer calls Queue"):
         workers.Process(target=target.run, args=["x", multiprocessing.get_context("spawn").Queue(), None])
+
+
+def test_a_spare_that_cannot_be_warmed_does_not_fail_the_run_that_started(probe, spares, caplog):
+    """Warming the next spare happens as a run starts; if it fails, that run goes on and the next
+    run starts its own process."""
+    _, target = probe
+    workers = spares("probe_location")
+    context = workers._context
+
+    class Refusing:
+        def __getattr__(self, name):
+            return getattr(context, name)
+
+        def Process(self, *args, **kwargs):  # noqa: N802
+            raise OSError("no more processes")
+
+    queue, event = workers.Queue(), workers.Event()
+    process = workers.Process(target=target.run, args=["starts anyway", queue, event])
+    workers._context = Refusing()
+    process.start()
+    assert queue.get(timeout=60)[:2] == ("starts anyway", process.pid)
+    assert "could not warm the next run worker: OSError: no more processes" in caplog.text
+    workers._context = context
+    second, queue = start_run(workers, target.run, "cold")
+    assert queue.get(timeout=60)[:2] == ("cold", second.pid)
+    process.join(60)
+    second.join(60)
