@@ -26,6 +26,7 @@ import atexit
 import importlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -58,9 +59,10 @@ class _Spare:
 
 
 class _TakenSpare:
-    """What ``Process()`` returns: the spare, sent its run by ``start()``; the rest is the process's."""
+    """What ``Process()`` returns: the spare, sent its run by ``start()``; the server then reads
+    ``is_alive()`` and ``exitcode``."""
 
-    def __init__(self, spare: _Spare, target, args: list, started: callable):
+    def __init__(self, spare: _Spare, target, args: list, started: Callable[[], None]):
         self._spare, self._target, self._args, self._started = spare, target, args, started
 
     def start(self) -> None:
@@ -88,12 +90,6 @@ class _TakenSpare:
 
     def join(self, timeout: float | None = None) -> None:
         self._spare.process.join(timeout)
-
-    def terminate(self) -> None:
-        self._spare.process.terminate()
-
-    def kill(self) -> None:
-        self._spare.process.kill()
 
 
 class WarmRunWorkers:
