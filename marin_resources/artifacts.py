@@ -111,13 +111,13 @@ CHECKED_SHARDS_AT_MOST = 4
 
 
 def checked_shards(written: Sequence[str], seed: str, at_most: int = CHECKED_SHARDS_AT_MOST) -> list[str]:
-    """The shards of ``written`` an asset check reads: all of them when there are at most ``at_most``
-    (an append), else a sample drawn with ``seed`` (the artifact's data version: the same artifact is
-    always checked on the same shards, and each new version on others)."""
-    ordered = sorted(written)
-    if len(ordered) <= at_most:
-        return ordered
-    return sorted(random.Random(seed).sample(ordered, at_most))
+    """The shards of ``written`` an asset check reads, in ``written``'s order: all of them when there
+    are at most ``at_most`` (an append), else a sample drawn with ``seed`` (the artifact's data
+    version: the same artifact is always checked on the same shards, and each new version on others)."""
+    if len(written) <= at_most:
+        return list(written)
+    chosen = set(random.Random(seed).sample(sorted(written), at_most))
+    return [shard for shard in written if shard in chosen]
 
 
 def asset_partition(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> str | None:
