@@ -77,6 +77,20 @@ def check_reachable(address: str) -> None:
                                   f"({type(exc).__name__}: {exc})") from None
 
 
+def import_ray():
+    """`ray`, with RAY_PROCESS_ENV's settings in force even where Ray was imported earlier."""
+    for name, value in RAY_PROCESS_ENV.items():
+        os.environ.setdefault(name, value)
+    import ray
+    from ray._private import ray_constants
+
+    # Ray reads that variable once, at its first import. A process that imported Ray before (Levanter
+    # does) would otherwise, under `uv run`, have every worker build and byte-compile a copy of the
+    # environment first: minutes of both cores, measured in CI.
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+    return ray
+
+
 def _run_on_node(fn, chunk, shared):
     """One chunk as a Ray task: `fn`'s result, and the node it ran on."""
     import ray
@@ -111,10 +125,7 @@ class RayDataParallel(DataParallel):
     def map(self, context, fn, chunks, shared):
         if len(chunks) <= 1:  # nothing to spread: Ray is not started for it
             return [fn(chunk, shared) for chunk in chunks]
-        for name, value in RAY_PROCESS_ENV.items():
-            os.environ.setdefault(name, value)
-        import ray
-
+        ray = import_ray()
         if not self.ray.connected:
             self.ray.connect(context)
         # SPREAD: the chunks are alike and CPU-bound, so every node takes its share from the start

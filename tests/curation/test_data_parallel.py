@@ -2,6 +2,7 @@
 version as in one piece; and Ray is never imported when the code location loads."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,20 @@ def test_ray_is_chosen_by_environment_and_not_imported_when_the_code_location_lo
     env = {"MARIN_RAY": "local", "MARIN_PREFIX": str(tmp_path / "store"), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == ["RayDataParallel", "False"], out.stderr[-2000:]
+
+
+@pytest.mark.slow  # imports Ray in a new process
+def test_ray_workers_use_this_interpreter_where_ray_was_imported_first_under_uv_run(tmp_path):
+    # A run worker that imported Levanter, and so Ray, before its first Ray step, started by `uv run`:
+    # without marin's setting, Ray has each worker build its own copy of the environment with uv.
+    probe = ("import ray, ray._private.runtime_env.uv_runtime_env_hook as hook, ray._private.worker as worker\n"
+             "hook._get_uv_run_cmdline = lambda: ['uv', 'run', 'marin', 'materialize']\n"
+             "assert 'uv run' in worker._maybe_modify_runtime_env(None, False)['py_executable']\n"
+             "from marin_resources.ray_parallel import import_ray\n"
+             "import_ray()\n"
+             "print(worker._maybe_modify_runtime_env(None, False))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "None"  # the runtime environment as given: none
