@@ -428,7 +428,9 @@ def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, set
             sessions = set()
             if workers > 1:
                 head = stack.enter_context(RayHead(workers, cores, Path(tempfile.mkdtemp(prefix="rb-", dir="/tmp"))))
-                env |= {"MARIN_RAY": "cluster", "RAY_ADDRESS": head.address, **RAY_LOOPBACK_ENV}
+                # The cluster's CPUs named, as a team would: a step's units are balanced over them.
+                env |= {"MARIN_RAY": "cluster", "RAY_ADDRESS": head.address, "MARIN_RAY_CPUS": str(workers),
+                        **RAY_LOOPBACK_ENV}
                 sessions.add(head.session)
             else:
                 env |= {"MARIN_RAY": "off"}

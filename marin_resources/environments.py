@@ -16,10 +16,11 @@ assets ask for under the resource key `launcher`.
 
 In either environment `MARIN_RAY=local` spreads the chunks of one huge shard over a local Ray
 (`marin_resources.ray_parallel`): at most MARIN_RAY_CPUS workers (default: the cores), chunks of
-MARIN_RAY_CHUNK_MB (default 32); a pass that is cheap per byte (`deduplicated`) groups its shards
-into tasks of MARIN_RAY_CHUNK_DOCS documents (default 200,000). `MARIN_RAY=cluster` sends them to
-the running Ray cluster at RAY_ADDRESS (`host:port` of its head, or `ray://host:port` for Ray
-Client) instead. Unset or `off`: a shard is filtered in one piece. MARIN_DEDUP_BATCH_SHARDS
+about MARIN_RAY_CHUNK_MB (default 32), as many as fill those workers evenly; a pass that is cheap
+per byte (`deduplicated`) groups its shards into tasks of MARIN_RAY_CHUNK_DOCS documents (default
+200,000). `MARIN_RAY=cluster` sends them to the running Ray cluster at RAY_ADDRESS (`host:port` of
+its head, or `ray://host:port` for Ray Client) instead, balanced over MARIN_RAY_CPUS if it names
+the cluster's CPUs. Unset or `off`: a shard is filtered in one piece. MARIN_DEDUP_BATCH_SHARDS
 (default 8) is how many new shards the dedup index decides together.
 """
 
@@ -73,7 +74,9 @@ class MarinSettings:
     ``cluster`` (the Ray cluster at ``ray_address``)."""
     ray_address: str | None = None
     """RAY_ADDRESS, read only with ``MARIN_RAY=cluster``."""
-    ray_cpus: int = 1
+    ray_cpus: int | None = 1
+    """MARIN_RAY_CPUS: the local Ray's workers (default: the cores); with ``cluster``, the cluster's
+    CPUs if set, over which a step's chunks are then balanced."""
     ray_chunk_mb: int = 32
     ray_chunk_docs: int = 200_000
     dedup_batch_shards: int = 8
@@ -133,7 +136,7 @@ class MarinSettings:
                 raise ConfigError("MARIN_RAY=cluster needs RAY_ADDRESS: the head's host:port (on a node of the "
                                  "cluster) or ray://host:port (Ray Client, from anywhere)")
             ray_host_port(ray_address)  # a malformed address fails when the code location loads
-        ray_cpus = _positive_int(e, "MARIN_RAY_CPUS", os.cpu_count() or 1)
+        ray_cpus = _positive_int(e, "MARIN_RAY_CPUS", None if ray == "cluster" else os.cpu_count() or 1)
         ray_chunk_mb = _positive_int(e, "MARIN_RAY_CHUNK_MB", 32)
         ray_chunk_docs = _positive_int(e, "MARIN_RAY_CHUNK_DOCS", 200_000)
         dedup_batch_shards = _positive_int(e, "MARIN_DEDUP_BATCH_SHARDS", 8)
@@ -167,7 +170,7 @@ def check_ray_reachable(settings: MarinSettings) -> None:
         check_reachable(settings.ray_address)
 
 
-def _positive_int(environ, name: str, default: int) -> int:
+def _positive_int(environ, name: str, default: int | None) -> int | None:
     value = environ.get(name)
     if not value:
         return default
@@ -259,7 +262,7 @@ def _data_parallel(settings: MarinSettings):
     if settings.ray == "cluster":
         from marin_resources.ray_parallel import cluster_ray_parallel
 
-        return cluster_ray_parallel(address=settings.ray_address, chunk_bytes=chunk_bytes,
+        return cluster_ray_parallel(address=settings.ray_address, cpus=settings.ray_cpus, chunk_bytes=chunk_bytes,
                                     dedup_batch_shards=settings.dedup_batch_shards,
                                     chunk_documents=settings.ray_chunk_docs)
     from marin_resources.data_parallel import DataParallel

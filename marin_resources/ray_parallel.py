@@ -91,6 +91,17 @@ def import_ray():
     return ray
 
 
+def balanced_ranges(weights: Sequence[int], target: int, slots: int | None) -> list[tuple[int, int]]:
+    """`weighted_ranges` of about `target` each, made smaller so that their count is a multiple of
+    `slots`, the tasks that run at once (at most twice as many ranges): three chunks on two slots
+    take two chunks' time, four smaller ones one and a half."""
+    ranges = weighted_ranges(weights, target)
+    if slots is None or len(ranges) <= 1 or len(ranges) % slots == 0:
+        return ranges
+    count = min(-(-len(ranges) // slots) * slots, 2 * len(ranges))
+    return weighted_ranges(weights, max(1, -(-int(sum(weights)) // count)))
+
+
 def _run_on_node(fn, chunk, shared):
     """One chunk as a Ray task: `fn`'s result, and the node it ran on."""
     import ray
@@ -111,12 +122,20 @@ class RayDataParallel(DataParallel):
     documents a second per core (measured here), so a task holds some 4 s of work, past what its
     worker's start costs (about 3 s on a fresh Ray job, measured on the two-worker benchmark)."""
     num_cpus: int = 1
+    cpus: int | None = None
+    """The CPUs the tasks share, where known: a step's chunks are then as many as fill them evenly
+    (`balanced_ranges`)."""
 
     def ranges(self, sizes: Sequence[int]) -> list[tuple[int, int]]:
-        return weighted_ranges(sizes, self.chunk_bytes)
+        return balanced_ranges(sizes, self.chunk_bytes, self.slots)
 
     def document_ranges(self, documents: Sequence[int]) -> list[tuple[int, int]]:
-        return weighted_ranges(documents, self.chunk_documents)
+        return balanced_ranges(documents, self.chunk_documents, self.slots)
+
+    @property
+    def slots(self) -> int | None:
+        """How many tasks run at once, where the CPUs are known."""
+        return None if self.cpus is None else max(1, self.cpus // self.num_cpus)
 
     def worth_spreading(self, nbytes: int) -> bool:
         # Less than a chunk's worth of work takes less time than starting Ray's workers for it.
@@ -158,15 +177,15 @@ def local_ray_parallel(num_cpus: int, chunk_bytes: int, dedup_batch_shards: int 
     local = LocalRay(lifecycle=Lifecycle(connect=False),
                      ray_init_options={"num_cpus": num_cpus, "include_dashboard": False,
                                        "logging_level": "warning", "log_to_driver": False})
-    return RayDataParallel(ray=local, chunk_bytes=chunk_bytes, chunk_documents=chunk_documents,
+    return RayDataParallel(ray=local, cpus=num_cpus, chunk_bytes=chunk_bytes, chunk_documents=chunk_documents,
                            dedup_batch_shards=dedup_batch_shards)
 
 
 def cluster_ray_parallel(address: str, chunk_bytes: int, dedup_batch_shards: int = 8,
-                         chunk_documents: int = 200_000) -> RayDataParallel:
+                         chunk_documents: int = 200_000, cpus: int | None = None) -> RayDataParallel:
     """The Ray cluster at `address` for the steps of a run: checked when a step that may use it
     starts, connected only when a step has more than one chunk, disconnected (never stopped) after."""
     cluster = RayCluster(address=address, lifecycle=Lifecycle(connect=False),
                          ray_init_options={"logging_level": "warning", "log_to_driver": False})
-    return RayDataParallel(ray=cluster, chunk_bytes=chunk_bytes, chunk_documents=chunk_documents,
+    return RayDataParallel(ray=cluster, cpus=cpus, chunk_bytes=chunk_bytes, chunk_documents=chunk_documents,
                            dedup_batch_shards=dedup_batch_shards)

@@ -36,6 +36,21 @@ def test_weighted_ranges_cover_every_row_in_order():
         weighted_ranges([1], 0)
 
 
+def test_balanced_ranges_fill_the_slots_evenly_with_chunks_at_least_half_the_target():
+    from marin_resources.ray_parallel import balanced_ranges
+
+    def sizes(ranges):
+        assert ranges[0][0] == 0 and ranges[-1][1] == 40 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        return [end - start for start, end in ranges]
+
+    files = [1] * 40  # eval_ngrams' 40 files of validation text, chunks of 16
+    assert sizes(balanced_ranges(files, 16, None)) == [16, 16, 8]  # the CPUs unknown: as cut
+    assert sizes(balanced_ranges(files, 16, 2)) == [10, 10, 10, 10]  # 1.5 chunks' time, not 2
+    assert sizes(balanced_ranges(files, 16, 3)) == [16, 16, 8]  # a multiple already
+    assert sizes(balanced_ranges(files, 16, 500)) == [7, 7, 7, 7, 7, 5]  # at most twice as many
+    assert balanced_ranges(files, 64, 2) == [(0, 40)]  # one chunk stays in the step's process
+
+
 @pytest.fixture(scope="module")
 def licenses(tmp_path_factory):
     """The licence texts as one shard's documents, read by the source's own reader."""
@@ -119,6 +134,10 @@ def test_ray_is_chosen_by_environment_and_not_imported_when_the_code_location_lo
     assert chosen.dedup_batch_shards == 500 and chosen.chunk_documents == 40
     # deduplicated's shards (documents each) grouped into tasks of about 40 documents; in one piece without Ray.
     assert chosen.document_ranges([20, 20, 20, 20, 5]) == [(0, 2), (2, 4), (4, 5)]
+    # On a cluster the CPUs are the cluster's: balanced over only where MARIN_RAY_CPUS names them.
+    cluster = {"MARIN_PREFIX": str(tmp_path), "MARIN_RAY": "cluster", "RAY_ADDRESS": "127.0.0.1:6379"}
+    assert build_resources(MarinSettings.from_env(cluster))["data_parallel"].slots is None
+    assert build_resources(MarinSettings.from_env({**cluster, "MARIN_RAY_CPUS": "64"}))["data_parallel"].slots == 64
     default = build_resources(MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path)}))["data_parallel"]
     assert type(default) is DataParallel and default.dedup_batch_shards == 8
     assert default.document_ranges([20, 20, 20, 20, 5]) == [(0, 5)]
