@@ -43,6 +43,18 @@ def weighted_ranges(weights: Sequence[int], target: int | None) -> list[tuple[in
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def balanced_ranges(weights: Sequence[int], target: int, slots: int | None) -> list[tuple[int, int]]:
+    """`weighted_ranges` of about `target` each, made smaller so that their count is a multiple of
+    `slots`, the tasks that run at once (at most twice as many ranges): three chunks on two slots
+    take two chunks' time, four smaller ones one and a half."""
+    ranges = weighted_ranges(weights, target)
+    if slots is None or len(ranges) <= 1 or len(ranges) % slots == 0:
+        return ranges
+    count = min(-(-len(ranges) // slots) * slots, 2 * len(ranges))
+    total = int(np.asarray(weights, dtype=np.int64).sum())
+    return weighted_ranges(weights, max(1, -(-total // count)))
+
+
 class DataParallel(dg.ConfigurableResource):
     """A step's input in one piece, in the step's own process."""
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 import dagster as dg
 from dagster_ray import Lifecycle, LocalRay, RayResource
 
-from marin_resources.data_parallel import DataParallel, weighted_ranges
+from marin_resources.data_parallel import DataParallel, balanced_ranges
 from marin_resources.ray_address import RayUnavailableError, ray_host_port
 
 # Read by Ray when it is imported: no usage reporting, and no per-run uv environment built for
@@ -89,17 +89,6 @@ def import_ray():
     # environment first: minutes of both cores, measured in CI.
     ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
     return ray
-
-
-def balanced_ranges(weights: Sequence[int], target: int, slots: int | None) -> list[tuple[int, int]]:
-    """`weighted_ranges` of about `target` each, made smaller so that their count is a multiple of
-    `slots`, the tasks that run at once (at most twice as many ranges): three chunks on two slots
-    take two chunks' time, four smaller ones one and a half."""
-    ranges = weighted_ranges(weights, target)
-    if slots is None or len(ranges) <= 1 or len(ranges) % slots == 0:
-        return ranges
-    count = min(-(-len(ranges) // slots) * slots, 2 * len(ranges))
-    return weighted_ranges(weights, max(1, -(-int(sum(weights)) // count)))
 
 
 def _run_on_node(fn, chunk, shared):

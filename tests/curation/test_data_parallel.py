@@ -14,7 +14,7 @@ from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_c
 from marin_assets.curation.minhash import MinHashConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_assets.deployment import Deployment
-from marin_resources.data_parallel import DataParallel, weighted_ranges
+from marin_resources.data_parallel import DataParallel, balanced_ranges, weighted_ranges
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
 
@@ -37,8 +37,6 @@ def test_weighted_ranges_cover_every_row_in_order():
 
 
 def test_balanced_ranges_fill_the_slots_evenly_with_chunks_at_least_half_the_target():
-    from marin_resources.ray_parallel import balanced_ranges
-
     def sizes(ranges):
         assert ranges[0][0] == 0 and ranges[-1][1] == 40 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
         return [end - start for start, end in ranges]
