@@ -248,3 +248,27 @@ def test_a_run_killed_mid_partition_loses_nothing_and_the_rerun_redoes_only_it(t
     assert again["success"] and [s["partition"] for s in again["steps"] if s["ran"]] == ["big.jsonl"]
     (filtered,) = committed("filtered")
     assert json.loads(filtered.read_text())["metrics"]["input_documents"] == len(lines) * 2000
+
+
+def _run_entry_point(body: str) -> subprocess.CompletedProcess:
+    """`marin_assets.cli.run` in a fresh process, with `main` replaced by ``body``'s `fake_main`."""
+    script = ("import atexit, sys, threading, time\nimport marin_assets.cli as cli\n" + body +
+              "\ncli.main = fake_main\ncli.run()\n")
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+
+def test_the_command_ends_with_its_exit_code_output_and_exit_handlers():
+    # No flush of its own: the output sits in a pipe's buffer until the exit writes it.
+    proc = _run_entry_point("def fake_main():\n"
+                            "    atexit.register(lambda: print('exit handler ran'))\n"
+                            "    print('the summary')\n    print('a warning', file=sys.stderr)\n    return 3\n")
+    assert proc.returncode == 3
+    assert proc.stdout == "the summary\nexit handler ran\n"
+    assert proc.stderr == "a warning\n"
+
+
+def test_the_command_waits_for_a_thread_that_is_still_working():
+    proc = _run_entry_point("def fake_main():\n"
+                            "    threading.Thread(target=lambda: (time.sleep(1), print('thread finished'))).start()\n"
+                            "    return 0\n")
+    assert proc.returncode == 0 and proc.stdout == "thread finished\n"
