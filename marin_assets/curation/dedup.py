@@ -37,6 +37,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from marin_assets.arrays import sorted_unique
 from marin_assets.curation.dedup_index import (
     REQUIRED_COLUMNS,
     ROW_BITS,
@@ -134,7 +135,7 @@ def read_parquet_rows(handle, rows: Sequence[int], columns: Sequence[str] = INVO
     if wanted.size and (wanted.min() < 0 or wanted.max() >= starts[-1]):
         raise IndexError(f"rows {wanted.min()}..{wanted.max()} asked of a Parquet file of {starts[-1]} rows")
     group_of = np.searchsorted(starts, wanted, side="right") - 1
-    groups = np.unique(group_of)
+    groups = sorted_unique(group_of)
     # Where each read group starts in the concatenation of the groups read.
     base = np.zeros(len(sizes), dtype=np.int64)
     base[groups] = np.concatenate([[0], np.cumsum(sizes[groups])[:-1]])
@@ -283,7 +284,7 @@ def centre_units(collisions: pl.DataFrame, exact_band: int, shard_by_seq: dict[i
     groups = collisions.group_by("band", "bucket", maintain_order=True).agg(pl.col("doc").sort())
     members_of = groups["doc"].to_list()
     is_exact = (groups["band"] == exact_band).to_list()
-    docs = np.unique(collisions["doc"].to_numpy())
+    docs = sorted_unique(collisions["doc"].to_numpy())
     # Link each bucket's documents to its first one; the components are the independent units.
     lengths = np.array([len(members) for members in members_of])
     member_nodes = np.searchsorted(docs, np.concatenate([np.asarray(m, dtype=np.uint64) for m in members_of]))

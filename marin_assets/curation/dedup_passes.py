@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from marin_assets.arrays import sorted_unique
 from marin_assets.curation.dedup_index import (
     REQUIRED_COLUMNS,
     ROW_BITS,
@@ -124,7 +125,7 @@ def partition_collisions(
     if new_keys.is_empty():
         return pl.DataFrame(schema=KEY_SCHEMA)
     new_buckets = new_keys.select("band", "bucket").unique()
-    sorted_buckets = np.unique(new_buckets["bucket"].to_numpy())
+    sorted_buckets = sorted_unique(new_buckets["bucket"].to_numpy())
     matched = [run(sorted_buckets).join(new_buckets, on=["band", "bucket"], how="semi") for run in old_runs]
     members = pl.concat([*matched, new_keys], how="vertical")
     return members.filter(pl.len().over("band", "bucket") >= 2)

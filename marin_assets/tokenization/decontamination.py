@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from marin_assets.arrays import sorted_unique
 from marin_assets.tokenization.cache import iter_documents_with_split
 from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.encoding import parquet_ids
@@ -132,7 +133,7 @@ def split_ngrams(doc_files: Sequence[str], job: SplitNgramsJob) -> SplitNgrams:
 
 def merged_index(parts: Iterable[np.ndarray]) -> np.ndarray:
     """The sorted, distinct union of sorted hash arrays: the same index as hashing their texts at once."""
-    return np.unique(np.concatenate([np.empty(0, np.uint64), *parts]))
+    return sorted_unique(np.concatenate([np.empty(0, np.uint64), *parts]))
 
 
 def index_bytes(index: np.ndarray) -> bytes:

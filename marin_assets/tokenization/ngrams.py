@@ -1,5 +1,5 @@
 """Word n-gram hashes of normalized text, and the lookup that finds a document's n-grams in an index
-of eval n-grams. Pure: numpy and the standard library.
+of eval n-grams. Pure: numpy and the standard library (and `marin_assets.arrays`).
 
 Normalization (version ``NORMALIZATION_VERSION``, part of every identity that depends on it):
 lowercase, punctuation removed (Unicode categories P* and S*, as ``[^\\w\\s]``, plus ``_``), split on
@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from marin_assets.arrays import sorted_unique
 
 NORMALIZATION_VERSION = 1
 _MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplication by it is a bijection mod 2**64
@@ -90,11 +92,11 @@ def build_index(hasher: NgramHasher, texts: Iterable[str], batch_texts: int = 25
     for text in texts:
         pending.append(text)
         if len(pending) >= batch_texts:
-            parts.append(np.unique(hasher.batch(pending)[0]))
+            parts.append(sorted_unique(hasher.batch(pending)[0]))
             pending = []
     if pending:
-        parts.append(np.unique(hasher.batch(pending)[0]))
-    return np.unique(np.concatenate(parts))
+        parts.append(sorted_unique(hasher.batch(pending)[0]))
+    return sorted_unique(np.concatenate(parts))
 
 
 def in_index(index: np.ndarray, hashes: np.ndarray) -> np.ndarray:
