@@ -97,9 +97,9 @@ def _build(shards: Sequence[DocumentShard], tokenizer_dir: str, out_root: str, c
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="levanter-metadata") as background:
         tok_sha = tokenizer_json_sha256(local_tok)
         old = read_json(f"{out_root}/{MANIFEST_NAME}") if cfg.incremental else None
-        # Levanter's metadata for a new cache imports Levanter and transformers (seconds): it is worked
-        # out while the shards are encoded with the BOS/EOS ids the tokenizer's own files give, and the
-        # two must agree before anything is written.
+        # Levanter's metadata for a new cache imports transformers (a second): it is worked out while
+        # the shards are encoded with the BOS/EOS ids the tokenizer's own files give, and the two must
+        # agree before anything is written.
         levanter = background.submit(preprocessor_metadata, tokenizer_dir, local_tok, old)
         bos_eos = special_token_ids(local_tok) or levanter.result()[1:3]
         identity = manifest_identity(tok_sha, *bos_eos, cfg)

@@ -2,8 +2,8 @@
 
 Writing uses tensorstore directly, in the layout of Levanter's `TreeStore` and `CacheLedger`, so
 appending a shard does not import Levanter (and JAX); `TreeCache.load` and Levanter's trainer read
-the cache unchanged, which the Levanter tests check. Levanter itself is imported once per cache, to
-derive the metadata its loader expects (`preprocessor_metadata`). The manifest
+the cache unchanged, which the Levanter tests check. The metadata its loader expects is derived once
+per cache, as Levanter derives it, with transformers alone (`preprocessor_metadata`). The manifest
 (`marin_tokenize_manifest.json`) is the record of which ledger shards are committed; see
 docs/tokenization.md. Kept apart from the encoding and the assembly, which both write this format.
 """
@@ -156,23 +156,39 @@ def name_tokenizer_as_ledgers_do(data_config) -> None:
 
 
 def levanter_preprocessor_metadata(tokenizer_dir: str, local_dir: str) -> tuple[dict, int, int]:
-    """Metadata Levanter's loader will expect, plus BOS/EOS ids; checks the cache exemplar fits."""
-    from levanter.data.text import BatchTokenizer
+    """Metadata Levanter's loader will expect, plus BOS/EOS ids; checks the cache exemplar fits.
+
+    The metadata is `levanter.data.text.BatchTokenizer(tokenizer, enforce_bos=True,
+    enforce_eos=True).metadata`, worked out here from the same transformers tokenizer in the same
+    way, without importing Levanter: its import (JAX, Ray, datasets) took 3-4 s of a first cache
+    build's last step, which runs alone. `test_cache_metadata_is_levanters_own` holds the two equal
+    for the pinned Levanter."""
     from transformers import AutoTokenizer
 
     hf_tok = AutoTokenizer.from_pretrained(local_dir)
-    if hf_tok.bos_token_id is None or hf_tok.eos_token_id is None:
+    bos, eos = hf_tok.bos_token_id, hf_tok.eos_token_id
+    if bos is None or eos is None:
         raise ValueError(f"tokenizer at {tokenizer_dir} must define both bos_token and eos_token")
-    processor = BatchTokenizer(hf_tok, enforce_bos=True, enforce_eos=True)
-    fields = sorted(processor.output_exemplar)
+    exemplar = hf_tok("hi there", return_attention_mask=False, verbose=False)  # BatchTokenizer.output_exemplar
+    fields = sorted(exemplar)
     if fields != [INPUT_IDS]:
         raise ValueError(
             f"Levanter expects cache fields {fields} for tokenizer {tokenizer_dir}; this cache stores only "
             f"{INPUT_IDS!r}. Set tokenizer.model_input_names to ['input_ids', 'attention_mask'] (adopt_tokenizer does)."
         )
-    metadata = dict(processor.metadata)
-    metadata["tokenizer"] = tokenizer_ledger_name(local_dir)  # Levanter puts the path it was loaded from here
-    return metadata, int(hf_tok.bos_token_id), int(hf_tok.eos_token_id)
+    # BatchTokenizer appends BOS or EOS where the tokenizer's own encoding of "hi there" lacks them.
+    ids = hf_tok("hi there")[INPUT_IDS]
+    metadata = {
+        # Levanter puts the path the tokenizer was loaded from here; ledgers name it by its files' hash.
+        "tokenizer": tokenizer_ledger_name(local_dir),
+        "vocab_size": len(hf_tok),
+        "return_attention_mask": False,
+        "padding": False,
+        "max_length": hf_tok.model_max_length,
+        "append_bos": ids[0] != bos,
+        "append_eos": ids[-1] != eos,
+    }
+    return metadata, int(bos), int(eos)
 
 
 def special_token_ids(local_dir: str) -> tuple[int, int] | None:

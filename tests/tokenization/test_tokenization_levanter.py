@@ -77,6 +77,33 @@ def test_levanter_loads_the_tokenizer(tokenizer_dir):
     assert row[0] == tok.bos_token_id and row[-1] == tok.eos_token_id
 
 
+@pytest.mark.parametrize("adds_bos_itself", [True, False])
+def test_cache_metadata_is_levanters_own(tokenizer_dir, tmp_path, adds_bos_itself):
+    """What a first cache build writes as the ledger's metadata, without importing Levanter, is
+    what Levanter's loader computes for the same tokenizer (but the tokenizer's name: by hash)."""
+    import shutil
+
+    from levanter.data.text import BatchTokenizer
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from marin_assets.tokenization.cache_format import levanter_preprocessor_metadata, tokenizer_ledger_name
+
+    local = str(tmp_path / "tokenizer")
+    shutil.copytree(tokenizer_dir, local)
+    if not adds_bos_itself:  # ours puts BOS first itself; without that, Levanter's loader adds it
+        tok = Tokenizer.from_file(f"{local}/tokenizer.json")
+        tok.post_processor = None
+        tok.save(f"{local}/tokenizer.json")
+    ours, bos_id, eos_id = levanter_preprocessor_metadata(local, local)
+    hf_tok = AutoTokenizer.from_pretrained(local)
+    levanters = BatchTokenizer(hf_tok, enforce_bos=True, enforce_eos=True).metadata
+    assert levanters["append_bos"] is not adds_bos_itself and levanters["append_eos"] is True
+    assert ours == levanters | {"tokenizer": tokenizer_ledger_name(local)}
+    assert list(ours) == list(levanters)  # the ledger's JSON keeps Levanter's order
+    assert (bos_id, eos_id) == (hf_tok.bos_token_id, hf_tok.eos_token_id)
+
+
 def test_cache_rows_are_bos_text_eos_in_document_order(built, corpus, tokenizer_dir):
     from tokenizers import Tokenizer
 
