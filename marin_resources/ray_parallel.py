@@ -174,7 +174,9 @@ def cluster_ray_parallel(address: str, chunk_bytes: int, dedup_batch_shards: int
                          chunk_documents: int = 200_000, cpus: int | None = None) -> RayDataParallel:
     """The Ray cluster at `address` for the steps of a run: checked when a step that may use it
     starts, connected only when a step has more than one chunk, disconnected (never stopped) after."""
-    cluster = RayCluster(address=address, lifecycle=Lifecycle(connect=False),
+    # cleanup="never": the cluster is not this run's to delete (dagster-ray's default logged "Deleted
+    # the Ray cluster" at every run's end, though nothing was deleted).
+    cluster = RayCluster(address=address, lifecycle=Lifecycle(connect=False, cleanup="never"),
                          ray_init_options={"logging_level": "warning", "log_to_driver": False})
     return RayDataParallel(ray=cluster, cpus=cpus, chunk_bytes=chunk_bytes, chunk_documents=chunk_documents,
                            dedup_batch_shards=dedup_batch_shards)

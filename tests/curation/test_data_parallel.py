@@ -166,3 +166,18 @@ def test_ray_workers_use_this_interpreter_where_ray_was_imported_first_under_uv_
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "None"  # the runtime environment as given: none
+
+
+def test_a_run_on_a_running_cluster_leaves_it_alone_and_says_nothing_of_deleting_it(capfd):
+    import socket
+
+    from marin_resources.ray_parallel import cluster_ray_parallel
+
+    with socket.socket() as head:  # a listening address stands in for the head: the set-up checks it answers
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        cluster = cluster_ray_parallel(f"127.0.0.1:{head.getsockname()[1]}", chunk_bytes=1 << 20).ray
+        with cluster.yield_for_execution(dg.build_init_resource_context()) as ready:
+            assert not ready.connected  # connected only when a step has chunks to spread
+    # dagster-ray's default cleanup logged "Deleted the Ray cluster at ..." at the end of every run.
+    assert "Deleted" not in capfd.readouterr().err
