@@ -2,7 +2,7 @@
 
     python -m benchmarks.scale [--sizes 50 200 800] [--workdir DIR] [--source-name scale]
                                [--shard-mb 25] [--skip-debian] [--code OTHER_CHECKOUT]
-    python -m benchmarks.scale --max-parallel 1 2 [--sizes 160 800] [--shard-mb 20]
+    python -m benchmarks.scale --max-parallel 1 2 [--sizes 160 800] [--shard-mb 20] [--repeats 3]
 
 The second form is the fan-out benchmark (issue #28): per size, the first build through
 `tokenized/<source>` with 1 and with 2 workers (cores; see `run_workers`), the speedup, the serial
@@ -402,7 +402,8 @@ def _session_of(process: psutil.Process) -> int | None:
         return None
 
 
-def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, settings: list[int]) -> dict:
+def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, settings: list[int],
+                repeats: int = 1) -> dict:
     """The whole first build through tokenized/ on a fresh store with N workers for each N of
     `settings`: the command and all it starts confined to N cores, at most N runs at once
     (`--max-parallel N`), and a step's own units of work (shards to encode, bucket-range passes,
@@ -410,7 +411,12 @@ def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, set
     (`MARIN_RAY=cluster`, started before the command as a team on Ray has it running); one worker
     runs them in its own process, as a machine without Ray does (`MARIN_RAY=off`). The same seeded
     corpus and the same store path every time, so that every artifact's data version can be
-    compared across settings (a token cache's ledger names its files by their path)."""
+    compared across settings (a token cache's ledger names its files by their path).
+
+    With `repeats` > 1 the settings take turns, in alternating order (1, 2, then 2, 1, ...), so that
+    a VM whose speed drifts over the minutes weighs on both alike; a setting's figures are those of
+    its run of median wall time, the speedup is the ratio of the median walls, and each round's own
+    ratio is listed beside it."""
     available = sorted(os.sched_getaffinity(0))
     corpus = workdir / f"{megabytes}mb-corpus"
     if not corpus.exists():
@@ -418,41 +424,55 @@ def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, set
         for _ in range(max(1, round(megabytes / shard_mb))):
             writer.write_shard()
     corpus_mb = sum(p.stat().st_size for p in corpus.glob("*.jsonl")) / 1e6
-    results = {}
     for workers in settings:
         if workers > len(available):
             raise SystemExit(f"--max-parallel {workers}: this machine has {len(available)} cores")
-        env = environment(workdir / f"{megabytes}mb-build", source, corpus)
-        cores = set(available[:workers])
-        with contextlib.ExitStack() as stack:
-            sessions = set()
-            if workers > 1:
-                head = stack.enter_context(RayHead(workers, cores, Path(tempfile.mkdtemp(prefix="rb-", dir="/tmp"))))
-                # The cluster's CPUs named, as a team would: a step's units are balanced over them.
-                env |= {"MARIN_RAY": "cluster", "RAY_ADDRESS": head.address, "MARIN_RAY_CPUS": str(workers),
-                        **RAY_LOOPBACK_ENV}
-                sessions.add(head.session)
-            else:
-                env |= {"MARIN_RAY": "off"}
-            load = os.getloadavg()[0]
-            command = materialize(env, f"tokenized/{source}", "--max-parallel", str(workers), cores=cores,
-                                  sessions=sessions)
-        intervals = command.step_intervals(env["DAGSTER_HOME"])
-        results[workers] = {"wall_s": command.wall_s, "cpu_s": command.cpu_s, "runs": len(command.runs),
-                            "peak_rss_mb": command.peak_rss_mb, "load_average_1m": round(load, 2),
-                            "stage_seconds": {k: round(v, 1) for k, v in
-                                              command.stage_seconds(env["DAGSTER_HOME"]).items()},
-                            "idle_core_seconds": idle_core_seconds_by_stage(command, intervals, workers),
-                            "data_versions": data_versions(Path(env["MARIN_PREFIX"]))}
-        print(json.dumps({"megabytes": megabytes, "workers": workers,
-                          **{k: v for k, v in results[workers].items() if k != "data_versions"}}), flush=True)
+    runs: dict[int, list[dict]] = defaultdict(list)
+    for round_number in range(repeats):
+        for workers in settings if round_number % 2 == 0 else settings[::-1]:
+            runs[workers].append(build_with_workers(megabytes, workdir, source, corpus, workers, available))
+    results = {}
+    for workers, each in runs.items():
+        results[workers] = sorted(each, key=lambda r: r["wall_s"])[(len(each) - 1) // 2]  # median (lower)
+        results[workers]["wall_s_each_round"] = [r["wall_s"] for r in each]
     out = {"megabytes": round(corpus_mb, 1), "by_workers": results}
     if 1 in results and 2 in results:
         speedup = results[1]["wall_s"] / results[2]["wall_s"]
         # Amdahl at 2 workers: T2 = T1 * (s + (1 - s) / 2), so the serial share s = 2 T2 / T1 - 1.
         out |= {"speedup_2_over_1": round(speedup, 3), "serial_share": round(2 / speedup - 1, 3),
-                "same_artifacts": results[1]["data_versions"] == results[2]["data_versions"]}
+                "speedup_each_round": [round(one["wall_s"] / two["wall_s"], 3) for one, two in zip(runs[1], runs[2])],
+                "same_artifacts": all(r["data_versions"] == runs[1][0]["data_versions"]
+                                      for each in runs.values() for r in each)}
     return out
+
+
+def build_with_workers(megabytes: int, workdir: Path, source: str, corpus: Path, workers: int,
+                       available: list[int]) -> dict:
+    """One first build with `workers` workers (see `run_workers`): its figures."""
+    env = environment(workdir / f"{megabytes}mb-build", source, corpus)
+    cores = set(available[:workers])
+    with contextlib.ExitStack() as stack:
+        sessions = set()
+        if workers > 1:
+            head = stack.enter_context(RayHead(workers, cores, Path(tempfile.mkdtemp(prefix="rb-", dir="/tmp"))))
+            # The cluster's CPUs named, as a team would: a step's units are balanced over them.
+            env |= {"MARIN_RAY": "cluster", "RAY_ADDRESS": head.address, "MARIN_RAY_CPUS": str(workers),
+                    **RAY_LOOPBACK_ENV}
+            sessions.add(head.session)
+        else:
+            env |= {"MARIN_RAY": "off"}
+        load = os.getloadavg()[0]
+        command = materialize(env, f"tokenized/{source}", "--max-parallel", str(workers), cores=cores,
+                              sessions=sessions)
+    intervals = command.step_intervals(env["DAGSTER_HOME"])
+    result = {"wall_s": command.wall_s, "cpu_s": command.cpu_s, "runs": len(command.runs),
+              "peak_rss_mb": command.peak_rss_mb, "load_average_1m": round(load, 2),
+              "stage_seconds": {k: round(v, 1) for k, v in command.stage_seconds(env["DAGSTER_HOME"]).items()},
+              "idle_core_seconds": idle_core_seconds_by_stage(command, intervals, workers),
+              "data_versions": data_versions(Path(env["MARIN_PREFIX"]))}
+    print(json.dumps({"megabytes": megabytes, "workers": workers,
+                      **{k: v for k, v in result.items() if k != "data_versions"}}), flush=True)
+    return result
 
 
 def _hash_loop(rounds: int) -> float:
@@ -508,6 +528,9 @@ def report_workers(results: list[dict], ceiling: float) -> dict:
             shard_ceiling = shard_stage_ceiling(r["by_workers"])
             r["shard_stage_ceiling"] = shard_ceiling
             r["serial_share_at_shard_stage_ceiling"] = serial_share_against(r["speedup_2_over_1"], shard_ceiling)
+            if len(r["speedup_each_round"]) > 1:
+                walls = "; ".join(f"{w} worker(s) {v['wall_s_each_round']}" for w, v in sorted(r["by_workers"].items()))
+                print(f"  {r['megabytes']} MB: each round's speedup {r['speedup_each_round']}; wall s, {walls}")
             print(f"  {r['megabytes']} MB: speedup 2 over 1 worker x{r['speedup_2_over_1']} (goal >= 1.7; "
                   f"{r['speedup_2_over_1'] / ceiling:.0%} of this machine's x{ceiling}), serial share "
                   f"{r['serial_share']:.1%} (goal <= 15%; {r['serial_share_at_machine_ceiling']:.1%} against the "
@@ -516,7 +539,7 @@ def report_workers(results: list[dict], ceiling: float) -> dict:
                 print(f"  {r['megabytes']} MB: the per-shard stages alone, no serial part, got x{shard_ceiling} from "
                       f"2 workers ({', '.join(SHARD_RUN_STAGES)}); against that, the build's serial share is "
                       f"{r['serial_share_at_shard_stage_ceiling']:.1%}")
-    return {str(r["megabytes"]): {k: r.get(k) for k in ("speedup_2_over_1", "serial_share",
+    return {str(r["megabytes"]): {k: r.get(k) for k in ("speedup_2_over_1", "speedup_each_round", "serial_share",
                                                         "serial_share_at_machine_ceiling", "shard_stage_ceiling",
                                                         "serial_share_at_shard_stage_ceiling", "same_artifacts")}
             for r in results}
@@ -645,6 +668,8 @@ def main() -> None:
     parser.add_argument("--max-parallel", type=int, nargs="+", metavar="N",
                         help="instead of the per-stage figures: the first build at each number of workers (cores), "
                              "its speedup and serial share, e.g. --max-parallel 1 2")
+    parser.add_argument("--repeats", type=int, default=1, metavar="R",
+                        help="with --max-parallel: R rounds of every setting, in alternating order; medians reported")
     parser.add_argument("--code", type=Path, default=REPO,
                         help="checkout whose marin CLI and graph to run (e.g. a worktree of an older commit)")
     args = parser.parse_args()
@@ -659,7 +684,7 @@ def main() -> None:
     if args.max_parallel:
         # Probed before the builds and after them: on a shared VM the ratio moves with the neighbours' load.
         probes = machine_ceiling()
-        scaling = [run_workers(size, args.workdir, args.source_name, args.shard_mb, args.max_parallel)
+        scaling = [run_workers(size, args.workdir, args.source_name, args.shard_mb, args.max_parallel, args.repeats)
                    for size in args.sizes]
         probes += machine_ceiling()
         ceiling = round(statistics.median(probes), 3)
