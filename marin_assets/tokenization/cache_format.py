@@ -176,8 +176,9 @@ def levanter_preprocessor_metadata(tokenizer_dir: str, local_dir: str) -> tuple[
             f"Levanter expects cache fields {fields} for tokenizer {tokenizer_dir}; this cache stores only "
             f"{INPUT_IDS!r}. Set tokenizer.model_input_names to ['input_ids', 'attention_mask'] (adopt_tokenizer does)."
         )
-    # BatchTokenizer appends BOS or EOS where the tokenizer's own encoding of "hi there" lacks them.
-    ids = hf_tok("hi there")[INPUT_IDS]
+    # BatchTokenizer appends BOS or EOS where the tokenizer's own encoding of "hi there" lacks them
+    # (it encodes it again with the attention mask; the ids are the same).
+    ids = exemplar[INPUT_IDS]
     metadata = {
         # Levanter puts the path the tokenizer was loaded from here; ledgers name it by its files' hash.
         "tokenizer": tokenizer_ledger_name(local_dir),
