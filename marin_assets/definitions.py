@@ -10,7 +10,7 @@ import dagster as dg
 
 from marin_assets import hide_dagster_notices
 from marin_assets.catalog import Catalog
-from marin_resources.dagster_private import warm_run_workers
+from marin_resources.dagster_private import end_code_server_when_it_stops, warm_run_workers
 from marin_resources.environments import MarinSettings, build_resources, default_executor
 
 
@@ -30,5 +30,7 @@ hide_dagster_notices()
 # A code server serving this location starts each run in a process that has imported this module
 # already (docs/operations.md, "Run workers").
 warm_run_workers(__name__)
+# ...and ends without the interpreter's teardown once it stops (marin_resources/process_exit.py).
+end_code_server_when_it_stops()
 settings = MarinSettings.from_env()
 defs, catalog = build_definitions(settings)

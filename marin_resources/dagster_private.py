@@ -54,7 +54,9 @@ async def run_request_execution_data(workspace, request: dg.RunRequest, instance
 
 # What a run worker imports before it loads the code location, and nothing that starts a thread
 # (numpy's BLAS, pyarrow's and polars' pools do): a process with threads cannot be forked safely.
-RUN_WORKER_PRELOAD = ("dagster", "dagster._grpc.impl", "dagster._core.storage.runs.sqlite", "alembic")
+# The last is for the fork server itself: it ends without the interpreter's teardown.
+RUN_WORKER_PRELOAD = ("dagster", "dagster._grpc.impl", "dagster._core.storage.runs.sqlite", "alembic",
+                     "marin_resources.fork_server")
 
 
 # The fork server listens on a Unix socket at <tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX, and a
@@ -105,6 +107,38 @@ def warm_run_workers(module: str) -> str | None:
         # In a thread: the fork server's start imports Dagster (seconds), and the load goes on meanwhile.
         threading.Thread(target=workers.warm_next, name="marin-warm-first-run", daemon=True).start()
     return context.get_start_method()
+
+
+def end_code_server_when_it_stops() -> bool:
+    """Make this process's code server end without Python's teardown once it stops serving
+    (`marin_resources/process_exit.py`): about a second of CPU, after the `marin` command that
+    stopped it has returned, and an EOF that whoever reads the command's output waits for.
+
+    ``DagsterGrpcServer.serve`` returns once the server has stopped and its calls have ended; the
+    `dagster api grpc` command then only logs and returns 0. That return now ends the process, exit
+    handlers run (the idle run worker, multiprocessing's children) and exit code 0. A ``serve`` that
+    raises propagates as before. The code location is loaded before ``serve`` is called, so the
+    class's method is the one called. Returns whether it was installed: only in a process that runs
+    a code server (one that has imported ``dagster._grpc.server``; any other is left alone).
+    """
+    import sys
+
+    from marin_resources.process_exit import exit_now
+
+    server = sys.modules.get("dagster._grpc.server")
+    if server is None:
+        return False
+    serve = server.DagsterGrpcServer.serve
+    if getattr(serve, "_marin_ends_process", False):
+        return True
+
+    def serve_then_end(self) -> None:
+        serve(self)
+        exit_now(0)
+
+    serve_then_end._marin_ends_process = True
+    server.DagsterGrpcServer.serve = serve_then_end
+    return True
 
 
 def automation_instance(context: dg.AutomationContext) -> dg.DagsterInstance:

@@ -191,9 +191,88 @@ def test_outside_a_code_server_nothing_is_installed_and_its_module_is_not_import
     import sys
 
     probe = ("import sys; from marin_resources import dagster_private as p; "
-             "print(p.warm_run_workers('marin_assets.definitions'), 'dagster._grpc.server' in sys.modules)")
+             "print(p.warm_run_workers('marin_assets.definitions'), p.end_code_server_when_it_stops(), "
+             "'dagster._grpc.server' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True).stdout.split() == ["None", "False"]
+                          check=True).stdout.split() == ["None", "False", "False"]
+
+
+# A module whose one object says so when the interpreter's teardown frees it (by then the module's
+# globals may be cleared, so what it calls is bound as it is defined).
+TEARDOWN_MARKER = """import os
+
+class TornDown:
+    def __del__(self, write=os.write):
+        write(2, b"interpreter teardown\\n")
+
+marker = TornDown()
+"""
+
+
+def test_a_code_server_ends_without_teardown_once_it_stops(tmp_path):
+    """A real `dagster api grpc` server over a location that installs end_code_server_when_it_stops,
+    shut down by the RPC the CLI's workspace sends as it closes: exit code 0, the exit handlers run,
+    and no teardown (which took about a second of CPU after the command had returned)."""
+    import os
+    import subprocess
+    import sys
+
+    from dagster._grpc.client import DagsterGrpcClient
+
+    (tmp_path / "teardown_marker.py").write_text(TEARDOWN_MARKER)
+    location = tmp_path / "stopping_location.py"
+    location.write_text("import atexit, sys\nimport dagster as dg\nimport teardown_marker\n"
+                        "from marin_resources.dagster_private import end_code_server_when_it_stops\n"
+                        "atexit.register(lambda: sys.stderr.write('exit handlers ran\\n'))\n"
+                        "sys.stderr.write(f'installed {end_code_server_when_it_stops()}\\n')\n"
+                        "defs = dg.Definitions()\n")
+    socket = tmp_path / "server.sock"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    server = subprocess.Popen([sys.executable, "-m", "dagster", "api", "grpc", "--python-file", str(location),
+                               "--socket", str(socket)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        client = DagsterGrpcClient(socket=str(socket))
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.communicate()[1]
+            try:
+                client.ping("up")
+                break
+            except Exception:  # noqa: BLE001 -- not serving yet
+                assert time.monotonic() < deadline, "the code server did not start"
+                time.sleep(0.2)
+        client.shutdown_server()
+        _, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0, err
+    assert "installed True" in err and "exit handlers ran" in err, err
+    assert "interpreter teardown" not in err, err
+
+
+def test_the_fork_server_ends_without_teardown_and_its_workers_keep_their_exit_codes(tmp_path):
+    """The run workers' fork server, with RUN_WORKER_PRELOAD's last module, ends without teardown once
+    the process that started it has exited; a worker it forked still ends with its own exit code."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "teardown_marker.py").write_text(TEARDOWN_MARKER)
+    script = tmp_path / "forks.py"
+    script.write_text("import multiprocessing, sys\n"
+                      "def worker(code):\n    sys.exit(code)\n"
+                      "if __name__ == '__main__':\n"
+                      "    context = multiprocessing.get_context('forkserver')\n"
+                      f"    context.set_forkserver_preload(['teardown_marker', {private.RUN_WORKER_PRELOAD[-1]!r}])\n"
+                      "    process = context.Process(target=worker, args=(3,))\n"
+                      "    process.start()\n    process.join()\n"
+                      "    print('worker exit code', process.exitcode)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    # The output's end is the fork server's exit too: it holds the same pipes.
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "worker exit code 3\n", out.stdout + out.stderr
+    assert "interpreter teardown" not in out.stderr, out.stderr
 
 
 def test_under_a_temporary_directory_too_long_for_a_socket_workers_are_spawned(tmp_path):
