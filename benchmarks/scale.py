@@ -2,7 +2,7 @@
 
     python -m benchmarks.scale [--sizes 50 200 800] [--workdir DIR] [--source-name scale]
                                [--shard-mb 25] [--skip-debian] [--code OTHER_CHECKOUT]
-    python -m benchmarks.scale --max-parallel 1 2 [--sizes 160 800] [--shard-mb 20] [--repeats 3]
+    python -m benchmarks.scale --max-parallel 1 2 [--sizes 160 800] [--shard-mb 20] [--repeats 3] [--ray off]
 
 The second form is the fan-out benchmark (issue #28): per size, the first build through
 `tokenized/<source>` with 1 and with 2 workers (cores; see `run_workers`), the speedup, the serial
@@ -403,13 +403,15 @@ def _session_of(process: psutil.Process) -> int | None:
 
 
 def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, settings: list[int],
-                repeats: int = 1) -> dict:
+                repeats: int = 1, ray: str = "cluster") -> dict:
     """The whole first build through tokenized/ on a fresh store with N workers for each N of
     `settings`: the command and all it starts confined to N cores, at most N runs at once
     (`--max-parallel N`), and a step's own units of work (shards to encode, bucket-range passes,
     assembly's shard files, chunks) spread over a running Ray cluster of N CPUs on those cores
     (`MARIN_RAY=cluster`, started before the command as a team on Ray has it running); one worker
-    runs them in its own process, as a machine without Ray does (`MARIN_RAY=off`). The same seeded
+    runs them in its own process, as a machine without Ray does (`MARIN_RAY=off`). With ``ray="off"``
+    every setting runs that way: N workers are then N runs at once and nothing else, the default
+    (`MARIN_RAY` unset) of a user's `marin materialize --max-parallel N`. The same seeded
     corpus and the same store path every time, so that every artifact's data version can be
     compared across settings (a token cache's ledger names its files by their path).
 
@@ -430,12 +432,12 @@ def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, set
     runs: dict[int, list[dict]] = defaultdict(list)
     for round_number in range(repeats):
         for workers in settings if round_number % 2 == 0 else settings[::-1]:
-            runs[workers].append(build_with_workers(megabytes, workdir, source, corpus, workers, available))
+            runs[workers].append(build_with_workers(megabytes, workdir, source, corpus, workers, available, ray))
     results = {}
     for workers, each in runs.items():
         results[workers] = sorted(each, key=lambda r: r["wall_s"])[(len(each) - 1) // 2]  # median (lower)
         results[workers]["wall_s_each_round"] = [r["wall_s"] for r in each]
-    out = {"megabytes": round(corpus_mb, 1), "by_workers": results}
+    out = {"megabytes": round(corpus_mb, 1), "ray_at_more_workers": ray, "by_workers": results}
     if 1 in results and 2 in results:
         speedup = results[1]["wall_s"] / results[2]["wall_s"]
         # Amdahl at 2 workers: T2 = T1 * (s + (1 - s) / 2), so the serial share s = 2 T2 / T1 - 1.
@@ -447,13 +449,13 @@ def run_workers(megabytes: int, workdir: Path, source: str, shard_mb: float, set
 
 
 def build_with_workers(megabytes: int, workdir: Path, source: str, corpus: Path, workers: int,
-                       available: list[int]) -> dict:
-    """One first build with `workers` workers (see `run_workers`): its figures."""
+                       available: list[int], ray: str = "cluster") -> dict:
+    """One first build with `workers` workers (see `run_workers`, and ``ray`` there): its figures."""
     env = environment(workdir / f"{megabytes}mb-build", source, corpus)
     cores = set(available[:workers])
     with contextlib.ExitStack() as stack:
         sessions = set()
-        if workers > 1:
+        if workers > 1 and ray == "cluster":
             head = stack.enter_context(RayHead(workers, cores, Path(tempfile.mkdtemp(prefix="rb-", dir="/tmp"))))
             # The cluster's CPUs named, as a team would: a step's units are balanced over them.
             env |= {"MARIN_RAY": "cluster", "RAY_ADDRESS": head.address, "MARIN_RAY_CPUS": str(workers),
@@ -531,7 +533,8 @@ def report_workers(results: list[dict], ceiling: float) -> dict:
             if len(r["speedup_each_round"]) > 1:
                 walls = "; ".join(f"{w} worker(s) {v['wall_s_each_round']}" for w, v in sorted(r["by_workers"].items()))
                 print(f"  {r['megabytes']} MB: each round's speedup {r['speedup_each_round']}; wall s, {walls}")
-            print(f"  {r['megabytes']} MB: speedup 2 over 1 worker x{r['speedup_2_over_1']} (goal >= 1.7; "
+            print(f"  {r['megabytes']} MB, 2 workers with MARIN_RAY={r['ray_at_more_workers']}: speedup 2 over 1 "
+                  f"worker x{r['speedup_2_over_1']} (goal >= 1.7; "
                   f"{r['speedup_2_over_1'] / ceiling:.0%} of this machine's x{ceiling}), serial share "
                   f"{r['serial_share']:.1%} (goal <= 15%; {r['serial_share_at_machine_ceiling']:.1%} against the "
                   f"machine's ceiling), every artifact's data version the same at both: {r['same_artifacts']}")
@@ -539,7 +542,8 @@ def report_workers(results: list[dict], ceiling: float) -> dict:
                 print(f"  {r['megabytes']} MB: the per-shard stages alone, no serial part, got x{shard_ceiling} from "
                       f"2 workers ({', '.join(SHARD_RUN_STAGES)}); against that, the build's serial share is "
                       f"{r['serial_share_at_shard_stage_ceiling']:.1%}")
-    return {str(r["megabytes"]): {k: r.get(k) for k in ("speedup_2_over_1", "speedup_each_round", "serial_share",
+    return {str(r["megabytes"]): {k: r.get(k) for k in ("ray_at_more_workers", "speedup_2_over_1",
+                                                        "speedup_each_round", "serial_share",
                                                         "serial_share_at_machine_ceiling", "shard_stage_ceiling",
                                                         "serial_share_at_shard_stage_ceiling", "same_artifacts")}
             for r in results}
@@ -668,6 +672,10 @@ def main() -> None:
     parser.add_argument("--max-parallel", type=int, nargs="+", metavar="N",
                         help="instead of the per-stage figures: the first build at each number of workers (cores), "
                              "its speedup and serial share, e.g. --max-parallel 1 2")
+    parser.add_argument("--ray", choices=["cluster", "off"], default="cluster",
+                        help="with --max-parallel: more than one worker also has a running Ray cluster of as many "
+                             "CPUs for the steps' units (cluster), or is only that many runs at once (off, "
+                             "MARIN_RAY's default); one worker is always off")
     parser.add_argument("--repeats", type=int, default=1, metavar="R",
                         help="with --max-parallel: R rounds of every setting, in alternating order; medians reported")
     parser.add_argument("--code", type=Path, default=REPO,
@@ -684,8 +692,8 @@ def main() -> None:
     if args.max_parallel:
         # Probed before the builds and after them: on a shared VM the ratio moves with the neighbours' load.
         probes = machine_ceiling()
-        scaling = [run_workers(size, args.workdir, args.source_name, args.shard_mb, args.max_parallel, args.repeats)
-                   for size in args.sizes]
+        scaling = [run_workers(size, args.workdir, args.source_name, args.shard_mb, args.max_parallel, args.repeats,
+                               args.ray) for size in args.sizes]
         probes += machine_ceiling()
         ceiling = round(statistics.median(probes), 3)
         print(f"two processes against one, CPU-bound loop, {len(probes)} probes: {sorted(probes)}")
