@@ -12,15 +12,13 @@ Its workers inherit the handler but never run it: a forked worker always ends wi
 """
 
 import atexit
-import contextlib
 import os
-import sys
+
+from marin_resources.process_exit import flush_output
 
 
 def _end_without_teardown() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+    flush_output()
     os._exit(0)
 
 

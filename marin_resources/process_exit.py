@@ -24,7 +24,12 @@ def exit_now(code: int) -> NoReturn:
            for thread in threading.enumerate()):
         sys.exit(code)
     atexit._run_exitfuncs()  # noqa: SLF001 - what a normal exit runs before the teardown skipped here
+    flush_output()
+    os._exit(code)
+
+
+def flush_output() -> None:
+    """Flush stdout and stderr, as the teardown skipped by ``os._exit`` would have."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader that went away (`marin status | head`)
             stream.flush()
-    os._exit(code)

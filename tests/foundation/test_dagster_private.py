@@ -209,17 +209,25 @@ marker = TornDown()
 """
 
 
+def marker_on_path(tmp_path) -> dict:
+    """`TEARDOWN_MARKER` as the module ``teardown_marker`` in ``tmp_path``, and an environment that
+    imports from there."""
+    import os
+
+    (tmp_path / "teardown_marker.py").write_text(TEARDOWN_MARKER)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+
 def test_a_code_server_ends_without_teardown_once_it_stops(tmp_path):
     """A real `dagster api grpc` server over a location that installs end_code_server_when_it_stops,
     shut down by the RPC the CLI's workspace sends as it closes: exit code 0, the exit handlers run,
     and no teardown (which took about a second of CPU after the command had returned)."""
-    import os
     import subprocess
     import sys
 
     from dagster._grpc.client import DagsterGrpcClient
 
-    (tmp_path / "teardown_marker.py").write_text(TEARDOWN_MARKER)
+    env = marker_on_path(tmp_path)
     location = tmp_path / "stopping_location.py"
     location.write_text("import atexit, sys\nimport dagster as dg\nimport teardown_marker\n"
                         "from marin_resources.dagster_private import end_code_server_when_it_stops\n"
@@ -227,7 +235,6 @@ def test_a_code_server_ends_without_teardown_once_it_stops(tmp_path):
                         "sys.stderr.write(f'installed {end_code_server_when_it_stops()}\\n')\n"
                         "defs = dg.Definitions()\n")
     socket = tmp_path / "server.sock"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     server = subprocess.Popen([sys.executable, "-m", "dagster", "api", "grpc", "--python-file", str(location),
                                "--socket", str(socket)], env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -254,11 +261,10 @@ def test_a_code_server_ends_without_teardown_once_it_stops(tmp_path):
 def test_the_fork_server_ends_without_teardown_and_its_workers_keep_their_exit_codes(tmp_path):
     """The run workers' fork server, with RUN_WORKER_PRELOAD's last module, ends without teardown once
     the process that started it has exited; a worker it forked still ends with its own exit code."""
-    import os
     import subprocess
     import sys
 
-    (tmp_path / "teardown_marker.py").write_text(TEARDOWN_MARKER)
+    env = marker_on_path(tmp_path)
     script = tmp_path / "forks.py"
     script.write_text("import multiprocessing, sys\n"
                       "def worker(code):\n    sys.exit(code)\n"
@@ -268,7 +274,6 @@ def test_the_fork_server_ends_without_teardown_and_its_workers_keep_their_exit_c
                       "    process = context.Process(target=worker, args=(3,))\n"
                       "    process.start()\n    process.join()\n"
                       "    print('worker exit code', process.exitcode)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     # The output's end is the fork server's exit too: it holds the same pipes.
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == "worker exit code 3\n", out.stdout + out.stderr
