@@ -26,6 +26,9 @@ untimed 50-document update and both read one signature file first, since the fir
      which favours it.
 3. Incremental: at the largest size, the index of all shards but the last, then the last shard
    added (seconds, peak RSS), against indexing that one shard alone; best of ``--repeats`` each.
+   The added shard also runs against a copy of the index without its bucket filters (read by the
+   row groups' min/max statistics alone, as before the filters): row groups read, seconds, and
+   whether it dropped the same documents.
 
 The last line is JSON.
 """
@@ -135,6 +138,7 @@ def measure_ours(folder: Path, keys: list[str], index_dir: Path, previous: list[
             "colliding_keys": update.stats["colliding_keys"],
             "index_row_groups": update.stats["index_row_groups"],
             "index_row_groups_read": update.stats["index_row_groups_read"],
+            "index_filter_bytes": update.stats["index_filter_bytes"],
             "below_threshold": update.stats["dropped_below_threshold_via_chain"]}
 
 
@@ -320,16 +324,21 @@ def main() -> None:
     base = work / "index-base"
     shutil.rmtree(base, ignore_errors=True)
     run_child("--child", "ours", "--folder", str(corpus), "--keys", ",".join(keys[:-1]), "--index", str(base))
-    added_runs, alone_runs = [], []
+    added_runs, unfiltered_runs, alone_runs = [], [], []
     for _attempt in range(args.repeats):
-        shutil.rmtree(work / "index", ignore_errors=True)
-        shutil.copytree(base, work / "index")
-        added_runs.append(run_child("--child", "ours", "--folder", str(corpus), "--keys", keys[-1], "--previous",
-                                    ",".join(keys[:-1]), "--index", str(work / "index")))
+        for runs, keep_filters in ((added_runs, True), (unfiltered_runs, False)):
+            shutil.rmtree(work / "index", ignore_errors=True)
+            without_filters = None if keep_filters else shutil.ignore_patterns("*.filter.npy")
+            shutil.copytree(base, work / "index", ignore=without_filters)
+            runs.append(run_child("--child", "ours", "--folder", str(corpus), "--keys", keys[-1], "--previous",
+                                  ",".join(keys[:-1]), "--index", str(work / "index")))
         shutil.rmtree(work / "index-one", ignore_errors=True)
         alone_runs.append(run_child("--child", "ours", "--folder", str(corpus), "--keys", keys[-1], "--index",
                                     str(work / "index-one")))
     added = min(added_runs, key=lambda run: run["seconds"])
+    unfiltered = min(unfiltered_runs, key=lambda run: run["seconds"])
+    same_drops = all(run[k] == added_runs[0][k] for run in added_runs + unfiltered_runs
+                     for k in ("planted_dropped", "unplanted_dropped"))
     alone = min(alone_runs, key=lambda run: run["seconds"])
 
     print()
@@ -349,6 +358,12 @@ def main() -> None:
           f"that shard alone into an empty index: {alone['seconds']:.1f} s, {alone['peak_rss_mb']:.0f} MB "
           f"(ratio {added['seconds'] / alone['seconds']:.2f}); index row groups read: "
           f"{added['index_row_groups_read']} of {added['index_row_groups']}")
+    print(f"the same new shard, bucket filters against the min/max statistics alone (best of {args.repeats}):")
+    print(f"  {'':>12s} {'seconds':>8s} {'row groups read':>16s} {'filter MB':>9s}")
+    for name, run in (("filters", added), ("statistics", unfiltered)):
+        read = f"{run['index_row_groups_read']} of {run['index_row_groups']}"
+        print(f"  {name:>12s} {run['seconds']:8.2f} {read:>16s} {run['index_filter_bytes'] / 1e6:9.2f}")
+    print(f"  same documents dropped in every run: {same_drops}")
     summary = {
         "debian": {k: debian[k] for k in ("documents", "precision", "recall", "below_threshold", "truth_dropped")},
         "sizes": [row["docs"] for row in rows],
@@ -361,6 +376,11 @@ def main() -> None:
         "incremental_seconds": round(added["seconds"], 2), "one_shard_alone_seconds": round(alone["seconds"], 2),
         "incremental_ratio": round(added["seconds"] / alone["seconds"], 2),
         "incremental_peak_rss_mb": round(added["peak_rss_mb"]),
+        "incremental_row_groups": added["index_row_groups"],
+        "incremental_row_groups_read": {"filters": added["index_row_groups_read"],
+                                        "statistics": unfiltered["index_row_groups_read"]},
+        "incremental_seconds_statistics_alone": round(unfiltered["seconds"], 2),
+        "incremental_same_drops": same_drops,
     }
     print(json.dumps(summary))
 

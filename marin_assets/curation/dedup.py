@@ -330,6 +330,7 @@ def _zero_counts() -> dict[str, int | float]:
         "max_partition_keys": 0,
         "index_row_groups": 0,
         "index_row_groups_read": 0,
+        "index_filter_bytes": 0,
         "lsh_candidate_pairs": 0,
         "verified_pairs": 0,
         "rejected_pairs": 0,
@@ -384,6 +385,7 @@ def _index_batch(
     for found, costs in spread(partition_pass, list(range(partitions)), CollisionPass(index, batch_number)):
         stats["index_row_groups"] += costs["index_row_groups"]
         stats["index_row_groups_read"] += costs["index_row_groups_read"]
+        stats["index_filter_bytes"] += costs["index_filter_bytes"]
         stats["max_partition_keys"] = max(stats["max_partition_keys"], costs["partition_keys"])
         collisions.append(found)
     colliding = pl.concat(collisions)
@@ -436,7 +438,7 @@ def _index_batch(
         stats["kept_docs"] += shard.kept
     dropped_docs = np.sort(np.array([dropped for dropped, *_ in drops], dtype=np.uint64))
     runs = spread(partition_commit_pass, list(range(partitions)), RunCommit(index, batch_number, dropped_docs))
-    index.written |= dict(runs)  # written by the units, wherever they ran
+    index.written |= {rel: entry for files in runs for rel, entry in files}  # written by the units, wherever they ran
     # Written last: the batch exists from here on.
     body = {"batch": batch_number, "config": config.to_json(), "shards": [asdict(shard) for shard in batch]}
     index.write_bytes(registry_path(batch_number), json.dumps(body, indent=1, sort_keys=True).encode())

@@ -28,6 +28,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from marin_assets.arrays import sorted_unique
+from marin_assets.curation.bucket_filters import build_filters, filter_path, filters_bytes, may_hold, read_filters
 from marin_assets.curation.dedup_index import (
     REQUIRED_COLUMNS,
     ROW_BITS,
@@ -132,14 +133,19 @@ def partition_collisions(
 
 
 def read_run(index: IndexDir, rel: str, buckets: np.ndarray, stats: dict[str, int | float]) -> pl.DataFrame:
-    """The row groups of a key run whose bucket range holds one of ``buckets`` (sorted uint64).
+    """The row groups of a key run that may hold one of ``buckets`` (sorted uint64).
 
     Runs are sorted by bucket and written in small row groups, so a few new keys against a large
-    index read a fraction of it; the Parquet min/max statistics say which groups to read.
+    index read a fraction of it: the Parquet min/max statistics say which new buckets fall in a
+    group's range, and the run's bucket filters (`bucket_filters`) which of those may be in it. A
+    run without filters (an index written before them) is read by its statistics alone.
     """
+    filters = _run_filters(index, rel, stats)
     with index.fs.open(f"{index.root}/{rel}", "rb") as handle:
         run = pq.ParquetFile(handle)
         column = run.schema_arrow.get_field_index("bucket")
+        if filters is not None and filters.shape[0] != run.num_row_groups:
+            raise ValueError(f"{filter_path(rel)} has {filters.shape[0]} filters for {run.num_row_groups} row groups")
         wanted = []
         for group in range(run.num_row_groups):
             statistics = run.metadata.row_group(group).column(column).statistics
@@ -147,13 +153,23 @@ def read_run(index: IndexDir, rel: str, buckets: np.ndarray, stats: dict[str, in
                 wanted.append(group)
                 continue
             first = np.searchsorted(buckets, np.uint64(statistics.min))
-            if first < buckets.size and buckets[first] <= np.uint64(statistics.max):
+            last = np.searchsorted(buckets, np.uint64(statistics.max), side="right")
+            if first < last and (filters is None or may_hold(filters, group, buckets[first:last])):
                 wanted.append(group)
         stats["index_row_groups"] += run.num_row_groups
         stats["index_row_groups_read"] += len(wanted)
         if not wanted:
             return pl.DataFrame(schema=KEY_SCHEMA)
         return pl.from_arrow(run.read_row_groups(wanted)).cast(KEY_SCHEMA)
+
+
+def _run_filters(index: IndexDir, rel: str, stats: dict[str, int | float]) -> np.ndarray | None:
+    try:
+        data = index.read_bytes(filter_path(rel))
+    except FileNotFoundError:
+        return None
+    stats["index_filter_bytes"] += len(data)
+    return read_filters(data)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,7 +242,7 @@ def partition_pass(partition: int, job: CollisionPass) -> tuple[pl.DataFrame, di
     """The candidate step of one bucket-hash range: its colliding keys (`partition_collisions`) and
     what reading the index cost. A pure function of the partition's files, so the partitions of a
     batch are independent units of work (one Ray task each when Ray is chosen)."""
-    stats = {"index_row_groups": 0, "index_row_groups_read": 0}
+    stats = {"index_row_groups": 0, "index_row_groups_read": 0, "index_filter_bytes": 0}
     keys = _spilled_keys(job.index, partition)
     old_runs = [
         (lambda buckets, rel=_key_run_path(partition, number): read_run(job.index, rel, buckets, stats))  # noqa: B008 - binds this batch's path
@@ -246,12 +262,18 @@ class RunCommit:
     dropped_docs: np.ndarray
 
 
-def partition_commit_pass(partition: int, job: RunCommit) -> tuple[str, tuple[int, str]]:
+def partition_commit_pass(partition: int, job: RunCommit) -> list[tuple[str, tuple[int, str]]]:
     """One bucket range's new run: the batch's spilled keys of the partition less its dropped
-    documents', sorted and written in small row groups. Returns the run's path, size and sha256.
-    Independent of the other partitions, so a batch's run writes are units of work too."""
+    documents', sorted and written in small row groups, and the run's bucket filters, one per row
+    group as written. Returns each file's path, size and sha256. Independent of the other
+    partitions, so a batch's run writes are units of work too."""
     keys = _spilled_keys(job.index, partition)
     kept = keys.filter(~pl.col("doc").is_in(pl.Series(job.dropped_docs, dtype=pl.UInt64).implode()))
     rel = _key_run_path(partition, job.batch_number)
-    job.index.write_parquet(rel, kept.sort("bucket", "band", "doc"), row_group_size=RUN_ROW_GROUP_KEYS)
-    return rel, job.index.written[rel]
+    run = kept.sort("bucket", "band", "doc")
+    data = parquet_bytes(run, RUN_ROW_GROUP_KEYS)
+    metadata = pq.ParquetFile(io.BytesIO(data)).metadata
+    group_rows = [metadata.row_group(group).num_rows for group in range(metadata.num_row_groups)]
+    filters = filter_path(rel)
+    job.index.write_many({rel: data, filters: filters_bytes(build_filters(run["bucket"].to_numpy(), group_rows))})
+    return [(path, job.index.written[path]) for path in (rel, filters)]

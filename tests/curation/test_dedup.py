@@ -425,7 +425,8 @@ def test_new_shard_leaves_earlier_decisions_and_files_byte_identical(planted_cor
     after = file_hashes(index)
     assert {rel: after[rel] for rel in before} == before, "files of earlier shards changed"
     assert sorted(set(after) - set(before)) == [
-        decision_path(3), *(f"keys/p{p:04d}/000001.parquet" for p in range(config.index_partitions)),
+        decision_path(3), *(f"keys/p{p:04d}/000001.{kind}" for p in range(config.index_partitions)
+                            for kind in ("filter.npy", "parquet")),
         "registry/000001.json"]
     assert [(shard.seq, shard.shard_key) for shard in second.new_shards] == [(3, "shard-000-early-name")]
 
@@ -460,7 +461,8 @@ def test_candidate_step_holds_one_bucket_range_at_a_time(planted_corpus, tmp_pat
     shards = make_shards(planted_corpus["texts"], 4, config.minhash)
     index = IndexDir.local(tmp_path / "index")
     update_index(index, shard_inputs(shards[:2]), config)
-    for rel in index.files("keys"):
+    runs = [rel for rel in index.files("keys") if rel.endswith(".parquet")]  # not their bucket filters
+    for rel in runs:
         partition = int(rel.split("/")[1][1:])
         buckets = index.read_parquet(rel)["bucket"].to_numpy()
         assert set(key_partition(buckets, config.index_partitions).tolist()) <= {partition}, rel
@@ -482,7 +484,7 @@ def test_candidate_step_holds_one_bucket_range_at_a_time(planted_corpus, tmp_pat
     assert len(calls) == 2 * config.index_partitions
     assert all(len(seen) == 1 for seen, _ in calls)
     assert [runs for _, runs in calls] == [1] * 4 + [2] * 4
-    total_keys = sum(len(index.read_parquet(rel)) for rel in index.files("keys"))
+    total_keys = sum(len(index.read_parquet(rel)) for rel in index.files("keys") if rel.endswith(".parquet"))
     assert update.stats["max_partition_keys"] < total_keys / 2
 
 
@@ -591,6 +593,41 @@ def test_a_small_new_shard_reads_only_the_row_groups_it_needs(planted_corpus, tm
     at_once = dedup_source([*old_shards, Shard("shard-zzz", new_docs, new_shard.signatures)], config)
     expected = at_once.duplicates.filter(pl.col("dropped_shard") == "shard-zzz")
     assert decisions.drop("dropped_row", "dropped_shard").equals(expected.drop("dropped_shard"))
+
+
+def test_a_new_shard_that_collides_with_nothing_reads_next_to_no_row_group(planted_corpus, tmp_path, monkeypatch):
+    # Bucket hashes are uniform, so new keys fall in the min/max range of most row groups; the run's
+    # bucket filters leave out the groups none of them is in. Without filters (an index written
+    # before them), the same update reads by the statistics alone and decides the same.
+    monkeypatch.setattr(dedup_passes, "RUN_ROW_GROUP_KEYS", 16)
+    config = DedupConfig(index_partitions=4)
+    texts = planted_corpus["texts"]
+    assert planted_corpus["num_bases"] >= 160  # bases 150..159 have no variant and are not indexed
+    old_shards = make_shards(texts[:150], 3, config.minhash)
+    new_docs = frame(texts[150:160], [f"fresh-{i}" for i in range(10)])
+    shards = [*old_shards, Shard("shard-new", new_docs, compute_signatures(new_docs, config.minhash))]
+    updates, indexes = {}, {}
+    for name in ("filtered", "statistics"):
+        index = indexes[name] = IndexDir.local(tmp_path / name)
+        update_index(index, shard_inputs(old_shards), config)
+        filters = index.files("keys")
+        assert sum(rel.endswith(".filter.npy") for rel in filters) == 4 == len(filters) // 2
+        if name == "statistics":
+            for rel in filters:
+                if rel.endswith(".filter.npy"):
+                    index.remove(rel)
+        updates[name] = update_index(index, shard_inputs(shards), config)
+    with_filters, without = updates["filtered"].stats, updates["statistics"].stats
+    assert with_filters["index_row_groups"] == without["index_row_groups"] > 100
+    assert without["index_row_groups_read"] > 50
+    assert with_filters["index_row_groups_read"] <= 0.1 * without["index_row_groups_read"]
+    assert with_filters["index_filter_bytes"] > 0 == without["index_filter_bytes"]
+    assert with_filters["colliding_keys"] == without["colliding_keys"]
+    assert with_filters["exact_duplicates"] + with_filters["fuzzy_duplicates"] == 0
+    assert without["exact_duplicates"] + without["fuzzy_duplicates"] == 0
+    new_runs = [rel for rel in indexes["filtered"].files("keys") if "/000001." in rel]
+    assert all(indexes["filtered"].read_bytes(rel) == indexes["statistics"].read_bytes(rel)
+               for rel in new_runs if rel.endswith(".parquet"))
 
 
 def test_cross_source_group_keeps_the_first_seen_copy():
