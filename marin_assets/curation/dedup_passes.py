@@ -43,6 +43,9 @@ from marin_assets.curation.minhash import SignatureTable, band_hashes, empty_sig
 KEY_SCHEMA = {"band": pl.UInt16, "bucket": pl.UInt64, "doc": pl.UInt64}
 # Keys per row group of an index run: small enough that a lookup of a few keys reads little.
 RUN_ROW_GROUP_KEYS = 8192
+# Above this many new buckets per row group of a run (on average), most groups pass their filter
+# by chance (at 16, about 30% do), and reading the filters (7.7% of the run) is not worth it.
+FILTER_KEYS_PER_GROUP = 16
 KEY_BYTES = 18  # a (band, bucket, doc) key: uint16 + uint64 + uint64
 
 
@@ -138,12 +141,14 @@ def read_run(index: IndexDir, rel: str, buckets: np.ndarray, stats: dict[str, in
     Runs are sorted by bucket and written in small row groups, so a few new keys against a large
     index read a fraction of it: the Parquet min/max statistics say which new buckets fall in a
     group's range, and the run's bucket filters (`bucket_filters`) which of those may be in it. A
-    run without filters (an index written before them) is read by its statistics alone.
+    run without filters (an index written before them) is read by its statistics alone, and so is
+    one whose groups get more than `FILTER_KEYS_PER_GROUP` new buckets each on average.
     """
-    filters = _run_filters(index, rel, stats)
     with index.fs.open(f"{index.root}/{rel}", "rb") as handle:
         run = pq.ParquetFile(handle)
         column = run.schema_arrow.get_field_index("bucket")
+        worth_filtering = buckets.size <= FILTER_KEYS_PER_GROUP * run.num_row_groups
+        filters = _run_filters(index, rel, stats) if worth_filtering else None
         if filters is not None and filters.shape[0] != run.num_row_groups:
             raise ValueError(f"{filter_path(rel)} has {filters.shape[0]} filters for {run.num_row_groups} row groups")
         wanted = []

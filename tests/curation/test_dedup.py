@@ -598,7 +598,8 @@ def test_a_small_new_shard_reads_only_the_row_groups_it_needs(planted_corpus, tm
 def test_a_new_shard_that_collides_with_nothing_reads_next_to_no_row_group(planted_corpus, tmp_path, monkeypatch):
     # Bucket hashes are uniform, so new keys fall in the min/max range of most row groups; the run's
     # bucket filters leave out the groups none of them is in. Without filters (an index written
-    # before them), the same update reads by the statistics alone and decides the same.
+    # before them), or with more new buckets a group than they are worth, the same update reads
+    # by the statistics alone and decides the same.
     monkeypatch.setattr(dedup_passes, "RUN_ROW_GROUP_KEYS", 16)
     config = DedupConfig(index_partitions=4)
     texts = planted_corpus["texts"]
@@ -607,27 +608,31 @@ def test_a_new_shard_that_collides_with_nothing_reads_next_to_no_row_group(plant
     new_docs = frame(texts[150:160], [f"fresh-{i}" for i in range(10)])
     shards = [*old_shards, Shard("shard-new", new_docs, compute_signatures(new_docs, config.minhash))]
     updates, indexes = {}, {}
-    for name in ("filtered", "statistics"):
-        index = indexes[name] = IndexDir.local(tmp_path / name)
+    for name in ("filtered", "no filter files", "too many keys a group"):
+        index = indexes[name] = IndexDir.local(tmp_path / name.replace(" ", "-"))
         update_index(index, shard_inputs(old_shards), config)
         filters = index.files("keys")
         assert sum(rel.endswith(".filter.npy") for rel in filters) == 4 == len(filters) // 2
-        if name == "statistics":
+        if name == "no filter files":
             for rel in filters:
                 if rel.endswith(".filter.npy"):
                     index.remove(rel)
-        updates[name] = update_index(index, shard_inputs(shards), config)
-    with_filters, without = updates["filtered"].stats, updates["statistics"].stats
-    assert with_filters["index_row_groups"] == without["index_row_groups"] > 100
-    assert without["index_row_groups_read"] > 50
-    assert with_filters["index_row_groups_read"] <= 0.1 * without["index_row_groups_read"]
-    assert with_filters["index_filter_bytes"] > 0 == without["index_filter_bytes"]
-    assert with_filters["colliding_keys"] == without["colliding_keys"]
+        with monkeypatch.context() as patch:
+            if name == "too many keys a group":
+                patch.setattr(dedup_passes, "FILTER_KEYS_PER_GROUP", 0.01)
+            updates[name] = update_index(index, shard_inputs(shards), config)
+    with_filters = updates["filtered"].stats
+    for name in ("no filter files", "too many keys a group"):
+        without = updates[name].stats
+        assert with_filters["index_row_groups"] == without["index_row_groups"] > 100
+        assert without["index_row_groups_read"] > 50
+        assert with_filters["index_row_groups_read"] <= 0.1 * without["index_row_groups_read"]
+        assert with_filters["index_filter_bytes"] > 0 == without["index_filter_bytes"]
+        assert with_filters["colliding_keys"] == without["colliding_keys"]
+        assert without["exact_duplicates"] + without["fuzzy_duplicates"] == 0
+        assert all(indexes["filtered"].read_bytes(rel) == indexes[name].read_bytes(rel)
+                   for rel in indexes["filtered"].files("keys") if "/000001." in rel)
     assert with_filters["exact_duplicates"] + with_filters["fuzzy_duplicates"] == 0
-    assert without["exact_duplicates"] + without["fuzzy_duplicates"] == 0
-    new_runs = [rel for rel in indexes["filtered"].files("keys") if "/000001." in rel]
-    assert all(indexes["filtered"].read_bytes(rel) == indexes["statistics"].read_bytes(rel)
-               for rel in new_runs if rel.endswith(".parquet"))
 
 
 def test_cross_source_group_keeps_the_first_seen_copy():
