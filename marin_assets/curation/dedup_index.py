@@ -5,7 +5,8 @@ A document is numbered ``seq << ROW_BITS | row`` (its shard's sequence number, i
 shard), the order in which documents are decided. The directory holds ``registry/<batch>.json``
 (the shards each committed batch added, written last), ``decisions/<seq>.parquet`` (a shard's
 dropped rows), ``keys/p<partition>/<batch>.parquet`` (the kept documents' keys, one sorted run per
-partition and batch) and ``pending/`` (the keys of the batch being decided). A module of its own
+partition and batch, with its bucket filters in ``<batch>.filter.npy``, see `bucket_filters.py`)
+and ``pending/`` (the keys of the batch being decided). A module of its own
 so that the index passes (`dedup_passes.py`) and the decisions (`dedup.py`), which both read and
 write the index, import it without a cycle. See docs/dedup.md.
 """
