@@ -26,6 +26,8 @@ untimed 50-document update and both read one signature file first, since the fir
      which favours it.
 3. Incremental: at the largest size, the index of all shards but the last, then the last shard
    added (seconds, peak RSS), against indexing that one shard alone; best of ``--repeats`` each.
+   ``--new-shard-docs N`` adds only the last shard's first N documents: a shard small next to
+   the index, where the bucket filters are fetched.
    The added shard also runs against a copy of the index without its bucket filters (read by the
    row groups' min/max statistics alone, as before the filters): row groups read, seconds, and
    whether it dropped the same documents.
@@ -97,8 +99,12 @@ def shard_inputs(folder: Path, keys: list[str]) -> list[ShardInput]:
             for key in keys]
 
 
+ADDED_PREFIX = "added-"  # the incremental part's cut-down new shard, not a shard of the corpus
+
+
 def shard_keys_in(folder: Path) -> list[str]:
-    return sorted(path.name[: -len(".docs.parquet")] for path in folder.glob("*.docs.parquet"))
+    return sorted(path.name[: -len(".docs.parquet")] for path in folder.glob("*.docs.parquet")
+                  if not path.name.startswith(ADDED_PREFIX))
 
 
 def dropped_by_index(index: IndexDir, seqs: list[int]) -> pl.DataFrame:
@@ -278,6 +284,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="keep the corpus here (default: a temp dir)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of the incremental pair; the best counts")
+    parser.add_argument("--new-shard-docs", type=int, default=None,
+                        help="the incremental part's new shard: the last shard's first N documents (default: all)")
     parser.add_argument("--child", choices=["ours", "datasketch"], help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--keys", help=argparse.SUPPRESS)
@@ -324,16 +332,20 @@ def main() -> None:
     base = work / "index-base"
     shutil.rmtree(base, ignore_errors=True)
     run_child("--child", "ours", "--folder", str(corpus), "--keys", ",".join(keys[:-1]), "--index", str(base))
+    new_key = keys[-1]
+    if args.new_shard_docs:
+        new_key = f"{ADDED_PREFIX}{keys[-1]}-first-{args.new_shard_docs}"
+        write_shard(corpus, new_key, pl.read_parquet(corpus / f"{keys[-1]}.docs.parquet").head(args.new_shard_docs))
     added_runs, unfiltered_runs, alone_runs = [], [], []
     for _attempt in range(args.repeats):
         for runs, keep_filters in ((added_runs, True), (unfiltered_runs, False)):
             shutil.rmtree(work / "index", ignore_errors=True)
             without_filters = None if keep_filters else shutil.ignore_patterns("*.filter.npy")
             shutil.copytree(base, work / "index", ignore=without_filters)
-            runs.append(run_child("--child", "ours", "--folder", str(corpus), "--keys", keys[-1], "--previous",
+            runs.append(run_child("--child", "ours", "--folder", str(corpus), "--keys", new_key, "--previous",
                                   ",".join(keys[:-1]), "--index", str(work / "index")))
         shutil.rmtree(work / "index-one", ignore_errors=True)
-        alone_runs.append(run_child("--child", "ours", "--folder", str(corpus), "--keys", keys[-1], "--index",
+        alone_runs.append(run_child("--child", "ours", "--folder", str(corpus), "--keys", new_key, "--index",
                                     str(work / "index-one")))
     added = min(added_runs, key=lambda run: run["seconds"])
     unfiltered = min(unfiltered_runs, key=lambda run: run["seconds"])
@@ -353,9 +365,10 @@ def main() -> None:
               f"{theirs['candidate_pairs']:7d}")
     print(f"peak RSS before the timed step (imports, warm-up): ours {rows[0]['ours']['rss_before_mb']:.0f} MB, "
           f"datasketch {rows[0]['datasketch']['rss_before_mb']:.0f} MB")
-    print(f"one new shard after {len(keys) - 1} (best of {args.repeats}): {added['seconds']:.1f} s, "
+    print(f"one new shard ({added['docs']} documents) after {len(keys) - 1} (best of {args.repeats}): "
+          f"{added['seconds']:.2f} s, "
           f"{added['peak_rss_mb']:.0f} MB; "
-          f"that shard alone into an empty index: {alone['seconds']:.1f} s, {alone['peak_rss_mb']:.0f} MB "
+          f"that shard alone into an empty index: {alone['seconds']:.2f} s, {alone['peak_rss_mb']:.0f} MB "
           f"(ratio {added['seconds'] / alone['seconds']:.2f}); index row groups read: "
           f"{added['index_row_groups_read']} of {added['index_row_groups']}")
     print(f"the same new shard, bucket filters against the min/max statistics alone (best of {args.repeats}):")
