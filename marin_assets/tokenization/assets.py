@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
+import numpy as np
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
@@ -24,7 +25,7 @@ from marin_assets.tokenization.decontamination_assets import (
     eval_ngrams_key,
     shard_file,
 )
-from marin_assets.tokenization.encoding import ROWS, ShardSpec, encode_shard_rows
+from marin_assets.tokenization.encoding import ROWS, ShardSpec, encode_shard_rows, parquet_rows
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.registry import (
     DECONTAMINATED_VERSION,
@@ -164,6 +165,7 @@ def build_tokenizer_asset(entry: TokenizerEntry, catalog: Catalog, store: Callab
 
 
 ROWS_DIR = "rows"  # a `token_shards/<source>` partition's row files, under its artifact
+PARTS_DIR = ".row_ranges"  # a shard encoded in row ranges: their files, until they are concatenated into ROWS_DIR
 SHARD_LOOKUPS_IN_FLIGHT = 32
 
 
@@ -189,27 +191,36 @@ def build_token_shards_asset(entry: TokenizedEntry, catalog: Catalog):
                                "([BOS] + text + [EOS], int32), split by the validation fraction, and their id hashes, "
                                "which `tokenized/<source>` moves into its Levanter cache. Follows its own shard: a new "
                                "shard elsewhere does not touch it.")
-    def token_shards(context: dg.AssetExecutionContext, store: MarinStore, documents: ArtifactHandle,
-                     tokenizer: ArtifactHandle):
+    def token_shards(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
+                     documents: ArtifactHandle, tokenizer: ArtifactHandle):
         artifacts = store.get()
         rel = shard_file(context.partition_key)
         manifest = artifacts.read_manifest(documents.uri)
         version = manifest.file_version(rel) if manifest is not None else None
         if version is None:
             raise input_refused(f"{shard_key}[{context.partition_key}] holds no {rel}; materialize it again")
+        stored_bytes = next((f.bytes for f in manifest.files if f.path == rel), 0)
 
         def build(writer) -> Built:
             uri = f"{documents.uri}/{rel}"
             started = time.monotonic()
+            # One piece by default. Where its units spread (Ray) and the file is worth it, row ranges of
+            # about a chunk of text each, as their own tasks: the same row files either way.
+            ranges = None
+            if data_parallel.worth_spreading(stored_bytes):
+                rows, text_bytes = parquet_rows(uri)
+                ranges = data_parallel.ranges(np.full(rows, text_bytes // max(rows, 1), dtype=np.int64))
             # Ledger key store-relative (store://...): the cache's bytes are the same under any prefix.
             encoded = encode_shard_rows(ShardSpec(artifacts.portable(uri), version, uri), tokenizer.uri,
-                                        writer.path(ROWS_DIR), entry.cache)
+                                        writer.path(ROWS_DIR), entry.cache, row_ranges=ranges,
+                                        parts_uri=writer.path(PARTS_DIR),
+                                        parallel_map=data_parallel.parallel_map(context))
             count = encoded["train_documents"] + encoded["validation_documents"]
             return Built(metrics={"shard": {k: v for k, v in encoded.items() if k != ROWS}, "documents": count,
                                   "tokens": encoded["train_tokens"] + encoded["validation_tokens"],
                                   "text_bytes": encoded["text_bytes"],
                                   "encode_seconds": round(time.monotonic() - started, 3)},
-                         metadata={"dagster/row_count": count})
+                         metadata={"dagster/row_count": count, "chunks": len(ranges or [None])})
 
         # Recorded as the shard's data file, not the whole partition: a changed eval index that leaves the
         # kept documents as they were (only the dropped or marked lists move) does not re-encode them.

@@ -84,10 +84,12 @@ def _file_fingerprint(fs, path: str) -> str:
     return f"size={info.get('size')}"
 
 
-def parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None, key: str | None = None) -> DocumentShard:
+def parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None, key: str | None = None,
+                  rows: tuple[int, int] | None = None) -> DocumentShard:
     """A Parquet document file; `fingerprint` (e.g. the sha256 its producer recorded) replaces the
     size/mtime fingerprint, so a file rewritten with the same bytes is still recognised. `key` names
-    it in the ledger (default: its URI)."""
+    it in the ledger (default: its URI). `rows`: only the rows ``[start, end)`` of the file (reading
+    only the row groups that hold them)."""
     fs, path = fsspec.core.url_to_fs(uri)
     if not fs.exists(path):
         raise FileNotFoundError(f"document file not found: {uri}")
@@ -99,7 +101,24 @@ def parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None, ke
             missing = {cfg.id_column, cfg.text_column} - names
             if missing:
                 raise ValueError(f"{uri}: missing column(s) {sorted(missing)}; has {sorted(names)}")
-            yield from pf.iter_batches(batch_size=cfg.batch_rows, columns=[cfg.id_column, cfg.text_column])
+            columns = [cfg.id_column, cfg.text_column]
+            if rows is None:
+                yield from pf.iter_batches(batch_size=cfg.batch_rows, columns=columns)
+                return
+            start, end = rows
+            groups, position = [], None  # the row groups overlapping [start, end); the first one's first row
+            offset = 0
+            for group in range(pf.metadata.num_row_groups):
+                size = pf.metadata.row_group(group).num_rows
+                if offset < end and offset + size > start:
+                    groups.append(group)
+                    position = offset if position is None else position
+                offset += size
+            for batch in pf.iter_batches(batch_size=cfg.batch_rows, columns=columns, row_groups=groups):
+                lo, hi = max(start - position, 0), min(end - position, len(batch))
+                position += len(batch)
+                if lo < hi:
+                    yield batch.slice(lo, hi - lo)
 
     fingerprint = fingerprint or _file_fingerprint(fs, path)
     key = key or uri
@@ -310,19 +329,95 @@ def encode_parquet_shard(spec: ShardSpec, job: EncodeJob) -> dict:
         return {"key": spec.key, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def encode_shard_rows(spec: ShardSpec, tokenizer_dir: str, rows_uri: str, cfg: CacheConfig) -> dict:
+def encode_shard_rows(spec: ShardSpec, tokenizer_dir: str, rows_uri: str, cfg: CacheConfig, *,
+                      row_ranges: Sequence[tuple[int, int]] | None = None, parts_uri: str | None = None,
+                      parallel_map: ParallelMap = in_process_map) -> dict:
     """Encode one Parquet shard into row files under ``rows_uri`` (a shard's own artifact), for
     `assemble_levanter_cache` to move into a cache later; returns its entry (ledger fields, `rows`,
     `encoding`). Split by ``cfg.validation_fraction`` alone: a `validation_min_documents` needs the
     whole corpus, so assembly applies it (from the id hashes written here), and no shard is encoded
-    again when the corpus grows."""
+    again when the corpus grows.
+
+    With more than one of ``row_ranges`` (consecutive, covering the file's rows), each range is its
+    own unit of work through ``parallel_map`` (`encode_row_range`, written under ``parts_uri``,
+    which is removed after); this process then only concatenates their files, which gives the
+    one-piece bytes: a huge shard spreads over workers and its artifact does not change."""
     split_by_fraction = replace(cfg, validation_min_documents=None)
     with local_tokenizer_dir(tokenizer_dir) as local_tok:
-        bos_eos = special_token_ids(local_tok) or levanter_preprocessor_metadata(tokenizer_dir, local_tok)[1:3]
+        bos_eos = _bos_eos(tokenizer_dir, local_tok)
         encoding = manifest_identity(tokenizer_json_sha256(local_tok), *bos_eos, split_by_fraction)
-        encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), *bos_eos, split_by_fraction)
-    shard = parquet_shard(spec.uri, split_by_fraction, spec.fingerprint, spec.key)
-    return {**_encode_rows(shard, encoder, split_by_fraction, rows_uri), ROWS: rows_uri.rstrip("/"), ENCODING: encoding}
+        if row_ranges is None or len(row_ranges) <= 1:
+            encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), *bos_eos, split_by_fraction)
+            shard = parquet_shard(spec.uri, split_by_fraction, spec.fingerprint, spec.key)
+            entry = _encode_rows(shard, encoder, split_by_fraction, rows_uri)
+            return {**entry, ROWS: rows_uri.rstrip("/"), ENCODING: encoding}
+    if parts_uri is None:
+        raise ValueError("encoding a shard in row ranges needs parts_uri, a folder for the ranges' files")
+    rows = parquet_rows(spec.uri)[0]
+    bounds = [start for start, _ in row_ranges] + [row_ranges[-1][1]]
+    if bounds[0] != 0 or bounds[-1] != rows or any(a[1] != b[0] for a, b in zip(row_ranges, row_ranges[1:])):
+        raise ValueError(f"row ranges must be consecutive and cover the file's {rows} rows, got {list(row_ranges)}")
+    parts = parallel_map(encode_row_range, list(row_ranges), RowRangeJob(spec, tokenizer_dir, split_by_fraction,
+                                                                         parts_uri.rstrip("/")))
+    _concatenate_parts([part[ROWS] for part in parts], rows_uri)
+    fs, path = fsspec.core.url_to_fs(parts_uri)
+    fs.rm(path, recursive=True)
+    entry = {name: value for name, value in parts[0].items() if name != ROWS}
+    for part in parts[1:]:
+        for name, value in part.items():
+            if isinstance(value, int) and name in entry:
+                entry[name] += value
+    return {**entry, ROWS: rows_uri.rstrip("/"), ENCODING: encoding}
+
+
+def _bos_eos(tokenizer_dir: str, local_tok: str) -> tuple[int, int]:
+    """The BOS and EOS ids a shard's rows are framed with."""
+    return special_token_ids(local_tok) or levanter_preprocessor_metadata(tokenizer_dir, local_tok)[1:3]
+
+
+def parquet_rows(uri: str) -> tuple[int, int]:
+    """A Parquet file's rows and their uncompressed bytes, from its footer alone."""
+    with fsspec.open(uri, "rb") as fh:
+        metadata = pq.ParquetFile(fh).metadata
+    return metadata.num_rows, sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
+
+
+@dataclass(frozen=True)
+class RowRangeJob:
+    """What every row range of one shard's encoding shares (`encode_shard_rows` with ranges)."""
+
+    spec: ShardSpec
+    tokenizer_dir: str
+    cfg: CacheConfig  # split by the fraction alone
+    parts_uri: str
+
+
+def encode_row_range(rows: tuple[int, int], job: RowRangeJob) -> dict:
+    """Encode the rows ``[start, end)`` of a shard into row files of their own under
+    ``job.parts_uri``: a unit of work of its own (a Ray task). Each attempt writes a fresh folder,
+    named in the entry it returns (`ROWS`), so a retried task never writes into a lost attempt's files."""
+    with local_tokenizer_dir(job.tokenizer_dir) as local_tok:
+        encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), *_bos_eos(job.tokenizer_dir, local_tok), job.cfg)
+    shard = parquet_shard(job.spec.uri, job.cfg, job.spec.fingerprint, job.spec.key, rows=rows)
+    out = f"{job.parts_uri}/{rows[0]:012d}-{uuid.uuid4().hex[:16]}"
+    return {**_encode_rows(shard, encoder, job.cfg, out), ROWS: out}
+
+
+def _row_file_names() -> list[str]:
+    return [f"{split}.{kind}" for split in SPLITS for kind in ROW_FILES] + [ID_HASHES]
+
+
+def _concatenate_parts(parts: Sequence[str], rows_uri: str, block: int = 8 << 20) -> None:
+    """Each row file of ``rows_uri``: its parts' files, one after another, in row order. Every row
+    is framed on its own, so this is the one-piece file byte for byte."""
+    fs, path = fsspec.core.url_to_fs(rows_uri)
+    fs.makedirs(path, exist_ok=True)
+    for name in _row_file_names():
+        with fs.open(f"{path}/{name}", "wb") as out:
+            for part in parts:
+                with fsspec.open(f"{part}/{name}", "rb") as fh:
+                    while data := fh.read(block):
+                        out.write(data)
 
 
 def _encode_shard(shard: DocumentShard, job: EncodeJob) -> dict:

@@ -305,9 +305,11 @@ def test_dedup_units_fan_out_over_both_nodes_to_the_one_process_bytes(build_sour
                                           "MARIN_RAY_CHUNK_DOCS": "1"})
     assert on_cluster == one_process and any(key.startswith("tokenized/") for key in on_cluster)
 
-    # Each shard is encoded by its own token_shards partition's run; the cache, under one zarr shard
-    # file of tokens, is assembled in its step's own process.
+    # Each shard is encoded by its own token_shards partition's run, in row ranges of about a chunk as
+    # Ray tasks; the cache, under one zarr shard file of tokens, is assembled in its step's own process.
     assert sum(key.startswith(f"token_shards/{BUILD_SOURCE}/") for key in on_cluster) == BUILD_SHARDS
+    encoding = latest_metadata(root, f"token_shards/{BUILD_SOURCE}", monkeypatch)
+    assert encoding["chunks"] >= 2 and encoding["marin/ray_tasks"] == encoding["chunks"], encoding
     assembly = latest_metadata(root, f"tokenized/{BUILD_SOURCE}", monkeypatch)
     assert assembly.get("marin/ray_tasks", 0) == 0, assembly
     passes = latest_metadata(root, f"dedup_index/{BUILD_SOURCE}", monkeypatch)

@@ -664,6 +664,43 @@ def test_encoding_in_this_process_reports_each_shard(shards, tokenizer_dir, cfg,
     assert lines[-1].startswith(f"[progress] encoded: {stats.documents:,} documents, ")
 
 
+def test_a_shard_encoded_in_row_ranges_gives_the_one_piece_row_files(shards, tokenizer_dir, cfg, tmp_path):
+    """A huge shard's `token_shards` partition spread over workers: its rows in ranges that cut
+    through row groups (one of them empty, one holding the rows to skip), run in any order, then
+    concatenated: every row file and the entry are the one-piece encoding's, and the ranges' own
+    files are gone."""
+    import pyarrow.parquet as pq
+
+    from marin_assets.tokenization.encoding import ROWS, ShardSpec, encode_shard_rows, parquet_rows
+
+    table = pq.read_table(shards[1])  # ends with a null text, an empty text and a null id
+    uri = str(tmp_path / "grouped.parquet")
+    pq.write_table(table, uri, row_group_size=7)
+    rows, text_bytes = parquet_rows(uri)
+    assert rows == table.num_rows and text_bytes > 0
+    spec = ShardSpec("store://grouped", "fp", uri)
+    whole = encode_shard_rows(spec, tokenizer_dir, str(tmp_path / "whole"), cfg)
+
+    ran: list[tuple[int, int]] = []
+
+    def backwards(fn, items, shared):  # the last range first, as workers may finish them
+        results = {item: fn(item, shared) for item in reversed(items)}
+        ran.extend(reversed(items))
+        return [results[item] for item in items]
+
+    ranges = [(0, 10), (10, 10), (10, rows - 2), (rows - 2, rows)]
+    parts = tmp_path / "parts"
+    spread = encode_shard_rows(spec, tokenizer_dir, str(tmp_path / "spread"), cfg, row_ranges=ranges,
+                               parts_uri=str(parts), parallel_map=backwards)
+    assert ran == ranges[::-1]
+    assert _file_hashes(str(tmp_path / "spread")) == _file_hashes(str(tmp_path / "whole"))
+    assert {k: v for k, v in spread.items() if k != ROWS} == {k: v for k, v in whole.items() if k != ROWS}
+    assert spread["skipped_documents"] == 3 and not parts.exists()
+    for bad in ([(0, 5), (6, rows)], [(0, 5), (5, rows - 1)]):  # a gap; rows left out
+        with pytest.raises(ValueError, match=f"consecutive and cover the file's {rows} rows"):
+            encode_shard_rows(spec, tokenizer_dir, str(tmp_path / "bad"), cfg, row_ranges=bad, parts_uri=str(parts))
+
+
 def test_a_cache_assembled_from_shards_encoded_on_their_own_is_the_serial_builds(shards, tokenizer_dir, cfg, built,
                                                                                   tmp_path):
     """`token_shards/<source>`'s path: each shard encoded into a folder of its own (as its own
