@@ -86,19 +86,20 @@ def file_hashes(root: str) -> dict[str, str]:
 def measure(shard: str, tokenizer: str, ranges: int, work: Path, pool: ProcessPoolExecutor) -> dict:
     out = work / f"ranges-{ranges}"
     shutil.rmtree(out, ignore_errors=True)
-    rows, _ = parquet_rows(shard)
-    bounds = [rows * k // ranges for k in range(ranges + 1)]
     mapped = {}
 
+    def equal_rows(weights):
+        bounds = [len(weights) * k // ranges for k in range(ranges + 1)]
+        return list(zip(bounds[:-1], bounds[1:]))
+
     def on_workers(fn, items, shared):
-        started = time.perf_counter()
         results = list(pool.map(fn, items, [shared] * len(items)))
-        mapped["seconds"], mapped["ended"] = time.perf_counter() - started, time.perf_counter()
+        mapped["ended"] = time.perf_counter()
         return results
 
     started = time.perf_counter()
     encode_shard_rows(ShardSpec("store://bench", "fp", shard), tokenizer, str(out / "rows"), CFG,
-                      row_ranges=list(zip(bounds[:-1], bounds[1:])), parts_uri=str(out / "parts"),
+                      split_rows=equal_rows, parts_uri=str(out / "parts"),
                       parallel_map=on_workers)
     ended = time.perf_counter()
     row_bytes = sum(p.stat().st_size for p in (out / "rows").iterdir())

@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-import numpy as np
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
@@ -25,7 +24,7 @@ from marin_assets.tokenization.decontamination_assets import (
     eval_ngrams_key,
     shard_file,
 )
-from marin_assets.tokenization.encoding import ROWS, ShardSpec, encode_shard_rows, parquet_rows
+from marin_assets.tokenization.encoding import ROWS, ShardSpec, encode_shard_rows
 from marin_assets.tokenization.mixture import MixtureComponent, MixtureSpec, render_levanter_data_config
 from marin_assets.tokenization.registry import (
     DECONTAMINATED_VERSION,
@@ -206,13 +205,16 @@ def build_token_shards_asset(entry: TokenizedEntry, catalog: Catalog):
             started = time.monotonic()
             # One piece by default. Where its units spread (Ray) and the file is worth it, row ranges of
             # about a chunk of text each, as their own tasks: the same row files either way.
-            ranges = None
-            if data_parallel.worth_spreading(stored_bytes):
-                rows, text_bytes = parquet_rows(uri)
-                ranges = data_parallel.ranges(np.full(rows, text_bytes // max(rows, 1), dtype=np.int64))
+            chunks = []
+
+            def split_rows(weights):
+                chunks.extend(data_parallel.ranges(weights))
+                return chunks
+
             # Ledger key store-relative (store://...): the cache's bytes are the same under any prefix.
             encoded = encode_shard_rows(ShardSpec(artifacts.portable(uri), version, uri), tokenizer.uri,
-                                        writer.path(ROWS_DIR), entry.cache, row_ranges=ranges,
+                                        writer.path(ROWS_DIR), entry.cache,
+                                        split_rows=split_rows if data_parallel.worth_spreading(stored_bytes) else None,
                                         parts_uri=writer.path(PARTS_DIR),
                                         parallel_map=data_parallel.parallel_map(context))
             count = encoded["train_documents"] + encoded["validation_documents"]
@@ -220,7 +222,7 @@ def build_token_shards_asset(entry: TokenizedEntry, catalog: Catalog):
                                   "tokens": encoded["train_tokens"] + encoded["validation_tokens"],
                                   "text_bytes": encoded["text_bytes"],
                                   "encode_seconds": round(time.monotonic() - started, 3)},
-                         metadata={"dagster/row_count": count, "chunks": len(ranges or [None])})
+                         metadata={"dagster/row_count": count, "chunks": max(len(chunks), 1)})
 
         # Recorded as the shard's data file, not the whole partition: a changed eval index that leaves the
         # kept documents as they were (only the dropped or marked lists move) does not re-encode them.

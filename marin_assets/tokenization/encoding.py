@@ -330,22 +330,28 @@ def encode_parquet_shard(spec: ShardSpec, job: EncodeJob) -> dict:
 
 
 def encode_shard_rows(spec: ShardSpec, tokenizer_dir: str, rows_uri: str, cfg: CacheConfig, *,
-                      row_ranges: Sequence[tuple[int, int]] | None = None, parts_uri: str | None = None,
-                      parallel_map: ParallelMap = in_process_map) -> dict:
+                      split_rows: Callable[[np.ndarray], Sequence[tuple[int, int]]] | None = None,
+                      parts_uri: str | None = None, parallel_map: ParallelMap = in_process_map) -> dict:
     """Encode one Parquet shard into row files under ``rows_uri`` (a shard's own artifact), for
     `assemble_levanter_cache` to move into a cache later; returns its entry (ledger fields, `rows`,
     `encoding`). Split by ``cfg.validation_fraction`` alone: a `validation_min_documents` needs the
     whole corpus, so assembly applies it (from the id hashes written here), and no shard is encoded
     again when the corpus grows.
 
-    With more than one of ``row_ranges`` (consecutive, covering the file's rows), each range is its
-    own unit of work through ``parallel_map`` (`encode_row_range`, written under ``parts_uri``,
-    which is removed after); this process then only concatenates their files, which gives the
-    one-piece bytes: a huge shard spreads over workers and its artifact does not change."""
+    ``split_rows`` cuts the file's rows, given each row's weight in text bytes (from the Parquet
+    footer: the uncompressed bytes over the rows), into consecutive ranges covering them (a
+    `DataParallel`'s `ranges`; the file's footer is read once, here). With more than one range, each
+    is its own unit of work through ``parallel_map`` (`encode_row_range`, written under
+    ``parts_uri``, which is removed after); this process then only concatenates their files, which
+    gives the one-piece bytes: a huge shard spreads over workers and its artifact does not change."""
     split_by_fraction = replace(cfg, validation_min_documents=None)
     with local_tokenizer_dir(tokenizer_dir) as local_tok:
         bos_eos = _bos_eos(tokenizer_dir, local_tok)
         encoding = manifest_identity(tokenizer_json_sha256(local_tok), *bos_eos, split_by_fraction)
+        row_ranges = None
+        if split_rows is not None:
+            rows, text_bytes = parquet_rows(spec.uri)
+            row_ranges = list(split_rows(np.full(rows, text_bytes // max(rows, 1), dtype=np.int64)))
         if row_ranges is None or len(row_ranges) <= 1:
             encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), *bos_eos, split_by_fraction)
             shard = parquet_shard(spec.uri, split_by_fraction, spec.fingerprint, spec.key)
@@ -353,11 +359,10 @@ def encode_shard_rows(spec: ShardSpec, tokenizer_dir: str, rows_uri: str, cfg: C
             return {**entry, ROWS: rows_uri.rstrip("/"), ENCODING: encoding}
     if parts_uri is None:
         raise ValueError("encoding a shard in row ranges needs parts_uri, a folder for the ranges' files")
-    rows = parquet_rows(spec.uri)[0]
     bounds = [start for start, _ in row_ranges] + [row_ranges[-1][1]]
     if bounds[0] != 0 or bounds[-1] != rows or any(a[1] != b[0] for a, b in zip(row_ranges, row_ranges[1:])):
         raise ValueError(f"row ranges must be consecutive and cover the file's {rows} rows, got {list(row_ranges)}")
-    parts = parallel_map(encode_row_range, list(row_ranges), RowRangeJob(spec, tokenizer_dir, split_by_fraction,
+    parts = parallel_map(encode_row_range, row_ranges, RowRangeJob(spec, tokenizer_dir, split_by_fraction,
                                                                          parts_uri.rstrip("/")))
     _concatenate_parts([part[ROWS] for part in parts], rows_uri)
     fs, path = fsspec.core.url_to_fs(parts_uri)

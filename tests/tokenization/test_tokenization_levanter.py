@@ -690,15 +690,19 @@ def test_a_shard_encoded_in_row_ranges_gives_the_one_piece_row_files(shards, tok
 
     ranges = [(0, 10), (10, 10), (10, rows - 2), (rows - 2, rows)]
     parts = tmp_path / "parts"
-    spread = encode_shard_rows(spec, tokenizer_dir, str(tmp_path / "spread"), cfg, row_ranges=ranges,
-                               parts_uri=str(parts), parallel_map=backwards)
+    weighed: list[np.ndarray] = []
+    spread = encode_shard_rows(spec, tokenizer_dir, str(tmp_path / "spread"), cfg,
+                               split_rows=lambda weights: weighed.append(weights) or ranges, parts_uri=str(parts),
+                               parallel_map=backwards)
+    assert len(weighed[0]) == rows and weighed[0].sum() <= text_bytes  # each row weighed from the footer
     assert ran == ranges[::-1]
     assert _file_hashes(str(tmp_path / "spread")) == _file_hashes(str(tmp_path / "whole"))
     assert {k: v for k, v in spread.items() if k != ROWS} == {k: v for k, v in whole.items() if k != ROWS}
     assert spread["skipped_documents"] == 3 and not parts.exists()
     for bad in ([(0, 5), (6, rows)], [(0, 5), (5, rows - 1)]):  # a gap; rows left out
         with pytest.raises(ValueError, match=f"consecutive and cover the file's {rows} rows"):
-            encode_shard_rows(spec, tokenizer_dir, str(tmp_path / "bad"), cfg, row_ranges=bad, parts_uri=str(parts))
+            encode_shard_rows(spec, tokenizer_dir, str(tmp_path / "bad"), cfg, split_rows=lambda _, bad=bad: bad,
+                              parts_uri=str(parts))
 
 
 def test_a_cache_assembled_from_shards_encoded_on_their_own_is_the_serial_builds(shards, tokenizer_dir, cfg, built,
