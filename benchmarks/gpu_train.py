@@ -66,7 +66,7 @@ from marin_assets.training.spec import (  # noqa: E402
     validate_run,
 )
 from marin_assets.training.train_main import SUMMARY_FILE  # noqa: E402
-from marin_resources.launchers import build_command_and_env  # noqa: E402
+from marin_resources.process_commands import build_command_and_env  # noqa: E402
 
 # MFU's denominator: PEAK_FLOPS_BY_DEVICE_KIND (marin_assets/training/metrics.py), dense bf16
 # FLOP/s per device from the vendors' data sheets (half their "with sparsity" figures), e.g.

@@ -30,15 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import dagster as dg
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from marin_assets.training.commands import train_command  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
 from marin_assets.training.spec import load_run_registry  # noqa: E402
-from marin_resources.launchers import LocalPipesLauncher, build_command_and_env  # noqa: E402
+from marin_resources.process_commands import build_command_and_env  # noqa: E402
 
 WARMUP_STEPS = 2
 
@@ -74,6 +72,12 @@ def steady_median(text: str, key: str) -> float:
 
 
 def main() -> None:
+    # Here, not at the top: benchmarks/gpu_train.py imports this module's helpers on training hosts
+    # that have no Dagster (docs/tpu-host.md).
+    import dagster as dg
+
+    from marin_resources.launchers import LocalPipesLauncher
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--run", default="nano-shakespeare")
     parser.add_argument("--steps", type=int, default=100)
@@ -102,8 +106,9 @@ def main() -> None:
     # ours: the launcher path, under Dagster Pipes
     ours_cfg = config_for("ours")
 
-    @dg.asset
-    def bench_run(context, launcher: LocalPipesLauncher):
+    @dg.asset(required_resource_keys={"launcher"})  # not a typed parameter: dagster cannot resolve a local import
+    def bench_run(context):
+        launcher = context.resources.launcher
         return launcher.run_process(context, train_command(ours_cfg, str(work / "ours"))).get_materialize_result()
 
     started = time.time()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from marin_resources.launchers import ProcessCommand
+from marin_resources.process_commands import ProcessCommand
 
 TRAIN_MODULE = "marin_assets.training.train_main"
 EVAL_MODULE = "marin_assets.training.eval_main"
