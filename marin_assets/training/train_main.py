@@ -564,9 +564,11 @@ def next_attempt(metrics_path: Path) -> int:
 
 
 def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_every: int | None = None,
-          init_sha256: str | None = None) -> dict[str, Any]:
+          init_sha256: str | None = None, fused_loss: bool = False) -> dict[str, Any]:
     """Run Levanter training for ``config_path``; returns the run summary (also written to train_summary.json).
-    ``init_sha256``: the content hash the config's initial weights (``initialize_from_hf``) must have."""
+    ``init_sha256``: the content hash the config's initial weights (``initialize_from_hf``) must have.
+    ``fused_loss``: compute the training loss with the Pallas head-and-cross-entropy kernels
+    (`marin_assets.training.fused_loss`) where they can run: one TPU device; elsewhere XLA's, logged."""
     from levanter.main import train_lm
 
     from marin_assets.tokenization.cache_format import name_tokenizer_as_ledgers_do
@@ -628,8 +630,21 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
 
     reporter.log(f"training {config.trainer.id} for {steps} steps (attempt {attempt}) into {output_dir}")
     started = time.time()
-    # train_lm.main constructs `Trainer` by module-global name; swap in the subclass for this call only.
-    original_trainer = train_lm.Trainer
+    loss_kernel = "xla"
+    if fused_loss:
+        import jax
+
+        from marin_assets.training import fused_loss as kernels
+
+        if kernels.usable(jax.default_backend(), jax.device_count()):
+            loss_kernel = "pallas_fused"
+        else:
+            reporter.log(f"fused loss: not on {jax.device_count()} {jax.default_backend()} device(s) (one TPU "
+                         "only); the loss is XLA's")
+    # train_lm.main constructs `Trainer` and its loss by module-global names; swap them in for this call only.
+    original_trainer, original_loss = train_lm.Trainer, train_lm.compute_next_token_loss
+    if loss_kernel == "pallas_fused":
+        train_lm.compute_next_token_loss = kernels.levanter_next_token_loss(original_loss)
     sharding: dict[str, Any] = {}
     train_lm.Trainer = _final_checkpoint_trainer_class(
         before_save=None if mirror is None else lambda: mirror.push_metrics(sink.pending()),
@@ -637,7 +652,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     try:
         train_lm.main(config)
     finally:
-        train_lm.Trainer = original_trainer
+        train_lm.Trainer, train_lm.compute_next_token_loss = original_trainer, original_loss
         if init_scratch is not None:
             init_scratch.cleanup()
         sink.close()
@@ -660,6 +675,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
             **mesh_axis_sizes(config.trainer),
             "sharded_weight": sharding or None,
             "flat_dots": flat_dots,
+            "loss_kernel": loss_kernel,
             "train_seconds": elapsed,
             "wandb_run_dir": sink.wandb_run_dir,
             "checkpoint_dir": checkpoints,
@@ -702,6 +718,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--final-eval-examples", type=int,
                         help="with --final-eval: score this many sequences per set, evenly spaced (default: all)")
     parser.add_argument("--init-sha256", help="the content hash the initial weights (initialize_from_hf) must have")
+    parser.add_argument("--fused-loss", action="store_true",
+                        help="the training loss through the Pallas head-and-cross-entropy kernels (one TPU device)")
     args = parse_process_args(parser, argv)
     output_dir = Path(args.output_dir or os.path.dirname(os.path.abspath(args.config)))
     # W&B writes its run directory under WANDB_DIR; keep it with the run's other outputs.
@@ -709,7 +727,7 @@ def main(argv: list[str] | None = None) -> None:
     with input_errors(InitWeightsError, output_dir / INPUT_ERROR_FILE), open_reporter() as reporter:
         try:
             summary = train(args.config, output_dir, reporter, report_every=args.report_every,
-                            init_sha256=args.init_sha256)
+                            init_sha256=args.init_sha256, fused_loss=args.fused_loss)
         except CoordinatorUnreachable as exc:
             raise SystemExit(f"train_main: {exc}") from None
         if not summary:
