@@ -53,6 +53,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.train import WARMUP_STEPS, load_fixtures, steady_step_metrics  # noqa: E402
+from marin_assets.training.accelerator import (  # noqa: E402
+    AcceleratorError,
+    held_message,
+    probe,
+    tpu_type_for,
+    tpu_type_from_environment,
+)
 from marin_assets.training.commands import train_command  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
 from marin_assets.training.metrics import PEAK_FLOPS_BY_DEVICE_KIND, median, peak_flops_total  # noqa: E402
@@ -87,6 +94,12 @@ SIZES = {
     "llama_150m": Size(ModelSpec(hidden_dim=512, intermediate_dim=1792, num_layers=6, num_heads=8, num_kv_heads=8,
                                  seq_len=1024),
                        batch_size=64, steps=50, vocab_size=128256, accelerator="gpu"),
+    # Marin's llama_300m layers (hidden 1,024, 24 layers, 16 query and 8 key/value heads) with the
+    # 128,256-entry vocabulary: 603M parameters, the largest of the ladder whose f32 weights, gradients and
+    # Adam moments (9.6 GB) leave a 16 GB TPU v5e chip room for a batch's activations.
+    "llama_600m": Size(ModelSpec(hidden_dim=1024, intermediate_dim=3584, num_layers=24, num_heads=16, num_kv_heads=8,
+                                 seq_len=1024),
+                       batch_size=16, steps=30, vocab_size=128256, accelerator="tpu"),
     "tiny": Size(ModelSpec(hidden_dim=64, intermediate_dim=224, num_layers=2, num_heads=2, num_kv_heads=2,
                            seq_len=128),
                  batch_size=8, steps=8, vocab_size=512, accelerator="cpu"),
@@ -131,6 +144,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, help="sequences per step, over all devices")
     parser.add_argument("--vocab-size", type=int, help="tokenizer size (default: Marin's Llama 3 tokenizer's 128,256)")
     parser.add_argument("--accelerator", choices=("gpu", "tpu", "cpu"))
+    parser.add_argument("--tpu-type", help="Cloud TPU type of the devices (default: the host's TPU_ACCELERATOR_TYPE, "
+                                           "else from the device kind and count, e.g. v5litepod-1 for one v5e chip)")
+    parser.add_argument("--fused-loss", action="store_true",
+                        help="the loss through the Pallas head-and-cross-entropy kernels (one TPU device)")
+    parser.add_argument("--train-lm", action="store_true",
+                        help="also run the same config through Levanter's train_lm directly, as the baseline of "
+                             "the project's training process")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute activations (off: a 150M model fits easily, and recompute is not "
                              "counted in model FLOPs, so it lowers MFU)")
@@ -157,7 +177,13 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--variants: {unknown or 'none given'}; choose from {', '.join(VARIANTS)}")
     if steps <= WARMUP_STEPS:
         parser.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps")
-    devices = args.devices or (1 if accelerator == "cpu" else accelerator_device_count(accelerator))
+    if args.tpu_type and accelerator != "tpu":
+        parser.error("--tpu-type is for --accelerator tpu")
+    try:
+        devices, tpu_type = accelerator_devices(accelerator, args.devices, args.tpu_type)
+    except AcceleratorError as exc:
+        print(f"gpu_train: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     specs = {}
     for variant in variants:
         spec = RunSpec(
@@ -165,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
             optimizer=OptimizerSpec(learning_rate=3e-3, warmup=0.1), train_batch_size=batch, num_train_steps=steps,
             steps_per_eval=10 * steps, max_eval_batches=1, checkpoint_every=10 * steps,
             # No gradient-norm logging, which compiles a second train step.
-            watch_every=0, resources=ResourceSpec(accelerator=accelerator, device_count=devices),
+            watch_every=0, resources=ResourceSpec(accelerator=accelerator, device_count=devices, tpu_type=tpu_type),
             parallelism=VARIANTS[variant](devices))
         try:
             validate_run(spec)  # e.g. a batch the devices do not divide
@@ -177,10 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
     fixtures = load_fixtures()
     data_started = time.time()
     needed_tokens = int((steps + 1) * batch * size.model.seq_len * 1.05)
-    vocab_size = args.vocab_size or size.vocab_size
-    cache_root, tokenizer_dir = fixtures.build_tokenized_artifact(
-        fixtures.stdlib_docstrings(), work / "data", vocab_size=vocab_size, min_train_tokens=needed_tokens)
-    vocab_size = pad_vocabulary(tokenizer_dir, vocab_size)
+    cache_root, tokenizer_dir, vocab_size = training_data(fixtures, work / "data", args.vocab_size or size.vocab_size,
+                                                          needed_tokens)
     data_seconds = time.time() - data_started
     mixture = fixtures.single_cache_mixture("stdlib-docs", cache_root, tokenizer_dir)
 
@@ -205,6 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
         "mixed_precision": first["mixed_precision"],
         "attn_backend": args.attn_backend,
         "cross_entropy_block_size": args.cross_entropy_block_size,
+        "fused_loss": args.fused_loss,
+        "tpu_type": tpu_type,
         "data_build_seconds": data_seconds,
         "workdir": str(work),
         "variants": {variant: {k: v for k, v in r.items()
@@ -238,8 +264,8 @@ def run_variant(spec: RunSpec, mixture: dict, tokenizer_dir: str, run_dir: Path,
     config_path = write_train_config(config, run_dir / "train_config.yaml")
 
     resources = spec.resources
-    launch = build_command_and_env(train_command(config_path, str(run_dir)), accelerator=resources.accelerator,
-                                   cpu_devices=resources.device_count)
+    launch = build_command_and_env(train_command(config_path, str(run_dir), fused_loss=args.fused_loss),
+                                   accelerator=resources.accelerator, cpu_devices=resources.device_count)
     log_path = run_dir / "train_output.log"
     started = time.time()
     with open(log_path, "w") as log:
@@ -247,6 +273,10 @@ def run_variant(spec: RunSpec, mixture: dict, tokenizer_dir: str, run_dir: Path,
     wall = time.time() - started
     log_text = log_path.read_text()
     if proc.returncode != 0:
+        held = held_message(log_text)
+        if held:
+            print(f"gpu_train: {held}", file=sys.stderr)
+            raise SystemExit(2)
         raise SystemExit(f"training failed (exit {proc.returncode}); last lines of {log_path}:\n"
                          + "\n".join(log_text.splitlines()[-40:]))
 
@@ -270,20 +300,45 @@ def run_variant(spec: RunSpec, mixture: dict, tokenizer_dir: str, run_dir: Path,
         "parameter_count": summary.get("parameter_count"),
         "mixed_precision": config["trainer"]["mp"],
         "final_step": summary["final_step"],
+        "loss_kernel": summary.get("loss_kernel"),
+        # Step 0 is XLA's compilation of the train step plus one step.
+        "first_step_seconds": summary.get("first_step_seconds"),
+        "peak_device_memory_bytes": summary.get("peak_device_memory_bytes"),
         **figures,
         "mfu": None if flops is None else flops / peak,
         "train_wall_seconds": wall,
     }
 
 
-def accelerator_device_count(accelerator: str) -> int:
-    """The devices JAX sees on this host's accelerator, asked in a child process: a GPU or TPU opened here
-    would be held (or its memory preallocated) while the training process needs it."""
-    probe = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"],
-                           env={**os.environ, "JAX_PLATFORMS": ""}, capture_output=True, text=True)
-    if probe.returncode != 0:
-        raise SystemExit(f"no {accelerator} devices found (pass --devices N):\n{probe.stderr[-2000:]}")
-    return int(probe.stdout.split()[-1])
+def accelerator_devices(accelerator: str, asked: int | None, tpu_type: str | None) -> tuple[int, str | None]:
+    """(devices to train on, Cloud TPU type or None). With both given (or on CPU) nothing is probed;
+    otherwise a child process asks JAX (`accelerator.probe`), and a count over the host's is refused."""
+    if accelerator == "cpu":
+        return asked or 1, None
+    tpu_type = tpu_type or (tpu_type_from_environment() if accelerator == "tpu" else None)
+    if asked and (accelerator == "gpu" or tpu_type):
+        return asked, tpu_type
+    found = probe(accelerator)
+    if asked and asked > found.count:
+        raise AcceleratorError(f"--devices {asked}: this host has {found.count} {found.kind} device(s)")
+    count = asked or found.count
+    return count, (tpu_type or tpu_type_for(found.kind, count)) if accelerator == "tpu" else None
+
+
+def training_data(fixtures, data_dir: Path, vocab_size: int, needed_tokens: int) -> tuple[str, str, int]:
+    """(cache root, tokenizer directory, vocabulary size) of stdlib docstrings tokenized into ``data_dir``,
+    built once per workdir: a later run reuses them when they hold enough tokens at that vocabulary."""
+    record = data_dir / "built.json"
+    if record.exists():
+        built = json.loads(record.read_text())
+        if built["asked_vocab_size"] == vocab_size and built["min_train_tokens"] >= needed_tokens:
+            return built["cache_root"], built["tokenizer_dir"], built["vocab_size"]
+    cache_root, tokenizer_dir = fixtures.build_tokenized_artifact(
+        fixtures.stdlib_docstrings(), data_dir, vocab_size=vocab_size, min_train_tokens=needed_tokens)
+    padded = pad_vocabulary(tokenizer_dir, vocab_size)
+    record.write_text(json.dumps({"asked_vocab_size": vocab_size, "min_train_tokens": needed_tokens,
+                                  "cache_root": cache_root, "tokenizer_dir": tokenizer_dir, "vocab_size": padded}))
+    return cache_root, tokenizer_dir, padded
 
 
 def pad_vocabulary(tokenizer_dir: str, size: int) -> int:

@@ -20,13 +20,15 @@ HARNESS_REPORT_FILE = "harness_report.json"
 
 
 def train_command(train_config_path: str, output_dir: str, *, final_eval: bool = False,
-                  final_eval_examples: int | None = None, init_sha256: str | None = None) -> ProcessCommand:
+                  final_eval_examples: int | None = None, init_sha256: str | None = None,
+                  fused_loss: bool = False) -> ProcessCommand:
     """``train_main --config CFG --output-dir OUT [--final-eval [--final-eval-examples N]]
     [--init-sha256 H]``: train (or resume) into ``output_dir``; with ``final_eval``, then evaluate the
     final checkpoint in the same process (every validation sequence, or ``final_eval_examples`` evenly
     spaced). ``init_sha256``: the content hash the initial weights (the config's ``initialize_from_hf``)
-    must have."""
+    must have. ``fused_loss``: the loss through the Pallas head-and-cross-entropy kernels (a runtime choice)."""
     args = ("--config", train_config_path, "--output-dir", output_dir) + (("--final-eval",) if final_eval else ())
+    args += ("--fused-loss",) if fused_loss else ()
     if final_eval and final_eval_examples is not None:
         args += ("--final-eval-examples", str(final_eval_examples))
     if init_sha256 is not None:

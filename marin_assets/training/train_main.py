@@ -26,12 +26,14 @@ import dataclasses
 import json
 import os
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from marin_assets.training.accelerator import HELD_EXIT_CODE, held_message
 from marin_assets.training.init_weights import InitWeightsError, check_weights, stage_weights, uri_of_reference
 from marin_assets.training.metrics import (
     median,
@@ -496,6 +498,8 @@ def summarize(metrics_path: Path, attempt: int) -> dict[str, Any]:
         "tokens_per_second": median(r.get("tokens_per_second") for r in steady),
         "mfu": median(r.get("mfu") for r in steady),
         "resumed_from_step": this_attempt[0]["step"] if this_attempt else None,
+        # This attempt's first step: XLA's compilation of the train step, and the step itself.
+        "first_step_seconds": this_attempt[0].get("step_seconds") if this_attempt else None,
         "eval_loss_last": last_eval["eval/loss"] if last_eval else None,
         "steps_logged": len(records),
     }
@@ -676,6 +680,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
             "sharded_weight": sharding or None,
             "flat_dots": flat_dots,
             "loss_kernel": loss_kernel,
+            "peak_device_memory_bytes": peak_device_memory(),
             "train_seconds": elapsed,
             "wandb_run_dir": sink.wandb_run_dir,
             "checkpoint_dir": checkpoints,
@@ -691,6 +696,14 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     if mirror is not None:
         mirror.push(METRICS_FILE, SUMMARY_FILE)
     return summary
+
+
+def peak_device_memory() -> int | None:
+    """The most memory the first device held at once in this process (TPU and GPU report it; CPU does not)."""
+    import jax
+
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
 
 
 def start_from_weights(config, expected_sha256: str | None, scratch: str, reporter: Reporter):
@@ -730,6 +743,12 @@ def main(argv: list[str] | None = None) -> None:
                             init_sha256=args.init_sha256, fused_loss=args.fused_loss)
         except CoordinatorUnreachable as exc:
             raise SystemExit(f"train_main: {exc}") from None
+        except RuntimeError as exc:
+            held = held_message(str(exc))  # JAX's backend start when another process holds the TPU
+            if held is None:
+                raise
+            print(f"train_main: {held}", file=sys.stderr, flush=True)
+            raise SystemExit(HELD_EXIT_CODE) from None
         if not summary:
             return  # not process 0 of a multi-process job: its records are process 0's
         if args.final_eval and summary.get("process_count", 1) > 1:

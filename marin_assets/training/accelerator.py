@@ -1,0 +1,86 @@
+"""What this host's accelerator is, asked without holding it, and the one-line refusals around it.
+
+A TPU can be opened by one process at a time (libtpu's lockfile), and a GPU's memory is preallocated
+by the first JAX program on it, so nothing that only wants to know the device count or kind may keep
+it open: `probe` asks a child process, which exits before training starts. Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+# Cloud TPU type prefixes by JAX's device_kind (lowercase substring; first match wins) and TensorCores
+# per chip as Cloud TPU type names count them ("v4-8" is 4 chips, "v5litepod-8" is 8).
+_TPU_TYPE_BY_DEVICE_KIND = (("v5 lite", "v5litepod", 1), ("v5e", "v5litepod", 1), ("v6 lite", "v6e", 1),
+                            ("v6e", "v6e", 1), ("v5p", "v5p", 2), ("v5", "v5p", 2), ("v4", "v4", 2))
+_CHIP_HELD_MARKERS = ("libtpu multi-process lockfile", "TPU is already in use", "/tmp/libtpu_lockfile")
+HELD_EXIT_CODE = 2
+
+
+class AcceleratorError(RuntimeError):
+    """The accelerator cannot serve the run; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Devices:
+    platform: str
+    kind: str
+    count: int
+
+
+def tpu_type_for(device_kind: str, chips: int) -> str:
+    """The Cloud TPU type of ``chips`` chips of JAX's ``device_kind``: one v5e chip is ``v5litepod-1``."""
+    kind = device_kind.lower()
+    for marker, prefix, cores_per_chip in _TPU_TYPE_BY_DEVICE_KIND:
+        if marker in kind:
+            return f"{prefix}-{chips * cores_per_chip}"
+    raise AcceleratorError(f"no Cloud TPU type is known for device kind {device_kind!r}; pass --tpu-type")
+
+
+def tpu_type_from_environment() -> str | None:
+    """The TPU type a Cloud TPU VM names in its environment, if it does."""
+    return os.environ.get("TPU_ACCELERATOR_TYPE") or None
+
+
+def held_message(output: str) -> str | None:
+    """One line for a process that failed because another one holds the TPU; None for other failures."""
+    if any(marker in output for marker in _CHIP_HELD_MARKERS):
+        holders = sorted(glob.glob("/tmp/libtpu_lockfile*"))
+        return ("the TPU is held by another process (libtpu allows one at a time"
+                + (f"; lock {holders[0]}" if holders else "") + "): wait for it to end, or end it, and run again")
+    return None
+
+
+def probe(platform: str) -> Devices:
+    """JAX's devices of ``platform`` (``tpu``, ``gpu``), asked in a child process that releases them on
+    exit. Raises AcceleratorError in one line: none found, or the TPU held by another process."""
+    code = ("import jax, json; d = jax.devices(); "
+            "print(json.dumps({'platform': d[0].platform, 'kind': d[0].device_kind, 'count': len(d)}))")
+    env = {**os.environ, "JAX_PLATFORMS": platform}
+    found = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if found.returncode != 0:
+        output = found.stdout + found.stderr
+        last = next((line for line in reversed(output.splitlines()) if line.strip()), "no output")
+        raise AcceleratorError(held_message(output) or f"no {platform} devices on this host ({last.strip()})")
+    record = json.loads(found.stdout.strip().splitlines()[-1])
+    return Devices(platform=record["platform"], kind=record["kind"], count=record["count"])
+
+
+def open_devices() -> Devices:
+    """Open JAX's default backend in this process; AcceleratorError in one line when another process
+    holds the TPU (JAX then raises a RuntimeError about libtpu's lockfile, with no fallback)."""
+    import jax
+
+    try:
+        devices = jax.devices()
+    except RuntimeError as exc:
+        message = held_message(str(exc))
+        if message is None:
+            raise
+        raise AcceleratorError(message) from None
+    return Devices(platform=devices[0].platform, kind=devices[0].device_kind, count=len(devices))
