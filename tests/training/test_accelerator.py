@@ -1,0 +1,64 @@
+"""The host's accelerator, asked without holding it: TPU types from device kinds, a held chip and a
+missing platform as one line, and gpu_train's refusals before anything trains."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from marin_assets.training.accelerator import AcceleratorError, held_message, probe, tpu_type_for
+
+GPU_TRAIN = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_train.py"
+# The shape of JAX's error when a second program opens a TPU: a RuntimeError naming libtpu's lockfile.
+HELD = ("RuntimeError: Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid "
+        "4242. Not attempting to load libtpu.so in this process. (Internal error when accessing libtpu "
+        "multi-process lockfile. Run \"$ sudo lsof -w /dev/accel0\" to figure out which process is using the TPU.)")
+
+
+@pytest.mark.parametrize("kind, chips, expected", [
+    ("TPU v5 lite", 1, "v5litepod-1"), ("TPU v5e", 8, "v5litepod-8"), ("TPU v6 lite", 4, "v6e-4"),
+    ("TPU v4", 4, "v4-8"), ("TPU v5p", 4, "v5p-8"),
+])
+def test_tpu_types_follow_cloud_tpu_naming(kind, chips, expected):
+    assert tpu_type_for(kind, chips) == expected
+
+
+def test_an_unknown_device_kind_asks_for_the_type():
+    with pytest.raises(AcceleratorError, match="pass --tpu-type"):
+        tpu_type_for("TPU v9 imaginary", 1)
+
+
+def test_a_held_chip_is_recognised_and_said_in_one_line():
+    message = held_message("Traceback (most recent call last):\n  ...\n" + HELD)
+    assert message is not None and "\n" not in message and "held by another process" in message
+    assert held_message("RuntimeError: Unable to initialize backend 'tpu': NOT_FOUND") is None
+
+
+def test_a_platform_the_host_lacks_is_one_line():
+    with pytest.raises(AcceleratorError) as raised:
+        probe("tpu")  # this machine has no TPU: JAX refuses in the child process, which exits
+    assert "no tpu devices on this host" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def run_gpu_train(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(GPU_TRAIN), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_gpu_train_refuses_a_missing_tpu_in_one_line_with_exit_code_2(tmp_path):
+    proc = run_gpu_train("--size", "tiny", "--accelerator", "tpu", "--workdir", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no tpu devices on this host" in proc.stderr
+    assert not (tmp_path / "data").exists()  # refused before any data was built
+
+
+def test_gpu_train_validates_the_run_before_the_chip_with_the_given_type(tmp_path):
+    """With --devices and --tpu-type nothing is probed: a batch the devices do not divide is refused first."""
+    proc = run_gpu_train("--size", "tiny", "--accelerator", "tpu", "--devices", "4", "--tpu-type", "v5litepod-4",
+                         "--batch-size", "6", "--workdir", str(tmp_path))
+    assert proc.returncode == 2 and "not divisible" in proc.stderr
+    proc = run_gpu_train("--size", "tiny", "--accelerator", "tpu", "--devices", "1", "--tpu-type", "v5litepod-3",
+                         "--workdir", str(tmp_path))
+    assert proc.returncode == 2 and "resources.tpu_type" in proc.stderr
