@@ -20,6 +20,7 @@ if sys.path and sys.path[0].rstrip("/").endswith("benchmarks"):
     sys.path.pop(0)
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -36,12 +37,14 @@ def main(argv: list[str] | None = None) -> dict:
                         help="tokens for XLA's timing (its f32 logits must fit the device; scaled per token)")
     parser.add_argument("--check-tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tiles", nargs="*", default=[],
+                        help="also time these tilings, each TOKENSxVOCAB (e.g. 2048x512); default: choose_tiles's")
     args = parser.parse_args(argv)
 
     import jax
     import jax.numpy as jnp
 
-    from marin_assets.training.fused_loss import choose_tiles, fused_cross_entropy
+    from marin_assets.training.fused_loss import Tiles, choose_tiles, fused_cross_entropy
 
     interpret = jax.default_backend() != "tpu"
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -54,8 +57,8 @@ def main(argv: list[str] | None = None) -> dict:
         lse = jax.nn.logsumexp(logits, axis=1)
         return lse - jnp.take_along_axis(logits, labels[:, None], 1)[:, 0]
 
-    def fused(h, w, labels):
-        return fused_cross_entropy(h, w, labels, interpret=interpret)
+    def fused(h, w, labels, tiles=None):
+        return fused_cross_entropy(h, w, labels, tiles=tiles, interpret=interpret)
 
     def step(loss_fn):
         def total(h, w, labels):
@@ -85,6 +88,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     head_flops = 3 * 2 * args.hidden * args.vocab
     fused_first, fused_s = timed(step(fused), h, w, labels)
+    tilings = {}
+    for text in args.tiles:
+        tiles = Tiles(*(int(part) for part in text.split("x")))
+        seconds = timed(step(functools.partial(fused, tiles=tiles)), h, w, labels)[1]
+        tilings[text] = {"seconds": seconds, "model_tflops": head_flops * args.tokens / seconds / 1e12}
+        print(f"fused tiles {text:>10}  {seconds * 1e3:8.2f} ms  model {tilings[text]['model_tflops']:6.1f} TFLOP/s")
     xla_tokens = min(args.xla_tokens, args.tokens)
     xla_first, xla_s = timed(step(xla_loss), h[:xla_tokens], w, labels[:xla_tokens])
     result = {
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         "dh_relative_error": relative(fused_check[0], xla_check[0]),
         "dw_relative_error": relative(fused_check[1], xla_check[1]),
         "fused": {"seconds": fused_s, "first_call_seconds": fused_first,
-                  "model_tflops": head_flops * args.tokens / fused_s / 1e12},
+                  "model_tflops": head_flops * args.tokens / fused_s / 1e12, "tilings": tilings},
         "xla": {"tokens": xla_tokens, "seconds": xla_s, "first_call_seconds": xla_first,
                 "model_tflops": head_flops * xla_tokens / xla_s / 1e12},
     }
