@@ -188,6 +188,7 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
     from haliax import Axis
     from haliax.partitioning import round_axis_for_partitioning
 
+    from marin_assets.training import jax_compat
     from marin_assets.training.eval_main import (
         eval_batch_axis,
         evaluate_checkpoint,
@@ -198,6 +199,7 @@ def run_harness(config_path: str, harness: dict[str, Any], *, checkpoint_path: s
     from marin_resources.storage.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
+    jax_compat.install()  # Levanter on the host's JAX (0.7.2 or a TPU image's 0.10)
     config = parse_train_config(config_path)
     check_tokenizer(config.data.tokenizer)
     try:

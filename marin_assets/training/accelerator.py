@@ -12,7 +12,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from marin_resources.placement import COORDINATOR_ENV
 
 # Cloud TPU type prefixes by JAX's device_kind (lowercase substring; first match wins) and TensorCores
 # per chip as Cloud TPU type names count them ("v4-8" is 4 chips, "v5litepod-8" is 8).
@@ -54,6 +57,22 @@ def held_message(output: str) -> str | None:
         return ("the TPU is held by another process (libtpu allows one at a time"
                 + (f"; lock {holders[0]}" if holders else "") + "): wait for it to end, or end it, and run again")
     return None
+
+
+# What JAX's cluster detection reads: a TPU VM's workers, Slurm's and Open MPI's task counts.
+_PROCESS_COUNT_VARIABLES = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+
+
+def sole_process(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether nothing in ``environ`` places this process beside others: no launcher's process group, a TPU
+    VM naming at most one worker, no multi-task Slurm or MPI job. A one-chip TPU host sets
+    TPU_WORKER_HOSTNAMES=localhost, and JAX then takes it for a cluster; such a process needs no
+    ``jax.distributed``, whose coordination service the host's sandbox may not even allow."""
+    if COORDINATOR_ENV in environ:  # our launcher's multi-process group
+        return False
+    workers = [name for name in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if name.strip()]
+    counts = (environ.get(name, "").strip() for name in _PROCESS_COUNT_VARIABLES)
+    return len(workers) <= 1 and all(not count.isdigit() or int(count) <= 1 for count in counts)
 
 
 def probe(platform: str) -> Devices:

@@ -130,11 +130,13 @@ def evaluate_checkpoint(
     from levanter.models.lm_model import LmExample, compute_next_token_loss
 
     from marin_assets.tokenization.cache_format import name_tokenizer_as_ledgers_do
+    from marin_assets.training import jax_compat
     from marin_assets.training.flat_dots import use_flat_dots
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.storage.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
+    jax_compat.install()  # Levanter on the host's JAX (0.7.2 or a TPU image's 0.10)
     config = parse_train_config(config_path)
     name_tokenizer_as_ledgers_do(config.data)  # the caches' ledgers name it so: no metadata mismatch
     tokenizer = config.data.the_tokenizer

@@ -119,11 +119,13 @@ def export_checkpoint(config_path: str, output_dir: str, *, checkpoint_path: str
     from levanter.utils.jax_utils import use_cpu_device
 
     from marin_assets.tokenization.cache_format import name_tokenizer_as_ledgers_do
+    from marin_assets.training import jax_compat
     from marin_assets.training.eval_main import resolve_checkpoint
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.storage.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
+    jax_compat.install()  # Levanter on the host's JAX (0.7.2 or a TPU image's 0.10)
     config = parse_train_config(config_path)
     name_tokenizer_as_ledgers_do(config.data)  # the validation caches' ledgers name it so
     if type(config.model) is not LlamaConfig:  # Qwen's configs subclass it, but are not transformers' Llama

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.accelerator import HELD_EXIT_CODE, held_message
+from marin_assets.training.accelerator import HELD_EXIT_CODE, held_message, sole_process
 from marin_assets.training.init_weights import InitWeightsError, check_weights, stage_weights, uri_of_reference
 from marin_assets.training.metrics import (
     median,
@@ -576,17 +576,22 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     from levanter.main import train_lm
 
     from marin_assets.tokenization.cache_format import name_tokenizer_as_ledgers_do
+    from marin_assets.training import jax_compat
     from marin_assets.training.flat_dots import use_flat_dots
     from marin_assets.training.levanter_config import parse_train_config
     from marin_resources.storage.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
+    jax_compat.install()  # Levanter on the host's JAX (0.7.2 or a TPU image's 0.10)
     output_dir.mkdir(parents=True, exist_ok=True)
     config = parse_train_config(config_path)
     name_tokenizer_as_ledgers_do(config.data)  # the caches' ledgers name it so: no metadata mismatch
     group = ProcessGroup.from_env()
     if group is not None:
         join_process_group(group, float(os.environ.get(COORDINATOR_TIMEOUT_ENV, DEFAULT_COORDINATOR_TIMEOUT_S)))
+    if group is not None or sole_process():
+        # Joined above, or alone: Levanter must not start jax.distributed on its own (a multi-host TPU
+        # slice without our launcher's group still lets Levanter detect and join it).
         config = dataclasses.replace(config, trainer=dataclasses.replace(
             config.trainer, distributed=dataclasses.replace(config.trainer.distributed,
                                                             initialize_jax_distributed=False)))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from marin_assets.training.accelerator import AcceleratorError, held_message, probe, tpu_type_for
+from marin_assets.training.accelerator import AcceleratorError, held_message, probe, sole_process, tpu_type_for
 
 GPU_TRAIN = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_train.py"
 # The shape of JAX's error when a second program opens a TPU: a RuntimeError naming libtpu's lockfile.
@@ -62,3 +62,15 @@ def test_gpu_train_validates_the_run_before_the_chip_with_the_given_type(tmp_pat
     proc = run_gpu_train("--size", "tiny", "--accelerator", "tpu", "--devices", "1", "--tpu-type", "v5litepod-3",
                          "--workdir", str(tmp_path))
     assert proc.returncode == 2 and "resources.tpu_type" in proc.stderr
+
+
+@pytest.mark.parametrize("environ, alone", [
+    ({}, True),
+    ({"TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v5litepod-4"}, True),  # the one-chip host
+    ({"TPU_WORKER_HOSTNAMES": "t1k-0,t1k-1,t1k-2,t1k-3"}, False),  # a four-host slice: JAX must join them
+    ({"SLURM_NTASKS": "8"}, False),
+    ({"OMPI_COMM_WORLD_SIZE": "1"}, True),
+    ({"MARIN_COORDINATOR_ADDRESS": "127.0.0.1:8476"}, False),  # our launcher's group joins it itself
+])
+def test_one_host_one_process_starts_no_jax_distributed(environ, alone):
+    assert sole_process(environ) is alone
