@@ -58,7 +58,6 @@ from marin_assets.training.accelerator import (  # noqa: E402
     held_message,
     probe,
     tpu_type_for,
-    tpu_type_from_environment,
 )
 from marin_assets.training.commands import train_command  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
@@ -144,8 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, help="sequences per step, over all devices")
     parser.add_argument("--vocab-size", type=int, help="tokenizer size (default: Marin's Llama 3 tokenizer's 128,256)")
     parser.add_argument("--accelerator", choices=("gpu", "tpu", "cpu"))
-    parser.add_argument("--tpu-type", help="Cloud TPU type of the devices (default: the host's TPU_ACCELERATOR_TYPE, "
-                                           "else from the device kind and count, e.g. v5litepod-1 for one v5e chip)")
+    parser.add_argument("--tpu-type", help="Cloud TPU type of the devices (default: from the device kind and count, "
+                                           "e.g. v5litepod-1 for one v5e chip)")
     parser.add_argument("--fused-loss", action="store_true",
                         help="the loss through the Pallas head-and-cross-entropy kernels (one TPU device)")
     parser.add_argument("--train-lm", action="store_true",
@@ -307,15 +306,40 @@ def run_variant(spec: RunSpec, mixture: dict, tokenizer_dir: str, run_dir: Path,
         **figures,
         "mfu": None if flops is None else flops / peak,
         "train_wall_seconds": wall,
+        **({"train_lm": train_lm_directly(config, run_dir / "train_lm", launch.env, peak)} if args.train_lm else {}),
     }
+
+
+def train_lm_directly(config: dict, run_dir: Path, env: dict[str, str], peak: float) -> dict:
+    """The same config through Levanter's own ``train_lm`` (its checkpoints apart): the baseline of the
+    project's training process. Only what the host needs to run Levanter at all is added: the JAX
+    compatibility fixes, and no ``jax.distributed`` on one host (what train_main decides at run time)."""
+    config = json.loads(json.dumps(config))
+    config["trainer"]["checkpointer"]["base_path"] = str(run_dir / "checkpoints")
+    config["trainer"].setdefault("distributed", {})["initialize_jax_distributed"] = False
+    config_path = write_train_config(config, run_dir / "train_config.yaml")
+    code = ("import sys; from marin_assets.training import jax_compat; jax_compat.install(); "
+            "import levanter.config; from levanter.main import train_lm; "
+            "sys.argv[1:] = ['--config_path', sys.argv[1]]; levanter.config.main(train_lm.main)()")
+    log_path = run_dir / "train_output.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.run([sys.executable, "-c", code, config_path], env={**os.environ, **env}, stdout=log,
+                              stderr=subprocess.STDOUT, cwd=REPO)
+    log_text = log_path.read_text()
+    if proc.returncode != 0:
+        raise SystemExit(f"train_lm failed (exit {proc.returncode}); last lines of {log_path}:\n"
+                         + "\n".join(log_text.splitlines()[-40:]))
+    figures = levanter_figures(log_text)
+    flops = figures["model_flops_per_second"]
+    return {**figures, "mfu": None if flops is None else flops / peak}
 
 
 def accelerator_devices(accelerator: str, asked: int | None, tpu_type: str | None) -> tuple[int, str | None]:
     """(devices to train on, Cloud TPU type or None). With both given (or on CPU) nothing is probed;
-    otherwise a child process asks JAX (`accelerator.probe`), and a count over the host's is refused."""
+    otherwise a child process asks JAX (`accelerator.probe`), and a count over the host's is refused.
+    The host's TPU_ACCELERATOR_TYPE is not trusted: a one-chip v5e host was seen to say v5litepod-4."""
     if accelerator == "cpu":
         return asked or 1, None
-    tpu_type = tpu_type or (tpu_type_from_environment() if accelerator == "tpu" else None)
     if asked and (accelerator == "gpu" or tpu_type):
         return asked, tpu_type
     found = probe(accelerator)

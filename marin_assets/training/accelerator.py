@@ -45,11 +45,6 @@ def tpu_type_for(device_kind: str, chips: int) -> str:
     raise AcceleratorError(f"no Cloud TPU type is known for device kind {device_kind!r}; pass --tpu-type")
 
 
-def tpu_type_from_environment() -> str | None:
-    """The TPU type a Cloud TPU VM names in its environment, if it does."""
-    return os.environ.get("TPU_ACCELERATOR_TYPE") or None
-
-
 def held_message(output: str) -> str | None:
     """One line for a process that failed because another one holds the TPU; None for other failures."""
     if any(marker in output for marker in _CHIP_HELD_MARKERS):
