@@ -1,0 +1,190 @@
+"""Levanter and haliax on a newer JAX (marin_assets/training/jax_compat.py): each place where JAX 0.10
+breaks them, driven through the Levanter code that broke. Under JAX 0.10 each test first shows the
+breakage without its fix, then the fix; under the locked 0.7.2 Levanter runs unfixed and gives the
+same values. .ci/run runs these (-m jax_compat) under both JAX versions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from marin_assets.training import jax_compat
+
+pytestmark = pytest.mark.jax_compat
+
+NEWER_JAX = "JAX past 0.7 (install() applies fix_cpu_mesh and fix_stack_tree there)"
+
+
+def newer_jax() -> bool:
+    import jax
+
+    return jax.__version_info__ >= (0, 8)
+
+
+@pytest.fixture
+def levanter_restored():
+    """The fixes are process-wide: put back what they replace once the test is done."""
+    import haliax.nn.loss
+    from levanter.data import loader
+    from levanter.utils import jax_utils
+
+    (cell,) = jax_utils.local_cpu_mesh.__closure__
+    saved = haliax.nn.loss.maybe_reduce_loss, loader.stack_tree, cell.cell_contents
+    yield
+    haliax.nn.loss.maybe_reduce_loss, loader.stack_tree, cell.cell_contents = saved
+
+
+def test_install_applies_the_fixes_this_jax_needs_and_touches_no_device():
+    # A fresh process: install() runs once per process, and must leave JAX's backends alone so that
+    # jax.distributed can still start after it.
+    code = ("import json; from marin_assets.training import jax_compat; from jax._src import xla_bridge\n"
+            "print(json.dumps([jax_compat.install(), xla_bridge.backends_are_initialized()]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fixes, backends_up = json.loads(proc.stdout.strip().splitlines()[-1])
+    expected = (["fix_loss_mask"] if jax_compat.float_where_refused() else []) + \
+        (["fix_cpu_mesh", "fix_stack_tree"] if newer_jax() else [])
+    assert fixes == expected and not backends_up
+
+
+@pytest.mark.parametrize("block_size", [None, 8], ids=["whole-vocab", "blockwise"])
+def test_3a_a_float_loss_mask_gives_the_masked_mean(levanter_restored, block_size):
+    """Levanter's loss mask is float 0/1; JAX 0.10's jnp.mean refuses a float where= in haliax's
+    maybe_reduce_loss. The fix reads it as JAX 0.7 did (nonzero = counted): the same mean."""
+    import haliax as hax
+    import jax
+    from levanter.models.loss import maybe_fused_next_token_loss
+
+    Batch, Pos = hax.Axis("batch", 2), hax.Axis("position", 6)
+    Embed, Vocab = hax.Axis("embed", 4), hax.Axis("vocab", 16)
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    embeddings = hax.random.normal(keys[0], (Batch, Pos, Embed))
+    lm_head = hax.random.normal(keys[1], (Embed, Vocab))
+    targets = hax.random.randint(keys[2], (Batch, Pos), 0, Vocab.size)
+    mask_values = np.ones((2, 6), np.float32)
+    mask_values[:, -1] = 0  # the causal mask's last position
+    mask_values[1, :2] = 0  # and a prompt
+    mask = hax.named(mask_values, (Batch, Pos))
+
+    def loss(reduction):
+        return maybe_fused_next_token_loss(Pos, Embed, Vocab, embeddings, lm_head, targets, loss_mask=mask,
+                                           reduction=reduction, block_size=block_size)
+
+    per_token = np.asarray(loss(None).array, np.float64)
+    masked_mean = (per_token * mask_values).sum() / mask_values.sum()
+    if jax_compat.float_where_refused():
+        with pytest.raises(ValueError, match="where must be None or a boolean array"):
+            loss(hax.mean)
+    else:
+        assert float(loss(hax.mean).array) == pytest.approx(masked_mean, rel=1e-6)
+    jax_compat.fix_loss_mask()
+    assert float(loss(hax.mean).array) == pytest.approx(masked_mean, rel=1e-6)
+
+
+def _evaluation_batch_script() -> str:
+    """The first batch of Levanter's loader over a DomainTaggedDataset built under the training mesh, on
+    every device there is, as train_lm builds its evaluator (the examples themselves come from the token
+    cache, off any mesh). Prints the batch's first tokens, or the error's first line."""
+    return textwrap.dedent("""
+        import sys
+        import haliax as hax, jax, jax.numpy as jnp, numpy as np
+        from haliax.partitioning import ResourceAxis
+        from levanter.data.dataset import ListAsyncDataset
+        from levanter.data.loader import DataLoader
+        from levanter.eval import DomainTaggedDataset
+        from levanter.models.lm_model import LmExample
+        from levanter.utils.jax_utils import create_fsdp_mesh
+        from marin_assets.training import jax_compat
+
+        for fix in sys.argv[1:]:
+            getattr(jax_compat, fix)()
+        Pos = hax.Axis("position", 8)
+        rows = np.arange(4 * 8, dtype=np.int32).reshape(4, 8)
+        sets = [(ListAsyncDataset([LmExample.causal(hax.named(row, Pos)) for row in rows], is_complete=True), [tag])
+                for tag in ("docs", "code")]
+        mesh = create_fsdp_mesh(1, jax.device_count(), 1)  # as Levanter's trainer makes it
+        with hax.partitioning.set_mesh(mesh), hax.axis_mapping({"batch": ResourceAxis.DATA}):
+            loader = DataLoader(DomainTaggedDataset(sets), 2, mesh=mesh, axis_resources={"batch": ResourceAxis.DATA})
+            try:
+                examples, tags = next(iter(loader))
+            except ValueError as exc:
+                print("error:", str(exc).splitlines()[0])
+                raise SystemExit(1)
+        print(np.asarray(examples.tokens.array)[:, 0].tolist())
+    """)
+
+
+def _evaluation_batch(*fixes: str, devices: int) -> subprocess.CompletedProcess:
+    # A fresh process: its device count is fixed when JAX starts, and the fixes are process-wide.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return subprocess.run([sys.executable, "-c", _evaluation_batch_script(), *fixes], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_3b_the_loaders_cpu_mesh_stacks_examples_built_under_the_training_mesh(levanter_restored):
+    """JAX 0.10's make_mesh gives local_cpu_mesh Explicit axes; the examples carry the training mesh's Auto
+    axes, and stack_tree refuses the mix. In this process (one CPU device)."""
+    import haliax as hax
+    import jax
+    import jax.numpy as jnp
+    from haliax.partitioning import ResourceAxis
+    from jax.sharding import Mesh
+    from levanter.data.dataset import ListAsyncDataset
+    from levanter.data.loader import DataLoader
+    from levanter.models.lm_model import LmExample
+
+    Pos = hax.Axis("position", 8)
+    # Levanter's training mesh (create_fsdp_mesh's axes, Auto), on one device whatever this process has.
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), (ResourceAxis.REPLICA, ResourceAxis.DATA,
+                                                               ResourceAxis.MODEL))
+    rows = np.arange(4 * 8, dtype=np.int32).reshape(4, 8)
+
+    def first_batch():
+        with hax.partitioning.set_mesh(mesh), hax.axis_mapping({"batch": ResourceAxis.DATA}):
+            examples = [LmExample.causal(hax.named(jnp.asarray(row), Pos)) for row in rows]
+            loader = DataLoader(ListAsyncDataset(examples, is_complete=True), 2, mesh=mesh,
+                                axis_resources={"batch": ResourceAxis.DATA})
+            return np.asarray(next(iter(loader)).tokens.array)
+
+    if newer_jax():
+        with pytest.raises(ValueError, match="context mesh .*Explicit.* should match the aval mesh"):
+            first_batch()
+    else:
+        np.testing.assert_array_equal(first_batch(), rows[:2])
+    jax_compat.fix_cpu_mesh()
+    np.testing.assert_array_equal(first_batch(), rows[:2])
+
+
+def test_3c_evaluation_examples_on_the_training_devices_are_stacked_on_the_cpu():
+    """Eval's tag arrays, made under a training mesh of two devices, live on both (on a TPU host: on the
+    chip), and the jitted stack_tree under the one-CPU-device mesh refuses them."""
+    fixed = _evaluation_batch("fix_cpu_mesh", "fix_stack_tree", devices=2)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert fixed.stdout.split()[-2:] == ["[0,", "8]"]
+    unfixed = _evaluation_batch("fix_cpu_mesh", devices=2)  # the other fix for this path in place
+    if newer_jax():
+        assert unfixed.returncode == 1 and "error: Received incompatible devices for jitted computation" in \
+            unfixed.stdout, unfixed.stdout + unfixed.stderr[-3000:]
+    else:
+        assert unfixed.returncode == 0 and unfixed.stdout == fixed.stdout, unfixed.stderr[-3000:]
+
+
+@pytest.mark.parametrize("fix, module, name, replacement", [
+    ("fix_loss_mask", "haliax.nn.loss", "maybe_reduce_loss", lambda arr, reduction, where: arr),
+    ("fix_stack_tree", "levanter.data.loader", "stack_tree", lambda batch_name, datums, pad: datums),
+    ("fix_cpu_mesh", "levanter.utils.jax_utils", "local_cpu_mesh", lambda: None),
+])
+def test_a_changed_levanter_function_is_refused_in_one_line(monkeypatch, fix, module, name, replacement):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module(module), name, replacement)
+    with pytest.raises(jax_compat.JaxCompatError) as refused:
+        getattr(jax_compat, fix)()
+    assert name in str(refused.value) and "\n" not in str(refused.value)
