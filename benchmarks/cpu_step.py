@@ -6,7 +6,7 @@ unless given), timed in fresh processes, alternating between the modes:
 - `baseline`: haliax's products as XLA gets them, the whole [tokens, vocab] logits at once;
 - `flat`: `marin_assets.training.flat_dots.use_flat_dots` (two-dimensional products);
 - `flat+blockwise`: that, and the cross-entropy over vocabulary blocks of `--block` (the training
-  config's `cross_entropy_block_size` on CPU, `levanter_config.CPU_CROSS_ENTROPY_BLOCK`): what a
+  config's `cross_entropy_block_size` on CPU, `memory.CPU_CROSS_ENTROPY_BLOCK`): what a
   CPU run does now.
 
 Each process compiles once, then takes the median of ``--steps`` timed steps (forward+backward, and
@@ -44,6 +44,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     from marin_assets.training.flat_dots import use_flat_dots
     from marin_assets.training.levanter_config import model_config
+    from marin_assets.training.memory import unplanned_settings
     from marin_assets.training.spec import load_run_registry
 
     spec = load_run_registry()[args.run]
@@ -53,7 +54,7 @@ def measure(args: argparse.Namespace) -> dict:
         shape.update(intermediate_dim=4 * args.width, num_heads=max(1, args.width // 4),
                      num_kv_heads=max(1, args.width // 4))
     model_spec = dataclasses.replace(spec.model, **shape)
-    fields = {k: v for k, v in model_config(model_spec, "unused", on_accelerator=False).items() if k != "tokenizer"}
+    fields = {k: v for k, v in model_config(model_spec, "unused", unplanned_settings(spec)).items() if k != "tokenizer"}
     fields["cross_entropy_block_size"] = args.block if args.child == "flat+blockwise" else None
     config = draccus.decode(LmConfig, fields)
     if args.child != "baseline":
@@ -85,7 +86,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    from marin_assets.training.levanter_config import CPU_CROSS_ENTROPY_BLOCK
+    from marin_assets.training.memory import CPU_CROSS_ENTROPY_BLOCK
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default="nano-shakespeare", help="a run of marin_assets/training/runs.yaml")

@@ -28,15 +28,9 @@ from marin_assets.tokenization.registry import (
     parse_registry,
     registry_for_sources,
 )
-from marin_assets.training.spec import (
-    DEFAULT_RUNS_YAML,
-    RunSpec,
-    check_memory_fit,
-    extend_run_registry,
-    load_run_registry,
-)
+from marin_assets.training.memory import plan_run
+from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, extend_run_registry, load_run_registry
 from marin_resources.environments import MarinSettings
-from marin_resources.placement import device_memory
 from marin_resources.project import CURATION_SECTIONS, REGISTRY_SECTIONS
 from marin_resources.typed_config import ConfigError
 
@@ -66,12 +60,15 @@ class Deployment:
         deployment = cls.resolve(curation, registry, runs, sweeps)
         if project is not None:
             deployment.require_built(project.sections, str(project.path))
-        # Before anything launches: a run too big for the devices it names is refused here, by the
-        # tokenizer's target vocabulary and the devices' memory (runtime placement, never identity).
+        # Before anything launches: a run that no compute setting fits into the memory of the devices
+        # it names is refused here, by the tokenizer's target vocabulary (runtime placement, never identity).
         for run in deployment.runs.values():
-            check_memory_fit(run, deployment.tokenization.tokenizers[run.tokenizer].config.vocab_size,
-                             device_memory(run.resources, settings.gpu_type))
+            plan_run(run, deployment.vocab_size(run), settings.gpu_type)
         return deployment
+
+    def vocab_size(self, run: RunSpec) -> int:
+        """The target vocabulary of the run's tokenizer (a trained tokenizer's is at most that)."""
+        return self.tokenization.tokenizers[run.tokenizer].config.vocab_size
 
     @classmethod
     def resolve(cls, curation: CurationConfig, registry: TokenizationRegistry, runs: Mapping[str, RunSpec],

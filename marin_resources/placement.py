@@ -109,13 +109,14 @@ TPU_CHIP_MEMORY_GIB = {"v6e": 32, "v5p": 95, "v5litepod": 16, "v5e": 16, "v4": 3
 
 
 def device_memory(resources: ResourceSpec, gpu_type: str) -> tuple[int, str] | None:
-    """Bytes of memory the devices of ``resources`` hold together, and how that figure was found;
-    None for a GPU or TPU type not in the tables (nothing is assumed about it). CPU devices share
-    this machine's physical memory. Runtime placement, like the spec it reads."""
+    """Bytes of memory one device of ``resources`` holds, and how that figure was found; None for a
+    GPU or TPU type not in the tables (nothing is assumed about it). CPU devices share this machine's
+    physical memory, each its equal part. Runtime placement, like the spec it reads."""
     gib = 2**30
     if resources.accelerator == "cpu":
         host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return host, f"this machine's {host / gib:.1f} GiB of memory (cpu)"
+        share = "" if resources.device_count == 1 else f"1/{resources.device_count} of "
+        return host // resources.device_count, f"{share}this machine's {host / gib:.1f} GiB of memory (cpu)"
     if resources.accelerator == "gpu":
         per_device, kind = GPU_MEMORY_GIB.get(gpu_type), gpu_type
     else:
@@ -123,8 +124,7 @@ def device_memory(resources: ResourceSpec, gpu_type: str) -> tuple[int, str] | N
         per_device = next((v for prefix, v in TPU_CHIP_MEMORY_GIB.items() if kind.startswith(prefix)), None)
     if per_device is None:
         return None
-    return (resources.device_count * per_device * gib,
-            f"{resources.device_count} x {kind} at {per_device} GiB = {resources.device_count * per_device} GiB")
+    return per_device * gib, f"{per_device} GiB per device ({kind})"
 
 
 # Where process 0 serves JAX's coordination service on a cluster (JAX's own default port for TPU pods).

@@ -86,7 +86,8 @@ def decode(tp: type[T] | Any, raw: Any) -> T:
     try:
         return _adapter(tp).validate_json(text)
     except ValidationError as exc:
-        raise _problem(tp, exc.errors(include_url=False)[0]) from None
+        errors = exc.errors(include_url=False)
+        raise _union_problem(tp, errors) or _problem(tp, errors[0]) from None
 
 
 def _describe(value: Any) -> str:
@@ -103,15 +104,67 @@ def _problem(tp: Any, error: dict[str, Any]) -> FieldProblem:
         return FieldProblem(path, "required field is missing")
     if kind == "literal_error":
         return FieldProblem(path, f"{value!r} is not one of {error['ctx']['expected']}")
-    expected = {"int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-                "float_type": "a number", "float_parsing": "a number", "bool_type": "a boolean",
-                "bool_parsing": "a boolean", "string_type": "a string", "list_type": "a list",
-                "tuple_type": "a list", "dataclass_type": "a mapping", "dict_type": "a mapping",
-                "mapping_type": "a mapping", "finite_number": "a finite number"}.get(kind)
+    expected = EXPECTED.get(kind)
     if expected is not None:
         return FieldProblem(path, f"expected {expected}, got {_describe(value)}")
     message = error["msg"].removeprefix("Value error, ")
     return FieldProblem(path, message)
+
+
+EXPECTED = {"int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+            "float_type": "a number", "float_parsing": "a number", "bool_type": "a boolean",
+            "bool_parsing": "a boolean", "string_type": "a string", "list_type": "a list",
+            "tuple_type": "a list", "dataclass_type": "a mapping", "dict_type": "a mapping",
+            "mapping_type": "a mapping", "finite_number": "a finite number"}
+
+
+def _union_problem(tp: Any, errors: list[dict[str, Any]]) -> FieldProblem | None:
+    """A value that matches no member of a union field (``bool | Literal["auto"]``): pydantic reports
+    each member's error under the field's path plus the member's tag; one problem names them all."""
+    path = tuple(p for p in errors[0]["loc"] if isinstance(p, (str, int)))
+    depth = _union_depth(tp, path)
+    if depth is None:
+        return None
+    members = [e for e in errors if tuple(e["loc"][:depth]) == path[:depth] and len(e["loc"]) == depth + 1]
+    if len(members) < 2:
+        return None
+    expected = []
+    for error in members:
+        if error["type"] == "literal_error":
+            expected.append(error["ctx"]["expected"])
+        else:
+            expected.append(EXPECTED.get(error["type"], error["msg"]))
+    if type(None) in typing.get_args(_field_type(tp, path[:depth])):
+        expected.append("null")
+    return FieldProblem(path[:depth], f"expected {', '.join(expected[:-1])} or {expected[-1]}, got "
+                                      f"{_describe(errors[0].get('input'))}")
+
+
+def _field_type(tp: Any, path: tuple[str | int, ...]) -> Any:
+    """The annotation of the field at ``path`` (field names and list indices) inside the dataclass ``tp``."""
+    for part in path:
+        if isinstance(part, int):
+            tp = next(a for a in typing.get_args(tp) if a is not Ellipsis)
+            continue
+        holder = tp
+        if typing.get_origin(holder) in (typing.Union, types.UnionType):
+            holder = next(a for a in typing.get_args(holder) if a is not type(None))
+        if not dataclasses.is_dataclass(holder):
+            return None
+        tp = typing.get_type_hints(holder)[part]
+    return tp
+
+
+def _union_depth(tp: Any, path: tuple[str | int, ...]) -> int | None:
+    """How many elements of ``path`` lead to a field whose type is a union of two or more non-null types."""
+    for depth in range(1, len(path)):
+        field_type = _field_type(tp, path[:depth])
+        if field_type is None:
+            return None
+        if typing.get_origin(field_type) in (typing.Union, types.UnionType) and \
+                len([a for a in typing.get_args(field_type) if a is not type(None)]) > 1:
+            return depth
+    return None
 
 
 def _class_at(tp: Any, path: tuple[str | int, ...]) -> Any:

@@ -39,7 +39,13 @@ from marin_assets.scaling_sweeps.forecasting import (
     score_forecast,
     score_metric_forecast,
 )
-from marin_assets.training.assets import SpecLookup, build_run_assets, mixture_specs, tokenizer_specs
+from marin_assets.training.assets import (
+    SpecLookup,
+    build_run_assets,
+    compute_planner,
+    mixture_specs,
+    tokenizer_specs,
+)
 from marin_assets.training.spec import RunSpec
 from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
@@ -214,6 +220,7 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
 
     run_assets, run_checks = build_run_assets(
         checkpoint_key=checkpoint_key(name), eval_key=eval_key(name), partitions=partitions, spec_for=spec_for,
+        plan_for=compute_planner(settings, deployment),
         mixtures={config.mixture: mixture_specs(deployment, upstream)[config.mixture]},
         tokenizers={config.tokenizer: tokenizer_specs(deployment, upstream)[config.tokenizer]},
         pool=settings.train_pool, group_name="scaling", catalog=catalog, store=store.get, tags=tags,

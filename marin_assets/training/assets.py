@@ -34,7 +34,8 @@ from marin_assets.training.levanter_config import (
     render_train_config,
     set_checkpoint_base,
 )
-from marin_assets.training.spec import RunSpec
+from marin_assets.training.memory import ComputePlan, plan_run
+from marin_assets.training.spec import RunSpec, RunSpecError
 from marin_assets.training.train_main import FINAL_EVAL_FILE, INPUT_ERROR_FILE, SUMMARY_FILE
 from marin_resources.artifact_spec import ArtifactSpec, ReadsFn
 from marin_resources.artifacts import (
@@ -155,6 +156,13 @@ def launcher_wandb(launcher: TrainingLauncher, spec: RunSpec) -> WandbSettings:
 
 
 SpecLookup = Callable[[str], RunSpec]
+ComputePlanner = Callable[[RunSpec], ComputePlan]
+
+
+def compute_planner(settings: MarinSettings, deployment: Deployment) -> ComputePlanner:
+    """How a run of this deployment computes on the devices it names, planned against their memory
+    (`memory.plan_run`) when it launches; raises `RunSpecError` for a run no setting fits."""
+    return lambda spec: plan_run(spec, deployment.vocab_size(spec), settings.gpu_type)
 
 
 def run_specs(checkpoint_key: str, eval_key: str, spec_for: SpecLookup, store: Callable[[], ArtifactStore],
@@ -170,14 +178,15 @@ def run_specs(checkpoint_key: str, eval_key: str, spec_for: SpecLookup, store: C
 
 
 def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.DynamicPartitionsDefinition,
-                     spec_for: SpecLookup, mixtures: Mapping[str, ArtifactSpec],
+                     spec_for: SpecLookup, plan_for: ComputePlanner, mixtures: Mapping[str, ArtifactSpec],
                      tokenizers: Mapping[str, ArtifactSpec], pool: str, group_name: str, catalog: Catalog,
                      store: Callable[[], ArtifactStore], reads: ReadsFn | None = None,
                      tags: dict[str, str] | None = None,
                      subject: str = "") -> tuple[list, list]:
     """A checkpoint asset and its eval asset over ``partitions``, a run per partition; ``spec_for``
-    gives a partition's `RunSpec` when a step runs (it raises dg.Failure for an unknown run). ``mixtures``
-    and ``tokenizers``: the specs of those a run may name, by name."""
+    gives a partition's `RunSpec` when a step runs (it raises dg.Failure for an unknown run), ``plan_for``
+    how it computes (`compute_planner`). ``mixtures`` and ``tokenizers``: the specs of those a run may name,
+    by name."""
     checkpoint_spec, eval_spec = run_specs(checkpoint_key, eval_key, spec_for, store, reads)
     upstream_keys = [asset_key(specs[name].key) for specs in (mixtures, tokenizers) for name in sorted(specs)]
     # A run of either reads its inputs for a long time: automation rebuilds nothing upstream meanwhile.
@@ -206,18 +215,25 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
         # run would train on other weights than its identity names.
         if checkpoint_spec.identity(context.partition_key) != spec.identity(init_sha256):
             raise input_refused(f"{label}: the initial weights changed while the run started; materialize it again")
+        # Before any process opens a device: a setting that fits its memory, or a one-line refusal.
+        try:
+            plan = plan_for(spec)
+        except RunSpecError as exc:
+            raise input_refused(f"{label}: {exc}") from None
+        context.log.info(f"{label}: {plan.describe()}")
 
         def build(writer) -> Built:
             out = local_dir(store, writer)
             config_path = render_train_config(spec, data_config, tokenizer.uri, out, launcher_wandb(launcher, spec),
-                                              init_weights=weights)
+                                              init_weights=weights, compute=plan.settings)
             if not artifacts.is_local:
                 # Levanter (tensorstore) saves each checkpoint straight into the bucket, where a re-run
                 # on any machine resumes from it; `out` is scratch for logs, uploaded at commit.
                 set_checkpoint_base(config_path, writer.path("checkpoints"))
             run_quoting_input_errors(launcher, context, train_command(config_path, out, final_eval=True,
                                                                       final_eval_examples=spec.final_eval_examples,
-                                                                      init_sha256=init_sha256),
+                                                                      init_sha256=init_sha256,
+                                                                      fused_loss=plan.settings.fused_loss),
                                      Path(out) / INPUT_ERROR_FILE, label, resources=spec.resources,
                                      extras={"run": spec.name, "fingerprint": spec.fingerprint(init_sha256)})
             # The summary file, not the Pipes message, is the record: a lost message must not commit
@@ -227,6 +243,7 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                 raise dg.Failure(f"training exited without writing {summary_path}")
             summary = json.loads(summary_path.read_text())
             metrics = {k: summary[k] for k in TRAIN_METRIC_KEYS if summary.get(k) is not None}
+            metrics["compute"] = plan.metadata()  # how it was computed: runtime, never in the fingerprint
             # W&B's run directory is in the metrics (wandb_run_dir), shown once.
             metadata: dict[str, Any] = {"run": spec.name, "model_family": spec.model.family,
                                         "optimizer": spec.optimizer.type}
@@ -362,7 +379,8 @@ def build_training_stage(settings: MarinSettings, deployment: Deployment,
     catalog.add_discoverer(RUNS.name, lambda: sorted(runs))
     mixtures, tokenizers = mixture_specs(deployment, upstream), tokenizer_specs(deployment, upstream)
     assets, checks = build_run_assets(checkpoint_key="checkpoint", eval_key="eval", partitions=RUNS,
-                                      spec_for=spec_for, mixtures=mixtures, tokenizers=tokenizers,
+                                      spec_for=spec_for, plan_for=compute_planner(settings, deployment),
+                                      mixtures=mixtures, tokenizers=tokenizers,
                                       pool=settings.train_pool, group_name="training", catalog=catalog,
                                       store=store_resource(settings).get,
                                       reads=lambda run: run_reads(runs.get(run), mixtures, tokenizers))

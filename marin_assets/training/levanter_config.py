@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from marin_assets.training.init_weights import InitWeights, levanter_reference
+from marin_assets.training.memory import ComputeSettings, unplanned_settings
 from marin_assets.training.spec import HEAD_DIM_FAMILIES, TENSOR_PARALLEL_AXES, ModelSpec, RunSpec
 from scaling.flops import MIXTURE_OF_EXPERTS_FAMILIES
 
@@ -84,16 +85,9 @@ def _prepare_data_config(spec: RunSpec, data_config: Mapping[str, Any], tokenize
     return data
 
 
-# Cross-entropy over vocabulary blocks of this size on CPU, never the whole [tokens, vocab] logits at
-# once: they do not fit the cache, and the CPU's memory bandwidth (about 4 GB/s a core here) then sets
-# the step time. Measured with benchmarks/cpu_step.py (docs/training.md, "Measurements").
-CPU_CROSS_ENTROPY_BLOCK = 256
-
-
-def model_config(m: ModelSpec, tokenizer_dir: str, *, on_accelerator: bool) -> dict[str, Any]:
+def model_config(m: ModelSpec, tokenizer_dir: str, compute: ComputeSettings) -> dict[str, Any]:
     """Levanter's model config for ``m``: its family's registered config class (the ``type``) and
-    the fields that class has. ``on_accelerator`` sets how it computes, not what: activation
-    recomputation on accelerators, a blockwise cross-entropy on CPU."""
+    the fields that class has, computed as ``compute`` says (recomputation, loss blocks, attention)."""
     config: dict[str, Any] = {
         "type": m.family,
         "seq_len": m.seq_len,
@@ -115,10 +109,11 @@ def model_config(m: ModelSpec, tokenizer_dir: str, *, on_accelerator: bool) -> d
         "rope": {"type": "default", "theta": m.rope_theta},
         # Local tokenizer: Levanter otherwise consults the HF hub for the reference checkpoint's.
         "tokenizer": tokenizer_dir,
-        # Recomputing activations only pays off when memory is the limit, i.e. on big models.
-        "gradient_checkpointing": on_accelerator,
-        "cross_entropy_block_size": None if on_accelerator else CPU_CROSS_ENTROPY_BLOCK,
+        "gradient_checkpointing": compute.gradient_checkpointing,
+        "cross_entropy_block_size": compute.cross_entropy_block_size,
     })
+    if compute.attention is not None:
+        config["attn_backend"] = compute.attention
     return config
 
 
@@ -131,6 +126,7 @@ def build_train_config(
     wandb: WandbSettings = WandbSettings(),
     temporary_checkpoint_interval: str = "10m",
     init_weights: InitWeights | None = None,
+    compute: ComputeSettings | None = None,
 ) -> dict[str, Any]:
     """Levanter ``TrainLmConfig`` dict for ``spec`` training on ``data_config`` (a mixture dict).
 
@@ -140,6 +136,8 @@ def build_train_config(
     parameter norms every ``spec.watch_every`` steps. The mesh is ``spec.mesh`` (data x fsdp x tensor).
     A run with ``init_weights`` (its resolved ``init_from``) starts from them: Levanter's
     ``initialize_from_hf``, which the training process points at its checked local copy.
+    ``compute``: how the model computes, as `marin_assets.training.memory.plan_compute` planned it for
+    the devices (None: the setting runs had before planning, `unplanned_settings`).
     """
     tokenizer_dir = str(tokenizer_dir)
     output_dir = str(output_dir)
@@ -150,7 +148,7 @@ def build_train_config(
     return {
         **initialization,
         "data": _prepare_data_config(spec, data_config, tokenizer_dir),
-        "model": model_config(m, tokenizer_dir, on_accelerator=on_accelerator),
+        "model": model_config(m, tokenizer_dir, compute or unplanned_settings(spec)),
         "optimizer": {
             "type": o.type,
             "learning_rate": o.learning_rate,
@@ -236,9 +234,11 @@ def write_train_config(config: Mapping[str, Any], path: str | os.PathLike) -> st
 
 
 def render_train_config(spec: RunSpec, data_config: Mapping[str, Any], tokenizer_dir: str, output_dir: str,
-                        wandb: WandbSettings, init_weights: InitWeights | None = None) -> str:
+                        wandb: WandbSettings, init_weights: InitWeights | None = None,
+                        compute: ComputeSettings | None = None) -> str:
     """Render ``spec`` into ``{output_dir}/train_config.yaml``; returns its path."""
-    config = build_train_config(spec, data_config, tokenizer_dir, output_dir, wandb=wandb, init_weights=init_weights)
+    config = build_train_config(spec, data_config, tokenizer_dir, output_dir, wandb=wandb, init_weights=init_weights,
+                                compute=compute)
     return write_train_config(config, Path(output_dir) / TRAIN_CONFIG_FILE)
 
 

@@ -2,8 +2,10 @@
 
 A ``RunSpec`` says *what* is trained (model shape, data mixture, tokenizer, optimizer,
 batch/steps/seed, evaluation sets, checkpoint cadence). Its ``resources`` say *where*
-it runs; they are runtime choices and never enter ``identity()``/``fingerprint()``, so
-moving a run from CPU to a TPU pool does not invalidate its artifacts.
+it runs and its ``compute`` *how* (recomputation, cross-entropy blocks, attention kernel);
+they are runtime choices and never enter ``identity()``/``fingerprint()``, so moving a run
+from CPU to a TPU pool, or letting it recompute activations to fit, does not invalidate its
+artifacts.
 
 No Dagster, JAX or Levanter import here: this module is pure and loads instantly.
 """
@@ -30,6 +32,9 @@ DEFAULT_RUNS_YAML = Path(__file__).with_name("runs.yaml")
 
 LrSchedule = Literal["cosine", "linear", "constant"]
 OptimizerType = Literal["adam", "lion"]
+AttentionBackendName = Literal["default", "vanilla", "jax_flash", "splash", "nvte"]
+"""Levanter's ``attn_backend`` values: its accelerator default, plain softmax(QK)V, its pure-JAX
+flash attention, the Pallas splash kernel (TPU), Transformer Engine (GPU)."""
 
 
 class RunSpecError(ConfigError):
@@ -118,6 +123,25 @@ class ParallelismSpec:
     """Parameters and optimizer state sharded over the embed axis, batch split too (Levanter's data axis)."""
     tensor: int = 1
     """The MLP and key/value heads split across devices (Levanter's model axis)."""
+
+
+@typed_config
+@dataclass(frozen=True)
+class ComputeSpec:
+    """How a run computes, not what: each choice changes the memory a step needs and its speed, never
+    the math beyond float rounding, so like ``resources`` it stays outside the identity. ``auto``
+    fields are picked per run by `marin_assets.training.memory.plan_compute`: the fastest setting
+    whose estimated memory fits the devices (docs/training.md, "Memory")."""
+
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute each layer's activations in the backward pass, keeping only its input."""
+    cross_entropy_block_size: int | None | Literal["auto"] = "auto"
+    """Compute the loss over vocabulary blocks of this size instead of the whole [tokens, vocab] logits."""
+    attention: AttentionBackendName | None = None
+    """Levanter's attention backend; None: its default for the accelerator."""
+    fused_loss: bool | Literal["auto"] = False
+    """TPU only: the language-model head and its cross-entropy as one Pallas kernel
+    (`marin_assets.training.fused_loss`), which keeps no logits in HBM."""
 
 
 @typed_config
@@ -221,6 +245,8 @@ class RunSpec:
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
     """The device mesh. Like ``resources``, outside the identity: the global batch is
     ``train_batch_size`` however it is split, so the mesh changes no result beyond float rounding."""
+    compute: ComputeSpec = field(default_factory=ComputeSpec)
+    """How the step computes (recomputation, loss blocks, attention kernel). Outside the identity."""
     init_from: InitFrom | None = None
     """Start from these weights (continued pretraining) instead of a random initialization. Their
     content hash, resolved when the run is built, is part of the identity (see `identity`)."""
@@ -240,7 +266,7 @@ class RunSpec:
 
     def identity(self, init_weights: str | None = None) -> dict[str, Any]:
         """Everything that determines the trained weights: all fields except ``resources``,
-        ``parallelism``, ``final_eval_examples`` and ``watch_every``. Fields added since runs were
+        ``parallelism``, ``compute``, ``final_eval_examples`` and ``watch_every``. Fields added since runs were
         first fingerprinted are left out while they hold their defaults, so runs keep the identity
         they had before those fields existed: a Llama trained with Adam before families and
         optimizers (`LATER_FIELD_DEFAULTS`), a run from scratch before ``init_from``. That is set
@@ -248,7 +274,7 @@ class RunSpec:
         (`marin_assets.training.init_weights`), as ``init_from.sha256``: other weights under the
         same name are another run."""
         data = dataclasses.asdict(self)
-        del data["resources"], data["parallelism"], data["final_eval_examples"], data["watch_every"]
+        del data["resources"], data["parallelism"], data["compute"], data["final_eval_examples"], data["watch_every"]
         for section, defaults in LATER_FIELD_DEFAULTS.items():
             for name, default in defaults.items():
                 if data[section][name] == default:
@@ -390,6 +416,15 @@ def validate_run(spec: RunSpec) -> None:
             f"{mesh.tensor} does not divide model.intermediate_dim={m.intermediate_dim}")
     require(m.num_kv_heads % mesh.tensor == 0, "parallelism.tensor",
             f"{mesh.tensor} does not divide model.num_kv_heads={m.num_kv_heads}")
+    c = spec.compute
+    block = c.cross_entropy_block_size
+    require(not isinstance(block, int) or block > 0, "compute.cross_entropy_block_size",
+            f"must be positive, null or 'auto', got {block}")
+    require(c.fused_loss is not True or r.accelerator == "tpu", "compute.fused_loss",
+            f"the fused loss is a TPU kernel; this run's accelerator is {r.accelerator!r}")
+    for backend, accelerator in (("splash", "tpu"), ("nvte", "gpu")):
+        require(c.attention != backend or r.accelerator == accelerator, "compute.attention",
+                f"{backend!r} attention runs on a {accelerator.upper()}, not on {r.accelerator!r}")
     init = spec.init_from
     if init is not None:
         require((init.run is None) != (init.path is None), "init_from", "give exactly one of run or path")
@@ -426,58 +461,6 @@ def validate_init_sources(runs: Mapping[str, RunSpec]) -> None:
             chain.append(source)
             init = runs[source].init_from
             source = init.run if init is not None else None
-
-
-# --- memory -------------------------------------------------------------------------------------
-
-OPTIMIZER_STATE: dict[str, tuple[int, str]] = {"adam": (16, "Adam moments"), "lion": (12, "Lion momentum")}
-"""Per optimizer: bytes per parameter of f32 weights, their gradients and the optimizer's state
-(Adam's two moments, Lion's one momentum), 4 bytes each; and what that state is called."""
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """What one training step of a run holds, over all its devices together (see docs/training.md)."""
-
-    parameters: int
-    state_bytes: int
-    """Weights, gradients and optimizer state: ``OPTIMIZER_STATE`` bytes per parameter."""
-    activation_bytes: int
-
-    @property
-    def total_bytes(self) -> int:
-        return self.state_bytes + self.activation_bytes
-
-
-def training_memory(spec: RunSpec, vocab_size: int) -> MemoryEstimate:
-    """A low estimate of a training step's memory in f32: the state, plus the activations of one
-    batch with per-layer rematerialisation (each layer's input kept for the backward pass, one
-    layer's intermediates and attention scores live at a time) and the logits with their gradient.
-    Compiler buffers and fragmentation come on top, so a run over this estimate cannot fit."""
-    m = spec.model
-    parameters = m.parameter_count(vocab_size)
-    per_token = (m.num_layers * m.hidden_dim
-                 + 16 * m.hidden_dim + 3 * m.intermediate_dim * (m.experts_per_token or 1)
-                 + 2 * m.num_heads * m.seq_len + 2 * vocab_size)
-    return MemoryEstimate(parameters, OPTIMIZER_STATE[spec.optimizer.type][0] * parameters,
-                          4 * spec.train_batch_size * m.seq_len * per_token)
-
-
-def check_memory_fit(spec: RunSpec, vocab_size: int, available: tuple[int, str] | None) -> MemoryEstimate:
-    """Refuse (RunSpecError, with the estimate) a run whose `training_memory` exceeds ``available``,
-    the memory of the devices its resources name and where that figure came from
-    (`marin_resources.placement.device_memory`); None: unknown devices, nothing is checked."""
-    estimate = training_memory(spec, vocab_size)
-    if available is not None and estimate.total_bytes > available[0]:
-        gib = 2**30
-        state_bytes, state = OPTIMIZER_STATE[spec.optimizer.type]
-        raise RunSpecError(spec.name, "model", (
-            f"does not fit its resources: training needs about {estimate.total_bytes / gib:,.1f} GiB "
-            f"({estimate.parameters:,} parameters x {state_bytes} bytes for f32 weights, gradients and {state} "
-            f"= {estimate.state_bytes / gib:,.1f} GiB, plus {estimate.activation_bytes / gib:,.1f} "
-            f"GiB of activations at batch {spec.train_batch_size} x {spec.model.seq_len} tokens, vocab "
-            f"{vocab_size}), more than {available[1]}"))
-    return estimate
 
 
 # --- registry -----------------------------------------------------------------------------------

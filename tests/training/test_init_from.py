@@ -321,27 +321,37 @@ def _commit(store, key: str, partition: str | None, files: dict[str, bytes], met
         return writer.commit(config={"name": key}, upstream=[], producer=producer_info("test"), metrics=metrics or {})
 
 
-def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_dir, synthetic_deployment):
+def recording_checkpoint_stage(tmp_path, runs_file, synthetic_deployment):
+    """The training stage over ``runs_file``'s runs (mixture ``m``, tokenizer ``t``, both committed) with
+    a `RecordingLauncher`: (the checkpoint asset, its catalog, resources, store, recorded calls)."""
     from marin_assets.stages import build_stage
-    from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stage
+    from marin_assets.training.assets import build_training_stage
     from marin_resources.environments import MarinSettings, build_resources
-    from marin_resources.storage.lineage import build_lineage
 
-    runs_file = _registry(tmp_path, base={}, tuned={"init_from": {"run": "base"}, "mixture": "m"},
-                          broken={"init_from": {"path": str(tmp_path / "empty")}})
-    (tmp_path / "empty").mkdir()
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_RUNS": str(runs_file)})
     resources = build_resources(settings)
     store = resources["store"].get()
     _commit(store, "mixture/m", None, {"data.json": json.dumps({
         "cache_dir": None, "train_weights": {"m": 1.0}, "configs": {"m": {"cache_dir": "/caches/m"}}}).encode()})
     _commit(store, "tokenizer/t", None, {"tokenizer.json": b"{}"})
-    export = _commit(store, "hf_model", "base", {n: (llama_dir / n).read_bytes()
-                                                 for n in ("config.json", "model.safetensors")})
     calls: list = []
     resources["launcher"] = RecordingLauncher.make(calls)
     defs, catalog = build_stage(build_training_stage, settings, synthetic_deployment(runs=load_run_registry(runs_file)))
     [checkpoint] = [a for a in defs.assets if a.key == dg.AssetKey("checkpoint")]
+    return checkpoint, catalog, resources, store, calls
+
+
+def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_dir, synthetic_deployment):
+    from marin_assets.training.assets import CHECKPOINT_VERSION
+    from marin_resources.storage.lineage import build_lineage
+
+    runs_file = _registry(tmp_path, base={}, tuned={"init_from": {"run": "base"}, "mixture": "m"},
+                          broken={"init_from": {"path": str(tmp_path / "empty")}})
+    (tmp_path / "empty").mkdir()
+    checkpoint, catalog, resources, store, calls = recording_checkpoint_stage(tmp_path, runs_file,
+                                                                              synthetic_deployment)
+    export = _commit(store, "hf_model", "base", {n: (llama_dir / n).read_bytes()
+                                                 for n in ("config.json", "model.safetensors")})
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("runs", ["base", "broken", "tuned"])
         result = dg.materialize([checkpoint], partition_key="tuned", instance=instance, resources=resources)

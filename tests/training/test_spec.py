@@ -121,38 +121,6 @@ def test_registry_validation_names_run_and_field(tmp_path, edit, field, message)
     assert message in str(err.value) and "'r1'" in str(err.value)
 
 
-
-
-def test_a_model_is_checked_against_the_memory_of_the_devices_it_names():
-    """Issue #30: hidden_dim 1,048,576 and 4,096 layers was accepted. The estimate is 16 bytes per
-    parameter plus activations; GPU and TPU memory come from tables, never from identity."""
-    from marin_assets.training.spec import ModelSpec, check_memory_fit, training_memory
-    from marin_resources.placement import ResourceSpec, device_memory
-
-    # A 1.4B-parameter Llama (d=2048, 24 layers, vocab 128k).
-    model = ModelSpec(hidden_dim=2048, intermediate_dim=8192, num_layers=24, num_heads=16, num_kv_heads=16,
-                      seq_len=4096)
-    spec = dataclasses.replace(tiny_spec(), model=model, train_batch_size=8)
-    estimate = training_memory(spec, vocab_size=128_256)
-    assert estimate.state_bytes == 16 * model.parameter_count(128_256)
-    lion = dataclasses.replace(spec, optimizer=dataclasses.replace(spec.optimizer, type="lion"))
-    assert training_memory(lion, 128_256).state_bytes == 12 * model.parameter_count(128_256)  # one moment
-    eight_h100 = ResourceSpec(accelerator="gpu", device_count=8)
-    assert device_memory(eight_h100, "nvidia-h100-80gb")[0] == 8 * 80 * 2**30
-    assert check_memory_fit(spec, 128_256, device_memory(eight_h100, "nvidia-h100-80gb")) == estimate
-    one_v5e = ResourceSpec(accelerator="tpu", device_count=1, tpu_type="v5litepod-1")
-    with pytest.raises(RunSpecError, match=r"training needs about [\d.]+ GiB .* more than 1 x v5litepod-1 at 16 GiB"):
-        check_memory_fit(spec, 128_256, device_memory(one_v5e, ""))
-    assert device_memory(ResourceSpec(accelerator="gpu"), "some-new-gpu") is None  # unknown: not checked
-    assert check_memory_fit(spec, 128_256, None) == estimate
-
-    huge = dataclasses.replace(spec, model=dataclasses.replace(model, hidden_dim=1_048_576, num_layers=4096))
-    with pytest.raises(RunSpecError, match="does not fit its resources"):
-        check_memory_fit(huge, 128_256, device_memory(eight_h100, "nvidia-h100-80gb"))
-    # Placement never enters identity: the same spec on other devices keeps its fingerprint.
-    assert dataclasses.replace(spec, resources=one_v5e).fingerprint() == spec.fingerprint()
-
-
 @pytest.mark.parametrize(
     "resources, parallelism, mesh",
     [
