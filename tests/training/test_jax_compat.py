@@ -188,3 +188,30 @@ def test_a_changed_levanter_function_is_refused_in_one_line(monkeypatch, fix, mo
     with pytest.raises(jax_compat.JaxCompatError) as refused:
         getattr(jax_compat, fix)()
     assert name in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_tiny_run_trains_and_evaluates_through_train_main_on_two_devices(tmp_path, tiny_artifact, tiny_mixture):
+    """The whole training process on this JAX, with every fix where it is needed: the loss mask at the
+    first step, the loader's CPU mesh, the evaluation batches of a mesh of two devices; then the final
+    evaluation (eval_main's code) in the same process."""
+    from conftest import SUBPROCESS_ENV, tiny_spec
+
+    from marin_assets.training.commands import train_command
+    from marin_assets.training.levanter_config import build_train_config, write_train_config
+    from marin_assets.training.spec import ResourceSpec
+    from marin_resources.launchers import build_command_and_env
+
+    spec = tiny_spec(steps=4, steps_per_eval=2, resources=ResourceSpec(device_count=2))
+    config = write_train_config(build_train_config(spec, tiny_mixture, tiny_artifact[1], str(tmp_path)),
+                                tmp_path / "train_config.yaml")
+    command = train_command(config, str(tmp_path), final_eval=True, final_eval_examples=16)
+    launch = build_command_and_env(command, accelerator="cpu", cpu_devices=2)
+    proc = subprocess.run(launch.command, env={**os.environ, **SUBPROCESS_ENV, **launch.env}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert (summary["final_step"], summary["device_count"]) == (4, 2)
+    assert summary["train_loss_last"] < summary["train_loss_first"] and summary["eval_loss_last"] > 0
+    report = json.loads((tmp_path / "final_eval_report.json").read_text())
+    assert report["eval/stdlib-docs/loss"] == pytest.approx(summary["eval_loss_last"], rel=0.05)
