@@ -2,12 +2,18 @@
 (issue #49: llama_150m at batch 64 asked XLA for 21.42 GB on a 16 GiB v5e chip and nothing warned)."""
 
 import dataclasses
+import importlib.util
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import dagster as dg
 import pytest
 import yaml
-from conftest import tiny_spec
+from conftest import SUBPROCESS_ENV, tiny_spec
 
 from marin_assets.training.memory import (
     ACCELERATOR_CROSS_ENTROPY_BLOCK,
@@ -32,6 +38,7 @@ from marin_resources.placement import device_memory
 GIB = 2**30
 V5E = ResourceSpec(accelerator="tpu", device_count=1, tpu_type="v5litepod-1")
 V5E_MEMORY = (16 * GIB, "16 GiB per device (v5litepod-1)")
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "memory_fit.py"
 LLAMA_150M = ModelSpec(hidden_dim=512, intermediate_dim=1792, num_layers=6, num_heads=8, num_kv_heads=8, seq_len=1024)
 VOCAB = 128_256
 
@@ -287,3 +294,30 @@ def test_the_validated_spec_accepts_every_compute_setting_on_its_accelerator():
     spec = llama_150m(16, compute=ComputeSpec(gradient_checkpointing=True, cross_entropy_block_size=8192,
                                                attention="splash", fused_loss=True))
     validate_run(spec)
+
+
+def test_the_benchmark_sets_the_estimate_beside_xlas_compiled_memory_analysis():
+    """benchmarks/memory_fit.py lowers Levanter's real train step without running it; on CPU, in f32, the
+    estimate of the tiny shape is within a quarter of XLA's peak (docs/training.md, "Memory")."""
+    out = subprocess.run([sys.executable, str(BENCHMARK), "--shape", "tiny", "--batch", "4",
+                          "--checkpointing", "off", "--ce-block", "none"], capture_output=True, text=True,
+                         env={**os.environ, **SUBPROCESS_ENV}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["settings"] == {"gradient_checkpointing": False, "cross_entropy_block_size": None,
+                                  "fused_loss": False, "attention": None}
+    xla = result["xla"]
+    assert xla["peak"] == xla["argument"] + xla["output"] - xla["alias"] + xla["temp"] > 0
+    assert 0.8 < result["estimate_over_xla"] < 1.25
+
+
+def test_xlas_refusal_of_a_program_over_the_chip_gives_its_figure():
+    spec = importlib.util.spec_from_file_location("memory_fit", BENCHMARK)
+    benchmark = sys.modules["memory_fit"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    out_of_memory_figures = benchmark.out_of_memory_figures
+    refusal = ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
+               "for HLO temporaries (21.39G) exceeds available HBM (15.75G).")
+    figures = out_of_memory_figures(refusal, argument_bytes=GIB)
+    assert figures == {"out_of_memory": 1, "argument": GIB, "temp": int(21.39 * GIB), "peak": GIB + int(21.39 * GIB)}
+    assert out_of_memory_figures("INTERNAL: something else", argument_bytes=GIB) is None
