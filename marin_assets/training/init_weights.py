@@ -229,8 +229,9 @@ def stage_weights(uri: str, expected_sha256: str | None, scratch: str | os.PathL
     return str(target)
 
 
-def check_safetensors(path: Path, where: str) -> None:
-    """The file holds every byte its header promises (a truncated download or copy does not)."""
+def check_safetensors(path: Path, where: str) -> dict[str, list[int]]:
+    """The file holds every byte its header promises (a truncated download or copy does not); returns
+    the shape of each tensor its header lists."""
     size = path.stat().st_size
     with open(path, "rb") as fh:
         head = fh.read(8)
@@ -239,12 +240,49 @@ def check_safetensors(path: Path, where: str) -> None:
             raise InitWeightsError(f"{where}: truncated: {size:,} bytes, not even the safetensors header")
         try:
             header = json.loads(fh.read(length))
-            end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"),
-                      default=0)
-        except (ValueError, KeyError, TypeError, IndexError):
+            tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
+            end = max((entry["data_offsets"][1] for entry in tensors.values()), default=0)
+            shapes = {name: [int(n) for n in entry["shape"]] for name, entry in tensors.items()}
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             raise InitWeightsError(f"{where}: not a safetensors file (its header is not a tensor table)") from None
     if size < 8 + length + end:
         raise InitWeightsError(f"{where}: truncated: {size:,} bytes of the {8 + length + end:,} its header lists")
+    return shapes
+
+
+def expected_tensor_shapes(config: Mapping[str, Any]) -> dict[str, list[int]]:
+    """The shape of each tensor a Hugging Face checkpoint of ``config`` (a config.json of one of the
+    families `check_weights` accepts) holds, by its PyTorch name: what Levanter's converter will reshape
+    into the run's model. Tensors a family adds that are not listed here are left to the converter."""
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads = config.get("num_attention_heads") or 1
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    inner = config.get("intermediate_size")
+    family = config["model_type"]
+    shapes = {"model.embed_tokens.weight": [config["vocab_size"], hidden], "model.norm.weight": [hidden]}
+    if not config.get("tie_word_embeddings"):
+        shapes["lm_head.weight"] = [config["vocab_size"], hidden]
+    for i in range(layers):
+        layer = f"model.layers.{i}"
+        shapes.update({f"{layer}.self_attn.q_proj.weight": [heads * head_dim, hidden],
+                       f"{layer}.self_attn.k_proj.weight": [kv_heads * head_dim, hidden],
+                       f"{layer}.self_attn.v_proj.weight": [kv_heads * head_dim, hidden],
+                       f"{layer}.self_attn.o_proj.weight": [hidden, heads * head_dim],
+                       f"{layer}.post_attention_layernorm.weight": [hidden]})
+        if family != "olmo2":  # OLMo 2 normalises after attention and MLP only
+            shapes[f"{layer}.input_layernorm.weight"] = [hidden]
+        if family == "mixtral":
+            shapes[f"{layer}.block_sparse_moe.gate.weight"] = [config["num_local_experts"], hidden]
+            for e in range(config["num_local_experts"]):
+                expert = f"{layer}.block_sparse_moe.experts.{e}"
+                shapes.update({f"{expert}.w1.weight": [inner, hidden], f"{expert}.w3.weight": [inner, hidden],
+                               f"{expert}.w2.weight": [hidden, inner]})
+        elif inner is not None:
+            shapes.update({f"{layer}.mlp.gate_proj.weight": [inner, hidden],
+                           f"{layer}.mlp.up_proj.weight": [inner, hidden],
+                           f"{layer}.mlp.down_proj.weight": [hidden, inner]})
+    return shapes
 
 
 def check_weights(directory: str, expected: Mapping[str, Any], tokenizer) -> dict:
@@ -284,9 +322,14 @@ def check_weights(directory: str, expected: Mapping[str, Any], tokenizer) -> dic
                                f"({len(tokenizer)} entries)")
     import fsspec
 
+    expected_shapes = expected_tensor_shapes(config)
     for name in model_files(fsspec.filesystem("file"), str(root), directory):
         if name.endswith(".safetensors"):
-            check_safetensors(root / name, f"{directory}/{name}")
+            for tensor, shape in check_safetensors(root / name, f"{directory}/{name}").items():
+                wanted = expected_shapes.get(tensor)
+                if wanted is not None and shape != wanted:
+                    raise InitWeightsError(f"{directory}/{name}: {tensor} has shape {shape}; config.json and the "
+                                           f"run's model make it {wanted}")
     return config
 
 

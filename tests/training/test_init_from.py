@@ -215,6 +215,15 @@ def _set_config(**fields):
     return change
 
 
+def _narrower_up_projection(d: Path) -> None:
+    """config.json still says the run's shape; one layer's tensor does not (a hand-edited or mixed checkpoint)."""
+    from safetensors.numpy import load_file, save_file
+
+    state = load_file(d / "model.safetensors")
+    state["model.layers.1.mlp.up_proj.weight"] = state["model.layers.1.mlp.up_proj.weight"][:-8]
+    save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+
+
 def _other_tokenizer(d: Path) -> None:
     data_fixtures.train_byte_bpe_tokenizer(data_fixtures.stdlib_docstrings()[200:400], d, 300)
 
@@ -226,6 +235,9 @@ def _other_tokenizer(d: Path) -> None:
      "LlamaForCausalLM"),
     (_set_config(num_hidden_layers=3), "config.json: num_hidden_layers is 3, the run's model has 2"),
     (_set_config(vocab_size=299), "config.json: vocab_size 299 does not match the run's tokenizer (300 entries)"),
+    (_narrower_up_projection, f"model.safetensors: model.layers.1.mlp.up_proj.weight has shape "
+                              f"[{TINY.intermediate_dim - 8}, {TINY.hidden_dim}]; config.json and the run's model "
+                              f"make it [{TINY.intermediate_dim}, {TINY.hidden_dim}]"),
     (_other_tokenizer, "tokenizer.json: its vocabulary differs from the run's tokenizer"),
 ])
 def test_weights_that_do_not_fit_are_one_line_naming_the_piece(llama_dir, tokenizer, damage, message):
