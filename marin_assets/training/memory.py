@@ -273,8 +273,8 @@ class ComputePlan:
 
     def describe(self) -> str:
         """One line for the launch log."""
-        checked = (f"of {gib(self.device_memory)} GiB ({self.device_label})" if self.device_memory is not None else
-                   f"not checked: {self.device_label}")
+        checked = f"against {self.device_label}" if self.device_memory is not None else \
+            f"not checked: {self.device_label}"
         return f"compute: {self.settings.describe()}; estimate {self.estimate.describe(4)} per device, {checked}"
 
     def metadata(self) -> dict[str, object]:
