@@ -215,14 +215,13 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
         # run would train on other weights than its identity names.
         if checkpoint_spec.identity(context.partition_key) != spec.identity(init_sha256):
             raise input_refused(f"{label}: the initial weights changed while the run started; materialize it again")
-        # Before any process opens a device: a setting that fits its memory, or a one-line refusal.
-        try:
-            plan = plan_for(spec)
-        except RunSpecError as exc:
-            raise input_refused(f"{label}: {exc}") from None
-        context.log.info(f"{label}: {plan.describe()}")
-
         def build(writer) -> Built:
+            # Before any process opens a device: a setting that fits its memory, or a one-line refusal.
+            try:
+                plan = plan_for(spec)
+            except RunSpecError as exc:
+                raise input_refused(f"{label}: {exc}") from None
+            context.log.info(f"{label}: {plan.describe()}")
             out = local_dir(store, writer)
             config_path = render_train_config(spec, data_config, tokenizer.uri, out, launcher_wandb(launcher, spec),
                                               init_weights=weights, compute=plan.settings)
