@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import socket
 import sys
@@ -104,6 +105,7 @@ class StepMetricsSink:
         self._values: dict[str, Any] = {}
         self._peak_flops_total: float | None = None
         self._device_kind: str | None = None
+        self.last_finite: tuple[int, float] | None = None
         self._file = open(metrics_path, "a")
 
     def _hardware(self) -> None:
@@ -152,6 +154,8 @@ class StepMetricsSink:
         )
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        if math.isfinite(record["loss"]):
+            self.last_finite = (self._step, record["loss"])
         now = time.monotonic()
         self._first = self._first or (self._step, now)
         # Every report_every steps, and at least every EMIT_EVERY_S: the CLI shows the newest line.
@@ -162,6 +166,19 @@ class StepMetricsSink:
                 f"step {self._step}/{self.total_steps} loss {record['loss']:.4f} tokens/s {tps or 0:.0f}"
                 + (f" mfu {record['mfu']:.2%}" if record["mfu"] is not None else "") + (f" {left}" if left else "")))
         self._step, self._values = None, {}
+
+    def divergence(self) -> str:
+        """One line for a run whose loss became NaN after the steps logged so far."""
+        pending = self.pending()  # the step logged last, not yet written: its loss came before the NaN
+        if pending is not None and math.isfinite(pending["loss"]):
+            self.last_finite = (pending["step"], pending["loss"])
+        if self.last_finite is None:
+            where = "at its first step"
+        else:
+            step, loss = self.last_finite
+            where = f"after step {step} (loss {loss:.4f} there)"
+        return (f"training diverged: the loss became NaN {where}; lower optimizer.learning_rate, lengthen "
+                "optimizer.warmup or set optimizer.max_grad_norm, and run again")
 
     def capture_wandb_dir(self) -> None:
         try:
@@ -308,6 +325,14 @@ def _agreed(flag: bool) -> bool:
     from jax.experimental import multihost_utils
 
     return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN: Levanter stops the run; the message is one line for the user."""
+
+
+LEVANTER_NAN_LOSS = "Loss is NaN"
+"""What Levanter's Trainer raises (a RuntimeError) when a step's loss is NaN."""
 
 
 class CoordinatorUnreachable(RuntimeError):
@@ -660,6 +685,10 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
         after_train=lambda model: sharding.update(largest_weight_sharding(model)))
     try:
         train_lm.main(config)
+    except RuntimeError as exc:
+        if str(exc) != LEVANTER_NAN_LOSS:
+            raise
+        raise TrainingDiverged(sink.divergence()) from None
     finally:
         train_lm.Trainer, train_lm.compute_next_token_loss = original_trainer, original_loss
         if init_scratch is not None:
@@ -742,7 +771,8 @@ def main(argv: list[str] | None = None) -> None:
     output_dir = Path(args.output_dir or os.path.dirname(os.path.abspath(args.config)))
     # W&B writes its run directory under WANDB_DIR; keep it with the run's other outputs.
     os.environ.setdefault("WANDB_DIR", str(output_dir))
-    with input_errors(InitWeightsError, output_dir / INPUT_ERROR_FILE), open_reporter() as reporter:
+    with input_errors((InitWeightsError, TrainingDiverged), output_dir / INPUT_ERROR_FILE), \
+            open_reporter() as reporter:
         try:
             summary = train(args.config, output_dir, reporter, report_every=args.report_every,
                             init_sha256=args.init_sha256, fused_loss=args.fused_loss)
