@@ -47,23 +47,22 @@ from marin_assets.curation.schemes.base import (
 )
 from marin_assets.curation.schemes.fsspec_listing import archive_protocol, glob_files, glob_root, listed_file, relative
 from marin_assets.curation.schemes.hf import HF_SCHEME, use_hf_endpoint
+from marin_assets.curation.schemes.urls import archive_link, member_url, opened_filesystem, url_filesystem
 
 FILES_SCHEME = "files"  # not a URI prefix: the scheme of plain paths and of every fsspec protocol
 
 
 def local_path(uri: str) -> str | None:
-    """The path of a ``file://`` URI (not chained into an archive), None for any other URI."""
-    return uri[len("file://"):] if uri.startswith("file://") and "::" not in uri else None
+    """The path of a ``file://`` URI, None for any other URI."""
+    return uri[len("file://"):] if uri.startswith("file://") else None
 
 
 def _expand_archive(archive_uri: str, archive_relpath: str) -> list[FileRef]:
-    import fsspec
-
     protocol = archive_protocol(archive_uri)
-    afs, _ = fsspec.core.url_to_fs(f"{protocol}://::{archive_uri}")
-    members = glob_files(afs, "")
+    with opened_filesystem(member_url(protocol, "", archive_uri)) as (afs, _):
+        members = glob_files(afs, "")
     return [
-        listed_file(f"{protocol}://{m}::{archive_uri}", f"{archive_relpath}/{m.lstrip('/')}", info)
+        listed_file(member_url(protocol, m, archive_uri), f"{archive_relpath}/{m.lstrip('/')}", info)
         for m, info in members.items()
     ]
 
@@ -98,32 +97,29 @@ def _local_refusal(path: str) -> str | None:
 
 def list_files(source: ListedSource) -> list[FileRef]:
     """Every file (or archive member) a path or fsspec URL names."""
-    import fsspec
     from fsspec.implementations.local import LocalFileSystem
 
     uri = source.uri
     use_hf_endpoint()  # an archive on the Hub is chained into an hf:// URL
-    # A long-lived process (a sensor) must see today's listing, through the credentials and
-    # endpoint its environment names now: a fresh instance, not fsspec's cached one. A chained
-    # URL's filesystem comes from the cache, so its listings are dropped instead.
-    chained = "::" in uri
-    fs, path = fsspec.core.url_to_fs(uri, **({} if chained else {"skip_instance_cache": True}))
-    local = isinstance(fs, LocalFileSystem) and not chained
-    if chained:
-        fs.invalidate_cache()
-        protocol, target = uri.split("://", 1)[0], uri.split("::", 1)[1]
-
-        def rebuild(p: str) -> str:
-            return f"{protocol}://{p}::{target}"
-    else:
-        rebuild = fs.unstrip_protocol
-    try:
-        matches = glob_files(fs, path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"source {source.name!r}: {uri} does not exist") from None
-    root = path.rstrip("/") if not GLOB_CHARS.search(path) and fs.isdir(path) else glob_root(path)
+    link = archive_link(uri)
     refs = []
     with contextlib.ExitStack() as stack:
+        # A long-lived process (a sensor) must see today's listing, through the credentials and
+        # endpoint its environment names now: a fresh instance, not fsspec's cached one (an archive's
+        # filesystem is made afresh each time).
+        fs, path = stack.enter_context(opened_filesystem(uri, **({} if link else {"skip_instance_cache": True})))
+        local = isinstance(fs, LocalFileSystem) and link is None
+        if link is not None:
+
+            def rebuild(p: str) -> str:
+                return member_url(link.protocol, p, link.archive)
+        else:
+            rebuild = fs.unstrip_protocol
+        try:
+            matches = glob_files(fs, path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"source {source.name!r}: {uri} does not exist") from None
+        root = path.rstrip("/") if not GLOB_CHARS.search(path) and fs.isdir(path) else glob_root(path)
         hashes = stack.enter_context(ContentHashCache())
         for p, info in matches.items():
             rel = relative(p, root)
@@ -152,7 +148,7 @@ def list_files(source: ListedSource) -> list[FileRef]:
             elif info.get("type", "file") != "file":  # whatever a store lists that is not a file
                 refs.append(FileRef(uri=rebuild(p), relpath=rel, refused=refusal(
                     NOT_A_REGULAR_FILE, f"listed as {info.get('type')!r}, not a file; never read")))
-            elif source.expand_archives and "::" not in uri and archive_protocol(p):
+            elif source.expand_archives and link is None and archive_protocol(p):
                 refs.extend(_expand_archive(rebuild(p), rel))
             elif content_checksum(info) is not None:
                 refs.append(listed_file(rebuild(p), rel, info))
@@ -194,20 +190,18 @@ class FilesScheme(ReadThroughFsspec):
         return open_regular(path) if path is not None else self.open(uri, None, decompress=False)
 
     def splits_by_byte_range(self, uri: str) -> bool:
-        return "::" not in uri and "://" in uri  # not an archive member
+        return archive_link(uri) is None and "://" in uri  # not an archive member
 
     def file_state(self, uri: str) -> FileState | None:
         """A local file's size, mtime, ctime and inode; a store object's size and checksum (or
         modification time); None for a member of an archive (whose reader sees one archive it opened)."""
-        import fsspec
-
         path = local_path(uri)
         if path is not None:
             size, *stamp = stat_stamp(path)
             return FileState(size=size, stat=tuple(stamp))
-        if "::" in uri:
+        if archive_link(uri) is not None:
             return None
-        fs, path = fsspec.core.url_to_fs(uri)
+        fs, path = url_filesystem(uri)
         fs.invalidate_cache(path)
         info = fs.info(path)
         return FileState(size=info.get("size"), store_tag=content_checksum(info) or info_str(info, MTIME_KEYS))

@@ -125,7 +125,7 @@ class HfScheme(ReadThroughFsspec):
         return uri
 
     def splits_by_byte_range(self, uri: str) -> bool:
-        return "::" not in uri
+        return True  # a file at a commit: an hf:// URL is never into an archive (that one starts tar://)
 
     def file_state(self, uri: str) -> FileState | None:
         return None  # a file at a commit

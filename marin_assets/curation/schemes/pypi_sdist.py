@@ -16,6 +16,7 @@ from marin_assets.curation.listed_files import FileRef
 from marin_assets.curation.local_cache import cache_dir
 from marin_assets.curation.schemes.base import FileState, ListedSource, ReadThroughFsspec, SourceUriError
 from marin_assets.curation.schemes.fsspec_listing import archive_protocol, glob_files, glob_root, listed_file, relative
+from marin_assets.curation.schemes.urls import member_url, opened_filesystem
 
 PYPI_SDIST_SCHEME = "pypi-sdist"
 
@@ -81,8 +82,7 @@ def ensure_pypi_sdist(name: str, version: str, expected_sha256: str | None = Non
 
 
 def _member_url(sdist: Path, member: str) -> str:
-    protocol = archive_protocol(sdist.name) or "tar"
-    return f"{protocol}://{member}::file://{sdist}"
+    return member_url(archive_protocol(sdist.name) or "tar", member, f"file://{sdist}")
 
 
 @dataclass(frozen=True)
@@ -102,16 +102,15 @@ class PypiSdistScheme(ReadThroughFsspec):
         return None  # ensure_pypi_sdist checks the download against the source's sha256
 
     def list_files(self, source: ListedSource) -> list[FileRef]:
-        import fsspec
-
         spec = parse_sdist_uri(source.uri, f"source {source.name!r}")
         sdist = ensure_pypi_sdist(spec.name, spec.version, source.sha256)
         digest = sha256_file(sdist)
-        afs, member_glob = fsspec.core.url_to_fs(_member_url(sdist, spec.member_glob))
+        with opened_filesystem(_member_url(sdist, spec.member_glob)) as (afs, member_glob):
+            members = glob_files(afs, member_glob)
         root = glob_root(member_glob)
         return [
             listed_file(f"{PYPI_SDIST_SCHEME}://{spec.name}=={spec.version}/{m}", relative(m, root), info, etag=digest)
-            for m, info in glob_files(afs, member_glob).items()
+            for m, info in members.items()
         ]
 
     def resolve_url(self, uri: str, expected_sha256: str | None) -> str:
