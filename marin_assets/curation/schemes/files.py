@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from fsspec.implementations.local import LocalFileSystem
+
 from marin_assets.curation.content_hashes import (
     MTIME_KEYS,
     ContentHashCache,
@@ -45,7 +47,14 @@ from marin_assets.curation.schemes.base import (
     file_sha256,
     is_pinned_file,
 )
-from marin_assets.curation.schemes.fsspec_listing import archive_protocol, glob_files, glob_root, listed_file, relative
+from marin_assets.curation.schemes.fsspec_listing import (
+    archive_members,
+    archive_protocol,
+    glob_files,
+    glob_root,
+    listed_file,
+    relative,
+)
 from marin_assets.curation.schemes.hf import HF_SCHEME, use_hf_endpoint
 from marin_assets.curation.schemes.urls import archive_link, member_url, opened_filesystem, url_filesystem
 
@@ -58,13 +67,18 @@ def local_path(uri: str) -> str | None:
 
 
 def _expand_archive(archive_uri: str, archive_relpath: str) -> list[FileRef]:
+    """The members of the archive at ``archive_uri``, each a file; an odd one (see `archive_members`)
+    refused with its reason."""
     protocol = archive_protocol(archive_uri)
     with opened_filesystem(member_url(protocol, "", archive_uri)) as (afs, _):
-        members = glob_files(afs, "")
-    return [
-        listed_file(member_url(protocol, m, archive_uri), f"{archive_relpath}/{m.lstrip('/')}", info)
-        for m, info in members.items()
-    ]
+        members = archive_members(afs)
+        infos = {m: afs.info(m) for m, refused in members.items() if refused is None}
+    refs = []
+    for m, refused in members.items():
+        uri, relpath = member_url(protocol, m, archive_uri), f"{archive_relpath}/{m.lstrip('/')}"
+        refs.append(listed_file(uri, relpath, infos[m]) if refused is None
+                    else FileRef(uri=uri, relpath=relpath, refused=refused))
+    return refs
 
 
 def _outside_root(path: str, root: str) -> str | None:
@@ -97,8 +111,6 @@ def _local_refusal(path: str) -> str | None:
 
 def list_files(source: ListedSource) -> list[FileRef]:
     """Every file (or archive member) a path or fsspec URL names."""
-    from fsspec.implementations.local import LocalFileSystem
-
     uri = source.uri
     use_hf_endpoint()  # an archive on the Hub is chained into an hf:// URL
     link = archive_link(uri)

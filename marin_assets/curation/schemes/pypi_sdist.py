@@ -15,7 +15,14 @@ from marin_assets.curation.content_hashes import sha256_file
 from marin_assets.curation.listed_files import FileRef
 from marin_assets.curation.local_cache import cache_dir
 from marin_assets.curation.schemes.base import FileState, ListedSource, ReadThroughFsspec, SourceUriError
-from marin_assets.curation.schemes.fsspec_listing import archive_protocol, glob_files, glob_root, listed_file, relative
+from marin_assets.curation.schemes.fsspec_listing import (
+    archive_members,
+    archive_protocol,
+    glob_files,
+    glob_root,
+    listed_file,
+    relative,
+)
 from marin_assets.curation.schemes.urls import member_url, opened_filesystem
 
 PYPI_SDIST_SCHEME = "pypi-sdist"
@@ -106,12 +113,15 @@ class PypiSdistScheme(ReadThroughFsspec):
         sdist = ensure_pypi_sdist(spec.name, spec.version, source.sha256)
         digest = sha256_file(sdist)
         with opened_filesystem(_member_url(sdist, spec.member_glob)) as (afs, member_glob):
-            members = glob_files(afs, member_glob)
+            members, refusals = glob_files(afs, member_glob), archive_members(afs)
         root = glob_root(member_glob)
-        return [
-            listed_file(f"{PYPI_SDIST_SCHEME}://{spec.name}=={spec.version}/{m}", relative(m, root), info, etag=digest)
-            for m, info in members.items()
-        ]
+        refs = []
+        for m, info in members.items():
+            uri, relpath = f"{PYPI_SDIST_SCHEME}://{spec.name}=={spec.version}/{m}", relative(m, root)
+            refused = refusals.get(m)  # a symlink, FIFO or device member (see archive_members)
+            refs.append(listed_file(uri, relpath, info, etag=digest) if refused is None
+                        else FileRef(uri=uri, relpath=relpath, etag=digest, refused=refused))
+        return refs
 
     def resolve_url(self, uri: str, expected_sha256: str | None) -> str:
         spec = parse_sdist_uri(uri, uri)
