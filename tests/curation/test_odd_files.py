@@ -120,6 +120,40 @@ def test_odd_archive_members_are_refused_one_by_one_and_the_good_ones_read(tmp_p
         assert copied.sha256 == _sha256(good)
 
 
+@pytest.mark.parametrize("uri", ["src", "src/**/*.jsonl"])
+def test_a_directory_that_cannot_be_listed_is_refused_not_dropped(tmp_path, monkeypatch, uri):
+    """Issue 50 (5): the files in a directory the process may not list (mode 000) were silently absent:
+    no row, no warning. The directory is one ``unreadable`` row naming why; its siblings are read. As
+    root, permission bits do not stop a listing, so the refusal is also simulated where it happens."""
+    d = tmp_path / "src"
+    (d / "locked" / "deeper").mkdir(parents=True)
+    (d / "open").mkdir()
+    (d / "open" / "a.jsonl").write_text(LINE)
+    (d / "locked" / "b.jsonl").write_text(LINE)
+    (d / "locked" / "deeper" / "c.jsonl").write_text(LINE)
+    real_scandir = os.scandir
+
+    def guarded_scandir(path="."):
+        if os.fsdecode(path) == str(d / "locked"):
+            raise PermissionError(13, "Permission denied", os.fsdecode(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", guarded_scandir)
+    (d / "locked").chmod(0)
+    try:
+        src = make_source(tmp_path, uri=uri, format="jsonl")
+        refs = {r.relpath: r for r in list_source_files(src)}
+        assert refs.keys() == {"locked", "open/a.jsonl"}
+        assert refs["locked"].refused == ("unreadable: a directory that cannot be listed (PermissionError: Permission "
+                                          "denied); none of its files is read")
+        (shard,) = discover_shards(src)
+        result = read_shard(src, shard)
+    finally:
+        (d / "locked").chmod(0o755)
+    assert (result.documents.height, result.n_refused_files) == (1, 1)
+    assert result.quarantine["reason"].to_list() == ["unreadable"]
+
+
 class _Sink(io.BytesIO):
     """The copy's destination; it keeps what the last read wrote."""
 

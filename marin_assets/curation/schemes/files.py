@@ -16,7 +16,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -109,8 +109,28 @@ def _local_refusal(path: str) -> str | None:
     return None if stat.S_ISREG(mode) else refusal(NOT_A_REGULAR_FILE, f"{file_kind(mode)}; never opened")
 
 
+class UnlistedRecordingFileSystem(LocalFileSystem):
+    """The local filesystem, keeping each directory it could not list (in ``unlisted``, with the error):
+    fsspec's walk leaves such a directory out without a word (its ``on_error`` reaches the top level
+    only)."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.unlisted: dict[str, OSError] = {}
+
+    def ls(self, path: str, detail: bool = False, **kwargs: Any):
+        try:
+            return super().ls(path, detail=detail, **kwargs)
+        except FileNotFoundError:
+            raise  # removed since it was seen: no longer part of the source
+        except OSError as exc:
+            self.unlisted[self._strip_protocol(path)] = exc
+            raise
+
+
 def list_files(source: ListedSource) -> list[FileRef]:
-    """Every file (or archive member) a path or fsspec URL names."""
+    """Every file (or archive member) a path or fsspec URL names; a local directory that cannot be
+    listed is one refused (``unreadable``) entry."""
     uri = source.uri
     use_hf_endpoint()  # an archive on the Hub is chained into an hf:// URL
     link = archive_link(uri)
@@ -121,6 +141,8 @@ def list_files(source: ListedSource) -> list[FileRef]:
         # filesystem is made afresh each time).
         fs, path = stack.enter_context(opened_filesystem(uri, **({} if link else {"skip_instance_cache": True})))
         local = isinstance(fs, LocalFileSystem) and link is None
+        if local:
+            fs = UnlistedRecordingFileSystem(skip_instance_cache=True)
         if link is not None:
 
             def rebuild(p: str) -> str:
@@ -132,6 +154,11 @@ def list_files(source: ListedSource) -> list[FileRef]:
         except FileNotFoundError:
             raise FileNotFoundError(f"source {source.name!r}: {uri} does not exist") from None
         root = path.rstrip("/") if not GLOB_CHARS.search(path) and fs.isdir(path) else glob_root(path)
+        for folder, exc in (fs.unlisted.items() if local else ()):  # its files would vanish without a word
+            why = f"a directory that cannot be listed ({type(exc).__name__}: {exc.strerror or exc}); none of its " \
+                  "files is read"
+            refs.append(FileRef(uri=rebuild(folder), relpath=relative(folder, root) if folder != root else ".",
+                                refused=refusal(UNREADABLE_FILE, why)))
         hashes = stack.enter_context(ContentHashCache())
         for p, info in matches.items():
             rel = relative(p, root)
