@@ -601,3 +601,35 @@ def test_a_name_holding_double_colons_is_read_as_itself(tmp_path, monkeypatch):
     for ref in list_source_files(chained):
         with open_binary(ref.uri) as fh:
             assert fh.read().decode() == expected[f"Pod::Usage.zip/{ref.relpath}"]
+
+
+def test_a_store_inside_the_data_folder_is_never_listed(tmp_path, monkeypatch):
+    """Issue 50 (11): with the store inside a source's folder (`marin init . --data .`), the next listing
+    read the store's own copies as new data. Nothing under the store's prefix is listed, however the
+    path to it is spelt, and a source inside the store lists nothing; on an object store too."""
+    import fsspec
+
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    (data / "store" / "raw" / "files").mkdir(parents=True)
+    (data / "notes").mkdir()
+    (data / "a.txt").write_text("a")
+    (data / "notes" / "b.txt").write_text("b")
+    (data / "store" / "raw" / "files" / "a.txt").write_text("a")
+    (tmp_path / "alias").symlink_to(data)  # the store named through another path to the same folder
+    for uri in ("data", "data/**/*.txt"):
+        source = make_source(tmp_path, uri=uri, format="text")
+        assert [r.relpath for r in list_source_files(source)] == \
+            ["a.txt", "notes/b.txt", "store/raw/files/a.txt"]  # with no store named, it is data
+        for store in (data / "store", tmp_path / "alias" / "store", f"file://{data}/store/"):
+            assert [r.relpath for r in list_source_files(source, (str(store),))] == ["a.txt", "notes/b.txt"]
+            assert [s.key for s in discover_shards(source, (str(store),))] == ["a.txt"]
+    inside = make_source(tmp_path, uri="data/store/raw", format="text")
+    assert list_source_files(inside, (str(data / "store"),)) == []
+
+    bucket = fsspec.filesystem("memory")
+    for key in ("data/a.txt", "data/store/raw/files/a.txt", "data/storefront.txt"):
+        bucket.pipe(f"/bucket-50/{key}", b"text")
+    remote = make_source(tmp_path, uri="memory://bucket-50/data/**/*.txt", format="text")
+    assert [r.relpath for r in list_source_files(remote, ("memory://bucket-50/data/store",))] == \
+        ["a.txt", "storefront.txt"]

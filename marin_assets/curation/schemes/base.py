@@ -65,8 +65,9 @@ class UriScheme(Protocol):
         scheme checks the pin itself."""
         ...
 
-    def list_files(self, source: ListedSource) -> list[FileRef]:
-        """Every file (or archive member, or virtual file) of a source, in any order."""
+    def list_files(self, source: ListedSource, excluded: tuple[str, ...] = ()) -> list[FileRef]:
+        """Every file (or archive member, or virtual file) of a source, in any order; none under
+        ``excluded`` (store prefixes, local paths or URLs: a store is never its own data)."""
         ...
 
     def resolve_url(self, uri: str, expected_sha256: str | None) -> str:

@@ -56,7 +56,7 @@ from marin_assets.curation.schemes.fsspec_listing import (
     relative,
 )
 from marin_assets.curation.schemes.hf import HF_SCHEME, use_hf_endpoint
-from marin_assets.curation.schemes.urls import archive_link, member_url, opened_filesystem, url_filesystem
+from marin_assets.curation.schemes.urls import archive_link, member_url, opened_filesystem, url_filesystem, url_protocol
 
 FILES_SCHEME = "files"  # not a URI prefix: the scheme of plain paths and of every fsspec protocol
 
@@ -109,28 +109,48 @@ def _local_refusal(path: str) -> str | None:
     return None if stat.S_ISREG(mode) else refusal(NOT_A_REGULAR_FILE, f"{file_kind(mode)}; never opened")
 
 
-class UnlistedRecordingFileSystem(LocalFileSystem):
-    """The local filesystem, keeping each directory it could not list (in ``unlisted``, with the error):
-    fsspec's walk leaves such a directory out without a word (its ``on_error`` reaches the top level
-    only)."""
+def _directory_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
-    def __init__(self, **kwargs: Any):
+
+class SourceListingFileSystem(LocalFileSystem):
+    """The local filesystem as a source's listing walks it. A directory it could not list is kept in
+    ``unlisted`` with the error: fsspec's walk leaves it out without a word (its ``on_error`` reaches
+    the top level only). An ``excluded`` directory (the store) is never entered, whatever path leads
+    to it: it is known by its device and inode."""
+
+    def __init__(self, excluded: tuple[str, ...] = (), **kwargs: Any):
         super().__init__(**kwargs)
         self.unlisted: dict[str, OSError] = {}
+        self.excluded = {d for d in map(_directory_id, excluded) if d is not None}
 
     def ls(self, path: str, detail: bool = False, **kwargs: Any):
         try:
-            return super().ls(path, detail=detail, **kwargs)
+            entries = super().ls(path, detail=True, **kwargs)
         except FileNotFoundError:
             raise  # removed since it was seen: no longer part of the source
         except OSError as exc:
             self.unlisted[self._strip_protocol(path)] = exc
             raise
+        if self.excluded:
+            inodes = {ino for _, ino in self.excluded}
+            entries = [e for e in entries if e["type"] != "directory" or e.get("ino") not in inodes
+                       or _directory_id(e["name"]) not in self.excluded]
+        return entries if detail else [e["name"] for e in entries]
 
 
-def list_files(source: ListedSource) -> list[FileRef]:
+def _under(url: str, prefixes: tuple[str, ...]) -> bool:
+    return any(url == p or url.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def list_files(source: ListedSource, excluded: tuple[str, ...] = ()) -> list[FileRef]:
     """Every file (or archive member) a path or fsspec URL names; a local directory that cannot be
-    listed is one refused (``unreadable``) entry."""
+    listed is one refused (``unreadable``) entry; nothing under an ``excluded`` prefix (a local path or
+    a URL: the store, which may lie inside a source's folder) is listed."""
     uri = source.uri
     use_hf_endpoint()  # an archive on the Hub is chained into an hf:// URL
     link = archive_link(uri)
@@ -142,7 +162,12 @@ def list_files(source: ListedSource) -> list[FileRef]:
         fs, path = stack.enter_context(opened_filesystem(uri, **({} if link else {"skip_instance_cache": True})))
         local = isinstance(fs, LocalFileSystem) and link is None
         if local:
-            fs = UnlistedRecordingFileSystem(skip_instance_cache=True)
+            excluded_paths = tuple(LocalFileSystem._strip_protocol(p) for p in excluded
+                                   if url_protocol(p) in (None, "file", "local"))
+            walked = glob_root(path) if GLOB_CHARS.search(path) else path
+            if _under(os.path.realpath(walked), tuple(map(os.path.realpath, excluded_paths))):
+                return refs  # the source lies inside the store
+            fs = SourceListingFileSystem(excluded_paths, skip_instance_cache=True)
         if link is not None:
 
             def rebuild(p: str) -> str:
@@ -153,6 +178,10 @@ def list_files(source: ListedSource) -> list[FileRef]:
             matches = glob_files(fs, path)
         except FileNotFoundError:
             raise FileNotFoundError(f"source {source.name!r}: {uri} does not exist") from None
+        if not local and link is None:  # a store in the same bucket: its objects are listed, then left out
+            protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+            stores = tuple(fs.unstrip_protocol(fs._strip_protocol(p)) for p in excluded if url_protocol(p) in protocols)
+            matches = {p: info for p, info in matches.items() if not _under(rebuild(p), stores)}
         root = path.rstrip("/") if not GLOB_CHARS.search(path) and fs.isdir(path) else glob_root(path)
         for folder, exc in (fs.unlisted.items() if local else ()):  # its files would vanish without a word
             why = f"a directory that cannot be listed ({type(exc).__name__}: {exc.strerror or exc}); none of its " \
@@ -214,8 +243,8 @@ class FilesScheme(ReadThroughFsspec):
     def pinned_sha256(self, source: ListedSource) -> str | None:
         return file_sha256(self.resolve_url(source.uri, source.sha256))
 
-    def list_files(self, source: ListedSource) -> list[FileRef]:
-        return list_files(source)
+    def list_files(self, source: ListedSource, excluded: tuple[str, ...] = ()) -> list[FileRef]:
+        return list_files(source, excluded)
 
     def resolve_url(self, uri: str, expected_sha256: str | None) -> str:
         if f"{HF_SCHEME}://" in uri:  # an archive on the Hub

@@ -108,7 +108,8 @@ class PypiSdistScheme(ReadThroughFsspec):
     def pinned_sha256(self, source: ListedSource) -> str | None:
         return None  # ensure_pypi_sdist checks the download against the source's sha256
 
-    def list_files(self, source: ListedSource) -> list[FileRef]:
+    def list_files(self, source: ListedSource, excluded: tuple[str, ...] = ()) -> list[FileRef]:
+        # The members of a cached sdist: never a store's files.
         spec = parse_sdist_uri(source.uri, f"source {source.name!r}")
         sdist = ensure_pypi_sdist(spec.name, spec.version, source.sha256)
         digest = sha256_file(sdist)
