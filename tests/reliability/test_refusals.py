@@ -81,6 +81,38 @@ def test_a_bad_run_value_or_a_model_too_big_for_its_devices_is_one_line(env, tmp
     assert "more than this machine's" in line
 
 
+@pytest.mark.parametrize("field, value, problem", [
+    ("weight", float("nan"), "expected a finite number, got nan"),
+    ("weight", -1, "must be >= 0 (0: validation only), got -1.0"),
+    ("weight", float("inf"), "expected a finite number, got inf"),
+    ("optimizer.learning_rate", float("inf"), "expected a finite number, got inf"),
+    ("optimizer.epsilon", float("inf"), "expected a finite number, got inf"),
+    ("optimizer.weight_decay", float("inf"), "expected a finite number, got inf"),
+    ("num_train_steps", 10**15, "must be at most 2147483647 (optax counts updates in int32), got 1000000000000000"),
+])
+@pytest.mark.slow  # a `marin` process loading the code location
+def test_a_non_finite_or_impossible_number_is_one_line_at_load(env, tmp_path, field, value, problem):
+    """Issue 50 (10): a mixture weight of NaN, -1 or inf was accepted at load and failed materialize with
+    a 126-line traceback; a learning rate, epsilon or weight decay of inf, or 10**15 steps, were accepted."""
+    env = {**env, "MARIN_SOURCES": ""}  # the bundled sources, whose mixture and runs these are
+    if field == "weight":
+        registry = yaml.safe_load((REPO / "marin_assets" / "tokenization" / "registry.yaml").read_text())
+        registry["mixtures"]["shakespeare"]["components"]["shakespeare"]["weight"] = value
+        bad = tmp_path / "registry.yaml"
+        bad.write_text(yaml.safe_dump(registry))
+        expected = f"marin: {bad}: mixture 'shakespeare'.components.shakespeare.weight: {problem}"
+        env["MARIN_REGISTRY"] = str(bad)
+    else:
+        name, run = next(iter(yaml.safe_load(DEFAULT_RUNS_YAML.read_text())["runs"].items()))
+        section, _, key = field.rpartition(".")
+        (run[section] if section else run)[key] = value
+        bad = tmp_path / "runs.yaml"
+        bad.write_text(yaml.safe_dump({"runs": {name: run}}))
+        expected = f"marin: {bad}: run {name!r}: field {field!r}: {problem}"
+        env["MARIN_RUNS"] = str(bad)
+    assert refused(marin(env, "status", "nosuch")) == expected
+
+
 @pytest.mark.slow  # `marin` processes loading the code location
 def test_an_unknown_asset_is_one_line_and_debug_shows_the_traceback(env):
     line = refused(marin(env, "status", "shakespeare"))
