@@ -25,12 +25,12 @@ def prefetch_tar_members(uris: list[str], expected_sha256: str | None = None) ->
     for uri in uris:
         link = archive_link(scheme_of(uri).resolve_url(uri, expected_sha256))
         if link is not None and link.protocol == "tar":
-            wanted.setdefault(link.archive, {})[link.member.lstrip("/")] = uri
+            wanted.setdefault(link.archive, {})[link.member] = uri
     found: dict[str, bytes] = {}
     for target, members in wanted.items():
         with open_url(target, decompress=False) as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
             for info in tar:
-                name = info.name.lstrip("/")
+                name = info.name.rstrip("/")  # as the archive's index names it: "/etc/x" is not "etc/x"
                 if name in members and info.isfile():
                     extracted = tar.extractfile(info)
                     if extracted is not None:

@@ -58,10 +58,10 @@ def write_odd_archives(folder: Path, tar_text: bytes, zip_text: bytes) -> dict[s
         link = zipfile.ZipInfo("zlink.jsonl")
         link.create_system, link.external_attr = 3, (stat.S_IFLNK | 0o777) << 16
         zf.writestr(link, "/etc/passwd")
-    return {"members.tar.gz/../../escape.jsonl": "outside_root", "members.tar.gz/etc/absolute.jsonl": "outside_root",
+    return {"members.tar.gz/../../escape.jsonl": "outside_root", "members.tar.gz//etc/absolute.jsonl": "outside_root",
             "members.tar.gz/link.jsonl": "not_a_regular_file", "members.tar.gz/dangling_hard.jsonl": "broken_link",
             "members.tar.gz/fifo.jsonl": "not_a_regular_file", "members.tar.gz/dev.jsonl": "not_a_regular_file",
-            "members.zip/../../zescape.jsonl": "outside_root", "members.zip/zabs.jsonl": "outside_root",
+            "members.zip/../../zescape.jsonl": "outside_root", "members.zip//zabs.jsonl": "outside_root",
             "members.zip/zlink.jsonl": "not_a_regular_file"}
 
 

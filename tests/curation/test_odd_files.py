@@ -103,17 +103,27 @@ def test_odd_archive_members_are_refused_one_by_one_and_the_good_ones_read(tmp_p
         info = tarfile.TarInfo("again.jsonl")
         info.type, info.linkname = tarfile.LNKTYPE, "data.jsonl"
         tar.addfile(info)
+    with tarfile.open(tmp_path / "src" / "shadow.tar", "w") as tar:  # "/etc/x" first, then "etc/x"
+        for name, text in (("/etc/x.jsonl", "the absolute member"), ("etc/x.jsonl", "the relative member")):
+            data = (json.dumps({"text": text}) + "\n").encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    refused["shadow.tar//etc/x.jsonl"] = "outside_root"
     src = make_source(tmp_path, uri="src", format="jsonl")
     refs = {r.relpath: r for r in list_source_files(src)}
     assert {rel: refusal_parts(r.refused)[0] for rel, r in refs.items() if r.refused} == refused
     assert refusal_parts(refs["members.tar.gz/link.jsonl"].refused)[1] == \
         "a symbolic link to '/etc/passwd' in the archive; never read"
     assert sorted(rel for rel, r in refs.items() if not r.refused) == \
-        ["hard.tar/again.jsonl", "hard.tar/data.jsonl", "members.tar.gz/good.jsonl", "members.zip/good.jsonl"]
+        ["hard.tar/again.jsonl", "hard.tar/data.jsonl", "members.tar.gz/good.jsonl", "members.zip/good.jsonl",
+         "shadow.tar/etc/x.jsonl"]
 
     (shard,) = discover_shards(src)
-    result = read_shard(src, shard)
-    assert result.documents.height == 4 and result.n_refused_files == len(refused)
+    result = read_shard(src, shard)  # tar members come from one pass over each tarball, matched by exact name
+    assert result.documents.height == 5 and result.n_refused_files == len(refused)
+    assert "the relative member" in result.documents["text"].to_list()
+    assert "the absolute member" not in result.documents["text"].to_list()
     assert sorted(result.quarantine["reason"].to_list()) == sorted(refused.values())
     for rel in ("hard.tar/again.jsonl", "hard.tar/data.jsonl"):
         copied = copy_listed_file(refs[rel], src, lambda: contextlib.nullcontext(io.BytesIO()))

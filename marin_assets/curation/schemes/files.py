@@ -75,7 +75,8 @@ def _expand_archive(archive_uri: str, archive_relpath: str) -> list[FileRef]:
         infos = {m: afs.info(m) for m, refused in members.items() if refused is None}
     refs = []
     for m, refused in members.items():
-        uri, relpath = member_url(protocol, m, archive_uri), f"{archive_relpath}/{m.lstrip('/')}"
+        # An absolute name (refused) keeps its "/": "a.tar//etc/x" is not the member "etc/x".
+        uri, relpath = member_url(protocol, m, archive_uri), f"{archive_relpath}/{m}"
         refs.append(listed_file(uri, relpath, infos[m]) if refused is None
                     else FileRef(uri=uri, relpath=relpath, refused=refused))
     return refs
