@@ -595,6 +595,17 @@ def test_a_name_holding_double_colons_is_read_as_itself(tmp_path, monkeypatch):
     by_relpath = {r.uri: r.relpath for r in refs}
     assert {by_relpath[row["source_id"]]: row["text"] for row in docs.iter_rows(named=True)} == expected
 
+    # A store key holding "::" is read as itself too.
+    import fsspec
+
+    bucket = fsspec.filesystem("memory")
+    bucket.pipe("/bucket-50-colons/File", b"the object File")
+    bucket.pipe("/bucket-50-colons/File::Spec.txt", b"the object File::Spec")
+    remote = list_source_files(make_source(tmp_path, uri="memory://bucket-50-colons", format="text"))
+    for ref in remote:
+        with open_binary(ref.uri) as fh:
+            assert fh.read() == f"the object {ref.relpath.removesuffix('.txt')}".encode(), ref.uri
+
     # A chain declared into an archive whose path holds "::" reads that archive.
     chained = make_source(tmp_path, uri="zip://*::perl::v2/Pod::Usage.zip", format="text")
     assert {r.relpath: r for r in list_source_files(chained)}.keys() == {"File", "File::Spec.pm"}
