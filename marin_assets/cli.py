@@ -115,6 +115,7 @@ def materialize_plans(plans: list[list[argparse.Namespace]], announce: Sequence[
     from marin_resources.environments import check_ray_reachable
 
     plan, settings, _ = planner()
+    plan.store.check_writable()  # before any run starts: a read-only store fails here in one line
     check_ray_reachable(settings)  # before any run starts, so nothing is built without its cluster
     json_out = plans[0][0].json
     say = (lambda m: print(m, file=sys.stderr)) if json_out else print

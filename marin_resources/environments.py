@@ -35,6 +35,7 @@ import dagster as dg
 
 from marin_resources.project import ProjectFile, find_project_file, load_project_file
 from marin_resources.ray_address import ray_host_port
+from marin_resources.storage.store import local_store_problem
 from marin_resources.typed_config import ConfigError
 
 DEFAULT_PREFIX = "./local_store"
@@ -119,6 +120,10 @@ class MarinSettings:
                               f"(a local path, file://, gs://, gcs:// or s3://)")
         if "://" not in prefix:
             prefix = str(Path(prefix).expanduser().resolve())
+        if scheme == "file":
+            problem = local_store_problem(Path(prefix.removeprefix("file://")))
+            if problem is not None:
+                raise ConfigError(f"{where}{prefix}: {problem}")
         pool = e.get("MARIN_TRAIN_POOL", "gpu" if env == "prod" else "cpu-train")
         if pool not in TRAIN_POOLS:
             raise ConfigError(f"MARIN_TRAIN_POOL must be one of {', '.join(TRAIN_POOLS)}, got {pool!r}")

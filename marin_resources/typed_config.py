@@ -2,7 +2,8 @@
 
 pydantic validates plain data (a parsed YAML mapping) against our frozen config dataclasses:
 strictly, with JSON's types (an integer field refuses ``"10"`` and ``true``, a number field takes
-an integer, a tuple field takes a list), and unknown fields are refused. The first problem comes
+an integer, a tuple field takes a list), and unknown fields are refused. No number is NaN or
+infinite (YAML's ``.nan``, ``.inf``): no field of any config means anything by one. The first problem comes
 back as a `FieldProblem`: the dotted path of the field and a sentence naming what was wrong,
 which each config's own error type wraps with the source, run or sweep it belongs to.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -79,6 +81,9 @@ def _adapter(tp: Any) -> TypeAdapter:
 def decode(tp: type[T] | Any, raw: Any) -> T:
     """``raw`` as an instance of ``tp`` (a `typed_config` dataclass, or a type such as
     ``tuple[str, ...]``); raises `FieldProblem` naming the first wrong field."""
+    not_finite = _first_non_finite(raw, ())
+    if not_finite is not None:
+        raise not_finite
     try:
         text = json.dumps(raw, allow_nan=True)
     except (TypeError, ValueError) as exc:
@@ -88,6 +93,17 @@ def decode(tp: type[T] | Any, raw: Any) -> T:
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         raise _union_problem(tp, errors) or _problem(tp, errors[0]) from None
+
+
+def _first_non_finite(raw: Any, path: tuple[str | int, ...]) -> FieldProblem | None:
+    if isinstance(raw, float) and not math.isfinite(raw):
+        return FieldProblem(path, f"expected a finite number, got {raw}")
+    items = raw.items() if isinstance(raw, dict) else enumerate(raw) if isinstance(raw, (list, tuple)) else ()
+    for key, value in items:
+        problem = _first_non_finite(value, (*path, key if isinstance(key, (str, int)) else str(key)))
+        if problem is not None:
+            return problem
+    return None
 
 
 def _describe(value: Any) -> str:

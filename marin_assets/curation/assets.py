@@ -48,25 +48,26 @@ def shards_partitions(source: SourceConfig) -> dg.DynamicPartitionsDefinition:
 
 
 _LISTING_TTL_S = 30.0
-_listings: dict[tuple[str, str], tuple[float, dict[str, Shard]]] = {}
+_listings: dict[tuple[str, str, tuple[str, ...]], tuple[float, dict[str, Shard]]] = {}
 
 
-def _listing(source: SourceConfig) -> dict[str, Shard]:
-    """Discovery, memoized briefly: one CLI or sensor pass lists a source once, not once per shard."""
+def _listing(source: SourceConfig, excluded: tuple[str, ...]) -> dict[str, Shard]:
+    """Discovery, memoized briefly: one CLI or sensor pass lists a source once, not once per shard.
+    ``excluded``: the store's prefix, whose files are never the source's (a store inside the data)."""
     now = time.monotonic()
-    cached = _listings.get((source.name, source.uri))
+    cached = _listings.get((source.name, source.uri, excluded))
     if cached is None or now - cached[0] > _LISTING_TTL_S:
-        cached = (now, {shard.key: shard for shard in discover_shards(source)})
-        _listings[(source.name, source.uri)] = cached
+        cached = (now, {shard.key: shard for shard in discover_shards(source, excluded)})
+        _listings[(source.name, source.uri, excluded)] = cached
     return cached[1]
 
 
-def current_shards(source: SourceConfig) -> list[Shard]:
-    return list(_listing(source).values())
+def current_shards(source: SourceConfig, excluded: tuple[str, ...]) -> list[Shard]:
+    return list(_listing(source, excluded).values())
 
 
-def shard_by_key(source: SourceConfig, key: str) -> Shard:
-    shard = _listing(source).get(key)
+def shard_by_key(source: SourceConfig, key: str, excluded: tuple[str, ...]) -> Shard:
+    shard = _listing(source, excluded).get(key)
     if shard is None:
         raise dg.Failure(f"source {source.name!r} has no shard {key!r} any more (files moved or removed?)")
     return shard
@@ -77,7 +78,8 @@ def external_key(source: SourceConfig) -> str:
     return f"external/{source.name}"
 
 
-def build_source_observation(source: SourceConfig, partitions: dg.DynamicPartitionsDefinition):
+def build_source_observation(source: SourceConfig, partitions: dg.DynamicPartitionsDefinition,
+                             excluded: tuple[str, ...]):
     """`external/<source>`: the source itself, an observable source asset. Its data version per shard
     is the listing's fingerprint (paths, sizes, checksums), the version `raw/<source>` records as
     its input; a changed file makes that raw shard "Unsynced" in the UI, as `marin status` calls
@@ -91,30 +93,31 @@ def build_source_observation(source: SourceConfig, partitions: dg.DynamicPartiti
     def external(context) -> dg.DataVersionsByPartition:
         known = set(context.instance.get_dynamic_partitions(partitions.name))
         return dg.DataVersionsByPartition({shard.key: dg.DataVersion(shard.fingerprint)
-                                           for shard in discover_shards(source) if shard.key in known})
+                                           for shard in discover_shards(source, excluded) if shard.key in known})
 
     # The decorator takes no owners; as the AssetsDefinition Dagster makes of it anyway, it does.
     return observable_source_assets_def(external).map_asset_specs(
         lambda spec: spec.replace_attributes(owners=stage_owners("curation")))
 
 
-def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
+def build_source_assets(source: SourceConfig, catalog: Catalog, excluded: tuple[str, ...]) -> list:
+    """``excluded``: the store's prefix, never listed as the source's files."""
     partitions = shards_partitions(source)
     name = source.name
     source_identity = reading_identity(source)
-    catalog.add_discoverer(partitions.name, lambda: [s.key for s in current_shards(source)])
+    catalog.add_discoverer(partitions.name, lambda: [s.key for s in current_shards(source, excluded)])
     raw_spec = ArtifactSpec(
         f"raw/{name}", RAW_VERSION, lambda partition: {"source": source_identity, "shard": partition},
         code_identity={"source": source_identity},
-        external=lambda partition: {external_key(source): shard_by_key(source, partition).fingerprint})
+        external=lambda partition: {external_key(source): shard_by_key(source, partition, excluded).fingerprint})
     documents_spec = ArtifactSpec.fixed(f"documents/{name}", DOCUMENTS_VERSION, {"source": source_identity})
-    external = build_source_observation(source, partitions)
+    external = build_source_observation(source, partitions, excluded)
 
     @catalog.asset(raw_spec, partitions_def=partitions, group_name="curation", tags={"marin/source": name},
                    deps=[external.key], kinds={"files"},
                    description=f"Raw bytes of source `{name}` ({source.uri}), one shard per partition.")
     def raw(context: dg.AssetExecutionContext, store: MarinStore) -> dg.Output[ArtifactHandle]:
-        shard = shard_by_key(source, context.partition_key)
+        shard = shard_by_key(source, context.partition_key, excluded)
         # The listing (paths, sizes, content checksums) stands in for the outside world's data version.
         source_ref = UpstreamRef(asset_key=external_key(source), partition=shard.key, data_version=shard.fingerprint,
                                  uri=source.uri)
@@ -195,11 +198,11 @@ def build_source_assets(source: SourceConfig, catalog: Catalog) -> list:
         return accounted_result(_manifest_for_check(store, documents_spec, context).metrics)
 
     return [external, raw, documents, documents_quarantine_bound, documents_accounted,
-            build_new_shard_sensor(source, partitions, raw.key, external.key)]
+            build_new_shard_sensor(source, partitions, raw.key, external.key, excluded)]
 
 
-def build_source_family(source: SourceConfig, config, catalog: Catalog) -> list:
-    base = build_source_assets(source, catalog)
+def build_source_family(source: SourceConfig, config, catalog: Catalog, excluded: tuple[str, ...]) -> list:
+    base = build_source_assets(source, catalog, excluded)
     documents_key = asset_key(f"documents/{source.name}")
     documents = next(a for a in base if isinstance(a, dg.AssetsDefinition) and a.key == documents_key)
     return base + build_refinement_assets(source, config, shards_partitions(source), documents.key, catalog)
@@ -254,8 +257,8 @@ def build_curation_stage(settings: MarinSettings, deployment: Deployment,
     catalog = Catalog()
     defs = []
     defs.extend(build_model_assets(config, catalog))
-    for source in config.sources:
-        defs.extend(build_source_family(source, config, catalog))
+    for source in config.sources:  # the store is never a source's data, even inside its folder
+        defs.extend(build_source_family(source, config, catalog, (settings.prefix,)))
     sensors = [d for d in defs if isinstance(d, dg.SensorDefinition)]
     checks = [d for d in defs if isinstance(d, dg.AssetChecksDefinition)]
     assets = [d for d in defs if d not in sensors and d not in checks]

@@ -28,9 +28,10 @@ MAX_SHARD_FACTOR = 2
 _KEY_MAX_READABLE = 80
 
 
-def list_source_files(source: SourceConfig) -> list[FileRef]:
-    """Every file (or archive member, or virtual file) of a source, sorted by relpath."""
-    return sorted(scheme_of(source.uri).list_files(source), key=lambda r: r.relpath)
+def list_source_files(source: SourceConfig, excluded: tuple[str, ...] = ()) -> list[FileRef]:
+    """Every file (or archive member, or virtual file) of a source, sorted by relpath; none under an
+    ``excluded`` prefix (the store's: a store inside the data folder is not data)."""
+    return sorted(scheme_of(source.uri).list_files(source, excluded), key=lambda r: r.relpath)
 
 
 def _open_raw(uri: str) -> contextlib.AbstractContextManager[BinaryIO]:
@@ -203,7 +204,7 @@ def read_line_range(uri: str, start: int, end: int) -> bytes:
         return out.getvalue()
 
 
-def discover_shards(source: SourceConfig) -> list[Shard]:
-    """List a source's files deterministically and group them into shards."""
-    files = split_large_files(source, list_source_files(source))
+def discover_shards(source: SourceConfig, excluded: tuple[str, ...] = ()) -> list[Shard]:
+    """List a source's files deterministically (none under ``excluded``) and group them into shards."""
+    files = split_large_files(source, list_source_files(source, excluded))
     return group_into_shards(source.name, files, source.files_per_shard, source.bytes_per_shard)

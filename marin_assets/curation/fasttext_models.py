@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from marin_assets.curation.schemes.urls import open_url
 from marin_resources.typed_config import ConfigError
 
 FASTTEXT_MAGIC = 793712314
@@ -231,10 +232,8 @@ def train_fasttext(examples: Sequence[tuple[str, str]], cfg: FastTextTrainConfig
 def fetch_model(uri: str, sha256: str, what: str) -> bytes:
     """The bytes of a model adopted from any fsspec URL (gs://, s3://, hf://, a local path), checked
     against the sha256 that identifies it and against fastText's format."""
-    import fsspec
-
     try:
-        with fsspec.open(uri, "rb") as fh:
+        with open_url(uri, decompress=False) as fh:
             data = fh.read()
     except FileNotFoundError:
         raise ModelFileError(f"{what} {uri}: no such file") from None

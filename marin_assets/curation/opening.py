@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import BinaryIO
 
 from marin_assets.curation.schemes.registry import scheme_of
+from marin_assets.curation.schemes.urls import archive_link, open_url, url_name
 
 
 def prefetch_tar_members(uris: list[str], expected_sha256: str | None = None) -> dict[str, bytes]:
@@ -20,19 +21,16 @@ def prefetch_tar_members(uris: list[str], expected_sha256: str | None = None) ->
     """
     import tarfile
 
-    import fsspec
-
     wanted: dict[str, dict[str, str]] = {}  # archive url -> member -> original uri
     for uri in uris:
-        resolved = scheme_of(uri).resolve_url(uri, expected_sha256)
-        if resolved.startswith("tar://") and "::" in resolved:
-            member, target = resolved[len("tar://") :].split("::", 1)
-            wanted.setdefault(target, {})[member.lstrip("/")] = uri
+        link = archive_link(scheme_of(uri).resolve_url(uri, expected_sha256))
+        if link is not None and link.protocol == "tar":
+            wanted.setdefault(link.archive, {})[link.member] = uri
     found: dict[str, bytes] = {}
     for target, members in wanted.items():
-        with fsspec.open(target, "rb") as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
+        with open_url(target, decompress=False) as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
             for info in tar:
-                name = info.name.lstrip("/")
+                name = info.name.rstrip("/")  # as the archive's index names it: "/etc/x" is not "etc/x"
                 if name in members and info.isfile():
                     extracted = tar.extractfile(info)
                     if extracted is not None:
@@ -61,7 +59,7 @@ def open_binary(
 
     if prefetched is not None and uri in prefetched:
         buffer: BinaryIO = io.BytesIO(prefetched[uri])
-        codec = infer_compression(uri.split("::", 1)[0]) if decompress else None
+        codec = infer_compression(url_name(uri)) if decompress else None
         if codec is not None:
             buffer = compr[codec](buffer, mode="rb")
         try:

@@ -610,7 +610,7 @@ def read_shard(source: SourceConfig, shard: Shard, progress: ProgressMeter | Non
     """
     col = _Collector(source)
     try:
-        col.prefetched = prefetch_tar_members([ref.uri for ref in shard.files], source.sha256)
+        col.prefetched = prefetch_tar_members([ref.uri for ref in shard.files if ref.refused is None], source.sha256)
     except Exception:  # noqa: BLE001 -- fall back to per-member reads, which report per file
         col.prefetched = {}
     for ref in shard.files:

@@ -33,14 +33,16 @@ def diff_shards(shards: list[Shard], known_partitions: set[str], cursor: dict[st
 
 
 def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartitionsDefinition,
-                           raw_key: dg.AssetKey, source_key: dg.AssetKey) -> dg.SensorDefinition:
+                           raw_key: dg.AssetKey, source_key: dg.AssetKey,
+                           excluded: tuple[str, ...]) -> dg.SensorDefinition:
     """`source_key`: the source's observable asset; each new or changed shard's fingerprint is
-    recorded as its observation, so the raw run that follows records the listing it read."""
+    recorded as its observation, so the raw run that follows records the listing it read.
+    ``excluded``: the store's prefix, never listed as the source's files."""
     @dg.sensor(name=f"{source.name}_new_shards", minimum_interval_seconds=30, asset_selection=[raw_key],
                default_status=dg.DefaultSensorStatus.RUNNING,
                description=f"Watches {source.uri} and adds a partition and a run for each new or changed shard.")
     def new_shards(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        shards = discover_shards(source)
+        shards = discover_shards(source, excluded)
         known = set(context.instance.get_dynamic_partitions(partitions.name))
         cursor = json.loads(context.cursor) if context.cursor else {}
         delta = diff_shards(shards, known, cursor)

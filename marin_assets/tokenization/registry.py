@@ -233,7 +233,13 @@ def _mixture_entry(name: str, body: Any) -> MixtureEntry:
         value = value or {}
         if not isinstance(value, dict) or set(value) - {"weight"}:
             raise RegistryError(f"{where}.components.{component}: expected {{weight: W}}, got {value!r}")
-        weights[component] = _decoded(float, value.get("weight", 1.0), f"{where}.components.{component}.weight")
+        weight = _decoded(float, value.get("weight", 1.0), f"{where}.components.{component}.weight")
+        if weight < 0:  # NaN and infinities are refused by the decoder
+            raise RegistryError(f"{where}.components.{component}.weight: must be >= 0 (0: validation only), "
+                                f"got {weight}")
+        weights[component] = weight
+    if not any(weight > 0 for weight in weights.values()):
+        raise RegistryError(f"{where}.components: at least one component needs a weight > 0, got {weights}")
     return MixtureEntry(name, tokenizer, weights)
 
 

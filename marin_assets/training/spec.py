@@ -45,6 +45,8 @@ class RunSpecError(ConfigError):
         super().__init__(f"{f'{origin}: ' if origin else ''}run {run!r}: field {field_path!r}: {problem}")
 
 
+MAX_TRAIN_STEPS = 2**31 - 1
+"""Optax counts a run's updates in int32 (its schedules stop at this count), so no run takes more steps."""
 HEAD_DIM_FAMILIES = ("llama", "qwen", "qwen3")
 """Families whose Levanter config honours an explicit ``head_dim`` (OLMo 2's and Mixtral's derive it)."""
 
@@ -379,6 +381,8 @@ def validate_run(spec: RunSpec) -> None:
     require(bool(spec.tokenizer), "tokenizer", "must name a tokenizer")
     require(spec.train_batch_size > 0, "train_batch_size", f"must be positive, got {spec.train_batch_size}")
     require(spec.num_train_steps > 0, "num_train_steps", f"must be positive, got {spec.num_train_steps}")
+    require(spec.num_train_steps <= MAX_TRAIN_STEPS, "num_train_steps",
+            f"must be at most {MAX_TRAIN_STEPS} (optax counts updates in int32), got {spec.num_train_steps}")
     require(spec.steps_per_eval > 0, "steps_per_eval", f"must be positive, got {spec.steps_per_eval}")
     require(spec.max_eval_batches is None or spec.max_eval_batches > 0, "max_eval_batches", "must be positive or null")
     require(spec.checkpoint_every > 0, "checkpoint_every", f"must be positive, got {spec.checkpoint_every}")

@@ -52,7 +52,7 @@ from marin_resources.storage.leases import (
     acquire,
     lease_objects_for,
 )
-from marin_resources.storage.object_stores import sdk_attempts
+from marin_resources.storage.object_stores import StoreUnavailableError, sdk_attempts
 from marin_resources.storage.retry import STORAGE_RETRY, attempts_around, with_retries
 from marin_resources.storage.secrets import scrub
 
@@ -68,6 +68,18 @@ UNPARTITIONED_REF = "_"
 FINGERPRINT_CHARS = 8
 _VERSION_DIR = re.compile(rf"^(?P<code_version>.+)-(?P<fingerprint>[A-Za-z0-9]{{1,{FINGERPRINT_CHARS}}})$")
 _HASH_CHUNK = 4 * 1024 * 1024
+
+
+def local_store_problem(root: Path) -> str | None:
+    """Why a local store at ``root`` can hold nothing, seen from the path alone: it, or the nearest of
+    its parents that exists, is not a directory (a file named as the store)."""
+    for path in (root, *root.parents):
+        try:
+            if path.exists():
+                return None if path.is_dir() else f"{path} is a file, not a directory"
+        except OSError as exc:
+            return f"{path} cannot be examined ({type(exc).__name__}: {exc.strerror or exc})"
+    return None
 
 
 def utc_now() -> str:
@@ -296,6 +308,21 @@ class ArtifactStore:
         """The inverse of `portable`: `store://<path>` URIs become URIs under this store's prefix."""
         return _map_strings(value, lambda text: f"{self.prefix}/{text[len(STORE_SCHEME):]}".rstrip("/")
                             if text.startswith(STORE_SCHEME) else text)
+
+    def check_writable(self) -> None:
+        """One line (`StoreUnavailableError`) if this process cannot write to its local store, made
+        first if missing: a read-only directory or mount, before any run would fail deep inside its
+        first step. A bucket's access is checked when the store is opened (`check_store_reachable`)."""
+        if not self.is_local:
+            return
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=self.root, prefix=".write-check-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise StoreUnavailableError(f"store {self.prefix}: cannot write to it "
+                                        f"({type(exc).__name__}: {exc.strerror or exc})") from None
 
     def local_path(self, uri: str) -> Path:
         if not self.is_local:

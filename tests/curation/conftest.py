@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
+import stat
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +30,39 @@ who wanted to buy apples, wool and salted fish. The mayor walked between the
 stalls with his hands behind his back, greeting each trader by name and asking
 about their families, their harvest and the price of grain in the city.
 """
+
+
+def write_odd_archives(folder: Path, tar_text: bytes, zip_text: bytes) -> dict[str, str]:
+    """A tarball and a zip in ``folder``, each one good member (``good.jsonl``, holding the text given)
+    among members no archive should hold (issue 50, finding 4); returns the reason each odd member's
+    relpath is refused for."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(folder / "members.tar.gz", "w:gz") as tar:
+        for name, fields, data in [
+            ("good.jsonl", {}, tar_text),
+            ("../../escape.jsonl", {}, tar_text),
+            ("/etc/absolute.jsonl", {}, tar_text),
+            ("link.jsonl", {"type": tarfile.SYMTYPE, "linkname": "/etc/passwd"}, None),
+            ("dangling_hard.jsonl", {"type": tarfile.LNKTYPE, "linkname": "missing.jsonl"}, None),
+            ("fifo.jsonl", {"type": tarfile.FIFOTYPE}, None),
+            ("dev.jsonl", {"type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 3}, None),
+        ]:
+            info = tarfile.TarInfo(name)
+            for field, value in fields.items():
+                setattr(info, field, value)
+            info.size = len(data or b"")
+            tar.addfile(info, None if data is None else io.BytesIO(data))
+    with zipfile.ZipFile(folder / "members.zip", "w") as zf:
+        for name in ("good.jsonl", "../../zescape.jsonl", "/zabs.jsonl"):
+            zf.writestr(name, zip_text)
+        link = zipfile.ZipInfo("zlink.jsonl")
+        link.create_system, link.external_attr = 3, (stat.S_IFLNK | 0o777) << 16
+        zf.writestr(link, "/etc/passwd")
+    return {"members.tar.gz/../../escape.jsonl": "outside_root", "members.tar.gz//etc/absolute.jsonl": "outside_root",
+            "members.tar.gz/link.jsonl": "not_a_regular_file", "members.tar.gz/dangling_hard.jsonl": "broken_link",
+            "members.tar.gz/fifo.jsonl": "not_a_regular_file", "members.tar.gz/dev.jsonl": "not_a_regular_file",
+            "members.zip/../../zescape.jsonl": "outside_root", "members.zip//zabs.jsonl": "outside_root",
+            "members.zip/zlink.jsonl": "not_a_regular_file"}
 
 
 def make_source(tmp_path: Path, **fields) -> SourceConfig:

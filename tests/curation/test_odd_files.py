@@ -9,6 +9,7 @@ import io
 import json
 import os
 import socket
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from marin_assets.curation.discovery import discover_shards, list_source_files
 from marin_assets.curation.listed_files import CHANGED_DURING_READ, NOT_A_REGULAR_FILE, refusal_parts
 from marin_assets.curation.readers import read_shard
 
-from .conftest import NORMAL_TEXT, make_source
+from .conftest import NORMAL_TEXT, make_source, write_odd_archives
 
 LINE = json.dumps({"text": NORMAL_TEXT}) + "\n"
 
@@ -88,6 +89,79 @@ def test_odd_entries_beyond_the_issue(tmp_path, monkeypatch):
     assert set(refs) == {"dir.jsonl/inner.jsonl", "empty.jsonl", "locked.jsonl"}
     assert refs["locked.jsonl"].refused == "unreadable: PermissionError: Permission denied"
     assert refs["empty.jsonl"].refused is None and refs["empty.jsonl"].size == 0
+
+
+def test_odd_archive_members_are_refused_one_by_one_and_the_good_ones_read(tmp_path):
+    """Issue 50 (4): a member named ``../../x`` or ``/etc/x``, a symlink, FIFO or device member, a hard
+    link to nothing: the listing never ended (an absolute name) or the shard failed on each run. Each is
+    refused with its reason; the good members, and a hard link to one of them, are read."""
+    good = LINE.encode()
+    refused = write_odd_archives(tmp_path / "src", good, good)
+    (tmp_path / "data.jsonl").write_bytes(good)
+    with tarfile.open(tmp_path / "src" / "hard.tar", "w") as tar:
+        tar.add(tmp_path / "data.jsonl", arcname="data.jsonl")
+        info = tarfile.TarInfo("again.jsonl")
+        info.type, info.linkname = tarfile.LNKTYPE, "data.jsonl"
+        tar.addfile(info)
+    with tarfile.open(tmp_path / "src" / "shadow.tar", "w") as tar:  # "/etc/x" first, then "etc/x"
+        for name, text in (("/etc/x.jsonl", "the absolute member"), ("etc/x.jsonl", "the relative member")):
+            data = (json.dumps({"text": text}) + "\n").encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    refused["shadow.tar//etc/x.jsonl"] = "outside_root"
+    src = make_source(tmp_path, uri="src", format="jsonl")
+    refs = {r.relpath: r for r in list_source_files(src)}
+    assert {rel: refusal_parts(r.refused)[0] for rel, r in refs.items() if r.refused} == refused
+    assert refusal_parts(refs["members.tar.gz/link.jsonl"].refused)[1] == \
+        "a symbolic link to '/etc/passwd' in the archive; never read"
+    assert sorted(rel for rel, r in refs.items() if not r.refused) == \
+        ["hard.tar/again.jsonl", "hard.tar/data.jsonl", "members.tar.gz/good.jsonl", "members.zip/good.jsonl",
+         "shadow.tar/etc/x.jsonl"]
+
+    (shard,) = discover_shards(src)
+    result = read_shard(src, shard)  # tar members come from one pass over each tarball, matched by exact name
+    assert result.documents.height == 5 and result.n_refused_files == len(refused)
+    assert "the relative member" in result.documents["text"].to_list()
+    assert "the absolute member" not in result.documents["text"].to_list()
+    assert sorted(result.quarantine["reason"].to_list()) == sorted(refused.values())
+    for rel in ("hard.tar/again.jsonl", "hard.tar/data.jsonl"):
+        copied = copy_listed_file(refs[rel], src, lambda: contextlib.nullcontext(io.BytesIO()))
+        assert copied.sha256 == _sha256(good)
+
+
+@pytest.mark.parametrize("uri", ["src", "src/**/*.jsonl"])
+def test_a_directory_that_cannot_be_listed_is_refused_not_dropped(tmp_path, monkeypatch, uri):
+    """Issue 50 (5): the files in a directory the process may not list (mode 000) were silently absent:
+    no row, no warning. The directory is one ``unreadable`` row naming why; its siblings are read. As
+    root, permission bits do not stop a listing, so the refusal is also simulated where it happens."""
+    d = tmp_path / "src"
+    (d / "locked" / "deeper").mkdir(parents=True)
+    (d / "open").mkdir()
+    (d / "open" / "a.jsonl").write_text(LINE)
+    (d / "locked" / "b.jsonl").write_text(LINE)
+    (d / "locked" / "deeper" / "c.jsonl").write_text(LINE)
+    real_scandir = os.scandir
+
+    def guarded_scandir(path="."):
+        if os.fsdecode(path) == str(d / "locked"):
+            raise PermissionError(13, "Permission denied", os.fsdecode(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", guarded_scandir)
+    (d / "locked").chmod(0)
+    try:
+        src = make_source(tmp_path, uri=uri, format="jsonl")
+        refs = {r.relpath: r for r in list_source_files(src)}
+        assert refs.keys() == {"locked", "open/a.jsonl"}
+        assert refs["locked"].refused == ("unreadable: a directory that cannot be listed (PermissionError: Permission "
+                                          "denied); none of its files is read")
+        (shard,) = discover_shards(src)
+        result = read_shard(src, shard)
+    finally:
+        (d / "locked").chmod(0o755)
+    assert (result.documents.height, result.n_refused_files) == (1, 1)
+    assert result.quarantine["reason"].to_list() == ["unreadable"]
 
 
 class _Sink(io.BytesIO):

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gzip
+import io
 import re
 import sys
 import tarfile
@@ -538,3 +541,106 @@ def test_a_bad_pins_file_is_refused_at_load_naming_the_line(tmp_path):
     (tmp_path / "pins.txt").write_text("absl-py==2.5.1\n")
     cfg = _config(tmp_path, sources=[{"name": "env", "uri": "installed-dists://?pins=pins.txt&limit=1"}])
     assert cfg.sources[0].uri == f"installed-dists://?pins={tmp_path}/pins.txt&limit=1"
+
+
+def test_a_name_holding_double_colons_is_read_as_itself(tmp_path, monkeypatch):
+    """Issue 50 (3): fsspec reads ``a::b`` as a chain of URLs, so ``File::Spec.txt`` beside ``File`` was
+    stored and read as ``File``'s bytes. Every name here is read as itself: files, a source folder, archive
+    members (read one by one and from one pass over their tarball) and archives whose names hold ``::``."""
+    import hashlib
+
+    from marin_assets.curation.copying import copy_listed_file
+    from marin_assets.curation.opening import open_binary, prefetch_tar_members
+    from marin_assets.curation.readers import read_shard
+
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "perl::v2"
+    root.mkdir()
+    expected = {}
+
+    def put(relpath: str, text: str) -> bytes:
+        expected[relpath] = text
+        return text.encode()
+
+    (root / "File").write_bytes(put("File", "the module File"))
+    (root / "File::Spec.txt").write_bytes(put("File::Spec.txt", "the module File::Spec"))
+    (root / "a%3A%3Ab.txt").write_bytes(put("a%3A%3Ab.txt", "a name that looks escaped"))
+    with tarfile.open(root / "man.tar.gz", "w:gz") as tar:
+        for name in ("File", "File::Spec.3pm", "a%3A%3Ab.3pm", "dir::x/y.3pm"):
+            data = put(f"man.tar.gz/{name}", f"the man page {name}")
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with zipfile.ZipFile(root / "Pod::Usage.zip", "w") as zf:
+        for name in ("File", "File::Spec.pm"):
+            zf.writestr(name, put(f"Pod::Usage.zip/{name}", f"the zipped {name}"))
+
+    source = make_source(tmp_path, uri="perl::v2", format="text")
+    assert source.uri == str(root)
+    refs = list_source_files(source)
+    assert sorted(r.relpath for r in refs) == sorted(expected) and not any(r.refused for r in refs)
+    for ref in refs:
+        with open_binary(ref.uri) as fh:
+            assert fh.read().decode() == expected[ref.relpath], ref.uri
+        stored = io.BytesIO()
+        copied = copy_listed_file(ref, source, lambda: contextlib.nullcontext(stored))  # noqa: B023
+        assert stored.getvalue().decode() == expected[ref.relpath], ref.uri
+        assert copied.sha256 == hashlib.sha256(expected[ref.relpath].encode()).hexdigest()
+    prefetched = prefetch_tar_members([r.uri for r in refs])
+    assert {next(r.relpath for r in refs if r.uri == uri): data.decode() for uri, data in prefetched.items()} \
+        == {k: v for k, v in expected.items() if k.startswith("man.tar.gz/")}
+
+    (shard,) = discover_shards(dataclasses.replace(source, bytes_per_shard=None, files_per_shard=1_000_000_000))
+    docs = read_shard(source, shard).documents
+    by_relpath = {r.uri: r.relpath for r in refs}
+    assert {by_relpath[row["source_id"]]: row["text"] for row in docs.iter_rows(named=True)} == expected
+
+    # A store key holding "::" is read as itself too.
+    import fsspec
+
+    bucket = fsspec.filesystem("memory")
+    bucket.pipe("/bucket-50-colons/File", b"the object File")
+    bucket.pipe("/bucket-50-colons/File::Spec.txt", b"the object File::Spec")
+    remote = list_source_files(make_source(tmp_path, uri="memory://bucket-50-colons", format="text"))
+    for ref in remote:
+        with open_binary(ref.uri) as fh:
+            assert fh.read() == f"the object {ref.relpath.removesuffix('.txt')}".encode(), ref.uri
+
+    # A chain declared into an archive whose path holds "::" reads that archive.
+    chained = make_source(tmp_path, uri="zip://*::perl::v2/Pod::Usage.zip", format="text")
+    assert {r.relpath: r for r in list_source_files(chained)}.keys() == {"File", "File::Spec.pm"}
+    for ref in list_source_files(chained):
+        with open_binary(ref.uri) as fh:
+            assert fh.read().decode() == expected[f"Pod::Usage.zip/{ref.relpath}"]
+
+
+def test_a_store_inside_the_data_folder_is_never_listed(tmp_path, monkeypatch):
+    """Issue 50 (11): with the store inside a source's folder (`marin init . --data .`), the next listing
+    read the store's own copies as new data. Nothing under the store's prefix is listed, however the
+    path to it is spelt, and a source inside the store lists nothing; on an object store too."""
+    import fsspec
+
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    (data / "store" / "raw" / "files").mkdir(parents=True)
+    (data / "notes").mkdir()
+    (data / "a.txt").write_text("a")
+    (data / "notes" / "b.txt").write_text("b")
+    (data / "store" / "raw" / "files" / "a.txt").write_text("a")
+    (tmp_path / "alias").symlink_to(data)  # the store named through another path to the same folder
+    for uri in ("data", "data/**/*.txt"):
+        source = make_source(tmp_path, uri=uri, format="text")
+        assert [r.relpath for r in list_source_files(source)] == \
+            ["a.txt", "notes/b.txt", "store/raw/files/a.txt"]  # with no store named, it is data
+        for store in (data / "store", tmp_path / "alias" / "store", f"file://{data}/store/"):
+            assert [r.relpath for r in list_source_files(source, (str(store),))] == ["a.txt", "notes/b.txt"]
+            assert [s.key for s in discover_shards(source, (str(store),))] == ["a.txt"]
+    inside = make_source(tmp_path, uri="data/store/raw", format="text")
+    assert list_source_files(inside, (str(data / "store"),)) == []
+
+    bucket = fsspec.filesystem("memory")
+    for key in ("data/a.txt", "data/store/raw/files/a.txt", "data/storefront.txt"):
+        bucket.pipe(f"/bucket-50/{key}", b"text")
+    remote = make_source(tmp_path, uri="memory://bucket-50/data/**/*.txt", format="text")
+    assert [r.relpath for r in list_source_files(remote, ("memory://bucket-50/data/store",))] == \
+        ["a.txt", "storefront.txt"]

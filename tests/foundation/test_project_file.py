@@ -2,6 +2,7 @@
 the built-in definitions without changing them, naming the store, refused strictly in one line."""
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -283,3 +284,33 @@ def test_the_cli_and_the_code_location_read_the_project_file_of_their_directory(
     prefix, keys = lines["prefix"], lines["keys"]  # the code server logs to stdout too
     assert prefix == f'"{tmp_path / "store"}"'
     assert "'raw/notes_raw'" in keys and "'tokenizer/notes_tokenizer'" in keys and "'raw/shakespeare_raw'" in keys
+
+
+@pytest.mark.slow  # two builds of deduplicated/ through the CLI
+def test_a_store_inside_the_data_folder_is_never_read_as_data(tmp_path):
+    """Issue 50 (11): `marin init . --data .` puts the store (./store) inside the source's folder. The
+    second build read the store's own .txt copies as new data, and the one after failed deduplicated's
+    drop_fraction check. Now the second build finds everything fresh."""
+    from tests.reliability.test_bad_inputs import prose
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MARIN_", "DAGSTER_"))}
+    env.update(DAGSTER_HOME=str(tmp_path / "home"), MARIN_CACHE_DIR=str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(12):
+        (data / f"doc_{i:02d}.txt").write_text(prose(7000 + i, 12))
+
+    def marin(*args: str) -> dict:
+        done = subprocess.run([sys.executable, "-m", "marin_assets.cli", *args], cwd=data, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return json.loads(done.stdout) if "--json" in args else {}
+
+    marin("init", ".", "--data", ".")
+    first = marin("materialize", "deduplicated/my_text", "--json")
+    assert first["success"] and first["prefix"] == str(data / "store")
+    second = marin("materialize", "deduplicated/my_text", "--json")
+    assert second["success"] and not [s for s in second["steps"] if s["ran"]], second["steps"]
+    (listing,) = (data / "store" / "raw" / "my_text").glob("v1-*/*/listing.json")
+    assert sorted(item["relpath"] for item in json.loads(listing.read_text())) == \
+        [f"doc_{i:02d}.txt" for i in range(12)]

@@ -13,6 +13,8 @@ and every test reads its outcome:
   from ``deduplicated``.
 * ``mostlybad``: a shard of one good line and four malformed ones, so its quarantine bound fails:
   the command exits 1 and ``marin failures`` names the check and the counts that broke it.
+* ``archives``: a tarball and a zip whose good members sit beside members named ``../../x`` and
+  ``/etc/x``, symlinks, a FIFO, a device and a dangling hard link (issue 50, finding 4).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+
+from tests.curation.conftest import write_odd_archives
 
 # Every test reads the module's `marin materialize` build (about 3 min on 2 loaded cores).
 pytestmark = pytest.mark.slow
@@ -157,6 +161,10 @@ def built(tmp_path_factory):
     (root / "mostlybad").mkdir()
     (root / "mostlybad" / "bad.jsonl").write_text(
         "\n".join([json.dumps({"text": prose(3000)}), *['{"text": "unterminated'] * 4]) + "\n")
+    archive_texts = [prose(6000 + i) for i in range(6)]
+    refused_members = write_odd_archives(
+        root / "archives", *("".join(json.dumps({"text": t}) + "\n" for t in half).encode()
+                             for half in (archive_texts[:3], archive_texts[3:])))
     sources = root / "sources.yaml"
     sources.write_text(
         "sources:\n"
@@ -164,14 +172,16 @@ def built(tmp_path_factory):
         " bytes_per_shard: 17179869184}\n"
         f"  - {{name: names, uri: '{root}/names/*.txt', format: text, files_per_shard: 1}}\n"
         f"  - {{name: odd, uri: '{root}/odd', format: jsonl, bytes_per_shard: {ODD_BYTES_PER_SHARD}}}\n"
-        f"  - {{name: mostlybad, uri: '{root}/mostlybad/*.jsonl'}}\n")
+        f"  - {{name: mostlybad, uri: '{root}/mostlybad/*.jsonl'}}\n"
+        f"  - {{name: archives, uri: '{root}/archives', format: jsonl}}\n")
     env = {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(root / "store"),
            "DAGSTER_HOME": str(root / "home"), "MARIN_CACHE_DIR": str(root / "cache"), "MARIN_ENV": "local"}
     runs = {name: marin(env, "materialize", f"deduplicated/{name}", "--json")
-            for name in ("corpus", "names", "odd", "mostlybad")}
+            for name in ("corpus", "names", "odd", "mostlybad", "archives")}
     runs["status"] = marin(env, "status", "--json")
     runs["failures"] = marin(env, "failures", "--json")
-    return {"root": root, "store": root / "store", "good": good, "runs": runs}
+    return {"root": root, "store": root / "store", "good": good, "runs": runs, "archive_texts": archive_texts,
+            "refused_members": refused_members}
 
 
 def _ok(proc: subprocess.CompletedProcess) -> dict | list:
@@ -293,3 +303,19 @@ def test_files_that_are_not_files_are_quarantined_alone_and_block_nothing(built)
     assert all(item["bytes"] == 0 for item in listing if item.get("refused"))
     # The good documents reached deduplicated, the source's global step, past two empty shards.
     assert sorted(_downstream_texts(built["store"], "odd")) == sorted(prose(4000 + i) for i in range(ODD_GOOD_LINES))
+
+
+def test_odd_archive_members_are_quarantined_one_by_one_and_the_good_ones_reach_deduplicated(built):
+    """Issue 50 (4): a member named ``../../x`` or ``/etc/x``, a symlink, FIFO or device member failed
+    the whole shard on every run, so its good members never reached ``deduplicated``."""
+    summary = _ok(built["runs"]["archives"])
+    assert summary["success"]
+    (metrics,) = _documents_metrics(built["store"], "archives").values()
+    refused = built["refused_members"]
+    assert (metrics["documents"], metrics["refused_files"], metrics["quarantined"]) == (6, len(refused), len(refused))
+    assert {reason: metrics[f"quarantine/{reason}"] for reason in set(refused.values())} == \
+        {reason: list(refused.values()).count(reason) for reason in set(refused.values())}
+    listing = json.loads(next(built["store"].glob("raw/archives/v1-*/*/listing.json")).read_text())
+    assert {item["relpath"]: item["refused"].split(":")[0] for item in listing if item.get("refused")} == refused
+    assert all(item["bytes"] == 0 for item in listing if item.get("refused"))
+    assert sorted(_downstream_texts(built["store"], "archives")) == sorted(built["archive_texts"])

@@ -3,6 +3,8 @@ unreachable instance database or a model too big for its devices prints `marin: 
 2, in a fresh process as a user runs it; `--debug` adds the traceback. (An unusable store:
 tests/ops/test_object_store_chain.py::test_a_store_that_cannot_be_used_is_one_line_naming_it.)"""
 
+import contextlib
+import json
 import os
 import sqlite3
 import subprocess
@@ -80,6 +82,38 @@ def test_a_bad_run_value_or_a_model_too_big_for_its_devices_is_one_line(env, tmp
     assert "more than 90% of this machine's" in line
 
 
+@pytest.mark.parametrize("field, value, problem", [
+    ("weight", float("nan"), "expected a finite number, got nan"),
+    ("weight", -1, "must be >= 0 (0: validation only), got -1.0"),
+    ("weight", float("inf"), "expected a finite number, got inf"),
+    ("optimizer.learning_rate", float("inf"), "expected a finite number, got inf"),
+    ("optimizer.epsilon", float("inf"), "expected a finite number, got inf"),
+    ("optimizer.weight_decay", float("inf"), "expected a finite number, got inf"),
+    ("num_train_steps", 10**15, "must be at most 2147483647 (optax counts updates in int32), got 1000000000000000"),
+])
+@pytest.mark.slow  # a `marin` process loading the code location
+def test_a_non_finite_or_impossible_number_is_one_line_at_load(env, tmp_path, field, value, problem):
+    """Issue 50 (10): a mixture weight of NaN, -1 or inf was accepted at load and failed materialize with
+    a 126-line traceback; a learning rate, epsilon or weight decay of inf, or 10**15 steps, were accepted."""
+    env = {**env, "MARIN_SOURCES": ""}  # the bundled sources, whose mixture and runs these are
+    if field == "weight":
+        registry = yaml.safe_load((REPO / "marin_assets" / "tokenization" / "registry.yaml").read_text())
+        registry["mixtures"]["shakespeare"]["components"]["shakespeare"]["weight"] = value
+        bad = tmp_path / "registry.yaml"
+        bad.write_text(yaml.safe_dump(registry))
+        expected = f"marin: {bad}: mixture 'shakespeare'.components.shakespeare.weight: {problem}"
+        env["MARIN_REGISTRY"] = str(bad)
+    else:
+        name, run = next(iter(yaml.safe_load(DEFAULT_RUNS_YAML.read_text())["runs"].items()))
+        section, _, key = field.rpartition(".")
+        (run[section] if section else run)[key] = value
+        bad = tmp_path / "runs.yaml"
+        bad.write_text(yaml.safe_dump({"runs": {name: run}}))
+        expected = f"marin: {bad}: run {name!r}: field {field!r}: {problem}"
+        env["MARIN_RUNS"] = str(bad)
+    assert refused(marin(env, "status", "nosuch")) == expected
+
+
 @pytest.mark.slow  # `marin` processes loading the code location
 def test_an_unknown_asset_is_one_line_and_debug_shows_the_traceback(env):
     line = refused(marin(env, "status", "shakespeare"))
@@ -130,6 +164,46 @@ def test_an_unsupported_store_scheme_is_one_line(env):
     line = refused(marin({**env, "MARIN_PREFIX": "ftp://files.example/marin"}, "status"))
     assert line == ("marin: MARIN_PREFIX=ftp://files.example/marin: ftp:// is not a store this project writes to "
                     "(a local path, file://, gs://, gcs:// or s3://)"), line
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """``folder`` read-only to this process: its mode for a user, the immutable attribute for root
+    (whom modes do not stop); skips where neither is possible."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot make a folder read-only to root here (chattr +i refused)")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.slow  # `marin` processes loading the code location
+def test_a_store_on_a_file_or_a_read_only_folder_is_one_line_before_any_run(env, tmp_path):
+    """Issue 50 (10): MARIN_PREFIX naming a file failed every command with a 61-line traceback, one naming
+    a read-only folder failed `materialize` inside its first step (115 lines)."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a store")
+    for prefix in (afile, afile / "store"):
+        for command in (["status"], ["materialize", "deduplicated/letters"]):
+            assert refused(marin({**env, "MARIN_PREFIX": str(prefix)}, *command)) == \
+                f"marin: MARIN_PREFIX={prefix}: {afile} is a file, not a directory"
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with read_only(locked):
+        env = {**env, "MARIN_PREFIX": str(locked)}
+        line = refused(marin(env, "materialize", "deduplicated/letters"))
+        assert line.startswith(f"marin: store {locked}: cannot write to it (PermissionError: "), line
+        assert marin(env, "status").returncode == 0  # reading a read-only store is fine
+        assert not any(locked.iterdir())
+        assert json.loads(marin(env, "failures", "--json").stdout) == []  # no run started, none failed
 
 
 @pytest.mark.slow  # a `marin` process loading the code location and discovering sources

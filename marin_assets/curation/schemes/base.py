@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from marin_assets.curation.listed_files import FileRef
+from marin_assets.curation.schemes.urls import archive_link, member_url, open_url, url_protocol
 from marin_resources.typed_config import ConfigError
 
 GLOB_CHARS = re.compile(r"[*?\[]")
@@ -64,8 +65,9 @@ class UriScheme(Protocol):
         scheme checks the pin itself."""
         ...
 
-    def list_files(self, source: ListedSource) -> list[FileRef]:
-        """Every file (or archive member, or virtual file) of a source, in any order."""
+    def list_files(self, source: ListedSource, excluded: tuple[str, ...] = ()) -> list[FileRef]:
+        """Every file (or archive member, or virtual file) of a source, in any order; none under
+        ``excluded`` (store prefixes, local paths or URLs: a store is never its own data)."""
         ...
 
     def resolve_url(self, uri: str, expected_sha256: str | None) -> str:
@@ -93,24 +95,15 @@ class UriScheme(Protocol):
 
 
 def absolute_uri(uri: str, base_dir: Path) -> str:
-    """A relative local path made absolute against ``base_dir`` (a sources file's directory).
-
-    In a chained URL (``a::b::c``) only the last link names the real file.
-    """
-    *links, last = uri.split("::")
-    if "://" not in last:
-        path = Path(last).expanduser()
-        if not path.is_absolute():
-            path = base_dir / path
-        last = str(path)
-    return "::".join([*links, last])
-
-
-def open_url(url: str, decompress: bool) -> contextlib.AbstractContextManager[BinaryIO]:
-    """An fsspec URL opened for reading, decompressed by its name (.gz, .bz2, .zst, ...) or not."""
-    import fsspec
-
-    return fsspec.open(url, "rb", compression="infer" if decompress else None)
+    """A relative local path made absolute against ``base_dir`` (a sources file's directory); in a URL
+    into an archive, its archive's. A path is never split at ``::`` (see `urls`)."""
+    link = archive_link(uri)
+    if link is not None:
+        return member_url(link.protocol, link.member, absolute_uri(link.archive, base_dir))
+    if url_protocol(uri) is not None:
+        return uri
+    path = Path(uri).expanduser()
+    return str(path if path.is_absolute() else base_dir / path)
 
 
 class ReadThroughFsspec:
@@ -131,7 +124,5 @@ def is_pinned_file(source: ListedSource) -> bool:
 
 def file_sha256(url: str) -> str:
     """The sha256 of the bytes at an fsspec URL, as stored."""
-    import fsspec
-
-    with fsspec.open(url, "rb") as fh:
+    with open_url(url, decompress=False) as fh:
         return hashlib.sha256(fh.read()).hexdigest()

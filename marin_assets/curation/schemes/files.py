@@ -16,7 +16,9 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+from fsspec.implementations.local import LocalFileSystem
 
 from marin_assets.curation.content_hashes import (
     MTIME_KEYS,
@@ -45,27 +47,39 @@ from marin_assets.curation.schemes.base import (
     file_sha256,
     is_pinned_file,
 )
-from marin_assets.curation.schemes.fsspec_listing import archive_protocol, glob_files, glob_root, listed_file, relative
+from marin_assets.curation.schemes.fsspec_listing import (
+    archive_members,
+    archive_protocol,
+    glob_files,
+    glob_root,
+    listed_file,
+    relative,
+)
 from marin_assets.curation.schemes.hf import HF_SCHEME, use_hf_endpoint
+from marin_assets.curation.schemes.urls import archive_link, member_url, opened_filesystem, url_filesystem, url_protocol
 
 FILES_SCHEME = "files"  # not a URI prefix: the scheme of plain paths and of every fsspec protocol
 
 
 def local_path(uri: str) -> str | None:
-    """The path of a ``file://`` URI (not chained into an archive), None for any other URI."""
-    return uri[len("file://"):] if uri.startswith("file://") and "::" not in uri else None
+    """The path of a ``file://`` URI, None for any other URI."""
+    return uri[len("file://"):] if uri.startswith("file://") else None
 
 
 def _expand_archive(archive_uri: str, archive_relpath: str) -> list[FileRef]:
-    import fsspec
-
+    """The members of the archive at ``archive_uri``, each a file; an odd one (see `archive_members`)
+    refused with its reason."""
     protocol = archive_protocol(archive_uri)
-    afs, _ = fsspec.core.url_to_fs(f"{protocol}://::{archive_uri}")
-    members = glob_files(afs, "")
-    return [
-        listed_file(f"{protocol}://{m}::{archive_uri}", f"{archive_relpath}/{m.lstrip('/')}", info)
-        for m, info in members.items()
-    ]
+    with opened_filesystem(member_url(protocol, "", archive_uri)) as (afs, _):
+        members = archive_members(afs)
+        infos = {m: afs.info(m) for m, refused in members.items() if refused is None}
+    refs = []
+    for m, refused in members.items():
+        # An absolute name (refused) keeps its "/": "a.tar//etc/x" is not the member "etc/x".
+        uri, relpath = member_url(protocol, m, archive_uri), f"{archive_relpath}/{m}"
+        refs.append(listed_file(uri, relpath, infos[m]) if refused is None
+                    else FileRef(uri=uri, relpath=relpath, refused=refused))
+    return refs
 
 
 def _outside_root(path: str, root: str) -> str | None:
@@ -96,34 +110,85 @@ def _local_refusal(path: str) -> str | None:
     return None if stat.S_ISREG(mode) else refusal(NOT_A_REGULAR_FILE, f"{file_kind(mode)}; never opened")
 
 
-def list_files(source: ListedSource) -> list[FileRef]:
-    """Every file (or archive member) a path or fsspec URL names."""
-    import fsspec
-    from fsspec.implementations.local import LocalFileSystem
+def _directory_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
+
+class SourceListingFileSystem(LocalFileSystem):
+    """The local filesystem as a source's listing walks it. A directory it could not list is kept in
+    ``unlisted`` with the error: fsspec's walk leaves it out without a word (its ``on_error`` reaches
+    the top level only). An ``excluded`` directory (the store) is never entered, whatever path leads
+    to it: it is known by its device and inode."""
+
+    def __init__(self, excluded: tuple[str, ...] = (), **kwargs: Any):
+        super().__init__(**kwargs)
+        self.unlisted: dict[str, OSError] = {}
+        self.excluded = {d for d in map(_directory_id, excluded) if d is not None}
+
+    def ls(self, path: str, detail: bool = False, **kwargs: Any):
+        try:
+            entries = super().ls(path, detail=True, **kwargs)
+        except FileNotFoundError:
+            raise  # removed since it was seen: no longer part of the source
+        except OSError as exc:
+            self.unlisted[self._strip_protocol(path)] = exc
+            raise
+        if self.excluded:
+            inodes = {ino for _, ino in self.excluded}
+            entries = [e for e in entries if e["type"] != "directory" or e.get("ino") not in inodes
+                       or _directory_id(e["name"]) not in self.excluded]
+        return entries if detail else [e["name"] for e in entries]
+
+
+def _under(url: str, prefixes: tuple[str, ...]) -> bool:
+    return any(url == p or url.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def list_files(source: ListedSource, excluded: tuple[str, ...] = ()) -> list[FileRef]:
+    """Every file (or archive member) a path or fsspec URL names; a local directory that cannot be
+    listed is one refused (``unreadable``) entry; nothing under an ``excluded`` prefix (a local path or
+    a URL: the store, which may lie inside a source's folder) is listed."""
     uri = source.uri
     use_hf_endpoint()  # an archive on the Hub is chained into an hf:// URL
-    # A long-lived process (a sensor) must see today's listing, through the credentials and
-    # endpoint its environment names now: a fresh instance, not fsspec's cached one. A chained
-    # URL's filesystem comes from the cache, so its listings are dropped instead.
-    chained = "::" in uri
-    fs, path = fsspec.core.url_to_fs(uri, **({} if chained else {"skip_instance_cache": True}))
-    local = isinstance(fs, LocalFileSystem) and not chained
-    if chained:
-        fs.invalidate_cache()
-        protocol, target = uri.split("://", 1)[0], uri.split("::", 1)[1]
-
-        def rebuild(p: str) -> str:
-            return f"{protocol}://{p}::{target}"
-    else:
-        rebuild = fs.unstrip_protocol
-    try:
-        matches = glob_files(fs, path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"source {source.name!r}: {uri} does not exist") from None
-    root = path.rstrip("/") if not GLOB_CHARS.search(path) and fs.isdir(path) else glob_root(path)
+    link = archive_link(uri)
     refs = []
     with contextlib.ExitStack() as stack:
+        # A long-lived process (a sensor) must see today's listing, through the credentials and
+        # endpoint its environment names now: a fresh instance, not fsspec's cached one (an archive's
+        # filesystem is made afresh each time).
+        fs, path = stack.enter_context(opened_filesystem(uri, **({} if link else {"skip_instance_cache": True})))
+        local = isinstance(fs, LocalFileSystem) and link is None
+        if local:
+            excluded_paths = tuple(LocalFileSystem._strip_protocol(p) for p in excluded
+                                   if url_protocol(p) in (None, "file", "local"))
+            walked = glob_root(path) if GLOB_CHARS.search(path) else path
+            if _under(os.path.realpath(walked), tuple(map(os.path.realpath, excluded_paths))):
+                return refs  # the source lies inside the store
+            fs = SourceListingFileSystem(excluded_paths, skip_instance_cache=True)
+        if link is not None:
+
+            def rebuild(p: str) -> str:
+                return member_url(link.protocol, p, link.archive)
+        else:
+            rebuild = fs.unstrip_protocol
+        try:
+            matches = glob_files(fs, path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"source {source.name!r}: {uri} does not exist") from None
+        if not local and link is None:  # a store in the same bucket: its objects are listed, then left out
+            protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+            stores = tuple(fs.unstrip_protocol(fs._strip_protocol(p)) for p in excluded if url_protocol(p) in protocols)
+            matches = {p: info for p, info in matches.items() if not _under(rebuild(p), stores)}
+        root = path.rstrip("/") if not GLOB_CHARS.search(path) and fs.isdir(path) else glob_root(path)
+        for folder, exc in (fs.unlisted.items() if local else ()):  # its files would vanish without a word
+            why = f"a directory that cannot be listed ({type(exc).__name__}: {exc.strerror or exc}); none of its " \
+                  "files is read"
+            refs.append(FileRef(uri=rebuild(folder), relpath=relative(folder, root) if folder != root else ".",
+                                refused=refusal(UNREADABLE_FILE, why)))
         hashes = stack.enter_context(ContentHashCache())
         for p, info in matches.items():
             rel = relative(p, root)
@@ -152,7 +217,7 @@ def list_files(source: ListedSource) -> list[FileRef]:
             elif info.get("type", "file") != "file":  # whatever a store lists that is not a file
                 refs.append(FileRef(uri=rebuild(p), relpath=rel, refused=refusal(
                     NOT_A_REGULAR_FILE, f"listed as {info.get('type')!r}, not a file; never read")))
-            elif source.expand_archives and "::" not in uri and archive_protocol(p):
+            elif source.expand_archives and link is None and archive_protocol(p):
                 refs.extend(_expand_archive(rebuild(p), rel))
             elif content_checksum(info) is not None:
                 refs.append(listed_file(rebuild(p), rel, info))
@@ -179,8 +244,8 @@ class FilesScheme(ReadThroughFsspec):
     def pinned_sha256(self, source: ListedSource) -> str | None:
         return file_sha256(self.resolve_url(source.uri, source.sha256))
 
-    def list_files(self, source: ListedSource) -> list[FileRef]:
-        return list_files(source)
+    def list_files(self, source: ListedSource, excluded: tuple[str, ...] = ()) -> list[FileRef]:
+        return list_files(source, excluded)
 
     def resolve_url(self, uri: str, expected_sha256: str | None) -> str:
         if f"{HF_SCHEME}://" in uri:  # an archive on the Hub
@@ -194,20 +259,18 @@ class FilesScheme(ReadThroughFsspec):
         return open_regular(path) if path is not None else self.open(uri, None, decompress=False)
 
     def splits_by_byte_range(self, uri: str) -> bool:
-        return "::" not in uri and "://" in uri  # not an archive member
+        return archive_link(uri) is None and "://" in uri  # not an archive member
 
     def file_state(self, uri: str) -> FileState | None:
         """A local file's size, mtime, ctime and inode; a store object's size and checksum (or
         modification time); None for a member of an archive (whose reader sees one archive it opened)."""
-        import fsspec
-
         path = local_path(uri)
         if path is not None:
             size, *stamp = stat_stamp(path)
             return FileState(size=size, stat=tuple(stamp))
-        if "::" in uri:
+        if archive_link(uri) is not None:
             return None
-        fs, path = fsspec.core.url_to_fs(uri)
+        fs, path = url_filesystem(uri)
         fs.invalidate_cache(path)
         info = fs.info(path)
         return FileState(size=info.get("size"), store_tag=content_checksum(info) or info_str(info, MTIME_KEYS))

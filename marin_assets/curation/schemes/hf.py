@@ -116,8 +116,8 @@ class HfScheme(ReadThroughFsspec):
         use_hf_endpoint()
         return file_sha256(source.uri)
 
-    def list_files(self, source: ListedSource) -> list[FileRef]:
-        use_hf_endpoint()
+    def list_files(self, source: ListedSource, excluded: tuple[str, ...] = ()) -> list[FileRef]:
+        use_hf_endpoint()  # a repository's files, never a store's
         return list_hf_files(source)
 
     def resolve_url(self, uri: str, expected_sha256: str | None) -> str:
@@ -125,7 +125,7 @@ class HfScheme(ReadThroughFsspec):
         return uri
 
     def splits_by_byte_range(self, uri: str) -> bool:
-        return "::" not in uri
+        return True  # a file at a commit: an hf:// URL is never into an archive (that one starts tar://)
 
     def file_state(self, uri: str) -> FileState | None:
         return None  # a file at a commit

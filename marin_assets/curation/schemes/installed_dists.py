@@ -172,8 +172,9 @@ class InstalledDistsScheme:
     def pinned_sha256(self, source: ListedSource) -> str | None:
         raise ValueError(f"{source.uri}: installed distributions are never pinned")
 
-    def list_files(self, source: ListedSource) -> list[FileRef]:
-        """The files of the installed distributions the URI names: every one, or the pinned ones."""
+    def list_files(self, source: ListedSource, excluded: tuple[str, ...] = ()) -> list[FileRef]:
+        """The files of the installed distributions the URI names: every one, or the pinned ones (never
+        a store's)."""
         spec = parse_installed_uri(source.uri, f"source {source.name!r}")
         if spec.pins is None:
             return _dist_refs(installed_distributions(spec.limit))

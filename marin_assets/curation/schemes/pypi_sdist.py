@@ -15,7 +15,15 @@ from marin_assets.curation.content_hashes import sha256_file
 from marin_assets.curation.listed_files import FileRef
 from marin_assets.curation.local_cache import cache_dir
 from marin_assets.curation.schemes.base import FileState, ListedSource, ReadThroughFsspec, SourceUriError
-from marin_assets.curation.schemes.fsspec_listing import archive_protocol, glob_files, glob_root, listed_file, relative
+from marin_assets.curation.schemes.fsspec_listing import (
+    archive_members,
+    archive_protocol,
+    glob_files,
+    glob_root,
+    listed_file,
+    relative,
+)
+from marin_assets.curation.schemes.urls import member_url, opened_filesystem
 
 PYPI_SDIST_SCHEME = "pypi-sdist"
 
@@ -81,8 +89,7 @@ def ensure_pypi_sdist(name: str, version: str, expected_sha256: str | None = Non
 
 
 def _member_url(sdist: Path, member: str) -> str:
-    protocol = archive_protocol(sdist.name) or "tar"
-    return f"{protocol}://{member}::file://{sdist}"
+    return member_url(archive_protocol(sdist.name) or "tar", member, f"file://{sdist}")
 
 
 @dataclass(frozen=True)
@@ -101,18 +108,21 @@ class PypiSdistScheme(ReadThroughFsspec):
     def pinned_sha256(self, source: ListedSource) -> str | None:
         return None  # ensure_pypi_sdist checks the download against the source's sha256
 
-    def list_files(self, source: ListedSource) -> list[FileRef]:
-        import fsspec
-
+    def list_files(self, source: ListedSource, excluded: tuple[str, ...] = ()) -> list[FileRef]:
+        # The members of a cached sdist: never a store's files.
         spec = parse_sdist_uri(source.uri, f"source {source.name!r}")
         sdist = ensure_pypi_sdist(spec.name, spec.version, source.sha256)
         digest = sha256_file(sdist)
-        afs, member_glob = fsspec.core.url_to_fs(_member_url(sdist, spec.member_glob))
+        with opened_filesystem(_member_url(sdist, spec.member_glob)) as (afs, member_glob):
+            members, refusals = glob_files(afs, member_glob), archive_members(afs)
         root = glob_root(member_glob)
-        return [
-            listed_file(f"{PYPI_SDIST_SCHEME}://{spec.name}=={spec.version}/{m}", relative(m, root), info, etag=digest)
-            for m, info in glob_files(afs, member_glob).items()
-        ]
+        refs = []
+        for m, info in members.items():
+            uri, relpath = f"{PYPI_SDIST_SCHEME}://{spec.name}=={spec.version}/{m}", relative(m, root)
+            refused = refusals.get(m)  # a symlink, FIFO or device member (see archive_members)
+            refs.append(listed_file(uri, relpath, info, etag=digest) if refused is None
+                        else FileRef(uri=uri, relpath=relpath, etag=digest, refused=refused))
+        return refs
 
     def resolve_url(self, uri: str, expected_sha256: str | None) -> str:
         spec = parse_sdist_uri(uri, uri)

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import re
-
 from marin_assets.curation.schemes.base import SourceUriError, UriScheme
 from marin_assets.curation.schemes.files import FILES
 from marin_assets.curation.schemes.hf import HF
 from marin_assets.curation.schemes.installed_dists import INSTALLED_DISTS
 from marin_assets.curation.schemes.pypi_sdist import PYPI_SDIST
+from marin_assets.curation.schemes.urls import url_protocol
 
 # The schemes a URI prefix names; any other prefix fsspec knows is read as files.
 SCHEMES: dict[str, UriScheme] = {scheme.name: scheme for scheme in (PYPI_SDIST, INSTALLED_DISTS, HF)}
 ALL_SCHEMES: tuple[UriScheme, ...] = (FILES, *SCHEMES.values())
-_SCHEME_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*$")
 
 
 def _fsspec_protocols() -> set[str]:
@@ -25,8 +23,8 @@ def _fsspec_protocols() -> set[str]:
 def scheme_of(uri: str) -> UriScheme:
     """The scheme that lists, opens and checks ``uri``; `SourceUriError` (one line, naming the known
     schemes) for a prefix neither this registry nor fsspec knows."""
-    prefix, sep, _ = uri.partition("://")
-    if not sep or not _SCHEME_NAME.match(prefix):
+    prefix = url_protocol(uri)
+    if prefix is None:
         return FILES  # a path (a "://" later in it is part of a file name)
     if prefix in SCHEMES:
         return SCHEMES[prefix]
