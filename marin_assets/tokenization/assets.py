@@ -542,7 +542,8 @@ def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment",
         token_shards, tokenized, *asset_checks = build_tokenized_asset(entry, catalog, corpora[entry.source])
         assets.extend([token_shards, tokenized])
         checks.extend(asset_checks)
-    decontamination, decontamination_checks = build_decontamination_assets(registry, catalog, corpora)
+    decontamination, decontamination_checks = build_decontamination_assets(registry, catalog, corpora,
+                                                                           store_resource(settings).get)
     assets.extend(decontamination)
     checks.extend(decontamination_checks)
     for entry in registry.mixtures.values():
