@@ -185,8 +185,7 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
             write_letter(letters, name, body)
 
         def new_mixture() -> bool:
-            # The mixture's bytes name the cache by path, so its data version stays; its record of
-            # the token cache it was rendered from changes.
+            # A new run's commit: the mixture rendered from the new cache (caches.json records it).
             mixture = committed(store, "mixture/letters", MIXTURE_VERSION)
             return mixture is not None and mixture.producer["run_id"] != mixture_reused.producer["run_id"]
 
@@ -224,6 +223,7 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
     assert grown != before.metrics["decontaminated_from"]["bravo.txt"][0]
     assert after.data_version != before.data_version
     assert ("tokenized/letters", after.data_version) in {(u.asset_key, u.data_version) for u in mixture.upstream}
+    assert mixture.data_version != mixture_reused.data_version  # a mixture over the grown cache is another one
 
     # Every run came from the daemon's sensors, none from a command: the new shard's raw run from
     # its sensor, the rest from automation.
