@@ -395,16 +395,32 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_failures(args: argparse.Namespace) -> int:
     from marin_resources.failures import failed_materializations
 
-    rows = failed_materializations(open_instance())
+    instance = open_instance()
+    rows = failed_materializations(instance)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
+    print("\n".join(failure_lines(instance, rows)))
+    return 0
+
+
+def failure_lines(instance, rows: list[dict]) -> list[str]:
+    """`marin failures` in text: each failure's time, run, assets and error; a run automation started is
+    marked so, and its newest failure says what automation does next (a retry, or that it gave up)."""
+    from marin_assets.automation import AUTOMATION_RUN_TAGS, retry_note
+
+    lines, noted = [], set()
     for row in rows:
         part = f"[{row['partition']}]" if row["partition"] else ""
-        print(f"{row['time']}  run {row['run_id'][:8]}  {', '.join(row['assets']) or row['job']}{part}\n"
-              f"    {row['error'].splitlines()[0][:300]}")
-    print(f"{len(rows)} failed materialization(s)")
-    return 0
+        automated = AUTOMATION_RUN_TAGS.items() <= row["tags"].items()
+        lines += [f"{row['time']}  run {row['run_id'][:8]}  {', '.join(row['assets']) or row['job']}{part}"
+                  + ("  (automation)" if automated else ""), f"    {row['error'].splitlines()[0][:300]}"]
+        for key in row["failed_assets"] if automated else ():
+            if (key, row["partition"]) not in noted:  # the newest row of each: what comes next
+                noted.add((key, row["partition"]))
+                if note := retry_note(instance, key, row["partition"]):
+                    lines.append(f"    {key}: {note}")
+    return [*lines, f"{len(rows)} failed materialization(s)"]
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -424,9 +424,12 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                     and previous.metrics.get("decisions_digest") == decisions_digest(map(digest_entry, written)))
 
         def build(writer) -> Built:
-            kept_shards = set(written) if reusable else set()
-            shard_counts: dict[str, dict[str, int]] = dict(previous.metrics.get("shard_counts", {})) if reusable else {}
-            if not reusable:
+            # A damaged artifact is built from scratch (`writer.resumed` false): its files are gone, so
+            # none is kept, whatever its last commit vouched for (issue 50: it committed an empty one).
+            kept = reusable and writer.resumed
+            kept_shards = set(written) if kept else set()
+            shard_counts: dict[str, dict[str, int]] = dict(previous.metrics.get("shard_counts", {})) if kept else {}
+            if not kept:
                 for rel in artifacts.list_files(writer.uri):
                     artifacts.fs.rm_file(artifacts.fs_path(f"{writer.uri}/{rel}"))
             new_shards = sorted(set(shards) - kept_shards)
@@ -453,6 +456,13 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                 shard_counts[unit.shard_key] = counts
                 stats["documents_written"] += counts["documents"]
                 stats["dropped_written"] += dropped
+            present = artifacts.file_stats(writer.uri)
+            untouched = set(writer.previous.untouched(present)) if writer.previous is not None else set()
+            unaccounted = shards_without_files(shards, kept_shards, set(present), untouched)
+            if unaccounted:
+                raise dg.Failure(f"deduplicated/{name}: this build holds no data file for {len(unaccounted)} of the "
+                                 f"{len(shards)} shards its index accounts for ({', '.join(unaccounted[:5])}); "
+                                 "nothing committed")
             entries = [registered[key] for key in shards]
             total = sum(e.docs for e in entries)
             shard_counts = {key: shard_counts[key] for key in sorted(shards)}
@@ -489,6 +499,13 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     # The group's first source (in YAML order) carries the group's index asset.
     index_assets = [build_dedup_index(group, members, dedup_cfg, catalog)] if members[0] is source else []
     return [filtered, *index_assets, deduplicated, *checks]
+
+
+def shards_without_files(shards, kept: set[str], present: set[str], untouched: set[str]) -> list[str]:
+    """The shards whose data file is not in the artifact about to be committed (``present``: its files),
+    or, for a shard this build ``kept`` from the last commit, not as that commit left it (``untouched``):
+    a rebuild never commits fewer shards' documents than its inputs account for."""
+    return sorted(key for key in shards if f"data/{key}.parquet" not in (untouched if key in kept else present))
 
 
 def _json_threshold(threshold: float | None) -> float | str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from marin_assets.automation import pinned_by_runs
+from marin_assets.automation import TRIGGER_TAG, pinned_by_runs
 from marin_assets.curation.config import SourceConfig
 from marin_assets.curation.discovery import Shard, discover_shards
 from marin_resources.dagster_private import DATA_VERSION_TAG
@@ -47,7 +47,7 @@ def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartition
         cursor = json.loads(context.cursor) if context.cursor else {}
         delta = diff_shards(shards, known, cursor)
         requests = [dg.RunRequest(partition_key=s.key, run_key=f"{s.key}:{s.fingerprint[:16]}",
-                                  asset_selection=[raw_key], tags={"marin/trigger": "new_shard_sensor"})
+                                  asset_selection=[raw_key], tags={TRIGGER_TAG: "new_shard_sensor"})
                     for s in delta.new + delta.changed]
         if not requests:
             return dg.SensorResult(skip_reason=f"no new or changed shards among {len(shards)}",

@@ -164,6 +164,7 @@ def build_tokenizer_asset(entry: TokenizerEntry, catalog: Catalog, store: Callab
 
 
 ROWS_DIR = "rows"  # a `token_shards/<source>` partition's row files, under its artifact
+CACHES_FILE = "caches.json"  # a mixture's record of the caches' and tokenizer's data versions
 PARTS_DIR = ".row_ranges"  # a shard encoded in row ranges: their files, until they are concatenated into ROWS_DIR
 SHARD_LOOKUPS_IN_FLIGHT = 32
 
@@ -496,8 +497,9 @@ def build_mixture_asset(entry: MixtureEntry, catalog: Catalog):
                    tags={"marin/mixture": entry.name, "marin/tokenizer": entry.tokenizer},
                    description=f"Training mixture `{entry.name}` "
                                f"({', '.join(f'{c}: {w}' for c, w in entry.weights.items())}), "
-                               "rendered to Levanter's mixture data config (`data.json`). Deterministic: same spec and "
-                               "same cache data versions give the same bytes.")
+                               "rendered to Levanter's mixture data config (`data.json`), with the data versions of "
+                               f"the caches and tokenizer it was rendered from (`{CACHES_FILE}`). Deterministic: same "
+                               "spec and same cache data versions give the same bytes.")
     def mixture(context: dg.AssetExecutionContext, store: MarinStore, tokenizer: ArtifactHandle,
                 **caches: ArtifactHandle):
         by_name = {k.removeprefix("cache_"): h for k, h in caches.items()}
@@ -506,6 +508,10 @@ def build_mixture_asset(entry: MixtureEntry, catalog: Catalog):
             data = render_levanter_data_config(mixture_spec(entry, by_name, tokenizer))
             # Caches and tokenizer as store-relative URIs: a copied store's mixture reads its own caches.
             writer.write_json("data.json", store.get().portable(data))
+            # data.json names the caches by path, which an append leaves as it was: their data versions
+            # make a mixture over grown caches another mixture (a checkpoint trained on it is stale).
+            writer.write_json(CACHES_FILE, {"caches": {name: h.data_version for name, h in sorted(by_name.items())},
+                                            "tokenizer": tokenizer.data_version})
             return Built(metrics={"components": len(by_name),
                                   "train_components": sum(1 for w in entry.weights.values() if w > 0)},
                          metadata={"data_config": dg.MetadataValue.json(data)})
@@ -520,6 +526,20 @@ def read_mixture_config(store: ArtifactStore, handle: ArtifactHandle) -> dict[st
     """A mixture's Levanter data config, its caches and tokenizer resolved against this store."""
     with store.open(f"{handle.uri}/data.json") as fh:
         return store.resolve(json.load(fh))
+
+
+def mixture_caches(store: ArtifactStore, data_config: dict[str, Any], mixture: ArtifactHandle) -> list[ArtifactHandle]:
+    """The token caches a mixture's data config (``data_config``, `read_mixture_config`) names, as committed
+    now: what a run that reads the mixture reads. A training records them as its inputs, so that its
+    lineage names the very cache it read, and its freshness follows that cache (issue 50)."""
+    handles = []
+    for name, component in sorted(data_config["configs"].items()):
+        manifest = store.read_manifest(component["cache_dir"])
+        if manifest is None:
+            raise input_refused(f"{mixture.asset_key} names the cache {component['cache_dir']} (component {name!r}), "
+                                "which holds no committed artifact; materialize the mixture again")
+        handles.append(ArtifactHandle.from_manifest(manifest))
+    return handles
 
 
 def corpus_specs(registry: TokenizationRegistry, upstream: Catalog) -> dict[str, ArtifactSpec]:
@@ -542,7 +562,8 @@ def build_tokenization_stage(settings: MarinSettings, deployment: "Deployment",
         token_shards, tokenized, *asset_checks = build_tokenized_asset(entry, catalog, corpora[entry.source])
         assets.extend([token_shards, tokenized])
         checks.extend(asset_checks)
-    decontamination, decontamination_checks = build_decontamination_assets(registry, catalog, corpora)
+    decontamination, decontamination_checks = build_decontamination_assets(registry, catalog, corpora,
+                                                                           store_resource(settings).get)
     assets.extend(decontamination)
     checks.extend(decontamination_checks)
     for entry in registry.mixtures.values():

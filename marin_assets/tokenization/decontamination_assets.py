@@ -5,7 +5,7 @@ eval n-grams dropped, or marked), between `deduplicated/<source>` and `token_sha
 Thin wiring over `decontamination.py`; see docs/decontamination.md."""
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -198,16 +198,18 @@ def decontaminated_identity(entry: TokenizedEntry) -> dict[str, Any]:
 
 
 def build_decontaminated_asset(entry: TokenizedEntry, catalog: Catalog, corpus: ArtifactSpec, *,
-                               indexes_splits: bool):
+                               indexes_splits: bool, store: Callable[[], ArtifactStore]):
     """``corpus``: the source's `deduplicated/<source>`; ``indexes_splits``: whether the source's index
-    holds its validation split (else eval sets alone)."""
+    holds its validation split (else eval sets alone); ``store``: the store, for automation to see
+    which shards' files changed."""
     source, policy = entry.source, entry.decontamination
     key, corpus_key = f"decontaminated/{source}", corpus.key
     spec = ArtifactSpec.fixed(key, DECONTAMINATED_VERSION, decontaminated_identity(entry),
                               file_read=FileRead(corpus_key, shard_file))
 
     @catalog.asset(spec, partitions_def=shard_partitions(source), group_name="tokenization", kinds={"parquet"},
-                   automation_condition=checks_new_shards_and_new_evals(asset_key(eval_ngrams_key(source))),
+                   automation_condition=checks_new_shards_and_new_evals(spec, corpus.version,
+                                                                        asset_key(eval_ngrams_key(source)), store),
                    ins={"corpus": input_of(corpus),
                         "eval_ngrams": dg.AssetIn(key=asset_key(eval_ngrams_key(source)))},
                    tags={"marin/source": source},
@@ -286,7 +288,8 @@ def build_decontaminated_asset(entry: TokenizedEntry, catalog: Catalog, corpus: 
 
 
 def build_decontamination_assets(registry: TokenizationRegistry, catalog: Catalog,
-                                 corpora: Mapping[str, ArtifactSpec]) -> tuple[list, list]:
+                                 corpora: Mapping[str, ArtifactSpec],
+                                 store: Callable[[], ArtifactStore]) -> tuple[list, list]:
     """`eval_ngrams/<source>` and `decontaminated/<source>` for every tokenized source, with their checks;
     ``corpora``: each source's `deduplicated/<source>` spec."""
     sets = declared_eval_sets(registry)  # a missing or damaged one: EvalSetError, one line, before anything runs
@@ -294,7 +297,8 @@ def build_decontamination_assets(registry: TokenizationRegistry, catalog: Catalo
     for entry in registry.tokenized.values():
         assets.append(build_eval_ngrams_asset(registry, entry.source, sets, catalog, corpora))
         decontaminated, check = build_decontaminated_asset(
-            entry, catalog, corpora[entry.source], indexes_splits=registry.decontamination.validation_splits)
+            entry, catalog, corpora[entry.source], indexes_splits=registry.decontamination.validation_splits,
+            store=store)
         assets.append(decontaminated)
         checks.append(check)
     return assets, checks

@@ -24,7 +24,7 @@ import yaml
 from marin_assets.automation import PINS_INPUTS_TAG
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
-from marin_assets.tokenization.assets import read_mixture_config
+from marin_assets.tokenization.assets import mixture_caches, read_mixture_config
 from marin_assets.training.commands import EVAL_REPORT_FILE, eval_command, train_command
 from marin_assets.training.eval_main import REPORT_VERSION
 from marin_assets.training.init_weights import InitWeights, InitWeightsError, resolve_export, resolve_path
@@ -205,6 +205,9 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
         mixture = find_handle(store, mixtures[spec.mixture])
         tokenizer = find_handle(store, tokenizers[spec.tokenizer])
         data_config = read_mixture_config(artifacts, mixture)
+        # The caches the run reads, as committed now: the exact ones its manifest records (an append
+        # leaves the mixture's bytes as they were, so the mixture alone would not say which).
+        caches = mixture_caches(artifacts, data_config, mixture)
         label = f"{checkpoint_key}[{spec.name}]"
         try:
             weights, sources = resolve_init_weights(spec, artifacts)
@@ -257,7 +260,7 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
             return Built(metrics=metrics, metadata=metadata)
 
         # resume=True keeps Levanter's checkpoints from an interrupted attempt.
-        return materialize_artifact(context, store, checkpoint_spec, upstream=[mixture, tokenizer, *sources],
+        return materialize_artifact(context, store, checkpoint_spec, upstream=[mixture, tokenizer, *caches, *sources],
                                     build=build, resume=True)
 
     @marin_check(checkpoint, name="loss_fell",

@@ -141,21 +141,25 @@ def build_lineage(store: ArtifactStore, manifest: Manifest, *, verify: bool = Fa
         seen_key = ref.uri if ref.uri.startswith(store.prefix) else f"{ref.uri}#{ref.asset_key}[{ref.partition}]" \
             f"@{ref.data_version}"
         if seen_key in seen:
-            node.children.append(seen[seen_key])
-            continue
-        upstream = store.read_manifest(ref.uri) if ref.uri.startswith(store.prefix) else None
-        if upstream is None:
-            child = LineageNode(asset_key=ref.asset_key, partition=ref.partition, uri=ref.uri,
-                                data_version=ref.data_version, external=True)
-            if ref.uri.startswith(store.prefix):
-                child.external = False
-                child.problems.append(f"{ref.uri}: manifest missing")
+            child = seen[seen_key]
         else:
-            child = build_lineage(store, upstream, verify=verify, _seen=seen)
-            if not upstream.holds_version(ref.data_version):
-                child.problems.append(f"{ref.uri}: data version {upstream.data_version[:12]} != "
-                                      f"{ref.data_version[:12]} recorded by {manifest.asset_key}")
-        seen[seen_key] = child
+            upstream = store.read_manifest(ref.uri) if ref.uri.startswith(store.prefix) else None
+            if upstream is None:
+                child = LineageNode(asset_key=ref.asset_key, partition=ref.partition, uri=ref.uri,
+                                    data_version=ref.data_version, external=True)
+                if ref.uri.startswith(store.prefix):
+                    child.external = False
+                    child.problems.append(f"{ref.uri}: manifest missing")
+            else:
+                child = build_lineage(store, upstream, verify=verify, _seen=seen)
+            seen[seen_key] = child
+        # Each consumer's record is checked, also of an artifact another one reached first (a checkpoint
+        # records the cache it read; its mixture, the cache it was rendered from).
+        if child.manifest is not None and not child.manifest.holds_version(ref.data_version):
+            problem = (f"{ref.uri}: data version {child.manifest.data_version[:12]} != {ref.data_version[:12]} "
+                       f"recorded by {manifest.asset_key}" + (f"[{manifest.partition}]" if manifest.partition else ""))
+            if problem not in child.problems:
+                child.problems.append(problem)
         node.children.append(child)
     return node
 

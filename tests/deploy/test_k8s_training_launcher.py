@@ -40,11 +40,14 @@ def run_entry(resources: dict) -> dict:
 
 
 def commit_inputs(store) -> None:
-    """Committed mixture and tokenizer artifacts, as the tokenization stage leaves them (the caches
-    they point at are never read: the fake pod does not train)."""
+    """Committed cache, mixture and tokenizer artifacts, as the tokenization stage leaves them (the
+    cache's files are never read: the fake pod does not train; the checkpoint records its manifest)."""
     mixture = {"cache_dir": None, "train_weights": {"m": 1.0},
-               "configs": {"m": {"cache_dir": f"{store.prefix}/caches/m", "train_urls": [], "validation_urls": []}}}
-    for key, name, payload in (("mixture/m", "data.json", mixture), ("tokenizer/t", "tokenizer.json", {"model": {}})):
+               "configs": {"m": {"cache_dir": store.artifact_uri("tokenized/m", "v1", None,
+                                                                 fingerprint=fingerprint({"name": "tokenized/m"})),
+                                 "train_urls": [], "validation_urls": []}}}
+    for key, name, payload in (("tokenized/m", "ledger.json", {}), ("mixture/m", "data.json", mixture),
+                               ("tokenizer/t", "tokenizer.json", {"model": {}})):
         with writing(store, key, "v1", None, fingerprint=fingerprint({"name": key}), run_id="test") as writer:
             writer.write_json(name, payload)
             writer.commit(config={"name": key}, upstream=[], producer=producer_info("test"))

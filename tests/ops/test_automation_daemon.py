@@ -3,13 +3,16 @@ a real `dagster-daemon` ticks the new-shard sensor and the automation sensor (bo
 against the embedded default instance (SQLite, queued runs launched by the daemon through its
 code server).
 
-The store is built once with `marin materialize mixture/letters`; then the daemon starts. First
-what churned before (issue 34): a launch through GraphQL, as the UI does, of `tokenized/letters`,
-and a rerun of the whole chain (`marin materialize mixture/letters --force`: every step runs and
-reuses its artifact) must make no automatic run in the automation ticks that follow. Then a new
-file lands in the watched directory, and the test waits for `tokenized/letters` and
-`mixture/letters` to be committed again. Only the new shard may have been encoded. The daemon's
-process group is ended in teardown.
+The source groups its files into shards (`files_per_shard: 2`, content-defined boundaries). The
+store is built once with `marin materialize mixture/letters`; then the daemon starts. First what
+churned before (issue 34): a launch through GraphQL, as the UI does, of `tokenized/letters`, and a
+rerun of the whole chain (`marin materialize mixture/letters --force`: every step runs and reuses
+its artifact) must make no automatic run in the automation ticks that follow. Then two files land
+in the watched directory: one joins an existing shard (issue 50: its `decontaminated` and
+`token_shards` partitions were never requested, and `tokenized` refused), one starts a new shard.
+The test waits for `tokenized/letters` and `mixture/letters` to be committed again, failing at
+once on any failed run. Only the two shards may have been encoded. The daemon's process group is
+ended in teardown.
 """
 
 import json
@@ -23,6 +26,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from marin_assets.curation.discovery import _unit_hash
 from marin_assets.tokenization.registry import MIXTURE_VERSION, TOKENIZED_VERSION
 from marin_resources.dagster_private import finished_sensor_ticks
 from marin_resources.keys import asset_key
@@ -32,7 +36,7 @@ from tests.ops.conftest import stop
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # Generous: sensor and automation ticks every 30 s, each run a worker process on a loaded 2-core machine.
-ARRIVAL_TIMEOUT_S = 480
+ARRIVAL_TIMEOUT_S = 600
 RUN_END_TIMEOUT_S = 180
 TICKS_TIMEOUT_S = 240
 LETTERS = {
@@ -40,8 +44,16 @@ LETTERS = {
     "bravo": "In the mountain village the school bell rang twice and the children climbed the steep path. ",
     "charlie": "A travelling clockmaker arrived with a cart full of gears, springs and tiny brass hammers. ",
 }
-NEW_LETTER = ("A lighthouse keeper climbed the spiral stairs at dusk, lit the great lamp and watched the ships "
-              "pass safely between the rocks while the tide turned slowly in the bay below. ")
+# Shards start where a file's path hashes below 1/2 (`group_into_shards`): alpha | bravo, charlie.
+# foxtrot joins bravo's shard; golf starts a shard of its own.
+FILES_PER_SHARD = 2
+JOINS, STARTS = "foxtrot", "golf"
+NEW_LETTERS = {
+    JOINS: "A lighthouse keeper climbed the spiral stairs at dusk, lit the great lamp and watched the ships "
+           "pass safely between the rocks while the tide turned slowly in the bay below. ",
+    STARTS: "The orchard keeper pruned the old pear trees in winter and grafted young branches onto the "
+            "roots so that the spring would bring a second harvest to the valley farms. ",
+}
 REGISTRY = """tokenizers:
   letters_bpe: {train_on: [letters], vocab_size: 400}
 tokenized:
@@ -114,12 +126,14 @@ def wait_for(what: str, ready, timeout_s: float, daemon: subprocess.Popen, log: 
 @pytest.mark.slow  # a real dagster-daemon and its runs (minutes)
 @pytest.mark.heaviest
 def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatch):
+    starts = {name: _unit_hash(f"{name}.txt") < 1 / FILES_PER_SHARD for name in [*LETTERS, *NEW_LETTERS]}
+    assert starts == {"alpha": False, "bravo": True, "charlie": False, JOINS: False, STARTS: True}, starts
     letters = tmp_path / "letters"
     letters.mkdir()
     for name, body in LETTERS.items():
         write_letter(letters, name, body)
-    (tmp_path / "sources.yaml").write_text(
-        f"sources:\n  - name: letters\n    uri: {letters}/*.txt\n    format: text\n    files_per_shard: 1\n")
+    (tmp_path / "sources.yaml").write_text(f"sources:\n  - name: letters\n    uri: {letters}/*.txt\n    format: text\n"
+                                           f"    files_per_shard: {FILES_PER_SHARD}\n")
     (tmp_path / "registry.yaml").write_text(REGISTRY)
     (tmp_path / "runs.yaml").write_text("runs: {}\n")
     home = tmp_path / "home"
@@ -136,7 +150,7 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
     assert built.returncode == 0, built.stdout + built.stderr
     store = ArtifactStore(str(tmp_path / "store"))
     before = committed(store, "tokenized/letters", TOKENIZED_VERSION)
-    assert before.metrics["shards"] == 3
+    assert before.metrics["shards"] == 2  # alpha | bravo, charlie
 
     log = tmp_path / "daemon.log"
     with open(log, "w") as out:
@@ -167,15 +181,24 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
         mixture_reused = committed(store, "mixture/letters", MIXTURE_VERSION)
 
         started = time.monotonic()
-        write_letter(letters, "delta", NEW_LETTER)
+        for name, body in NEW_LETTERS.items():
+            write_letter(letters, name, body)
 
         def new_mixture() -> bool:
-            # The mixture's bytes name the cache by path, so its data version stays; its record of
-            # the token cache it was rendered from changes.
+            # A new run's commit: the mixture rendered from the new cache (caches.json records it).
             mixture = committed(store, "mixture/letters", MIXTURE_VERSION)
             return mixture is not None and mixture.producer["run_id"] != mixture_reused.producer["run_id"]
 
-        wait_for("new mixture", new_mixture, ARRIVAL_TIMEOUT_S, daemon, log)
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            def failed_runs() -> list[str]:
+                return [r.run_id for r in instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))]
+
+            def new_mixture_and_no_failure() -> bool:
+                failed = failed_runs()
+                assert not failed, failure_messages(instance, failed)
+                return new_mixture()
+
+            wait_for("new mixture", new_mixture_and_no_failure, ARRIVAL_TIMEOUT_S, daemon, log)
         mixture = committed(store, "mixture/letters", MIXTURE_VERSION)
         arrived = True
         print(f"new file -> mixture committed in {time.monotonic() - started:.0f} s")
@@ -193,11 +216,14 @@ def test_a_new_file_reaches_the_token_cache_with_no_command(tmp_path, monkeypatc
             shutil.copy(log, REPO / "tests" / "artifacts" / "automation_daemon.log")
 
     after = committed(store, "tokenized/letters", TOKENIZED_VERSION)
-    # Only the new shard was encoded; the three old ones were reused from the committed cache.
-    assert (after.metrics["shards"], after.metrics["shards_reused"], after.metrics["shards_encoded"]) == (4, 3, 1)
-    assert after.metrics["documents_encoded"] == after.metrics["documents"] - before.metrics["documents"] > 0
+    # The grown shard and the new one were encoded; alpha's was reused from the committed cache.
+    assert (after.metrics["shards"], after.metrics["shards_reused"], after.metrics["shards_encoded"]) == (3, 1, 2)
+    assert after.metrics["documents"] > before.metrics["documents"]
+    grown = after.metrics["decontaminated_from"]["bravo.txt"][0]
+    assert grown != before.metrics["decontaminated_from"]["bravo.txt"][0]
     assert after.data_version != before.data_version
     assert ("tokenized/letters", after.data_version) in {(u.asset_key, u.data_version) for u in mixture.upstream}
+    assert mixture.data_version != mixture_reused.data_version  # a mixture over the grown cache is another one
 
     # Every run came from the daemon's sensors, none from a command: the new shard's raw run from
     # its sensor, the rest from automation.

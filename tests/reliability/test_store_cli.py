@@ -171,6 +171,52 @@ def test_rebuild_of_a_partition_another_writer_holds_withdraws_nothing(copy):
     assert not list(partition_dir.glob(f"{MANIFEST_NAME}.retracted-*"))
 
 
+def shard_documents(artifact: Path) -> dict[str, int]:
+    """Rows of each shard's data file in a `deduplicated/<source>` artifact."""
+    return {path.stem: pl.read_parquet(path).height for path in sorted((artifact / "data").glob("*.parquet"))}
+
+
+@pytest.mark.slow  # the dedup chain, then its repair
+def test_a_truncated_corpus_file_is_repaired_whole_never_emptied(tmp_path):
+    """Issue 50: one file of a committed `deduplicated/<source>` truncated; the rebuild committed an empty
+    artifact (0 files, the hash of nothing) whose metrics still counted every document, and status called
+    it fresh. The repair must hold every shard's documents again, as its inputs account for them."""
+    from tests.ops.test_lineage_cli import cli_env, write_source
+
+    write_source(tmp_path / "text", ["north", "south"])  # text the filters keep
+    env, store = cli_env(tmp_path), tmp_path / "store"
+    built = marin(env, "materialize", "deduplicated/harbour")
+    assert built.returncode == 0, built.stdout + built.stderr
+    artifacts = ArtifactStore(str(store))
+    before = artifacts.find("deduplicated/harbour", "v1", None)
+    artifact = Path(artifacts.fs_path(before.uri))
+    counts = shard_documents(artifact)
+    assert set(counts) == {"north.txt", "south.txt"} and sum(counts.values()) == before.metrics["documents"] > 0
+    south = artifact / "data" / "south.txt.parquet"
+    south.write_bytes(south.read_bytes()[:100])
+
+    repaired = marin(env, "materialize", "deduplicated/harbour")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    after = artifacts.find("deduplicated/harbour", "v1", None)
+    assert artifacts.verify(after) == []
+    assert shard_documents(artifact) == counts
+    assert after.metrics["documents"] == before.metrics["documents"]
+    assert after.data_version == before.data_version  # the same bytes as before the damage
+    status = marin(env, "status", "deduplicated/harbour")
+    assert "fresh    deduplicated/harbour" in status.stdout, status.stdout
+
+
+def test_a_commit_without_every_shards_file_is_refused():
+    """The check `deduplicated` makes before its commit: every shard its index accounts for has its data
+    file; one kept from the last commit must be as that commit left it."""
+    from marin_assets.curation.refine import shards_without_files
+
+    present = {"data/a.parquet", "data/b.parquet", "duplicates/a.parquet"}
+    assert shards_without_files(["a", "b"], set(), present, set()) == []
+    assert shards_without_files(["a", "b", "c"], set(), present, set()) == ["c"]
+    assert shards_without_files(["a", "b"], {"a", "b"}, present, {"data/b.parquet"}) == ["a"]  # a changed since
+
+
 @pytest.mark.slow  # the module's `marin` build
 def test_lineage_refuses_a_path_as_partition_in_one_line(copy):
     _, env = copy

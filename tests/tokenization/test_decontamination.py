@@ -306,7 +306,8 @@ class Store:
         self.catalog = Catalog()
         dedup = dg.AssetSpec(key=asset_key(f"deduplicated/{SOURCE}"),
                              metadata={VERSION_METADATA_KEY: "v1"}).with_io_manager_key("artifact_io_manager")
-        assets, checks = build_decontamination_assets(self.registry, self.catalog, corpus_specs([SOURCE]))
+        assets, checks = build_decontamination_assets(self.registry, self.catalog, corpus_specs([SOURCE]),
+                                                      lambda: self.store)
         self.assets = [dedup, *assets, *checks]
 
     def run(self, key: str, partition: str | None = None, ok: bool = True) -> dg.ExecuteInProcessResult:
@@ -499,7 +500,8 @@ def test_a_sources_index_holds_its_own_split_and_its_mixture_partners_only(tmp_p
          "c": MixtureEntry("c", TOKENIZER.name, {"notes": 1.0})})
     splits = {s: sorted(eval_ngrams_identity(registry, s, [])["validation_splits"]) for s in (SOURCE, "notes", "memo")}
     assert splits == {SOURCE: [SOURCE, "notes"], "notes": [SOURCE, "notes"], "memo": ["memo"]}
-    assets, _ = build_decontamination_assets(registry, Catalog(), corpus_specs([SOURCE, "notes", "memo"]))
+    assets, _ = build_decontamination_assets(registry, Catalog(), corpus_specs([SOURCE, "notes", "memo"]),
+                                             lambda: None)
     (index,) = [a for a in assets if a.key == asset_key("eval_ngrams/memo")]
     assert index.dependency_keys == {asset_key("deduplicated/memo")}
 

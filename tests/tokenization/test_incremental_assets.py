@@ -93,7 +93,8 @@ class Pipeline:
         token_shards, tokenized, *checks = build_tokenized_asset(TOKENIZED, catalog, corpora[SOURCE])
         decontamination, decontamination_checks = build_decontamination_assets(
             TokenizationRegistry({TOKENIZER.name: TOKENIZER}, {SOURCE: TOKENIZED},
-                                 {SOURCE: MixtureEntry(SOURCE, TOKENIZER.name, {SOURCE: 1.0})}), catalog, corpora)
+                                 {SOURCE: MixtureEntry(SOURCE, TOKENIZER.name, {SOURCE: 1.0})}), catalog, corpora,
+            lambda: self.store)
         return [dedup, build_tokenizer_asset(tokenizer, catalog, lambda: self.store, corpora), *decontamination,
                 token_shards, tokenized, *checks, *decontamination_checks]
 

@@ -343,8 +343,9 @@ def recording_checkpoint_stage(tmp_path, runs_file, synthetic_deployment):
     settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_RUNS": str(runs_file)})
     resources = build_resources(settings)
     store = resources["store"].get()
+    cache = _commit(store, "tokenized/m", None, {"train/input_ids": b"rows"})
     _commit(store, "mixture/m", None, {"data.json": json.dumps({
-        "cache_dir": None, "train_weights": {"m": 1.0}, "configs": {"m": {"cache_dir": "/caches/m"}}}).encode()})
+        "cache_dir": None, "train_weights": {"m": 1.0}, "configs": {"m": {"cache_dir": cache.uri}}}).encode()})
     _commit(store, "tokenizer/t", None, {"tokenizer.json": b"{}"})
     calls: list = []
     resources["launcher"] = RecordingLauncher.make(calls)
@@ -387,6 +388,73 @@ def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_d
         assert f"checkpoint[broken]: {tmp_path / 'empty'}: no config.json" in \
             failure.event_specific_data.error.message
         assert store.find("checkpoint", CHECKPOINT_VERSION, "broken") is None
+
+
+@pytest.mark.slow  # builds the training stage, then six Dagster runs
+def test_a_checkpoint_records_the_cache_it_read_and_is_stale_once_the_cache_grows(tmp_path, synthetic_deployment):
+    """Issue 50: a checkpoint trained on token cache A; new shards grew the cache to B in place. The
+    mixture's data.json names the cache by path, so its data version stayed: status called the
+    checkpoint fresh, and its lineage listed cache B. The checkpoint records the cache it read, its
+    lineage names it (and says the store now holds another), and status calls it stale."""
+    from marin_assets.catalog import Catalog
+    from marin_assets.planning import Planner
+    from marin_assets.stages import build_stage
+    from marin_assets.tokenization.assets import build_mixture_asset
+    from marin_assets.tokenization.registry import MixtureEntry
+    from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stage
+    from marin_resources.artifacts import VERSION_METADATA_KEY
+    from marin_resources.environments import MarinSettings, build_resources
+    from marin_resources.keys import asset_key
+    from marin_resources.storage.lineage import build_lineage, render_tree
+
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"),
+                                       "MARIN_RUNS": str(_registry(tmp_path, base={}))})
+    resources = build_resources(settings)
+    store = resources["store"].get()
+    calls: list = []
+    resources["launcher"] = RecordingLauncher.make(calls)
+    _commit(store, "tokenizer/t", None, {"tokenizer.json": b"{}"})
+    cache_a = _commit(store, "tokenized/src", None, {"train/input_ids": b"shards 1-3"})
+    mixture_catalog = Catalog()
+    mixture = build_mixture_asset(MixtureEntry("m", "t", {"src": 1.0}), mixture_catalog)
+    inputs = [dg.AssetSpec(key=asset_key(k), metadata={VERSION_METADATA_KEY: "v1"}).with_io_manager_key(
+        "artifact_io_manager") for k in ("tokenized/src", "tokenizer/t")]
+    defs, catalog = build_stage(build_training_stage, settings, synthetic_deployment(runs=load_run_registry(
+        tmp_path / "runs.yaml")))
+    [checkpoint] = [a for a in defs.assets if a.key == dg.AssetKey("checkpoint")]
+    everything = dg.Definitions(assets=[*inputs, mixture, checkpoint], resources=resources)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("runs", ["base"])
+
+        def build(asset, partition=None):
+            assert dg.materialize([*inputs, asset], selection=[asset.key], partition_key=partition, instance=instance,
+                                  resources=resources).success
+
+        def status() -> str:
+            planner = Planner(everything, catalog.merge(mixture_catalog), store, instance)
+            return planner.state(dg.AssetKey("checkpoint"), "base").state
+
+        build(mixture)
+        mixture_a = store.find("mixture/m", "v1", None)
+        build(checkpoint, "base")
+        trained = store.find("checkpoint", CHECKPOINT_VERSION, "base")
+        assert trained.upstream_versions()[("tokenized/src", None)] == cache_a.data_version
+        assert status() == "fresh"
+
+        cache_b = _commit(store, "tokenized/src", None, {"train/input_ids": b"shards 1-4"})  # appended in place
+        assert cache_b.uri == cache_a.uri and cache_b.data_version != cache_a.data_version
+        build(mixture)  # as automation does after the cache
+        assert store.find("mixture/m", "v1", None).data_version != mixture_a.data_version
+        assert status() == "stale"
+        tree = render_tree(build_lineage(store, trained))
+        assert f"data version {cache_b.data_version[:12]} != {cache_a.data_version[:12]} recorded by checkpoint" \
+            in tree, tree
+
+        build(checkpoint, "base")  # trained again, on the cache as it is now
+        assert len(calls) == 2
+        assert store.find("checkpoint", CHECKPOINT_VERSION, "base").upstream_versions()[("tokenized/src", None)] \
+            == cache_b.data_version
+        assert status() == "fresh"
 
 
 # ---- training from weights --------------------------------------------------------------------------
