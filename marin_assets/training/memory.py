@@ -89,10 +89,12 @@ class MemoryBreakdown:
     layer: int
     """The layer being differentiated: its recomputed intermediates (with checkpointing) and their gradients."""
     logits: int
-    """The loss's [tokens, vocab] logits in f32 with their gradient, one vocabulary block of them, or
-    the fused loss's per-token statistics."""
+    """The loss's [tokens, vocab] logits and their gradient, one vocabulary block of them, or the fused
+    loss's per-token statistics."""
+    update: int = 0
+    """The optimizer's update, computed whole before it is applied: one f32 array of the weights' size."""
 
-    TERMS = ("parameters", "optimizer", "gradients", "compute_weights", "activations", "layer", "logits")
+    TERMS = ("parameters", "optimizer", "gradients", "compute_weights", "activations", "layer", "logits", "update")
 
     @property
     def total(self) -> int:
@@ -199,9 +201,8 @@ def estimate_memory(spec: RunSpec, vocab_size: int, settings: ComputeSettings) -
                         layer=0, logits=int(tokens * logits)),
         MemoryBreakdown("layers", **base, gradients=int(c * (layer_params / tensor / mesh.fsdp + head_params)),
                         activations=int(tokens * saved), layer=int(tokens * working), logits=0),
-        # The update: the f32 gradients, and one more f32 array of the weights' size for the update itself.
-        MemoryBreakdown("update", **{**base, "compute_weights": 0}, gradients=int(2 * 4 * params), activations=0,
-                        layer=0, logits=0),
+        MemoryBreakdown("update", **{**base, "compute_weights": 0}, gradients=int(4 * params), activations=0,
+                        layer=0, logits=0, update=int(4 * params)),
     ]
     return max(phases, key=lambda breakdown: breakdown.total)
 
