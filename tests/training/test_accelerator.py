@@ -12,10 +12,10 @@ import pytest
 from marin_assets.training.accelerator import AcceleratorError, held_message, probe, sole_process, tpu_type_for
 
 GPU_TRAIN = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_train.py"
-# The shape of JAX's error when a second program opens a TPU: a RuntimeError naming libtpu's lockfile.
-HELD = ("RuntimeError: Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid "
-        "4242. Not attempting to load libtpu.so in this process. (Internal error when accessing libtpu "
-        "multi-process lockfile. Run \"$ sudo lsof -w /dev/accel0\" to figure out which process is using the TPU.)")
+# What JAX 0.10.2 raised on the lent TPU v5e host when a second program opened the chip (2026-12-07).
+HELD = ("RuntimeError: Unable to initialize backend 'tpu': ABORTED: Internal error when accessing libtpu "
+        "multi-process lockfile. Run \"$ sudo rm /tmp/libtpu_lockfile\". (set JAX_PLATFORMS='' to automatically "
+        "choose an available backend)")
 
 
 @pytest.mark.parametrize("kind, chips, expected", [
