@@ -190,11 +190,37 @@ def test_a_changed_levanter_function_is_refused_in_one_line(monkeypatch, fix, mo
     assert name in str(refused.value) and "\n" not in str(refused.value)
 
 
+# The training process as a one-chip TPU host starts it, on CPU: the host names itself the TPU VM's one
+# worker (TPU_WORKER_HOSTNAMES=localhost), JAX's cluster detection takes that for a TPU cluster, and
+# jax.distributed cannot start (the backend is up by then, and the host allows no sockets).
+AS_ON_A_TPU_HOST = """
+import sys
+import jax
+from jax._src.clusters import cloud_tpu_cluster
+
+cloud_tpu_cluster.running_in_cloud_tpu_vm = True
+
+
+def refuse(*args, **kwargs):
+    raise RuntimeError("jax.distributed.initialize() must be called before any JAX computations are executed")
+
+
+jax.distributed.initialize = refuse
+from levanter.distributed import DistributedConfig
+
+assert DistributedConfig()._is_distributed(), "Levanter no longer takes this environment for a TPU cluster"
+from marin_assets.training import train_main
+
+train_main.main(sys.argv[1:])
+"""
+
+
 @pytest.mark.slow
-def test_a_tiny_run_trains_and_evaluates_through_train_main_on_two_devices(tmp_path, tiny_artifact, tiny_mixture):
-    """The whole training process on this JAX, with every fix where it is needed: the loss mask at the
-    first step, the loader's CPU mesh, the evaluation batches of a mesh of two devices; then the final
-    evaluation (eval_main's code) in the same process."""
+def test_a_tiny_run_trains_and_evaluates_through_train_main_as_on_a_tpu_host(tmp_path, tiny_artifact, tiny_mixture):
+    """The whole training process on this JAX, with every fix where it is needed (the loss mask at the
+    first step, the loader's CPU mesh, the evaluation batches of a mesh of two devices), then the final
+    evaluation (eval_main's code) in the same process; in a TPU host's environment, which must start no
+    jax.distributed for one process."""
     from conftest import SUBPROCESS_ENV, tiny_spec
 
     from marin_assets.training.commands import train_command
@@ -207,11 +233,14 @@ def test_a_tiny_run_trains_and_evaluates_through_train_main_on_two_devices(tmp_p
                                 tmp_path / "train_config.yaml")
     command = train_command(config, str(tmp_path), final_eval=True, final_eval_examples=16)
     launch = build_command_and_env(command, accelerator="cpu", cpu_devices=2)
-    proc = subprocess.run(launch.command, env={**os.environ, **SUBPROCESS_ENV, **launch.env}, capture_output=True,
-                          text=True, timeout=600)
+    python, module = launch.command[:3], launch.command[3:]
+    assert python[1:] == ["-m", "marin_assets.training.train_main"]
+    env = {**os.environ, **SUBPROCESS_ENV, **launch.env, "TPU_WORKER_HOSTNAMES": "localhost"}
+    proc = subprocess.run([python[0], "-c", AS_ON_A_TPU_HOST, *module], env=env, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "train_summary.json").read_text())
-    assert (summary["final_step"], summary["device_count"]) == (4, 2)
+    assert (summary["final_step"], summary["device_count"], summary["process_count"]) == (4, 2, 1)
     assert summary["train_loss_last"] < summary["train_loss_first"] and summary["eval_loss_last"] > 0
     report = json.loads((tmp_path / "final_eval_report.json").read_text())
     assert report["eval/stdlib-docs/loss"] == pytest.approx(summary["eval_loss_last"], rel=0.05)
