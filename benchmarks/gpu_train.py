@@ -61,8 +61,10 @@ from marin_assets.training.accelerator import (  # noqa: E402
 )
 from marin_assets.training.commands import train_command  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
+from marin_assets.training.memory import ComputePlan, plan_run  # noqa: E402
 from marin_assets.training.metrics import PEAK_FLOPS_BY_DEVICE_KIND, median, peak_flops_total  # noqa: E402
 from marin_assets.training.spec import (  # noqa: E402
+    ComputeSpec,
     ModelSpec,
     OptimizerSpec,
     ParallelismSpec,
@@ -145,18 +147,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--accelerator", choices=("gpu", "tpu", "cpu"))
     parser.add_argument("--tpu-type", help="Cloud TPU type of the devices (default: from the device kind and count, "
                                            "e.g. v5litepod-1 for one v5e chip)")
-    parser.add_argument("--fused-loss", action="store_true",
-                        help="the loss through the Pallas head-and-cross-entropy kernels (one TPU device)")
+    parser.add_argument("--fused-loss", nargs="?", const="on", default="auto", choices=("on", "off", "auto"),
+                        help="the loss through the Pallas head-and-cross-entropy kernels (one TPU device); "
+                             "default auto: where the memory planner picks it")
     parser.add_argument("--train-lm", action="store_true",
                         help="also run the same config through Levanter's train_lm directly, as the baseline of "
                              "the project's training process")
-    parser.add_argument("--gradient-checkpointing", action="store_true",
-                        help="recompute activations (off: a 150M model fits easily, and recompute is not "
-                             "counted in model FLOPs, so it lowers MFU)")
+    parser.add_argument("--gradient-checkpointing", nargs="?", const="on", default="auto",
+                        choices=("on", "off", "auto"),
+                        help="recompute activations; default auto: only where nothing else fits (recomputed FLOPs "
+                             "are not model FLOPs, so it lowers MFU)")
     parser.add_argument("--attn-backend", help="Levanter attention backend (default: Levanter's for the device)")
-    parser.add_argument("--cross-entropy-block-size", type=int,
-                        help="compute the loss over vocabulary blocks of this size (Levanter's option; saves the "
-                             "memory of full batch x seq x vocab logits)")
+    parser.add_argument("--cross-entropy-block-size", type=block_size, default="auto",
+                        help="N, none or auto: compute the loss over vocabulary blocks of N entries (Levanter's "
+                             "option; saves the memory of full batch x seq x vocab logits); default auto")
     parser.add_argument("--peak-flops", type=float, help="override the per-device peak FLOP/s")
     parser.add_argument("--workdir")
     parser.add_argument("--peaks", action="store_true", help="print the peak table and exit")
@@ -183,7 +187,12 @@ def main(argv: list[str] | None = None) -> dict:
     except AcceleratorError as exc:
         print(f"gpu_train: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    specs = {}
+    switch = {"on": True, "off": False, "auto": "auto"}
+    compute = ComputeSpec(gradient_checkpointing=switch[args.gradient_checkpointing],
+                          cross_entropy_block_size=args.cross_entropy_block_size, attention=args.attn_backend,
+                          fused_loss=switch[args.fused_loss])
+    vocab_size = args.vocab_size or size.vocab_size
+    specs, plans = {}, {}
     for variant in variants:
         spec = RunSpec(
             name=f"bench-{args.size}-{variant}", model=size.model, mixture="stdlib-docs", tokenizer="stdlib-docs",
@@ -191,23 +200,27 @@ def main(argv: list[str] | None = None) -> dict:
             steps_per_eval=10 * steps, max_eval_batches=1, checkpoint_every=10 * steps,
             # No gradient-norm logging, which compiles a second train step.
             watch_every=0, resources=ResourceSpec(accelerator=accelerator, device_count=devices, tpu_type=tpu_type),
-            parallelism=VARIANTS[variant](devices))
+            parallelism=VARIANTS[variant](devices), compute=compute)
         try:
             validate_run(spec)  # e.g. a batch the devices do not divide
+            # The memory plan, before any data is built or any process opens the chip.
+            plans[variant] = plan_run(spec, vocab_size, os.environ.get("MARIN_GPU_TYPE", ""))
         except RunSpecError as exc:
-            parser.error(str(exc))
+            print(f"gpu_train: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         specs[variant] = spec
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-gpu-train-"))
 
     fixtures = load_fixtures()
     data_started = time.time()
     needed_tokens = int((steps + 1) * batch * size.model.seq_len * 1.05)
-    cache_root, tokenizer_dir, vocab_size = training_data(fixtures, work / "data", args.vocab_size or size.vocab_size,
-                                                          needed_tokens)
+    cache_root, tokenizer_dir, vocab_size = training_data(fixtures, work / "data", vocab_size, needed_tokens)
     data_seconds = time.time() - data_started
     mixture = fixtures.single_cache_mixture("stdlib-docs", cache_root, tokenizer_dir)
 
-    results = {variant: run_variant(spec, mixture, tokenizer_dir, work / variant, args)
+    for variant, plan in plans.items():
+        print(f"{variant}: {plan.describe()}", flush=True)
+    results = {variant: run_variant(spec, plans[variant], mixture, tokenizer_dir, work / variant, args)
                for variant, spec in specs.items()}
     first = next(iter(results.values()))
     result = {
@@ -224,11 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         "vocab_size": vocab_size,
         "batch_size": batch,
         "steps": steps,
-        "gradient_checkpointing": args.gradient_checkpointing,
         "mixed_precision": first["mixed_precision"],
-        "attn_backend": args.attn_backend,
-        "cross_entropy_block_size": args.cross_entropy_block_size,
-        "fused_loss": args.fused_loss,
         "tpu_type": tpu_type,
         "data_build_seconds": data_seconds,
         "workdir": str(work),
@@ -251,19 +260,14 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def run_variant(spec: RunSpec, mixture: dict, tokenizer_dir: str, run_dir: Path, args) -> dict:
-    """Train ``spec`` once through ``train_main``; its throughput figures and MFU."""
-    config = build_train_config(spec, mixture, tokenizer_dir, str(run_dir))
-    config["model"]["gradient_checkpointing"] = args.gradient_checkpointing
-    if args.attn_backend:
-        config["model"]["attn_backend"] = args.attn_backend
-    if args.cross_entropy_block_size:
-        config["model"]["cross_entropy_block_size"] = args.cross_entropy_block_size
+def run_variant(spec: RunSpec, plan: ComputePlan, mixture: dict, tokenizer_dir: str, run_dir: Path, args) -> dict:
+    """Train ``spec`` once through ``train_main``, computing as ``plan`` says; its throughput figures and MFU."""
+    config = build_train_config(spec, mixture, tokenizer_dir, str(run_dir), compute=plan.settings)
     config["trainer"]["tracker"] = [config["trainer"]["tracker"], {"type": "json_logger"}]
     config_path = write_train_config(config, run_dir / "train_config.yaml")
 
     resources = spec.resources
-    launch = build_command_and_env(train_command(config_path, str(run_dir), fused_loss=args.fused_loss),
+    launch = build_command_and_env(train_command(config_path, str(run_dir), fused_loss=plan.settings.fused_loss),
                                    accelerator=resources.accelerator, cpu_devices=resources.device_count)
     log_path = run_dir / "train_output.log"
     started = time.time()
@@ -299,6 +303,7 @@ def run_variant(spec: RunSpec, mixture: dict, tokenizer_dir: str, run_dir: Path,
         "parameter_count": summary.get("parameter_count"),
         "mixed_precision": config["trainer"]["mp"],
         "final_step": summary["final_step"],
+        "compute": plan.metadata(),
         "loss_kernel": summary.get("loss_kernel"),
         # Step 0 is XLA's compilation of the train step plus one step.
         "first_step_seconds": summary.get("first_step_seconds"),
@@ -347,6 +352,15 @@ def accelerator_devices(accelerator: str, asked: int | None, tpu_type: str | Non
         raise AcceleratorError(f"--devices {asked}: this host has {found.count} {found.kind} device(s)")
     count = asked or found.count
     return count, (tpu_type or tpu_type_for(found.kind, count)) if accelerator == "tpu" else None
+
+
+def block_size(text: str) -> int | None | str:
+    """--cross-entropy-block-size: a positive number of vocabulary entries, ``none`` or ``auto``."""
+    if text in ("none", "auto"):
+        return None if text == "none" else text
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, none or auto, got {text!r}")
+    return int(text)
 
 
 def training_data(fixtures, data_dir: Path, vocab_size: int, needed_tokens: int) -> tuple[str, str, int]:

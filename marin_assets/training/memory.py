@@ -231,8 +231,9 @@ def candidate_settings(spec: RunSpec, vocab_size: int) -> list[ComputeSettings]:
     blocks = [None, ACCELERATOR_CROSS_ENTROPY_BLOCK] if compute.cross_entropy_block_size == "auto" \
         else [compute.cross_entropy_block_size]
     blocks = [b for b in blocks if b is None or b < vocab_size] or [None]  # a block as wide as the vocab is none
-    fused = ([False, True] if accelerator == "tpu" else [False]) if compute.fused_loss == "auto" \
-        else [compute.fused_loss]
+    # The kernels serve one TPU device (`fused_loss.usable`); a mesh of several computes XLA's loss.
+    one_tpu = accelerator == "tpu" and spec.resources.device_count == 1
+    fused = ([False, True] if one_tpu else [False]) if compute.fused_loss == "auto" else [compute.fused_loss]
     # The fused kernel's config keeps Levanter's blocks, which a process without the kernel computes.
     fused_block = next((b for b in blocks if b is not None), ACCELERATOR_CROSS_ENTROPY_BLOCK)
     losses = ([(None, False)] if None in blocks and False in fused else []) + \

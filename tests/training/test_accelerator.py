@@ -74,3 +74,13 @@ def test_gpu_train_validates_the_run_before_the_chip_with_the_given_type(tmp_pat
 ])
 def test_one_host_one_process_starts_no_jax_distributed(environ, alone):
     assert sole_process(environ) is alone
+
+
+def test_gpu_train_refuses_a_run_that_cannot_fit_before_any_data_or_chip(tmp_path):
+    """Whole f32 logits and every activation of llama_150m at batch 64 need about 44 GiB of a 16 GiB chip."""
+    proc = run_gpu_train("--size", "llama_150m", "--accelerator", "tpu", "--devices", "1", "--tpu-type", "v5litepod-1",
+                         "--gradient-checkpointing", "off", "--fused-loss", "off", "--cross-entropy-block-size", "none",
+                         "--workdir", str(tmp_path / "work"))
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "does not fit its resources" in proc.stderr and "16 GiB" in proc.stderr
+    assert not (tmp_path / "work").exists()
