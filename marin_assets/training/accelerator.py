@@ -55,19 +55,23 @@ def held_message(output: str) -> str | None:
 
 
 # What JAX's cluster detection reads: a TPU VM's workers, Slurm's and Open MPI's task counts.
-_PROCESS_COUNT_VARIABLES = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+_PROCESS_COUNT_VARIABLES = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "MEGASCALE_NUM_SLICES")
 
 
 def sole_process(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether nothing in ``environ`` places this process beside others: no launcher's process group, a TPU
-    VM naming at most one worker, no multi-task Slurm or MPI job. A one-chip TPU host sets
-    TPU_WORKER_HOSTNAMES=localhost, and JAX then takes it for a cluster; such a process needs no
-    ``jax.distributed``, whose coordination service the host's sandbox may not even allow."""
+    """Whether ``environ`` says this process is alone: no launcher's process group, no multi-task Slurm or
+    MPI job, no multislice, and either no TPU VM or one that names exactly one worker. A one-chip TPU host
+    sets TPU_WORKER_HOSTNAMES=localhost, and JAX then takes it for a cluster; such a process needs no
+    ``jax.distributed``, whose coordination service the host's sandbox may not even allow. A TPU VM that
+    names no workers (its list comes from the metadata server) is left to JAX's own detection."""
     if COORDINATOR_ENV in environ:  # our launcher's multi-process group
         return False
-    workers = [name for name in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if name.strip()]
     counts = (environ.get(name, "").strip() for name in _PROCESS_COUNT_VARIABLES)
-    return len(workers) <= 1 and all(not count.isdigit() or int(count) <= 1 for count in counts)
+    if any(count.isdigit() and int(count) > 1 for count in counts):
+        return False
+    workers = [name for name in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if name.strip()]
+    on_tpu_vm = any(name.startswith("TPU_") for name in environ)
+    return len(workers) == 1 if on_tpu_vm else True
 
 
 def probe(platform: str) -> Devices:

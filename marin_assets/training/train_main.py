@@ -615,8 +615,8 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     if group is not None:
         join_process_group(group, float(os.environ.get(COORDINATOR_TIMEOUT_ENV, DEFAULT_COORDINATOR_TIMEOUT_S)))
     if group is not None or sole_process():
-        # Joined above, or alone: Levanter must not start jax.distributed on its own (a multi-host TPU
-        # slice without our launcher's group still lets Levanter detect and join it).
+        # Joined above, or alone: Levanter must not start jax.distributed on its own. A multi-host TPU slice
+        # without our launcher's group (several workers named, or none) is still Levanter's to detect and join.
         config = dataclasses.replace(config, trainer=dataclasses.replace(
             config.trainer, distributed=dataclasses.replace(config.trainer.distributed,
                                                             initialize_jax_distributed=False)))

@@ -71,6 +71,8 @@ def test_gpu_train_validates_the_run_before_the_chip_with_the_given_type(tmp_pat
     ({"SLURM_NTASKS": "8"}, False),
     ({"OMPI_COMM_WORLD_SIZE": "1"}, True),
     ({"MARIN_COORDINATOR_ADDRESS": "127.0.0.1:8476"}, False),  # our launcher's group joins it itself
+    ({"TPU_ACCELERATOR_TYPE": "v5litepod-16"}, False),  # workers from the metadata server: JAX's detection decides
+    ({"TPU_WORKER_HOSTNAMES": "localhost", "MEGASCALE_NUM_SLICES": "2"}, False),  # one host of a multislice run
 ])
 def test_one_host_one_process_starts_no_jax_distributed(environ, alone):
     assert sole_process(environ) is alone
