@@ -43,6 +43,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -261,7 +262,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run_variant(spec: RunSpec, plan: ComputePlan, mixture: dict, tokenizer_dir: str, run_dir: Path, args) -> dict:
-    """Train ``spec`` once through ``train_main``, computing as ``plan`` says; its throughput figures and MFU."""
+    """Train ``spec`` once through ``train_main``, computing as ``plan`` says; its throughput figures and MFU.
+    A run directory left by an earlier invocation is cleared: its checkpoints would be resumed."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     config = build_train_config(spec, mixture, tokenizer_dir, str(run_dir), compute=plan.settings)
     config["trainer"]["tracker"] = [config["trainer"]["tracker"], {"type": "json_logger"}]
     config_path = write_train_config(config, run_dir / "train_config.yaml")
