@@ -56,6 +56,10 @@ from marin_resources.storage.store import STORE_SCHEME, ArtifactStore
 CHECKPOINT_VERSION = "v1"
 EVAL_VERSION = "v1"
 RUNS = dg.DynamicPartitionsDefinition(name="runs")
+# A training step's own retry (deploy/dagster.yaml retries a run only when its worker died): one more
+# attempt a minute later, for a pod or host lost under it, which resumes from the run's latest
+# checkpoint. Refusals (`input_refused`) are never retried.
+TRAINING_RETRY = dg.RetryPolicy(max_retries=1, delay=60)
 TRAIN_METRIC_KEYS = ("train_loss_first", "train_loss_last", "final_step", "tokens_per_second", "parameter_count",
                      "mfu", "eval_loss_last", "flops_per_token", "resumed_from_step", "attempt", "train_seconds",
                      "device_kind", "device_count", "process_count", "mesh_data", "mesh_fsdp", "mesh_tensor",
@@ -192,7 +196,7 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
     # A run of either reads its inputs for a long time: automation rebuilds nothing upstream meanwhile.
     tags = {"marin/partitioned_by": "run", PINS_INPUTS_TAG: "true", **(tags or {})}
 
-    @catalog.asset(checkpoint_spec, partitions_def=partitions, deps=upstream_keys,
+    @catalog.asset(checkpoint_spec, partitions_def=partitions, deps=upstream_keys, retry_policy=TRAINING_RETRY,
                    group_name=group_name, kinds={"levanter", "jax"}, pool=pool, tags=tags,
                    description=f"A Levanter training run{subject}: `checkpoints/step-N/` in Levanter's layout, the "
                                "generated `train_config.yaml`, per-step `metrics.jsonl` and a loss curve. "
