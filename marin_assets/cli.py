@@ -376,11 +376,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"  refused {line}", file=sys.stderr)
     mib = result.bytes / 2**20
     if args.dry_run:
-        print(f"would move {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB; "
-              f"{result.already} already in place (prefix {settings.prefix})")
+        print(f"would move {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB, rewrite the inputs "
+              f"of {result.rewritten} manifest(s), write {result.pointed} ref(s), finish {result.finished} "
+              f"interrupted move(s); {result.already} already in place (prefix {settings.prefix})")
         return 0
-    print(f"moved {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB in {result.seconds:.2f}s; "
-          f"{result.already} already in place; verified in {result.verify_seconds:.2f}s (prefix {settings.prefix})")
+    print(f"moved {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB in {result.seconds:.2f}s, "
+          f"rewrote the inputs of {result.rewritten} manifest(s), wrote {result.pointed} ref(s), finished "
+          f"{result.finished} interrupted move(s); {result.already} already in place; verified in "
+          f"{result.verify_seconds:.2f}s (prefix {settings.prefix})")
     for line in result.old_paths:
         print(f"  old path in {line[len(store.prefix) + 1:]}; rebuild it (marin materialize KEY --rebuild)",
               file=sys.stderr)
