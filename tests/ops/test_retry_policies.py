@@ -7,7 +7,7 @@ after the retries is reported as the last attempt's error, not as Dagster's "Exc
 import dagster as dg
 
 from marin_assets.definitions import build_definitions
-from marin_assets.training.assets import TRAINING_RETRY
+from marin_assets.training.assets import TRAINING_RETRY, termination_is_final
 from marin_resources.artifacts import input_refused
 from marin_resources.environments import MarinSettings
 from marin_resources.failures import failed_materializations
@@ -47,3 +47,30 @@ def test_a_refusal_is_not_retried_and_a_retried_failure_is_told_by_its_own_error
     assert attempts == {"refused": 1, "crashed": 2}
     assert errors == {"refused": "Failure: checkpoint[x]: no run named 'x'",
                       "crashed": "RuntimeError: pod lost (attempt 2)"}, errors
+
+
+def test_a_terminated_training_step_is_not_retried_but_an_interrupt_nobody_asked_for_is():
+    """Under a retry policy Dagster retries a step it interrupts: after the UI's Terminate, the training would
+    start again a minute later. `termination_is_final` (on `checkpoint`) ends it for good when its run is
+    being canceled, and the run ends canceled; another interrupt (a preempted run worker) is retried."""
+    attempts = {"terminated": 0, "interrupted": 0}
+
+    @dg.asset(retry_policy=INSTANT_RETRY)
+    @termination_is_final
+    def terminated(context: dg.AssetExecutionContext):
+        attempts["terminated"] += 1
+        context.instance.report_run_canceling(context.instance.get_run_by_id(context.run_id))  # Terminate
+        raise dg.DagsterExecutionInterruptedError()
+
+    @dg.asset(retry_policy=INSTANT_RETRY)
+    @termination_is_final
+    def interrupted(context: dg.AssetExecutionContext):
+        attempts["interrupted"] += 1
+        if attempts["interrupted"] == 1:
+            raise dg.DagsterExecutionInterruptedError()
+
+    with dg.instance_for_test() as instance:
+        canceled = dg.materialize([terminated], instance=instance, raise_on_error=False)
+        retried = dg.materialize([interrupted], instance=instance, raise_on_error=False)
+        assert instance.get_run_by_id(canceled.run_id).status == dg.DagsterRunStatus.CANCELED
+    assert attempts == {"terminated": 1, "interrupted": 2} and retried.success
