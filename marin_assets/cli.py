@@ -12,6 +12,7 @@
     marin failures [--json]
     marin compare RUN [RUN ...] [--plot PNG] [--json]
     marin init DIR [--data FOLDER]      write a commented starter project file, DIR/marin.yaml
+    marin ui [--host H] [--port P]      the web UI and daemon on this instance (cross-site writes refused)
 
 Every command reads the project file: ./marin.yaml, or the file --config PATH (or MARIN_CONFIG)
 names; it extends the built-in sources, tokenizers, mixtures, runs and sweeps, and names the store.
@@ -376,11 +377,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"  refused {line}", file=sys.stderr)
     mib = result.bytes / 2**20
     if args.dry_run:
-        print(f"would move {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB; "
-              f"{result.already} already in place (prefix {settings.prefix})")
+        print(f"would move {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB, rewrite the inputs "
+              f"of {result.rewritten} manifest(s), write {result.pointed} ref(s), finish {result.finished} "
+              f"interrupted move(s); {result.already} already in place (prefix {settings.prefix})")
         return 0
-    print(f"moved {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB in {result.seconds:.2f}s; "
-          f"{result.already} already in place; verified in {result.verify_seconds:.2f}s (prefix {settings.prefix})")
+    print(f"moved {len(result.moved)} artifact(s), {result.files} file(s), {mib:.1f} MiB in {result.seconds:.2f}s, "
+          f"rewrote the inputs of {result.rewritten} manifest(s), wrote {result.pointed} ref(s), finished "
+          f"{result.finished} interrupted move(s); {result.already} already in place; verified in "
+          f"{result.verify_seconds:.2f}s (prefix {settings.prefix})")
     for line in result.old_paths:
         print(f"  old path in {line[len(store.prefix) + 1:]}; rebuild it (marin materialize KEY --rebuild)",
               file=sys.stderr)
@@ -502,15 +506,24 @@ def store_origin(settings) -> str:
 
 
 def ui_command(settings) -> str:
-    """The `dagster dev` command that shows this instance, store and project in the web UI. The code
+    """The `marin ui` command that shows this instance, store and project in the web UI. The code
     location finds ./marin.yaml itself; a project file elsewhere is named in MARIN_CONFIG."""
     from marin_resources.project import CONFIG_ENV, PROJECT_FILE
 
     project = settings.project
     elsewhere = project is not None and project.path != (Path.cwd() / PROJECT_FILE).resolve()
     named = f"{CONFIG_ENV}={project.path} " if elsewhere else ""
-    workspace = REPO_ROOT / "workspace.yaml"
-    return f"DAGSTER_HOME={os.environ['DAGSTER_HOME']} {named}dagster dev -w {workspace} -h 127.0.0.1"
+    return f"DAGSTER_HOME={os.environ['DAGSTER_HOME']} {named}marin ui"
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    """Dagster's web UI behind the same-origin guard (`marin_resources.web_ui`), with the daemon beside it:
+    what `dagster dev -w workspace.yaml` starts, without the cross-site writes."""
+    from marin_resources.web_ui import serve
+
+    serve(open_instance(), REPO_ROOT / "workspace.yaml", host=args.host, port=args.port, extra_hosts=args.allow_host,
+          daemon=not args.no_daemon)
+    return 0
 
 
 STARTER_PROJECT = Path(__file__).with_name("starter_project.yaml")
@@ -552,9 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="PATH",
                         help="the project file (default: MARIN_CONFIG, else ./marin.yaml if there is one)")
     parser.add_argument("--process-output", choices=("file", "console"),
-                        default=os.environ.get("MARIN_PROCESS_OUTPUT", "file"),
-                        help="where training/eval processes print (default: file, in the run's directory; "
-                             "a failure shows the last lines)")
+                        help="where training/eval processes print (default: MARIN_PROCESS_OUTPUT, else file, in "
+                             "the run's directory, where a failure shows the last lines; `ui`: console, the "
+                             "step's logs in the UI)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="materialize the tutorial graph on the embedded default").set_defaults(fn=cmd_demo)
     m = sub.add_parser("materialize", help="materialize an asset and any missing or stale upstream")
@@ -622,6 +635,14 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--data", metavar="FOLDER",
                       help="the folder of your text files (default: DIR/texts); its .txt files at any depth")
     init.set_defaults(fn=cmd_init)
+    ui = sub.add_parser("ui", help="the Dagster web UI and daemon on this instance and project; the UI refuses "
+                                   "writes from other origins (docs/ui.md)")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to bind (default: 127.0.0.1)")
+    ui.add_argument("--port", type=positive_int, default=3000)
+    ui.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                    help="another host name the UI answers to, as a browser spells it (repeatable)")
+    ui.add_argument("--no-daemon", action="store_true", help="the web UI alone (a daemon runs elsewhere)")
+    ui.set_defaults(fn=cmd_ui)
     return parser
 
 
@@ -629,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     hide_dagster_notices()
     args = build_parser().parse_args(argv)
     # Read by MarinSettings when the code location loads, after this point.
-    os.environ["MARIN_PROCESS_OUTPUT"] = args.process_output
+    os.environ["MARIN_PROCESS_OUTPUT"] = args.process_output or os.environ.get("MARIN_PROCESS_OUTPUT") or \
+        ("console" if args.command == "ui" else "file")
     # Dagster waits 60 s for the code server to answer a run launch; on a loaded machine (an 800 MB
     # build, two cores, load 40+) it answered later and runs failed before they started.
     os.environ.setdefault("DAGSTER_GRPC_TIMEOUT_SECONDS", str(GRPC_TIMEOUT_S))

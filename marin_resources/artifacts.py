@@ -39,8 +39,9 @@ INPUT_CHECKS_IN_FLIGHT = 32
 
 def input_refused(message: str) -> dg.Failure:
     """A step's refusal of its input (a missing piece, a mismatch the user must fix): one line, and
-    marked so that the CLI exits 2 for it as for any other refusal, not 1 as for a failed build."""
-    return dg.Failure(description=message, metadata={REFUSED_METADATA_KEY: True})
+    marked so that the CLI exits 2 for it as for any other refusal, not 1 as for a failed build. An
+    asset's retry policy never retries it: another attempt would refuse the same input again."""
+    return dg.Failure(description=message, metadata={REFUSED_METADATA_KEY: True}, allow_retries=False)
 
 
 @dataclass(frozen=True)
@@ -291,7 +292,8 @@ class ArtifactHandleIOManager(dg.ConfigurableIOManager):
             if manifest is None:
                 where = f"[{partition}]" if partition else ""
                 raise dg.Failure(f"upstream {key}{where} has no committed artifact at code version {version} "
-                                 f"under {artifacts.prefix}; materialize it first (marin materialize {key})")
+                                 f"under {artifacts.prefix}; materialize it first (marin materialize {key})",
+                                 allow_retries=False)
             handles[partition] = ArtifactHandle.from_manifest(manifest)
         if wants_all:
             return {str(p): h for p, h in sorted(handles.items(), key=lambda kv: str(kv[0]))}

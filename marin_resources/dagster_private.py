@@ -43,6 +43,21 @@ def open_workspace(stack: contextlib.ExitStack, instance: dg.DagsterInstance, wo
     return process.create_request_context()
 
 
+def webserver_app(stack: contextlib.ExitStack, instance: dg.DagsterInstance, workspace_file: str):
+    """The ASGI app `dagster-webserver` serves (the UI and its GraphQL endpoint) over the code locations of
+    ``workspace_file``, set up as that command sets it up; its code servers stop when ``stack`` closes."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from dagster_webserver.app import create_app_from_workspace_process_context
+    from dagster_webserver.cli import DEFAULT_DB_STATEMENT_TIMEOUT, DEFAULT_POOL_MAX_OVERFLOW, DEFAULT_POOL_RECYCLE
+    from dagster_webserver.version import __version__
+
+    instance.optimize_for_webserver(DEFAULT_DB_STATEMENT_TIMEOUT, DEFAULT_POOL_RECYCLE, DEFAULT_POOL_MAX_OVERFLOW)
+    process = stack.enter_context(WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[workspace_file]),
+                                                          version=__version__))
+    return create_app_from_workspace_process_context(process)
+
+
 async def run_request_execution_data(workspace, request: dg.RunRequest, instance: dg.DagsterInstance,
                                      cache: dict):
     """The remote job and execution plan of ``request``'s asset selection in ``workspace``, as the

@@ -113,9 +113,10 @@ def run_failure_cause(instance: dg.DagsterInstance, run_id: str) -> str:
 
 
 def describe_error(err) -> str:
-    """`Class: message` of the user's error inside Dagster's wrappers (a step's or a resource's).
-    Dagster's message usually starts with the class name already, sometimes module-qualified."""
-    while err.cause is not None and err.cls_name.startswith("Dagster"):
+    """`Class: message` of the user's error inside Dagster's wrappers (a step's or a resource's, and a
+    retry policy's "Exceeded max_retries" around the last attempt's error). Dagster's message usually
+    starts with the class name already, sometimes module-qualified."""
+    while err.cause is not None and err.cls_name.startswith(("Dagster", "RetryRequested")):
         err = err.cause
     message = err.message.strip()
     named, sep, rest = message.partition(": ")

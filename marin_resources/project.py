@@ -3,7 +3,7 @@ mixtures, runs and sweeps, and where its store is.
 
 Which file: the one `MARIN_CONFIG` names (the CLI's `--config PATH` sets it), else `marin.yaml` in
 the working directory, else none. `MarinSettings.from_env` finds and reads it once, so the CLI, its
-run workers and `dagster dev` started in the same directory all see the same project.
+run workers and `marin ui` started in the same directory all see the same project.
 
 The file's top level is checked here (known sections, each of the right type, the store a string);
 each section is then validated strictly by the stage that owns it, on top of the built-in config

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -130,7 +131,7 @@ def split_large_files(source: SourceConfig, files: list[FileRef]) -> list[FileRe
     """Each JSONL or Parquet file over twice ``bytes_per_shard`` becomes byte ranges of about that size.
 
     A range holds the records that *start* inside it: the lines of uncompressed JSONL
-    (:func:`read_line_range`; ranges at fixed offsets, so listing needs no scan and a file that
+    (:func:`line_range_chunks`; ranges at fixed offsets, so listing needs no scan and a file that
     grows keeps its earlier ranges' keys), or the row groups of Parquet (ranges cut at row-group
     starts read from the footer). Together the ranges read every record exactly once. A changed
     file changes every range's fingerprint (they share its checksum) and all are read again.
@@ -174,10 +175,12 @@ def _row_group_starts(uri: str) -> list[int]:
         return starts
 
 
-def read_byte_range(uri: str, fmt: str, start: int, end: int) -> bytes:
-    """A stand-alone file of the records that start in bytes ``[start, end)`` (see split_large_files)."""
+def byte_range_chunks(uri: str, fmt: str, start: int, end: int) -> Iterator[bytes]:
+    """A stand-alone file of the records that start in bytes ``[start, end)`` (see split_large_files), in
+    pieces: a JSONL range streams (`line_range_chunks`), a Parquet range is its row groups rewritten."""
     if fmt == "jsonl":
-        return read_line_range(uri, start, end)
+        yield from line_range_chunks(uri, start, end)
+        return
     import pyarrow.parquet as pq
 
     starts = _row_group_starts(uri)
@@ -186,22 +189,43 @@ def read_byte_range(uri: str, fmt: str, start: int, end: int) -> bytes:
         table = pq.ParquetFile(f).read_row_groups(wanted)
     out = io.BytesIO()
     pq.write_table(table, out)
-    return out.getvalue()
+    yield out.getvalue()
 
 
-def read_line_range(uri: str, start: int, end: int) -> bytes:
-    """The lines of a file that start in bytes ``[start, end)``, each whole (the last may run past end)."""
+def line_range_chunks(uri: str, start: int, end: int, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of a file that start in bytes ``[start, end)``, each whole (the last may run past end), in
+    pieces of at most ``chunk_bytes``: a line of any length costs one piece of memory, in the range it
+    starts in and in each range it runs through (read to its end, a piece at a time, and skipped)."""
     with _open_raw(uri) as f:
+        pos = start
         if start > 0:
-            f.seek(start - 1)
-            f.readline()  # the rest of the line that started before ``start`` belongs to the range before
-        out = io.BytesIO()
-        while f.tell() < end:
-            line = f.readline()
-            if not line:
-                break
-            out.write(line)
-        return out.getvalue()
+            # The rest of the line that started before ``start`` belongs to the range before.
+            pos = start - 1
+            f.seek(pos)
+            while True:
+                chunk = f.read(chunk_bytes)
+                if not chunk:
+                    return
+                newline = chunk.find(b"\n")
+                if newline >= 0:
+                    pos += newline + 1
+                    f.seek(pos)
+                    break
+                pos += len(chunk)
+        if pos >= end:
+            return
+        # From a line start: everything up to the first newline at end - 1 or later, after which the
+        # next line starts at ``end`` or later.
+        while True:
+            chunk = f.read(chunk_bytes)
+            if not chunk:
+                return
+            newline = chunk.find(b"\n", max(0, end - 1 - pos))
+            if newline >= 0:
+                yield chunk[:newline + 1]
+                return
+            yield chunk
+            pos += len(chunk)
 
 
 def discover_shards(source: SourceConfig, excluded: tuple[str, ...] = ()) -> list[Shard]:

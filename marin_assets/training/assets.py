@@ -10,6 +10,7 @@ Training runs in a separate process launched through Dagster Pipes (Levanter and
 imported here); a killed or failed run resumes from Levanter's latest checkpoint on re-run.
 """
 
+import functools
 import json
 import math
 import os
@@ -56,6 +57,27 @@ from marin_resources.storage.store import STORE_SCHEME, ArtifactStore
 CHECKPOINT_VERSION = "v1"
 EVAL_VERSION = "v1"
 RUNS = dg.DynamicPartitionsDefinition(name="runs")
+# A training step's own retry (deploy/dagster.yaml retries a run only when its worker died): one more
+# attempt a minute later, for a pod or host lost under it, which resumes from the run's latest
+# checkpoint. Refusals (`input_refused`) are never retried.
+TRAINING_RETRY = dg.RetryPolicy(max_retries=1, delay=60)
+
+
+def termination_is_final(step: Callable) -> Callable:
+    """Under a retry policy Dagster retries an interrupted step, also when a person terminated its run (the
+    UI's Terminate): the in-process executor would start the training again. Such an interrupt ends the
+    step for good instead, and the run ends canceled; an interrupt nobody asked for (the run worker's pod
+    preempted) keeps Dagster's retry."""
+    @functools.wraps(step)
+    def not_retried_once_terminated(context: dg.AssetExecutionContext, *args, **kwargs):
+        try:
+            return step(context, *args, **kwargs)
+        except dg.DagsterExecutionInterruptedError:
+            run = context.instance.get_run_by_id(context.run_id)
+            if run is not None and run.status == dg.DagsterRunStatus.CANCELING:
+                raise dg.Failure("the run was terminated", allow_retries=False) from None
+            raise
+    return not_retried_once_terminated
 TRAIN_METRIC_KEYS = ("train_loss_first", "train_loss_last", "final_step", "tokens_per_second", "parameter_count",
                      "mfu", "eval_loss_last", "flops_per_token", "resumed_from_step", "attempt", "train_seconds",
                      "device_kind", "device_count", "process_count", "mesh_data", "mesh_fsdp", "mesh_tensor",
@@ -192,12 +214,13 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
     # A run of either reads its inputs for a long time: automation rebuilds nothing upstream meanwhile.
     tags = {"marin/partitioned_by": "run", PINS_INPUTS_TAG: "true", **(tags or {})}
 
-    @catalog.asset(checkpoint_spec, partitions_def=partitions, deps=upstream_keys,
+    @catalog.asset(checkpoint_spec, partitions_def=partitions, deps=upstream_keys, retry_policy=TRAINING_RETRY,
                    group_name=group_name, kinds={"levanter", "jax"}, pool=pool, tags=tags,
                    description=f"A Levanter training run{subject}: `checkpoints/step-N/` in Levanter's layout, the "
                                "generated `train_config.yaml`, per-step `metrics.jsonl` and a loss curve. "
                                "Re-materializing a killed or failed run resumes from its latest checkpoint; a "
                                "finished run is a cache hit.")
+    @termination_is_final
     def checkpoint(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher):
         spec = spec_for(context.partition_key)
         check_pool(spec, pool)

@@ -187,6 +187,9 @@ def test_no_unauthenticated_path_reaches_the_writable_web_ui_by_default():
     assert proxy["upstreams"] == [f"http://dagster-webserver:{web['service']['port']}/"]
     assert not [key for key in proxy if key.startswith("skip_auth")], proxy
     assert "*" not in proxy["email_domains"] and proxy["cookie_secure"] is True
+    # Issue 50, finding 9: a page on another site that POSTs to the UI sends no session cookie, so the
+    # proxy refuses it ("strict" would also drop the cookie on the identity provider's redirect back).
+    assert proxy.get("cookie_samesite") == "lax" and proxy.get("cookie_httponly", True) is True
     assert OAUTH2_PROXY["ingress"]["enabled"] and OAUTH2_PROXY["service"]["type"] == "ClusterIP"
     # The OAuth client and cookie secrets by reference only.
     assert OAUTH2_PROXY["config"]["existingSecret"]

@@ -1,6 +1,7 @@
 """Every name of marin_resources/dagster_private.py against the installed Dagster (1.13.27): each is a
 private Dagster API, so a Dagster upgrade that moves, renames or changes one fails here, by name."""
 
+import contextlib
 import time
 
 import dagster as dg
@@ -51,6 +52,24 @@ def test_an_observed_data_version_drives_dagsters_staleness():
         observe("2")
         assert private.stale_status_reader(instance, graph)(copied.key, "a") == "stale"
         assert private.stale_status_reader(instance, graph)(copied.key, "b") == "missing"
+
+
+@pytest.mark.slow  # a code server
+def test_the_webserver_app_serves_the_code_locations_of_its_workspace(tmp_path):
+    """webserver_app: the UI's ASGI app over a workspace file, its GraphQL answering for that file's
+    code location (what `marin ui` serves behind its guard)."""
+    from starlette.testclient import TestClient
+
+    (tmp_path / "defs.py").write_text("import dagster as dg\n\n\n@dg.asset\ndef probe():\n    return 1\n\n\n"
+                                      "defs = dg.Definitions(assets=[probe])\n")
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text(f"load_from:\n  - python_file:\n      relative_path: {tmp_path / 'defs.py'}\n"
+                         "      location_name: probe\n")
+    with dg.instance_for_test() as instance, contextlib.ExitStack() as stack:
+        app = private.webserver_app(stack, instance, str(workspace))
+        with TestClient(app) as client:
+            answer = client.post("/graphql", json={"query": "{ assetNodes { assetKey { path } } }"})
+    assert answer.status_code == 200 and answer.json()["data"] == {"assetNodes": [{"assetKey": {"path": ["probe"]}}]}
 
 
 @pytest.mark.slow  # a code server and a run worker process

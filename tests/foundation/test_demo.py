@@ -1,6 +1,7 @@
 """`marin demo` end to end, as a user runs it on a fresh clone: the Shakespeare chain to
 eval[nano-shakespeare], then the built-in `demo` sweep (3 budgets x 3 model sizes, each a few
-seconds of training) to its scaling fit; run again, it builds nothing."""
+seconds of training) to its scaling fit; run again, it builds nothing. Then the default suite on the
+demo's model, whose word-order margin over chance docs/evaluation.md states."""
 
 import json
 import os
@@ -12,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from marin_assets.evaluation.assets import HARNESS_EVAL_VERSION
+from marin_assets.evaluation.suites import margin_over_chance
 from marin_assets.export.assets import HF_MODEL_VERSION, loading_snippet
 from marin_assets.scaling_sweeps.assets import SCALING_FIT_VERSION
 from marin_assets.scaling_sweeps.config import load_sweeps, plan_sweep
@@ -99,3 +102,14 @@ def test_demo_reaches_a_scaling_fit_and_is_a_noop_the_second_time(tmp_path):
 
     again = demo(env)
     assert again.stdout.count("ok: 0 run(s)") == 2, again.stdout[-3000:]
+
+    # docs/evaluation.md: on the default suite the demo's model beats chance on shakespeare_word_order
+    # by 0.66 (acc - 2 x stderr - chance, the margin `beats_chance` requires to be positive).
+    suite = subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", "harness_eval", "--partition",
+                            "nano-shakespeare"], env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert suite.returncode == 0, suite.stdout[-4000:] + suite.stderr[-4000:]
+    harness = store.find("harness_eval", HARNESS_EVAL_VERSION, "nano-shakespeare")
+    chance = harness.metrics["shakespeare_word_order/chance"]
+    assert chance == 0.25 and harness.metrics["shakespeare_word_order/n"] == 400
+    margin = margin_over_chance(harness.metrics, "shakespeare_word_order", chance)
+    assert margin > 0.6, harness.metrics

@@ -206,9 +206,9 @@ def test_the_closing_lines_say_where_the_store_is_and_how_the_ui_finds_the_proje
     monkeypatch.chdir(tmp_path)
     here = MarinSettings.from_env({}, cwd=tmp_path)
     assert store_origin(here) == f"store: in {path}"
-    assert ui_command(here).startswith(f"DAGSTER_HOME={tmp_path / 'home'} dagster dev -w ")
+    assert ui_command(here) == f"DAGSTER_HOME={tmp_path / 'home'} marin ui"
     monkeypatch.chdir(REPO)  # elsewhere: the command names the file
-    assert f"MARIN_CONFIG={path} dagster dev" in ui_command(here)
+    assert f"MARIN_CONFIG={path} marin ui" in ui_command(here)
     default = MarinSettings.from_env({}, cwd=REPO)
     assert store_origin(default).startswith("the default, ./local_store")
     assert store_origin(MarinSettings.from_env({"MARIN_PREFIX": "s3://b/p"}, cwd=tmp_path)) == "MARIN_PREFIX"

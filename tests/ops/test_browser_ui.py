@@ -3,8 +3,9 @@ unique; a materialization launched from the UI is queued, dequeued by the daemon
 the runs `marin materialize` started are listed with their assets, on the timeline, and one is
 re-executed from the UI; a partitioned check shows its partition.
 
-`dagster-webserver` and `dagster-daemon` run against a temporary DAGSTER_HOME (the embedded
-default: SQLite, queued runs) on 127.0.0.1, each started and stopped by its process group.
+The web UI as `marin ui` serves it (Dagster's webserver behind the same-origin guard, which every
+request of the browser here passes) and `dagster-daemon` run against a temporary DAGSTER_HOME (the
+embedded default: SQLite, queued runs) on 127.0.0.1, each started and stopped by its process group.
 The upstream shard and its dedup index are built first with `marin materialize`, so the UI launches
 `deduplicated/<source>`, an unpartitioned asset. Its run uses the in-process executor (set in
 the launchpad), which keeps the run to one Python process on a 2-core CI machine.
@@ -99,13 +100,15 @@ CHECK_EXECUTIONS = """{ assetCheckExecutions(assetKey: {path: ["documents", "bea
 PARTITION = "lighthouse.txt"  # the one shard of the fixture's source
 
 
-@pytest.fixture
-def dagster_ui(tmp_path, monkeypatch):
-    text = tmp_path / "text"
-    text.mkdir()
-    (text / "lighthouse.txt").write_text("\n\n".join(f"Night {i}. " + TEXT * 4 for i in range(10)))
+def beacon_instance(tmp_path: Path, monkeypatch, text: str) -> tuple[dict[str, str], Path]:
+    """A source `beacon` of one file (lighthouse.txt, holding ``text``), a store, and a new DAGSTER_HOME of
+    the embedded default with its storages made: (the environment of processes on them, the home)."""
+    files = tmp_path / "text"
+    files.mkdir()
+    (files / "lighthouse.txt").write_text(text)
     sources = tmp_path / "sources.yaml"
-    sources.write_text(f"sources:\n  - name: beacon\n    uri: {text}/*.txt\n    format: text\n    files_per_shard: 1\n")
+    sources.write_text(f"sources:\n  - name: beacon\n    uri: {files}/*.txt\n    format: text\n"
+                       "    files_per_shard: 1\n")
     home = tmp_path / "home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
@@ -115,11 +118,16 @@ def dagster_ui(tmp_path, monkeypatch):
     # same moment race on its schema migrations (two alembic heads, and the code location fails).
     monkeypatch.setenv("DAGSTER_HOME", str(home))  # the embedded default reads its base_dir from it
     dg.DagsterInstance.from_config(str(home)).dispose()
+    return env, home
+
+
+@pytest.fixture
+def dagster_ui(tmp_path, monkeypatch):
+    env, _ = beacon_instance(tmp_path, monkeypatch, "\n\n".join(f"Night {i}. " + TEXT * 4 for i in range(10)))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     logs = [tmp_path / "webserver.log", tmp_path / "daemon.log"]
-    procs = [start([str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
-                   env, logs[0])]
+    procs = [start([sys.executable, "-m", "marin_assets.cli", "ui", "--no-daemon", "--port", str(port)], env, logs[0])]
     try:
         # While the webserver loads: the upstream shard and the dedup index over it, built before the
         # daemon starts so that its automation sensor never races the CLI for the same partition.
