@@ -7,12 +7,13 @@ it open: `probe` asks a child process, which exits before training starts. Nothi
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from marin_resources.placement import COORDINATOR_ENV
@@ -87,6 +88,20 @@ def probe(platform: str) -> Devices:
         raise AcceleratorError(held_message(output) or f"no {platform} devices on this host ({last.strip()})")
     record = json.loads(found.stdout.strip().splitlines()[-1])
     return Devices(platform=record["platform"], kind=record["kind"], count=record["count"])
+
+
+@contextlib.contextmanager
+def exits_when_held(program: str) -> Iterator[None]:
+    """A process that finds the TPU held by another (JAX's backend start raises a RuntimeError naming
+    libtpu's lockfile) ends with one line and exit code 2 instead of JAX's tracebacks."""
+    try:
+        yield
+    except RuntimeError as exc:
+        held = held_message(str(exc))
+        if held is None:
+            raise
+        print(f"{program}: {held}", file=sys.stderr, flush=True)
+        raise SystemExit(HELD_EXIT_CODE) from None
 
 
 def open_devices() -> Devices:

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from marin_assets.training.accelerator import exits_when_held
 from marin_assets.training.process import parse_process_args, process_parser
 from marin_assets.training.reporting import Reporter, open_reporter
 from marin_resources.progress import Throttle, progress_line
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parse_process_args(parser, argv)
     reporter: Reporter
-    with open_reporter() as reporter:
+    with exits_when_held("eval_main"), open_reporter() as reporter:
         report = evaluate_checkpoint(
             args.config,
             checkpoint_path=args.checkpoint,

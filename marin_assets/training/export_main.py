@@ -26,6 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from marin_assets.training.accelerator import exits_when_held
 from marin_assets.training.process import input_errors, parse_process_args, process_parser
 from marin_assets.training.reporting import Reporter, open_reporter
 
@@ -226,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES)
     args = parse_process_args(parser, argv)
     reporter: Reporter
-    with input_errors(ExportError, Path(args.output) / EXPORT_ERROR_FILE), open_reporter() as reporter:
+    with exits_when_held("export_main"), input_errors(ExportError, Path(args.output) / EXPORT_ERROR_FILE), \
+            open_reporter() as reporter:
         report = export_checkpoint(args.config, args.output, checkpoint_path=args.checkpoint,
                                    max_shard_bytes=args.max_shard_bytes)
         reporter.log(f"exported {report['parameters']:,} parameters to {args.output}")

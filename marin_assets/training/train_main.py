@@ -27,14 +27,13 @@ import json
 import math
 import os
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.accelerator import HELD_EXIT_CODE, held_message, sole_process
+from marin_assets.training.accelerator import exits_when_held, sole_process
 from marin_assets.training.init_weights import InitWeightsError, check_weights, stage_weights, uri_of_reference
 from marin_assets.training.metrics import (
     median,
@@ -771,19 +770,14 @@ def main(argv: list[str] | None = None) -> None:
     output_dir = Path(args.output_dir or os.path.dirname(os.path.abspath(args.config)))
     # W&B writes its run directory under WANDB_DIR; keep it with the run's other outputs.
     os.environ.setdefault("WANDB_DIR", str(output_dir))
-    with input_errors((InitWeightsError, TrainingDiverged), output_dir / INPUT_ERROR_FILE), \
+    with exits_when_held("train_main"), \
+            input_errors((InitWeightsError, TrainingDiverged), output_dir / INPUT_ERROR_FILE), \
             open_reporter() as reporter:
         try:
             summary = train(args.config, output_dir, reporter, report_every=args.report_every,
                             init_sha256=args.init_sha256, fused_loss=args.fused_loss)
         except CoordinatorUnreachable as exc:
             raise SystemExit(f"train_main: {exc}") from None
-        except RuntimeError as exc:
-            held = held_message(str(exc))  # JAX's backend start when another process holds the TPU
-            if held is None:
-                raise
-            print(f"train_main: {held}", file=sys.stderr, flush=True)
-            raise SystemExit(HELD_EXIT_CODE) from None
         if not summary:
             return  # not process 0 of a multi-process job: its records are process 0's
         if args.final_eval and summary.get("process_count", 1) > 1:

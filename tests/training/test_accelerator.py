@@ -86,3 +86,15 @@ def test_gpu_train_refuses_a_run_that_cannot_fit_before_any_data_or_chip(tmp_pat
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "does not fit its resources" in proc.stderr and "16 GiB" in proc.stderr
     assert not (tmp_path / "work").exists()
+
+
+def test_a_process_that_finds_the_chip_held_exits_2_with_one_line(capsys):
+    from marin_assets.training.accelerator import exits_when_held
+
+    with pytest.raises(SystemExit) as exited, exits_when_held("eval_main"):
+        raise RuntimeError(HELD)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eval_main: the TPU is held by another process") and err.count("\n") == 1
+    with pytest.raises(RuntimeError, match="NOT_FOUND"), exits_when_held("eval_main"):
+        raise RuntimeError("Unable to initialize backend 'tpu': NOT_FOUND")
