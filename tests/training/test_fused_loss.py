@@ -63,6 +63,7 @@ def test_tiles_divide_the_work_and_only_one_tpu_uses_the_kernels():
     assert not usable("tpu", 4) and not usable("cpu", 1) and not usable("gpu", 1)
 
 
+@pytest.mark.slow  # imports Levanter and differentiates a Llama through the interpreter: about 18 s
 def test_levanter_drop_in_matches_levanters_loss():
     """The training loss and every parameter's gradient of a small Llama, with a loss mask and z-loss."""
     equinox = pytest.importorskip("equinox")
