@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"gpu_train: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
         specs[variant] = spec
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-gpu-train-"))
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-gpu-train-")).resolve()  # processes run in REPO
 
     fixtures = load_fixtures()
     data_started = time.time()
@@ -272,19 +272,9 @@ def run_variant(spec: RunSpec, plan: ComputePlan, mixture: dict, tokenizer_dir: 
     resources = spec.resources
     launch = build_command_and_env(train_command(config_path, str(run_dir), fused_loss=plan.settings.fused_loss),
                                    accelerator=resources.accelerator, cpu_devices=resources.device_count)
-    log_path = run_dir / "train_output.log"
     started = time.time()
-    with open(log_path, "w") as log:
-        proc = subprocess.run(launch.command, env={**os.environ, **launch.env}, stdout=log, stderr=subprocess.STDOUT)
+    log_text = run_logged("training", launch.command, launch.env, run_dir / "train_output.log")
     wall = time.time() - started
-    log_text = log_path.read_text()
-    if proc.returncode != 0:
-        held = held_message(log_text)
-        if held:
-            print(f"gpu_train: {held}", file=sys.stderr)
-            raise SystemExit(2)
-        raise SystemExit(f"training failed (exit {proc.returncode}); last lines of {log_path}:\n"
-                         + "\n".join(log_text.splitlines()[-40:]))
 
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     if summary["device_count"] != resources.device_count:
@@ -296,7 +286,6 @@ def run_variant(spec: RunSpec, plan: ComputePlan, mixture: dict, tokenizer_dir: 
     if peak is None:
         raise SystemExit(f"no bf16 peak for device kind {device_kind!r}: add it to PEAK_FLOPS_BY_DEVICE_KIND "
                          "(marin_assets/training/metrics.py) or pass --peak-flops")
-    flops = figures["model_flops_per_second"]
     return {
         "device_kind": device_kind,
         "device_count": device_count,
@@ -311,8 +300,7 @@ def run_variant(spec: RunSpec, plan: ComputePlan, mixture: dict, tokenizer_dir: 
         # Step 0 is XLA's compilation of the train step plus one step.
         "first_step_seconds": summary.get("first_step_seconds"),
         "peak_device_memory_bytes": summary.get("peak_device_memory_bytes"),
-        **figures,
-        "mfu": None if flops is None else flops / peak,
+        **with_mfu(figures, peak),
         "train_wall_seconds": wall,
         **({"train_lm": train_lm_directly(config, run_dir / "train_lm", launch.env, peak)} if args.train_lm else {}),
     }
@@ -329,15 +317,28 @@ def train_lm_directly(config: dict, run_dir: Path, env: dict[str, str], peak: fl
     code = ("import sys; from marin_assets.training import jax_compat; jax_compat.install(); "
             "import levanter.config; from levanter.main import train_lm; "
             "sys.argv[1:] = ['--config_path', sys.argv[1]]; levanter.config.main(train_lm.main)()")
-    log_path = run_dir / "train_output.log"
+    log_text = run_logged("train_lm", [sys.executable, "-c", code, config_path], env, run_dir / "train_output.log")
+    return with_mfu(levanter_figures(log_text), peak)
+
+
+def run_logged(label: str, command: list[str], env: dict[str, str], log_path: Path) -> str:
+    """Run a training process with its output in ``log_path``; the log's text. A TPU another process holds
+    ends the benchmark in one line, exit 2; any other failure with the log's last lines."""
     with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, "-c", code, config_path], env={**os.environ, **env}, stdout=log,
-                              stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.run(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     log_text = log_path.read_text()
     if proc.returncode != 0:
-        raise SystemExit(f"train_lm failed (exit {proc.returncode}); last lines of {log_path}:\n"
+        held = held_message(log_text)
+        if held:
+            print(f"gpu_train: {held}", file=sys.stderr)
+            raise SystemExit(2)
+        raise SystemExit(f"{label} failed (exit {proc.returncode}); last lines of {log_path}:\n"
                          + "\n".join(log_text.splitlines()[-40:]))
-    figures = levanter_figures(log_text)
+    return log_text
+
+
+def with_mfu(figures: dict, peak: float) -> dict:
+    """Levanter's figures and the MFU of their model FLOP/s against ``peak``."""
     flops = figures["model_flops_per_second"]
     return {**figures, "mfu": None if flops is None else flops / peak}
 

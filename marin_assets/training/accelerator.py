@@ -7,13 +7,12 @@ it open: `probe` asks a child process, which exits before training starts. Nothi
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from marin_resources.placement import COORDINATOR_ENV
@@ -23,7 +22,6 @@ from marin_resources.placement import COORDINATOR_ENV
 _TPU_TYPE_BY_DEVICE_KIND = (("v5 lite", "v5litepod", 1), ("v5e", "v5litepod", 1), ("v6 lite", "v6e", 1),
                             ("v6e", "v6e", 1), ("v5p", "v5p", 2), ("v5", "v5p", 2), ("v4", "v4", 2))
 _CHIP_HELD_MARKERS = ("libtpu multi-process lockfile", "TPU is already in use", "/tmp/libtpu_lockfile")
-HELD_EXIT_CODE = 2
 
 
 class AcceleratorError(RuntimeError):
@@ -88,32 +86,3 @@ def probe(platform: str) -> Devices:
         raise AcceleratorError(held_message(output) or f"no {platform} devices on this host ({last.strip()})")
     record = json.loads(found.stdout.strip().splitlines()[-1])
     return Devices(platform=record["platform"], kind=record["kind"], count=record["count"])
-
-
-@contextlib.contextmanager
-def exits_when_held(program: str) -> Iterator[None]:
-    """A process that finds the TPU held by another (JAX's backend start raises a RuntimeError naming
-    libtpu's lockfile) ends with one line and exit code 2 instead of JAX's tracebacks."""
-    try:
-        yield
-    except RuntimeError as exc:
-        held = held_message(str(exc))
-        if held is None:
-            raise
-        print(f"{program}: {held}", file=sys.stderr, flush=True)
-        raise SystemExit(HELD_EXIT_CODE) from None
-
-
-def open_devices() -> Devices:
-    """Open JAX's default backend in this process; AcceleratorError in one line when another process
-    holds the TPU (JAX then raises a RuntimeError about libtpu's lockfile, with no fallback)."""
-    import jax
-
-    try:
-        devices = jax.devices()
-    except RuntimeError as exc:
-        message = held_message(str(exc))
-        if message is None:
-            raise
-        raise AcceleratorError(message) from None
-    return Devices(platform=devices[0].platform, kind=devices[0].device_kind, count=len(devices))

@@ -26,8 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.accelerator import exits_when_held
-from marin_assets.training.process import parse_process_args, process_parser
+from marin_assets.training.process import exits_when_held, parse_process_args, process_parser
 from marin_assets.training.reporting import Reporter, open_reporter
 from marin_resources.progress import Throttle, progress_line
 

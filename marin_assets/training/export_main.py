@@ -26,8 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.accelerator import exits_when_held
-from marin_assets.training.process import input_errors, parse_process_args, process_parser
+from marin_assets.training.process import exits_when_held, input_errors, parse_process_args, process_parser
 from marin_assets.training.reporting import Reporter, open_reporter
 
 # The export's artifact, here rather than in export/assets.py: a training run may start from another

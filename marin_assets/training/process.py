@@ -71,3 +71,19 @@ def input_errors(kinds: type[Exception] | tuple[type[Exception], ...], error_fil
         error_file.write_text(f"{exc}\n")
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(INPUT_ERROR_STATUS)
+
+
+@contextlib.contextmanager
+def exits_when_held(program: str):
+    """A process that finds the TPU held by another (JAX's backend start raises a RuntimeError naming
+    libtpu's lockfile) ends as `input_errors` ends it: one line, exit code 2, instead of JAX's tracebacks."""
+    from marin_assets.training.accelerator import held_message
+
+    try:
+        yield
+    except RuntimeError as exc:
+        held = held_message(str(exc))
+        if held is None:
+            raise
+        print(f"{program}: {held}", file=sys.stderr, flush=True)
+        sys.exit(INPUT_ERROR_STATUS)

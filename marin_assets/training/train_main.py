@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.accelerator import exits_when_held, sole_process
+from marin_assets.training.accelerator import sole_process
 from marin_assets.training.init_weights import InitWeightsError, check_weights, stage_weights, uri_of_reference
 from marin_assets.training.metrics import (
     median,
@@ -43,7 +43,7 @@ from marin_assets.training.metrics import (
     read_metrics,
     training_flops_per_token,
 )
-from marin_assets.training.process import input_errors, parse_process_args, process_parser
+from marin_assets.training.process import exits_when_held, input_errors, parse_process_args, process_parser
 from marin_assets.training.reporting import Reporter, open_reporter
 from marin_assets.training.spec import HEAD_DIM_FAMILIES, ModelSpec
 from marin_resources.placement import ProcessGroup
@@ -168,14 +168,11 @@ class StepMetricsSink:
 
     def divergence(self) -> str:
         """One line for a run whose loss became NaN after the steps logged so far."""
+        last = self.last_finite
         pending = self.pending()  # the step logged last, not yet written: its loss came before the NaN
         if pending is not None and math.isfinite(pending["loss"]):
-            self.last_finite = (pending["step"], pending["loss"])
-        if self.last_finite is None:
-            where = "at its first step"
-        else:
-            step, loss = self.last_finite
-            where = f"after step {step} (loss {loss:.4f} there)"
+            last = (pending["step"], pending["loss"])
+        where = "at its first step" if last is None else f"after step {last[0]} (loss {last[1]:.4f} there)"
         return (f"training diverged: the loss became NaN {where}; lower optimizer.learning_rate, lengthen "
                 "optimizer.warmup or set optimizer.max_grad_norm, and run again")
 

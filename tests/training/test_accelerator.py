@@ -89,7 +89,7 @@ def test_gpu_train_refuses_a_run_that_cannot_fit_before_any_data_or_chip(tmp_pat
 
 
 def test_a_process_that_finds_the_chip_held_exits_2_with_one_line(capsys):
-    from marin_assets.training.accelerator import exits_when_held
+    from marin_assets.training.process import exits_when_held
 
     with pytest.raises(SystemExit) as exited, exits_when_held("eval_main"):
         raise RuntimeError(HELD)
