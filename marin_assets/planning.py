@@ -232,8 +232,12 @@ class Planner:
         config = self.wanted_identity(key, partition)
         manifest = self.current(key, partition)
         if manifest is None:
+            kept = self.store.find_previous(name, version, partition,
+                                            fingerprint=None if config is None else fingerprint(config))
+            previous = None if kept is not None else self._previous(name, version, partition)
+            # An unfinished rebuild's inputs are judged by the artifact it keeps, which stays readable.
             memo[(key, partition)] = decide(None, config=config, upstream=[], code_version=version, label=label,
-                                            previous=self._previous(name, version, partition)), None
+                                            previous=previous, kept=kept), kept
             return memo[(key, partition)]
         damage = self.store.verify(manifest) if verify else self.store.check_files(manifest)
         recorded = manifest.upstream_versions()

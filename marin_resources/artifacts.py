@@ -145,6 +145,7 @@ def materialize_artifact(
     upstream: Sequence[ArtifactHandle],
     build: Callable[[ArtifactWriter], Built | None],
     resume: bool = False,
+    writes_by_rename: bool = False,
     carried: Sequence[ArtifactHandle] = (),
     first_identity: Any = None,
     run_config: Any = None,
@@ -159,6 +160,7 @@ def materialize_artifact(
     `first_identity`: the identity of a partition whose spec has none yet, an artifact pinned to the
     inputs of its first build (a trained tokenizer); once committed, the spec reads it back.
     `run_config`: the build's Dagster config, where the spec says it is part of the identity.
+    `writes_by_rename`: the build replaces files only by renaming new ones over them (`ArtifactStore.begin`).
     """
     artifacts = store.get()
     key, version = spec.key, spec.version
@@ -178,7 +180,8 @@ def materialize_artifact(
     check = artifacts.verify if full else artifacts.check_files
     existing = artifacts.find(key, version, partition, fingerprint=fp)
     previous = artifacts.find(key, version, partition) if existing is None else None
-    decision = decide(existing, config=config, upstream=refs, previous=previous, code_version=version,
+    kept = artifacts.find_previous(key, version, partition, fingerprint=fp) if existing is None else None
+    decision = decide(existing, config=config, upstream=refs, previous=previous, code_version=version, kept=kept,
                       damage=check(existing) if existing is not None else None, label=label_of(key, partition))
 
     extra: dict[str, Any] = {}
@@ -201,7 +204,7 @@ def materialize_artifact(
         refuse_damaged_inputs(artifacts, [h for h in upstream if (h.asset_key, h.partition) not in unread], full=full)
         started, cpu_started = time.monotonic(), cpu_seconds()
         with writing(artifacts, key, version, partition, fingerprint=fp, run_id=context.run.run_id,
-                     resume=resume) as writer:
+                     resume=resume, writes_by_rename=writes_by_rename) as writer:
             built = build(writer) or Built()
             manifest = writer.commit(config=config, upstream=refs, producer=producer_info(context.run.run_id),
                                      metrics=built.metrics)

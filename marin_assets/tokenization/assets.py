@@ -411,8 +411,10 @@ def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog, corpus: Artif
                                                     "marin/shard_manifests_read": encoded.looked_up})
 
         # Resume keeps the previous cache so that unchanged upstream shards are reused, not moved again.
+        # Its files are replaced only by renames (shard files are staged, ledgers written aside), so the
+        # committed cache is kept readable by hard links while an append runs.
         return materialize_artifact(context, store, spec, upstream=[corpus, tokenizer, eval_ngrams, *shards.inputs],
-                                    build=build, resume=True, carried=shards.carried)
+                                    build=build, resume=True, writes_by_rename=True, carried=shards.carried)
 
     @marin_check(tokenized, name="decode_roundtrip",
                  description=f"Up to {CHECKED_SHARDS_AT_MOST} of the shards the last build encoded (a sample "

@@ -19,7 +19,7 @@ from marin_resources.storage.store import Manifest, UpstreamRef
 State = Literal["missing", "fresh", "stale", "damaged"]
 # What changed: the data of an input, an identity config, a code version, stored bytes, or an input that
 # is itself not fresh.
-Kind = Literal["data", "config", "code", "damage", "upstream"]
+Kind = Literal["data", "config", "code", "damage", "upstream", "rebuild"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def label_of(asset_key: str, partition: str | None) -> str:
 def decide(existing: Manifest | None, *, config: Any, upstream: list[UpstreamRef],
            damage: list[str] | None = None, previous: Manifest | None = None,
            upstream_decisions: dict[tuple[str, str | None], Decision] | None = None,
-           code_version: str | None = None, label: str = "") -> Decision:
+           code_version: str | None = None, label: str = "", kept: Manifest | None = None) -> Decision:
     """Reuse when the artifact of this identity is committed, its stored files passed their check
     (`damage` lists what the store's check found wrong), it was built from the data versions its
     inputs have now, and no input is itself stale.
@@ -56,8 +56,12 @@ def decide(existing: Manifest | None, *, config: Any, upstream: list[UpstreamRef
     before (another config, or another `code_version` than the wanted one), named in the cause when
     this identity is missing. `upstream_decisions`: how fresh each input is, by (asset key, partition),
     when the caller knows (the planner does; an asset run receives inputs that were just built).
+    `kept`: the committed artifact of this identity an unfinished rebuild replaces (`find_previous`).
     """
     if existing is None:
+        if kept is not None:
+            return Decision("build", "stale", "a rebuild has not committed (running, or stopped before its commit); "
+                            f"the last committed artifact stays readable at {kept.uri}", "rebuild", label)
         if previous is None:
             return Decision("build", "missing", "never materialized", None, label)
         if code_version is not None and previous.code_version != code_version:

@@ -167,7 +167,8 @@ def _closure(store: ArtifactStore, roots: Iterable[str]) -> set[str]:
         if uri in seen:
             continue
         seen.add(uri)
-        manifest = store.read_manifest(uri)
+        # An artifact whose rebuild has not committed keeps its inputs through the one it replaces.
+        manifest = store.read_last_committed(uri)
         if manifest is not None:
             todo.extend(u.uri for u in manifest.upstream if u.uri.startswith(store.prefix + "/"))
     return seen

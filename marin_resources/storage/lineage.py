@@ -143,7 +143,7 @@ def build_lineage(store: ArtifactStore, manifest: Manifest, *, verify: bool = Fa
         if seen_key in seen:
             child = seen[seen_key]
         else:
-            upstream = store.read_manifest(ref.uri) if ref.uri.startswith(store.prefix) else None
+            upstream = store.read_last_committed(ref.uri) if ref.uri.startswith(store.prefix) else None
             if upstream is None:
                 child = LineageNode(asset_key=ref.asset_key, partition=ref.partition, uri=ref.uri,
                                     data_version=ref.data_version, external=True)

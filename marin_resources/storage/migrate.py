@@ -21,7 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from marin_resources.storage.lineage import build_lineage
-from marin_resources.storage.store import LOCK_NAME, MANIFEST_NAME, ArtifactStore, Manifest, UpstreamRef
+from marin_resources.storage.store import (
+    LOCK_NAME,
+    MANIFEST_NAME,
+    PREVIOUS_DIR,
+    ArtifactStore,
+    Manifest,
+    UpstreamRef,
+)
 
 Log = Callable[[str], None]
 
@@ -44,11 +51,12 @@ class Migration:
 
 
 def manifests(store: ArtifactStore) -> list[Manifest]:
-    """Every committed manifest in the store, from one listing."""
+    """Every committed manifest in the store, from one listing (the artifacts unfinished rebuilds keep
+    move with the directory they are kept in)."""
     suffix = "/" + MANIFEST_NAME
     found = []
     for path in sorted(store.fs.find(store.root, withdirs=False)):
-        if path.endswith(suffix):
+        if path.endswith(suffix) and not path.endswith(f"/{PREVIOUS_DIR}{suffix}"):
             uri = store.prefix + path[len(store.root):-len(suffix)]
             found.append(store.parse_manifest(store.fs.cat_file(path).decode("utf-8"), uri))
     return found

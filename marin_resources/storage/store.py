@@ -16,8 +16,11 @@ Commit protocol, the same on local disk and on object stores:
    last, as one atomic operation (rename on local disk, a single PUT on object stores).
 
 An artifact without a manifest does not exist, so a process killed at any point
-leaves nothing that looks complete. Before an artifact is rebuilt in place, its
-manifest is deleted first for the same reason.
+leaves nothing that looks complete. Before an artifact is rebuilt in place, `begin()` keeps the
+committed one, files and manifest, in `.previous/` inside its directory (hard links on local disk,
+server-side copies on object stores), then removes its manifest: until the new one commits, the old
+one stays readable and verifiable there (`find_previous`, `read_last_committed`), and a rebuild
+killed at any point leaves it so. The commit removes it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ LOCK_NAME = ".lock"
 # (another bucket, another disk) still points at itself; readers resolve it against their prefix.
 STORE_SCHEME = "store://"
 REFS_DIR = ".refs"
+# Inside an artifact's directory: the committed artifact a rebuild replaces, kept until the new one commits.
+PREVIOUS_DIR = ".previous"
 # Ref file name of an unpartitioned artifact: partition keys start with a letter or digit, so no clash.
 UNPARTITIONED_REF = "_"
 FINGERPRINT_CHARS = 8
@@ -245,8 +250,10 @@ class CommittedFiles:
 
 
 def _is_bookkeeping(rel: str) -> bool:
-    """The manifest, kept (retracted) manifests and the lease are not artifact content."""
-    return rel in (MANIFEST_NAME, LOCK_NAME) or rel.startswith((MANIFEST_NAME + ".", LOCK_NAME + "."))
+    """The manifest, kept (retracted) manifests, the lease and the artifact a rebuild replaces are not
+    artifact content."""
+    return rel in (MANIFEST_NAME, LOCK_NAME) or \
+        rel.startswith((MANIFEST_NAME + ".", LOCK_NAME + ".", PREVIOUS_DIR + "/"))
 
 
 class ArtifactStore:
@@ -366,6 +373,23 @@ class ArtifactStore:
         except FileNotFoundError:
             return None
         return str(json.loads(text)["fingerprint"])
+
+    def find_previous(self, asset_key: str, code_version: str, partition: str | None, *,
+                      fingerprint: str | None = None) -> Manifest | None:
+        """The committed artifact a rebuild of this identity (with no fingerprint, the current one)
+        replaces, kept while the rebuild runs and after it was stopped; None when no rebuild is
+        unfinished. Its `uri` is where its files are kept."""
+        if fingerprint is None:
+            fingerprint = self.current_fingerprint(asset_key, code_version, partition)
+            if fingerprint is None:
+                return None
+        return self.read_manifest(f"{self.artifact_uri(asset_key, code_version, partition, fingerprint=fingerprint)}"
+                                  f"/{PREVIOUS_DIR}")
+
+    def read_last_committed(self, uri: str) -> Manifest | None:
+        """The artifact committed at ``uri``, or where an unfinished rebuild replaces it, the one it keeps."""
+        manifest = self.read_manifest(uri)
+        return manifest if manifest is not None else self.read_manifest(f"{uri}/{PREVIOUS_DIR}")
 
     def point(self, manifest: Manifest) -> bool:
         """Make ``manifest`` the current identity of its asset partition; False if it already was.
@@ -493,7 +517,10 @@ class ArtifactStore:
 
     # ---- writing ---------------------------------------------------------------------------
     def begin(self, asset_key: str, code_version: str, partition: str | None, *, fingerprint: str, run_id: str,
-              resume: bool = False) -> ArtifactWriter:
+              resume: bool = False, writes_by_rename: bool = False) -> ArtifactWriter:
+        """Start writing an artifact. With ``resume`` the build continues from the files there; a
+        ``writes_by_rename`` builder replaces a file only by renaming a new one over it (never rewrites
+        one in place), so on local disk the committed artifact it resumes is kept by hard links, not copied."""
         uri = self.artifact_uri(asset_key, code_version, partition, fingerprint=fingerprint)
         path = self.fs_path(uri)
         self.fs.makedirs(path, exist_ok=True)
@@ -505,12 +532,14 @@ class ArtifactStore:
             if resume and (manifest := self.read_manifest(uri)) is not None \
                     and (committed_at := self.manifest_written_at(uri)) is not None:
                 previous = CommittedFiles({f.path: f for f in manifest.files}, committed_at)
-            # A rebuilt artifact must stop looking complete before its files change.
             existing = self.read_manifest(uri)
             if existing is not None:
                 if existing.fingerprint != fingerprint:
                     raise ValueError(f"{uri} holds fingerprint {existing.fingerprint[:16]}, not {fingerprint[:16]} "
                                      f"(a {FINGERPRINT_CHARS}-character prefix collision); bump the code version")
+                # A rebuilt artifact stops looking complete before its files change, and the committed
+                # one stays readable beside it until the new one commits.
+                self._keep_previous(existing, copy=resume and not writes_by_rename)
                 self.fs.rm_file(f"{path}/{MANIFEST_NAME}")
             if not resume:
                 for rel in self.list_files(uri):
@@ -521,6 +550,34 @@ class ArtifactStore:
             raise
         return ArtifactWriter(self, asset_key, code_version, partition, fingerprint, uri, run_id, lease, previous,
                               resumed=resume)
+
+    def _keep_previous(self, manifest: Manifest, *, copy: bool) -> None:
+        """Keep a committed artifact's files and manifest in its `.previous/`, the manifest last (a kept
+        artifact without one is incomplete, and the next rebuild keeps it again). On local disk a file
+        is hard-linked unless ``copy`` (a builder that may rewrite it in place); on object stores it is
+        copied within the store. A file already missing (a damaged artifact) is not kept."""
+        path = self.fs_path(manifest.uri)
+        kept = f"{path}/{PREVIOUS_DIR}"
+        if self.fs.exists(kept):
+            self.fs.rm(kept, recursive=True)  # a commit stopped before it removed the last one
+        for entry in manifest.files:
+            source, target = f"{path}/{entry.path}", f"{kept}/{entry.path}"
+            try:
+                if self.is_local:
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    # copy2 keeps the mtime: a resumed build's commit still knows the file as untouched.
+                    shutil.copy2(source, target) if copy else os.link(source, target)
+                else:
+                    self.retrying(lambda s=source, t=target: self.fs.copy(s, t))
+            except FileNotFoundError:
+                continue
+        self.write_manifest(dataclasses.replace(manifest, uri=f"{manifest.uri}/{PREVIOUS_DIR}"))
+
+    def drop_previous(self, uri: str) -> None:
+        """Remove what `begin` kept of the artifact a rebuild at ``uri`` replaced."""
+        kept = f"{self.fs_path(uri)}/{PREVIOUS_DIR}"
+        if self.fs.exists(kept):
+            self.fs.rm(kept, recursive=True)
 
     def _lease(self, path: str, run_id: str) -> Lease:
         return acquire(self._lease_objects, f"{path}/{LOCK_NAME}", run_id,
@@ -543,6 +600,7 @@ class ArtifactStore:
             if clear:
                 for rel in self.list_files(manifest.uri):
                     self.fs.rm_file(f"{directory}/{rel}")
+                self.drop_previous(manifest.uri)
         finally:
             lease.release()
         return f"{manifest.uri}/{MANIFEST_NAME}.retracted-{stamp}"
@@ -655,6 +713,7 @@ class ArtifactWriter:
         self.store.write_manifest(manifest)
         self.store.point(manifest)
         self.committed = True
+        self.store.drop_previous(self.uri)  # the artifact it replaced is no longer needed
         self.release()
         return manifest
 
@@ -725,9 +784,10 @@ def git_sha(root: Path = CHECKOUT) -> str | None:
 
 @contextlib.contextmanager
 def writing(store: ArtifactStore, asset_key: str, code_version: str, partition: str | None, *, fingerprint: str,
-            run_id: str, resume: bool = False) -> Iterator[ArtifactWriter]:
+            run_id: str, resume: bool = False, writes_by_rename: bool = False) -> Iterator[ArtifactWriter]:
     """Begin an artifact and always release its lease; commit is the caller's last step."""
-    writer = store.begin(asset_key, code_version, partition, fingerprint=fingerprint, run_id=run_id, resume=resume)
+    writer = store.begin(asset_key, code_version, partition, fingerprint=fingerprint, run_id=run_id, resume=resume,
+                         writes_by_rename=writes_by_rename)
     try:
         yield writer
     finally:

@@ -18,6 +18,7 @@ from marin_resources.storage.identity import (
 )
 from marin_resources.storage.store import (
     MANIFEST_NAME,
+    PREVIOUS_DIR,
     ArtifactLockedError,
     ArtifactStore,
     UpstreamRef,
@@ -109,6 +110,66 @@ def test_rebuild_removes_the_manifest_before_touching_files(tmp_path):
     w = store.begin("raw/x", "v1", "p", fingerprint=FP, run_id="r2")
     assert store.find("raw/x", "v1", "p") is None
     w.release()
+
+
+def test_a_rebuild_keeps_the_committed_artifact_readable_until_the_new_one_commits(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    first = commit_text(store, "raw/x", "v1", "p", "first")
+    w = store.begin("raw/x", "v1", "p", fingerprint=FP, run_id="r2")
+    with w.open("data/part-0.txt") as fh:
+        fh.write(b"second, half written")
+    w.release()  # stopped before its commit
+    assert store.find("raw/x", "v1", "p") is None
+    kept = store.find_previous("raw/x", "v1", "p")
+    assert kept is not None and kept.uri == f"{first.uri}/{PREVIOUS_DIR}"
+    assert kept.data_version == first.data_version and store.verify(kept) == []
+    assert store.read_last_committed(first.uri).data_version == first.data_version
+    # A second attempt keeps the same committed artifact, not the first attempt's leftovers.
+    w = store.begin("raw/x", "v1", "p", fingerprint=FP, run_id="r3")
+    w.release()
+    assert store.verify(store.find_previous("raw/x", "v1", "p")) == []
+    second = commit_text(store, "raw/x", "v1", "p", "second")
+    assert store.find("raw/x", "v1", "p").data_version == second.data_version
+    assert store.find_previous("raw/x", "v1", "p") is None and not (tmp_path / kept.uri).exists()
+    assert store.verify(second) == []  # nothing of the kept artifact is counted as the new one's
+
+
+@pytest.mark.parametrize("writes_by_rename", [False, True])
+def test_a_resumed_rebuild_keeps_the_committed_files_whatever_it_rewrites(tmp_path, writes_by_rename):
+    store = ArtifactStore(str(tmp_path))
+    first = commit_text(store, "cache/x", "v1", None, "committed rows")
+    home = tmp_path / f"cache/x/v1-{FP[:8]}"
+    w = store.begin("cache/x", "v1", None, fingerprint=FP, run_id="r2", resume=True,
+                    writes_by_rename=writes_by_rename)
+    kept = home / PREVIOUS_DIR / "data/part-0.txt"
+    # Hard links where the builder only renames over its files; a copy where it may rewrite one in place.
+    assert (kept.stat().st_ino == (home / "data/part-0.txt").stat().st_ino) is writes_by_rename
+    if writes_by_rename:
+        staged = home / "data/part-0.txt.partial"
+        staged.write_bytes(b"committed rows and more")
+        staged.replace(home / "data/part-0.txt")
+    else:
+        with w.open("data/part-0.txt", "ab") as fh:
+            fh.write(b" and more")
+    w.release()
+    kept_manifest = store.find_previous("cache/x", "v1", None)
+    assert kept_manifest.data_version == first.data_version and store.verify(kept_manifest) == []
+    assert (home / "data/part-0.txt").read_bytes() == b"committed rows and more"  # the resume point stays
+
+
+def test_a_killed_rebuild_leaves_the_committed_artifact_readable_and_verified(tmp_path):
+    store = ArtifactStore(str(tmp_path))
+    first = commit_text(store, "raw/big", "v1", "p", "committed")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert store.find("raw/big", "v1", "p") is None
+    kept = store.find_previous("raw/big", "v1", "p")
+    assert kept.data_version == first.data_version and store.verify(kept) == []
+    assert [f.path for f in kept.files] == ["data/part-0.txt"]
+    second = commit_text(store, "raw/big", "v1", "p", "rebuilt")  # the dead writer's lease is stale
+    assert [f.path for f in second.files] == ["data/part-0.txt"] and store.find_previous("raw/big", "v1", "p") is None
 
 
 _KILLED_WRITER = textwrap.dedent("""

@@ -34,7 +34,7 @@ from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import asset_key
 from marin_resources.splits import is_validation_document
 from marin_resources.storage.identity import fingerprint
-from marin_resources.storage.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore, UpstreamRef
 
 SOURCE = "letters"
 DEDUP_VERSION = "v1"
@@ -576,3 +576,57 @@ def test_the_round_trip_check_reads_a_sample_of_a_large_first_build_and_an_appen
     appended = pipeline.run(f"tokenized/{SOURCE}")
     passed, meta = _check_metadata(appended, "decode_roundtrip")
     assert passed and (meta["shards_encoded"], meta["shards_checked"]) == (1, 2)
+
+
+@pytest.mark.slow  # token cache builds
+def test_a_stopped_append_leaves_the_committed_cache_readable_and_its_readers_lineage_true(pipeline, corpus,
+                                                                                           monkeypatch):
+    """Issue #50, finding 2: a killed rebuild of the cache deleted its manifest and trimmed its arrays
+    before the new one committed, so status said "never materialized" and a reader's lineage broke."""
+    import marin_assets.tokenization.assembly as assembly
+    from marin_resources.storage.lineage import build_lineage
+    from marin_resources.storage.store import producer_info, writing
+
+    pipeline.materialize()
+    run = pipeline.run
+    committed = pipeline.store.find(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None)
+    before = {split: _rows(pipeline.cache_root() / split) for split in ("train", "validation")}
+    # A reader of the cache, as a checkpoint records it.
+    with writing(pipeline.store, "reader", "v1", None, fingerprint=fingerprint({}), run_id="reader") as w:
+        w.write_json("read.json", {"cache": committed.uri})
+        reader = w.commit(config={}, upstream=[UpstreamRef(committed.asset_key, None, committed.data_version,
+                                                           committed.uri)], producer=producer_info("reader"))
+
+    pipeline.commit_corpus({"b-new": corpus[2 * (len(corpus) // 3):]})
+    monkeypatch.setattr(pipeline, "run",
+                        lambda key, *a, **kw: None if key == f"tokenized/{SOURCE}" else run(key, *a, **kw))
+    pipeline.materialize()  # every step before the cache
+    monkeypatch.undo()
+
+    def stopped(unit, job):
+        raise RuntimeError("stopped mid-assembly")
+
+    monkeypatch.setattr(assembly, "assemble_file", stopped)
+    pipeline.run(f"tokenized/{SOURCE}", ok=False)
+    monkeypatch.undo()
+
+    state = pipeline.planner().state(parse_key(f"tokenized/{SOURCE}"), None)
+    assert state.state == "stale" and "a rebuild has not committed" in state.cause, state
+    kept = pipeline.store.find_previous(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None)
+    assert kept.data_version == committed.data_version and pipeline.store.verify(kept) == []
+    kept_root = pipeline.store.local_path(kept.uri)
+    for split, rows in before.items():  # Levanter reads the kept cache as it was committed
+        assert all(np.array_equal(a, b) for a, b in zip(_rows(kept_root / split), rows, strict=True))
+    lineage = build_lineage(pipeline.store, reader, verify=True)
+    cache_node = lineage.children[0]
+    assert cache_node.uri == kept.uri and cache_node.problems == []  # the bytes the reader read, verified
+    # What it does name is true: the cache's own inputs have moved on since (it is stale, not missing).
+    problems = [p for node in lineage.unique() for p in node.problems]
+    assert problems and all("recorded by tokenized/letters" in p for p in problems), problems
+
+    # The next run finishes the append from where it stopped, and the kept cache goes.
+    pipeline.run(f"tokenized/{SOURCE}")
+    grown = pipeline.store.find(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None)
+    assert grown.metrics["documents"] == len(corpus) and pipeline.store.verify(grown) == []
+    assert pipeline.store.find_previous(f"tokenized/{SOURCE}", TOKENIZED_VERSION, None) is None
+    assert not kept_root.exists()
