@@ -39,6 +39,28 @@ def test_commit_read_verify_on_object_store(cloud):
     assert store.find("raw/letters", "v1", "s2") is None
 
 
+def test_a_rebuild_keeps_the_committed_artifact_readable_on_object_store(cloud):
+    prefix, options = cloud
+    store = ArtifactStore(prefix, options)
+
+    def rebuild(text: bytes, *, commit: bool, resume: bool = False):
+        with writing(store, "raw/letters", "v1", "s1", fingerprint=fingerprint({}), run_id="r",
+                     resume=resume) as w:
+            with w.open("files/a.txt", "wb") as fh:
+                fh.write(text)
+            return w.commit(config={}, upstream=[], producer=producer_info("r")) if commit else None
+
+    first = rebuild(b"committed", commit=True)
+    rebuild(b"half written", commit=False)  # stopped before its commit
+    rebuild(b"rewritten in place", commit=False, resume=True)
+    assert store.find("raw/letters", "v1", "s1") is None
+    kept = store.find_previous("raw/letters", "v1", "s1")
+    assert kept.data_version == first.data_version and store.verify(kept) == []
+    second = rebuild(b"rebuilt", commit=True)
+    assert store.find_previous("raw/letters", "v1", "s1") is None and store.verify(second) == []
+    assert not store.fs.exists(f"{store.fs_path(second.uri)}/.previous")
+
+
 def test_assets_and_io_managers_on_object_store(cloud, tmp_path):
     prefix, options = cloud
     store = MarinStore(prefix=prefix, storage_options=options)
