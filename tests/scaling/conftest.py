@@ -45,12 +45,13 @@ class KnownLaw:
     def optimal_loss(self, flops):
         return self.loss(self.optimal_params(flops), self.optimal_tokens(flops))
 
-    def sweep(self, budgets, sizes_per_budget=9, spread=4.0, noise=0.0, seed=0) -> list[dict[str, float]]:
-        """Runs at model sizes log-spaced within [N*/spread, N* spread] of every budget."""
+    def sweep(self, budgets, sizes_per_budget=9, spread=4.0, noise=0.0, seed=0,
+              centre=1.0) -> list[dict[str, float]]:
+        """Runs at model sizes log-spaced within [centre N*/spread, centre N* spread] of every budget."""
         rng = np.random.default_rng(seed)
         rows = []
         for flops in budgets:
-            for factor in np.geomspace(1.0 / spread, spread, sizes_per_budget):
+            for factor in centre * np.geomspace(1.0 / spread, spread, sizes_per_budget):
                 n = float(self.optimal_params(flops) * factor)
                 d = flops / (6.0 * n)
                 loss = float(self.loss(n, d) * np.exp(rng.normal(0.0, noise)))
