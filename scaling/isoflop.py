@@ -86,10 +86,10 @@ class BudgetFit:
     loss: float
     # Whether both minima lie inside the sampled range (outside means an extrapolated optimum).
     interior: bool
-    run_indices: tuple[int, ...] = field(repr=False, default=())
     # The sampled (smallest, largest) tokens and params of the budget's runs.
-    tokens_range: tuple[float, float] = field(repr=False, default=(0.0, 0.0))
-    params_range: tuple[float, float] = field(repr=False, default=(0.0, 0.0))
+    tokens_range: tuple[float, float] = field(repr=False)
+    params_range: tuple[float, float] = field(repr=False)
+    run_indices: tuple[int, ...] = field(repr=False, default=())
 
     def to_dict(self) -> dict[str, float | int | bool]:
         return {
@@ -182,7 +182,7 @@ class IsoflopFit:
     skipped: list[dict[str, float | str]]
     options: IsoflopOptions
     # Budgets whose valley has a vertex outside its runs: drawn, never fitted through.
-    outside: list[BudgetFit] = field(default_factory=list)
+    outside: list[BudgetFit]
 
     def intervals(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return percentile_interval(samples, self.options.interval)
