@@ -22,28 +22,20 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = REPO_ROOT
 
 import argparse  # noqa: E402 - after the import path is set
-import csv  # noqa: E402 - after the import path is set
 import json  # noqa: E402 - after the import path is set
 import time  # noqa: E402 - after the import path is set
 from pathlib import Path  # noqa: E402 - after the import path is set
 
 import numpy as np  # noqa: E402 - after the import path is set
 
-from scaling.chinchilla import StartGrid, fit_chinchilla_arrays  # noqa: E402 - after the import path is set
+from scaling.chinchilla import (  # noqa: E402 - after the import path is set
+    EPOCH_POINTS_CSV,
+    StartGrid,
+    epoch_points,
+    fit_chinchilla_arrays,
+)
 
-REPO = Path(REPO_ROOT)
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "chinchilla_points.csv"
 NAMES = ("E", "A", "B", "alpha", "beta")
-
-
-def load_epoch_points(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    with path.open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    params = np.array([float(r["Model Size"]) for r in rows])
-    flops = np.array([float(r["Training FLOP"]) for r in rows])
-    loss = np.array([float(r["loss"]) for r in rows])
-    keep = np.argsort(loss, kind="stable")[:-5]  # Epoch drops the 5 highest-loss points
-    return params[keep], flops[keep] / (6.0 * params[keep]), loss[keep]
 
 
 def timed(solver: str, params, tokens, loss, starts: np.ndarray):
@@ -54,7 +46,7 @@ def timed(solver: str, params, tokens, loss, starts: np.ndarray):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, default=EPOCH_POINTS_CSV)
     parser.add_argument(
         "--scipy-starts",
         type=int,
@@ -63,7 +55,8 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    params, tokens, loss = load_epoch_points(args.data)
+    points = epoch_points(args.data)
+    params, tokens, loss = points.params, points.tokens, points.loss
     grid = StartGrid().points()
     print(f"data: {args.data} ({loss.size} points); start grid: {len(grid)} points")
 

@@ -16,7 +16,7 @@ from .flops import (
     param_count,
     training_flops_per_token,
 )
-from .isoflop import IsoflopFit, IsoflopOptions, fit_isoflop_runs
+from .isoflop import EnvelopeRefused, IsoflopFit, IsoflopOptions, fit_isoflop_runs, isoflop_profiles
 from .recipe import BudgetPlan, Candidate, MicroRecipe, Recipe
 from .runs import Runs, RunsError, load_runs
 
@@ -24,6 +24,7 @@ __all__ = [
     "BudgetPlan",
     "Candidate",
     "ChinchillaFit",
+    "EnvelopeRefused",
     "IsoflopFit",
     "IsoflopOptions",
     "MicroRecipe",
@@ -37,6 +38,7 @@ __all__ = [
     "fit_isoflop",
     "fit_isoflop_runs",
     "forward_flops_per_token",
+    "isoflop_profiles",
     "load_runs",
     "param_count",
     "training_flops_per_token",
@@ -53,10 +55,19 @@ def fit_isoflop(
     """Approach 2 plus envelope and bootstrap; returns the same JSON-ready dict as the CLI.
 
     ``runs``: CSV path, list of dicts, or polars/pandas DataFrame with flops, params, tokens,
-    loss. ``plot``: optional PNG path for the two-panel summary figure.
+    loss. ``plot``: optional PNG path for the two-panel summary figure; when the envelope is refused
+    (`EnvelopeRefused`, raised), the profiles under a banner saying why.
     """
     table = load_runs(runs)
-    fit = fit_isoflop_runs(table, predict, options or IsoflopOptions())
+    options = options or IsoflopOptions()
+    try:
+        fit = fit_isoflop_runs(table, predict, options)
+    except EnvelopeRefused as refused:
+        if plot is not None:
+            from .plots import plot_envelope_refused
+
+            plot_envelope_refused(table, isoflop_profiles(table, options).budgets, str(refused), plot)
+        raise
     if plot is not None:
         from .plots import plot_isoflop_summary
 

@@ -17,15 +17,34 @@ tests compare against.
 
 from __future__ import annotations
 
+import csv
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
+from .runs import Runs
+
 PARAM_NAMES = ("a", "b", "e", "alpha", "beta")  # column order of start and end points
 HUBER_DELTA = 1e-3
 BLOCK_ELEMENTS = 32_768
+# Epoch AI's 245 points read off Figure 4 of Hoffmann et al. 2022 (source and fits: scaling/data/README.md).
+EPOCH_POINTS_CSV = Path(__file__).parent / "data" / "chinchilla_points.csv"
+EPOCH_DROPPED = 5
+
+
+def epoch_points(path: str | Path = EPOCH_POINTS_CSV) -> Runs:
+    """The Epoch points as the replication fits them: tokens D = C / (6 N), and the 5 highest-loss
+    points dropped (240 remain)."""
+    with Path(path).open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    params = np.array([float(r["Model Size"]) for r in rows])
+    flops = np.array([float(r["Training FLOP"]) for r in rows])
+    loss = np.array([float(r["loss"]) for r in rows])
+    keep = np.argsort(loss, kind="stable")[:-EPOCH_DROPPED]
+    return Runs(flops[keep], params[keep], flops[keep] / (6.0 * params[keep]), loss[keep])
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,12 @@ For every compute budget the runs trace a valley of loss against model size. A r
 quadratic in log tokens (and, separately, in log params) locates the bottom of each valley:
 D*(C), N*(C) and L*(C). Power laws N* = k_N C^a and D* = k_D C^b are fitted in log space
 through those optima, and the envelope L(C) = E + A C^-alpha through the optimal losses.
+Only budgets whose minimum lies inside their sampled runs (interior optima) enter the power laws
+and the envelope, as in Hoffmann et al. and Delphi: a vertex beyond the sampled range is an
+extrapolation of the quadratic, not an observed optimum. With fewer than three interior optima,
+or when the fitted envelope predicts what no run could be (E <= 0, a model that spends its budget
+on more or fewer FLOPs per parameter and token than the fit runs do, an interval of zero width),
+the envelope is refused with an ``EnvelopeRefused`` saying why, never returned.
 Uncertainty comes from a seeded bootstrap that redoes every fit on resampled valleys;
 intervals are percentiles of the refitted predictions. By default it resamples *residuals*:
 each budget keeps its model sizes and gets the fitted valley plus residuals drawn with
@@ -24,6 +30,20 @@ import numpy as np
 from .runs import Runs, RunsError
 
 QUADRATIC_MIN_RUNS = 3
+# E + A C^-alpha has three parameters.
+ENVELOPE_MIN_BUDGETS = 3
+# How far a prediction's FLOPs per parameter per token, C / (N* D*), may stray beyond the fit runs'
+# own range: it moves with a model's shape (attention, embeddings), by tens of percent, not by
+# multiples; N* and D* are separate power laws, and nothing else ties their product to the budget.
+SPEND_TOLERANCE = 2.0
+# A bootstrap interval narrower than this fraction of its value is the point fit replicated (no
+# replicate could vary), not an interval.
+ZERO_WIDTH = 1e-9
+
+
+class EnvelopeRefused(RunsError):
+    """The runs give no sane envelope (too few interior optima, or an impossible prediction); the
+    message says which."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,9 @@ class BudgetFit:
     loss: float
     # Whether both minima lie inside the sampled range (outside means an extrapolated optimum).
     interior: bool
+    # The sampled (smallest, largest) tokens and params of the budget's runs.
+    tokens_range: tuple[float, float] = field(repr=False)
+    params_range: tuple[float, float] = field(repr=False)
     run_indices: tuple[int, ...] = field(repr=False, default=())
 
     def to_dict(self) -> dict[str, float | int | bool]:
@@ -77,6 +100,39 @@ class BudgetFit:
             "runs": self.runs,
             "interior": self.interior,
         }
+
+    def outside(self) -> str:
+        """Where a non-interior minimum lies, against the sampled range."""
+        parts = []
+        for name, unit, value, (low, high) in (("D*", "tokens", self.tokens, self.tokens_range),
+                                                ("N*", "params", self.params, self.params_range)):
+            if value > high:
+                parts.append(f"{name} {value:.3g} > {high:.3g} sampled {unit}")
+            elif value < low:
+                parts.append(f"{name} {value:.3g} < {low:.3g} sampled {unit}")
+        return "minimum outside its runs (" + "; ".join(parts) + ")"
+
+
+@dataclass(frozen=True)
+class IsoflopProfiles:
+    """Every budget's valley: those with a vertex (interior or not), and those without one."""
+
+    budgets: list[BudgetFit]
+    # Budgets without a vertex (too few distinct sizes, not convex): flops, runs, reason.
+    unfitted: list[dict[str, float | str]]
+
+    @property
+    def interior(self) -> list[BudgetFit]:
+        return [b for b in self.budgets if b.interior]
+
+    @property
+    def outside(self) -> list[BudgetFit]:
+        return [b for b in self.budgets if not b.interior]
+
+    def left_out(self) -> list[dict[str, float | str]]:
+        """Every budget the envelope does not use, with why; in increasing FLOPs."""
+        outside = [{**b.to_dict(), "reason": b.outside()} for b in self.outside]
+        return sorted(self.unfitted + outside, key=lambda entry: entry["flops"])
 
 
 @dataclass(frozen=True)
@@ -114,6 +170,7 @@ class EnvelopeLaw:
 
 @dataclass(frozen=True)
 class IsoflopFit:
+    # The budgets with an interior optimum, which the laws are fitted through.
     budgets: list[BudgetFit]
     law: EnvelopeLaw
     predict_flops: np.ndarray
@@ -121,8 +178,11 @@ class IsoflopFit:
     boot_loss: np.ndarray = field(repr=False)
     boot_params: np.ndarray = field(repr=False)
     boot_tokens: np.ndarray = field(repr=False)
+    # Every budget left out of the laws, with the reason (`IsoflopProfiles.left_out`).
     skipped: list[dict[str, float | str]]
     options: IsoflopOptions
+    # Budgets whose valley has a vertex outside its runs: drawn, never fitted through.
+    outside: list[BudgetFit]
 
     def intervals(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return percentile_interval(samples, self.options.interval)
@@ -272,15 +332,18 @@ def _power_law(flops: np.ndarray, values: np.ndarray) -> tuple[float, float]:
 def _fit_valleys(log_tokens: np.ndarray, log_params: np.ndarray, loss: np.ndarray, options: IsoflopOptions):
     """Optima of many versions of one budget's valley; arrays of shape (versions, runs in budget).
 
-    Returns the quadratic centers and coefficients (tokens, params), N*, D*, L* and a validity
-    mask (three distinct sizes and convex in both), each with one entry per version.
+    Returns the quadratic centers and coefficients (tokens, params), N*, D*, L*, a validity mask
+    (three distinct sizes and convex in both) and an interior mask (both vertices inside the
+    version's sampled range), each with one entry per version.
     """
     t_center, t_coef, t_ok = robust_quadratic(log_tokens, loss, options)
     p_center, p_coef, p_ok = robust_quadratic(log_params, loss, options)
     log_d, loss_min, t_convex = _quadratic_minimum(t_center, t_coef)
     log_n, _, p_convex = _quadratic_minimum(p_center, p_coef)
     valid = t_ok & p_ok & t_convex & p_convex
-    return t_center, t_coef, p_center, p_coef, np.exp(log_n), np.exp(log_d), loss_min, valid
+    interior = ((log_tokens.min(axis=1) <= log_d) & (log_d <= log_tokens.max(axis=1))
+                & (log_params.min(axis=1) <= log_n) & (log_n <= log_params.max(axis=1)))
+    return t_center, t_coef, p_center, p_coef, np.exp(log_n), np.exp(log_d), loss_min, valid, interior
 
 
 def _quadratic_values(center: float, coef: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -288,11 +351,8 @@ def _quadratic_values(center: float, coef: np.ndarray, x: np.ndarray) -> np.ndar
     return coef[0] + coef[1] * u + coef[2] * u * u
 
 
-def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray,
-                     options: IsoflopOptions = IsoflopOptions()) -> IsoflopFit:
-    predict_flops = np.asarray(predict, dtype=np.float64).reshape(-1)
-    if np.any(~np.isfinite(predict_flops)) or np.any(predict_flops <= 0):
-        raise ValueError(f"prediction budgets must be positive finite FLOPs, got {predict_flops.tolist()}")
+def isoflop_profiles(runs: Runs, options: IsoflopOptions = IsoflopOptions()) -> IsoflopProfiles:
+    """Every budget's valley and its vertex, interior or not (RunsError for a budget of fewer than 3 runs)."""
     groups = group_budgets(runs.flops, options.budget_tolerance)
     for group in groups:
         if group.size < QUADRATIC_MIN_RUNS:
@@ -300,13 +360,12 @@ def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray,
                 f"budget {np.median(runs.flops[group]):.3g} FLOPs has {group.size} run(s); "
                 f"a quadratic fit needs at least {QUADRATIC_MIN_RUNS}"
             )
-    budget_flops = np.array([float(np.median(runs.flops[g])) for g in groups])
-
     budgets: list[BudgetFit] = []
-    skipped: list[dict[str, float | str]] = []
-    for k, group in enumerate(groups):
+    unfitted: list[dict[str, float | str]] = []
+    for group in groups:
+        flops = float(np.median(runs.flops[group]))
         log_t, log_p = np.log(runs.tokens[group]), np.log(runs.params[group])
-        t_center, t_coef, p_center, p_coef, n_opt, d_opt, l_opt, valid = _fit_valleys(
+        t_center, t_coef, p_center, p_coef, n_opt, d_opt, l_opt, valid, interior = _fit_valleys(
             log_t[None], log_p[None], runs.loss[group][None], options
         )
         if not valid[0]:
@@ -315,14 +374,11 @@ def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray,
                 if min(np.unique(runs.tokens[group]).size, np.unique(runs.params[group]).size) < 3
                 else "loss is not convex in log tokens/params (no interior minimum)"
             )
-            skipped.append({"flops": budget_flops[k], "runs": int(group.size), "reason": reason})
+            unfitted.append({"flops": flops, "runs": int(group.size), "reason": reason})
             continue
-        interior = bool(
-            log_t.min() <= np.log(d_opt[0]) <= log_t.max() and log_p.min() <= np.log(n_opt[0]) <= log_p.max()
-        )
         budgets.append(
             BudgetFit(
-                flops=budget_flops[k],
+                flops=flops,
                 runs=int(group.size),
                 tokens_center=float(t_center[0]),
                 tokens_coef=tuple(float(c) for c in t_coef[0]),
@@ -331,14 +387,30 @@ def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray,
                 params=float(n_opt[0]),
                 tokens=float(d_opt[0]),
                 loss=float(l_opt[0]),
-                interior=interior,
+                interior=bool(interior[0]),
                 run_indices=tuple(int(i) for i in group),
+                tokens_range=(float(runs.tokens[group].min()), float(runs.tokens[group].max())),
+                params_range=(float(runs.params[group].min()), float(runs.params[group].max())),
             )
         )
-    if len(budgets) < 3:
-        raise RunsError(
-            f"{len(budgets)} budget(s) with a usable optimum (of {len(groups)}); the envelope "
-            "E + A C^-alpha needs at least 3"
+    return IsoflopProfiles(budgets, unfitted)
+
+
+def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray,
+                     options: IsoflopOptions = IsoflopOptions()) -> IsoflopFit:
+    """Approach 2 through the interior optima; EnvelopeRefused when they cannot give a sane envelope."""
+    predict_flops = np.asarray(predict, dtype=np.float64).reshape(-1)
+    if np.any(~np.isfinite(predict_flops)) or np.any(predict_flops <= 0):
+        raise ValueError(f"prediction budgets must be positive finite FLOPs, got {predict_flops.tolist()}")
+    profiles = isoflop_profiles(runs, options)
+    budgets = profiles.interior
+    skipped = profiles.left_out()
+    if len(budgets) < ENVELOPE_MIN_BUDGETS:
+        left_out = "; ".join(f"{entry['flops']:.3g} FLOPs: {entry['reason']}" for entry in skipped)
+        raise EnvelopeRefused(
+            f"not enough interior optima: {len(budgets)} of {len(profiles.budgets) + len(profiles.unfitted)} "
+            f"budget(s) have their loss minimum inside their runs, and the envelope E + A C^-alpha needs at "
+            f"least {ENVELOPE_MIN_BUDGETS}" + (f" (left out: {left_out})" if left_out else "")
         )
     law = _fit_law(
         np.array([b.flops for b in budgets]),
@@ -346,10 +418,54 @@ def fit_isoflop_runs(runs: Runs, predict: list[float] | np.ndarray,
         np.array([b.tokens for b in budgets]),
         np.array([b.loss for b in budgets]),
     )
-    # Budgets without a usable optimum stay out of the bootstrap too, so that every replicate
+    _refuse_flat_envelope(law, budgets)
+    # Budgets without an interior optimum stay out of the bootstrap too, so that every replicate
     # refits the same set of budgets as the point estimate.
     boot_loss, boot_params, boot_tokens = _bootstrap(budgets, runs, predict_flops, options)
-    return IsoflopFit(budgets, law, predict_flops, boot_loss, boot_params, boot_tokens, skipped, options)
+    fit = IsoflopFit(budgets, law, predict_flops, boot_loss, boot_params, boot_tokens, skipped, options,
+                     profiles.outside)
+    _refuse_impossible_predictions(fit, runs)
+    return fit
+
+
+def _refuse_flat_envelope(law: EnvelopeLaw, budgets: list[BudgetFit]) -> None:
+    """E and A at their bound of 0: the optima do not bend toward a floor (or do not fall at all)."""
+    if law.E > 0 and law.A > 0:
+        return
+    losses = ", ".join(f"{b.loss:.4g}" for b in budgets)
+    bound = f"E = {law.E:.3g}" if law.E <= 0 else f"A = {law.A:.3g}"
+    raise EnvelopeRefused(
+        f"envelope refused: {bound} at its bound of 0; the optimal losses {losses} do not flatten toward "
+        "an irreducible loss as compute grows, so E + A C^-alpha is not identified"
+    )
+
+
+def _refuse_impossible_predictions(fit: IsoflopFit, runs: Runs) -> None:
+    """A prediction needs at least one parameter and one token, must spend its budget at about the
+    FLOPs per parameter and token the fit runs spend (`SPEND_TOLERANCE`), and any interval it has
+    must have a width."""
+    spent = runs.flops / (runs.params * runs.tokens)
+    low, high = spent.min() / SPEND_TOLERANCE, spent.max() * SPEND_TOLERANCE
+    for row in fit.predictions():
+        flops, params, tokens = row["flops"], row["params"], row["tokens"]
+        where = (f"envelope refused: at {flops:.3g} FLOPs it predicts N* = {params:.3g} parameters and "
+                 f"D* = {tokens:.3g} tokens")
+        if params < 1 or tokens < 1:
+            raise EnvelopeRefused(f"{where}: less than one parameter or token")
+        if not low <= flops / (params * tokens) <= high:
+            raise EnvelopeRefused(
+                f"{where}, which spend {flops / (params * tokens):.3g} FLOPs per parameter per token; the fit runs "
+                f"spend {spent.min():.3g}..{spent.max():.3g} ({SPEND_TOLERANCE:g}x either way allowed)"
+            )
+        flat = [name for name in ("loss", "params", "tokens")
+                if row[f"{name}_low"] is not None and row[f"{name}_high"] is not None
+                and row[f"{name}_high"] - row[f"{name}_low"] <= ZERO_WIDTH * abs(row[name])]
+        if flat:
+            raise EnvelopeRefused(
+                f"envelope refused: zero-width intervals of {', '.join(flat)} at {flops:.3g} FLOPs: every "
+                f"bootstrap replicate refitted the same optima (a valley of {QUADRATIC_MIN_RUNS} runs has no "
+                "residuals to resample); give a budget more runs, or fit without the bootstrap for point estimates"
+            )
 
 
 def _fit_law(flops: np.ndarray, params: np.ndarray, tokens: np.ndarray, loss: np.ndarray) -> EnvelopeLaw:
@@ -380,8 +496,9 @@ def _bootstrap(budgets: list[BudgetFit], runs: Runs, predict_flops: np.ndarray, 
     budget_flops = np.array([b.flops for b in budgets])
     loss_rows, params_rows, tokens_rows = [], [], []
     for r in range(replicates):
-        usable = [k for k, fit in enumerate(per_budget) if fit[7][r]]
-        if len(usable) < 3:
+        # As in the point fit, a budget counts only where its resampled valley has an interior vertex.
+        usable = [k for k, fit in enumerate(per_budget) if fit[7][r] and fit[8][r]]
+        if len(usable) < ENVELOPE_MIN_BUDGETS:
             continue  # this resample left too few fittable budgets; it is not counted as used
         law = _fit_law(
             budget_flops[usable],

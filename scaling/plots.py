@@ -7,13 +7,19 @@ it also writes them there.
 from __future__ import annotations
 
 import io
+import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from .chinchilla import ChinchillaFit
-from .isoflop import IsoflopFit
+from .isoflop import BudgetFit, IsoflopFit
 from .runs import Runs
+
+# The face of the banner a refused envelope's figure carries; tests find the banner by it.
+BANNER_FACE = "#fde2dd"
+BANNER_EDGE = "#a50f15"
 
 
 def _pyplot():
@@ -26,9 +32,11 @@ def _pyplot():
     return plt
 
 
-def _finish(fig, path: str | Path | None) -> bytes:
+def _finish(fig, path: str | Path | None, description: str | None = None) -> bytes:
+    """PNG bytes of ``fig`` (closed); ``description`` goes into the PNG's Description text chunk."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight",
+                metadata={"Description": description} if description else None)
     _pyplot().close(fig)
     data = buffer.getvalue()
     if path is not None:
@@ -37,21 +45,29 @@ def _finish(fig, path: str | Path | None) -> bytes:
     return data
 
 
-def _draw_isoflops(ax, fit: IsoflopFit, runs: Runs) -> None:
-    colors = _pyplot().get_cmap("viridis")(np.linspace(0.0, 0.9, max(len(fit.budgets), 1)))
-    for budget, color in zip(fit.budgets, colors):
+def _draw_isoflops(ax, budgets: Sequence[BudgetFit], runs: Runs) -> None:
+    """Each budget's runs, valley and vertex; a budget whose vertex lies outside its runs is dashed,
+    without a star, since no law is fitted through it. With no budget, the runs alone."""
+    drawn = sorted(budgets, key=lambda b: b.flops)
+    colors = _pyplot().get_cmap("viridis")(np.linspace(0.0, 0.9, max(len(drawn), 1)))
+    for budget, color in zip(drawn, colors):
         members = np.asarray(budget.run_indices, dtype=int)
         tokens, loss = runs.tokens[members], runs.loss[members]
-        ax.scatter(tokens, loss, s=14, color=color, label=f"{budget.flops:.1e} FLOPs")
+        label = f"{budget.flops:.1e} FLOPs" + ("" if budget.interior else " (minimum outside its runs: left out)")
+        ax.scatter(tokens, loss, s=14, color=color, label=label)
         grid = np.linspace(np.log(tokens.min()), np.log(tokens.max()), 100)
         u = grid - budget.tokens_center
         c0, c1, c2 = budget.tokens_coef
-        ax.plot(np.exp(grid), c0 + c1 * u + c2 * u * u, color=color, linewidth=1)
-        ax.scatter([budget.tokens], [budget.loss], marker="*", s=90, color=color, edgecolors="black", zorder=3)
+        ax.plot(np.exp(grid), c0 + c1 * u + c2 * u * u, color=color, linewidth=1,
+                linestyle="-" if budget.interior else "--")
+        if budget.interior:
+            ax.scatter([budget.tokens], [budget.loss], marker="*", s=90, color=color, edgecolors="black", zorder=3)
+    if not drawn:
+        ax.scatter(runs.tokens, runs.loss, s=14, color="gray", label="runs")
     ax.set_xscale("log")
     ax.set_xlabel("training tokens")
     ax.set_ylabel("loss")
-    ax.set_title("IsoFLOP profiles (stars: fitted optima)")
+    ax.set_title("IsoFLOP profiles (stars: interior optima)")
     ax.legend(fontsize=7)
 
 
@@ -84,7 +100,7 @@ def _draw_envelope(ax, fit: IsoflopFit) -> None:
 def plot_isoflops(fit: IsoflopFit, runs: Runs, path: str | Path | None = None) -> bytes:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    _draw_isoflops(ax, fit, runs)
+    _draw_isoflops(ax, [*fit.budgets, *fit.outside], runs)
     return _finish(fig, path)
 
 
@@ -122,9 +138,22 @@ def plot_isoflop_summary(fit: IsoflopFit, runs: Runs, path: str | Path | None = 
     """Two panels side by side: isoFLOP profiles, and the envelope with predictions."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    _draw_isoflops(left, fit, runs)
+    _draw_isoflops(left, [*fit.budgets, *fit.outside], runs)
     _draw_envelope(right, fit)
     return _finish(fig, path)
+
+
+def plot_envelope_refused(runs: Runs, budgets: Sequence[BudgetFit], reason: str,
+                          path: str | Path | None = None) -> bytes:
+    """The isoFLOP profiles under a banner saying why no envelope was fitted (``reason``, e.g.
+    EnvelopeRefused's message); the banner's text is also the PNG's Description."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5))
+    _draw_isoflops(ax, budgets, runs)
+    banner = f"Envelope not fitted: {reason}"
+    fig.text(0.5, 1.02, textwrap.fill(banner, 110), ha="center", va="bottom", fontsize=10, weight="bold",
+             color=BANNER_EDGE, bbox={"boxstyle": "round,pad=0.6", "facecolor": BANNER_FACE, "edgecolor": BANNER_EDGE})
+    return _finish(fig, path, description=banner)
 
 
 def plot_joint_forecast(

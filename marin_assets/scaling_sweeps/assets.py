@@ -28,6 +28,7 @@ from marin_assets.scaling_sweeps.config import SweepConfig, SweepPlan, plan_swee
 from marin_assets.scaling_sweeps.forecasting import (
     SweepFitError,
     chosen_target,
+    envelope_status,
     fit_metric_link,
     fit_sweep,
     fitted_key,
@@ -65,7 +66,8 @@ from marin_resources.storage.store import ArtifactStore
 
 SWEEP_VERSION = "v1"
 # v2: forecasts by both methods (envelope and joint), the primary one named by the config.
-SCALING_FIT_VERSION = "v2"
+# v3: the envelope through interior optima only, refused when too few or when it predicts the impossible.
+SCALING_FIT_VERSION = "v3"
 FORECAST_VERSION = "v2"
 FORECAST_CHECK_VERSION = "v2"
 # A fit run's parameter count from Levanter must match the recipe's (else the vocabulary differs).
@@ -253,8 +255,9 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                    tags={"marin/sweep": name},
                    description=f"Sweep `{name}`'s fit runs ({fitted_key(config)}) fitted two ways: the "
                                "approach-2 isoFLOP envelope L(C) and the approach-3 law L(N, D), each forecasting "
-                               "every target candidate with a bootstrap interval: fit.json, joint.png, and fit.png "
-                               "when the envelope is identifiable (three budgets with an interior optimum)."
+                               "every target candidate with a bootstrap interval: fit.json, joint.png and fit.png. "
+                               "The envelope is fitted through interior optima only, and refused (fit.png's banner, "
+                               "the check envelope_fitted) with fewer than three or with impossible predictions."
                                + (f" {metric} follows the loss through a {config.link} link fitted over the fit runs."
                                   if linked else ""))
     def scaling_fit(context: dg.AssetExecutionContext, store: MarinStore, plan_handle: ArtifactHandle,
@@ -275,24 +278,23 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
 
         def build(writer) -> Built:
             writer.write_json("fit.json", fitted.result)
-            pngs = {"fit.png": fitted.png, "joint.png": fitted.joint_png}
-            for file_name, png in pngs.items():
-                if png is not None:
-                    with writer.open(file_name) as fh:
-                        fh.write(png)
+            for file_name, png in {"fit.png": fitted.png, "joint.png": fitted.joint_png}.items():
+                with writer.open(file_name) as fh:
+                    fh.write(png)
             envelope, joint = fitted.result["fit"], fitted.result["joint_fit"]
-            metrics = {"runs": len(fitted.result["runs"]),
+            # The envelope's status leads, so a refused one reads first, before any number.
+            metrics = {"envelope": envelope_status(fitted.result), "runs": len(fitted.result["runs"]),
                        **{f"joint/{k}": joint[k] for k in ("E", "A", "B", "alpha", "beta")}}
-            metadata = {"joint_plot": png_markdown(fitted.joint_png, f"joint L(N, D) fit of {name}")}
+            metadata = {"fit_plot": png_markdown(fitted.png, f"isoFLOP fit of {name}"),
+                        "joint_plot": png_markdown(fitted.joint_png, f"joint L(N, D) fit of {name}")}
             if "law" in envelope:
                 law = envelope["law"]
                 metrics.update({"E": law["E"], "A": law["A"], "alpha": law["alpha"],
                                 "params_exponent": law["params_exponent"], "tokens_exponent": law["tokens_exponent"]})
-                metadata.update({"fit_plot": png_markdown(fitted.png, f"isoFLOP fit of {name}"),
-                                 "optima": records_table(envelope["optima"]),
+                metadata.update({"optima": records_table(envelope["optima"]),
                                  "predictions": records_table(envelope["predictions"])})
-            else:
-                metadata["envelope_not_fitted"] = envelope["error"]
+            if envelope["skipped"]:
+                metadata["left_out"] = records_table(envelope["skipped"])
             for target in fitted.result["targets"]:
                 metrics[f"forecast/{target['chosen']}/loss"] = next(
                     c["loss"] for c in target["candidates"] if c["run"] == target["chosen"])
@@ -302,6 +304,18 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
 
         upstream = [plan_handle] + [evals[n] for n in sorted(evals)] + [harness[n] for n in sorted(harness)]
         return materialize_artifact(context, store, fit_spec, upstream=upstream, build=build)
+
+    @marin_check(scaling_fit, name="envelope_fitted",
+                 description="The approach-2 envelope was fitted: at least three budgets have their loss minimum "
+                             "inside their runs, and its predictions are physical (E > 0, each prediction's "
+                             "parameters and tokens spend its budget as the fit runs do, intervals of some width). "
+                             "A warning: the joint law forecasts without it.")
+    def envelope_fitted(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
+        manifest = checked_manifest(context, store, fit_spec)
+        if manifest is None:
+            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                       metadata={"error": "no committed scaling fit"})
+        return envelope_check_result(read_json(store.get(), manifest.uri, "fit.json"))
 
     @catalog.asset(forecast_spec, group_name="scaling", kinds={"json"}, tags={"marin/sweep": name},
                    ins={"fit": dg.AssetIn(key=scaling_fit.key)},
@@ -384,7 +398,18 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed forecast check"})
         return forecast_check_result(read_json(store.get(), manifest.uri, "check.json"))
 
-    return [sweep, scaling_fit, forecast, forecast_check, *run_assets], [within_forecast_interval, *run_checks]
+    return ([sweep, scaling_fit, forecast, forecast_check, *run_assets],
+            [envelope_fitted, within_forecast_interval, *run_checks])
+
+
+def envelope_check_result(fit_result: dict[str, Any]) -> dg.AssetCheckResult:
+    """`envelope_fitted` on a fit.json: passed when the envelope was fitted; else why not, as a warning."""
+    envelope = fit_result["fit"]
+    metadata = {"interior_optima": len(envelope.get("optima", [])), "left_out": len(envelope["skipped"])}
+    if "law" in envelope:
+        return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN, metadata=metadata)
+    return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
+                               description=envelope_status(fit_result))
 
 
 def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:

@@ -32,9 +32,17 @@ from typing import Any
 import numpy as np
 
 from marin_assets.scaling_sweeps.config import PlannedRun, SweepPlan, fit_params
-from scaling import IsoflopOptions, fit_chinchilla_arrays, fit_isoflop_runs, load_runs
+from scaling import (
+    IsoflopOptions,
+    Runs,
+    RunsError,
+    fit_chinchilla_arrays,
+    fit_isoflop_runs,
+    isoflop_profiles,
+    load_runs,
+)
 from scaling.chinchilla import bootstrap_chinchilla
-from scaling.isoflop import finite_or_none, percentile_interval
+from scaling.isoflop import IsoflopProfiles, finite_or_none, percentile_interval
 
 
 class SweepFitError(ValueError):
@@ -105,8 +113,9 @@ def runs_table(plan: SweepPlan, losses: Mapping[str, float]) -> list[dict[str, A
 class SweepFit:
     result: dict[str, Any]
     """JSON-ready: runs, the isoFLOP and joint fits, and every target candidate's forecasts."""
-    png: bytes | None
-    """IsoFLOP profiles and the envelope with its predictions; None when the envelope was not fitted."""
+    png: bytes
+    """IsoFLOP profiles and the envelope with its predictions; when the envelope was refused, the
+    profiles under a banner saying why."""
     joint_png: bytes
     """The joint L(N, D) fit over the runs, with every target candidate's joint forecast."""
 
@@ -127,24 +136,30 @@ def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]], link: dict[str, Any] 
         joint = fit_chinchilla_arrays(table.params, table.tokens, table.loss)
     except ValueError as exc:
         raise SweepFitError(f"sweep {config.name!r}: {exc}") from exc
-    # The envelope needs three budgets whose valley has an interior minimum. When it is not the
-    # primary method, budgets without one (tiny runs whose best model is the smallest) leave it
-    # unfitted, with the reason recorded, and the joint law still forecasts.
+    # The envelope needs three budgets whose valley has an interior minimum, and predictions a
+    # budget allows (scaling.EnvelopeRefused). When it is not the primary method, a refused envelope
+    # (tiny runs whose best model is the smallest) is left unfitted, with the reason recorded, and
+    # the joint law still forecasts.
     iso, envelope_error = None, None
     try:
         iso = fit_isoflop_runs(table, predict, options)
-    except ValueError as exc:  # RunsError is a ValueError
+    except ValueError as exc:  # RunsError, EnvelopeRefused are ValueErrors
         if config.forecast_method == "envelope":
             raise SweepFitError(f"sweep {config.name!r}: {exc}") from exc
         envelope_error = str(exc)
-    from scaling.plots import plot_isoflop_summary, plot_joint_forecast
+    from scaling.plots import plot_envelope_refused, plot_isoflop_summary, plot_joint_forecast
 
     joint_point = joint.predict(n, d)
     joint_boot = bootstrap_chinchilla(joint, table.params, table.tokens, table.loss, n, d,
                                       samples=config.bootstrap_samples, seed=config.seed)
     by_method = {"joint": (joint_point, *percentile_interval(joint_boot, config.interval))}
-    png, curvature, predictions = None, None, [None] * len(config.target_budgets)
-    if iso is not None:
+    curvature, predictions = None, [None] * len(config.target_budgets)
+    if iso is None:
+        profiles = drawable_profiles(table, options)
+        png = plot_envelope_refused(table, profiles.budgets, envelope_error)
+        envelope = {"error": envelope_error, "skipped": profiles.left_out()}
+    else:
+        envelope = iso.to_dict()
         png = plot_isoflop_summary(iso, table)
         curvature = float(np.mean([b.params_coef[2] for b in iso.budgets]))
         first = len(config.target_budgets)
@@ -167,7 +182,7 @@ def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]], link: dict[str, Any] 
         forecasts.append({"budget": budget, "envelope": predictions[i], "candidates": mine, "chosen": chosen["run"]})
     result = {"sweep": config.name, "params_column": config.params, "eval_set": config.eval_set,
               "forecast_method": config.forecast_method, "runs": rows,
-              "fit": iso.to_dict() if iso is not None else {"error": envelope_error},
+              "fit": envelope,
               "valley_curvature": curvature,
               "joint_fit": {**joint.to_dict(), "bootstrap": {"samples": config.bootstrap_samples,
                                                              "used": int(joint_boot.shape[0]), "resample": "runs"}},
@@ -176,6 +191,24 @@ def fit_sweep(plan: SweepPlan, rows: list[dict[str, Any]], link: dict[str, Any] 
                                                     "tokens": s["tokens"], "label": s["run"]} for s in scored])
     # Plain JSON types only (numpy scalars would not serialize into Dagster metadata).
     return SweepFit(json.loads(json.dumps(result, default=float)), png, joint_png)
+
+
+def drawable_profiles(table: Runs, options: IsoflopOptions) -> IsoflopProfiles:
+    """The valleys a refused envelope's figure draws; none where a budget has too few runs for one."""
+    try:
+        return isoflop_profiles(table, options)
+    except RunsError:
+        return IsoflopProfiles([], [])
+
+
+def envelope_status(fit_result: Mapping[str, Any]) -> str:
+    """One line on the envelope of a `fit_sweep` result: fitted (through how many optima), or why not."""
+    envelope = fit_result["fit"]
+    if "law" not in envelope:
+        return f"not fitted: {envelope['error']}"
+    law, used = envelope["law"], len(envelope["optima"])
+    return (f"fitted through {used} interior optima of {used + len(envelope['skipped'])} budgets: "
+            f"E = {law['E']:.4g}, A = {law['A']:.4g}, alpha = {law['alpha']:.4g}")
 
 
 def forecast_record(fit_result: Mapping[str, Any]) -> dict[str, Any]:

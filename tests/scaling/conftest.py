@@ -1,5 +1,5 @@
 """Shared fixtures: synthetic isoFLOP sweeps drawn from a known Chinchilla law, and the
-Epoch/Chinchilla reference points from the shared data folder beside the repository."""
+Epoch/Chinchilla reference points the repository carries (scaling/data)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+import scaling.chinchilla
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,13 @@ class KnownLaw:
     def optimal_loss(self, flops):
         return self.loss(self.optimal_params(flops), self.optimal_tokens(flops))
 
-    def sweep(self, budgets, sizes_per_budget=9, spread=4.0, noise=0.0, seed=0) -> list[dict[str, float]]:
-        """Runs at model sizes log-spaced within [N*/spread, N* spread] of every budget."""
+    def sweep(self, budgets, sizes_per_budget=9, spread=4.0, noise=0.0, seed=0,
+              centre=1.0) -> list[dict[str, float]]:
+        """Runs at model sizes log-spaced within [centre N*/spread, centre N* spread] of every budget."""
         rng = np.random.default_rng(seed)
         rows = []
         for flops in budgets:
-            for factor in np.geomspace(1.0 / spread, spread, sizes_per_budget):
+            for factor in centre * np.geomspace(1.0 / spread, spread, sizes_per_budget):
                 n = float(self.optimal_params(flops) * factor)
                 d = flops / (6.0 * n)
                 loss = float(self.loss(n, d) * np.exp(rng.normal(0.0, noise)))
@@ -81,16 +82,5 @@ def csv_writer():
 @pytest.fixture(scope="session")
 def epoch_points() -> dict[str, np.ndarray]:
     """The 240 Epoch points: tokens = C / (6 N), the 5 highest-loss points dropped."""
-    path = SHARED / "data" / "chinchilla_points.csv"
-    with path.open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    params = np.array([float(r["Model Size"]) for r in rows])
-    flops = np.array([float(r["Training FLOP"]) for r in rows])
-    loss = np.array([float(r["loss"]) for r in rows])
-    keep = np.argsort(loss, kind="stable")[:-5]
-    return {
-        "flops": flops[keep],
-        "params": params[keep],
-        "tokens": flops[keep] / (6.0 * params[keep]),
-        "loss": loss[keep],
-    }
+    runs = scaling.chinchilla.epoch_points()
+    return {"flops": runs.flops, "params": runs.params, "tokens": runs.tokens, "loss": runs.loss}

@@ -3,7 +3,7 @@ import pytest
 
 from scaling.chinchilla import HuberLogLossObjective, StartGrid, fit_chinchilla_arrays
 
-# Epoch AI's published refit of Hoffmann et al.'s approach 3 (shared/data/README.md).
+# Epoch AI's published refit of Hoffmann et al.'s approach 3 (scaling/data/README.md).
 EPOCH = {"E": 1.8172, "A": 477.84, "B": 2143.86, "alpha": 0.34731, "beta": 0.36718}
 EPOCH_OBJECTIVE = 0.0010182740
 

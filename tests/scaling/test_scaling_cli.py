@@ -98,3 +98,17 @@ def test_recipe_cli_lists_candidates(capsys):
     out = json.loads(capsys.readouterr().out)
     assert {c["budget"] for c in out} == {1e13, 1e14}
     assert all(c["recipe"] == "micro" for c in out)
+
+
+def test_isoflop_cli_refuses_convex_profiles_whose_minima_lie_beyond_the_sampled_tokens(tmp_path, known_law,
+                                                                                        csv_writer):
+    """Every budget sampled only models 2-32x too large: each valley is convex, but its vertex is an
+    extrapolation past the most tokens sampled. One line, exit 2, nothing on stdout; the plot asked for
+    shows the profiles under the refusal."""
+    rows = known_law.sweep(BUDGETS[:3], sizes_per_budget=5, centre=8.0, noise=0.002, seed=2)
+    plot = tmp_path / "fit.png"
+    result = run_cli("isoflop", str(csv_writer(tmp_path / "runs.csv", rows)), "--predict", "1e22", "--plot", str(plot))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: not enough interior optima: 0 of 3 budget(s)") and \
+        result.stderr.count("\n") == 1, result.stderr
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

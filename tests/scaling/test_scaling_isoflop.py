@@ -3,9 +3,11 @@ import pytest
 
 from scaling import IsoflopOptions, fit_isoflop
 from scaling.isoflop import (
+    EnvelopeRefused,
     fit_envelope,
     fit_isoflop_runs,
     group_budgets,
+    isoflop_profiles,
     robust_quadratic,
 )
 from scaling.runs import RunsError, load_runs
@@ -170,10 +172,67 @@ def test_residual_bootstrap_keeps_small_sweeps_fittable(known_law):
     assert prediction["loss_low"] < prediction["loss"] < prediction["loss_high"]
 
 
-def test_three_run_valleys_have_no_residual_noise(known_law):
-    # Exactly three runs per budget: each quadratic interpolates, so no replicate differs.
-    runs = known_law.sweep([1e18, 2e18, 4e18], sizes_per_budget=3, noise=0.01, seed=3)
-    result = fit_isoflop(runs, [4e19], options=IsoflopOptions(bootstrap_samples=50))
-    prediction = result["predictions"][0]
-    assert result["bootstrap"]["used"] == 50
-    assert prediction["loss_low"] == pytest.approx(prediction["loss"]) == pytest.approx(prediction["loss_high"])
+def valleys(optima, sizes=5, curvature=0.05, noise=0.0, seed=0) -> list[dict[str, float]]:
+    """Runs around given optima (flops, N*, D*, L*): N = N* f and D = D* / f for f spread 4x either
+    way, loss L* + curvature (ln f)^2, so each budget's vertex is exactly (N*, D*, L*)."""
+    rng = np.random.default_rng(seed)
+    return [{"flops": c, "params": n * f, "tokens": d / f,
+             "loss": float((best + curvature * np.log(f) ** 2) * np.exp(rng.normal(0.0, noise)))}
+            for c, n, d, best in optima for f in np.geomspace(0.25, 4.0, sizes)]
+
+
+def test_three_run_valleys_give_zero_width_intervals_which_are_refused(known_law):
+    # Exactly three runs per budget: each quadratic interpolates, so no replicate differs and the
+    # "interval" would claim a certainty the sweep does not have.
+    runs = known_law.sweep(BUDGETS, sizes_per_budget=3, noise=0.001, seed=3)
+    with pytest.raises(EnvelopeRefused, match=r"zero-width intervals of loss, params, tokens at 1e\+22 FLOPs"):
+        fit_isoflop(runs, [1e22], options=IsoflopOptions(bootstrap_samples=50))
+    # Without the bootstrap the same fit claims no interval, and its point predictions stand.
+    point = fit_isoflop(runs, [1e22], options=IsoflopOptions(bootstrap_samples=0))["predictions"][0]
+    assert point["loss_low"] is None and point["loss"] == pytest.approx(known_law.optimal_loss(1e22), rel=0.01)
+
+
+def test_a_budget_whose_minimum_lies_outside_its_runs_is_left_out_and_reported(known_law):
+    rows = known_law.sweep(BUDGETS[:3], noise=0.002, seed=1)
+    # The fourth budget sampled only models 2..32x too large: its vertex lies beyond its most tokens.
+    rows += known_law.sweep([BUDGETS[3]], centre=8.0, noise=0.002, seed=1)
+    result = fit_isoflop(rows, [1e22], options=IsoflopOptions(bootstrap_samples=20))
+    assert [o["flops"] for o in result["optima"]] == pytest.approx(BUDGETS[:3].tolist())
+    (left_out,) = result["skipped"]
+    assert left_out["flops"] == pytest.approx(BUDGETS[3]) and left_out["interior"] is False
+    assert left_out["reason"].startswith("minimum outside its runs (D* ")
+    assert " sampled tokens; N* " in left_out["reason"] and left_out["reason"].endswith(" sampled params)")
+    everything_in = fit_isoflop(known_law.sweep(BUDGETS[:3], noise=0.002, seed=1), [1e22],
+                                options=IsoflopOptions(bootstrap_samples=20))
+    assert result["law"] == everything_in["law"]  # the budget left out does not move the fit
+
+
+def test_convex_profiles_with_minima_beyond_the_sampled_tokens_are_refused(known_law):
+    """Every budget's valley is convex, but its vertex is an extrapolation past the runs (the demo's case)."""
+    runs = load_runs(known_law.sweep(BUDGETS[:3], sizes_per_budget=5, centre=8.0, noise=0.002, seed=2))
+    assert all(b.tokens > b.tokens_range[1] for b in isoflop_profiles(runs).budgets)
+    with pytest.raises(EnvelopeRefused, match=r"^not enough interior optima: 0 of 3 budget\(s\) .* needs at least 3 "
+                                              r"\(left out: 1e\+18 FLOPs: minimum outside its runs \(D\* "):
+        fit_isoflop_runs(runs, [1e22])
+
+
+def test_an_envelope_without_a_floor_is_refused():
+    """Optima that fall by the same amount per doubling of compute (micro-Delphi attempt 5) fit E = 0."""
+    budgets = [3e11, 6e11, 1.2e12]
+    optima = [(c, 4e4, c / 2.4e5, best) for c, best in zip(budgets, (5.636, 5.417, 5.185))]
+    with pytest.raises(EnvelopeRefused, match=r"envelope refused: E = 0 at its bound of 0; the optimal losses 5.636, "
+                                              r"5.417, 5.185 do not flatten"):
+        fit_isoflop(valleys(optima), [1.2e13], options=IsoflopOptions(bootstrap_samples=0))
+
+
+def test_a_prediction_that_spends_another_budget_than_its_own_is_refused():
+    # Recorded FLOPs that grow slower than N* D*: the optima buy 4x more parameter-tokens per doubling
+    # of the budget, and extrapolated 100x the law's model would cost far more than the budget.
+    budgets = [1e18, 1e19, 1e20]
+    optima = [(c, 1e8 * s, c / 6e8, 1.8 + 400 * c**-0.15) for c, s in zip(budgets, (1.0, 4.0, 16.0))]
+    fitted = fit_isoflop(valleys(optima), [2e20], options=IsoflopOptions(bootstrap_samples=0))
+    assert fitted["predictions"][0]["params"] == pytest.approx(16e8 * 2 ** np.log10(4.0), rel=1e-6)
+    with pytest.raises(EnvelopeRefused, match=r"at 1e\+22 FLOPs it predicts N\* = 2.56e\+10 parameters and "
+                                              r"D\* = 1.67e\+13 tokens, which spend 0.0234 FLOPs per parameter per "
+                                              r"token; the fit runs spend 0.375..6 \(2x either way allowed\)"):
+        fit_isoflop(valleys(optima), [1e22], options=IsoflopOptions(bootstrap_samples=0))
