@@ -59,7 +59,7 @@ class Deployment:
             sweeps = extend_sweeps(sweeps, project.sections.get("sweeps", {}), origin)
         deployment = cls.resolve(curation, registry, runs, sweeps)
         if project is not None:
-            deployment.require_built(project.sections, str(project.path))
+            deployment.require_built(project.sections, str(project.path), {"runs": runs, "sweeps": sweeps})
         # Before anything launches: a run that no compute setting fits into the memory of the devices
         # it names is refused here, by the tokenizer's target vocabulary (runtime placement, never identity).
         for run in deployment.runs.values():
@@ -83,9 +83,11 @@ class Deployment:
                    {n: r for n, r in runs.items() if buildable(r.mixture, r.tokenizer)},
                    {n: s for n, s in sweeps.items() if buildable(s.mixture, s.tokenizer)})
 
-    def require_built(self, sections: Mapping[str, Any], origin: str) -> None:
+    def require_built(self, sections: Mapping[str, Any], origin: str,
+                      declared: Mapping[str, Mapping[str, RunSpec | SweepConfig]]) -> None:
         """ConfigError naming ``origin`` for an entry of the project file that `resolve` would drop: a
-        typo in a name must not make a run or a mixture silently disappear."""
+        typo in a name must not make a run or a mixture silently disappear. ``declared``: every run and
+        sweep as resolved before that (an entry declared by difference names its mixture through its base)."""
         tokenization = self.tokenization
         for name in sections.get("tokenizers") or {}:
             if name not in tokenization.tokenizers:
@@ -102,11 +104,12 @@ class Deployment:
                 raise ConfigError(f"{origin}: mixture {name!r}: component(s) {missing} are not tokenized here "
                                   f"(tokenized: {', '.join(sorted(tokenization.tokenized))})")
         for section, kept in (("runs", self.runs), ("sweeps", self.sweeps)):
-            for name, body in (sections.get(section) or {}).items():
+            for name in sections.get(section) or {}:
                 if name not in kept:
+                    entry = declared[section][name]
                     raise ConfigError(
-                        f"{origin}: {section[:-1]} {name!r}: mixture {body.get('mixture')!r} with tokenizer "
-                        f"{body.get('tokenizer')!r} is not built here (mixtures: "
+                        f"{origin}: {section[:-1]} {name!r}: mixture {entry.mixture!r} with tokenizer "
+                        f"{entry.tokenizer!r} is not built here (mixtures: "
                         f"{', '.join(f'{m} ({e.tokenizer})' for m, e in sorted(tokenization.mixtures.items()))})")
 
     @property

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec, validate_run
-from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, resolve_bases, typed_config
 from scaling.links import LINKS
 from scaling.recipe import Candidate, MicroRecipe, Recipe, Rejection
 
@@ -339,9 +339,11 @@ def load_sweeps(path: str | Path = DEFAULT_SWEEPS_YAML) -> dict[str, SweepConfig
 
 
 def extend_sweeps(sweeps: Mapping[str, SweepConfig], raw: Mapping[str, Any], origin: str) -> dict[str, SweepConfig]:
-    """``sweeps`` with those of ``raw`` (``{name: {...}}``) added, each replacing the sweep of its name.
-    Errors name ``origin``."""
+    """``sweeps`` with those of ``raw`` (``{name: {...}}``) added, each replacing the sweep of its name;
+    a sweep may be declared as a difference from (``base:``) a sweep of ``raw`` or ``sweeps``
+    (`resolve_bases`: its ``recipe_overrides`` merge key by key). Errors name ``origin``."""
     try:
-        return {**sweeps, **{str(name): sweep_from_dict(str(name), spec) for name, spec in raw.items()}}
+        bodies = resolve_bases({str(name): body for name, body in raw.items()}, sweeps, SweepConfigError)
+        return {**sweeps, **{name: sweep_from_dict(name, body) for name, body in bodies.items()}}
     except SweepConfigError as exc:
         raise SweepConfigError(exc.sweep, exc.field_path, exc.problem, origin=origin) from None

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from marin_resources.placement import PlacementError, ResourceSpec, tpu_slice_geometry
-from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, resolve_bases, typed_config
 from scaling.flops import MIXTURE_OF_EXPERTS_FAMILIES, ModelDims, ModelFamily
 
 DEFAULT_RUNS_YAML = Path(__file__).with_name("runs.yaml")
@@ -484,9 +484,11 @@ def load_run_registry(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec
 
 def extend_run_registry(runs: Mapping[str, RunSpec], raw: Mapping[str, Any], origin: str) -> dict[str, RunSpec]:
     """``runs`` with the specs of ``raw`` (``{name: {...}}``) added, each replacing the run of its name;
-    a run may start from any run of the result. Errors name ``origin``."""
+    a run may start from any run of the result, and be declared as a difference from (``base:``) a run
+    of ``raw`` or ``runs`` (`resolve_bases`). Errors name ``origin``."""
     try:
-        merged = {**runs, **{str(name): RunSpec.from_dict(str(name), spec) for name, spec in raw.items()}}
+        bodies = resolve_bases({str(name): body for name, body in raw.items()}, runs, RunSpecError)
+        merged = {**runs, **{name: RunSpec.from_dict(name, body) for name, body in bodies.items()}}
         validate_init_sources(merged)
         return merged
     except RunSpecError as exc:
