@@ -29,7 +29,14 @@ from marin_assets.tokenization.registry import (
     registry_for_sources,
 )
 from marin_assets.training.memory import plan_run
-from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, extend_run_registry, load_run_registry
+from marin_assets.training.spec import (
+    DEFAULT_RUNS_YAML,
+    RunSpec,
+    RunSpecError,
+    extend_run_registry,
+    load_run_registry,
+    validate_schedule_components,
+)
 from marin_resources.environments import MarinSettings
 from marin_resources.project import CURATION_SECTIONS, REGISTRY_SECTIONS
 from marin_resources.typed_config import ConfigError
@@ -60,6 +67,13 @@ class Deployment:
         deployment = cls.resolve(curation, registry, runs, sweeps)
         if project is not None:
             deployment.require_built(project.sections, str(project.path), {"runs": runs, "sweeps": sweeps})
+        for run in deployment.runs.values():
+            try:
+                validate_schedule_components(run, deployment.tokenization.mixtures[run.mixture].weights)
+            except RunSpecError as exc:
+                in_project = project is not None and run.name in project.sections.get("runs", {})
+                origin = str(project.path) if in_project else str(settings.runs_file or DEFAULT_RUNS_YAML)
+                raise RunSpecError(exc.run, exc.field_path, exc.problem, origin=origin) from None
         # Before anything launches: a run that no compute setting fits into the memory of the devices
         # it names is refused here, by the tokenizer's target vocabulary (runtime placement, never identity).
         for run in deployment.runs.values():

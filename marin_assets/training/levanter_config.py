@@ -7,6 +7,7 @@ the same file drives our Pipes-wrapped ``train_main`` and a plain Levanter run.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from scaling.flops import MIXTURE_OF_EXPERTS_FAMILIES
 
 WandbMode = Literal["offline", "online", "disabled"]
 TRAIN_CONFIG_FILE = "train_config.yaml"
+DEFAULT_MIXTURE_BLOCK_SIZE = 2048
+"""Levanter's ``LMMixtureDatasetConfig.mixture_block_size`` default."""
 """The rendered Levanter config, in the run's directory (eval reads it back from the checkpoint artifact)."""
 
 
@@ -70,19 +73,45 @@ def _prepare_data_config(spec: RunSpec, data_config: Mapping[str, Any], tokenize
         raise ValueError(f"data_config tokenizer {given_tokenizer!r} differs from tokenizer_dir {tokenizer_dir!r}")
     data["tokenizer"] = tokenizer_dir
 
+    if spec.mixture_schedule:
+        data["train_weights"], data["mixture_block_size"] = scheduled_weights(spec, weights, configs, data)
     if spec.eval_sets:
         missing = sorted(set(spec.eval_sets) - set(configs))
         if missing:
             raise ValueError(f"run {spec.name!r}: eval_sets {missing} are not components of the mixture "
                              f"{sorted(configs)}")
         # Levanter evaluates every configured component; drop those neither trained on nor evaluated.
-        keep = {n for n, w in weights.items() if w > 0} | set(spec.eval_sets)
+        keep = trained_components(data["train_weights"]) | set(spec.eval_sets)
         data["configs"] = {n: c for n, c in configs.items() if n in keep}
     # Sequences are cut from concatenated documents in cache order; shuffle them unless the
     # mixture says otherwise. Feistel is Levanter's recommended permutation.
     data.setdefault("shuffle", True)
     data.setdefault("permutation_type", "feistel")
     return data
+
+
+def scheduled_weights(spec: RunSpec, weights: Mapping[str, float], configs: Mapping[str, Any],
+                      data: Mapping[str, Any]) -> tuple[list[list[Any]], int]:
+    """Levanter's varying mixture for ``spec.mixture_schedule``: ``[[step, {component: weight}], ...]``
+    from step 0 (the mixture's own ``weights``), and the mixing block size. Levanter switches weights
+    only at a block boundary (its stages start at a sequence index that the block size divides), so the
+    block shrinks to the largest size that divides every switch's sequence index."""
+    stages = [[0, {name: float(weights.get(name, 0.0)) for name in configs}]]
+    for stage in spec.mixture_schedule:
+        unknown = sorted(set(stage.weights) - set(configs))
+        if unknown:
+            raise ValueError(f"run {spec.name!r}: mixture_schedule weighs {unknown}, not components of the mixture "
+                             f"{sorted(configs)}")
+        stages.append([stage.step, {name: float(stage.weights.get(name, 0.0)) for name in configs}])
+    block = math.gcd(int(data.get("mixture_block_size", DEFAULT_MIXTURE_BLOCK_SIZE)),
+                     *(stage.step * spec.train_batch_size for stage in spec.mixture_schedule))
+    return stages, block
+
+
+def trained_components(train_weights: Mapping[str, float] | list[list[Any]]) -> set[str]:
+    """Components some stage of Levanter's ``train_weights`` (fixed, or ``[[step, weights], ...]``) draws from."""
+    stages = [train_weights] if isinstance(train_weights, Mapping) else [w for _, w in train_weights]
+    return {name for weights in stages for name, weight in weights.items() if weight > 0}
 
 
 def model_config(m: ModelSpec, tokenizer_dir: str, compute: ComputeSettings) -> dict[str, Any]:

@@ -157,6 +157,16 @@ class InitFrom:
     path: str | None = None
 
 
+@typed_config
+@dataclass(frozen=True)
+class MixtureStage:
+    """From ``step`` on, the run draws its training sequences from its mixture's components in these
+    proportions (normalised; a component not named gets none), as Levanter's varying mixture does."""
+
+    step: int
+    weights: Mapping[str, float]
+
+
 HF_MODEL_PATH_RE = re.compile(r"^hf://(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?/?$")
 """``hf://ORG/NAME[@REVISION]``: a model repository on the Hub (default revision: main)."""
 
@@ -249,6 +259,9 @@ class RunSpec:
     ``train_batch_size`` however it is split, so the mesh changes no result beyond float rounding."""
     compute: ComputeSpec = field(default_factory=ComputeSpec)
     """How the step computes (recomputation, loss blocks, attention kernel). Outside the identity."""
+    mixture_schedule: tuple[MixtureStage, ...] = ()
+    """Changes of the mixture's weights during training, by step: the run starts on the mixture's own
+    weights and switches at each stage's step (empty: the mixture's weights throughout)."""
     init_from: InitFrom | None = None
     """Start from these weights (continued pretraining) instead of a random initialization. Their
     content hash, resolved when the run is built, is part of the identity (see `identity`)."""
@@ -271,7 +284,8 @@ class RunSpec:
         ``parallelism``, ``compute``, ``final_eval_examples`` and ``watch_every``. Fields added since runs were
         first fingerprinted are left out while they hold their defaults, so runs keep the identity
         they had before those fields existed: a Llama trained with Adam before families and
-        optimizers (`LATER_FIELD_DEFAULTS`), a run from scratch before ``init_from``. That is set
+        optimizers (`LATER_FIELD_DEFAULTS`), a run from scratch before ``init_from``, one on fixed
+        weights before ``mixture_schedule``. ``init_from`` is set
         with ``init_weights``, the content hash of the weights it resolved to
         (`marin_assets.training.init_weights`), as ``init_from.sha256``: other weights under the
         same name are another run."""
@@ -281,6 +295,8 @@ class RunSpec:
             for name, default in defaults.items():
                 if data[section][name] == default:
                     del data[section][name]
+        if not self.mixture_schedule:
+            del data["mixture_schedule"]
         if self.init_from is None:
             del data["init_from"]
         else:
@@ -390,6 +406,15 @@ def validate_run(spec: RunSpec) -> None:
             "must be positive or null")
     require(spec.watch_every >= 0, "watch_every", f"must be >= 0 (0 turns the norm logs off), got {spec.watch_every}")
     require(len(set(spec.eval_sets)) == len(spec.eval_sets), "eval_sets", "contains duplicates")
+    previous = 0
+    for i, stage in enumerate(spec.mixture_schedule):
+        at = f"mixture_schedule[{i}]"
+        require(previous < stage.step < spec.num_train_steps, f"{at}.step",
+                f"must lie after the previous stage's step ({previous}) and before num_train_steps="
+                f"{spec.num_train_steps}, got {stage.step}")
+        previous = stage.step
+        require(all(w >= 0 for w in stage.weights.values()), f"{at}.weights", "must all be >= 0")
+        require(any(w > 0 for w in stage.weights.values()), f"{at}.weights", "must give some component a weight > 0")
     r = spec.resources
     require(r.device_count > 0, "resources.device_count", f"must be positive, got {r.device_count}")
     require((r.accelerator == "tpu") == (r.tpu_type is not None), "resources.tpu_type",
@@ -437,6 +462,17 @@ def validate_run(spec: RunSpec) -> None:
                 f"a local directory must be an absolute path, got {init.path!r}")
         require(init.path is None or not init.path.startswith("hf://") or bool(HF_MODEL_PATH_RE.match(init.path)),
                 "init_from.path", f"expected hf://ORG/NAME[@REVISION] for a Hub model, got {init.path!r}")
+
+
+def validate_schedule_components(spec: RunSpec, components: Mapping[str, float]) -> None:
+    """Each stage of the run's mixture schedule weighs components of its mixture (``components``:
+    their declared weights); RunSpecError otherwise."""
+    for i, stage in enumerate(spec.mixture_schedule):
+        unknown = sorted(set(stage.weights) - set(components))
+        if unknown:
+            raise RunSpecError(spec.name, f"mixture_schedule[{i}].weights",
+                               f"{unknown} are not components of mixture {spec.mixture!r} "
+                               f"(components: {', '.join(sorted(components))})")
 
 
 def validate_init_sources(runs: Mapping[str, RunSpec]) -> None:

@@ -202,6 +202,12 @@ def test_which_file_and_which_store(tmp_path):
     ("sweeps: {s: {base: demo, recipe_overrides: {width: [4]}}}\n",
      "sweep 's': field 'recipe_overrides.width': unknown recipe field"),
     ("sweeps: {s: {base: [demo]}}\n", "sweep 's': field 'base': expected the name of another entry, got ['demo']"),
+    ("runs: {r: {base: nano-shakespeare, mixture_schedule: [{step: 100, weights: {shakespear: 1}}]}}\n",
+     "run 'r': field 'mixture_schedule[0].weights': ['shakespear'] are not components of mixture 'shakespeare' "
+     "(components: shakespeare)"),
+    ("runs: {r: {base: nano-shakespeare, mixture_schedule: [{step: 300, weights: {shakespeare: 1}}]}}\n",
+     "run 'r': field 'mixture_schedule[0].step': must lie after the previous stage's step (0) and before "
+     "num_train_steps=300, got 300"),
 ])
 def test_a_bad_project_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, problem):
     path = project(tmp_path, text)

