@@ -156,6 +156,7 @@ def build_train_config(
     temporary_checkpoint_interval: str = "10m",
     init_weights: InitWeights | None = None,
     compute: ComputeSettings | None = None,
+    cooldown_from: str | None = None,
 ) -> dict[str, Any]:
     """Levanter ``TrainLmConfig`` dict for ``spec`` training on ``data_config`` (a mixture dict).
 
@@ -167,13 +168,22 @@ def build_train_config(
     ``initialize_from_hf``, which the training process points at its checked local copy.
     ``compute``: how the model computes, as `marin_assets.training.memory.plan_compute` planned it for
     the devices (None: the setting runs had before planning, `unplanned_settings`).
+    A cooldown (``spec.cooldown``) starts from ``cooldown_from``, its base's checkpoint directory at
+    the cooldown's step: Levanter's ``initialize_from_checkpoint_path`` restores the weights, the
+    optimizer state and the step count (``spec.first_step``), and it trains ``num_train_steps`` more,
+    the learning rate held until then (never used) and annealed after (Levanter's ``decay``, in steps).
     """
+    if (spec.cooldown is None) != (cooldown_from is None):
+        raise ValueError(f"run {spec.name!r}: a cooldown, and only a cooldown, starts from a base checkpoint")
     tokenizer_dir = str(tokenizer_dir)
     output_dir = str(output_dir)
     m, o, r, mesh = spec.model, spec.optimizer, spec.resources, spec.mesh
     run_id = run_id_for(spec, init_weights)
     on_accelerator = r.accelerator != "cpu"
     initialization = {} if init_weights is None else {"initialize_from_hf": levanter_reference(init_weights.uri)}
+    if cooldown_from is not None:
+        initialization["initialize_from_checkpoint_path"] = cooldown_from
+    decay = {} if spec.cooldown is None else {"decay": spec.num_train_steps}
     return {
         **initialization,
         "data": _prepare_data_config(spec, data_config, tokenizer_dir),
@@ -189,6 +199,7 @@ def build_train_config(
             "beta2": o.beta2,
             "epsilon": o.epsilon,
             "max_grad_norm": o.max_grad_norm,
+            **decay,
         },
         "trainer": {
             "id": run_id,
@@ -204,7 +215,7 @@ def build_train_config(
             "batch_axis": "batch",
             "fsdp_axis": "embed",
             "tensor_parallel_axes": list(TENSOR_PARALLEL_AXES) if mesh.tensor > 1 else None,
-            "num_train_steps": spec.num_train_steps,
+            "num_train_steps": spec.first_step + spec.num_train_steps,
             "steps_per_eval": spec.steps_per_eval,
             "max_eval_batches": spec.max_eval_batches,
             "require_accelerator": on_accelerator,
@@ -264,10 +275,10 @@ def write_train_config(config: Mapping[str, Any], path: str | os.PathLike) -> st
 
 def render_train_config(spec: RunSpec, data_config: Mapping[str, Any], tokenizer_dir: str, output_dir: str,
                         wandb: WandbSettings, init_weights: InitWeights | None = None,
-                        compute: ComputeSettings | None = None) -> str:
+                        compute: ComputeSettings | None = None, cooldown_from: str | None = None) -> str:
     """Render ``spec`` into ``{output_dir}/train_config.yaml``; returns its path."""
     config = build_train_config(spec, data_config, tokenizer_dir, output_dir, wandb=wandb, init_weights=init_weights,
-                                compute=compute)
+                                compute=compute, cooldown_from=cooldown_from)
     return write_train_config(config, Path(output_dir) / TRAIN_CONFIG_FILE)
 
 

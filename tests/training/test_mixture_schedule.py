@@ -13,7 +13,7 @@ import pytest
 from conftest import SUBPROCESS_ENV, tiny_spec
 
 from marin_assets.training.levanter_config import build_train_config, parse_train_config, write_train_config
-from marin_assets.training.spec import MixtureStage, RunSpec, RunSpecError, validate_run
+from marin_assets.training.spec import Cooldown, MixtureStage, RunSpec, RunSpecError, validate_run
 
 PROSE, CODE = "prose", "code"
 
@@ -69,35 +69,81 @@ def test_the_schedule_renders_to_levanters_varying_mixture(tmp_path, tiny_artifa
                            tokenizer_dir, str(tmp_path))
 
 
-@pytest.mark.slow
-def test_a_switch_to_another_source_shows_in_each_sources_loss(tmp_path):
-    """80 steps on prose alone, then 80 on code alone: each source's validation loss gains on the
-    other's while it is the one trained on."""
+@pytest.fixture(scope="module")
+def prose_and_code(tmp_path_factory) -> dict:
+    """A mixture of two real sources on one 512-token tokenizer: stdlib docstrings and stdlib code."""
+    out = tmp_path_factory.mktemp("prose_and_code")
     prose, code = data_fixtures.stdlib_docstrings(), data_fixtures.stdlib_sources()[:120]
-    tokenizer_dir = data_fixtures.train_byte_bpe_tokenizer(prose + code, tmp_path / "tokenizer", 512)
-    roots = [data_fixtures.write_split_caches(texts, tokenizer_dir, tmp_path / name)
+    tokenizer_dir = data_fixtures.train_byte_bpe_tokenizer(prose + code, out / "tokenizer", 512)
+    roots = [data_fixtures.write_split_caches(texts, tokenizer_dir, out / name)
              for name, texts in ((PROSE, prose), (CODE, code))]
-    switch, steps = 80, 160
-    spec = switching_spec(switch, steps, steps_per_eval=20, max_eval_batches=4)
-    data = two_source_mixture(*roots, tokenizer_dir)
-    data["train_weights"] = {PROSE: 1.0, CODE: 0.0}  # the mixture starts on prose alone
-    out = tmp_path / "run"
-    config_path = write_train_config(build_train_config(spec, data, tokenizer_dir, str(out)), out / "train_config.yaml")
+    return two_source_mixture(*roots, tokenizer_dir)
+
+
+def train(spec: RunSpec, data: dict, out, **config) -> dict[int, dict]:
+    """Train ``spec`` on ``data`` in a training process; its metrics.jsonl records by step."""
+    config_path = write_train_config(build_train_config(spec, data, data["tokenizer"], str(out), **config),
+                                     out / "train_config.yaml")
     done = subprocess.run([sys.executable, "-m", "marin_assets.training.train_main", "--config", config_path,
                            "--output-dir", str(out)], env={**os.environ, **SUBPROCESS_ENV},
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    loss = {r["step"]: {name: r[f"eval/{name}/loss"] for name in (PROSE, CODE)}
-            for r in records if f"eval/{PROSE}/loss" in r}
+    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+
+
+def eval_losses(records: dict[int, dict]) -> dict[int, dict[str, float]]:
+    return {step: {name: r[f"eval/{name}/loss"] for name in (PROSE, CODE)}
+            for step, r in records.items() if f"eval/{PROSE}/loss" in r}
+
+
+def code_behind_prose(at: dict[str, float]) -> float:
+    return at[CODE] - at[PROSE]
+
+
+@pytest.mark.slow
+def test_a_switch_to_another_source_shows_in_each_sources_loss(tmp_path, prose_and_code):
+    """80 steps on prose alone, then 80 on code alone: each source's validation loss gains on the
+    other's while it is the one trained on."""
+    switch, steps = 80, 160
+    data = {**prose_and_code, "train_weights": {PROSE: 1.0, CODE: 0.0}}  # the mixture starts on prose alone
+    loss = eval_losses(train(switching_spec(switch, steps, steps_per_eval=20, max_eval_batches=4), data,
+                             tmp_path / "run"))
     assert switch in loss and max(loss) >= steps - 1, loss
     start, end = loss[min(loss)], loss[max(loss)]
-
-    def code_behind_prose(at: dict) -> float:
-        return at[CODE] - at[PROSE]
-
     # Measured: code's loss falls behind prose's while only prose is trained on (a gap of +0.02 at
     # step 0, +0.23 at the switch) and overtakes it once only code is (-0.14 at the end).
     assert code_behind_prose(loss[switch]) > code_behind_prose(start) + 0.1, loss
     assert code_behind_prose(end) < code_behind_prose(loss[switch]) - 0.2, loss
     assert end[CODE] < loss[switch][CODE] - 0.3, loss
+
+
+@pytest.mark.slow
+def test_a_cooldown_continues_the_base_checkpoint_and_anneals_on_a_new_mixture(tmp_path, prose_and_code):
+    """A base run on prose alone keeps a checkpoint at step 40; the cooldown continues it there
+    (weights, optimizer state, step count) for 30 steps on code alone, the learning rate falling
+    linearly to zero."""
+    prose_only = {**prose_and_code, "train_weights": {PROSE: 1.0, CODE: 0.0}}
+    code_only = {**prose_and_code, "train_weights": {PROSE: 0.0, CODE: 1.0}}
+    base = tiny_spec("base", steps=80, checkpoint_every=40, mixture="prose", tokenizer="both", watch_every=0,
+                     steps_per_eval=40, max_eval_batches=4)
+    base_records = train(base, prose_only, tmp_path / "base")
+    start = tmp_path / "base" / "checkpoints" / "step-40"
+    assert (start / "metadata.json").is_file()
+
+    cooldown = dataclasses.replace(base, name="cooldown", mixture="code", num_train_steps=30, steps_per_eval=30,
+                                   cooldown=Cooldown(run="base", step=40),
+                                   optimizer=dataclasses.replace(base.optimizer, learning_rate=5e-3, warmup=0.0,
+                                                                 schedule="linear", min_lr_ratio=0.0))
+    records = train(cooldown, code_only, tmp_path / "cooldown", cooldown_from=str(start))
+    steps = sorted(s for s, r in records.items() if "loss" in r)
+    assert (steps[0], steps[-1]) == (41, 70), steps  # the 30 steps after the base's step-40 (its 41st)
+    rates = [records[s]["learning_rate"] for s in steps]
+    assert rates[0] == pytest.approx(5e-3, rel=0.05) and rates[-1] < 5e-3 / 20, rates
+    assert all(a >= b for a, b in zip(rates, rates[1:])), rates
+    # The base's weights, not a fresh start: the first loss on code is near the base's code loss at
+    # step 40, far below the untrained model's.
+    base_loss, loss = eval_losses(base_records), eval_losses(records)
+    assert records[41]["loss"] < base_records[0]["loss"] - 0.5, (records[41], base_records[0])
+    assert records[41]["loss"] == pytest.approx(base_loss[40][CODE], abs=0.3), (records[41], base_loss)
+    # Annealed on code, code's loss overtakes prose's.
+    assert code_behind_prose(loss[max(loss)]) < code_behind_prose(base_loss[40]) - 0.2, (base_loss, loss)
