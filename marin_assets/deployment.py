@@ -10,8 +10,9 @@ deployment builds. Reading it touches only those files, never the artifact store
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from marin_assets.curation.config import (
@@ -20,7 +21,16 @@ from marin_assets.curation.config import (
     extend_curation_config,
     load_curation_config,
 )
-from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, extend_sweeps, load_sweeps
+from marin_assets.scaling_sweeps.config import (
+    DEFAULT_SWEEPS_YAML,
+    MixtureSweepConfig,
+    MixtureSweepError,
+    SweepConfig,
+    extend_mixture_sweeps,
+    extend_sweeps,
+    load_sweeps,
+    mixture_sweep_runs,
+)
 from marin_assets.tokenization.registry import (
     REGISTRY_PATH,
     TokenizationRegistry,
@@ -35,7 +45,7 @@ from marin_assets.training.spec import (
     RunSpecError,
     extend_run_registry,
     load_run_registry,
-    validate_schedule_components,
+    validate_mixture_components,
 )
 from marin_resources.environments import MarinSettings
 from marin_resources.project import CURATION_SECTIONS, REGISTRY_SECTIONS
@@ -50,6 +60,8 @@ class Deployment:
     """Named runs (runs.yaml) on a mixture and tokenizer built here."""
     sweeps: Mapping[str, SweepConfig]
     """Sweeps on a mixture and tokenizer built here."""
+    mixture_sweeps: Mapping[str, MixtureSweepConfig] = field(default_factory=dict)
+    """Mixture-weight sweeps of the project file (none built in), over runs built here."""
 
     @classmethod
     def load(cls, settings: MarinSettings) -> Deployment:
@@ -67,9 +79,17 @@ class Deployment:
         deployment = cls.resolve(curation, registry, runs, sweeps)
         if project is not None:
             deployment.require_built(project.sections, str(project.path), {"runs": runs, "sweeps": sweeps})
+            deployment = dataclasses.replace(deployment, mixture_sweeps=extend_mixture_sweeps(
+                {}, project.sections.get("mixture_sweeps", {}), deployment.runs, str(project.path)))
+            for config in deployment.mixture_sweeps.values():
+                for spec in mixture_sweep_runs(config, deployment.runs).values():
+                    try:
+                        validate_mixture_components(spec, deployment.tokenization.mixtures[spec.mixture].weights)
+                    except RunSpecError as exc:
+                        raise MixtureSweepError(config.name, "weights", exc.problem, origin=str(project.path)) from None
         for run in deployment.runs.values():
             try:
-                validate_schedule_components(run, deployment.tokenization.mixtures[run.mixture].weights)
+                validate_mixture_components(run, deployment.tokenization.mixtures[run.mixture].weights)
             except RunSpecError as exc:
                 in_project = project is not None and run.name in project.sections.get("runs", {})
                 origin = str(project.path) if in_project else str(settings.runs_file or DEFAULT_RUNS_YAML)

@@ -73,6 +73,8 @@ def _prepare_data_config(spec: RunSpec, data_config: Mapping[str, Any], tokenize
         raise ValueError(f"data_config tokenizer {given_tokenizer!r} differs from tokenizer_dir {tokenizer_dir!r}")
     data["tokenizer"] = tokenizer_dir
 
+    if spec.mixture_weights is not None:
+        weights = data["train_weights"] = run_weights(spec, "mixture_weights", spec.mixture_weights, configs)
     if spec.mixture_schedule:
         data["train_weights"], data["mixture_block_size"] = scheduled_weights(spec, weights, configs, data)
     if spec.eval_sets:
@@ -98,14 +100,21 @@ def scheduled_weights(spec: RunSpec, weights: Mapping[str, float], configs: Mapp
     block shrinks to the largest size that divides every switch's sequence index."""
     stages = [[0, {name: float(weights.get(name, 0.0)) for name in configs}]]
     for stage in spec.mixture_schedule:
-        unknown = sorted(set(stage.weights) - set(configs))
-        if unknown:
-            raise ValueError(f"run {spec.name!r}: mixture_schedule weighs {unknown}, not components of the mixture "
-                             f"{sorted(configs)}")
-        stages.append([stage.step, {name: float(stage.weights.get(name, 0.0)) for name in configs}])
+        stages.append([stage.step, run_weights(spec, "mixture_schedule", stage.weights, configs)])
     block = math.gcd(int(data.get("mixture_block_size", DEFAULT_MIXTURE_BLOCK_SIZE)),
                      *(stage.step * spec.train_batch_size for stage in spec.mixture_schedule))
     return stages, block
+
+
+def run_weights(spec: RunSpec, field_name: str, weights: Mapping[str, float],
+                configs: Mapping[str, Any]) -> dict[str, float]:
+    """``weights`` over every component of the mixture (0 for one not named); ValueError for a name
+    that is not one."""
+    unknown = sorted(set(weights) - set(configs))
+    if unknown:
+        raise ValueError(f"run {spec.name!r}: {field_name} weighs {unknown}, not components of the mixture "
+                         f"{sorted(configs)}")
+    return {name: float(weights.get(name, 0.0)) for name in configs}
 
 
 def trained_components(train_weights: Mapping[str, float] | list[list[Any]]) -> set[str]:

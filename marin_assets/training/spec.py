@@ -271,6 +271,9 @@ class RunSpec:
     ``train_batch_size`` however it is split, so the mesh changes no result beyond float rounding."""
     compute: ComputeSpec = field(default_factory=ComputeSpec)
     """How the step computes (recomputation, loss blocks, attention kernel). Outside the identity."""
+    mixture_weights: Mapping[str, float] | None = None
+    """The run's own weights over its mixture's components, in place of the mixture's (a component not
+    named gets none): how a mixture-weight sweep's runs differ. None: the mixture's."""
     mixture_schedule: tuple[MixtureStage, ...] = ()
     """Changes of the mixture's weights during training, by step: the run starts on the mixture's own
     weights and switches at each stage's step (empty: the mixture's weights throughout)."""
@@ -306,7 +309,7 @@ class RunSpec:
         first fingerprinted are left out while they hold their defaults, so runs keep the identity
         they had before those fields existed: a Llama trained with Adam before families and
         optimizers (`LATER_FIELD_DEFAULTS`), a run from scratch before ``init_from``, one on fixed
-        weights before ``mixture_schedule``. ``init_from`` is set
+        weights before ``mixture_weights`` and ``mixture_schedule``. ``init_from`` is set
         with ``init_weights``, the content hash of the weights it resolved to
         (`marin_assets.training.init_weights`), as ``init_from.sha256``: other weights under the
         same name are another run. A cooldown's ``cooldown_base`` is the fingerprint of the base
@@ -317,8 +320,9 @@ class RunSpec:
             for name, default in defaults.items():
                 if data[section][name] == default:
                     del data[section][name]
-        if not self.mixture_schedule:
-            del data["mixture_schedule"]
+        for optional in ("mixture_weights", "mixture_schedule"):
+            if not data[optional]:
+                del data[optional]
         if self.cooldown is None:
             del data["cooldown"]
         elif cooldown_base is not None:
@@ -434,13 +438,13 @@ def validate_run(spec: RunSpec) -> None:
     require(len(set(spec.eval_sets)) == len(spec.eval_sets), "eval_sets", "contains duplicates")
     previous = 0
     for i, stage in enumerate(spec.mixture_schedule):
-        at = f"mixture_schedule[{i}]"
-        require(previous < stage.step < spec.num_train_steps, f"{at}.step",
+        require(previous < stage.step < spec.num_train_steps, f"mixture_schedule[{i}].step",
                 f"must lie after the previous stage's step ({previous}) and before num_train_steps="
                 f"{spec.num_train_steps}, got {stage.step}")
         previous = stage.step
-        require(all(w >= 0 for w in stage.weights.values()), f"{at}.weights", "must all be >= 0")
-        require(any(w > 0 for w in stage.weights.values()), f"{at}.weights", "must give some component a weight > 0")
+    for at, weights in declared_weights(spec):
+        require(all(w >= 0 for w in weights.values()), at, "must all be >= 0")
+        require(any(w > 0 for w in weights.values()), at, "must give some component a weight > 0")
     r = spec.resources
     require(r.device_count > 0, "resources.device_count", f"must be positive, got {r.device_count}")
     require((r.accelerator == "tpu") == (r.tpu_type is not None), "resources.tpu_type",
@@ -501,15 +505,20 @@ def validate_run(spec: RunSpec) -> None:
                 "init_from.path", f"expected hf://ORG/NAME[@REVISION] for a Hub model, got {init.path!r}")
 
 
-def validate_schedule_components(spec: RunSpec, components: Mapping[str, float]) -> None:
-    """Each stage of the run's mixture schedule weighs components of its mixture (``components``:
-    their declared weights); RunSpecError otherwise."""
-    for i, stage in enumerate(spec.mixture_schedule):
-        unknown = sorted(set(stage.weights) - set(components))
+def declared_weights(spec: RunSpec) -> list[tuple[str, Mapping[str, float]]]:
+    """(field path, weights) of each set of mixture weights the run declares itself."""
+    own = [("mixture_weights", spec.mixture_weights)] if spec.mixture_weights is not None else []
+    return own + [(f"mixture_schedule[{i}].weights", stage.weights) for i, stage in enumerate(spec.mixture_schedule)]
+
+
+def validate_mixture_components(spec: RunSpec, components: Mapping[str, float]) -> None:
+    """The weights the run declares (``mixture_weights``, each schedule stage's) weigh components of
+    its mixture (``components``: their declared weights); RunSpecError otherwise."""
+    for at, weights in declared_weights(spec):
+        unknown = sorted(set(weights) - set(components))
         if unknown:
-            raise RunSpecError(spec.name, f"mixture_schedule[{i}].weights",
-                               f"{unknown} are not components of mixture {spec.mixture!r} "
-                               f"(components: {', '.join(sorted(components))})")
+            raise RunSpecError(spec.name, at, f"{unknown} are not components of mixture {spec.mixture!r} "
+                                              f"(components: {', '.join(sorted(components))})")
 
 
 def weights_source(spec: RunSpec) -> tuple[str, str] | None:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import dagster as dg
 import data_fixtures
 import pytest
 from conftest import SUBPROCESS_ENV, tiny_spec
@@ -147,3 +148,51 @@ def test_a_cooldown_continues_the_base_checkpoint_and_anneals_on_a_new_mixture(t
     assert records[41]["loss"] == pytest.approx(base_loss[40][CODE], abs=0.3), (records[41], base_loss)
     # Annealed on code, code's loss overtakes prose's.
     assert code_behind_prose(loss[max(loss)]) < code_behind_prose(base_loss[40]) - 0.2, (base_loss, loss)
+
+
+def test_a_mixture_sweeps_points_are_partitions_of_its_own_assets(tmp_path, synthetic_deployment):
+    """Each set of weights is a run of the sweep (`<sweep>-w<i>`): the base run with those weights, in
+    its identity, trained as a partition of `mixture_sweep_checkpoint/<sweep>` on them."""
+    from test_init_from import RecordingLauncher, _commit, _registry
+
+    from marin_assets.scaling_sweeps.assets import build_scaling_sweeps_stage
+    from marin_assets.scaling_sweeps.config import extend_mixture_sweeps
+    from marin_assets.reports.comparison import run_locations
+    from marin_assets.stages import build_catalog, build_stage
+    from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
+    from marin_assets.training.spec import load_run_registry
+    from marin_resources.environments import MarinSettings, build_resources
+    from marin_resources.keys import asset_key
+
+    runs = load_run_registry(_registry(tmp_path, base={}))
+    sweeps = extend_mixture_sweeps({}, {"mix": {"run": "base", "weights": [{PROSE: 1.0}, {PROSE: 1.0, CODE: 3.0}]}},
+                                   runs, "marin.yaml")
+    deployment = dataclasses.replace(synthetic_deployment(runs=runs), mixture_sweeps=sweeps)
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store")})
+    resources = build_resources(settings)
+    store = resources["store"].get()
+    caches = {name: _commit(store, f"tokenized/{name}", None, {"train/input_ids": b"rows"}).uri
+              for name in (PROSE, CODE)}
+    _commit(store, "mixture/m", None, {"data.json": json.dumps({
+        "cache_dir": None, "train_weights": {PROSE: 1.0, CODE: 1.0},
+        "configs": {name: {"cache_dir": uri} for name, uri in caches.items()}}).encode()})
+    _commit(store, "tokenizer/t", None, {"tokenizer.json": b"{}"})
+    calls: list = []
+    resources["launcher"] = RecordingLauncher.make(calls)
+    defs, catalog = build_stage(build_scaling_sweeps_stage, settings, deployment)
+    [checkpoint] = [a for a in defs.assets if a.key == asset_key("mixture_sweep_checkpoint/mix")]
+    assert catalog.discoverers["mix_mixture_runs"]() == ["mix-w0", "mix-w1"]
+    identity = catalog.specs["mixture_sweep_checkpoint/mix"].identity
+    assert identity("mix-w1")["mixture_weights"] == {PROSE: 1.0, CODE: 3.0}
+    assert identity("mix-w0") != identity("mix-w1") and "mixture_weights" not in runs["base"].identity()
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("mix_mixture_runs", ["mix-w0", "mix-w1"])
+        assert dg.materialize([checkpoint], partition_key="mix-w1", instance=instance, resources=resources).success
+    [(_, config)] = calls
+    assert config["data"]["train_weights"] == {PROSE: 1.0, CODE: 3.0}
+    manifest = store.find("mixture_sweep_checkpoint/mix", CHECKPOINT_VERSION, "mix-w1")
+    assert manifest.config == identity("mix-w1")
+    # `marin compare` finds the points where they are.
+    located = run_locations(deployment, store, build_catalog(settings, deployment))["mix-w1"]
+    assert located.checkpoint == ("mixture_sweep_checkpoint/mix", CHECKPOINT_VERSION)
+    assert located.evaluations == (("mixture_sweep_eval/mix", EVAL_VERSION),)
