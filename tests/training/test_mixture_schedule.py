@@ -155,9 +155,9 @@ def test_a_mixture_sweeps_points_are_partitions_of_its_own_assets(tmp_path, synt
     its identity, trained as a partition of `mixture_sweep_checkpoint/<sweep>` on them."""
     from test_init_from import RecordingLauncher, _commit, _registry
 
+    from marin_assets.reports.comparison import run_locations
     from marin_assets.scaling_sweeps.assets import build_scaling_sweeps_stage
     from marin_assets.scaling_sweeps.config import extend_mixture_sweeps
-    from marin_assets.reports.comparison import run_locations
     from marin_assets.stages import build_catalog, build_stage
     from marin_assets.training.assets import CHECKPOINT_VERSION, EVAL_VERSION
     from marin_assets.training.spec import load_run_registry
