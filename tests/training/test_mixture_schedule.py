@@ -112,7 +112,7 @@ def test_a_switch_to_another_source_shows_in_each_sources_loss(tmp_path, prose_a
     assert switch in loss and max(loss) >= steps - 1, loss
     start, end = loss[min(loss)], loss[max(loss)]
     # Measured: code's loss falls behind prose's while only prose is trained on (a gap of +0.02 at
-    # step 0, +0.23 at the switch) and overtakes it once only code is (-0.14 at the end).
+    # step 0, +0.23 at the switch) and overtakes it once only code is (-0.13 at the end).
     assert code_behind_prose(loss[switch]) > code_behind_prose(start) + 0.1, loss
     assert code_behind_prose(end) < code_behind_prose(loss[switch]) - 0.2, loss
     assert end[CODE] < loss[switch][CODE] - 0.3, loss
@@ -122,7 +122,7 @@ def test_a_switch_to_another_source_shows_in_each_sources_loss(tmp_path, prose_a
 def test_a_cooldown_continues_the_base_checkpoint_and_anneals_on_a_new_mixture(tmp_path, prose_and_code):
     """A base run on prose alone keeps a checkpoint at step 40; the cooldown continues it there
     (weights, optimizer state, step count) for 30 steps on code alone, the learning rate falling
-    linearly to zero."""
+    linearly towards zero (min_lr_ratio 0)."""
     prose_only = {**prose_and_code, "train_weights": {PROSE: 1.0, CODE: 0.0}}
     code_only = {**prose_and_code, "train_weights": {PROSE: 0.0, CODE: 1.0}}
     base = tiny_spec("base", steps=80, checkpoint_every=40, mixture="prose", tokenizer="both", watch_every=0,
@@ -146,7 +146,7 @@ def test_a_cooldown_continues_the_base_checkpoint_and_anneals_on_a_new_mixture(t
     base_loss, loss = eval_losses(base_records), eval_losses(records)
     assert records[41]["loss"] < base_records[0]["loss"] - 0.5, (records[41], base_records[0])
     assert records[41]["loss"] == pytest.approx(base_loss[40][CODE], abs=0.3), (records[41], base_loss)
-    # Annealed on code, code's loss overtakes prose's.
+    # Annealed on code, code's loss gains on prose's (measured: +0.27 at the base's step 40, +0.06 at the end).
     assert code_behind_prose(loss[max(loss)]) < code_behind_prose(base_loss[40]) - 0.2, (base_loss, loss)
 
 
