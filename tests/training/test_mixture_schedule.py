@@ -29,7 +29,7 @@ def two_source_mixture(prose_root: str, code_root: str, tokenizer_dir: str) -> d
 
 def switching_spec(switch_at: int, steps: int, **overrides) -> RunSpec:
     """Prose only until ``switch_at``, code only after."""
-    return tiny_spec("switch", steps=steps, mixture="prose+code", tokenizer="prose+code", watch_every=0,
+    return tiny_spec("switch", steps=steps, mixture="prose_code", tokenizer="prose_code", watch_every=0,
                      mixture_schedule=(MixtureStage(step=switch_at, weights={CODE: 1.0}),), **overrides)
 
 
