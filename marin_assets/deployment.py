@@ -10,8 +10,9 @@ deployment builds. Reading it touches only those files, never the artifact store
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from marin_assets.curation.config import (
@@ -20,7 +21,16 @@ from marin_assets.curation.config import (
     extend_curation_config,
     load_curation_config,
 )
-from marin_assets.scaling_sweeps.config import DEFAULT_SWEEPS_YAML, SweepConfig, extend_sweeps, load_sweeps
+from marin_assets.scaling_sweeps.config import (
+    DEFAULT_SWEEPS_YAML,
+    MixtureSweepConfig,
+    MixtureSweepError,
+    SweepConfig,
+    extend_mixture_sweeps,
+    extend_sweeps,
+    load_sweeps,
+    mixture_sweep_runs,
+)
 from marin_assets.tokenization.registry import (
     REGISTRY_PATH,
     TokenizationRegistry,
@@ -29,7 +39,14 @@ from marin_assets.tokenization.registry import (
     registry_for_sources,
 )
 from marin_assets.training.memory import plan_run
-from marin_assets.training.spec import DEFAULT_RUNS_YAML, RunSpec, extend_run_registry, load_run_registry
+from marin_assets.training.spec import (
+    DEFAULT_RUNS_YAML,
+    RunSpec,
+    RunSpecError,
+    extend_run_registry,
+    load_run_registry,
+    validate_mixture_components,
+)
 from marin_resources.environments import MarinSettings
 from marin_resources.project import CURATION_SECTIONS, REGISTRY_SECTIONS
 from marin_resources.typed_config import ConfigError
@@ -43,6 +60,8 @@ class Deployment:
     """Named runs (runs.yaml) on a mixture and tokenizer built here."""
     sweeps: Mapping[str, SweepConfig]
     """Sweeps on a mixture and tokenizer built here."""
+    mixture_sweeps: Mapping[str, MixtureSweepConfig] = field(default_factory=dict)
+    """Mixture-weight sweeps of the project file (none built in), over runs built here."""
 
     @classmethod
     def load(cls, settings: MarinSettings) -> Deployment:
@@ -59,7 +78,22 @@ class Deployment:
             sweeps = extend_sweeps(sweeps, project.sections.get("sweeps", {}), origin)
         deployment = cls.resolve(curation, registry, runs, sweeps)
         if project is not None:
-            deployment.require_built(project.sections, str(project.path))
+            deployment.require_built(project.sections, str(project.path), {"runs": runs, "sweeps": sweeps})
+            deployment = dataclasses.replace(deployment, mixture_sweeps=extend_mixture_sweeps(
+                {}, project.sections.get("mixture_sweeps", {}), deployment.runs, str(project.path)))
+            for config in deployment.mixture_sweeps.values():
+                for spec in mixture_sweep_runs(config, deployment.runs).values():
+                    try:
+                        validate_mixture_components(spec, deployment.tokenization.mixtures[spec.mixture].weights)
+                    except RunSpecError as exc:
+                        raise MixtureSweepError(config.name, "weights", exc.problem, origin=str(project.path)) from None
+        for run in deployment.runs.values():
+            try:
+                validate_mixture_components(run, deployment.tokenization.mixtures[run.mixture].weights)
+            except RunSpecError as exc:
+                in_project = project is not None and run.name in project.sections.get("runs", {})
+                origin = str(project.path) if in_project else str(settings.runs_file or DEFAULT_RUNS_YAML)
+                raise RunSpecError(exc.run, exc.field_path, exc.problem, origin=origin) from None
         # Before anything launches: a run that no compute setting fits into the memory of the devices
         # it names is refused here, by the tokenizer's target vocabulary (runtime placement, never identity).
         for run in deployment.runs.values():
@@ -83,9 +117,11 @@ class Deployment:
                    {n: r for n, r in runs.items() if buildable(r.mixture, r.tokenizer)},
                    {n: s for n, s in sweeps.items() if buildable(s.mixture, s.tokenizer)})
 
-    def require_built(self, sections: Mapping[str, Any], origin: str) -> None:
+    def require_built(self, sections: Mapping[str, Any], origin: str,
+                      declared: Mapping[str, Mapping[str, RunSpec | SweepConfig]]) -> None:
         """ConfigError naming ``origin`` for an entry of the project file that `resolve` would drop: a
-        typo in a name must not make a run or a mixture silently disappear."""
+        typo in a name must not make a run or a mixture silently disappear. ``declared``: every run and
+        sweep as resolved before that (an entry declared by difference names its mixture through its base)."""
         tokenization = self.tokenization
         for name in sections.get("tokenizers") or {}:
             if name not in tokenization.tokenizers:
@@ -102,11 +138,12 @@ class Deployment:
                 raise ConfigError(f"{origin}: mixture {name!r}: component(s) {missing} are not tokenized here "
                                   f"(tokenized: {', '.join(sorted(tokenization.tokenized))})")
         for section, kept in (("runs", self.runs), ("sweeps", self.sweeps)):
-            for name, body in (sections.get(section) or {}).items():
+            for name in sections.get(section) or {}:
                 if name not in kept:
+                    entry = declared[section][name]
                     raise ConfigError(
-                        f"{origin}: {section[:-1]} {name!r}: mixture {body.get('mixture')!r} with tokenizer "
-                        f"{body.get('tokenizer')!r} is not built here (mixtures: "
+                        f"{origin}: {section[:-1]} {name!r}: mixture {entry.mixture!r} with tokenizer "
+                        f"{entry.tokenizer!r} is not built here (mixtures: "
                         f"{', '.join(f'{m} ({e.tokenizer})' for m, e in sorted(tokenization.mixtures.items()))})")
 
     @property

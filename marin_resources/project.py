@@ -27,7 +27,7 @@ REGISTRY_SECTIONS = ("tokenizers", "tokenized", "default", "mixtures", "decontam
 SECTION_TYPES: dict[str, type] = {"store": str, "filters": Mapping, "sources": list, "quality": Mapping,
                                   "language_id": Mapping, "tokenizers": Mapping, "tokenized": Mapping,
                                   "default": Mapping, "mixtures": Mapping, "decontamination": Mapping,
-                                  "runs": Mapping, "sweeps": Mapping}
+                                  "runs": Mapping, "sweeps": Mapping, "mixture_sweeps": Mapping}
 _TYPE_NAMES = {str: "a string", Mapping: "a mapping", list: "a list"}
 
 

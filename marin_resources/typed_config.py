@@ -193,3 +193,55 @@ def _class_at(tp: Any, path: tuple[str | int, ...]) -> Any:
         if typing.get_origin(tp) in (typing.Union, types.UnionType):
             tp = next(a for a in typing.get_args(tp) if a is not type(None))
     return tp
+
+
+BASE_FIELD = "base"
+"""The field by which a run or sweep names the entry it is declared as a difference from."""
+
+
+def resolve_bases(raw: typing.Mapping[str, Any], existing: typing.Mapping[str, Any],
+                  refuse: typing.Callable[[str, str, str], ConfigError]) -> dict[str, Any]:
+    """The entries of ``raw`` ({name: body}) with every ``base: NAME`` replaced by that entry's
+    resolved body, this entry's fields on top: a mapping merges field by field (``model:
+    {num_layers: 4}`` changes one field of the base's model), anything else replaces the base's
+    value (``null`` included). A base is another entry of ``raw`` or, failing that, of ``existing``
+    (config dataclasses already resolved: the built-ins); an entry may name its own name to derive
+    from the ``existing`` one it replaces. An unknown base or a loop raises ``refuse(entry, "base",
+    problem)``, the config's own error."""
+    resolved: dict[str, Any] = {}
+
+    def resolve(name: str, chain: tuple[str, ...]) -> Any:
+        if name in resolved:
+            return resolved[name]
+        body = raw[name]
+        if not isinstance(body, typing.Mapping) or BASE_FIELD not in body:
+            resolved[name] = body
+            return body
+        base = body[BASE_FIELD]
+        if not isinstance(base, str) or not base:
+            raise refuse(name, BASE_FIELD, f"expected the name of another entry, got {base!r}")
+        if base in existing and (base == name or base not in raw):
+            inherited = {k: v for k, v in dataclasses.asdict(existing[base]).items() if k != "name"}
+        elif base in chain:
+            raise refuse(chain[0], BASE_FIELD, f"bases form a loop: {' -> '.join([*chain, base])}")
+        elif base in raw:
+            inherited = resolve(base, (*chain, base))
+        else:
+            known = sorted({*raw, *existing} - {name})
+            raise refuse(name, BASE_FIELD, f"no entry named {base!r} to derive from (known: {', '.join(known)})")
+        if not isinstance(inherited, typing.Mapping):
+            raise refuse(name, BASE_FIELD, f"{base!r} is not a mapping of fields to derive from")
+        resolved[name] = merged_fields(inherited, {k: v for k, v in body.items() if k != BASE_FIELD})
+        return resolved[name]
+
+    return {name: resolve(name, (name,)) for name in raw}
+
+
+def merged_fields(base: typing.Mapping[str, Any], override: typing.Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` on top of ``base``: nested mappings merge, any other value replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        old = out.get(key)
+        both_mappings = isinstance(value, typing.Mapping) and isinstance(old, typing.Mapping)
+        out[key] = merged_fields(old, value) if both_mappings else value
+    return out

@@ -172,7 +172,8 @@ def with_heldout_sets(config_path: str, caches: dict[str, str], out_dir: str) ->
         if existing is not None and existing.get("cache_dir") != cache_root:
             raise HarnessInputError(f"held-out set {name!r} clashes with the run's mixture component of that name")
         data["configs"][name] = {"cache_dir": cache_root, "train_urls": [], "validation_urls": []}
-        data["train_weights"].setdefault(name, 0.0)
+        if isinstance(data["train_weights"], dict):  # a schedule ([[step, weights], ...]) gives it none either
+            data["train_weights"].setdefault(name, 0.0)
     path = os.path.join(out_dir, "heldout_config.yaml")
     with open(path, "w") as fh:
         yaml.safe_dump(config, fh, sort_keys=False)

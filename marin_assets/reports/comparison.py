@@ -18,7 +18,14 @@ from marin_assets.reports.compare import (
     markdown_table,
     plot_loss_curves,
 )
-from marin_assets.scaling_sweeps.assets import SweepRuns, checkpoint_key, eval_key, harness_key
+from marin_assets.scaling_sweeps.assets import (
+    SweepRuns,
+    checkpoint_key,
+    eval_key,
+    harness_key,
+    mixture_checkpoint_key,
+    mixture_eval_key,
+)
 from marin_assets.scaling_sweeps.config import plan_sweep
 from marin_resources.artifacts import MarinStore, input_refused
 from marin_resources.display import png_markdown
@@ -30,7 +37,8 @@ COMPARISON_KEY = "reports/run_comparison"
 
 def run_locations(deployment: Deployment, store: ArtifactStore, catalog: Catalog) -> dict[str, RunKeys]:
     """Every run of the deployment: the named runs (runs.yaml) with their evaluations, and each
-    sweep's runs (its fit runs, and the targets of its committed forecast) with the sweep's own;
+    sweep's runs (its fit runs, and the targets of its committed forecast) with the sweep's own, and
+    each mixture-weight sweep's points with its own;
     each artifact's key and code version as its spec in ``catalog`` declares them. Evaluations this
     deployment does not build (a cross-evaluation on a cache no run's tokenizer reads, the harness of
     a sweep that forecasts no harness metric) are not looked for."""
@@ -52,6 +60,10 @@ def run_locations(deployment: Deployment, store: ArtifactStore, catalog: Catalog
         for run in SweepRuns(plan_sweep(config)).names(store):
             locations.setdefault(run, RunKeys(sweep_checkpoint, evaluations,
                                               f"marin materialize {eval_key(sweep)} --partition {run}"))
+    for sweep, mixture_sweep in sorted(deployment.mixture_sweeps.items()):
+        keys = located(mixture_checkpoint_key(sweep)), declared(mixture_eval_key(sweep))
+        for run in mixture_sweep.runs(deployment.runs[mixture_sweep.run]):
+            locations.setdefault(run, RunKeys(*keys, f"marin materialize {mixture_eval_key(sweep)} --partition {run}"))
     return locations
 
 

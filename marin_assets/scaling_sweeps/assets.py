@@ -24,7 +24,13 @@ import dagster as dg
 
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
-from marin_assets.scaling_sweeps.config import SweepConfig, SweepPlan, plan_sweep
+from marin_assets.scaling_sweeps.config import (
+    MixtureSweepConfig,
+    SweepConfig,
+    SweepPlan,
+    mixture_sweep_runs,
+    plan_sweep,
+)
 from marin_assets.scaling_sweeps.forecasting import (
     SweepFitError,
     chosen_target,
@@ -55,6 +61,7 @@ from marin_resources.artifacts import (
     MarinStore,
     all_partitions_in,
     checked_manifest,
+    input_refused,
     marin_check,
     materialize_artifact,
 )
@@ -99,6 +106,14 @@ def harness_key(sweep: str) -> str:
     """The eval suite on the sweep's runs (built by the evaluation stage when the sweep forecasts a
     harness metric)."""
     return f"sweep_harness_eval/{sweep}"
+
+
+def mixture_checkpoint_key(sweep: str) -> str:
+    return f"mixture_sweep_checkpoint/{sweep}"
+
+
+def mixture_eval_key(sweep: str) -> str:
+    return f"mixture_sweep_eval/{sweep}"
 
 
 def runs_partitions(sweep: str) -> dg.DynamicPartitionsDefinition:
@@ -431,6 +446,29 @@ def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:
                                description=None if passed else "; ".join(broken) or "no target to check")
 
 
+def build_mixture_sweep_assets(settings: MarinSettings, deployment: Deployment, config: MixtureSweepConfig,
+                               catalog: Catalog, upstream: Catalog) -> tuple[list, list]:
+    """A mixture sweep's checkpoint and eval assets, one partition per point (`<sweep>-w<i>`), as a
+    scaling sweep's runs are."""
+    runs = mixture_sweep_runs(config, deployment.runs)
+    base = deployment.runs[config.run]
+    partitions = dg.DynamicPartitionsDefinition(name=f"{config.name}_mixture_runs")
+
+    def spec_for(run: str) -> RunSpec:
+        if run not in runs:
+            raise input_refused(f"{run!r} is not a run of mixture sweep {config.name!r} (runs: {sorted(runs)})")
+        return runs[run]
+
+    catalog.add_discoverer(partitions.name, lambda: sorted(runs))
+    return build_run_assets(
+        checkpoint_key=mixture_checkpoint_key(config.name), eval_key=mixture_eval_key(config.name),
+        partitions=partitions, spec_for=spec_for, plan_for=compute_planner(settings, deployment),
+        mixtures={base.mixture: mixture_specs(deployment, upstream)[base.mixture]},
+        tokenizers={base.tokenizer: tokenizer_specs(deployment, upstream)[base.tokenizer]},
+        pool=settings.train_pool, group_name="scaling", catalog=catalog, store=store_resource(settings).get,
+        tags={"marin/mixture_sweep": config.name}, subject=f" of mixture sweep {config.name!r}")
+
+
 def build_sweep_runs_sensor(deployment: Deployment) -> dg.SensorDefinition:
     """Adds each sweep's fit runs as partitions, and its target runs once its forecast commits.
 
@@ -465,11 +503,16 @@ def build_sweep_runs_sensor(deployment: Deployment) -> dg.SensorDefinition:
 
 def build_scaling_sweeps_stage(settings: MarinSettings, deployment: Deployment,
                                upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
-    """One asset set per sweep of the deployment (sweeps on a mixture it does not build are left out)."""
+    """One asset set per sweep of the deployment (sweeps on a mixture it does not build are left out),
+    and per mixture-weight sweep."""
     assets, checks = [], []
     catalog = Catalog()
     for config in deployment.sweeps.values():
         sweep_assets, sweep_checks = build_sweep_assets(settings, deployment, config, catalog, upstream)
+        assets += sweep_assets
+        checks += sweep_checks
+    for mixture_sweep in deployment.mixture_sweeps.values():
+        sweep_assets, sweep_checks = build_mixture_sweep_assets(settings, deployment, mixture_sweep, catalog, upstream)
         assets += sweep_assets
         checks += sweep_checks
     sensors = [build_sweep_runs_sensor(deployment)] if deployment.sweeps else []

@@ -6,6 +6,9 @@ from that fit before any target run trains. Every fit-budget candidate becomes a
 named ``<sweep>-<budget>-d<width>``; a target budget's run is the candidate nearest the
 forecast compute-optimal size and exists only once the forecast is stored.
 
+A mixture-weight sweep (`MixtureSweepConfig`, the project file's ``mixture_sweeps:``) trains one run
+of the deployment once per set of mixture weights, its points ``<sweep>-w<i>``.
+
 Pure: no Dagster, JAX or Levanter import, so it loads with the code location and tests run
 without either.
 """
@@ -22,8 +25,8 @@ from typing import Any, Literal
 
 import yaml
 
-from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec, validate_run
-from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
+from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec, RunSpecError, validate_run
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, resolve_bases, typed_config
 from scaling.links import LINKS
 from scaling.recipe import Candidate, MicroRecipe, Recipe, Rejection
 
@@ -39,9 +42,15 @@ HARNESS_METRICS = ("acc", "acc_norm")
 class SweepConfigError(ConfigError):
     """A sweep config is invalid; the message names the sweep and the field."""
 
+    kind = "sweep"
+
     def __init__(self, sweep: str, field_path: str, problem: str, origin: str | None = None):
         self.sweep, self.field_path, self.problem = sweep, field_path, problem
-        super().__init__(f"{f'{origin}: ' if origin else ''}sweep {sweep!r}: field {field_path!r}: {problem}")
+        super().__init__(f"{f'{origin}: ' if origin else ''}{self.kind} {sweep!r}: field {field_path!r}: {problem}")
+
+
+class MixtureSweepError(SweepConfigError):
+    kind = "mixture sweep"
 
 
 @typed_config
@@ -267,14 +276,19 @@ def _recipe_overrides(sweep: str, recipe: str, raw: Mapping[str, Any], field_nam
     return out
 
 
-def sweep_from_dict(name: str, raw: Any) -> SweepConfig:
+def checked_body(name: str, raw: Any, error: type[SweepConfigError]) -> dict[str, Any]:
+    """A sweep's entry as a mapping without ``name`` (its key is its name, path-safe); ``error`` otherwise."""
     if not isinstance(raw, Mapping):
-        raise SweepConfigError(name, "<sweep>", f"expected a mapping, got {type(raw).__name__}")
+        raise error(name, f"<{error.kind}>", f"expected a mapping, got {type(raw).__name__}")
     if safe_name(name) != name:
-        raise SweepConfigError(name, "<name>", "use letters, digits and . _ = + - only")
+        raise error(name, "<name>", "use letters, digits and . _ = + - only")
     if "name" in raw:
-        raise SweepConfigError(name, "name", "unknown field (the sweep's name is its key in the file)")
-    data = dict(raw)
+        raise error(name, "name", "unknown field (the sweep's name is its key in the file)")
+    return dict(raw)
+
+
+def sweep_from_dict(name: str, raw: Any) -> SweepConfig:
+    data = checked_body(name, raw, SweepConfigError)
     for field_name in ("fit_budgets", "target_budgets"):
         if isinstance(data.get(field_name), list):  # YAML 1.1 reads 3e12 (no dot) as a string
             data[field_name] = [_number(name, f"{field_name}[{i}]", v) for i, v in enumerate(data[field_name])]
@@ -339,9 +353,78 @@ def load_sweeps(path: str | Path = DEFAULT_SWEEPS_YAML) -> dict[str, SweepConfig
 
 
 def extend_sweeps(sweeps: Mapping[str, SweepConfig], raw: Mapping[str, Any], origin: str) -> dict[str, SweepConfig]:
-    """``sweeps`` with those of ``raw`` (``{name: {...}}``) added, each replacing the sweep of its name.
-    Errors name ``origin``."""
+    """``sweeps`` with those of ``raw`` (``{name: {...}}``) added, each replacing the sweep of its name;
+    a sweep may be declared as a difference from (``base:``) a sweep of ``raw`` or ``sweeps``
+    (`resolve_bases`: its ``recipe_overrides`` merge key by key). Errors name ``origin``."""
     try:
-        return {**sweeps, **{str(name): sweep_from_dict(str(name), spec) for name, spec in raw.items()}}
+        bodies = resolve_bases({str(name): body for name, body in raw.items()}, sweeps, SweepConfigError)
+        return {**sweeps, **{name: sweep_from_dict(name, body) for name, body in bodies.items()}}
     except SweepConfigError as exc:
         raise SweepConfigError(exc.sweep, exc.field_path, exc.problem, origin=origin) from None
+
+
+# --- mixture-weight sweeps ----------------------------------------------------------------------
+# One run of the deployment trained once per set of mixture weights, as RegMix and Marin's mixture
+# swarms do (many small runs whose per-source losses say how the weights matter). Each point is a
+# `RunSpec`, the base run with the point's ``mixture_weights``, named ``<sweep>-w<i>``; the points are
+# the partitions of the sweep's own checkpoint and eval assets, as a scaling sweep's runs are.
+
+
+@typed_config
+@dataclass(frozen=True)
+class MixtureSweepConfig:
+    name: str
+    run: str
+    """The run every point trains (a run of the deployment), its mixture's weights replaced by the point's."""
+    weights: tuple[Mapping[str, float], ...]
+    """One run per entry, ``{component: weight}``; a component not named gets none."""
+
+    def run_name(self, index: int) -> str:
+        return f"{self.name}-w{index}"
+
+    def runs(self, base: RunSpec) -> dict[str, RunSpec]:
+        """The sweep's runs: ``base`` with each point's weights, by name."""
+        return {self.run_name(i): dataclasses.replace(base, name=self.run_name(i), mixture_weights=dict(weights))
+                for i, weights in enumerate(self.weights)}
+
+
+def mixture_sweep_runs(config: MixtureSweepConfig, runs: Mapping[str, RunSpec]) -> dict[str, RunSpec]:
+    """The sweep's runs over the deployment's ``runs``, each validated; MixtureSweepError naming the field."""
+    base = runs.get(config.run)
+    if base is None:
+        raise MixtureSweepError(config.name, "run", f"no run named {config.run!r} (runs: {', '.join(sorted(runs))})")
+    if base.cooldown is not None:
+        raise MixtureSweepError(config.name, "run", f"run {config.run!r} is a cooldown; sweep the weights of a run "
+                                                    "trained from its start")
+    points = config.runs(base)
+    for i, spec in enumerate(points.values()):
+        try:
+            validate_run(spec)
+        except RunSpecError as exc:
+            raise MixtureSweepError(config.name, f"weights[{i}]", exc.problem) from None
+    return points
+
+
+def mixture_sweep_from_dict(name: str, raw: Any) -> MixtureSweepConfig:
+    data = checked_body(name, raw, MixtureSweepError)
+    try:
+        config = decode(MixtureSweepConfig, {**data, "name": name})
+    except FieldProblem as exc:
+        raise MixtureSweepError(name, exc.dotted or "<mixture sweep>", exc.problem) from None
+    if not config.weights:
+        raise MixtureSweepError(name, "weights", "must list at least one set of weights")
+    return config
+
+
+def extend_mixture_sweeps(sweeps: Mapping[str, MixtureSweepConfig], raw: Mapping[str, Any], runs: Mapping[str, RunSpec],
+                          origin: str) -> dict[str, MixtureSweepConfig]:
+    """``sweeps`` with those of ``raw`` (``{name: {...}}``, ``base:`` allowed) added, each checked
+    against the deployment's ``runs``. Errors name ``origin``."""
+    try:
+        bodies = resolve_bases({str(name): body for name, body in raw.items()}, sweeps, MixtureSweepError)
+        added = {name: mixture_sweep_from_dict(name, body) for name, body in bodies.items()}
+        for config in added.values():
+            mixture_sweep_runs(config, runs)
+        return {**sweeps, **added}
+    except MixtureSweepError as exc:
+        raise MixtureSweepError(exc.sweep, exc.field_path, exc.problem, origin=origin) from None

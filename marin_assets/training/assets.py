@@ -52,7 +52,8 @@ from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.keys import asset_key
 from marin_resources.launchers import ProcessCommand, TrainingLauncher
-from marin_resources.storage.store import STORE_SCHEME, ArtifactStore
+from marin_resources.storage.identity import fingerprint
+from marin_resources.storage.store import STORE_SCHEME, ArtifactStore, Manifest
 
 CHECKPOINT_VERSION = "v1"
 EVAL_VERSION = "v1"
@@ -145,6 +146,24 @@ def resolve_init_weights(spec: RunSpec, store: ArtifactStore) -> tuple[InitWeigh
         return resolve_path(init.path, hashes), []
 
 
+def cooldown_checkpoint(spec: RunSpec, store: ArtifactStore, checkpoints: ArtifactSpec) -> tuple[Manifest, str]:
+    """The committed checkpoint of the run ``spec`` cools down from, of the identity that run has now,
+    and the directory of its step the cooldown starts at. `InitWeightsError` (one line) when there
+    is none yet, or it kept no checkpoint at that step."""
+    base, step = spec.cooldown.run, spec.cooldown.step
+    wanted = checkpoints.identity(base)
+    manifest = None if wanted is None else store.find(checkpoints.key, checkpoints.version, base,
+                                                      fingerprint=fingerprint(wanted))
+    if manifest is None:
+        raise InitWeightsError(f"run {spec.name!r} cools down from run {base!r}, whose checkpoint is not built as "
+                               f"declared: marin materialize {checkpoints.key} --partition {base}")
+    step_dir = f"checkpoints/step-{step}"
+    if not any(f.path == f"{step_dir}/metadata.json" for f in manifest.files):
+        raise InitWeightsError(f"run {spec.name!r} cools down from step {step} of run {base!r}, whose checkpoint "
+                               f"{manifest.uri} kept no {step_dir}")
+    return manifest, f"{manifest.uri}/{step_dir}"
+
+
 def checkpoint_identity(spec: RunSpec, store: ArtifactStore) -> dict[str, Any] | None:
     """The identity of the run's checkpoint, with its initial weights' content hash; None while they
     cannot be resolved (the checkpoint asset then fails, naming why; status follows the last artifact)."""
@@ -193,6 +212,9 @@ def run_specs(checkpoint_key: str, eval_key: str, spec_for: SpecLookup, store: C
     weights are resolved, opened only for runs that have them)."""
     def checkpoint_config(run: str | None) -> dict[str, Any] | None:
         spec = spec_for(str(run))
+        if spec.cooldown is not None:  # the checkpoint it continues, as its run is declared now
+            base = checkpoint_config(spec.cooldown.run)
+            return None if base is None else spec.identity(cooldown_base=fingerprint(base))
         return spec.identity() if spec.init_from is None else checkpoint_identity(spec, store())
 
     return (ArtifactSpec(checkpoint_key, CHECKPOINT_VERSION, checkpoint_config, reads=reads),
@@ -237,9 +259,17 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
         except InitWeightsError as exc:
             raise input_refused(f"{label}: {exc}") from None
         init_sha256 = weights.sha256 if weights else None
+        cooldown_base, cooldown_from = None, None
+        if spec.cooldown is not None:
+            try:
+                base_manifest, cooldown_from = cooldown_checkpoint(spec, artifacts, checkpoint_spec)
+            except InitWeightsError as exc:
+                raise input_refused(f"{label}: {exc}") from None
+            cooldown_base = base_manifest.fingerprint
+            sources = [*sources, ArtifactHandle.from_manifest(base_manifest)]
         # The spec resolves the weights again (as status does); were they replaced in between, the
         # run would train on other weights than its identity names.
-        if checkpoint_spec.identity(context.partition_key) != spec.identity(init_sha256):
+        if checkpoint_spec.identity(context.partition_key) != spec.identity(init_sha256, cooldown_base):
             raise input_refused(f"{label}: the initial weights changed while the run started; materialize it again")
         def build(writer) -> Built:
             # Before any process opens a device: a setting that fits its memory, or a one-line refusal.
@@ -250,7 +280,8 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
             context.log.info(f"{label}: {plan.describe()}")
             out = local_dir(store, writer)
             config_path = render_train_config(spec, data_config, tokenizer.uri, out, launcher_wandb(launcher, spec),
-                                              init_weights=weights, compute=plan.settings)
+                                              init_weights=weights, compute=plan.settings,
+                                              cooldown_from=cooldown_from)
             if not artifacts.is_local:
                 # Levanter (tensorstore) saves each checkpoint straight into the bucket, where a re-run
                 # on any machine resumes from it; `out` is scratch for logs, uploaded at commit.
@@ -260,7 +291,8 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                                                                       init_sha256=init_sha256,
                                                                       fused_loss=plan.settings.fused_loss),
                                      Path(out) / INPUT_ERROR_FILE, label, resources=spec.resources,
-                                     extras={"run": spec.name, "fingerprint": spec.fingerprint(init_sha256)})
+                                     extras={"run": spec.name,
+                                             "fingerprint": spec.fingerprint(init_sha256, cooldown_base)})
             # The summary file, not the Pipes message, is the record: a lost message must not commit
             # a checkpoint without its metrics.
             summary_path = Path(out) / SUMMARY_FILE

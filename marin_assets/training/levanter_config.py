@@ -7,6 +7,7 @@ the same file drives our Pipes-wrapped ``train_main`` and a plain Levanter run.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from scaling.flops import MIXTURE_OF_EXPERTS_FAMILIES
 
 WandbMode = Literal["offline", "online", "disabled"]
 TRAIN_CONFIG_FILE = "train_config.yaml"
+DEFAULT_MIXTURE_BLOCK_SIZE = 2048
+"""Levanter's ``LMMixtureDatasetConfig.mixture_block_size`` default."""
 """The rendered Levanter config, in the run's directory (eval reads it back from the checkpoint artifact)."""
 
 
@@ -70,19 +73,54 @@ def _prepare_data_config(spec: RunSpec, data_config: Mapping[str, Any], tokenize
         raise ValueError(f"data_config tokenizer {given_tokenizer!r} differs from tokenizer_dir {tokenizer_dir!r}")
     data["tokenizer"] = tokenizer_dir
 
+    if spec.mixture_weights is not None:
+        weights = data["train_weights"] = run_weights(spec, "mixture_weights", spec.mixture_weights, configs)
+    if spec.mixture_schedule:
+        data["train_weights"], data["mixture_block_size"] = scheduled_weights(spec, weights, configs, data)
     if spec.eval_sets:
         missing = sorted(set(spec.eval_sets) - set(configs))
         if missing:
             raise ValueError(f"run {spec.name!r}: eval_sets {missing} are not components of the mixture "
                              f"{sorted(configs)}")
         # Levanter evaluates every configured component; drop those neither trained on nor evaluated.
-        keep = {n for n, w in weights.items() if w > 0} | set(spec.eval_sets)
+        keep = trained_components(data["train_weights"]) | set(spec.eval_sets)
         data["configs"] = {n: c for n, c in configs.items() if n in keep}
     # Sequences are cut from concatenated documents in cache order; shuffle them unless the
     # mixture says otherwise. Feistel is Levanter's recommended permutation.
     data.setdefault("shuffle", True)
     data.setdefault("permutation_type", "feistel")
     return data
+
+
+def scheduled_weights(spec: RunSpec, weights: Mapping[str, float], configs: Mapping[str, Any],
+                      data: Mapping[str, Any]) -> tuple[list[list[Any]], int]:
+    """Levanter's varying mixture for ``spec.mixture_schedule``: ``[[step, {component: weight}], ...]``
+    from step 0 (the mixture's own ``weights``), and the mixing block size. Levanter switches weights
+    only at a block boundary (its stages start at a sequence index that the block size divides), so the
+    block shrinks to the largest size that divides every switch's sequence index."""
+    stages = [[0, {name: float(weights.get(name, 0.0)) for name in configs}]]
+    for stage in spec.mixture_schedule:
+        stages.append([stage.step, run_weights(spec, "mixture_schedule", stage.weights, configs)])
+    block = math.gcd(int(data.get("mixture_block_size", DEFAULT_MIXTURE_BLOCK_SIZE)),
+                     *(stage.step * spec.train_batch_size for stage in spec.mixture_schedule))
+    return stages, block
+
+
+def run_weights(spec: RunSpec, field_name: str, weights: Mapping[str, float],
+                configs: Mapping[str, Any]) -> dict[str, float]:
+    """``weights`` over every component of the mixture (0 for one not named); ValueError for a name
+    that is not one."""
+    unknown = sorted(set(weights) - set(configs))
+    if unknown:
+        raise ValueError(f"run {spec.name!r}: {field_name} weighs {unknown}, not components of the mixture "
+                         f"{sorted(configs)}")
+    return {name: float(weights.get(name, 0.0)) for name in configs}
+
+
+def trained_components(train_weights: Mapping[str, float] | list[list[Any]]) -> set[str]:
+    """Components some stage of Levanter's ``train_weights`` (fixed, or ``[[step, weights], ...]``) draws from."""
+    stages = [train_weights] if isinstance(train_weights, Mapping) else [w for _, w in train_weights]
+    return {name for weights in stages for name, weight in weights.items() if weight > 0}
 
 
 def model_config(m: ModelSpec, tokenizer_dir: str, compute: ComputeSettings) -> dict[str, Any]:
@@ -127,6 +165,7 @@ def build_train_config(
     temporary_checkpoint_interval: str = "10m",
     init_weights: InitWeights | None = None,
     compute: ComputeSettings | None = None,
+    cooldown_from: str | None = None,
 ) -> dict[str, Any]:
     """Levanter ``TrainLmConfig`` dict for ``spec`` training on ``data_config`` (a mixture dict).
 
@@ -138,13 +177,22 @@ def build_train_config(
     ``initialize_from_hf``, which the training process points at its checked local copy.
     ``compute``: how the model computes, as `marin_assets.training.memory.plan_compute` planned it for
     the devices (None: the setting runs had before planning, `unplanned_settings`).
+    A cooldown (``spec.cooldown``) starts from ``cooldown_from``, its base's checkpoint directory at
+    the cooldown's step: Levanter's ``initialize_from_checkpoint_path`` restores the weights, the
+    optimizer state and the step count (``spec.first_step``), and it trains ``num_train_steps`` more,
+    the learning rate held until then (never used) and annealed after (Levanter's ``decay``, in steps).
     """
+    if (spec.cooldown is None) != (cooldown_from is None):
+        raise ValueError(f"run {spec.name!r}: a cooldown, and only a cooldown, starts from a base checkpoint")
     tokenizer_dir = str(tokenizer_dir)
     output_dir = str(output_dir)
     m, o, r, mesh = spec.model, spec.optimizer, spec.resources, spec.mesh
     run_id = run_id_for(spec, init_weights)
     on_accelerator = r.accelerator != "cpu"
     initialization = {} if init_weights is None else {"initialize_from_hf": levanter_reference(init_weights.uri)}
+    if cooldown_from is not None:
+        initialization["initialize_from_checkpoint_path"] = cooldown_from
+    decay = {} if spec.cooldown is None else {"decay": spec.num_train_steps}
     return {
         **initialization,
         "data": _prepare_data_config(spec, data_config, tokenizer_dir),
@@ -160,6 +208,7 @@ def build_train_config(
             "beta2": o.beta2,
             "epsilon": o.epsilon,
             "max_grad_norm": o.max_grad_norm,
+            **decay,
         },
         "trainer": {
             "id": run_id,
@@ -175,7 +224,7 @@ def build_train_config(
             "batch_axis": "batch",
             "fsdp_axis": "embed",
             "tensor_parallel_axes": list(TENSOR_PARALLEL_AXES) if mesh.tensor > 1 else None,
-            "num_train_steps": spec.num_train_steps,
+            "num_train_steps": spec.first_step + spec.num_train_steps,
             "steps_per_eval": spec.steps_per_eval,
             "max_eval_batches": spec.max_eval_batches,
             "require_accelerator": on_accelerator,
@@ -235,10 +284,10 @@ def write_train_config(config: Mapping[str, Any], path: str | os.PathLike) -> st
 
 def render_train_config(spec: RunSpec, data_config: Mapping[str, Any], tokenizer_dir: str, output_dir: str,
                         wandb: WandbSettings, init_weights: InitWeights | None = None,
-                        compute: ComputeSettings | None = None) -> str:
+                        compute: ComputeSettings | None = None, cooldown_from: str | None = None) -> str:
     """Render ``spec`` into ``{output_dir}/train_config.yaml``; returns its path."""
     config = build_train_config(spec, data_config, tokenizer_dir, output_dir, wandb=wandb, init_weights=init_weights,
-                                compute=compute)
+                                compute=compute, cooldown_from=cooldown_from)
     return write_train_config(config, Path(output_dir) / TRAIN_CONFIG_FILE)
 
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from marin_resources.placement import PlacementError, ResourceSpec, tpu_slice_geometry
-from marin_resources.typed_config import ConfigError, FieldProblem, decode, typed_config
+from marin_resources.typed_config import ConfigError, FieldProblem, decode, resolve_bases, typed_config
 from scaling.flops import MIXTURE_OF_EXPERTS_FAMILIES, ModelDims, ModelFamily
 
 DEFAULT_RUNS_YAML = Path(__file__).with_name("runs.yaml")
@@ -157,6 +157,28 @@ class InitFrom:
     path: str | None = None
 
 
+@typed_config
+@dataclass(frozen=True)
+class MixtureStage:
+    """From ``step`` on, the run draws its training sequences from its mixture's components in these
+    proportions (normalised; a component not named gets none), as Levanter's varying mixture does."""
+
+    step: int
+    weights: Mapping[str, float]
+
+
+@typed_config
+@dataclass(frozen=True)
+class Cooldown:
+    """Continue run ``run`` of the same file from its checkpoint ``step-<step>`` (weights, optimizer
+    state and step count) for this run's ``num_train_steps`` more steps, on this run's mixture, the learning
+    rate annealed from this run's ``optimizer.learning_rate`` by its ``optimizer.schedule`` to
+    ``min_lr_ratio`` of it. The base checkpoint's fingerprint is part of the identity."""
+
+    run: str
+    step: int
+
+
 HF_MODEL_PATH_RE = re.compile(r"^hf://(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?/?$")
 """``hf://ORG/NAME[@REVISION]``: a model repository on the Hub (default revision: main)."""
 
@@ -249,6 +271,15 @@ class RunSpec:
     ``train_batch_size`` however it is split, so the mesh changes no result beyond float rounding."""
     compute: ComputeSpec = field(default_factory=ComputeSpec)
     """How the step computes (recomputation, loss blocks, attention kernel). Outside the identity."""
+    mixture_weights: Mapping[str, float] | None = None
+    """The run's own weights over its mixture's components, in place of the mixture's (a component not
+    named gets none): how a mixture-weight sweep's runs differ. None: the mixture's."""
+    mixture_schedule: tuple[MixtureStage, ...] = ()
+    """Changes of the mixture's weights during training, by step: the run starts on the mixture's own
+    weights and switches at each stage's step (empty: the mixture's weights throughout)."""
+    cooldown: Cooldown | None = None
+    """Continue another run's checkpoint from a step and anneal (see `Cooldown`); ``num_train_steps``
+    counts the cooldown's own steps."""
     init_from: InitFrom | None = None
     """Start from these weights (continued pretraining) instead of a random initialization. Their
     content hash, resolved when the run is built, is part of the identity (see `identity`)."""
@@ -266,21 +297,36 @@ class RunSpec:
     def tokens_per_step(self) -> int:
         return self.train_batch_size * self.model.seq_len
 
-    def identity(self, init_weights: str | None = None) -> dict[str, Any]:
+    @property
+    def first_step(self) -> int:
+        """Updates done before training starts: a cooldown's base checkpoint ``step-S`` holds S + 1
+        (Levanter names a checkpoint by the index of its last step, counted from 0), else none."""
+        return self.cooldown.step + 1 if self.cooldown is not None else 0
+
+    def identity(self, init_weights: str | None = None, cooldown_base: str | None = None) -> dict[str, Any]:
         """Everything that determines the trained weights: all fields except ``resources``,
         ``parallelism``, ``compute``, ``final_eval_examples`` and ``watch_every``. Fields added since runs were
         first fingerprinted are left out while they hold their defaults, so runs keep the identity
         they had before those fields existed: a Llama trained with Adam before families and
-        optimizers (`LATER_FIELD_DEFAULTS`), a run from scratch before ``init_from``. That is set
+        optimizers (`LATER_FIELD_DEFAULTS`), a run from scratch before ``init_from``, one on fixed
+        weights before ``mixture_weights`` and ``mixture_schedule``. ``init_from`` is set
         with ``init_weights``, the content hash of the weights it resolved to
         (`marin_assets.training.init_weights`), as ``init_from.sha256``: other weights under the
-        same name are another run."""
+        same name are another run. A cooldown's ``cooldown_base`` is the fingerprint of the base
+        checkpoint it continues, as ``cooldown.checkpoint``."""
         data = dataclasses.asdict(self)
         del data["resources"], data["parallelism"], data["compute"], data["final_eval_examples"], data["watch_every"]
         for section, defaults in LATER_FIELD_DEFAULTS.items():
             for name, default in defaults.items():
                 if data[section][name] == default:
                     del data[section][name]
+        for optional in ("mixture_weights", "mixture_schedule"):
+            if not data[optional]:
+                del data[optional]
+        if self.cooldown is None:
+            del data["cooldown"]
+        elif cooldown_base is not None:
+            data["cooldown"]["checkpoint"] = cooldown_base
         if self.init_from is None:
             del data["init_from"]
         else:
@@ -297,9 +343,9 @@ class RunSpec:
             data["examples"] = self.final_eval_examples
         return data
 
-    def fingerprint(self, init_weights: str | None = None) -> str:
-        """sha256 of the canonical JSON of ``identity(init_weights)``."""
-        canonical = json.dumps(self.identity(init_weights), sort_keys=True, separators=(",", ":"))
+    def fingerprint(self, init_weights: str | None = None, cooldown_base: str | None = None) -> str:
+        """sha256 of the canonical JSON of ``identity(init_weights, cooldown_base)``."""
+        canonical = json.dumps(self.identity(init_weights, cooldown_base), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     @classmethod
@@ -390,6 +436,15 @@ def validate_run(spec: RunSpec) -> None:
             "must be positive or null")
     require(spec.watch_every >= 0, "watch_every", f"must be >= 0 (0 turns the norm logs off), got {spec.watch_every}")
     require(len(set(spec.eval_sets)) == len(spec.eval_sets), "eval_sets", "contains duplicates")
+    previous = 0
+    for i, stage in enumerate(spec.mixture_schedule):
+        require(previous < stage.step < spec.num_train_steps, f"mixture_schedule[{i}].step",
+                f"must lie after the previous stage's step ({previous}) and before num_train_steps="
+                f"{spec.num_train_steps}, got {stage.step}")
+        previous = stage.step
+    for at, weights in declared_weights(spec):
+        require(all(w >= 0 for w in weights.values()), at, "must all be >= 0")
+        require(any(w > 0 for w in weights.values()), at, "must give some component a weight > 0")
     r = spec.resources
     require(r.device_count > 0, "resources.device_count", f"must be positive, got {r.device_count}")
     require((r.accelerator == "tpu") == (r.tpu_type is not None), "resources.tpu_type",
@@ -429,6 +484,17 @@ def validate_run(spec: RunSpec) -> None:
     for backend, accelerator in (("splash", "tpu"), ("nvte", "gpu")):
         require(c.attention != backend or r.accelerator == accelerator, "compute.attention",
                 f"{backend!r} attention runs on a {accelerator.upper()}, not on {r.accelerator!r}")
+    if spec.cooldown is not None:
+        require(spec.init_from is None, "init_from",
+                "a cooldown starts from its base run's checkpoint; give cooldown or init_from, not both")
+        require(spec.cooldown.step > 0, "cooldown.step", f"must be positive, got {spec.cooldown.step}")
+        require(spec.cooldown.run != spec.name, "cooldown.run", "a run cannot cool down from itself")
+        # Levanter reads a decay of 1 as a fraction: the whole run.
+        require(spec.num_train_steps >= 2, "num_train_steps", "a cooldown anneals over at least 2 steps")
+        require(spec.optimizer.warmup == 0, "optimizer.warmup",
+                f"a cooldown continues at its base's step without warmup: set it to 0, not {spec.optimizer.warmup}")
+        require(not spec.mixture_schedule, "mixture_schedule",
+                "a cooldown trains on its own mixture's weights; schedule the base run instead")
     init = spec.init_from
     if init is not None:
         require((init.run is None) != (init.path is None), "init_from", "give exactly one of run or path")
@@ -439,32 +505,75 @@ def validate_run(spec: RunSpec) -> None:
                 "init_from.path", f"expected hf://ORG/NAME[@REVISION] for a Hub model, got {init.path!r}")
 
 
+def declared_weights(spec: RunSpec) -> list[tuple[str, Mapping[str, float]]]:
+    """(field path, weights) of each set of mixture weights the run declares itself."""
+    own = [("mixture_weights", spec.mixture_weights)] if spec.mixture_weights is not None else []
+    return own + [(f"mixture_schedule[{i}].weights", stage.weights) for i, stage in enumerate(spec.mixture_schedule)]
+
+
+def validate_mixture_components(spec: RunSpec, components: Mapping[str, float]) -> None:
+    """The weights the run declares (``mixture_weights``, each schedule stage's) weigh components of
+    its mixture (``components``: their declared weights); RunSpecError otherwise."""
+    for at, weights in declared_weights(spec):
+        unknown = sorted(set(weights) - set(components))
+        if unknown:
+            raise RunSpecError(spec.name, at, f"{unknown} are not components of mixture {spec.mixture!r} "
+                                              f"(components: {', '.join(sorted(components))})")
+
+
+def weights_source(spec: RunSpec) -> tuple[str, str] | None:
+    """(field, run) of the run of the same file whose weights ``spec`` starts from: the export
+    ``init_from.run`` names, or the checkpoint ``cooldown.run`` names; None for neither."""
+    if spec.cooldown is not None:
+        return "cooldown.run", spec.cooldown.run
+    if spec.init_from is not None and spec.init_from.run is not None:
+        return "init_from.run", spec.init_from.run
+    return None
+
+
 def validate_init_sources(runs: Mapping[str, RunSpec]) -> None:
-    """A run that starts from another run's export names a run of the same file, with the same model
-    architecture (the sequence length may differ) and tokenizer, and no chain of them loops."""
+    """A run that starts from another run's export or checkpoint names a run of the same file, with
+    the same model architecture (the sequence length may differ) and tokenizer, and no chain of them
+    loops. A cooldown also starts at a step its base keeps a checkpoint of, with the same optimizer."""
     for name, spec in runs.items():
-        source = spec.init_from.run if spec.init_from is not None else None
+        source = weights_source(spec)
         if source is None:
             continue
-        if source not in runs:
-            raise RunSpecError(name, "init_from.run", f"no run named {source!r} in this file; known: {sorted(runs)}")
-        theirs = runs[source]
+        field_path, base = source
+        if base not in runs:
+            raise RunSpecError(name, field_path, f"no run named {base!r} in this file; known: {sorted(runs)}")
+        theirs = runs[base]
+        whose = f"of run {base!r}, whose {'checkpoint' if spec.cooldown else 'export'} it starts from"
         for fname in (f.name for f in dataclasses.fields(ModelSpec) if f.name != "seq_len"):
             if getattr(theirs.model, fname) != getattr(spec.model, fname):
                 raise RunSpecError(name, f"model.{fname}", f"{getattr(spec.model, fname)} differs from "
-                                                           f"{getattr(theirs.model, fname)} of run {source!r}, "
-                                                           "whose export it starts from")
+                                                           f"{getattr(theirs.model, fname)} {whose}")
         if theirs.tokenizer != spec.tokenizer:
-            raise RunSpecError(name, "tokenizer", f"{spec.tokenizer!r} differs from {theirs.tokenizer!r} of run "
-                                                  f"{source!r}, whose export it starts from")
+            raise RunSpecError(name, "tokenizer", f"{spec.tokenizer!r} differs from {theirs.tokenizer!r} {whose}")
+        if spec.cooldown is not None:
+            validate_cooldown_start(spec, theirs)
         chain = [name]
         while source is not None:
-            if source in chain:
-                raise RunSpecError(name, "init_from.run", f"runs start from each other in a loop: "
-                                                          f"{' -> '.join([*chain, source])}")
-            chain.append(source)
-            init = runs[source].init_from
-            source = init.run if init is not None else None
+            if source[1] in chain:
+                raise RunSpecError(name, field_path, f"runs start from each other in a loop: "
+                                                     f"{' -> '.join([*chain, source[1]])}")
+            chain.append(source[1])
+            source = weights_source(runs[source[1]])
+
+
+def validate_cooldown_start(spec: RunSpec, base: RunSpec) -> None:
+    """``spec`` cools down from a checkpoint ``base`` keeps, ``step-S`` (Levanter names it by the index
+    of its last step: every ``checkpoint_every``-th index and the last, ``num_train_steps - 1``), whose
+    optimizer state is of the same optimizer."""
+    step, last = spec.cooldown.step, base.num_train_steps - 1
+    if not (step == last or (step < last and step % base.checkpoint_every == 0)):
+        raise RunSpecError(spec.name, "cooldown.step",
+                           f"run {base.name!r} keeps checkpoints step-S every {base.checkpoint_every} steps and its "
+                           f"last, step-{last}; not step-{step}")
+    if spec.optimizer.type != base.optimizer.type:
+        raise RunSpecError(spec.name, "optimizer.type", f"{spec.optimizer.type!r} differs from "
+                                                        f"{base.optimizer.type!r} of run {base.name!r}, whose "
+                                                        "optimizer state it continues")
 
 
 # --- registry -----------------------------------------------------------------------------------
@@ -484,9 +593,11 @@ def load_run_registry(path: str | Path = DEFAULT_RUNS_YAML) -> dict[str, RunSpec
 
 def extend_run_registry(runs: Mapping[str, RunSpec], raw: Mapping[str, Any], origin: str) -> dict[str, RunSpec]:
     """``runs`` with the specs of ``raw`` (``{name: {...}}``) added, each replacing the run of its name;
-    a run may start from any run of the result. Errors name ``origin``."""
+    a run may start from any run of the result, and be declared as a difference from (``base:``) a run
+    of ``raw`` or ``runs`` (`resolve_bases`). Errors name ``origin``."""
     try:
-        merged = {**runs, **{str(name): RunSpec.from_dict(str(name), spec) for name, spec in raw.items()}}
+        bodies = resolve_bases({str(name): body for name, body in raw.items()}, runs, RunSpecError)
+        merged = {**runs, **{name: RunSpec.from_dict(name, body) for name, body in bodies.items()}}
         validate_init_sources(merged)
         return merged
     except RunSpecError as exc:

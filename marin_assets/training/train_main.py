@@ -35,6 +35,7 @@ from typing import Any
 
 from marin_assets.training.accelerator import sole_process
 from marin_assets.training.init_weights import InitWeightsError, check_weights, stage_weights, uri_of_reference
+from marin_assets.training.levanter_config import trained_components
 from marin_assets.training.metrics import (
     median,
     mfu,
@@ -441,7 +442,7 @@ def check_caches_readable(data_config) -> None:
             split_dir = os.path.join(base, split)
             fs, path = fsspec.core.url_to_fs(split_dir)
             if not fs.exists(os.path.join(path, "shard_ledger.json")):
-                if split == "train" and data_config.train_weights.get(name, 0) > 0:
+                if split == "train" and name in trained_components(data_config.train_weights):
                     raise FileNotFoundError(f"mixture component {name!r}: no finished cache at {split_dir}")
                 continue
             arrays = [f for f in fs.ls(path, detail=True) if f["type"] == "directory"]

