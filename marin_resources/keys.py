@@ -12,7 +12,19 @@ folders by stage. A one-word key is its own asset key. See docs/ui.md.
 
 from __future__ import annotations
 
+import re
+
 import dagster as dg
+
+# A name the project file gives a source, tokenizer or mixture: it becomes a path segment and a Dagster
+# tag value (`marin/source`, `marin/mixture`), and Dagster refuses a tag value outside this set when the
+# code location loads, with a stack trace.
+NAME_RULE = "letters, digits, '_', '.', '-'; starts with a letter or digit; at most 63 characters"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def is_safe_name(name: object) -> bool:
+    return isinstance(name, str) and _NAME.match(name) is not None
 
 # Who answers for each stage's assets (Dagster owners are e-mail addresses or `team:` names).
 STAGE_OWNERS = {"curation": "team:marin-curation", "tokenization": "team:marin-tokenization",

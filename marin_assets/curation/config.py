@@ -7,7 +7,6 @@ A source's ``uri`` is checked and made absolute by its scheme (schemes/) when th
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +19,9 @@ from marin_assets.curation.quality import QualityConfig
 from marin_assets.curation.schemes.base import SourceUriError, absolute_uri
 from marin_assets.curation.schemes.registry import scheme_of
 from marin_assets.curation.url_filter import UrlBlocklistError, read_url_blocklist
+from marin_resources.keys import NAME_RULE, is_safe_name
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, read_yaml, typed_config
 
-SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # About 128 MB of input per partition: 100k small files make a few hundred partitions, not 100k runs.
 DEFAULT_BYTES_PER_SHARD = 128 * 2**20
 # Sane bytes_per_shard. Below one 4 KiB block nearly every file is a shard of its own and a JSONL file
@@ -144,11 +143,8 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
     if not isinstance(raw, Mapping):
         raise SourceConfigError(f"sources[{index}]: expected a mapping, got {raw!r}")
     name = raw.get("name")
-    if not isinstance(name, str) or not SOURCE_NAME_RE.match(name):
-        raise SourceConfigError(
-            f"sources[{index}].name: {name!r} is not a safe source name "
-            "(letters, digits, '_', '.', '-'; starts with a letter or digit; at most 64 characters)"
-        )
+    if not is_safe_name(name):
+        raise SourceConfigError(f"sources[{index}].name: {name!r} is not a safe source name ({NAME_RULE})")
     where = f"source {name!r}"
     unknown = sorted(set(raw) - _SOURCE_KEYS)
     if unknown:

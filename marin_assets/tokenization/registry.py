@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
+from marin_resources.keys import NAME_RULE, is_safe_name
 from marin_resources.project import REGISTRY_SECTIONS
 from marin_resources.storage.identity import InvalidPartitionKeyError, validate_partition_key
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, read_yaml, typed_config
@@ -202,6 +203,7 @@ def _section(raw: dict, name: str) -> dict:
 
 def _tokenizer_entry(name: str, body: Any) -> TokenizerEntry:
     where = f"tokenizer {name!r}"
+    _require_safe_name(name, where)
     if body is not None and not isinstance(body, dict):
         raise RegistryError(f"{where}: expected a mapping, got {body!r}")
     body = dict(body or {})
@@ -217,8 +219,14 @@ def _tokenizer_entry(name: str, body: Any) -> TokenizerEntry:
     return TokenizerEntry(name, _decoded(TokenizerConfig, body, where), train_on, adopt, version)
 
 
+def _require_safe_name(name: Any, where: str) -> None:
+    if not is_safe_name(name):
+        raise RegistryError(f"{where}: not a safe name ({NAME_RULE})")
+
+
 def _mixture_entry(name: str, body: Any) -> MixtureEntry:
     where = f"mixture {name!r}"
+    _require_safe_name(name, where)
     if not isinstance(body, dict):
         raise RegistryError(f"{where}: expected a mapping with tokenizer and components, got {body!r}")
     unknown = sorted(set(body) - set(_MIXTURE_KEYS))

@@ -83,6 +83,12 @@ def test_marin_registry_replaces_the_bundled_file(tmp_path, sources):
      "documents and tokens must be >= 0"),
     ("tokenizers: {t: {train_on: [a]}}\ndefault: {tokenizer: t, validation_min_documents: 0}\n",
      "validation_min_documents must be at least 1"),
+    # Names Dagster refuses as tag values: they crashed the code location with a stack trace.
+    ("tokenizers: {t: {train_on: [a]}}\nmixtures: {text+code: {tokenizer: t, components: {a: {}}}}\n",
+     r"mixture 'text\+code': not a safe name \(letters, digits"),
+    ("tokenizers: {'t t': {train_on: [a]}}\n", "tokenizer 't t': not a safe name"),
+    (f"tokenizers: {{t: {{train_on: [a]}}}}\nmixtures: {{{'m' * 64}: {{tokenizer: t, components: {{a: {{}}}}}}}}\n",
+     "at most 63 characters"),
 ])
 def test_bad_registry_is_rejected(tmp_path, text, message):
     path = tmp_path / "registry.yaml"
