@@ -127,6 +127,10 @@ class Deployment:
                 missing = sorted(set(body["components"]) - set(tokenization.tokenized))
                 raise ConfigError(f"{origin}: mixture {name!r}: component(s) {missing} are not tokenized here "
                                   f"(tokenized: {', '.join(sorted(tokenization.tokenized))})")
+        for run in (sections.get(EVAL_SUITES_SECTION) or {}).get("runs") or {}:
+            if run not in self.runs:
+                raise ConfigError(f"{origin}: {EVAL_SUITES_SECTION}.runs.{run}: no run of that name is built here "
+                                  f"(runs: {', '.join(sorted(self.runs))})")
         for section, kept in (("runs", self.runs), ("sweeps", self.sweeps)):
             for name, body in (sections.get(section) or {}).items():
                 if name not in kept:

@@ -176,6 +176,8 @@ def test_which_file_and_which_store(tmp_path):
      "run 'nano-shakespeare' (tokenizer 'shakespeare') is evaluated with suite 'notes' (runs.nano-shakespeare), "
      "whose bpb set 'notes' is tokenized with tokenizer 'notes'"),
     ("eval_suites: {runs: {tiny: nope}}\n", "eval_suites: runs.tiny: 'nope' is not a declared suite"),
+    (NOTES.replace("runs: {tiny: notes}", "runs: {tiny: notes, tinny: notes}"),
+     "eval_suites.runs.tinny: no run of that name is built here (runs: nano-shakespeare, tiny)"),
     ("sweeps: {s: {mixture: shakespeare}}\n", "sweep 's': field"),
 ])
 def test_a_bad_project_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, problem):
