@@ -1,7 +1,7 @@
-"""What one deployment builds: its sources, tokenizers and mixtures, training runs and scaling
-sweeps, read once and handed to every stage by `stages.py`. Each part is the bundled YAML file (or
-the file MARIN_SOURCES, MARIN_REGISTRY, MARIN_RUNS or MARIN_SWEEPS names instead), with the
-project file's sections (`marin.yaml`, see `marin_resources.project`) on top.
+"""What one deployment builds: its sources, tokenizers and mixtures, training runs, scaling sweeps
+and eval suites, read once and handed to every stage by `stages.py`. Each part is the bundled YAML file (or
+the file MARIN_SOURCES, MARIN_REGISTRY, MARIN_RUNS, MARIN_SWEEPS or MARIN_SUITES names instead), with
+the project file's sections (`marin.yaml`, see `marin_resources.project`) on top.
 
 Each part is already resolved against the others: the tokenization registry keeps the entries
 whose sources are curated here, and runs and sweeps keep those whose mixture and tokenizer this
@@ -21,6 +21,7 @@ from marin_assets.curation.config import (
     extend_curation_config,
     load_curation_config,
 )
+from marin_assets.evaluation.suites import SuiteRegistry, load_suites, parse_suites
 from marin_assets.scaling_sweeps.config import (
     DEFAULT_SWEEPS_YAML,
     MixtureSweepConfig,
@@ -48,7 +49,7 @@ from marin_assets.training.spec import (
     validate_mixture_components,
 )
 from marin_resources.environments import MarinSettings
-from marin_resources.project import CURATION_SECTIONS, REGISTRY_SECTIONS
+from marin_resources.project import CURATION_SECTIONS, EVAL_SUITES_SECTION, REGISTRY_SECTIONS
 from marin_resources.typed_config import ConfigError
 
 
@@ -62,6 +63,8 @@ class Deployment:
     """Sweeps on a mixture and tokenizer built here."""
     mixture_sweeps: Mapping[str, MixtureSweepConfig] = field(default_factory=dict)
     """Mixture-weight sweeps of the project file (none built in), over runs built here."""
+    suites: SuiteRegistry = field(default_factory=load_suites)
+    """The eval suites, and which one each run's `harness_eval` runs."""
 
     @classmethod
     def load(cls, settings: MarinSettings) -> Deployment:
@@ -69,6 +72,7 @@ class Deployment:
         registry = load_registry(settings.registry_file or REGISTRY_PATH)
         runs = load_run_registry(settings.runs_file or DEFAULT_RUNS_YAML)
         sweeps = load_sweeps(settings.sweeps_file or DEFAULT_SWEEPS_YAML)
+        suites = load_suites(settings.suites_file)
         project = settings.project
         if project is not None:
             origin = str(project.path)
@@ -76,7 +80,12 @@ class Deployment:
             registry = parse_registry(project.part(REGISTRY_SECTIONS), origin, extends=registry)
             runs = extend_run_registry(runs, project.sections.get("runs", {}), origin)
             sweeps = extend_sweeps(sweeps, project.sections.get("sweeps", {}), origin)
-        deployment = cls.resolve(curation, registry, runs, sweeps)
+            if EVAL_SUITES_SECTION in project.sections:
+                suites = parse_suites(project.sections[EVAL_SUITES_SECTION], f"{origin}: {EVAL_SUITES_SECTION}",
+                                      extends=suites)
+        if settings.eval_suite:
+            suites = suites.with_default(settings.eval_suite, "MARIN_EVAL_SUITE")
+        deployment = cls.resolve(curation, registry, runs, sweeps, suites)
         if project is not None:
             deployment.require_built(project.sections, str(project.path), {"runs": runs, "sweeps": sweeps})
             deployment = dataclasses.replace(deployment, mixture_sweeps=extend_mixture_sweeps(
@@ -94,6 +103,7 @@ class Deployment:
                 in_project = project is not None and run.name in project.sections.get("runs", {})
                 origin = str(project.path) if in_project else str(settings.runs_file or DEFAULT_RUNS_YAML)
                 raise RunSpecError(exc.run, exc.field_path, exc.problem, origin=origin) from None
+        deployment.require_fitting_suites(str(project.path) if project is not None else suites.path)
         # Before anything launches: a run that no compute setting fits into the memory of the devices
         # it names is refused here, by the tokenizer's target vocabulary (runtime placement, never identity).
         for run in deployment.runs.values():
@@ -106,7 +116,7 @@ class Deployment:
 
     @classmethod
     def resolve(cls, curation: CurationConfig, registry: TokenizationRegistry, runs: Mapping[str, RunSpec],
-                sweeps: Mapping[str, SweepConfig]) -> Deployment:
+                sweeps: Mapping[str, SweepConfig], suites: SuiteRegistry | None = None) -> Deployment:
         """Keep what this deployment can build."""
         tokenization = registry_for_sources(registry, {s.name for s in curation.sources})
 
@@ -115,7 +125,23 @@ class Deployment:
 
         return cls(curation, tokenization,
                    {n: r for n, r in runs.items() if buildable(r.mixture, r.tokenizer)},
-                   {n: s for n, s in sweeps.items() if buildable(s.mixture, s.tokenizer)})
+                   {n: s for n, s in sweeps.items() if buildable(s.mixture, s.tokenizer)},
+                   suites if suites is not None else load_suites())
+
+    def require_fitting_suites(self, origin: str) -> None:
+        """ConfigError for a run whose eval suite measures bits-per-byte on a cache of another tokenizer:
+        the config already shows the numbers would be meaningless, so it is refused before any build."""
+        tokenized = self.tokenization.tokenized
+        for name, run in sorted(self.runs.items()):
+            suite = self.suites.suite_of_run(name)
+            for source in suite.bpb:
+                if source in tokenized and tokenized[source].tokenizer != run.tokenizer:
+                    chosen = f"runs.{name}" if name in self.suites.runs else "default_suite"
+                    raise ConfigError(
+                        f"{origin}: run {name!r} (tokenizer {run.tokenizer!r}) is evaluated with suite "
+                        f"{suite.name!r} ({chosen}), whose bpb set {source!r} is tokenized with tokenizer "
+                        f"{tokenized[source].tokenizer!r}; name a suite for it under eval_suites.runs in the "
+                        "project file (docs/evaluation.md)")
 
     def require_built(self, sections: Mapping[str, Any], origin: str,
                       declared: Mapping[str, Mapping[str, RunSpec | SweepConfig]]) -> None:
@@ -137,6 +163,10 @@ class Deployment:
                 missing = sorted(set(body["components"]) - set(tokenization.tokenized))
                 raise ConfigError(f"{origin}: mixture {name!r}: component(s) {missing} are not tokenized here "
                                   f"(tokenized: {', '.join(sorted(tokenization.tokenized))})")
+        for run in (sections.get(EVAL_SUITES_SECTION) or {}).get("runs") or {}:
+            if run not in self.runs:
+                raise ConfigError(f"{origin}: {EVAL_SUITES_SECTION}.runs.{run}: no run of that name is built here "
+                                  f"(runs: {', '.join(sorted(self.runs))})")
         for section, kept in (("runs", self.runs), ("sweeps", self.sweeps)):
             for name in sections.get(section) or {}:
                 if name not in kept:

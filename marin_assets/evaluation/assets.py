@@ -19,7 +19,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,6 @@ from marin_assets.evaluation.suites import (
     SuiteRegistry,
     chance_levels,
     lm_eval_task_files,
-    load_suites,
     margin_over_chance,
     render_harness_config,
     suite_identity,
@@ -53,7 +52,7 @@ from marin_assets.scaling_sweeps.assets import SweepRuns, harness_key, runs_part
 from marin_assets.scaling_sweeps.assets import checkpoint_key as sweep_checkpoint_key
 from marin_assets.scaling_sweeps.config import plan_sweep
 from marin_assets.scaling_sweeps.forecasting import forecast_metric, is_harness_metric
-from marin_assets.training.assets import RUNS, SpecLookup, check_pool, local_dir, named_run_lookup
+from marin_assets.training.assets import RUNS, SpecLookup, check_pool, find_handle, local_dir, named_run_lookup
 from marin_assets.training.commands import HARNESS_REPORT_FILE, harness_command
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
 from marin_assets.training.spec import RunSpec
@@ -62,12 +61,15 @@ from marin_resources.artifacts import (
     ArtifactHandle,
     Built,
     MarinStore,
+    asset_partition,
     checked_manifest,
     input_of,
+    input_refused,
     marin_check,
     materialize_artifact,
 )
 from marin_resources.environments import MarinSettings
+from marin_resources.keys import asset_key
 from marin_resources.launchers import TrainingLauncher
 
 EVAL_TASK_VERSION = "v1"
@@ -197,14 +199,14 @@ def results_table(report: dict[str, Any], chance: dict[str, float]) -> str:
 
 @dataclass(frozen=True)
 class HarnessSuite:
-    """The deployment's eval suite, resolved once per load: what every harness asset runs and reads."""
+    """One eval suite, resolved against the deployment once per load: what a run evaluated with it reads."""
 
     registry: SuiteRegistry
     suite: Suite
     tasks: tuple[str, ...]
-    """The suite's offline tasks built here: inputs ``eval_task/<task>``."""
+    """The suite's offline tasks built here: ``eval_task/<task>``."""
     heldout: dict[str, str]
-    """Each bits-per-byte source tokenized here, and its tokenizer: inputs ``tokenized/<source>``."""
+    """Each bits-per-byte source tokenized here, and its tokenizer: ``tokenized/<source>``."""
     missing: tuple[str, ...]
     """What the suite needs that this deployment does not build."""
 
@@ -220,49 +222,73 @@ class HarnessSuite:
     def identity(self, spec: RunSpec) -> dict[str, Any]:
         return {"run": spec.identity(), **suite_identity(self.registry, self.suite)}
 
+    def reads(self) -> set[str]:
+        """The marin keys of the artifacts a run evaluated with this suite reads, besides its checkpoint."""
+        return {eval_task_key(t) for t in self.tasks} | {f"tokenized/{s}" for s in self.heldout}
 
-def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint: ArtifactSpec,
+
+@dataclass(frozen=True)
+class RunSuites:
+    """Which suite each partition of a harness asset runs: ``suite_of(partition)`` names one of ``suites``."""
+
+    suites: Mapping[str, HarnessSuite]
+    suite_of: Callable[[str], str]
+
+    @classmethod
+    def single(cls, harness: HarnessSuite) -> "RunSuites":
+        return cls({harness.suite.name: harness}, lambda _run: harness.suite.name)
+
+    def of(self, partition: str) -> HarnessSuite:
+        return self.suites[self.suite_of(partition)]
+
+
+def build_harness_asset(run_suites: RunSuites, *, key: str, checkpoint: ArtifactSpec,
                         heldout: Mapping[str, ArtifactSpec], partitions: dg.DynamicPartitionsDefinition,
                         spec_for: SpecLookup, pool: str, group_name: str, catalog: Catalog,
                         tags: dict[str, str] | None = None, subject: str = ""):
-    """The suite on each run's final ``checkpoint`` (the spec of the runs' checkpoints), a run per
+    """Each run's suite on its final ``checkpoint`` (the spec of the runs' checkpoints), a run per
     partition, and its ``beats_chance`` check; ``spec_for`` gives a partition's `RunSpec` when a step
-    runs (dg.Failure for an unknown run); ``heldout``: the specs of the caches the suite's `bpb:` sets
-    read. The offline tasks' assets are this catalog's."""
-    registry, suite = harness.registry, harness.suite
-    ins = {"checkpoint": input_of(checkpoint)}
-    ins.update({f"task_{t}": input_of(catalog.spec(eval_task_key(t))) for t in harness.tasks})
-    ins.update({f"heldout_{s}": input_of(heldout[s]) for s in harness.heldout})
-    chance = chance_levels(registry, suite)
+    runs (dg.Failure for an unknown run); ``heldout``: the specs of the caches the suites' `bpb:` sets
+    read. The offline tasks' assets are this catalog's. Every suite's tasks and caches are declared
+    dependencies, and a partition reads those of its own suite only (as a run reads its own mixture),
+    so building one run's evaluation builds no other suite's data."""
+    reads_any = sorted(set().union(*(h.reads() for h in run_suites.suites.values())))
+    deps = [asset_key(read) for read in reads_any]
     tags = {"marin/partitioned_by": "run", **(tags or {})}
+    artifact = ArtifactSpec(key, HARNESS_EVAL_VERSION,
+                            lambda run: run_suites.of(str(run)).identity(spec_for(str(run))),
+                            reads=lambda run: {checkpoint.key, *run_suites.of(run).reads()})
+    names = sorted(run_suites.suites)
 
-    artifact = ArtifactSpec(key, HARNESS_EVAL_VERSION, lambda run: harness.identity(spec_for(str(run))))
-
-    @catalog.asset(artifact, partitions_def=partitions, ins=ins,
+    @catalog.asset(artifact, partitions_def=partitions, ins={"checkpoint": input_of(checkpoint)}, deps=deps,
                    group_name=group_name, pool=pool, kinds={"levanter", "lm-eval"}, tags=tags,
-                   metadata={"suite": suite.name},
-                   description=f"Suite `{suite.name}` on a run's final checkpoint{subject} through Levanter's eval "
-                               f"harness (lm-eval): {', '.join(t.name for t in suite.tasks) or 'no tasks'}"
-                               f"{'; bits-per-byte on held-out ' + ', '.join(suite.bpb) if suite.bpb else ''}. "
-                               "Per task `<task>/acc`, `<task>/acc_norm` and their stderr in the manifest; lm-eval's "
-                               "version and the task configs' hashes are part of its identity.")
+                   metadata={"suites": ", ".join(names)},
+                   description=f"A run's eval suite ({', '.join(names)}; the suites' `runs:` name each run's) on "
+                               f"its final checkpoint{subject} through Levanter's eval harness (lm-eval), and "
+                               "bits-per-byte on the suite's held-out sets. Per task `<task>/acc`, `<task>/acc_norm` "
+                               "and their stderr in the manifest; lm-eval's version and the task configs' hashes are "
+                               "part of its identity.")
     def harness_eval(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher,
-                     checkpoint: ArtifactHandle, **inputs: ArtifactHandle):
+                     checkpoint: ArtifactHandle):
         spec = spec_for(context.partition_key)
         check_pool(spec, pool)
+        harness = run_suites.of(context.partition_key)
+        registry, suite = harness.registry, harness.suite
         if harness.missing:
-            raise dg.Failure(f"suite {suite.name!r} needs {', '.join(harness.missing)}, which this deployment "
-                             "does not build (see the tokenization registry and suites.yaml)")
-        check_lm_eval_tasks(registry, suite)
-        artifacts = store.get()
-        heldout = {s: inputs[f"heldout_{s}"] for s in harness.heldout}
+            raise input_refused(f"{key}[{spec.name}]: suite {suite.name!r} needs {', '.join(harness.missing)}, "
+                                "which this deployment does not build (see the tokenization registry and the "
+                                "eval suites)")
         for source, tokenizer in harness.heldout.items():
             if tokenizer != spec.tokenizer:
-                raise dg.Failure(f"held-out set {source!r} is tokenized with tokenizer/{tokenizer}, "
-                                 f"run {spec.name!r} with tokenizer/{spec.tokenizer}: bits-per-byte would be "
-                                 "meaningless")
-        task_handles = {k.removeprefix("task_"): h for k, h in inputs.items() if k.startswith("task_")}
+                raise input_refused(f"{key}[{spec.name}]: held-out set {source!r} is tokenized with "
+                                    f"tokenizer/{tokenizer}, the run with tokenizer/{spec.tokenizer}: bits-per-byte "
+                                    "would be meaningless")
+        check_lm_eval_tasks(registry, suite)
+        artifacts = store.get()
+        heldout_handles = {s: find_handle(store, heldout[s]) for s in harness.heldout}
+        task_handles = {t: find_handle(store, catalog.spec(eval_task_key(t))) for t in harness.tasks}
         config = artifact.identity(spec.name)
+        chance = chance_levels(registry, suite)
 
         def build(writer) -> Built:
             out = Path(local_dir(store, writer))
@@ -270,7 +296,7 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint: Artifact
             for name, handle in task_handles.items():
                 localize_task(artifacts, handle, name, out / TASKS_DIR)
             harness_config = render_harness_config(registry, suite, str(out / TASKS_DIR) if task_handles else None)
-            harness_config["bpb"] = {s: h.uri for s, h in heldout.items()}
+            harness_config["bpb"] = {s: h.uri for s, h in heldout_handles.items()}
             harness_path = out / HARNESS_CONFIG_FILE
             harness_path.write_text(json.dumps(harness_config, indent=2))
             with tempfile.TemporaryDirectory(prefix="marin-harness-") as scratch:
@@ -295,18 +321,20 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint: Artifact
                                    "task_configs": dg.MetadataValue.json(config.get("task_configs", {}))})
 
         upstream = [checkpoint, *[task_handles[k] for k in sorted(task_handles)],
-                    *[heldout[k] for k in sorted(heldout)]]
+                    *[heldout_handles[k] for k in sorted(heldout_handles)]]
         return materialize_artifact(context, store, artifact, upstream=upstream, build=build)
 
-    hard = {t.name for t in suite.tasks if t.hard}
-
     @marin_check(harness_eval, name="beats_chance",
-                 description="Every offline task not marked `hard` has a positive margin over chance, "
-                             "acc - 2 x stderr - chance; every task's margin is recorded.")
+                 description="Every offline task of the run's suite not marked `hard` has a positive margin over "
+                             "chance, acc - 2 x stderr - chance; every task's margin is recorded.")
     def beats_chance(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         manifest = checked_manifest(context, store, artifact)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": f"no committed {key}"})
+        harness = run_suites.of(asset_partition(context))
+        suite = harness.suite
+        chance = chance_levels(harness.registry, suite)
+        hard = {t.name for t in suite.tasks if t.hard}
         margins = {task: margin_over_chance(manifest.metrics, task, level) for task, level in chance.items()}
         required = {t: m for t, m in margins.items() if t not in hard}
         passed = bool(required) and all(m is not None and math.isfinite(m) and m > 0 for m in required.values())
@@ -321,10 +349,10 @@ def build_harness_asset(harness: HarnessSuite, *, key: str, checkpoint: Artifact
 def build_evaluation_stage(settings: MarinSettings, deployment: Deployment,
                            upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
     """`eval_task/<task>` for the offline tasks on sources tokenized here; `harness_eval` over the
-    deployment's named runs, and `sweep_harness_eval/<sweep>` over the runs of each sweep that
-    forecasts a harness metric."""
+    deployment's named runs, each with its suite, and `sweep_harness_eval/<sweep>` over the runs of each
+    sweep that forecasts a harness metric, with the default suite."""
     tokenized_sources = {s: e.tokenizer for s, e in deployment.tokenization.tokenized.items()}
-    registry = load_suites(settings.suites_file)
+    registry = deployment.suites
     catalog = Catalog()
     assets: list = []
     tasks: set[str] = set()
@@ -333,19 +361,27 @@ def build_evaluation_stage(settings: MarinSettings, deployment: Deployment,
         if spec.source in tokenized_sources:
             assets.append(build_eval_task_asset(spec, catalog, caches[spec.source]))
             tasks.add(spec.name)
-    harness = HarnessSuite.resolve(registry, registry.suite(settings.eval_suite), tasks, tokenized_sources)
-    run_sets = [dict(key="harness_eval", checkpoint=upstream.spec("checkpoint"), partitions=RUNS,
+
+    def resolved(names: set[str]) -> dict[str, HarnessSuite]:
+        return {n: HarnessSuite.resolve(registry, registry.suite(n), tasks, tokenized_sources) for n in sorted(names)}
+
+    def named_suite(run: str) -> str:
+        return registry.suite_of_run(run).name
+
+    named = RunSuites(resolved({registry.default_suite, *(named_suite(r) for r in deployment.runs)}), named_suite)
+    default = RunSuites.single(resolved({registry.default_suite})[registry.default_suite])
+    run_sets = [dict(key="harness_eval", run_suites=named, checkpoint=upstream.spec("checkpoint"), partitions=RUNS,
                      spec_for=named_run_lookup(settings, deployment), group_name="evaluation")]
     for name, config in sorted(deployment.sweeps.items()):
         if is_harness_metric(forecast_metric(config)):
-            run_sets.append(dict(key=harness_key(name), checkpoint=upstream.spec(sweep_checkpoint_key(name)),
+            run_sets.append(dict(key=harness_key(name), run_suites=default,
+                                 checkpoint=upstream.spec(sweep_checkpoint_key(name)),
                                  partitions=runs_partitions(name),
                                  spec_for=sweep_run_lookup(settings, SweepRuns(plan_sweep(config))),
                                  group_name="scaling", tags={"marin/sweep": name}, subject=f" of sweep {name!r}"))
     checks = []
     for run_set in run_sets:
-        asset, check = build_harness_asset(harness, heldout=caches, pool=settings.train_pool, catalog=catalog,
-                                           **run_set)
+        asset, check = build_harness_asset(heldout=caches, pool=settings.train_pool, catalog=catalog, **run_set)
         assets.append(asset)
         checks.append(check)
     return dg.Definitions(assets=assets, asset_checks=checks), catalog

@@ -8,11 +8,15 @@
   held-out token caches evaluated for bits-per-byte (``bpb: [source, ...]``, validation-only
   components, as Marin does with Paloma). A task is an offline task when its name is one, otherwise
   a task of lm-eval's bundled registry (which may need the hub for its data);
-- ``default_suite``: the suite ``harness_eval`` runs unless the deployment picks another
-  (MARIN_EVAL_SUITE).
+- ``default_suite``: the suite ``harness_eval`` runs on a run not named under ``runs`` (MARIN_EVAL_SUITE
+  picks another);
+- ``runs``: run name -> the suite ``harness_eval[run]`` runs.
+
+The project file's ``eval_suites:`` section extends this file (`parse_suites(..., extends=)`):
+offline tasks, suites and ``runs`` by name, ``default_suite`` replaced.
 
 Refused at load, with the file and field named: a ``limit`` below 1, a suite with nothing in it,
-unknown fields, a duplicate task name in a suite, a ``bpb`` set or default suite that is not
+unknown fields, a duplicate task name in a suite, a default suite or a run's suite that is not
 declared. An lm-eval task name is checked against lm-eval's registry where that registry is read
 (``lm_eval_task_files``), before any model is loaded.
 
@@ -88,12 +92,23 @@ class SuiteRegistry:
     suites: dict[str, Suite]
     default_suite: str
     path: str = ""
+    runs: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Run name -> the suite ``harness_eval[run]`` runs; any other run runs ``default_suite``."""
 
     def suite(self, name: str | None = None) -> Suite:
         name = name or self.default_suite
         if name not in self.suites:
             raise SuiteError(f"{self.path}: no suite named {name!r}; declared: {sorted(self.suites)}")
         return self.suites[name]
+
+    def suite_of_run(self, run: str) -> Suite:
+        return self.suite(self.runs.get(run))
+
+    def with_default(self, name: str, where: str) -> SuiteRegistry:
+        """The registry with another default suite (``where`` names the setting that picked it)."""
+        if name not in self.suites:
+            raise SuiteError(f"{where}: no suite named {name!r}; declared: {sorted(self.suites)}")
+        return dataclasses.replace(self, default_suite=name)
 
     def offline_tasks_of(self, suite: Suite) -> list[NextLineTaskSpec]:
         return [self.offline_tasks[t.task] for t in suite.tasks if t.task in self.offline_tasks]
@@ -140,39 +155,52 @@ def _harness_task(raw: Any, where: str) -> HarnessTask:
                        limit=None if limit is None else _int(limit, f"{where}.limit", 1), alias=alias, hard=hard)
 
 
-def parse_suites(document: Any, path: str = "<suites>") -> SuiteRegistry:
-    """Validate a suites document (the parsed YAML); raises SuiteError naming the field."""
-    top = _fields(document, {"offline_tasks", "suites", "default_suite"}, path)
-    offline: dict[str, NextLineTaskSpec] = {}
+def parse_suites(document: Any, path: str = "<suites>", extends: SuiteRegistry | None = None) -> SuiteRegistry:
+    """Validate a suites document (the parsed YAML); raises SuiteError naming the field. With ``extends``,
+    the document adds to that registry (the project file's ``eval_suites:``): its offline tasks,
+    suites and runs by name, and its ``default_suite`` if it names one."""
+    top = _fields(document, {"offline_tasks", "suites", "default_suite", "runs"}, path)
+    offline: dict[str, NextLineTaskSpec] = dict(extends.offline_tasks) if extends else {}
     for name, raw in (top.get("offline_tasks") or {}).items():
         body = _fields(raw, _OFFLINE_FIELDS, f"{path}: offline_tasks.{name}")
         try:
             offline[str(name)] = NextLineTaskSpec(name=str(name), **body)
         except (TaskSpecError, TypeError) as exc:
             raise SuiteError(f"{path}: offline_tasks.{name}: {exc}") from None
-    suites: dict[str, Suite] = {}
-    raw_suites = top.get("suites")
-    if not isinstance(raw_suites, Mapping) or not raw_suites:
+    suites: dict[str, Suite] = dict(extends.suites) if extends else {}
+    raw_suites = top.get("suites", {} if extends else None)
+    if not isinstance(raw_suites, Mapping) or not (raw_suites or extends):
         raise SuiteError(f"{path}: expected a non-empty 'suites:' mapping of suite name to tasks")
     for name, raw in raw_suites.items():
-        where = f"{path}: suites.{name}"
-        body = _fields(raw if raw is not None else {}, _SUITE_FIELDS, where)
-        tasks = tuple(_harness_task(t, f"{where}.tasks[{i}]") for i, t in enumerate(body.get("tasks") or []))
-        bpb = tuple(str(s) for s in body.get("bpb") or [])
-        if not tasks and not bpb:
-            raise SuiteError(f"{where}: the suite is empty (list lm-eval tasks under 'tasks' or sources under 'bpb')")
-        names = [t.name for t in tasks]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise SuiteError(f"{where}.tasks: {duplicates} listed twice; give one an 'alias'")
-        if len(set(bpb)) != len(bpb):
-            raise SuiteError(f"{where}.bpb: contains duplicates")
-        suites[str(name)] = Suite(name=str(name), description=str(body.get("description", "")), tasks=tasks,
-                                  bpb=bpb, needs_hub=bool(body.get("needs_hub", False)))
-    default = top.get("default_suite")
+        suites[str(name)] = _suite(str(name), raw, f"{path}: suites.{name}")
+    default = top.get("default_suite", extends.default_suite if extends else None)
     if default not in suites:
         raise SuiteError(f"{path}: default_suite {default!r} is not a declared suite ({sorted(suites)})")
-    return SuiteRegistry(offline, suites, str(default), path)
+    runs = dict(extends.runs) if extends else {}
+    raw_runs = top.get("runs") or {}
+    if not isinstance(raw_runs, Mapping):
+        raise SuiteError(f"{path}: runs: expected a mapping of run name to suite name, got {raw_runs!r}")
+    for run, suite in raw_runs.items():
+        if suite not in suites:
+            raise SuiteError(f"{path}: runs.{run}: {suite!r} is not a declared suite ({sorted(suites)})")
+        runs[str(run)] = str(suite)
+    return SuiteRegistry(offline, suites, str(default), path, runs)
+
+
+def _suite(name: str, raw: Any, where: str) -> Suite:
+    body = _fields(raw if raw is not None else {}, _SUITE_FIELDS, where)
+    tasks = tuple(_harness_task(t, f"{where}.tasks[{i}]") for i, t in enumerate(body.get("tasks") or []))
+    bpb = tuple(str(s) for s in body.get("bpb") or [])
+    if not tasks and not bpb:
+        raise SuiteError(f"{where}: the suite is empty (list lm-eval tasks under 'tasks' or sources under 'bpb')")
+    names = [t.name for t in tasks]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SuiteError(f"{where}.tasks: {duplicates} listed twice; give one an 'alias'")
+    if len(set(bpb)) != len(bpb):
+        raise SuiteError(f"{where}.bpb: contains duplicates")
+    return Suite(name=name, description=str(body.get("description", "")), tasks=tasks, bpb=bpb,
+                 needs_hub=bool(body.get("needs_hub", False)))
 
 
 def load_suites(path: str | Path | None = None) -> SuiteRegistry:

@@ -64,10 +64,18 @@ def export_identity(spec: RunSpec, config: ExportConfig) -> dict:
     return {"run": spec.identity(), "step": config.step, "max_shard_mb": config.max_shard_mb}
 
 
+GENERATION_PROMPT = "To be, or not to be"
+
+
 def loading_snippet(path: str) -> str:
+    """The lines the demo prints and docs/training.md shows: load the export, continue a prompt greedily.
+    The prompt is BOS + text (no EOS), and generation stops at EOS (`generation_config.json`)."""
     return (f"from transformers import AutoTokenizer, FlaxLlamaForCausalLM  # or LlamaForCausalLM with torch\n"
             f"tokenizer = AutoTokenizer.from_pretrained({path!r})\n"
-            f"model = FlaxLlamaForCausalLM.from_pretrained({path!r})")
+            f"model = FlaxLlamaForCausalLM.from_pretrained({path!r})\n"
+            f"prompt = tokenizer({GENERATION_PROMPT!r}, return_tensors='np').input_ids\n"
+            f"output = model.generate(prompt, max_new_tokens=40, do_sample=False).sequences\n"
+            f"print(tokenizer.decode(output[0], skip_special_tokens=True))")
 
 
 def hf_model_spec(spec_for: SpecLookup) -> ArtifactSpec:
@@ -85,9 +93,9 @@ def build_hf_model_asset(*, spec_for: SpecLookup, pool: str, catalog: Catalog, c
                    tags={"marin/partitioned_by": "run"},
                    description="A run's final checkpoint (or a chosen step) as a Hugging Face model directory: "
                                "`config.json`, `generation_config.json`, float32 `model.safetensors` and the run's "
-                               "tokenizer, which frames a text as the token cache did (BOS + text + EOS). Loaded "
-                               "back with transformers and compared with Levanter's model (logits on validation "
-                               "sequences, greedy generation) before it is committed.")
+                               "tokenizer, which adds BOS (not EOS) to a text, so a prompt starts as a "
+                               "document did. Loaded back with transformers and compared with Levanter's model "
+                               "(logits on validation sequences, greedy generation) before it is committed.")
     def hf_model(context: dg.AssetExecutionContext, config: ExportConfig, store: MarinStore,
                  launcher: TrainingLauncher, checkpoint: ArtifactHandle):
         spec = spec_for(context.partition_key)

@@ -126,7 +126,7 @@ def _cap_bytes(texts: Iterable[str], max_bytes: int | None) -> Iterator[str]:
 
 def build_bpe_tokenizer(texts: Iterable[str], cfg: TokenizerConfig):
     """Train and return a `tokenizers.Tokenizer` (byte-level BPE, exact decode(encode(x)) == x)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     # No normalizer and no prefix space: every byte of the input survives encoding, so decoding
@@ -143,13 +143,17 @@ def build_bpe_tokenizer(texts: Iterable[str], cfg: TokenizerConfig):
     )
     tok.train_from_iterator(_cap_bytes(texts, cfg.max_train_bytes), trainer=trainer)
     if cfg.add_bos_on_encode:
-        bos_id = tok.token_to_id(cfg.bos_token)
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{cfg.bos_token} $A",
-            pair=f"{cfg.bos_token} $A {cfg.bos_token} $B:1",
-            special_tokens=[(cfg.bos_token, bos_id)],
-        )
+        tok.post_processor = bos_only_template(cfg.bos_token, tok.token_to_id(cfg.bos_token))
     return tok
+
+
+def bos_only_template(bos: str, bos_id: int):
+    """The post-processor that prepends BOS to an encoded text and appends nothing: a prompt starts
+    as a training document did, and does not end as one (EOS would tell a model the text is over)."""
+    from tokenizers import processors
+
+    return processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1",
+                                         special_tokens=[(bos, bos_id)])
 
 
 def _save_hf_directory(fast_tokenizer, out_dir: str) -> TokenizerArtifact:

@@ -9,12 +9,13 @@ BOS/EOS ids), ``generation_config.json``, the weights as ``model.safetensors`` (
 key names; ``model-0000i-of-0000n.safetensors`` and an index past ``--max-shard-bytes``), the
 tokenizer (``tokenizer.json``, ``tokenizer_config.json``) and ``export_report.json``.
 
-The exported tokenizer frames a text as the token cache framed every document, BOS + text + EOS
-(a post-processor on the tokenizer), so ``AutoTokenizer(text)`` gives the rows the model was
-trained on. Before it finishes, the process loads the directory with transformers' Flax Llama and
-compares it with Levanter's model on the run's first validation sequences (largest absolute
-logit difference) and on greedy generation from their first tokens; the report records both, and
-a disagreement beyond `LOGIT_TOLERANCE` fails the export.
+The exported tokenizer adds BOS only (a post-processor on the tokenizer): ``AutoTokenizer(text)``
+is a token cache row without its closing EOS, so a prompt reads as the start of a document and
+``generate`` continues it (with EOS appended, greedy generation would start after the end of one).
+Before it finishes, the process loads the directory with transformers' Flax Llama and compares it
+with Levanter's model on the run's first validation sequences (largest absolute logit difference)
+and on greedy generation from their first tokens; the report records both, and a disagreement
+beyond `LOGIT_TOLERANCE` fails the export.
 
 Reuses Levanter for the model, the checkpoint and the state dict's key names (its HF converter
 would fetch a reference config from the Hub, which a machine without network access cannot reach).
@@ -32,7 +33,7 @@ from marin_assets.training.reporting import Reporter, open_reporter
 # The export's artifact, here rather than in export/assets.py: a training run may start from another
 # run's export (`init_from`), and export/ builds on training/, not the other way round.
 HF_MODEL_KEY = "hf_model"
-HF_MODEL_VERSION = "v1"
+HF_MODEL_VERSION = "v2"  # v2: the tokenizer adds BOS only (v1 added EOS to every prompt)
 EXPORT_REPORT_FILE = "export_report.json"
 EXPORT_ERROR_FILE = "export_error.txt"
 """Written instead of the export when the input is wrong: the one line the asset reports."""
@@ -86,20 +87,18 @@ def write_safetensors(state: dict[str, Any], out: Path, max_shard_bytes: int) ->
 
 
 def save_tokenizer(tokenizer, out: Path) -> None:
-    """The run's tokenizer, framing a text as the cache framed documents: BOS + text + EOS."""
-    from tokenizers.processors import TemplateProcessing
+    """The run's tokenizer, adding BOS only on encode: a prompt starts as the cache's documents did
+    (BOS + text), and ends without their EOS, so that `generate` continues it."""
+    from marin_assets.tokenization.tokenizer import bos_only_template
 
     bos, eos = tokenizer.bos_token, tokenizer.eos_token
     if bos is None or eos is None:
         raise ExportError("the run's tokenizer has no BOS or EOS token; the cache framed documents with both")
-    backend = tokenizer.backend_tokenizer
-    backend.post_processor = TemplateProcessing(
-        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} {bos} $B {eos}",
-        special_tokens=[(bos, tokenizer.bos_token_id), (eos, tokenizer.eos_token_id)])
+    tokenizer.backend_tokenizer.post_processor = bos_only_template(bos, tokenizer.bos_token_id)
     tokenizer.save_pretrained(out)
     config_path = out / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
-    config.update(add_bos_token=True, add_eos_token=True)
+    config.update(add_bos_token=True, add_eos_token=False)
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 

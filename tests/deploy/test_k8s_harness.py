@@ -12,7 +12,7 @@ import dagster as dg
 import yaml
 
 from marin_assets.catalog import Catalog
-from marin_assets.evaluation.assets import HARNESS_EVAL_VERSION, HarnessSuite, build_harness_asset
+from marin_assets.evaluation.assets import HARNESS_EVAL_VERSION, HarnessSuite, RunSuites, build_harness_asset
 from marin_assets.evaluation.suites import load_suites
 from marin_assets.stages import build_stage
 from marin_assets.training.assets import CHECKPOINT_VERSION, RUNS, build_training_stage, named_run_lookup
@@ -48,7 +48,8 @@ def test_the_suite_runs_in_a_pod_placed_like_the_run_and_its_report_is_the_manif
     commit_checkpoint(store, spec)
     registry = load_suites()
     suite = registry.suite("core")
-    harness_eval, _ = build_harness_asset(HarnessSuite.resolve(registry, suite, set(), {}), key="harness_eval",
+    harness = RunSuites.single(HarnessSuite.resolve(registry, suite, set(), {}))
+    harness_eval, _ = build_harness_asset(harness, key="harness_eval",
                                           partitions=RUNS, heldout={},
                                           checkpoint=build_stage(build_training_stage, settings, deployment)[1].spec(
                                               "checkpoint"),

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from marin_assets.catalog import Catalog
-from marin_assets.evaluation.assets import HarnessSuite, build_harness_asset
+from marin_assets.evaluation.assets import HarnessSuite, RunSuites, build_harness_asset
 from marin_assets.evaluation.suites import load_suites
 from marin_assets.stages import build_stage
 from marin_assets.training.assets import RUNS, build_training_stage, named_run_lookup
@@ -160,7 +160,7 @@ def harness_eval(tmp_path, cluster, synthetic_deployment):
     deployment = synthetic_deployment(runs=load_run_registry(settings.runs_file))
     harness_test.commit_checkpoint(resources["store"].get(), dict(deployment.runs)[harness_test.RUN])
     registry = load_suites()
-    asset, _ = build_harness_asset(HarnessSuite.resolve(registry, registry.suite("core"), set(), {}),
+    asset, _ = build_harness_asset(RunSuites.single(HarnessSuite.resolve(registry, registry.suite("core"), set(), {})),
                                    key="harness_eval", partitions=RUNS, heldout={},
                                    checkpoint=build_stage(build_training_stage, settings, deployment)[1].spec(
                                        "checkpoint"),

@@ -16,6 +16,7 @@ from data_fixtures import single_cache_mixture  # noqa: E402
 from marin_assets.curation.config import CurationConfig  # noqa: E402
 from marin_assets.deployment import Deployment  # noqa: E402
 from marin_assets.evaluation.assets import build_evaluation_stage  # noqa: E402
+from marin_assets.evaluation.suites import load_suites  # noqa: E402
 from marin_assets.stages import build_stage
 from marin_assets.tokenization.registry import TokenizationRegistry  # noqa: E402
 from marin_assets.training.assets import CHECKPOINT_VERSION, RUNS  # noqa: E402
@@ -61,7 +62,8 @@ def harness_deployment(tmp_path, monkeypatch):
                                    Path(out) / "train_config.yaml")
                 writer.commit(config=spec.identity(), upstream=[],
                               producer=producer_info("seed"))
-        stage, _ = build_stage(build_evaluation_stage, settings, deployment)
+        stage, _ = build_stage(build_evaluation_stage, settings, dataclasses.replace(deployment,
+                                                                                    suites=load_suites(suites)))
 
         @dg.asset(key="checkpoint", partitions_def=RUNS, metadata={"marin/version": CHECKPOINT_VERSION},
                   io_manager_key="artifact_io_manager")

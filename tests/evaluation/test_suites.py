@@ -126,3 +126,34 @@ def test_tasks_are_grouped_by_limit():
         [(50, ["tiny_next_line", "copa"]), (None, ["piqa"])]
     assert rendered["include_bundled_tasks"] and rendered["offline_tasks"] == {
         "tiny_next_line": {"task": "tiny_next_line", "choices": 4}}
+
+
+def test_a_project_section_extends_the_bundled_suites_by_name():
+    bundled = load_suites()
+    notes = {"tasks": [{"task": "notes_line_end", "limit": 50}], "bpb": ["notes"]}
+    extended = parse_suites({"offline_tasks": {"notes_line_end": {"source": "notes", "continuation": "line_end"}},
+                             "suites": {"notes": notes}, "runs": {"tiny": "notes"}},
+                            "marin.yaml: eval_suites", extends=bundled)
+    assert set(extended.suites) == set(bundled.suites) | {"notes"}
+    assert set(extended.offline_tasks) == set(bundled.offline_tasks) | {"notes_line_end"}
+    assert extended.default_suite == bundled.default_suite  # not named: kept
+    assert extended.suite_of_run("tiny").name == "notes"
+    assert extended.suite_of_run("nano-shakespeare") == bundled.suite_of_run("nano-shakespeare")
+    assert extended.suite_of_run("any-other-run").name == bundled.default_suite
+    assert parse_suites({"default_suite": "notes"}, "p", extends=extended).suite_of_run("any-other-run").name == "notes"
+    assert extended.with_default("core", "MARIN_EVAL_SUITE").suite_of_run("any-other-run").name == "core"
+
+
+@pytest.mark.parametrize("section, problem", [
+    ({"runs": {"tiny": "nope"}}, "marin.yaml: eval_suites: runs.tiny: 'nope' is not a declared suite"),
+    ({"runs": ["tiny"]}, "marin.yaml: eval_suites: runs: expected a mapping of run name to suite name"),
+    ({"default_suite": "nope"}, "marin.yaml: eval_suites: default_suite 'nope' is not a declared suite"),
+    ({"suites": {"s": {}}}, "marin.yaml: eval_suites: suites.s: the suite is empty"),
+    ({"suite": {}}, "marin.yaml: eval_suites: unknown field(s) ['suite']"),
+])
+def test_a_bad_project_section_is_refused_naming_the_file_and_field(section, problem):
+    with pytest.raises(SuiteError) as caught:
+        parse_suites(section, "marin.yaml: eval_suites", extends=load_suites())
+    assert problem in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(SuiteError, match="MARIN_EVAL_SUITE: no suite named 'nope'"):
+        load_suites().with_default("nope", "MARIN_EVAL_SUITE")

@@ -30,6 +30,12 @@ tokenized:
   notes: {{tokenizer: notes, validation_fraction: 0.1}}
 mixtures:
   notes: {{tokenizer: notes, components: {{notes: {{weight: 1.0}}}}}}
+eval_suites:
+  offline_tasks:
+    notes_line_end: {{source: notes, continuation: line_end, distractors: other_documents, min_chars: 10}}
+  suites:
+    notes: {{tasks: [{{task: notes_line_end, limit: 50}}], bpb: [notes]}}
+  runs: {{tiny: notes}}
 runs:
   tiny: {RUN}
 """
@@ -193,6 +199,17 @@ def test_which_file_and_which_store(tmp_path):
     (f"runs: {{r: {RUN}}}\n".replace("notes", "shakespeare").replace("steps: 5", "steps: '10'"),
      "run 'r': field 'num_train_steps': expected an integer, got '10' (str)"),
     (f"runs: {{r: {RUN}}}\n", "run 'r': mixture 'notes' with tokenizer 'notes' is not built here"),
+    (NOTES.replace("runs: {tiny: notes}", "runs: {tiny: shakespeare}"),
+     "run 'tiny' (tokenizer 'notes') is evaluated with suite 'shakespeare' (runs.tiny), whose bpb set "
+     "'shakespeare' is tokenized with tokenizer 'shakespeare'; name a suite for it under eval_suites.runs"),
+    (NOTES.replace("  runs: {tiny: notes}\n", ""), "run 'tiny' (tokenizer 'notes') is evaluated with suite "
+     "'shakespeare' (default_suite), whose bpb set 'shakespeare' is tokenized with tokenizer 'shakespeare'"),
+    (NOTES.replace("runs: {tiny: notes}", "runs: {tiny: notes, nano-shakespeare: notes}"),
+     "run 'nano-shakespeare' (tokenizer 'shakespeare') is evaluated with suite 'notes' (runs.nano-shakespeare), "
+     "whose bpb set 'notes' is tokenized with tokenizer 'notes'"),
+    ("eval_suites: {runs: {tiny: nope}}\n", "eval_suites: runs.tiny: 'nope' is not a declared suite"),
+    (NOTES.replace("runs: {tiny: notes}", "runs: {tiny: notes, tinny: notes}"),
+     "eval_suites.runs.tinny: no run of that name is built here (runs: nano-shakespeare, tiny)"),
     ("sweeps: {s: {mixture: shakespeare}}\n", "sweep 's': field"),
     ("runs: {r: {base: nano-shakespare, seed: 1}}\n",
      "run 'r': field 'base': no entry named 'nano-shakespare' to derive from (known: "),
@@ -243,6 +260,8 @@ def test_marin_init_writes_a_starter_that_loads_and_never_replaces_one(tmp_path,
     assert deployment.curation.source("my_text").uri == f"{data}/**/*.txt"
     run = deployment.runs["my-first-run"]
     assert (run.mixture, run.tokenizer) == ("my_text", "my_text") and "my_text" in deployment.tokenization.mixtures
+    assert deployment.suites.suite_of_run("my-first-run").bpb == ("my_text",)  # its own held-out text
+    assert deployment.suites.suite_of_run("nano-shakespeare").name == "shakespeare"  # the demo's, untouched
     assert main(["init", "proj"]) == 2
     assert path.read_text() == text
     assert "exists; not replacing a project file" in capsys.readouterr().err
@@ -304,6 +323,42 @@ def test_a_run_plans_only_its_own_mixture_and_tokenizer(tmp_path, monkeypatch):
         instance.dispose()
     assert {"mixture/ma_mixture", "tokenizer/ta_tokenizer", "raw/a_raw", "checkpoint"} <= planned
     assert not [key for key in planned if "/b_" in key or "/mb_" in key or "/tb_" in key], planned
+
+
+def test_a_runs_harness_eval_plans_only_its_own_suites_data(tmp_path, monkeypatch):
+    """With the built-in sources present, evaluating the project's run builds its own chain and no
+    other source's (before, it built the Shakespeare and installed_packages chains: 18 runs)."""
+    import dagster as dg
+
+    from marin_assets.definitions import build_definitions
+    from marin_assets.planning import Planner, parse_key
+    from marin_assets.training.assets import RUNS
+
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "doc.txt").write_text("notes " * 100)
+    project(tmp_path, NOTES)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store")}, cwd=tmp_path)
+    defs, catalog = build_definitions(settings)
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        plan = Planner(defs, catalog, defs.resources["store"].get(), instance)
+        # The project's source and the runs only: the built-in sources are never listed (no download).
+        plan.discover([name for name in catalog.discoverers if "notes" in name or name == RUNS.name])
+        planned = {key.to_user_string() for keys, _ in plan.plan_all([(parse_key("harness_eval"), "tiny")])
+                   for key in keys}
+        graph = defs.resolve_asset_graph()
+    finally:
+        instance.dispose()
+    assert {"harness_eval", "checkpoint", "eval_task/notes_line_end_eval_task", "tokenized/notes_tokenized",
+            "raw/notes_raw", "mixture/notes_mixture"} <= planned, planned
+    assert not [key for key in planned if "shakespeare" in key or "installed_packages" in key
+                or "quality" in key], planned
+    # The harness asset still declares the demo run's suite inputs: that run reads them, this one does not.
+    assert parse_key("eval_task/shakespeare_word_order") in graph.get(parse_key("harness_eval")).parent_keys
 
 
 @pytest.mark.slow  # the CLI, and a code server started from workspace.yaml

@@ -47,7 +47,8 @@ def write_corpus(folder: Path) -> int:
 
 def test_the_walkthrough_runs_as_written(tmp_path):
     blocks = bash_blocks(PAGE.read_text())
-    assert len(blocks) >= 4 and "marin init" in blocks[0], blocks
+    assert len(blocks) >= 5 and "marin init" in blocks[0], blocks
+    assert any("marin materialize harness_eval --partition my-first-run" in block for block in blocks), blocks
     files = write_corpus(tmp_path / "my-texts")
     assert files >= 20, f"only {files} files of docstrings pass the default filters"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MARIN_", "DAGSTER_"))}
@@ -69,7 +70,17 @@ def test_the_walkthrough_runs_as_written(tmp_path):
     # Every file was read (the nested ones too), into the one source's shards.
     raw = list(store.glob("raw/my_text/v1-*/*/.artifact.json"))
     assert sum(len(json.loads(m.read_text())["files"]) for m in raw) >= files
-    # The run read its own data only: nothing built-in was curated for it.
+    # lm-eval on its own held-out text, offline: the task made from them and the run's harness evaluation.
+    (harness,) = store.glob("harness_eval/v1-*/my-first-run/.artifact.json")
+    results = json.loads(harness.read_text())["metrics"]
+    (task,) = store.glob("eval_task/my_text_word_order/**/.artifact.json")
+    items = json.loads(task.read_text())["metrics"]["items"]
+    assert results["my_text_word_order/n"] == min(200, items) > 0 and 0 <= results["my_text_word_order/acc"] <= 1
+    assert results["eval/my_text/bpb"] > 0 and results["my_text_word_order/acc_stderr"] > 0, results
+    # The run and its evaluations read its own data only: nothing built-in was curated or tokenized for them.
+    built = {path.relative_to(store).parts[0] + "/" + path.relative_to(store).parts[1]
+             for path in store.glob("*/*") if path.is_dir()}
+    assert not [key for key in built if "shakespeare" in key or "installed_packages" in key], built
     assert not (store / "raw" / "shakespeare").exists() and not (store / "mixture" / "shakespeare").exists()
     # Training reported its progress; the rerun built nothing; the verified lineage reached the files.
     assert re.search(r"checkpoint, eval \[my-first-run\]: step \d+/100 loss [\d.]+", out), out[-4000:]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import SUBPROCESS_ENV, tiny_spec
 
+from marin_assets.export.assets import GENERATION_PROMPT, loading_snippet
 from marin_assets.training.export_main import (
     CHECK_NEW_TOKENS,
     CHECK_PROMPT_TOKENS,
@@ -22,6 +23,8 @@ from marin_assets.training.export_main import (
 )
 
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+DOCUMENTED_PATH = "local_store/hf_model/v2-<fingerprint>/nano-shakespeare"
 
 
 def run_module(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -80,8 +83,10 @@ def test_a_client_loads_it_and_generates_what_levanter_generated(exported, tiny_
     assert tokens == report["greedy_tokens"]  # Levanter's greedy sampler, in the export process
 
 
-def test_its_tokenizer_frames_documents_as_the_token_cache_did(exported, tiny_artifact, tmp_path):
-    """1,000 documents through the pipeline's own cache builder, against `AutoTokenizer(text)`."""
+def test_its_tokenizer_encodes_documents_as_the_token_cache_did_but_for_the_closing_eos(exported, tiny_artifact,
+                                                                                         tmp_path):
+    """1,000 documents through the pipeline's own cache builder, against `AutoTokenizer(text)`: the same
+    rows, BOS first, without the EOS that closed each document in the cache."""
     from levanter.store.cache import TreeCache
     from transformers import AutoTokenizer
 
@@ -97,7 +102,23 @@ def test_its_tokenizer_frames_documents_as_the_token_cache_did(exported, tiny_ar
                                         str(tmp_path / "cache"), CacheConfig(validation_fraction=0.0))
     cache = TreeCache.load(str(tmp_path / "cache" / "train"), {"input_ids": np.zeros((0,), dtype=np.int32)})
     rows = [list(r["input_ids"]) for r in cache.get_batch_sync(list(range(len(cache))))]
-    assert rows == AutoTokenizer.from_pretrained(out)(docs)["input_ids"]
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert rows == [[*ids, tokenizer.eos_token_id] for ids in tokenizer(docs)["input_ids"]]
+
+
+def test_the_documented_lines_continue_a_prompt_instead_of_starting_after_its_end(exported, capsys):
+    """The lines docs/training.md shows (and the demo prints), run as written on the export: the
+    prompt is BOS + text with no EOS, and greedy generation continues it."""
+    out, _ = exported
+    assert f"```python\n{loading_snippet(DOCUMENTED_PATH)}\n```" in (REPO / "docs" / "training.md").read_text()
+    scope: dict = {}
+    exec(loading_snippet(str(out)), scope)
+    tokenizer, prompt, output = scope["tokenizer"], scope["prompt"][0].tolist(), scope["output"][0].tolist()
+    assert prompt[0] == tokenizer.bos_token_id and tokenizer.eos_token_id not in prompt
+    assert prompt == tokenizer(GENERATION_PROMPT)["input_ids"] and output[:len(prompt)] == prompt
+    assert len(output) > len(prompt) and output[len(prompt)] != tokenizer.eos_token_id
+    printed = capsys.readouterr().out
+    assert printed.startswith(GENERATION_PROMPT) and len(printed.strip()) > len(GENERATION_PROMPT)
 
 
 def test_a_run_continued_from_the_export_starts_at_the_loss_the_run_ended_with(trained_run, exported, tiny_artifact,
