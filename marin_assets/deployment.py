@@ -126,7 +126,7 @@ class Deployment:
         return cls(curation, tokenization,
                    {n: r for n, r in runs.items() if buildable(r.mixture, r.tokenizer)},
                    {n: s for n, s in sweeps.items() if buildable(s.mixture, s.tokenizer)},
-                   suites if suites is not None else load_suites())
+                   suites=suites if suites is not None else load_suites())
 
     def require_fitting_suites(self, origin: str) -> None:
         """ConfigError for a run whose eval suite measures bits-per-byte on a cache of another tokenizer:
@@ -140,8 +140,8 @@ class Deployment:
                     raise ConfigError(
                         f"{origin}: run {name!r} (tokenizer {run.tokenizer!r}) is evaluated with suite "
                         f"{suite.name!r} ({chosen}), whose bpb set {source!r} is tokenized with tokenizer "
-                        f"{tokenized[source].tokenizer!r}; name a suite for it under eval_suites.runs in the "
-                        "project file (docs/evaluation.md)")
+                        f"{tokenized[source].tokenizer!r}; name a suite for it under eval_suites.runs (or set "
+                        "eval_suites.default_suite) in the project file (docs/evaluation.md)")
 
     def require_built(self, sections: Mapping[str, Any], origin: str,
                       declared: Mapping[str, Mapping[str, RunSpec | SweepConfig]]) -> None:

@@ -36,6 +36,7 @@ eval_suites:
   suites:
     notes: {{tasks: [{{task: notes_line_end, limit: 50}}], bpb: [notes]}}
   runs: {{tiny: notes}}
+  default_suite: notes
 runs:
   tiny: {RUN}
 """
@@ -202,7 +203,8 @@ def test_which_file_and_which_store(tmp_path):
     (NOTES.replace("runs: {tiny: notes}", "runs: {tiny: shakespeare}"),
      "run 'tiny' (tokenizer 'notes') is evaluated with suite 'shakespeare' (runs.tiny), whose bpb set "
      "'shakespeare' is tokenized with tokenizer 'shakespeare'; name a suite for it under eval_suites.runs"),
-    (NOTES.replace("  runs: {tiny: notes}\n", ""), "run 'tiny' (tokenizer 'notes') is evaluated with suite "
+    (NOTES.replace("  runs: {tiny: notes}\n  default_suite: notes\n", ""), "run 'tiny' (tokenizer 'notes') is "
+     "evaluated with suite "
      "'shakespeare' (default_suite), whose bpb set 'shakespeare' is tokenized with tokenizer 'shakespeare'"),
     (NOTES.replace("runs: {tiny: notes}", "runs: {tiny: notes, nano-shakespeare: notes}"),
      "run 'nano-shakespeare' (tokenizer 'shakespeare') is evaluated with suite 'notes' (runs.nano-shakespeare), "

@@ -335,12 +335,13 @@ class RecordingLauncher:
         return Recording()
 
 
-def _commit(store, key: str, partition: str | None, files: dict[str, bytes], metrics=None, config=None):
+def _commit(store, key: str, partition: str | None, files: dict[str, bytes], metrics=None, config=None,
+            version: str = "v1"):
     from marin_resources.storage.identity import fingerprint
     from marin_resources.storage.store import producer_info, writing
 
     config = config or {"name": key}
-    with writing(store, key, "v1", partition, fingerprint=fingerprint(config), run_id="test") as writer:
+    with writing(store, key, version, partition, fingerprint=fingerprint(config), run_id="test") as writer:
         for name, data in files.items():
             with writer.open(name) as fh:
                 fh.write(data)
@@ -377,8 +378,11 @@ def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_d
     (tmp_path / "empty").mkdir()
     checkpoint, catalog, resources, store, calls = recording_checkpoint_stage(tmp_path, runs_file,
                                                                               synthetic_deployment)
+    from marin_assets.training.export_main import HF_MODEL_VERSION
+
     export = _commit(store, "hf_model", "base", {n: (llama_dir / n).read_bytes()
-                                                 for n in ("config.json", "model.safetensors")})
+                                                 for n in ("config.json", "model.safetensors")},
+                     version=HF_MODEL_VERSION)
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("runs", ["base", "broken", "tuned"])
         result = dg.materialize([checkpoint], partition_key="tuned", instance=instance, resources=resources)
