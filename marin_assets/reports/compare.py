@@ -197,8 +197,9 @@ def accuracy(values: Mapping[str, Any], task: str) -> str | None:
 
 def compare(results: Sequence[RunResults]) -> Comparison:
     """The table of ``results``: mixture, tokenizer, initial weights and every other run config
-    field on which the runs differ (`config_differences`), the training results, then loss and bits-per-byte of every eval set, then
-    every harness task's accuracy and margin over chance. Rows no run has are left out."""
+    field on which the runs differ (`config_differences`), the training results, then loss and
+    bits-per-byte of every eval set, then every harness task's accuracy and margin over chance. Rows
+    no run has are left out."""
     rows: list[tuple[str, tuple[Any, ...]]] = []
 
     def add(label: str, cell) -> None:
