@@ -295,3 +295,27 @@ def test_status_sets_apart_what_was_never_built_and_nothing_built_reads(tmp_path
     assert lines[-3:] == ["not built: never materialized, and nothing built reads them (marin materialize KEY "
                           "builds one)", "  test/report", "2 fresh, 1 stale, 1 missing, 0 damaged, 1 not built  "
                                                          "(prefix /store)"]
+
+
+def test_what_describe_reads_from_the_artifact_is_on_every_event_a_reuse_too(tmp_path, instance):
+    """The UI shows an asset's latest materialization; a reuse (a checkpoint reused by the run that
+    exports it) must carry the plot its build committed, not only the build's own event."""
+    spec = ArtifactSpec.fixed("test/plotted", "v1", {})
+
+    def shown(manifest):
+        return {"plot": ArtifactStore(str(tmp_path)).open(f"{manifest.uri}/plot.txt").read().decode()}
+
+    @dg.asset(key=asset_key("test/plotted"), metadata={"marin/version": "v1"})
+    def plotted(context: dg.AssetExecutionContext, store: MarinStore):
+        def build(writer):
+            with writer.open("plot.txt") as fh:
+                fh.write(b"a curve")
+            return Built(metrics={"points": 3})
+        return materialize_artifact(context, store, spec, upstream=[], build=build, describe=shown)
+
+    resources = {"store": MarinStore(prefix=str(tmp_path))}
+    events = []
+    for _ in range(2):
+        result = dg.materialize([plotted], resources=resources, instance=instance)
+        events.append({k: v.value for k, v in materialization(result, "test/plotted").metadata.items()})
+    assert [(e["marin/reused"], e["plot"]) for e in events] == [(False, "a curve"), (True, "a curve")]
