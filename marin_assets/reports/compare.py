@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.metrics import parse_metrics, pyplot
+from marin_assets.training.metrics import eval_sets, parse_metrics, pyplot
 from marin_assets.training.train_main import METRICS_FILE
 from marin_resources.storage.store import ArtifactStore, Manifest
 
@@ -174,10 +174,6 @@ class Comparison:
         return {"runs": list(self.runs), "rows": [{"metric": label, "values": dict(zip(self.runs, values))}
                                                   for label, values in self.rows],
                 "notes": list(self.notes)}
-
-
-def eval_sets(values: Mapping[str, Any]) -> list[str]:
-    return sorted({k.split("/")[1] for k in values if k.startswith("eval/") and k.count("/") == 2})
 
 
 def harness_tasks(values: Mapping[str, Any]) -> list[str]:

@@ -36,6 +36,7 @@ from marin_assets.training.levanter_config import (
     set_checkpoint_base,
 )
 from marin_assets.training.memory import ComputePlan, plan_run
+from marin_assets.training.metrics import eval_lines
 from marin_assets.training.spec import RunSpec, RunSpecError
 from marin_assets.training.train_main import FINAL_EVAL_FILE, INPUT_ERROR_FILE, LOSS_CURVE_FILE, SUMMARY_FILE
 from marin_resources.artifact_spec import ArtifactSpec, ReadsFn
@@ -196,7 +197,8 @@ def run_specs(checkpoint_key: str, eval_key: str, spec_for: SpecLookup, store: C
         return spec.identity() if spec.init_from is None else checkpoint_identity(spec, store())
 
     return (ArtifactSpec(checkpoint_key, CHECKPOINT_VERSION, checkpoint_config, reads=reads),
-            ArtifactSpec(eval_key, EVAL_VERSION, lambda run: spec_for(str(run)).eval_identity()))
+            ArtifactSpec(eval_key, EVAL_VERSION, lambda run: spec_for(str(run)).eval_identity(),
+                         results=lambda manifest: eval_lines(manifest.metrics)))
 
 
 def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.DynamicPartitionsDefinition,
