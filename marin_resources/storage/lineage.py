@@ -166,20 +166,28 @@ def build_lineage(store: ArtifactStore, manifest: Manifest, *, verify: bool = Fa
 
 def render_tree(node: LineageNode) -> str:
     """The lineage as an indented tree, one line per artifact. An artifact with upstream of its own
-    that several consumers read (a quality classifier every filtered shard reads) is drawn in full
+    that several consumers read (the deduplicated corpus every cache shard reads) is drawn in full
     once, marked `[n]`; every later occurrence is one line naming it, `[n] as above`, with FAILED
     where its subtree has problems. The walk verified every node whichever way it is drawn."""
+    drawn: set[str] = set()
+    referenced: set[str] = set()
+
+    def find_references(n: LineageNode) -> None:  # the drawing's own order: what a later line names
+        if n.children and n.node_id in drawn:
+            referenced.add(n.node_id)
+            return
+        drawn.add(n.node_id)
+        for c in n.children:
+            find_references(c)
+
+    find_references(node)
     lines: list[str] = []
-    counts: dict[str, int] = {}
-    for n in node.walk():
-        counts[n.node_id] = counts.get(n.node_id, 0) + 1
     marks: dict[str, int] = {}
 
     def visit(n: LineageNode, prefix: str, last: bool, root: bool) -> None:
         label = n.asset_key + (f"[{n.partition}]" if n.partition else "")
         branch = "" if root else prefix + ("└── " if last else "├── ")
-        shared = bool(n.children) and counts[n.node_id] > 1
-        if shared and n.node_id in marks:
+        if n.node_id in marks:
             failed = "  FAILED (above)" if any(c.problems for c in n.walk()) else ""
             lines.append(f"{branch}{label}  data {n.data_version[:12]}  [{marks[n.node_id]}] as above{failed}")
             return
@@ -188,7 +196,7 @@ def render_tree(node: LineageNode) -> str:
         else:
             desc = (f"{label}  {n.code_version}  data {n.data_version[:12]}  fp {(n.fingerprint or '')[:12]}  "
                     f"run {(n.run_id or '-')[:8]}  git {(n.git_sha or '-')[:8]}")
-        if shared:
+        if n.node_id in referenced:
             marks[n.node_id] = len(marks) + 1
             desc += f"  [{marks[n.node_id]}]"
         status = "  FAILED: " + "; ".join(n.problems) if n.problems else ""
