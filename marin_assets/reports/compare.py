@@ -221,16 +221,18 @@ def is_real(value: Any) -> bool:
     return isinstance(value, float) and not isinstance(value, bool)
 
 
-def decimals_for(values: Sequence[Any]) -> int:
-    """Decimals for a row's non-integer numbers, set by the largest of them: losses and other small
-    numbers 4, rates and durations from 100 up 1, from 1,000 up none."""
+def number_format(values: Sequence[Any]) -> str:
+    """The format of a row's non-integer numbers, set by the largest of them: from 1,000 up whole,
+    from 100 up one decimal, below that 4 (losses, bits-per-byte), and where even the largest is
+    under 0.001 (an optimizer's epsilon) 3 significant digits in scientific notation."""
     size = max((abs(v) for v in values if is_real(v) and math.isfinite(v)), default=0.0)
-    return 0 if size >= 1000 else 1 if size >= 100 else 4
+    return ",.0f" if size >= 1000 else ",.1f" if size >= 100 else ".4f" if size == 0 or size >= 1e-3 else ".2e"
 
 
-def cell_text(value: Any, decimals: int | None = None) -> str:
-    """A table cell: counts with thousands separators, other numbers with ``decimals`` (default: by
-    their own size, `decimals_for`), a list (a config field's) as compact JSON, anything else as text."""
+def cell_text(value: Any, spec: str | None = None) -> str:
+    """A table cell: counts with thousands separators, other numbers in the format ``spec`` (default:
+    by their own size, `number_format`), a list (a config field's) as compact JSON, anything else as
+    text."""
     if value is None:
         return MISSING
     if isinstance(value, (list, tuple)):
@@ -239,14 +241,14 @@ def cell_text(value: Any, decimals: int | None = None) -> str:
         return str(value)
     if isinstance(value, int):
         return f"{value:,}"
-    return f"{value:,.{decimals_for([value]) if decimals is None else decimals}f}"
+    return format(value, number_format([value]) if spec is None else spec)
 
 
 def row_cells(values: Sequence[Any]) -> list[str]:
-    """A row's cells, its numbers to one number of decimals, so that a row reads down one scale
-    (1,090 and 95, not 1,090 and 94.5979)."""
-    decimals = decimals_for(values)
-    return [cell_text(v, decimals) for v in values]
+    """A row's cells, its numbers in one format, so that a row reads down one scale (1,090 and 95,
+    not 1,090 and 94.5979)."""
+    spec = number_format(values)
+    return [cell_text(v, spec) for v in values]
 
 
 def text_table(comparison: Comparison) -> str:

@@ -141,10 +141,10 @@ def test_each_row_reads_on_one_scale():
     # A row's numbers share their decimals, set by its largest: not "1,090" beside "94.5979".
     comparison = compare([])
     rows = (("train seconds", (1090.2, 94.5979)), ("tokens/s", (639.93, 2290.0)),
-            ("eval shakespeare loss", (5.13157, 6.5)), ("steps", (300, None)))
+            ("eval shakespeare loss", (5.13157, 6.5)), ("steps", (300, None)), ("optimizer.epsilon", (1e-08, 1e-15)))
     text = text_table(replace(comparison, runs=("a", "b"), rows=rows)).splitlines()
     assert [line.split()[-2:] for line in text[2:]] == [["1,090", "95"], ["640", "2,290"], ["5.1316", "6.5000"],
-                                                        ["300", "-"]]
+                                                        ["300", "-"], ["1.00e-08", "1.00e-15"]]
     assert "| train seconds | 1,090 | 95 |" in markdown_table(replace(comparison, runs=("a", "b"), rows=rows))
 
 
