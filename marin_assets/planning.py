@@ -618,24 +618,27 @@ class Planner:
                     result = self._run_result(step.keys, step.partition, run, seconds, alone=len(group) == 1)
                     if result.success:
                         log(f"          {self._label(step)}: done in {result.seconds:.1f}s (run {run_id[:8]})")
-                        for line in self.results_of(step):
-                            log(f"          {line}")
                     else:
                         log(f"          {self._label(step)}: FAILED (run {run_id}): {result.error}")
+                    # Also after a failed ERROR check: what was committed says why (a rule that dropped most).
+                    for line in self.results_of(step, run_id):
+                        log(f"          {line}")
                     results[i] = result
         return [results[i] for i in sorted(results)]
 
-    def results_of(self, step: PlannedStep) -> list[str]:
-        """What the step's assets say they built (`ArtifactSpec.results`), each asset's lines under
-        its name: the eval loss, the export's path, curation's drops by rule."""
+    def results_of(self, step: PlannedStep, run_id: str) -> list[str]:
+        """What run ``run_id`` of the step committed, as its assets' specs word it
+        (`ArtifactSpec.results`), each asset's lines under its name: the eval loss, the export's path,
+        curation's drops by rule. An artifact the run reused, or none it committed, says nothing."""
         lines = []
         for key in step.keys:
             spec = self.catalog.specs.get(key_str(key))
             manifest = self.current(key, step.partition) if spec is not None and spec.results is not None else None
-            results = spec.results(manifest) if manifest is not None else []
+            built = manifest is not None and manifest.producer.get("run_id") == run_id
+            results = spec.results(manifest) if built else []
             if results:
                 label = key_str(key) + (f" [{step.partition}]" if step.partition else "")
-                lines += [f"{label}: {results[0]}", *(f"  {line}" for line in results[1:])]
+                lines += [f"{label}: {results[0]}", *results[1:]]
         return lines
 
     @staticmethod

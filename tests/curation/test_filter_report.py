@@ -100,6 +100,29 @@ def test_materialize_prints_what_curation_kept_and_each_rule_dropped(curation_pl
     assert shard_line(filtered).startswith("kept 3 of 4 documents; dropped: min_words 1")
     source = report_lines(deduplicated["filter_report"], deduplicated["documents"])
     at = printed.index(f"          deduplicated/notes: {source[0]}")
-    assert printed[at + 1:at + len(source)] == [f"            {line}" for line in source[1:]]
+    assert printed[at + 1:at + len(source)] == [f"          {line}" for line in source[1:]]
     assert source[0].startswith("kept 3 of 4 documents read (75.0%)")
     assert "min_words" in source[1]
+
+
+@pytest.mark.slow  # builds a small source to deduplicated/ through the planner, in process
+def test_a_source_failing_its_drop_bound_still_prints_what_each_rule_dropped(curation_planner, tmp_path):
+    # Four copies of one note: deduplication drops three of five documents, over the 0.5 ERROR bound.
+    # The step fails, and the counts printed under it say why.
+    from marin_assets.run_submission import InProcessRuns
+    from marin_resources.keys import asset_key
+
+    data = tmp_path / "notes"
+    data.mkdir()
+    for i in range(4):
+        (data / f"copy{i}.txt").write_text(NOTES[0] * 2)
+    (data / "other.txt").write_text(NOTES[1] * 2)
+    plan = curation_planner(f"sources:\n  - name: notes\n    uri: {data}/*.txt\n    format: text\n")
+    plan.discover()
+    printed: list[str] = []
+    steps = plan.materialize(asset_key("deduplicated/notes"), None, log=printed.append,
+                             runs=InProcessRuns(plan.defs, plan.instance))
+    assert not steps[-1].success and "drop_fraction_bound" in steps[-1].error
+    at = next(i for i, line in enumerate(printed) if "FAILED" in line)
+    assert printed[at + 1:at + 3] == ["          deduplicated/notes: kept 2 of 5 documents read (40.0%); dropped:",
+                                      "            duplicates  3  (60.0%)"]
