@@ -202,14 +202,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([s.to_dict() for s in states], indent=2))
         return 0
-    width = max((len(s.asset_key) for s in states), default=10)
-    for s in states:
-        part = f"[{s.partition}]" if s.partition else ""
-        print(f"{s.state:8} {s.asset_key + part:<{width + 24}} {s.cause}")
-    counts = {st: sum(s.state == st for s in states) for st in ("fresh", "stale", "missing", "damaged")}
-    print(f"{counts['fresh']} fresh, {counts['stale']} stale, {counts['missing']} missing, "
-          f"{counts['damaged']} damaged  (prefix {settings.prefix})")
+    print("\n".join(status_lines(states, settings.prefix)))
     return 0
+
+
+def status_lines(states, prefix: str) -> list[str]:
+    """`marin status` in text: a line per partition, then what was never built and nothing built
+    reads, one line per asset (not a gap: the project has not asked for it), then the counts."""
+    listed = [s for s in states if not s.unrequested]
+    width = max((len(s.asset_key) for s in listed), default=10)
+    lines = []
+    for s in listed:
+        part = f"[{s.partition}]" if s.partition else ""
+        lines.append(f"{s.state:8} {s.asset_key + part:<{width + 24}} {s.cause}")
+    unrequested: dict[str, list[str | None]] = {}
+    for s in states:
+        if s.unrequested:
+            unrequested.setdefault(s.asset_key, []).append(s.partition)
+    if unrequested:
+        lines.append("not built: never materialized, and nothing built reads them (marin materialize KEY builds one)")
+        for key, parts in unrequested.items():
+            named = [p for p in parts if p is not None]
+            shown = f": {', '.join(named[:3])}{', ...' if len(named) > 3 else ''}" if named else ""
+            lines.append(f"  {key}" + (f"  {len(named)} partition(s){shown}" if named else ""))
+    counts = {st: sum(s.state == st for s in listed) for st in ("fresh", "stale", "missing", "damaged")}
+    not_built = sum(len(parts) for parts in unrequested.values())
+    lines.append(f"{counts['fresh']} fresh, {counts['stale']} stale, {counts['missing']} missing, "
+                 f"{counts['damaged']} damaged, {not_built} not built  (prefix {prefix})")
+    return lines
 
 
 def print_why(plan, key_text: str, partition: str | None, *, verify: bool) -> int:

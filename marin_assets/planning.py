@@ -51,9 +51,13 @@ class PartitionState:
     cause: str
     uri: str | None = None
     decision: Decision | None = None
+    unrequested: bool = False
+    """Missing, never built, and nothing built reads it: what the project declares but has not asked
+    for (another sweep, an evaluation never run), not a gap in what it built (`Planner.status`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"asset_key": self.asset_key, "partition": self.partition, "state": self.state, "cause": self.cause,
+                "unrequested": self.unrequested,
                 "kind": self.decision.kind if self.decision else None, "uri": self.uri,
                 "why": self.decision.chain() if self.decision else []}
 
@@ -287,8 +291,34 @@ class Planner:
         for key in keys or ():
             self.require_asset(key)
         memo: dict = {}
-        return [self.state(k, p, verify=verify, memo=memo) for k in (keys or self.artifact_keys())
-                for p in self.partitions_of(k)]
+        states = [self.state(k, p, verify=verify, memo=memo) for k in (keys or self.artifact_keys())
+                  for p in self.partitions_of(k)]
+        unrequested = self.unrequested(keys or self.artifact_keys(), verify=verify, memo=memo)
+        return [replace(s, unrequested=True) if (s.asset_key, s.partition) in unrequested else s for s in states]
+
+    def unrequested(self, keys: Iterable[dg.AssetKey], *, verify: bool = False,
+                    memo: dict | None = None) -> set[tuple[str, str | None]]:
+        """The partitions of ``keys`` never built that nothing built reads: neither they nor any
+        partition downstream that reads them (through the partition mappings, as a plan does) was
+        ever committed. A new shard of a source whose corpus was built is not among them (the corpus
+        reads it); the partitions of a sweep nobody ran, or an evaluation never asked for, are."""
+        memo = {} if memo is None else memo
+        keys = set(keys)
+        scope = dg.AssetSelection.assets(*keys).downstream().resolve(self.graph)
+        ordered = [k for k in self.artifact_keys() if k in scope]
+        wanted: set[tuple[dg.AssetKey, str | None]] = set()
+        unread: set[tuple[str, str | None]] = set()
+        for key in reversed(ordered):  # every reader before what it reads
+            for partition in self.partitions_of(key):
+                decision = self.state(key, partition, verify=verify, memo=memo).decision
+                if (key, partition) not in wanted and decision is not None and decision.never_built:
+                    if key in keys:
+                        unread.add((key_str(key), partition))
+                    continue
+                for parent in self.graph.get(key).parent_keys:
+                    if self.version_of(parent) is not None and self.reads(key, partition, parent):
+                        wanted.update((parent, p) for p in self.parent_partitions(key, partition, parent))
+        return unread
 
     # ---- execution -------------------------------------------------------------------------
     def plan(self, target: dg.AssetKey, partition: str | None) -> list[tuple[list[dg.AssetKey], list[str | None]]]:
@@ -594,8 +624,26 @@ class Planner:
                         log(f"          {self._label(step)}: done in {result.seconds:.1f}s (run {run_id[:8]})")
                     else:
                         log(f"          {self._label(step)}: FAILED (run {run_id}): {result.error}")
+                    # Also after a failed ERROR check: what was committed says why (a rule that dropped most).
+                    for line in self.results_of(step, run_id):
+                        log(f"          {line}")
                     results[i] = result
         return [results[i] for i in sorted(results)]
+
+    def results_of(self, step: PlannedStep, run_id: str) -> list[str]:
+        """What run ``run_id`` of the step committed, as its assets' specs word it
+        (`ArtifactSpec.results`), each asset's lines under its name: the eval loss, the export's path,
+        curation's drops by rule. An artifact the run reused, or none it committed, says nothing."""
+        lines = []
+        for key in step.keys:
+            spec = self.catalog.specs.get(key_str(key))
+            manifest = self.current(key, step.partition) if spec is not None and spec.results is not None else None
+            built = manifest is not None and manifest.producer.get("run_id") == run_id
+            results = spec.results(manifest) if built else []
+            if results:
+                label = key_str(key) + (f" [{step.partition}]" if step.partition else "")
+                lines += [f"{label}: {results[0]}", *results[1:]]
+        return lines
 
     @staticmethod
     def _label(step: PlannedStep) -> str:

@@ -9,7 +9,8 @@ from it, so that nothing can disagree with it:
 - the identity a build commits (`artifacts.materialize_artifact`);
 - what `marin status`, `marin lineage` and the planner compare committed artifacts with (the
   graph's catalog holds the specs: `marin_assets.catalog`), with the spec's optional facts for them:
-  inputs from outside the graph, the inputs a partition actually reads, a note on a fresh artifact.
+  inputs from outside the graph, the inputs a partition actually reads, a note on a fresh artifact,
+  the results `marin materialize` prints once it built one.
 
 As in Marin's `StepSpec`, identity (what defines the artifact) is kept apart from runtime choices
 (resources, region, prefix), which never enter it. Pure: no Dagster import.
@@ -28,6 +29,9 @@ IdentityFn = Callable[..., Any]
 ExternalFn = Callable[[str | None], dict[str, str]]
 # (manifest, store) -> what `marin status` adds about a fresh artifact (e.g. what a pinned input is pinned to).
 NoteFn = Callable[[Any, Any], str | None]
+# manifest -> the lines `marin materialize` prints once it built the artifact: the figures a researcher
+# looks for first (an eval's loss, an export's path, what curation dropped), not only in the manifest.
+ResultsFn = Callable[[Any], list[str]]
 # partition -> the marin keys of the declared inputs that partition reads, where it reads fewer than
 # its asset declares (a run reads its own mixture and tokenizer, not those of every run).
 ReadsFn = Callable[[str], set[str]]
@@ -62,6 +66,7 @@ class ArtifactSpec:
     reads: ReadsFn | None = None
     file_read: FileRead | None = None
     run_config: type | None = None
+    results: ResultsFn | None = None
 
     @classmethod
     def fixed(cls, key: str, version: str, identity: Any, **facts: Any) -> ArtifactSpec:

@@ -149,6 +149,7 @@ def materialize_artifact(
     carried: Sequence[ArtifactHandle] = (),
     first_identity: Any = None,
     run_config: Any = None,
+    describe: Callable[[Manifest], Mapping[str, Any]] | None = None,
 ) -> dg.Output[ArtifactHandle]:
     """Build the artifact of ``spec`` unless an identical one is already committed; report it either way.
 
@@ -161,6 +162,9 @@ def materialize_artifact(
     inputs of its first build (a trained tokenizer); once committed, the spec reads it back.
     `run_config`: the build's Dagster config, where the spec says it is part of the identity.
     `writes_by_rename`: the build replaces files only by renaming new ones over them (`ArtifactStore.begin`).
+    `describe`: UI metadata read from the committed artifact (a plot among its files), added to every
+    materialization, a reuse too: the UI shows an asset's latest event, and a reuse is often the
+    latest (a checkpoint reused by the run that exports it).
     """
     artifacts = store.get()
     key, version = spec.key, spec.version
@@ -218,6 +222,8 @@ def materialize_artifact(
         extra["marin/build_seconds"] = round(time.monotonic() - started, 3)
         extra["marin/build_cpu_seconds"] = round(cpu_seconds() - cpu_started, 3)  # what it cost in cores
 
+    if describe is not None:
+        extra.update(describe(manifest))
     handle = ArtifactHandle.from_manifest(manifest)
     # The code version is Dagster's own (shown with the definition); the store's path shows in the uri.
     metadata = display_metadata({

@@ -31,10 +31,8 @@ def filter_report(shard_metrics: Iterable[Mapping[str, Any]], *, duplicates: int
     documents, drops = 0, {}
     for metrics in shard_metrics:
         documents += int(metrics.get("input_documents", 0))
-        for key, value in metrics.items():
-            if key.startswith(RULE_DROP_PREFIX):
-                rule = key[len(RULE_DROP_PREFIX):]
-                drops[rule] = drops.get(rule, 0) + int(value)
+        for rule, n in rule_drops(metrics).items():
+            drops[rule] = drops.get(rule, 0) + n
     drops["duplicates"] = duplicates
     if quality_dropped is not None:
         drops["quality_threshold"] = quality_dropped
@@ -46,6 +44,34 @@ def filter_report(shard_metrics: Iterable[Mapping[str, Any]], *, duplicates: int
     if scores is not None and scores.count:
         report["quality_score"] = {f"p{round(q * 100)}": round(scores.quantile(q), 6) for q in QUANTILES}
     return report
+
+
+def rule_drops(metrics: Mapping[str, Any]) -> dict[str, int]:
+    """What each rule dropped from one filtered shard (its manifest's `dropped/<rule>` metrics)."""
+    return {key[len(RULE_DROP_PREFIX):]: int(value) for key, value in metrics.items()
+            if key.startswith(RULE_DROP_PREFIX)}
+
+
+def shard_line(metrics: Mapping[str, Any]) -> str:
+    """One filtered shard for a terminal: documents kept of those read, and each rule's drops."""
+    drops = sorted(((rule, n) for rule, n in rule_drops(metrics).items() if n), key=lambda rn: (-rn[1], rn[0]))
+    line = f"kept {int(metrics['documents']):,} of {int(metrics['input_documents']):,} documents"
+    return line + (f"; dropped: {', '.join(f'{rule} {n:,}' for rule, n in drops)}" if drops else "")
+
+
+def report_lines(report: Mapping[str, Any], kept: int) -> list[str]:
+    """A source's report for a terminal (`marin materialize` prints it once the source is
+    deduplicated): the documents kept of those read, then a line per rule with its drops and their
+    share of the documents read, largest first. ``kept``: the documents the source ends with."""
+    read = int(report.get("documents_read", 0))
+    drops = sorted(report.get("dropped", {}).items(), key=lambda rn: (-rn[1], rn[0]))
+    lines = [f"kept {kept:,} of {read:,} documents read" + (f" ({kept / read:.1%})" if read else "")
+             + ("; dropped:" if drops else "; none dropped")]
+    width = max((len(rule) for rule, _ in drops), default=0)
+    digits = max((len(f"{n:,}") for _, n in drops), default=0)
+    shares = report.get("dropped_share", {})
+    lines += [f"  {rule:<{width}}  {n:>{digits},}  ({shares.get(rule, 0):.1%})" for rule, n in drops]
+    return lines
 
 
 def largest_rule_problem(report: Mapping[str, Any], most: float = MOST) -> str | None:

@@ -30,7 +30,14 @@ from marin_assets.curation.dedup import (
 )
 from marin_assets.curation.dedup_index import DedupConfig, IndexDir, ShardInput, parquet_bytes, read_registry
 from marin_assets.curation.fasttext_models import LID176, ModelFileError
-from marin_assets.curation.filter_report import MOST, filter_report, largest_rule_problem, report_table
+from marin_assets.curation.filter_report import (
+    MOST,
+    filter_report,
+    largest_rule_problem,
+    report_lines,
+    report_table,
+    shard_line,
+)
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
 from marin_assets.curation.filters import filter_identity
 from marin_assets.curation.minhash import MinHashConfig, load_signatures, save_signatures
@@ -304,8 +311,11 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     exact_paragraphs = exact_paragraphs_of(source)
     dedup_identity = {"dedup": asdict(dedup_cfg), "group": group, "exact_paragraphs": exact_paragraphs,
                       "quality_threshold": quality is not None}
-    filtered_spec = ArtifactSpec.fixed(f"filtered/{name}", FILTERED_VERSION, filtered_identity)
-    dedup_spec = ArtifactSpec.fixed(f"deduplicated/{name}", DEDUP_VERSION, dedup_identity)
+    filtered_spec = ArtifactSpec.fixed(f"filtered/{name}", FILTERED_VERSION, filtered_identity,
+                                       results=lambda manifest: [shard_line(manifest.metrics)])
+    dedup_spec = ArtifactSpec.fixed(f"deduplicated/{name}", DEDUP_VERSION, dedup_identity,
+                                    results=lambda manifest: report_lines(manifest.metrics.get("filter_report") or {},
+                                                                          int(manifest.metrics["documents"])))
 
     ins: dict[str, dg.AssetIn] = {"documents": dg.AssetIn(key=documents_key)}
     if uses_model:

@@ -44,7 +44,7 @@ from marin_resources.artifacts import (
 )
 from marin_resources.environments import MarinSettings
 from marin_resources.launchers import TrainingLauncher
-from marin_resources.storage.store import FileEntry
+from marin_resources.storage.store import FileEntry, Manifest
 
 DEFAULT_MAX_SHARD_MB = 2048
 
@@ -82,7 +82,17 @@ def hf_model_spec(spec_for: SpecLookup) -> ArtifactSpec:
     def identity(run: str | None, config: ExportConfig | None = None) -> dict:
         return export_identity(spec_for(str(run)), ExportConfig() if config is None else config)
 
-    return ArtifactSpec(HF_MODEL_KEY, HF_MODEL_VERSION, identity, run_config=ExportConfig)
+    return ArtifactSpec(HF_MODEL_KEY, HF_MODEL_VERSION, identity, run_config=ExportConfig, results=export_lines)
+
+
+def export_lines(manifest: Manifest) -> list[str]:
+    """Where the export is, and how closely transformers reproduced Levanter's model, as `marin
+    materialize` prints it once the export is built."""
+    metrics = manifest.metrics
+    check = (f"transformers' logits within {metrics['max_abs_logit_difference']:.1e} of Levanter's, greedy "
+             f"generation {'the same' if metrics.get('greedy_matches') else 'DIFFERENT'}"
+             if "max_abs_logit_difference" in metrics else "")
+    return [f"Hugging Face model at {manifest.uri}" + (f" ({check})" if check else "")]
 
 
 def build_hf_model_asset(*, spec_for: SpecLookup, pool: str, catalog: Catalog, checkpoint: ArtifactSpec):

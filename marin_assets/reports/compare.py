@@ -12,13 +12,14 @@ No Dagster here: callers say where each run's artifacts are (`RunKeys`).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marin_assets.training.metrics import parse_metrics, pyplot
+from marin_assets.training.metrics import eval_sets, parse_metrics, pyplot
 from marin_assets.training.train_main import METRICS_FILE
 from marin_resources.storage.store import ArtifactStore, Manifest
 
@@ -50,6 +51,8 @@ class RunResults:
     curve: list[dict[str, Any]]
     tokens_per_step: int | None
     notes: list[str] = field(default_factory=list)
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """The run config its checkpoint was trained from (the checkpoint's identity)."""
 
 
 def load_run(store: ArtifactStore, name: str, keys: RunKeys) -> RunResults:
@@ -77,7 +80,8 @@ def load_run(store: ArtifactStore, name: str, keys: RunKeys) -> RunResults:
     except FileNotFoundError:
         curve = []
         notes.append(f"{key}[{name}] holds no {METRICS_FILE}: no loss curve")
-    return RunResults(name, values, curve, tokens_per_step(checkpoint.config), notes)
+    config = checkpoint.config if isinstance(checkpoint.config, Mapping) else {}
+    return RunResults(name, values, curve, tokens_per_step(config), notes, config)
 
 
 def evaluated(checkpoint: Manifest, evaluation: Manifest) -> bool:
@@ -97,11 +101,50 @@ def tokens_per_step(config: Any) -> int | None:
 def checkpoint_values(checkpoint: Manifest) -> dict[str, Any]:
     config = checkpoint.config if isinstance(checkpoint.config, Mapping) else {}
     values: dict[str, Any] = {"mixture": config.get("mixture"), "tokenizer": config.get("tokenizer"),
-                              **checkpoint.metrics}
+                              "init_from": init_from_text(config.get("init_from")), **checkpoint.metrics}
     step_tokens = tokens_per_step(config)
     if step_tokens is not None and checkpoint.metrics.get("final_step") is not None:
         values["tokens_trained"] = int(checkpoint.metrics["final_step"]) * step_tokens
     return values
+
+
+def init_from_text(init_from: Any) -> str | None:
+    """Where a run's weights started (its identity's ``init_from``): the run or path, and the short
+    content hash of the weights it resolved to; None for a run from scratch."""
+    if not isinstance(init_from, Mapping):
+        return None
+    origin = f"run {init_from['run']}" if init_from.get("run") else str(init_from.get("path"))
+    return f"{origin} (sha256 {init_from['sha256'][:12]})" if init_from.get("sha256") else origin
+
+
+def flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A run config's leaves by dotted path (``optimizer.learning_rate``); a list is one leaf."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat |= flat_config(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+CONFIG_SHOWN = ("name", "mixture", "tokenizer", "init_from")
+"""Run config fields never shown as a difference: the run's own name, and those with rows of their own."""
+
+
+def config_differences(configs: Sequence[Mapping[str, Any]]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The run config fields (dotted paths) on which the runs differ, in first-seen order, with each
+    run's value (None: the run's config has no such field). Any field a run file may hold counts,
+    also one this table has no row for (a mixture schedule, a cooldown), so a comparison always says
+    how its runs were set up differently."""
+    flats = [flat_config(c) for c in configs]
+    paths = dict.fromkeys(p for f in flats for p in f if p.split(".")[0] not in CONFIG_SHOWN)
+    rows = []
+    for path in paths:
+        values = tuple(f.get(path) for f in flats)
+        if any(v != values[0] for v in values):
+            rows.append((path, values))
+    return rows
 
 
 # ---- the table ---------------------------------------------------------------------------------
@@ -109,6 +152,7 @@ def checkpoint_values(checkpoint: Manifest) -> dict[str, Any]:
 TRAINING_ROWS = (
     ("mixture", "mixture"),
     ("tokenizer", "tokenizer"),
+    ("init from", "init_from"),
     ("parameters", "parameter_count"),
     ("steps", "final_step"),
     ("tokens trained", "tokens_trained"),
@@ -132,10 +176,6 @@ class Comparison:
                 "notes": list(self.notes)}
 
 
-def eval_sets(values: Mapping[str, Any]) -> list[str]:
-    return sorted({k.split("/")[1] for k in values if k.startswith("eval/") and k.count("/") == 2})
-
-
 def harness_tasks(values: Mapping[str, Any]) -> list[str]:
     return sorted({k.rsplit("/", 1)[0] for k in values if k.endswith("/acc") and not k.startswith("eval/")})
 
@@ -152,8 +192,10 @@ def accuracy(values: Mapping[str, Any], task: str) -> str | None:
 
 
 def compare(results: Sequence[RunResults]) -> Comparison:
-    """The table of ``results``: training rows, then loss and bits-per-byte of every eval set, then
-    every harness task's accuracy and margin over chance. Rows no run has are left out."""
+    """The table of ``results``: mixture, tokenizer, initial weights and every other run config
+    field on which the runs differ (`config_differences`), the training results, then loss and
+    bits-per-byte of every eval set, then every harness task's accuracy and margin over chance. Rows
+    no run has are left out."""
     rows: list[tuple[str, tuple[Any, ...]]] = []
 
     def add(label: str, cell) -> None:
@@ -163,6 +205,8 @@ def compare(results: Sequence[RunResults]) -> Comparison:
 
     for label, key in TRAINING_ROWS:
         add(label, lambda v, k=key: v.get(k))
+        if key == "init_from":  # the set-up, before the results
+            rows.extend(config_differences([r.config for r in results]))
     every = {k: None for r in results for k in r.values}
     for name in eval_sets(every):
         for metric in ("loss", "bpb"):
@@ -173,23 +217,44 @@ def compare(results: Sequence[RunResults]) -> Comparison:
     return Comparison(tuple(r.name for r in results), tuple(rows), tuple(n for r in results for n in r.notes))
 
 
-def cell_text(value: Any) -> str:
-    """A table cell: counts with thousands separators; losses and other small numbers to 4 decimals,
-    rates and durations (100 and up) to 1, and from 1,000 up whole."""
+def is_real(value: Any) -> bool:
+    return isinstance(value, float) and not isinstance(value, bool)
+
+
+def number_format(values: Sequence[Any]) -> str:
+    """The format of a row's non-integer numbers, set by the largest of them: from 1,000 up whole,
+    from 100 up one decimal, below that 4 (losses, bits-per-byte), and where even the largest is
+    under 0.001 (an optimizer's epsilon) 3 significant digits in scientific notation."""
+    size = max((abs(v) for v in values if is_real(v) and math.isfinite(v)), default=0.0)
+    return ",.0f" if size >= 1000 else ",.1f" if size >= 100 else ".4f" if size == 0 or size >= 1e-3 else ".2e"
+
+
+def cell_text(value: Any, spec: str | None = None) -> str:
+    """A table cell: counts with thousands separators, other numbers in the format ``spec`` (default:
+    by their own size, `number_format`), a list (a config field's) as compact JSON, anything else as
+    text."""
     if value is None:
         return MISSING
+    if isinstance(value, (list, tuple)):
+        return json.dumps(value, separators=(",", ":"))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if isinstance(value, int):
         return f"{value:,}"
-    size = abs(value) if math.isfinite(value) else 0
-    return f"{value:,.0f}" if size >= 1000 else f"{value:.1f}" if size >= 100 else f"{value:.4f}"
+    return format(value, number_format([value]) if spec is None else spec)
+
+
+def row_cells(values: Sequence[Any]) -> list[str]:
+    """A row's cells, its numbers in one format, so that a row reads down one scale (1,090 and 95,
+    not 1,090 and 94.5979)."""
+    spec = number_format(values)
+    return [cell_text(v, spec) for v in values]
 
 
 def text_table(comparison: Comparison) -> str:
     """The table for a terminal: aligned columns, metric names left, values right."""
     header = ("metric", *comparison.runs)
-    body = [(label, *(cell_text(v) for v in values)) for label, values in comparison.rows]
+    body = [(label, *row_cells(values)) for label, values in comparison.rows]
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
 
     def line(row: Sequence[str]) -> str:
@@ -202,7 +267,7 @@ def markdown_table(comparison: Comparison) -> str:
     escape = lambda text: text.replace("|", "\\|")  # noqa: E731
     lines = ["| metric | " + " | ".join(escape(r) for r in comparison.runs) + " |",
              "|---|" + "---:|" * len(comparison.runs)]
-    lines += [f"| {escape(label)} | " + " | ".join(escape(cell_text(v)) for v in values) + " |"
+    lines += [f"| {escape(label)} | " + " | ".join(escape(c) for c in row_cells(values)) + " |"
               for label, values in comparison.rows]
     return "\n".join(lines)
 

@@ -36,8 +36,9 @@ from marin_assets.training.levanter_config import (
     set_checkpoint_base,
 )
 from marin_assets.training.memory import ComputePlan, plan_run
+from marin_assets.training.metrics import eval_lines
 from marin_assets.training.spec import RunSpec, RunSpecError
-from marin_assets.training.train_main import FINAL_EVAL_FILE, INPUT_ERROR_FILE, SUMMARY_FILE
+from marin_assets.training.train_main import FINAL_EVAL_FILE, INPUT_ERROR_FILE, LOSS_CURVE_FILE, SUMMARY_FILE
 from marin_resources.artifact_spec import ArtifactSpec, ReadsFn
 from marin_resources.artifacts import (
     ArtifactHandle,
@@ -218,7 +219,8 @@ def run_specs(checkpoint_key: str, eval_key: str, spec_for: SpecLookup, store: C
         return spec.identity() if spec.init_from is None else checkpoint_identity(spec, store())
 
     return (ArtifactSpec(checkpoint_key, CHECKPOINT_VERSION, checkpoint_config, reads=reads),
-            ArtifactSpec(eval_key, EVAL_VERSION, lambda run: spec_for(str(run)).eval_identity()))
+            ArtifactSpec(eval_key, EVAL_VERSION, lambda run: spec_for(str(run)).eval_identity(),
+                         results=lambda manifest: eval_lines(manifest.metrics)))
 
 
 def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.DynamicPartitionsDefinition,
@@ -302,21 +304,15 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
             metrics = {k: summary[k] for k in TRAIN_METRIC_KEYS if summary.get(k) is not None}
             metrics["compute"] = plan.metadata()  # how it was computed: runtime, never in the fingerprint
             # W&B's run directory is in the metrics (wandb_run_dir), shown once.
-            metadata: dict[str, Any] = {"run": spec.name, "model_family": spec.model.family,
-                                        "optimizer": spec.optimizer.type}
-            if weights is not None:
-                metadata["init_from"] = dg.MetadataValue.json({"uri": weights.uri, "sha256": weights.sha256,
-                                                               "files": dict(weights.files)})
+            metadata: dict[str, Any] = {}
             if summary.get("sharded_weight"):
                 metadata["sharded_weight"] = dg.MetadataValue.json(summary["sharded_weight"])
-            curve = Path(out) / "loss_curve.png"
-            if curve.exists():
-                metadata["loss_curve"] = png_markdown(curve.read_bytes(), f"loss curve of {spec.name}")
             return Built(metrics=metrics, metadata=metadata)
 
         # resume=True keeps Levanter's checkpoints from an interrupted attempt.
         return materialize_artifact(context, store, checkpoint_spec, upstream=[mixture, tokenizer, *caches, *sources],
-                                    build=build, resume=True)
+                                    build=build, resume=True,
+                                    describe=lambda manifest: checkpoint_display(artifacts, manifest, spec, weights))
 
     @marin_check(checkpoint, name="loss_fell",
                     description="The final training loss is finite and lower than the first.")
@@ -371,6 +367,21 @@ def build_run_assets(*, checkpoint_key: str, eval_key: str, partitions: dg.Dynam
                                    description="; ".join(broken) or None)
 
     return [checkpoint, evaluation], [loss_fell, bpb_finite]
+
+
+def checkpoint_display(store: ArtifactStore, manifest: Manifest, spec: RunSpec,
+                       weights: InitWeights | None) -> dict[str, Any]:
+    """What the UI shows of a committed checkpoint on each of its materializations, a reuse too:
+    the run, its model family and optimizer, the weights it started from, and its loss curve (the
+    `loss_curve.png` the training process committed with it)."""
+    metadata: dict[str, Any] = {"run": spec.name, "model_family": spec.model.family, "optimizer": spec.optimizer.type}
+    if weights is not None:
+        metadata["init_from"] = dg.MetadataValue.json({"uri": weights.uri, "sha256": weights.sha256,
+                                                       "files": dict(weights.files)})
+    if any(f.path == LOSS_CURVE_FILE for f in manifest.files):
+        with store.open(f"{manifest.uri}/{LOSS_CURVE_FILE}") as fh:
+            metadata["loss_curve"] = png_markdown(fh.read(), f"loss curve of {spec.name}")
+    return metadata
 
 
 def final_eval_report(store: ArtifactStore, checkpoint: ArtifactHandle,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +154,20 @@ def plot_loss_curve(metrics_jsonl: str | os.PathLike, png_path: str | os.PathLik
     fig.savefig(png_path)
     plt.close(fig)
     return str(png_path)
+
+
+def eval_sets(values: Mapping[str, Any]) -> list[str]:
+    """The eval sets an evaluation's metrics report (`eval/<set>/<metric>`)."""
+    return sorted({k.split("/")[1] for k in values if k.startswith("eval/") and k.count("/") == 2})
+
+
+def eval_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """An evaluation's loss and bits-per-byte on each set, a line each, as `marin materialize` prints
+    them once the evaluation is built."""
+    lines = []
+    for name in eval_sets(metrics):
+        loss, bpb, tokens = (metrics.get(f"eval/{name}/{m}") for m in ("loss", "bpb", "tokens"))
+        figures = [f"loss {loss:.4f}" if loss is not None else None, f"bpb {bpb:.4f}" if bpb is not None else None]
+        lines.append(f"eval {name}: {', '.join(f for f in figures if f) or 'no loss'}"
+                     + (f" over {int(tokens):,} tokens" if tokens is not None else ""))
+    return lines

@@ -32,6 +32,11 @@ class Decision:
     # The not-fresh inputs this decision follows from, each with its own causes.
     upstream: tuple[Decision, ...] = field(default_factory=tuple)
 
+    @property
+    def never_built(self) -> bool:
+        """Missing with no artifact of any config or code version before it: never materialized."""
+        return self.state == "missing" and self.kind is None
+
     def chain(self) -> list[str]:
         """`label: state: reason` for this decision, then for each cause upstream, indented."""
         lines = [f"{self.label}: {self.state}: {self.reason}" if self.label else f"{self.state}: {self.reason}"]

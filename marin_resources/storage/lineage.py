@@ -165,17 +165,42 @@ def build_lineage(store: ArtifactStore, manifest: Manifest, *, verify: bool = Fa
 
 
 def render_tree(node: LineageNode) -> str:
+    """The lineage as an indented tree, one line per artifact. An artifact with upstream of its own
+    that several consumers read (the deduplicated corpus every cache shard reads) is drawn in full
+    once, marked `[n]`; every later occurrence is one line naming it, `[n] as above`, with FAILED
+    where its subtree has problems. The walk verified every node whichever way it is drawn."""
+    drawn: set[str] = set()
+    referenced: set[str] = set()
+
+    def find_references(n: LineageNode) -> None:  # the drawing's own order: what a later line names
+        if n.children and n.node_id in drawn:
+            referenced.add(n.node_id)
+            return
+        drawn.add(n.node_id)
+        for c in n.children:
+            find_references(c)
+
+    find_references(node)
     lines: list[str] = []
+    marks: dict[str, int] = {}
 
     def visit(n: LineageNode, prefix: str, last: bool, root: bool) -> None:
         label = n.asset_key + (f"[{n.partition}]" if n.partition else "")
+        branch = "" if root else prefix + ("└── " if last else "├── ")
+        if n.node_id in marks:
+            failed = "  FAILED (above)" if any(c.problems for c in n.walk()) else ""
+            lines.append(f"{branch}{label}  data {n.data_version[:12]}  [{marks[n.node_id]}] as above{failed}")
+            return
         if n.external:
             desc = f"{label}  external {n.uri}  listing {n.data_version[:12]}"
         else:
             desc = (f"{label}  {n.code_version}  data {n.data_version[:12]}  fp {(n.fingerprint or '')[:12]}  "
                     f"run {(n.run_id or '-')[:8]}  git {(n.git_sha or '-')[:8]}")
+        if n.node_id in referenced:
+            marks[n.node_id] = len(marks) + 1
+            desc += f"  [{marks[n.node_id]}]"
         status = "  FAILED: " + "; ".join(n.problems) if n.problems else ""
-        lines.append(("" if root else prefix + ("└── " if last else "├── ")) + desc + status)
+        lines.append(branch + desc + status)
         child_prefix = "" if root else prefix + ("    " if last else "│   ")
         for i, c in enumerate(n.children):
             visit(c, child_prefix, i == len(n.children) - 1, False)

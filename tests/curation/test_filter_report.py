@@ -48,3 +48,81 @@ def test_a_source_scored_low_pulls_the_shared_threshold_down_by_its_shift():
     alone = threshold_shifts({"prose": prose}, keep_fraction=0.8, threshold=keep_threshold(prose, 0.8))
     assert alone["prose"] == {"scored_documents": 4000, "threshold_without": None, "shift": None}
     assert "keep all" in shifts_table(alone)
+
+
+def test_a_shard_and_a_source_read_as_kept_and_dropped_counts_by_rule():
+    from marin_assets.curation.filter_report import report_lines, shard_line
+
+    shard = {"input_documents": 1930, "documents": 1235, "dropped": 695, "dropped/max_non_alpha_word_fraction": 84,
+             "dropped/min_words": 611, "dropped/language": 0, "pii/email": 3}
+    assert shard_line(shard) == "kept 1,235 of 1,930 documents; dropped: min_words 611, max_non_alpha_word_fraction 84"
+    assert shard_line({"input_documents": 2, "documents": 2}) == "kept 2 of 2 documents"
+    report = filter_report([shard], duplicates=12, quality_dropped=None, scores=None)
+    assert report_lines(report, 1223) == ["kept 1,223 of 1,930 documents read (63.4%); dropped:",
+                                          "  min_words                    611  (31.7%)",
+                                          "  max_non_alpha_word_fraction   84  (4.4%)",
+                                          "  duplicates                    12  (0.6%)"]
+    nothing = filter_report([{"input_documents": 5, "documents": 5}], duplicates=0, quality_dropped=None, scores=None)
+    assert report_lines(nothing, 5) == ["kept 5 of 5 documents read (100.0%); none dropped"]
+
+
+NOTES = ["The harbour master counted the boats at dawn and wrote each name in a heavy green ledger, while gulls "
+         "argued over the nets and the tide turned slowly against the stone wall of the old pier. ",
+         "In the mountain village the school bell rang twice, and the children climbed the steep path with their "
+         "satchels, stopping to watch a hawk circle above the pine trees near the mill by the river. ",
+         "A travelling clockmaker arrived with a cart full of gears, springs and tiny brass hammers, offering to "
+         "mend every broken timepiece in the province for the price of a warm supper and a bed. "]
+
+
+@pytest.mark.slow  # builds a small source to deduplicated/ through the planner, in process
+def test_materialize_prints_what_curation_kept_and_each_rule_dropped(curation_planner, tmp_path):
+    from marin_assets.curation.filter_report import report_lines, shard_line
+    from marin_assets.run_submission import InProcessRuns
+    from marin_resources.keys import asset_key
+
+    data = tmp_path / "notes"
+    data.mkdir()
+    for i, body in enumerate(NOTES):
+        (data / f"note{i}.txt").write_text(body * 2)
+    (data / "short.txt").write_text("Far too short a note to keep.")  # under the default 50 words
+    plan = curation_planner(f"sources:\n  - name: notes\n    uri: {data}/*.txt\n    format: text\n")
+    plan.discover()
+    printed: list[str] = []
+    steps = plan.materialize(asset_key("deduplicated/notes"), None, log=printed.append,
+                             runs=InProcessRuns(plan.defs, plan.instance))
+    assert all(s.success for s in steps)
+
+    (shard,) = plan.partitions_of(asset_key("filtered/notes"))
+    filtered = plan.current(asset_key("filtered/notes"), shard).metrics
+    deduplicated = plan.current(asset_key("deduplicated/notes"), None).metrics
+    assert filtered["dropped/min_words"] == 1 and filtered["documents"] == 3
+    assert f"          filtered/notes [{shard}]: {shard_line(filtered)}" in printed
+    assert shard_line(filtered).startswith("kept 3 of 4 documents; dropped: min_words 1")
+    source = report_lines(deduplicated["filter_report"], deduplicated["documents"])
+    at = printed.index(f"          deduplicated/notes: {source[0]}")
+    assert printed[at + 1:at + len(source)] == [f"          {line}" for line in source[1:]]
+    assert source[0].startswith("kept 3 of 4 documents read (75.0%)")
+    assert "min_words" in source[1]
+
+
+@pytest.mark.slow  # builds a small source to deduplicated/ through the planner, in process
+def test_a_source_failing_its_drop_bound_still_prints_what_each_rule_dropped(curation_planner, tmp_path):
+    # Four copies of one note: deduplication drops three of five documents, over the 0.5 ERROR bound.
+    # The step fails, and the counts printed under it say why.
+    from marin_assets.run_submission import InProcessRuns
+    from marin_resources.keys import asset_key
+
+    data = tmp_path / "notes"
+    data.mkdir()
+    for i in range(4):
+        (data / f"copy{i}.txt").write_text(NOTES[0] * 2)
+    (data / "other.txt").write_text(NOTES[1] * 2)
+    plan = curation_planner(f"sources:\n  - name: notes\n    uri: {data}/*.txt\n    format: text\n")
+    plan.discover()
+    printed: list[str] = []
+    steps = plan.materialize(asset_key("deduplicated/notes"), None, log=printed.append,
+                             runs=InProcessRuns(plan.defs, plan.instance))
+    assert not steps[-1].success and "drop_fraction_bound" in steps[-1].error
+    at = next(i for i, line in enumerate(printed) if "FAILED" in line)
+    assert printed[at + 1:at + 3] == ["          deduplicated/notes: kept 2 of 5 documents read (40.0%); dropped:",
+                                      "            duplicates  3  (60.0%)"]

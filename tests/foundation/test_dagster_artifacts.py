@@ -248,3 +248,74 @@ def test_a_check_reads_every_shard_of_an_append_and_a_seeded_sample_of_a_large_b
     # The same artifact, the same shards, whatever order its shards are listed in.
     assert checked_shards(list(reversed(many)), "v1", at_most=4) == list(reversed(sample))
     assert checked_shards(many, "v2", at_most=4) != sample  # a new version is checked on others
+
+
+def test_status_sets_apart_what_was_never_built_and_nothing_built_reads(tmp_path, instance):
+    """After a corpus is built, a new shard it reads is missing (a gap in what was built); an asset
+    downstream that no build asked for is `unrequested`, and `marin status` lists it apart."""
+    from marin_assets.cli import status_lines
+    from marin_assets.planning import Planner, parse_key
+    from marin_resources.storage.store import UpstreamRef, producer_info, writing
+
+    catalog = Catalog()
+    assets, resources = make_defs(tmp_path, catalog=catalog)
+    report_spec = ArtifactSpec.fixed("test/report", "v1", {})
+
+    @catalog.asset(report_spec, ins={"joined": dg.AssetIn(key=JOINED)})
+    def report(context: dg.AssetExecutionContext, store: MarinStore, joined: ArtifactHandle):
+        return materialize_artifact(context, store, report_spec, upstream=[joined], build=lambda w: None)
+
+    store = ArtifactStore(str(tmp_path))
+    refs = []
+    for part in ("a", "b"):
+        with writing(store, "test/words", "v1", part, fingerprint=fingerprint({"greeting": "hello"}), run_id="t") as w:
+            with w.open("words.txt") as fh:
+                fh.write(f"hello {part}".encode())
+            m = w.commit(config={"greeting": "hello"}, upstream=[], producer=producer_info("t"))
+        refs.append(UpstreamRef(m.asset_key, part, m.data_version, m.uri))
+    with writing(store, "test/joined", "v1", None, fingerprint=fingerprint({}), run_id="t") as w:
+        with w.open("joined.txt") as fh:
+            fh.write(b"hello a hello b")
+        w.commit(config={}, upstream=refs, producer=producer_info("t"))
+    instance.add_dynamic_partitions("test_shards", ["c"])  # a new shard, never built
+
+    planner = Planner(dg.Definitions(assets=[*assets, report], resources=resources), catalog, store, instance)
+    states = planner.status()
+    by_key = {(s.asset_key, s.partition): s for s in states}
+    assert [(k, s.state, s.unrequested) for k, s in sorted(by_key.items(), key=str)] == [
+        (("test/joined", None), "stale", False), (("test/report", None), "missing", True),
+        (("test/words", "a"), "fresh", False), (("test/words", "b"), "fresh", False),
+        (("test/words", "c"), "missing", False)]
+    assert by_key[("test/report", None)].to_dict()["unrequested"] is True
+    # Asked about the report alone, it is still judged by what reads it (nothing).
+    assert [s.unrequested for s in planner.status([parse_key("test/report")])] == [True]
+
+    lines = status_lines(states, "/store")
+    assert not any(line.startswith("missing  test/report") for line in lines)
+    assert lines[-3:] == ["not built: never materialized, and nothing built reads them (marin materialize KEY "
+                          "builds one)", "  test/report", "2 fresh, 1 stale, 1 missing, 0 damaged, 1 not built  "
+                                                         "(prefix /store)"]
+
+
+def test_what_describe_reads_from_the_artifact_is_on_every_event_a_reuse_too(tmp_path, instance):
+    """The UI shows an asset's latest materialization; a reuse (a checkpoint reused by the run that
+    exports it) must carry the plot its build committed, not only the build's own event."""
+    spec = ArtifactSpec.fixed("test/plotted", "v1", {})
+
+    def shown(manifest):
+        return {"plot": ArtifactStore(str(tmp_path)).open(f"{manifest.uri}/plot.txt").read().decode()}
+
+    @dg.asset(key=asset_key("test/plotted"), metadata={"marin/version": "v1"})
+    def plotted(context: dg.AssetExecutionContext, store: MarinStore):
+        def build(writer):
+            with writer.open("plot.txt") as fh:
+                fh.write(b"a curve")
+            return Built(metrics={"points": 3})
+        return materialize_artifact(context, store, spec, upstream=[], build=build, describe=shown)
+
+    resources = {"store": MarinStore(prefix=str(tmp_path))}
+    events = []
+    for _ in range(2):
+        result = dg.materialize([plotted], resources=resources, instance=instance)
+        events.append({k: v.value for k, v in materialization(result, "test/plotted").metadata.items()})
+    assert [(e["marin/reused"], e["plot"]) for e in events] == [(False, "a curve"), (True, "a curve")]

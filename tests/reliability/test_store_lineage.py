@@ -10,7 +10,7 @@ import json
 import pytest
 
 from marin_resources.storage.identity import fingerprint
-from marin_resources.storage.lineage import bill_of_materials, build_lineage
+from marin_resources.storage.lineage import bill_of_materials, build_lineage, render_tree
 from marin_resources.storage.store import (
     MANIFEST_NAME,
     ArtifactStore,
@@ -85,3 +85,30 @@ def test_forged_data_version_fails_verify_and_changes_the_root(chain):
     assert any("is not the content hash" in p for p in store.verify(store.find("filtered/x", "v1", None)))
     _, recorded_root, _ = lineage(store, verify=False)
     assert recorded_root != root
+
+
+def test_a_shared_subtree_is_drawn_once_and_named_where_it_recurs(tmp_path):
+    # A classifier (with inputs of its own) read by two shards: its subtree once, then `[1] as above`;
+    # its corpus, under it, is drawn once and so gets no mark.
+    store = ArtifactStore(str(tmp_path))
+    ref = lambda m: UpstreamRef(m.asset_key, None, m.data_version, m.uri)  # noqa: E731
+    raw = commit(store, "raw_corpus", "text")
+    corpus = commit(store, "classifier_corpus", "labelled text", upstream=[ref(raw)])
+    classifier = commit(store, "quality_classifier", "weights", upstream=[ref(corpus)])
+    shards = [commit(store, f"filtered/{name}", f"{name} text", upstream=[ref(classifier)]) for name in "ab"]
+    commit(store, "deduplicated/x", "kept text", upstream=[ref(s) for s in shards])
+    (tmp_path / f"classifier_corpus/v1-{fingerprint({})[:8]}/data.txt").write_text("relabelled text")
+
+    root = build_lineage(store, store.find("deduplicated/x", "v1", None), verify=True)
+    lines = render_tree(root).splitlines()
+    assert len(lines) == 7 and sum("classifier_corpus" in line for line in lines) == 1
+    assert lines[2].endswith("[1]") and lines[2].lstrip("│├└─ ").startswith("quality_classifier  v1")
+    assert "classifier_corpus  v1" in lines[3] and "FAILED: " in lines[3]
+    assert "raw_corpus  v1" in lines[4] and not lines[4].endswith("]")
+    assert lines[6].lstrip("│├└─ ") == f"quality_classifier  data {classifier.data_version[:12]}  [1] as above  " \
+                                      "FAILED (above)"
+    # Each mark is named again below (a node drawn once because its consumer is elided gets none).
+    marks = {line.rsplit("[", 1)[1] for line in lines if line.endswith("]")}
+    assert marks == {line.split("[")[-1].split("]")[0] + "]" for line in lines if "as above" in line} == {"1]"}
+    # Verification still covers every artifact, each once, whatever is drawn.
+    assert [n.asset_key for n in root.unique() if n.problems] == ["classifier_corpus"]

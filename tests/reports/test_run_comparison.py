@@ -3,6 +3,7 @@ loss curves, refusals, and the cross-eval pieces that need no training (the toke
 validation-only config)."""
 
 import json
+from dataclasses import replace
 
 import dagster as dg
 import pytest
@@ -134,6 +135,36 @@ def test_the_table_has_a_column_per_run_and_a_row_per_metric_either_has(deployme
     markdown = markdown_table(comparison).splitlines()
     assert markdown[:2] == ["| metric | small | wide |", "|---|---:|---:|"]
     assert "| word_order acc | 0.9350 ± 0.0123 | - |" in markdown
+
+
+def test_each_row_reads_on_one_scale():
+    # A row's numbers share their decimals, set by its largest: not "1,090" beside "94.5979".
+    comparison = compare([])
+    rows = (("train seconds", (1090.2, 94.5979)), ("tokens/s", (639.93, 2290.0)),
+            ("eval shakespeare loss", (5.13157, 6.5)), ("steps", (300, None)), ("optimizer.epsilon", (1e-08, 1e-15)))
+    text = text_table(replace(comparison, runs=("a", "b"), rows=rows)).splitlines()
+    assert [line.split()[-2:] for line in text[2:]] == [["1,090", "95"], ["640", "2,290"], ["5.1316", "6.5000"],
+                                                        ["300", "-"], ["1.00e-08", "1.00e-15"]]
+    assert "| train seconds | 1,090 | 95 |" in markdown_table(replace(comparison, runs=("a", "b"), rows=rows))
+
+
+def test_the_table_shows_initial_weights_and_every_config_field_the_runs_differ_on(deployment, store, specs):
+    # `untrained` continues from small's export, on a made-up field no row knows: it is shown as it is.
+    config = {"name": "untrained", "mixture": "shakespeare", "tokenizer": "shakespeare", "train_batch_size": 8,
+              "model": {"seq_len": 64}, "init_from": {"run": "small", "sha256": "ab" * 32},
+              "phases": [{"step": 0, "weights": {"shakespeare": 1.0}}, {"step": 5, "weights": {"other": 1.0}}]}
+    commit(store, "checkpoint", "untrained", config=config, files={"metrics.jsonl": metrics_jsonl([5.0, 4.0])},
+           metrics={"final_step": 2, "train_loss_last": 4.0})
+    comparison = compare(load_runs(deployment, store, specs, ["small", "wide", "untrained"]))
+    rows = dict(comparison.rows)
+    assert rows["init from"] == (None, None, f"run small (sha256 {'ab' * 6})")
+    assert rows["train_batch_size"] == (8, 16, 8)
+    assert rows["phases"] == (None, None, config["phases"])
+    assert "model.seq_len" not in rows and "name" not in rows  # the same in every run; each run's own name
+    labels = [label for label, _ in comparison.rows]
+    assert labels[:5] == ["mixture", "tokenizer", "init from", "train_batch_size", "phases"]  # set-up first
+    line = next(line for line in text_table(comparison).splitlines() if line.startswith("phases"))
+    assert line.split()[-1] == '[{"step":0,"weights":{"shakespeare":1.0}},{"step":5,"weights":{"other":1.0}}]'
 
 
 def test_curves_line_up_by_tokens_and_are_drawn_on_one_plot(deployment, store, specs, tmp_path):

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from conftest import tiny_spec
@@ -55,3 +56,30 @@ def test_read_metrics_keeps_last_record_per_step_and_skips_torn_line(tmp_path):
     png = plot_loss_curve(path, tmp_path / "loss.png", title="t")
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.endswith("loss.png")
+
+
+def test_the_checkpoint_shows_the_loss_curve_it_committed_on_every_event(tmp_path):
+    """`checkpoint_display` reads the plot from the committed artifact, so a materialization that
+    reuses the checkpoint (the export's run) shows it as the build's did."""
+    import base64
+
+    from marin_assets.training.assets import checkpoint_display
+    from marin_assets.training.train_main import LOSS_CURVE_FILE
+    from marin_resources.storage.store import ArtifactStore, producer_info, writing
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": i, "loss": 5.0 - i / 10}) + "\n" for i in range(20)))
+    png = Path(plot_loss_curve(metrics, tmp_path / "loss.png", title="t")).read_bytes()
+    store, spec = ArtifactStore(str(tmp_path / "store")), tiny_spec()
+    manifests = {}
+    for partition, files in (("plotted", {LOSS_CURVE_FILE: png}), ("unplotted", {})):
+        with writing(store, "checkpoint", "v1", partition, fingerprint="f" * 64, run_id="t") as writer:
+            for name, data in {"metrics.jsonl": metrics.read_bytes(), **files}.items():
+                with writer.open(name) as fh:
+                    fh.write(data)
+            manifests[partition] = writer.commit(config={}, upstream=[], producer=producer_info("t"))
+
+    shown = checkpoint_display(store, manifests["plotted"], spec, None)
+    assert shown["loss_curve"].value == f"![loss curve of tiny](data:image/png;base64,{base64.b64encode(png).decode()})"
+    assert (shown["run"], shown["model_family"]) == ("tiny", spec.model.family) and "init_from" not in shown
+    assert "loss_curve" not in checkpoint_display(store, manifests["unplotted"], spec, None)
