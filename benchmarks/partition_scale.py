@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -128,7 +129,7 @@ def populate(env: dict[str, str]) -> dict:
     raw_spec, documents_spec = catalog.specs[f"raw/{SOURCE}"], catalog.specs[f"documents/{SOURCE}"]
     listings = {}
     for n, key in enumerate(keys):
-        (ext_key, version), = raw_spec.external(key).items()
+        (ext_key, version), = raw_spec.external(key).items()  # the listing discover() just made
         listings[key] = version
         source = ArtifactHandle(ext_key, key, "external", "", version)
         raw = commit(store, raw_spec.key, raw_spec.version, key, raw_spec.identity(key),
@@ -148,14 +149,20 @@ def populate(env: dict[str, str]) -> dict:
             "instance_s": round(time.perf_counter() - stored, 1)}
 
 
-def run_cli(checkout: Path, env: dict[str, str], *args: str) -> tuple[float, str]:
-    started = time.perf_counter()
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_cli(checkout: Path, env: dict[str, str], *args: str) -> tuple[float, float, str]:
+    """Wall and CPU seconds of one `marin` command, and its last line."""
+    started, cpu = time.perf_counter(), children_cpu_s()
     done = subprocess.run([str(checkout / ".venv/bin/python"), "-m", "marin_assets.cli", *args], cwd=checkout, env=env,
                           capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, children_cpu_s() - cpu
     if done.returncode != 0:
         raise RuntimeError(f"marin {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
-    return wall, done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    return wall, cpu, done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 
 def free_port() -> int:
@@ -321,31 +328,40 @@ def main() -> None:
         setup = populate(env)
         print(f"  setup: {setup}", flush=True)
         figures: dict = {}
-        figures["status raw/scale"], summary_raw = run_cli(checkout, env, "status", f"raw/{SOURCE}")
-        figures["status"], summary_all = run_cli(checkout, env, "status")
-        print(f"  status raw/{SOURCE}: {summary_raw}\n  status: {summary_all}", flush=True)
+        cpu: dict = {}
+        figures["status raw/scale"], cpu["status raw/scale"], summary_raw = run_cli(checkout, env, "status",
+                                                                                   f"raw/{SOURCE}")
+        print(f"  status raw/{SOURCE}: {figures['status raw/scale']:.1f} s: {summary_raw}", flush=True)
+        figures["status"], cpu["status"], summary_all = run_cli(checkout, env, "status")
+        print(f"  status: {figures['status']:.1f} s: {summary_all}", flush=True)
         new_shard = "doc-new-plan.txt"
         (folder / "texts" / new_shard).write_text("A new document for the planner.\n")
+        before = children_cpu_s()
         done = subprocess.run([str(checkout / ".venv/bin/python"), "-c", PLAN_SCRIPT, new_shard], cwd=checkout,
-                              env=env, capture_output=True, text=True, check=True)
+                              env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the plan exited {done.returncode}: {done.stderr[-2000:]}")
+        cpu["plan"] = children_cpu_s() - before
         plan = json.loads(done.stdout.strip().splitlines()[-1])
         figures["plan"] = plan["total_s"]
         print(f"  plan: {plan}", flush=True)
         ui = {} if args.skip_ui else measure_ui(checkout, env, folder, setup["partitions_def"],
                                                 folder / "texts" / "doc-new-tick.txt", args.skip_pages)
         figures.update({k: v for k, v in ui.items() if k in GOALS_S})
-        print(f"\n{'measure':>18} {'seconds':>9} {'goal':>6}  at {args.shards:,} partitions, PostgreSQL, load "
-              f"{os.getloadavg()[0]:.1f}")
+        print(f"\n{'measure':>18} {'wall s':>9} {'CPU s':>7} {'goal s':>6}  at {args.shards:,} partitions, "
+              f"PostgreSQL, load {os.getloadavg()[0]:.1f}")
         for what, goal in GOALS_S.items():
             if what in figures:
                 value = figures[what]
-                print(f"{what:>18} {value:>9.1f} {goal:>6}  {'met' if value <= goal else 'NOT MET'}")
+                spent = f"{cpu[what]:>7.1f}" if what in cpu else f"{'':>7}"
+                print(f"{what:>18} {value:>9.1f} {spent} {goal:>6}  {'met' if value <= goal else 'NOT MET'}")
         print(f"baseline: {BASELINE}")
         for what in ("automation ticks s", "file to partition s", "peak RSS MiB"):
             if what in ui:
                 print(f"{what}: {ui[what]}")
         print(json.dumps({"shards": args.shards, "checkout": str(checkout), "setup": setup, "plan": plan,
                           "figures": {k: round(v, 1) for k, v in figures.items()},
+                          "cpu_s": {k: round(v, 1) for k, v in cpu.items()},
                           **{k: v for k, v in ui.items() if k not in GOALS_S}}))
     finally:
         if not args.keep:
