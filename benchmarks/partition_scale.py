@@ -110,38 +110,52 @@ def write_source(folder: Path, shards: int) -> Path:
     return sources
 
 
-def populate(env: dict[str, str]) -> dict:
-    """The store's raw/ and documents/ artifacts of every shard and the instance's partitions and
-    events, through this checkout's catalog (see the module's docstring)."""
-    os.environ.update(env)
-    import dagster as dg
-
+def commit_shards(keys: list[str]) -> dict[str, str]:
+    """Commit `raw/` and `documents/` of each shard (in a forked worker); each shard's listing version."""
     from benchmarks.shard_lookup import commit
     from marin_assets.definitions import catalog, defs
     from marin_resources.artifacts import ArtifactHandle
-    from marin_resources.dagster_private import DATA_VERSION_TAG, store_runless_events
-    from marin_resources.keys import asset_key
 
     store = defs.resources["store"].get()
-    started = time.perf_counter()
-    (name, discover), = ((n, d) for n, d in catalog.discoverers.items() if SOURCE in n)
-    keys = discover()
     raw_spec, documents_spec = catalog.specs[f"raw/{SOURCE}"], catalog.specs[f"documents/{SOURCE}"]
     listings = {}
-    for n, key in enumerate(keys):
-        (ext_key, version), = raw_spec.external(key).items()  # the listing discover() just made
+    for key in keys:
+        (ext_key, version), = raw_spec.external(key).items()  # the listing the parent's discovery made
         listings[key] = version
         source = ArtifactHandle(ext_key, key, "external", "", version)
         raw = commit(store, raw_spec.key, raw_spec.version, key, raw_spec.identity(key),
                      {"listing.json": json.dumps([{"relpath": key}]).encode()}, upstream=[source])
         commit(store, documents_spec.key, documents_spec.version, key, documents_spec.identity(key),
                {"documents.parquet": key.encode()}, upstream=[ArtifactHandle.from_manifest(raw)])
-        if n % 10_000 == 0:
-            print(f"  store: {n:,} of {len(keys):,} shards, {time.perf_counter() - started:.0f} s", flush=True)
+    return listings
+
+
+def populate(env: dict[str, str], workers: int) -> dict:
+    """The store's raw/ and documents/ artifacts of every shard and the instance's partitions and
+    events, through this checkout's catalog (see the module's docstring)."""
+    os.environ.update(env)
+    import multiprocessing
+
+    import dagster as dg
+
+    from marin_assets.definitions import catalog
+    from marin_resources.dagster_private import DATA_VERSION_TAG, store_runless_events
+    from marin_resources.keys import asset_key
+
+    started = time.perf_counter()
+    (name, discover), = ((n, d) for n, d in catalog.discoverers.items() if SOURCE in n)
+    keys = discover()  # listed once here; the forked workers reuse this listing
+    listings: dict[str, str] = {}
+    chunks = [keys[i:i + 1000] for i in range(0, len(keys), 1000)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        for done in pool.imap_unordered(commit_shards, chunks):
+            listings.update(done)
+            print(f"  store: {len(listings):,} of {len(keys):,} shards, {time.perf_counter() - started:.0f} s",
+                  flush=True)
     stored = time.perf_counter()
     with dg.DagsterInstance.get() as instance:
         instance.add_dynamic_partitions(name, keys)
-        for key_text in (raw_spec.key, documents_spec.key):
+        for key_text in (f"raw/{SOURCE}", f"documents/{SOURCE}"):
             store_runless_events(instance, [dg.AssetMaterialization(asset_key(key_text), partition=k) for k in keys])
         store_runless_events(instance, [dg.AssetObservation(asset_key(f"external/{SOURCE}"), partition=k,
                                                             tags={DATA_VERSION_TAG: v}) for k, v in listings.items()])
@@ -313,42 +327,36 @@ def main() -> None:
     parser.add_argument("--checkout", type=Path, default=REPO, help="whose CLI and planner are measured")
     parser.add_argument("--skip-ui", action="store_true", help="no webserver, daemon or browser")
     parser.add_argument("--skip-pages", action="store_true", help="the daemon's figures without the browser")
+    parser.add_argument("--setup-workers", type=int, default=2, help="processes writing the synthetic store")
     parser.add_argument("--keep", action="store_true", help="keep the database and the work folder")
+    parser.add_argument("--reuse", action="store_true", help="measure again on a kept --workdir (no setup)")
+    parser.add_argument("--skip-cli", action="store_true", help="no status or plan")
     args = parser.parse_args()
     checkout = args.checkout.resolve()
     folder = (args.workdir or Path(tempfile.mkdtemp(prefix="marin-partition-scale-"))).resolve()
-    psql("postgres", f'CREATE DATABASE "{args.database}"')
+    sources, home = folder / "sources.yaml", folder / "home"
+    reuse = args.reuse and sources.exists() and home.exists()
+    if not reuse:
+        psql("postgres", f'CREATE DATABASE "{args.database}"')
     try:
-        sources = write_source(folder, args.shards)
-        home = instance_home(folder, args.database)
         env = {**os.environ, "MARIN_SOURCES": str(sources), "MARIN_PREFIX": str(folder / "store"),
                "DAGSTER_HOME": str(home), "MARIN_CACHE_DIR": str(folder / "cache"), "MARIN_ENV": "local"}
         print(f"{args.shards:,} shards, checkout {checkout}, {os.cpu_count()} cores, load "
-              f"{os.getloadavg()[0]:.1f}; setting up in {folder}", flush=True)
-        setup = populate(env)
+              f"{os.getloadavg()[0]:.1f}; {'reusing' if reuse else 'setting up in'} {folder}", flush=True)
+        if reuse:
+            setup = json.loads((folder / "setup.json").read_text())
+        else:
+            write_source(folder, args.shards)
+            instance_home(folder, args.database)
+            setup = populate(env, args.setup_workers)
+            (folder / "setup.json").write_text(json.dumps(setup))
         print(f"  setup: {setup}", flush=True)
-        figures: dict = {}
-        cpu: dict = {}
-        figures["status raw/scale"], cpu["status raw/scale"], summary_raw = run_cli(checkout, env, "status",
-                                                                                   f"raw/{SOURCE}")
-        print(f"  status raw/{SOURCE}: {figures['status raw/scale']:.1f} s: {summary_raw}", flush=True)
-        figures["status"], cpu["status"], summary_all = run_cli(checkout, env, "status")
-        print(f"  status: {figures['status']:.1f} s: {summary_all}", flush=True)
-        new_shard = "doc-new-plan.txt"
-        (folder / "texts" / new_shard).write_text("A new document for the planner.\n")
-        before = children_cpu_s()
-        done = subprocess.run([str(checkout / ".venv/bin/python"), "-c", PLAN_SCRIPT, new_shard], cwd=checkout,
-                              env=env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"the plan exited {done.returncode}: {done.stderr[-2000:]}")
-        cpu["plan"] = children_cpu_s() - before
-        plan = json.loads(done.stdout.strip().splitlines()[-1])
-        figures["plan"] = plan["total_s"]
-        print(f"  plan: {plan}", flush=True)
+        figures, cpu, plan = ({}, {}, None) if args.skip_cli else measure_cli(checkout, env, folder)
         ui = {} if args.skip_ui else measure_ui(checkout, env, folder, setup["partitions_def"],
-                                                folder / "texts" / "doc-new-tick.txt", args.skip_pages)
+                                                folder / "texts" / f"doc-new-tick-{int(time.time())}.txt",
+                                                args.skip_pages)
         figures.update({k: v for k, v in ui.items() if k in GOALS_S})
-        print(f"\n{'measure':>18} {'wall s':>9} {'CPU s':>7} {'goal s':>6}  at {args.shards:,} partitions, "
+        print(f"\n{'measure':>18} {'wall s':>9} {'CPU s':>7} {'goal s':>6}  at {setup['shards']:,} partitions, "
               f"PostgreSQL, load {os.getloadavg()[0]:.1f}")
         for what, goal in GOALS_S.items():
             if what in figures:
@@ -359,7 +367,7 @@ def main() -> None:
         for what in ("automation ticks s", "file to partition s", "peak RSS MiB"):
             if what in ui:
                 print(f"{what}: {ui[what]}")
-        print(json.dumps({"shards": args.shards, "checkout": str(checkout), "setup": setup, "plan": plan,
+        print(json.dumps({"shards": setup["shards"], "checkout": str(checkout), "setup": setup, "plan": plan,
                           "figures": {k: round(v, 1) for k, v in figures.items()},
                           "cpu_s": {k: round(v, 1) for k, v in cpu.items()},
                           **{k: v for k, v in ui.items() if k not in GOALS_S}}))
@@ -367,6 +375,29 @@ def main() -> None:
         if not args.keep:
             psql("postgres", f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure_cli(checkout: Path, env: dict[str, str], folder: Path) -> tuple[dict, dict, dict]:
+    """`marin status raw/scale`, `marin status` and the plan for one new shard: wall and CPU seconds."""
+    figures: dict = {}
+    cpu: dict = {}
+    figures["status raw/scale"], cpu["status raw/scale"], summary_raw = run_cli(checkout, env, "status",
+                                                                               f"raw/{SOURCE}")
+    print(f"  status raw/{SOURCE}: {figures['status raw/scale']:.1f} s: {summary_raw}", flush=True)
+    figures["status"], cpu["status"], summary_all = run_cli(checkout, env, "status")
+    print(f"  status: {figures['status']:.1f} s: {summary_all}", flush=True)
+    new_shard = f"doc-new-plan-{int(time.time())}.txt"
+    (folder / "texts" / new_shard).write_text("A new document for the planner.\n")
+    before = children_cpu_s()
+    done = subprocess.run([str(checkout / ".venv/bin/python"), "-c", PLAN_SCRIPT, new_shard], cwd=checkout,
+                          env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the plan exited {done.returncode}: {done.stderr[-2000:]}")
+    cpu["plan"] = children_cpu_s() - before
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    figures["plan"] = plan["total_s"]
+    print(f"  plan: {plan}", flush=True)
+    return figures, cpu, plan
 
 
 if __name__ == "__main__":
