@@ -18,9 +18,10 @@ instance: `marin status raw/<source>` 136 s, one shard materialized 29 s):
 
 * `marin status raw/scale` and `marin status` (every asset), run as the CLI of ``--checkout``;
 * the plan for one new shard: a file added, then in one process of ``--checkout`` the planner
-  built, discovery (the new partition added), the steps of `filtered/scale` for that partition and
-  of `deduplicated/scale`, and the freshness of every step of the latter as `marin materialize`
-  judges them before it starts a run;
+  built, discovery (the new partition added), and the steps of `filtered/scale` for that partition
+  with their freshness (`marin materialize filtered/scale --partition NEW` before its run; the
+  "plan" figure); then, reported beside it, the steps of `deduplicated/scale` and the freshness of
+  every one, as `marin materialize deduplicated/scale` judges them (every shard's);
 * with `marin ui` running (webserver and daemon), the new-shard sensor's tick that adds one
   partition (from the instance's tick record: start to end), the automation sensor's ticks, the
   asset page and the partitions page of `raw/scale` in Chromium (navigation to the network going
@@ -69,15 +70,19 @@ PLAN_SCRIPT = textwrap.dedent("""
     discovered = time.perf_counter()
     new = sys.argv[1]
     shard_steps = plan.steps_of([(parse_key("filtered/scale"), new)])
+    shard_stale = sum(any(s.state != "fresh" for s in plan._states(step, False, {})) for step in shard_steps)
+    shard_planned = time.perf_counter()
     steps = plan.steps_of([(parse_key("deduplicated/scale"), None)])
     planned = time.perf_counter()
     memo = {}
     stale = sum(any(s.state != "fresh" for s in plan._states(step, False, memo)) for step in steps)
     judged = time.perf_counter()
     print(json.dumps({"added": {k: len(v) for k, v in added.items()}, "shard_steps": len(shard_steps),
-                      "steps": len(steps), "stale_steps": stale, "load_s": loaded - started,
-                      "discover_s": discovered - loaded, "steps_s": planned - discovered,
-                      "judge_s": judged - planned, "total_s": judged - started}))
+                      "shard_stale_steps": shard_stale, "steps": len(steps), "stale_steps": stale,
+                      "load_s": loaded - started, "discover_s": discovered - loaded,
+                      "shard_plan_s": shard_planned - discovered, "steps_s": planned - shard_planned,
+                      "judge_s": judged - planned, "total_s": shard_planned - started,
+                      "with_whole_source_s": judged - started - (shard_planned - discovered)}))
 """)
 
 
