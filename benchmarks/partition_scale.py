@@ -38,7 +38,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,15 +49,14 @@ from pathlib import Path
 
 import psutil
 
+from tests.ops.test_browser_ui import CHROMIUM, CHROMIUM_ARGS, free_port, graphql, wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "scale"
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 GOALS_S = {"status raw/scale": 30, "status": 30, "plan": 10, "sensor tick": 10, "asset page": 5,
            "partitions page": 5}
 BASELINE = "2,000 shards, embedded SQLite: status raw/<source> 136 s, one shard materialized 29 s"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 PLAN_SCRIPT = textwrap.dedent("""
     import json, sys, time
     started = time.perf_counter()
@@ -184,12 +182,6 @@ def run_cli(checkout: Path, env: dict[str, str], *args: str) -> tuple[float, flo
     return wall, cpu, done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PeakRss:
     """The peak summed RSS of each named process tree, sampled every second in a thread."""
 
@@ -232,21 +224,6 @@ def tick_records(instance, sensor: str, after: float) -> list:
             for tick in instance.get_ticks(state.instigator_origin_id, state.selector_id, after=after)]
 
 
-def wait_for(what: str, check, timeout_s: float, ui: subprocess.Popen):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if ui.poll() is not None:
-            raise RuntimeError(f"marin ui exited ({ui.returncode}) while waiting for {what}")
-        try:
-            value = check()
-        except OSError:
-            value = None
-        if value:
-            return value
-        time.sleep(1.0)
-    raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def page_seconds(page, url: str, content: str) -> float:
     """Navigation to the network going quiet (every GraphQL answer in) with ``content`` drawn."""
     started = time.perf_counter()
@@ -269,8 +246,9 @@ def measure_ui(checkout: Path, env: dict[str, str], folder: Path, partitions_def
     out: dict = {}
     try:
         rss.trees.update(ui_processes(ui))
-        wait_for("the webserver", lambda: urllib.request.urlopen(f"{base}/server_info", timeout=5).status == 200,
-                 600, ui)
+        procs, logs = [ui], [folder / "ui.log"]
+        wait_until("the webserver", lambda: urllib.request.urlopen(f"{base}/server_info", timeout=5).status == 200,
+                   600, procs, logs)
         os.environ.update(env)
         with dg.DagsterInstance.get() as instance:
             since = time.time()
@@ -280,11 +258,12 @@ def measure_ui(checkout: Path, env: dict[str, str], folder: Path, partitions_def
             known = set(instance.get_dynamic_partitions(partitions_def))
             new_file.write_text("A document that landed while the daemon ran.\n")
             landed = time.time()
-            wait_for("the new shard's partition", lambda: set(instance.get_dynamic_partitions(partitions_def)) - known,
-                     900, ui)
+            wait_until("the new shard's partition",
+                       lambda: set(instance.get_dynamic_partitions(partitions_def)) - known, 900, procs, logs)
             added_at = time.time()
-            ticks = wait_for("the tick that added it", lambda: [
-                t for t in tick_records(instance, f"{SOURCE}_new_shards", landed - 1) if t.end_timestamp], 120, ui)
+            ticks = wait_until("the tick that added it", lambda: [
+                t for t in tick_records(instance, f"{SOURCE}_new_shards", landed - 1) if t.end_timestamp], 120, procs,
+                logs)
             tick = min(ticks, key=lambda t: t.timestamp)
             out["sensor tick"] = round(tick.end_timestamp - tick.timestamp, 1)
             out["file to partition s"] = round(added_at - landed, 1)
@@ -311,9 +290,7 @@ def browse(base: str, folder: Path) -> dict:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
-            urllib.request.urlopen(urllib.request.Request(
-                f"{base}/graphql", data=json.dumps({"query": "mutation { setNuxSeen }"}).encode(),
-                headers={"Content-Type": "application/json"}), timeout=60).read()
+            graphql(base, "mutation { setNuxSeen }")
             page.goto(base, wait_until="networkidle", timeout=600_000)  # the app's scripts, cached for both pages
             times["asset page"] = round(page_seconds(page, f"{page_path}?view=overview", f"{SOURCE}_raw"), 1)
             page.screenshot(path=str(folder / "asset_page.png"))
