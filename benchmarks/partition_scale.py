@@ -34,6 +34,7 @@ The database is created and dropped (``--keep`` keeps it and the work folder). T
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -49,9 +50,21 @@ from pathlib import Path
 
 import psutil
 
-from tests.ops.test_browser_ui import CHROMIUM, CHROMIUM_ARGS, free_port, graphql, wait_until
-
 REPO = Path(__file__).resolve().parents[1]
+
+
+def browser_test_helpers():
+    """The UI test's module, by path (tests/ is no package): its Chromium settings, port, GraphQL and wait."""
+    spec = importlib.util.spec_from_file_location("test_browser_ui", REPO / "tests/ops/test_browser_ui.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ui_test = browser_test_helpers()
+CHROMIUM, CHROMIUM_ARGS, free_port, graphql, wait_until = (ui_test.CHROMIUM, ui_test.CHROMIUM_ARGS, ui_test.free_port,
+                                                            ui_test.graphql, ui_test.wait_until)
+
 SOURCE = "scale"
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 GOALS_S = {"status raw/scale": 30, "status": 30, "plan": 10, "sensor tick": 10, "asset page": 5,
