@@ -45,10 +45,10 @@ def claimed_shards(instance: dg.DagsterInstance, raw_key: dg.AssetKey, keys: set
     if not keys:
         return set()
     claimed = set(instance.get_materialized_partitions(raw_key)) & keys
-    for run in instance.get_runs(dg.RunsFilter(statuses=PENDING_RUN_STATUSES)):
-        partition = run.tags.get(PARTITION_NAME_TAG)
-        if partition in keys and raw_key in (run.asset_selection or ()):
-            claimed.add(partition)
+    # Filtered by partition in the query: a backfill may have tens of thousands of other runs queued.
+    pending = dg.RunsFilter(statuses=PENDING_RUN_STATUSES, tags={PARTITION_NAME_TAG: sorted(keys)})
+    claimed.update(run.tags[PARTITION_NAME_TAG] for run in instance.get_runs(pending)
+                   if raw_key in (run.asset_selection or ()))
     return claimed
 
 
