@@ -20,8 +20,8 @@ instance: `marin status raw/<source>` 136 s, one shard materialized 29 s):
 * the plan for one new shard: a file added, then in one process of ``--checkout`` the planner
   built, discovery (the new partition added), and the steps of `filtered/scale` for that partition
   with their freshness (`marin materialize filtered/scale --partition NEW` before its run; the
-  "plan" figure); then, reported beside it, the steps of `deduplicated/scale` and the freshness of
-  every one, as `marin materialize deduplicated/scale` judges them (every shard's);
+  "plan" figure); with ``--whole-plan``, reported beside it, the steps of `deduplicated/scale` and
+  the freshness of every one, as `marin materialize deduplicated/scale` judges them (every shard's);
 * with `marin ui` running (webserver and daemon), the new-shard sensor's tick that adds one
   partition (from the instance's tick record: start to end), the automation sensor's ticks, the
   asset page and the partitions page of `raw/scale` in Chromium (navigation to the network going
@@ -83,7 +83,7 @@ PLAN_SCRIPT = textwrap.dedent("""
     shard_steps = plan.steps_of([(parse_key("filtered/scale"), new)])
     shard_stale = sum(any(s.state != "fresh" for s in plan._states(step, False, {})) for step in shard_steps)
     shard_planned = time.perf_counter()
-    steps = plan.steps_of([(parse_key("deduplicated/scale"), None)])
+    steps = plan.steps_of([(parse_key("deduplicated/scale"), None)]) if sys.argv[2:] == ["whole"] else []
     planned = time.perf_counter()
     memo = {}
     stale = sum(any(s.state != "fresh" for s in plan._states(step, False, memo)) for step in steps)
@@ -326,6 +326,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the database and the work folder")
     parser.add_argument("--reuse", action="store_true", help="measure again on a kept --workdir (no setup)")
     parser.add_argument("--skip-cli", action="store_true", help="no status or plan")
+    parser.add_argument("--skip-status", action="store_true", help="the plan without the two statuses")
+    parser.add_argument("--whole-plan", action="store_true",
+                        help="also plan and judge `deduplicated/scale`: every shard's step (minutes at 75,000)")
     args = parser.parse_args()
     checkout = args.checkout.resolve()
     folder = (args.workdir or Path(tempfile.mkdtemp(prefix="marin-partition-scale-"))).resolve()
@@ -346,7 +349,8 @@ def main() -> None:
             setup = populate(env, args.setup_workers)
             (folder / "setup.json").write_text(json.dumps(setup))
         print(f"  setup: {setup}", flush=True)
-        figures, cpu, plan = ({}, {}, None) if args.skip_cli else measure_cli(checkout, env, folder)
+        figures, cpu, plan = ({}, {}, None) if args.skip_cli else measure_cli(
+            checkout, env, folder, status=not args.skip_status, whole_plan=args.whole_plan)
         ui = {} if args.skip_ui else measure_ui(checkout, env, folder, setup["partitions_def"],
                                                 folder / "texts" / f"doc-new-tick-{int(time.time())}.txt",
                                                 args.skip_pages)
@@ -372,19 +376,22 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def measure_cli(checkout: Path, env: dict[str, str], folder: Path) -> tuple[dict, dict, dict]:
+def measure_cli(checkout: Path, env: dict[str, str], folder: Path, *, status: bool, whole_plan: bool
+                ) -> tuple[dict, dict, dict]:
     """`marin status raw/scale`, `marin status` and the plan for one new shard: wall and CPU seconds."""
     figures: dict = {}
     cpu: dict = {}
-    figures["status raw/scale"], cpu["status raw/scale"], summary_raw = run_cli(checkout, env, "status",
-                                                                               f"raw/{SOURCE}")
-    print(f"  status raw/{SOURCE}: {figures['status raw/scale']:.1f} s: {summary_raw}", flush=True)
-    figures["status"], cpu["status"], summary_all = run_cli(checkout, env, "status")
-    print(f"  status: {figures['status']:.1f} s: {summary_all}", flush=True)
+    if status:
+        figures["status raw/scale"], cpu["status raw/scale"], summary_raw = run_cli(checkout, env, "status",
+                                                                                   f"raw/{SOURCE}")
+        print(f"  status raw/{SOURCE}: {figures['status raw/scale']:.1f} s: {summary_raw}", flush=True)
+        figures["status"], cpu["status"], summary_all = run_cli(checkout, env, "status")
+        print(f"  status: {figures['status']:.1f} s: {summary_all}", flush=True)
     new_shard = f"doc-new-plan-{int(time.time())}.txt"
     (folder / "texts" / new_shard).write_text("A new document for the planner.\n")
     before = children_cpu_s()
-    done = subprocess.run([str(checkout / ".venv/bin/python"), "-c", PLAN_SCRIPT, new_shard], cwd=checkout,
+    done = subprocess.run([str(checkout / ".venv/bin/python"), "-c", PLAN_SCRIPT, new_shard,
+                           *(["whole"] if whole_plan else [])], cwd=checkout,
                           env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the plan exited {done.returncode}: {done.stderr[-2000:]}")
