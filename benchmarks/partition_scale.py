@@ -26,7 +26,7 @@ instance: `marin status raw/<source>` 136 s, one shard materialized 29 s):
   partition (from the instance's tick record: start to end), the automation sensor's ticks, the
   asset page and the partitions page of `raw/scale` in Chromium (navigation to the network going
   quiet with the asset's content drawn), and the peak RSS of the webserver's and the daemon's
-  process trees (each with its code server).
+  process trees (each with its code server; the webserver's without the daemon's, its child).
 
 The database is created and dropped (``--keep`` keeps it and the work folder). The last line is JSON.
 """
@@ -196,7 +196,8 @@ def run_cli(checkout: Path, env: dict[str, str], *args: str) -> tuple[float, flo
 
 
 class PeakRss:
-    """The peak summed RSS of each named process tree, sampled every second in a thread."""
+    """The peak summed RSS of each named process tree, sampled every second in a thread. A tree
+    leaves out the trees of the other names inside it (the daemon is a child of `marin ui`)."""
 
     def __init__(self):
         self.trees: dict[str, int] = {}
@@ -207,13 +208,16 @@ class PeakRss:
 
     def sample(self) -> None:
         while not self.done.wait(1.0):
-            for name, pid in list(self.trees.items()):
-                try:
-                    root = psutil.Process(pid)
-                    rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-                except psutil.NoSuchProcess:
-                    continue
-                self.peaks[name] = max(self.peaks.get(name, 0), rss)
+            try:
+                trees = {name: [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+                         for name, pid in self.trees.items()}
+                for name, procs in trees.items():
+                    others = {p.pid for other, tree in trees.items() if other != name and tree[0].pid != procs[0].pid
+                              and tree[0] in procs for p in tree}
+                    rss = sum(p.memory_info().rss for p in procs if p.pid not in others)
+                    self.peaks[name] = max(self.peaks.get(name, 0), rss)
+            except psutil.NoSuchProcess:
+                continue
 
     def stop(self) -> dict[str, float]:
         self.done.set()
