@@ -108,6 +108,12 @@ class Planner:
         self.defs, self.catalog, self.store, self.instance = defs, catalog, store, instance
         self.graph = defs.resolve_asset_graph()
         self.refused: dict[str, dict[str, str]] = {}
+        # Dynamic partitions name -> its keys, read from the instance once per plan or status: every
+        # step and every input of a per-shard asset asked again, O(shards^2) rows at 75,000 shards.
+        self._partitions: dict[str, tuple[list[str], frozenset[str]]] = {}
+        # Dynamic partitions name -> the keys its discovery listed: partitions a sensor adds after that
+        # listing are left to the sensor (this command knows nothing of their files).
+        self._listed: dict[str, frozenset[str]] = {}
 
     # ---- partitions ------------------------------------------------------------------------
     def discover(self, names: Iterable[str] | None = None) -> dict[str, list[str]]:
@@ -119,13 +125,15 @@ class Planner:
         for name, discover in sorted(self.catalog.discoverers.items()):
             if names is not None and name not in names:
                 continue
+            # Read before the listing: a partition a sensor adds meanwhile is not among them, so it is
+            # never retired for being missing from a listing older than it.
+            known = set(self.instance.get_dynamic_partitions(name))
             keys = []
             for key in discover():
                 try:
                     keys.append(validate_partition_key(key))
                 except InvalidPartitionKeyError as exc:
                     self.refused.setdefault(name, {})[key] = str(exc)
-            known = set(self.instance.get_dynamic_partitions(name))
             new = [k for k in keys if k not in known]
             if new:
                 self.instance.add_dynamic_partitions(name, new)
@@ -133,6 +141,8 @@ class Planner:
             for retired in sorted(known - set(keys)):
                 self.instance.delete_dynamic_partition(name, retired)
             added[name] = new
+            self._listed[name] = frozenset(keys)
+            self._partitions.pop(name, None)
         self.observe_sources(names)
         return added
 
@@ -168,8 +178,27 @@ class Planner:
         if pdef is None:
             return [None]
         if isinstance(pdef, dg.DynamicPartitionsDefinition):
-            return sorted(self.instance.get_dynamic_partitions(pdef.name))
+            return list(self._dynamic_partitions(pdef.name)[0])
         return list(pdef.get_partition_keys(dynamic_partitions_store=self.instance))
+
+    def _dynamic_partitions(self, name: str) -> tuple[list[str], frozenset[str]]:
+        """The sorted keys of a dynamic partitions definition, and their set, as last read."""
+        if name not in self._partitions:
+            keys = sorted(self.instance.get_dynamic_partitions(name))
+            if name in self._listed:
+                keys = [k for k in keys if k in self._listed[name]]
+            self._partitions[name] = keys, frozenset(keys)
+        return self._partitions[name]
+
+    def has_partition(self, key: dg.AssetKey, partition: str) -> bool:
+        pdef = self.graph.get(key).partitions_def
+        if isinstance(pdef, dg.DynamicPartitionsDefinition):
+            return partition in self._dynamic_partitions(pdef.name)[1]
+        return partition in self.partitions_of(key)
+
+    def forget_partitions(self) -> None:
+        """Read the dynamic partitions from the instance again when next asked (runs may have added some)."""
+        self._partitions.clear()
 
     def version_of(self, key: dg.AssetKey) -> str | None:
         version = self.graph.get(key).metadata.get(VERSION_METADATA_KEY)
@@ -186,12 +215,11 @@ class Planner:
         if pnode.partitions_def is None:
             return {None}
         mapping = self.graph.get_partition_mapping(key, parent)
-        existing = set(self.partitions_of(parent))
         if isinstance(mapping, dg.SpecificPartitionsPartitionMapping):
-            return set(mapping.partition_keys) & existing
+            return {p for p in mapping.partition_keys if self.has_partition(parent, p)}
         if node.partitions_def == pnode.partitions_def and partition is not None:
             return {partition}
-        return existing
+        return set(self.partitions_of(parent))
 
     def reads(self, key: dg.AssetKey, partition: str | None, parent: dg.AssetKey) -> bool:
         """Whether `key[partition]` reads ``parent``: every declared input, unless the catalog says fewer."""
@@ -290,6 +318,7 @@ class Planner:
     def status(self, keys: Iterable[dg.AssetKey] | None = None, *, verify: bool = False) -> list[PartitionState]:
         for key in keys or ():
             self.require_asset(key)
+        self.forget_partitions()
         memo: dict = {}
         states = [self.state(k, p, verify=verify, memo=memo) for k in (keys or self.artifact_keys())
                   for p in self.partitions_of(k)]
@@ -482,7 +511,7 @@ class Planner:
         pdef = self.graph.get(target).partitions_def
         if pdef is None:
             raise RequestError(f"{key_str(target)} is not partitioned; drop --partition")
-        if partition not in self.partitions_of(target):
+        if not self.has_partition(target, partition):
             known = ", ".join(str(p) for p in self.partitions_of(target)) or "none"
             raise RequestError(f"{key_str(target)} has no partition {partition!r}; known: {known}")
 
@@ -530,6 +559,7 @@ class Planner:
         A step is judged fresh or not only when it is ready, after its inputs were built. A failed
         step does not stop its siblings; the steps that read it are not run, and say why."""
         self.reap_orphaned_runs(log)
+        self.forget_partitions()  # an earlier plan's runs may have added partitions
         for target, partition in targets:
             self.require_partition(target, partition)
         runs = runs or InProcessRuns(self.defs, self.instance)

@@ -53,11 +53,17 @@ _listings: dict[tuple[str, str, tuple[str, ...]], tuple[float, dict[str, Shard]]
 
 def _listing(source: SourceConfig, excluded: tuple[str, ...]) -> dict[str, Shard]:
     """Discovery, memoized briefly: one CLI or sensor pass lists a source once, not once per shard.
-    ``excluded``: the store's prefix, whose files are never the source's (a store inside the data)."""
-    now = time.monotonic()
+    ``excluded``: the store's prefix, whose files are never the source's (a store inside the data).
+
+    A listing is kept for _LISTING_TTL_S after it ended, or ten times as long as it took: timed
+    from its start, a listing slower than the TTL (75,000 files) expired as it was made and every
+    shard's lookup listed the source again."""
     cached = _listings.get((source.name, source.uri, excluded))
-    if cached is None or now - cached[0] > _LISTING_TTL_S:
-        cached = (now, {shard.key: shard for shard in discover_shards(source, excluded)})
+    if cached is None or time.monotonic() > cached[0]:
+        started = time.monotonic()
+        shards = {shard.key: shard for shard in discover_shards(source, excluded)}
+        ended = time.monotonic()
+        cached = (ended + max(_LISTING_TTL_S, 10 * (ended - started)), shards)
         _listings[(source.name, source.uri, excluded)] = cached
     return cached[1]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -46,13 +47,22 @@ class Shard:
     key: str  # path-safe, stable, unique within the source
     files: tuple[FileRef, ...]
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
-        """Changes when any member file's uri, size, mtime, checksum or refusal changes."""
+        """Changes when any member file's uri, size, mtime, checksum or refusal changes. Computed once
+        a shard: a listing's 75,000 shards each asked several times took seconds."""
         # A whole file's entry leaves out its (absent) range, so whole-file shards keep their fingerprints.
-        payload = json.dumps([dataclasses.astuple(f)[:-1] if f.byte_range is None else dataclasses.astuple(f)
+        # FileRef's fields are flat (byte_range a tuple of ints), so its field values are its astuple.
+        payload = json.dumps([_field_values(f)[:-1] if f.byte_range is None else _field_values(f)
                               for f in self.files], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()
+
+
+_FILE_REF_FIELDS = tuple(f.name for f in dataclasses.fields(FileRef))
+
+
+def _field_values(ref: FileRef) -> tuple:
+    return tuple(getattr(ref, name) for name in _FILE_REF_FIELDS)
 
 
 def _unit_hash(text: str) -> float:

@@ -8,14 +8,14 @@ is queued or running, new and changed shards wait (the tick is skipped, saying s
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import dagster as dg
 
-from marin_assets.automation import TRIGGER_TAG, pinned_by_runs
+from marin_assets.automation import PENDING_RUN_STATUSES, TRIGGER_TAG, pinned_by_runs
 from marin_assets.curation.config import SourceConfig
 from marin_assets.curation.discovery import Shard, discover_shards
-from marin_resources.dagster_private import DATA_VERSION_TAG
+from marin_resources.dagster_private import DATA_VERSION_TAG, PARTITION_NAME_TAG
 
 
 @dataclass(frozen=True)
@@ -23,13 +23,33 @@ class ShardDelta:
     new: list[Shard]
     changed: list[Shard]
     cursor: dict[str, str]
+    unclaimed: list[Shard] = field(default_factory=list)
+    """Partitions this sensor never saw: added by someone else (`marin` discovery, possibly during
+    the tick). Each is run unless it is built or being built already (`claimed_shards`)."""
 
 
 def diff_shards(shards: list[Shard], known_partitions: set[str], cursor: dict[str, str]) -> ShardDelta:
-    """Which shards need a partition, which need a run. Pure, for tests and for the CLI."""
+    """Which shards need a partition, which need a run. Pure, for tests and for the CLI.
+
+    ``known_partitions`` must be read before ``shards`` were listed: a partition added in between
+    is then new here too, and adding it twice is a no-op, while one read after the listing could
+    hold a shard this listing already has but that nobody has run."""
     new = [s for s in shards if s.key not in known_partitions]
     changed = [s for s in shards if s.key in known_partitions and cursor.get(s.key) not in (None, s.fingerprint)]
-    return ShardDelta(new=new, changed=changed, cursor={s.key: s.fingerprint for s in shards})
+    unclaimed = [s for s in shards if s.key in known_partitions and s.key not in cursor]
+    return ShardDelta(new=new, changed=changed, cursor={s.key: s.fingerprint for s in shards}, unclaimed=unclaimed)
+
+
+def claimed_shards(instance: dg.DagsterInstance, raw_key: dg.AssetKey, keys: set[str]) -> set[str]:
+    """Those of ``keys`` whose raw partition is materialized or in a queued or running run."""
+    if not keys:
+        return set()
+    claimed = set(instance.get_materialized_partitions(raw_key)) & keys
+    # Filtered by partition in the query: a backfill may have tens of thousands of other runs queued.
+    pending = dg.RunsFilter(statuses=PENDING_RUN_STATUSES, tags={PARTITION_NAME_TAG: sorted(keys)})
+    claimed.update(run.tags[PARTITION_NAME_TAG] for run in instance.get_runs(pending)
+                   if raw_key in (run.asset_selection or ()))
+    return claimed
 
 
 def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartitionsDefinition,
@@ -42,13 +62,15 @@ def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartition
                default_status=dg.DefaultSensorStatus.RUNNING,
                description=f"Watches {source.uri} and adds a partition and a run for each new or changed shard.")
     def new_shards(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        known = set(context.instance.get_dynamic_partitions(partitions.name))  # before listing: see diff_shards
         shards = discover_shards(source, excluded)
-        known = set(context.instance.get_dynamic_partitions(partitions.name))
         cursor = json.loads(context.cursor) if context.cursor else {}
         delta = diff_shards(shards, known, cursor)
+        claimed = claimed_shards(context.instance, raw_key, {s.key for s in delta.unclaimed})
+        to_run = delta.new + delta.changed + [s for s in delta.unclaimed if s.key not in claimed]
         requests = [dg.RunRequest(partition_key=s.key, run_key=f"{s.key}:{s.fingerprint[:16]}",
                                   asset_selection=[raw_key], tags={TRIGGER_TAG: "new_shard_sensor"})
-                    for s in delta.new + delta.changed]
+                    for s in to_run]
         if not requests:
             return dg.SensorResult(skip_reason=f"no new or changed shards among {len(shards)}",
                                    cursor=json.dumps(delta.cursor, sort_keys=True))
@@ -61,7 +83,7 @@ def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartition
             run_requests=requests,
             asset_events=[dg.AssetObservation(asset_key=source_key, partition=s.key,
                                               tags={DATA_VERSION_TAG: s.fingerprint})
-                          for s in delta.new + delta.changed],
+                          for s in to_run],
             dynamic_partitions_requests=[partitions.build_add_request([s.key for s in delta.new])] if delta.new else [],
             cursor=json.dumps(delta.cursor, sort_keys=True))
 

@@ -7,6 +7,7 @@ import io
 import re
 import sys
 import tarfile
+import types
 import zipfile
 from pathlib import Path
 
@@ -667,3 +668,30 @@ def test_a_store_inside_the_data_folder_is_never_listed(tmp_path, monkeypatch):
     remote = make_source(tmp_path, uri="memory://bucket-50/data/**/*.txt", format="text")
     assert [r.relpath for r in list_source_files(remote, ("memory://bucket-50/data/store",))] == \
         ["a.txt", "storefront.txt"]
+
+
+def test_a_listing_slower_than_its_memo_is_reused_not_repeated(tmp_path, monkeypatch):
+    """One CLI pass lists a source once: a listing that took longer than the 30 s memo (75,000 files)
+    is still reused by the next shard's lookup, and listed again only once it has aged."""
+    from marin_assets.curation import assets as curation
+
+    (tmp_path / "a.txt").write_text("one document\n")
+    source = make_source(tmp_path, uri=f"{tmp_path}/*.txt", files_per_shard=1)
+    clock = [1000.0]
+    listings = []
+
+    def slow_listing(src, excluded):
+        listings.append(clock[0])
+        clock[0] += 40.0  # the listing itself takes longer than the memo's 30 s
+        return discover_shards(src, excluded)
+
+    monkeypatch.setattr(curation, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(curation, "discover_shards", slow_listing)
+    monkeypatch.setattr(curation, "_listings", {})
+    assert curation.shard_by_key(source, "a.txt", ()).key == "a.txt"
+    clock[0] += 1.0
+    assert curation.shard_by_key(source, "a.txt", ()).key == "a.txt"
+    assert len(listings) == 1
+    clock[0] += 10 * 40.0  # ten times the listing's duration later, it is listed again
+    curation.shard_by_key(source, "a.txt", ())
+    assert len(listings) == 2

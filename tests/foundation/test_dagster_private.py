@@ -345,3 +345,17 @@ def test_a_code_server_told_that_runs_start_there_warms_its_first_spare_as_it_lo
     untold = subprocess.run([sys.executable, "-c", quiet], capture_output=True, text=True, check=True, timeout=120,
                             env=env)
     assert untold.stdout.split() == ["False"], untold.stderr
+
+
+def test_runless_events_stored_in_batches_are_what_dagster_reads_back():
+    """Materializations and observations written `batch` at a time: the partitions Dagster counts as
+    materialized, and the latest data version tag of each observed partition."""
+    key = dg.AssetKey("copied")
+    with dg.instance_for_test() as instance:
+        private.store_runless_events(instance, [dg.AssetMaterialization(key, partition=p) for p in "abc"], batch=2)
+        private.store_runless_events(instance, [dg.AssetObservation(key, partition=p, tags={
+            private.DATA_VERSION_TAG: f"v{p}"}) for p in "ab"], batch=1)
+        assert instance.get_materialized_partitions(key) == {"a", "b", "c"}
+        latest = instance.event_log_storage.get_latest_tags_by_partition(
+            key, dg.DagsterEventType.ASSET_OBSERVATION, [private.DATA_VERSION_TAG], asset_partitions=["a", "b"])
+        assert latest == {"a": {private.DATA_VERSION_TAG: "va"}, "b": {private.DATA_VERSION_TAG: "vb"}}

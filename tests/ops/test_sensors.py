@@ -138,3 +138,98 @@ def test_failure_report_asset_lists_failed_runs(tmp_path):
     frame = result.output_for_node("reports__failures_reports")
     assert frame.height == 1 and frame["run_id"][0] == failed.run_id
     assert "planted failure" in frame["error"][0] and frame["assets"][0] == "broken"
+
+
+class Daemon:
+    """What the daemon does with a tick's result: its partitions added, its cursor kept, and each
+    run request launched unless its run key was launched before (Dagster's dedup)."""
+
+    def __init__(self, instance, defs):
+        self.instance, self.defs, self.cursor, self.run_keys, self.launched = instance, defs, None, set(), []
+
+    def tick(self):
+        sensor = self.defs.get_sensor_def("letters_new_shards")
+        result = sensor(dg.build_sensor_context(instance=self.instance, definitions=self.defs, cursor=self.cursor))
+        for request in result.dynamic_partitions_requests:
+            self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        for run in result.run_requests:
+            if run.run_key not in self.run_keys:
+                self.run_keys.add(run.run_key)
+                self.launched.append(run.partition_key)
+        self.cursor = result.cursor or self.cursor
+        return result
+
+
+def letters(tmp_path, names):
+    watched = tmp_path / "in"
+    watched.mkdir()
+    for name in names:
+        (watched / f"{name}.txt").write_text(f"{name} {TEXT}")
+    return watched, *make_defs(tmp_path, write_sources(tmp_path, watched))
+
+
+@pytest.mark.parametrize("moment", ["before the tick", "during the tick"])
+def test_a_partition_added_by_discovery_racing_a_tick_is_run_once(tmp_path, monkeypatch, moment):
+    """`marin` discovery adds a new file's partition before the sensor's tick, or during it (after
+    the sensor read the partitions and listed the files): the shard is requested exactly once, and
+    the shards already built are not requested again."""
+    from marin_assets.curation import sensors
+
+    watched, defs, catalog = letters(tmp_path, ["a", "b"])
+    with dg.instance_for_test() as instance:
+        daemon = Daemon(instance, defs)
+        daemon.tick()
+        assert sorted(daemon.launched) == ["a.txt", "b.txt"]
+        (watched / "c.txt").write_text(f"c {TEXT}")
+        plan = Planner(defs, catalog, defs.resources["store"].get(), instance)
+        if moment == "before the tick":
+            plan.discover()
+        else:
+            listed = sensors.discover_shards
+
+            def list_then_race(*args):
+                shards = listed(*args)
+                plan.discover()  # the sensor has read the partitions and listed: now the CLI adds c
+                return shards
+
+            monkeypatch.setattr(sensors, "discover_shards", list_then_race)
+        daemon.tick()
+        monkeypatch.undo()
+        daemon.tick()
+        assert sorted(daemon.launched) == ["a.txt", "b.txt", "c.txt"]
+        assert sorted(instance.get_dynamic_partitions("letters_shards")) == ["a.txt", "b.txt", "c.txt"]
+
+
+def test_a_shard_discovery_added_and_already_built_or_building_is_not_run_again(tmp_path):
+    """Partitions the sensor never saw are run only when nobody built them or is building them:
+    the one materialized and the one in a queued run are left alone; the third is run."""
+    _, defs, catalog = letters(tmp_path, ["a", "b", "c"])
+    with dg.instance_for_test() as instance:
+        Planner(defs, catalog, defs.resources["store"].get(), instance).discover()
+        raw = dg.AssetKey(["raw", "letters_raw"])
+        instance.report_runless_asset_event(dg.AssetMaterialization(raw, partition="a.txt"))
+        instance.create_run_for_job(defs.resolve_implicit_global_asset_job_def(), asset_selection={raw},
+                                    tags={"dagster/partition": "b.txt"}, status=dg.DagsterRunStatus.NOT_STARTED)
+        daemon = Daemon(instance, defs)
+        daemon.tick()
+        daemon.tick()
+        assert daemon.launched == ["c.txt"]
+
+
+def test_a_partition_a_sensor_adds_during_discovery_is_not_retired(tmp_path, monkeypatch):
+    """`marin` discovery lists the files, then the sensor adds the partition of a file that landed
+    after that listing: discovery does not retire it as missing from its (older) listing."""
+    watched, defs, catalog = letters(tmp_path, ["a"])
+    with dg.instance_for_test() as instance:
+        plan = Planner(defs, catalog, defs.resources["store"].get(), instance)
+        (name, listed), = catalog.discoverers.items()
+
+        def list_then_race():
+            keys = listed()
+            (watched / "b.txt").write_text(f"b {TEXT}")
+            Daemon(instance, defs).tick()  # the sensor lists both files and adds both partitions
+            return keys
+
+        monkeypatch.setitem(catalog.discoverers, name, list_then_race)
+        plan.discover()
+        assert sorted(instance.get_dynamic_partitions(name)) == ["a.txt", "b.txt"]

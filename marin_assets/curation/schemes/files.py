@@ -82,12 +82,13 @@ def _expand_archive(archive_uri: str, archive_relpath: str) -> list[FileRef]:
     return refs
 
 
-def _outside_root(path: str, root: str) -> str | None:
-    """Why ``path`` may not be read: it (or a directory link on its way) resolves outside ``root``.
-    A link to nothing is left to `_local_refusal`: it says `broken_link`, the more useful cause."""
+def _outside_root(path: str, real_root: str) -> str | None:
+    """Why ``path`` may not be read: it (or a directory link on its way) resolves outside ``real_root``
+    (the source root, resolved). A link to nothing is left to `_local_refusal`: it says `broken_link`,
+    the more useful cause."""
     if os.path.islink(path) and not os.path.exists(path):
         return None
-    real, real_root = os.path.realpath(path), os.path.realpath(root or ".")
+    real = os.path.realpath(path)
     if real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
         return None
     return refusal(OUTSIDE_ROOT, f"symlink resolves outside the source root {real_root} (to {real}); "
@@ -190,11 +191,12 @@ def list_files(source: ListedSource, excluded: tuple[str, ...] = ()) -> list[Fil
             refs.append(FileRef(uri=rebuild(folder), relpath=relative(folder, root) if folder != root else ".",
                                 refused=refusal(UNREADABLE_FILE, why)))
         hashes = stack.enter_context(ContentHashCache())
+        real_root = os.path.realpath(root or ".") if local else ""  # once a listing, not once a file
         for p, info in matches.items():
             rel = relative(p, root)
             if local:
                 try:
-                    refused = None if source.follow_symlinks else _outside_root(p, root)
+                    refused = None if source.follow_symlinks else _outside_root(p, real_root)
                     if refused is None and os.path.isdir(p):
                         continue  # a link to a directory: fsspec does not descend into it, nor do we
                     refused = refused or _local_refusal(p)
