@@ -65,6 +65,9 @@ class Deployment:
     """Mixture-weight sweeps of the project file (none built in), over runs built here."""
     suites: SuiteRegistry = field(default_factory=load_suites)
     """The eval suites, and which one each run's `harness_eval` runs."""
+    unfit_suites: Mapping[str, str] = field(default_factory=dict)
+    """Run -> why the built-in default suite, which no setting chose for it, cannot evaluate it (its
+    bits-per-byte sets use another tokenizer): its `harness_eval` refuses in that one line."""
 
     @classmethod
     def load(cls, settings: MarinSettings) -> Deployment:
@@ -103,7 +106,10 @@ class Deployment:
                 in_project = project is not None and run.name in project.sections.get("runs", {})
                 origin = str(project.path) if in_project else str(settings.runs_file or DEFAULT_RUNS_YAML)
                 raise RunSpecError(exc.run, exc.field_path, exc.problem, origin=origin) from None
-        deployment.require_fitting_suites(str(project.path) if project is not None else suites.path)
+        default_chosen = bool(settings.eval_suite) or (
+            project is not None and "default_suite" in (project.sections.get(EVAL_SUITES_SECTION) or {}))
+        deployment = dataclasses.replace(deployment, unfit_suites=deployment.require_fitting_suites(
+            str(project.path) if project is not None else suites.path, default_chosen=default_chosen))
         # Before anything launches: a run that no compute setting fits into the memory of the devices
         # it names is refused here, by the tokenizer's target vocabulary (runtime placement, never identity).
         for run in deployment.runs.values():
@@ -128,20 +134,29 @@ class Deployment:
                    {n: s for n, s in sweeps.items() if buildable(s.mixture, s.tokenizer)},
                    suites=suites if suites is not None else load_suites())
 
-    def require_fitting_suites(self, origin: str) -> None:
-        """ConfigError for a run whose eval suite measures bits-per-byte on a cache of another tokenizer:
-        the config already shows the numbers would be meaningless, so it is refused before any build."""
+    def require_fitting_suites(self, origin: str, *, default_chosen: bool) -> dict[str, str]:
+        """ConfigError for a run whose eval suite, as the settings chose it (its `eval_suites.runs` entry, or a
+        default suite the project file or MARIN_EVAL_SUITE set), measures bits-per-byte on a cache of another
+        tokenizer: the config already shows the numbers would be meaningless, so it is refused before any
+        build. A run the built-in default suite does not fit is not an error of the config (a project's own
+        run, before it declares a suite): returned, run -> the one line its `harness_eval` refuses with."""
         tokenized = self.tokenization.tokenized
+        unfit = {}
         for name, run in sorted(self.runs.items()):
             suite = self.suites.suite_of_run(name)
+            explicit = name in self.suites.runs
             for source in suite.bpb:
                 if source in tokenized and tokenized[source].tokenizer != run.tokenizer:
-                    chosen = f"runs.{name}" if name in self.suites.runs else "default_suite"
-                    raise ConfigError(
-                        f"{origin}: run {name!r} (tokenizer {run.tokenizer!r}) is evaluated with suite "
-                        f"{suite.name!r} ({chosen}), whose bpb set {source!r} is tokenized with tokenizer "
-                        f"{tokenized[source].tokenizer!r}; name a suite for it under eval_suites.runs (or set "
-                        "eval_suites.default_suite) in the project file (docs/evaluation.md)")
+                    problem = (f"run {name!r} (tokenizer {run.tokenizer!r}) is evaluated with suite {suite.name!r} "
+                               f"({f'runs.{name}' if explicit else 'default_suite'}), whose bpb set {source!r} is "
+                               f"tokenized with tokenizer {tokenized[source].tokenizer!r}; name a suite for it under "
+                               "eval_suites.runs (or set eval_suites.default_suite) in the project file "
+                               "(docs/evaluation.md)")
+                    if explicit or default_chosen:
+                        raise ConfigError(f"{origin}: {problem}")
+                    unfit[name] = problem
+                    break
+        return unfit
 
     def require_built(self, sections: Mapping[str, Any], origin: str,
                       declared: Mapping[str, Mapping[str, RunSpec | SweepConfig]]) -> None:

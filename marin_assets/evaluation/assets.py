@@ -14,6 +14,7 @@ A sweep that forecasts a harness metric gets the same asset over its own runs,
 """
 
 
+import dataclasses
 import json
 import math
 import os
@@ -74,6 +75,8 @@ from marin_resources.launchers import TrainingLauncher
 
 EVAL_TASK_VERSION = "v1"
 HARNESS_EVAL_VERSION = "v1"
+# RunSuites' name of the refusal a run gets where the built-in default suite does not fit it.
+UNFIT_SUITE = "no-fitting-suite:{run}"
 HARNESS_CONFIG_FILE = "harness_config.json"
 TASKS_DIR = "tasks"
 PREVIEW_ITEMS = 3
@@ -209,6 +212,9 @@ class HarnessSuite:
     """Each bits-per-byte source tokenized here, and its tokenizer: ``tokenized/<source>``."""
     missing: tuple[str, ...]
     """What the suite needs that this deployment does not build."""
+    unfit: str | None = None
+    """Why this suite cannot evaluate the run it was given (`Deployment.unfit_suites`): it reads nothing
+    then, so asking for that evaluation builds no other source's chain before the step refuses."""
 
     @classmethod
     def resolve(cls, registry: SuiteRegistry, suite: Suite, tasks: set[str],
@@ -224,6 +230,8 @@ class HarnessSuite:
 
     def reads(self) -> set[str]:
         """The marin keys of the artifacts a run evaluated with this suite reads, besides its checkpoint."""
+        if self.unfit is not None:
+            return set()
         return {eval_task_key(t) for t in self.tasks} | {f"tokenized/{s}" for s in self.heldout}
 
 
@@ -258,7 +266,7 @@ def build_harness_asset(run_suites: RunSuites, *, key: str, checkpoint: Artifact
     artifact = ArtifactSpec(key, HARNESS_EVAL_VERSION,
                             lambda run: run_suites.of(str(run)).identity(spec_for(str(run))),
                             reads=lambda run: {checkpoint.key, *run_suites.of(run).reads()})
-    names = sorted(run_suites.suites)
+    names = sorted({h.suite.name for h in run_suites.suites.values()})
 
     @catalog.asset(artifact, partitions_def=partitions, ins={"checkpoint": input_of(checkpoint)}, deps=deps,
                    group_name=group_name, pool=pool, kinds={"levanter", "lm-eval"}, tags=tags,
@@ -274,6 +282,8 @@ def build_harness_asset(run_suites: RunSuites, *, key: str, checkpoint: Artifact
         check_pool(spec, pool)
         harness = run_suites.of(context.partition_key)
         registry, suite = harness.registry, harness.suite
+        if harness.unfit is not None:
+            raise input_refused(f"{key}[{spec.name}]: {harness.unfit}")
         if harness.missing:
             raise input_refused(f"{key}[{spec.name}]: suite {suite.name!r} needs {', '.join(harness.missing)}, "
                                 "which this deployment does not build (see the tokenization registry and the "
@@ -366,9 +376,13 @@ def build_evaluation_stage(settings: MarinSettings, deployment: Deployment,
         return {n: HarnessSuite.resolve(registry, registry.suite(n), tasks, tokenized_sources) for n in sorted(names)}
 
     def named_suite(run: str) -> str:
-        return registry.suite_of_run(run).name
+        return UNFIT_SUITE.format(run=run) if run in deployment.unfit_suites else registry.suite_of_run(run).name
 
-    named = RunSuites(resolved({registry.default_suite, *(named_suite(r) for r in deployment.runs)}), named_suite)
+    suites = resolved({registry.default_suite, *(registry.suite_of_run(r).name for r in deployment.runs)})
+    for run, problem in deployment.unfit_suites.items():
+        suites[UNFIT_SUITE.format(run=run)] = dataclasses.replace(suites[registry.suite_of_run(run).name],
+                                                                  unfit=problem)
+    named = RunSuites(suites, named_suite)
     default = RunSuites.single(resolved({registry.default_suite})[registry.default_suite])
     run_sets = [dict(key="harness_eval", run_suites=named, checkpoint=upstream.spec("checkpoint"), partitions=RUNS,
                      spec_for=named_run_lookup(settings, deployment), group_name="evaluation")]

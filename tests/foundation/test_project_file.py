@@ -203,7 +203,8 @@ def test_which_file_and_which_store(tmp_path):
     (NOTES.replace("runs: {tiny: notes}", "runs: {tiny: shakespeare}"),
      "run 'tiny' (tokenizer 'notes') is evaluated with suite 'shakespeare' (runs.tiny), whose bpb set "
      "'shakespeare' is tokenized with tokenizer 'shakespeare'; name a suite for it under eval_suites.runs"),
-    (NOTES.replace("  runs: {tiny: notes}\n  default_suite: notes\n", ""), "run 'tiny' (tokenizer 'notes') is "
+    (NOTES.replace("  runs: {tiny: notes}\n  default_suite: notes\n", "  default_suite: shakespeare\n"),
+     "run 'tiny' (tokenizer 'notes') is "
      "evaluated with suite "
      "'shakespeare' (default_suite), whose bpb set 'shakespeare' is tokenized with tokenizer 'shakespeare'"),
     (NOTES.replace("runs: {tiny: notes}", "runs: {tiny: notes, nano-shakespeare: notes}"),
@@ -327,9 +328,16 @@ def test_a_run_plans_only_its_own_mixture_and_tokenizer(tmp_path, monkeypatch):
     assert not [key for key in planned if "/b_" in key or "/mb_" in key or "/tb_" in key], planned
 
 
-def test_a_runs_harness_eval_plans_only_its_own_suites_data(tmp_path, monkeypatch):
+# The project's own suite section, left out: a project file written before eval suites could be declared.
+WITHOUT_SUITES = NOTES[:NOTES.index("eval_suites:")] + NOTES[NOTES.index("runs:\n  tiny"):]
+
+
+@pytest.mark.parametrize("text", [NOTES, WITHOUT_SUITES], ids=["own-suite", "no-suite-declared"])
+def test_a_runs_harness_eval_plans_only_its_own_suites_data(tmp_path, monkeypatch, text):
     """With the built-in sources present, evaluating the project's run builds its own chain and no
-    other source's (before, it built the Shakespeare and installed_packages chains: 18 runs)."""
+    other source's (before, it built the Shakespeare and installed_packages chains: 18 runs). A project
+    that declares no suite still loads; the built-in default suite, which does not fit its run's
+    tokenizer, reads nothing, and the step refuses in one line saying what to declare."""
     import dagster as dg
 
     from marin_assets.definitions import build_definitions
@@ -338,7 +346,9 @@ def test_a_runs_harness_eval_plans_only_its_own_suites_data(tmp_path, monkeypatc
 
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts" / "doc.txt").write_text("notes " * 100)
-    project(tmp_path, NOTES)
+    project(tmp_path, text)
+    unfit = load(tmp_path)[1].unfit_suites
+    assert (unfit == {}) if text == NOTES else ("name a suite for it under eval_suites.runs" in unfit["tiny"])
     home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
@@ -355,8 +365,9 @@ def test_a_runs_harness_eval_plans_only_its_own_suites_data(tmp_path, monkeypatc
         graph = defs.resolve_asset_graph()
     finally:
         instance.dispose()
-    assert {"harness_eval", "checkpoint", "eval_task/notes_line_end_eval_task", "tokenized/notes_tokenized",
-            "raw/notes_raw", "mixture/notes_mixture"} <= planned, planned
+    own_suite = {"eval_task/notes_line_end_eval_task"} if text == NOTES else set()
+    assert {"harness_eval", "checkpoint", "tokenized/notes_tokenized", "raw/notes_raw", "mixture/notes_mixture",
+            *own_suite} <= planned, planned
     assert not [key for key in planned if "shakespeare" in key or "installed_packages" in key
                 or "quality" in key], planned
     # The harness asset still declares the demo run's suite inputs: that run reads them, this one does not.
