@@ -45,7 +45,7 @@ def harness_deployment(tmp_path, monkeypatch):
     empty_tokenizer.mkdir()
     instance = dg.DagsterInstance.ephemeral()
 
-    def make(suite_tasks):
+    def make(suite_tasks, unfit_suites=None):
         suites = tmp_path / "suites.yaml"
         suites.write_text(yaml.safe_dump({"suites": {"s": {"tasks": suite_tasks}}, "default_suite": "s"}))
         settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SUITES": str(suites),
@@ -62,8 +62,8 @@ def harness_deployment(tmp_path, monkeypatch):
                                    Path(out) / "train_config.yaml")
                 writer.commit(config=spec.identity(), upstream=[],
                               producer=producer_info("seed"))
-        stage, _ = build_stage(build_evaluation_stage, settings, dataclasses.replace(deployment,
-                                                                                    suites=load_suites(suites)))
+        stage, _ = build_stage(build_evaluation_stage, settings, dataclasses.replace(
+            deployment, suites=load_suites(suites), unfit_suites=unfit_suites or {}))
 
         @dg.asset(key="checkpoint", partitions_def=RUNS, metadata={"marin/version": CHECKPOINT_VERSION},
                   io_manager_key="artifact_io_manager")
@@ -91,6 +91,15 @@ def test_unknown_task_fails_before_any_process(harness_deployment):
     error = failure_of(make([{"task": "arc_easyy"}]), instance)
     assert "unknown lm-eval task 'arc_easyy'" in error and "suite 's'" in error
     assert error.count("\n") == 0, error
+
+
+def test_a_run_the_default_suite_does_not_fit_is_refused_in_one_line_naming_what_to_declare(harness_deployment):
+    """A project run that only falls to the built-in default suite (Deployment.unfit_suites): the deployment
+    loads, and its harness_eval refuses before any process, in the line the load would have given."""
+    make, instance = harness_deployment
+    problem = "run 'tiny' (tokenizer 't') is evaluated with suite 's' (default_suite), ...; name a suite for it"
+    error = failure_of(make([{"task": "copa"}], unfit_suites={RUN: problem}), instance)
+    assert error == f"Failure: harness_eval[tiny]: {problem}"
 
 
 @pytest.mark.slow  # an eval harness process
