@@ -77,8 +77,9 @@ WEB_FORMATS = ("html", "warc")
 
 
 def reading_identity(source: SourceConfig) -> dict[str, Any]:
-    """The fields of a source that decide what raw/ and documents/ hold."""
-    return {k: v for k, v in dataclasses.asdict(source).items() if k not in LATER_STAGE_FIELDS}
+    """The fields of a source that decide what raw/ and documents/ hold, its uri as its scheme names the data."""
+    identity = {k: v for k, v in dataclasses.asdict(source).items() if k not in LATER_STAGE_FIELDS}
+    return {**identity, "uri": scheme_of(source.uri).identity_uri(source.uri)}
 
 
 def pii_of(source: SourceConfig) -> PiiConfig | None:

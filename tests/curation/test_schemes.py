@@ -32,8 +32,8 @@ def _read(scheme, uri: str, decompress: bool = True) -> bytes:
 def test_every_scheme_is_registered_under_its_prefix_with_every_operation():
     assert {s.name for s in ALL_SCHEMES} == {"files", "pypi-sdist", "installed-dists", "hf"}
     assert set(SCHEMES) == {"pypi-sdist", "installed-dists", "hf"}
-    assert {"declared_uri", "is_pinned", "pinned_sha256", "list_files", "resolve_url", "open", "open_stored",
-            "splits_by_byte_range", "file_state"} == set(OPERATIONS)
+    assert {"declared_uri", "identity_uri", "is_pinned", "pinned_sha256", "list_files", "resolve_url", "open",
+            "open_stored", "splits_by_byte_range", "file_state"} == set(OPERATIONS)
     for scheme in ALL_SCHEMES:
         assert [op for op in OPERATIONS if not callable(getattr(scheme, op, None))] == [], scheme.name
     expected = {"pypi-sdist://toy==1.0": "pypi-sdist", "installed-dists://?limit=3": "installed-dists",
@@ -101,6 +101,26 @@ def test_the_installed_dists_scheme_reads_a_pinned_distribution_of_the_venv(tmp_
         dists.pinned_sha256(source)
     with pytest.raises(SourceConfigError, match=r"^source 'test'\.uri: limit must be an integer"):
         make_source(tmp_path, uri="installed-dists://?limit=all")
+
+
+def test_installed_dists_are_named_in_the_identity_by_their_pins_not_the_pin_files_path(tmp_path):
+    """The bundled pin file sits inside each checkout: named by its path, a clone in another folder
+    made raw/installed_packages "config changed" and rebuilt everything after it."""
+    from marin_assets.curation.config import reading_identity
+
+    def identity(folder, text):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "pins.txt").write_text(text)
+        return reading_identity(make_source(folder, uri="installed-dists://?pins=pins.txt&limit=5"))
+
+    here = identity(tmp_path / "clone-a", "pyyaml==6.0.2\nrequests==2.32.3\n")
+    assert here == identity(tmp_path / "elsewhere/clone-b", "# the same pins, another order\nrequests==2.32.3\n"
+                                                            "PyYAML==6.0.2\n")
+    assert here != identity(tmp_path / "clone-c", "pyyaml==6.0.3\nrequests==2.32.3\n")
+    assert str(tmp_path) not in here["uri"] and "limit=5" in here["uri"]
+    # Every other scheme names its data by where it is: the identity keeps the uri as declared.
+    notes = make_source(tmp_path, uri="notes.txt")
+    assert reading_identity(notes)["uri"] == notes.uri
 
 
 def _toy_sdist(folder) -> bytes:

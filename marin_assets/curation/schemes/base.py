@@ -56,6 +56,11 @@ class UriScheme(Protocol):
         """``uri`` as a sources file at ``base_dir`` declares it, made absolute and checked at load."""
         ...
 
+    def identity_uri(self, uri: str) -> str:
+        """What of a declared ``uri`` names the data, as the source's identity records it: never where
+        this checkout or a file of it happens to sit."""
+        ...
+
     def is_pinned(self, source: ListedSource) -> bool:
         """Whether nothing the source reads can vary: what a quality classifier may train on."""
         ...
@@ -108,6 +113,9 @@ def absolute_uri(uri: str, base_dir: Path) -> str:
 
 class ReadThroughFsspec:
     """``open`` and ``open_stored`` of a scheme whose files fsspec reads at its ``resolve_url(uri)``."""
+
+    def identity_uri(self, uri: str) -> str:
+        return uri  # the location is the data's name (a user's folder, a bucket, a repository)
 
     def open(self, uri: str, expected_sha256: str | None, decompress: bool) -> contextlib.AbstractContextManager[
             BinaryIO]:

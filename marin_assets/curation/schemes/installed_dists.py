@@ -10,6 +10,7 @@ installed distribution.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
 import io
 import re
@@ -165,6 +166,18 @@ class InstalledDistsScheme:
             raise SourceUriError(f"{where}.uri: {exc}") from None
         query = {"pins": str(path), **({"limit": str(spec.limit)} if spec.limit is not None else {})}
         return f"{INSTALLED_DISTS_SCHEME}://?{urllib.parse.urlencode(query, safe='/')}"
+
+    def identity_uri(self, uri: str) -> str:
+        """The pins by what they pin (the sha256 of their sorted ``name==version`` lines), not by the pin
+        file's path: the bundled file sits inside each checkout, and a clone elsewhere reads the same
+        distributions."""
+        spec = parse_installed_uri(uri, "installed-dists")
+        if spec.pins is None:
+            return uri
+        pinned = "".join(f"{name}=={version}\n" for name, version in read_pins(spec.pins))
+        query = {"pins-sha256": hashlib.sha256(pinned.encode()).hexdigest(),
+                 **({"limit": str(spec.limit)} if spec.limit is not None else {})}
+        return f"{INSTALLED_DISTS_SCHEME}://?{urllib.parse.urlencode(query)}"
 
     def is_pinned(self, source: ListedSource) -> bool:
         return False  # what is installed is the machine's, never a classifier's training data
