@@ -529,10 +529,9 @@ class ArtifactStore:
         try:
             # What the files were when last committed: a resumed build's commit reuses the entries of
             # files it left untouched. Read before the manifest goes.
-            if resume and (manifest := self.read_manifest(uri)) is not None \
-                    and (committed_at := self.manifest_written_at(uri)) is not None:
-                previous = CommittedFiles({f.path: f for f in manifest.files}, committed_at)
             existing = self.read_manifest(uri)
+            if resume and existing is not None and (committed_at := self.manifest_written_at(uri)) is not None:
+                previous = CommittedFiles({f.path: f for f in existing.files}, committed_at)
             if existing is not None:
                 if existing.fingerprint != fingerprint:
                     raise ValueError(f"{uri} holds fingerprint {existing.fingerprint[:16]}, not {fingerprint[:16]} "
