@@ -63,12 +63,16 @@ def ensure_dagster_home() -> Path:
 def open_instance():
     import dagster as dg
 
+    from marin_resources.storage.leases import exclusive_file_lock
     from marin_resources.storage.object_stores import quiet_logger
 
-    ensure_dagster_home()
-    # dagster-postgres logs each retry of an unreachable database on the root logger; the refusal
-    # (`refusal`) says it once.
-    with quiet_logger(""):
+    home = ensure_dagster_home()
+    # One `marin` process at a time opens the instance: the first open creates its SQLite schema and
+    # the pools' limits, and two processes doing that at once (`marin ui` and `marin materialize`
+    # started together on a new home) stamped two schema versions, which left the instance unusable
+    # for good, or inserted a pool twice. dagster-postgres logs each retry of an unreachable database
+    # on the root logger; the refusal (`refusal`) says it once.
+    with exclusive_file_lock(home / ".instance-open.lock"), quiet_logger(""):
         instance = dg.DagsterInstance.get()
         storage = instance.event_log_storage
         for pool, limit in POOL_LIMITS.items():

@@ -100,19 +100,25 @@ class LeaseObjects:
         raise NotImplementedError
 
 
+@contextlib.contextmanager
+def exclusive_file_lock(path: str | os.PathLike):
+    """Holds `flock(LOCK_EX)` on the file at `path` (created if missing) across processes on this host
+    or a shared POSIX mount; released when the block ends or the process dies."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 class LocalLeaseObjects(LeaseObjects):
     """Local disk (or a shared POSIX mount): every change happens under `flock` on `<lease>.guard`,
     and content is replaced atomically, so the tag (content hash) comparison and the write are one
     step."""
 
-    @contextlib.contextmanager
     def _guard(self, path: str):
-        fd = os.open(f"{path}.guard", os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        return exclusive_file_lock(f"{path}.guard")
 
     def read(self, path: str) -> tuple[bytes, str] | None:
         try:
