@@ -1,6 +1,6 @@
 """Read a shard's files into normalised documents plus a quarantine.
 
-Every input record (a file for text/html, a non-blank line for jsonl, a row
+Every input record (a file for text/html, a non-blank line for jsonl and chat, a row
 for parquet, a response or resource record for warc) ends up either as one document or as one quarantine row; a bad
 record never fails the shard, whatever exception processing it raises.
 ``ReadResult.n_records`` counts records as they are *read* (plus one per file
@@ -24,7 +24,7 @@ from typing import Any
 
 import polars as pl
 
-from marin_assets.curation import listed_files
+from marin_assets.curation import chat, listed_files
 from marin_assets.curation.config import SourceConfig
 from marin_assets.curation.discovery import Shard
 from marin_assets.curation.formats import FORMATS, resolve_format
@@ -53,6 +53,12 @@ class Reason:
     TRUNCATED = "truncated"  # a WARC file ends inside this record; the records before it are read
     NOT_HTML = "not_html"  # a WARC payload that is not an HTML page (an image, a PDF, ...)
     HTTP_STATUS = "http_status"  # a WARC response that is not a success (404, a redirect, ...)
+    # Chat records (format chat) that are not a conversation: see chat.CHAT_REASONS.
+    MISSING_MESSAGES = chat.MISSING_MESSAGES
+    MALFORMED_MESSAGE = chat.MALFORMED_MESSAGE
+    UNKNOWN_ROLE = chat.UNKNOWN_ROLE
+    NON_STRING_CONTENT = chat.NON_STRING_CONTENT
+    NO_ASSISTANT_TURN = chat.NO_ASSISTANT_TURN
 
 
 QUARANTINE_REASONS = (
@@ -73,6 +79,13 @@ QUARANTINE_REASONS = (
     Reason.HTTP_STATUS,
 )
 
+
+def quarantine_reasons(fmt: str) -> tuple[str, ...]:
+    """The reasons a source of format ``fmt`` counts, each counted even when zero: a chat source's
+    own reasons too (a text source's counts stay the ones they were before chat data)."""
+    return QUARANTINE_REASONS + chat.CHAT_REASONS if fmt == "chat" else QUARANTINE_REASONS
+
+
 DOCUMENT_SCHEMA = {
     "id": pl.String,
     "text": pl.String,
@@ -80,6 +93,8 @@ DOCUMENT_SCHEMA = {
     "source_id": pl.String,
     "metadata": pl.String,
 }
+# A chat source's documents: the text rendering of each conversation and, beside it, its turns as JSON.
+CHAT_DOCUMENT_SCHEMA = {**DOCUMENT_SCHEMA, chat.MESSAGES_COLUMN: pl.String}
 QUARANTINE_SCHEMA = {
     "source": pl.String,
     "source_id": pl.String,
@@ -312,7 +327,8 @@ def strip_gutenberg(text: str) -> tuple[str, bool]:
 class _Collector:
     def __init__(self, source: SourceConfig):
         self.source = source
-        self.docs: dict[str, list] = {k: [] for k in DOCUMENT_SCHEMA}
+        self.schema = CHAT_DOCUMENT_SCHEMA if source.format == "chat" else DOCUMENT_SCHEMA
+        self.docs: dict[str, list] = {k: [] for k in self.schema}
         self.bad: dict[str, list] = {k: [] for k in QUARANTINE_SCHEMA}
         self.n_records = 0
         self.n_repaired = 0
@@ -341,15 +357,19 @@ class _Collector:
         if not text:
             self.quarantine(source_id, Reason.EMPTY, "no text after normalisation", raw)
             return
+        self._append(source_id, text, metadata)
+
+    def conversation(self, source_id: str, turns: list[dict[str, Any]], metadata: dict[str, Any]):
+        """A checked conversation (`chat.check_conversation`) as a document: its text is rendered from
+        its turns as they are, with no further normalisation, so it always matches them."""
+        self._append(source_id, chat.render_text(turns), metadata, messages=chat.messages_json(turns))
+
+    def _append(self, source_id: str, text: str, metadata: dict[str, Any], **extra: str):
         # Everything that can raise happens before the first append, so columns never go out of step.
-        doc_id = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        encoded_metadata = json.dumps(metadata, sort_keys=True, default=str)
-        docs = self.docs
-        docs["id"].append(doc_id)
-        docs["text"].append(text)
-        docs["source"].append(self.source.name)
-        docs["source_id"].append(source_id)
-        docs["metadata"].append(encoded_metadata)
+        row = {"id": hashlib.sha256(text.encode("utf-8")).hexdigest(), "text": text, "source": self.source.name,
+               "source_id": source_id, "metadata": json.dumps(metadata, sort_keys=True, default=str), **extra}
+        for column, values in self.docs.items():
+            values.append(row[column])
 
     @contextlib.contextmanager
     def record(self, source_id: str, raw: bytes):
@@ -387,9 +407,9 @@ class _Collector:
         self.document(source_id, text, raw, metadata)
 
     def result(self) -> ReadResult:
-        documents = pl.DataFrame(self.docs, schema=DOCUMENT_SCHEMA)
+        documents = pl.DataFrame(self.docs, schema=self.schema)
         quarantine = pl.DataFrame(self.bad, schema=QUARANTINE_SCHEMA)
-        counts = {r: 0 for r in QUARANTINE_REASONS}
+        counts = {r: 0 for r in quarantine_reasons(self.source.format)}
         for reason in self.bad["reason"]:
             counts[reason] += 1
         return ReadResult(documents, quarantine, self.n_records, counts, self.n_repaired, self.n_refused_files)
@@ -546,7 +566,30 @@ def _jsonl_record(col: _Collector, ref: FileRef, raw: bytes, line_no: int, defau
     if decoded.encoding != "utf-8":
         extra["repaired_encoding"] = decoded.encoding
         col.n_repaired += 1
-    _record_document(col, record, default_id, raw, extra)
+    if col.source.format == "chat":
+        _chat_document(col, record, default_id, raw, extra)
+    else:
+        _record_document(col, record, default_id, raw, extra)
+
+
+def _chat_document(col: _Collector, record: Any, default_id: str, raw: bytes, extra: dict[str, Any]):
+    """A chat line: a conversation (`chat.check_conversation`), each turn's content repaired and
+    normalised as a text record's text is, or one quarantine row saying why it is not one."""
+    if not isinstance(record, dict):
+        col.quarantine(default_id, Reason.MALFORMED_JSON, f"record is a {type(record).__name__}, not an object", raw)
+        return
+    id_field = col.source.id_field
+    source_id = str(record[id_field]) if id_field is not None and record.get(id_field) is not None else default_id
+    force = "repaired_encoding" in extra
+    turns = chat.check_conversation(record, lambda content: normalize_text(repair_text(content, force=force)))
+    if isinstance(turns, chat.Refused):
+        col.quarantine(source_id, turns.reason, turns.detail, raw)
+        return
+    fraction = garbage_fraction(chat.render_text(turns))
+    if fraction > _MAX_GARBAGE_FRACTION:
+        col.quarantine(source_id, Reason.BINARY, f"{fraction:.1%} control characters in its turns", raw)
+        return
+    col.conversation(source_id, turns, {**extra, **_record_metadata(record, chat.MESSAGES_FIELD, id_field)})
 
 
 def _read_parquet(col: _Collector, ref: FileRef):
@@ -593,6 +636,7 @@ READERS: dict[str, Callable[[_Collector, FileRef], None]] = {
     "text": functools.partial(_read_whole_file, fmt="text"),
     "html": functools.partial(_read_whole_file, fmt="html"),
     "jsonl": _read_jsonl,
+    "chat": _read_jsonl,  # JSONL lines, each a conversation (_chat_document)
     "parquet": _read_parquet,
     "warc": _read_warc,
 }
