@@ -27,7 +27,7 @@ PLAY_MEMBER = re.compile(r"/texts/([^/]+)_gut\.txt$")
 # A speech prefix on its own line: "Hor.", "SIR TOBY.", "First Witch.", "Lady Macbeth." (at most 4 words).
 _SPEAKER = re.compile(r"^([A-Z][A-Za-z'-]*(?: [A-Za-z'-]+){0,3})\.$")
 _HEADING = re.compile(r"^(?:ACT|Act|SCENE|Scene)\b")
-_STAGE_DIRECTION = re.compile(r"\[[^\]]*\]")
+_STAGE_DIRECTION = re.compile(r"[ \t]*\[[^\]]*\]")
 DEFAULT_MAX_TURNS = 8
 
 
