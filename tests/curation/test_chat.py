@@ -18,6 +18,7 @@ import dagster as dg
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from marin_assets.catalog import Catalog
@@ -130,6 +131,52 @@ def test_a_text_source_counts_the_reasons_it_counted_before_chat_data(tmp_path):
         make_source(tmp_path, uri="a.txt", format="text"))[0])
     assert tuple(results.quarantine_counts) == QUARANTINE_REASONS
     assert not set(results.quarantine_counts) & set(chat.CHAT_REASONS)
+
+
+def test_hugging_face_parquet_chat_rows_are_conversations_too(tmp_path):
+    # A Hugging Face chat dataset's Parquet: `messages` a list of structs, so every turn has every
+    # field of any turn (here `name`), null where the turn has none.
+    turn = pa.struct([("role", pa.string()), ("content", pa.string()), ("name", pa.string())])
+    table = pa.table({"prompt_id": ["p1", "p2"], "messages": pa.array([
+        [{"role": "user", "content": "Name a bird.", "name": "ada"},
+         {"role": "assistant", "content": "A wren.", "name": None}],
+        [{"role": "user", "content": "And a fish?", "name": None}, {"role": "assistant", "content": None,
+                                                                     "name": None}]], pa.list_(turn))})
+    pq.write_table(table, tmp_path / "train-00000.parquet")
+    docs, quarantine, n, counts = _read(make_source(tmp_path, uri="train-00000.parquet", format="chat",
+                                                    id_field="prompt_id"))
+    assert (n, docs.height, counts["non_string_content"]) == (2, 1, 1)
+    assert json.loads(docs["messages"][0]) == [{"role": "user", "content": "Name a bird.", "name": "ada"},
+                                               {"role": "assistant", "content": "A wren."}]
+    assert quarantine["source_id"].to_list() == ["p2"]
+
+
+def test_big_chat_files_are_split_into_ranges_that_read_every_conversation_once(tmp_path):
+    from marin_assets.curation.copying import copy_listed_file
+
+    data = tmp_path / "d"
+    data.mkdir()
+    conversations = [[{"role": "user", "content": f"Question {i}? " + "x" * (1 + i * 37 % 301)},
+                      {"role": "assistant", "content": f"Answer {i}."}] for i in range(3000)]
+    _write_jsonl(data / "big.jsonl", [{"messages": c} for c in conversations])
+    pq.write_table(pa.Table.from_pylist([{"messages": c} for c in conversations]), data / "big.parquet",
+                   row_group_size=100)
+    src = make_source(tmp_path, uri="d/*", format="chat", bytes_per_shard=20_000)
+    ranges = [s for s in discover_shards(src) if s.files[0].byte_range is not None]
+    assert {s.files[0].relpath for s in ranges} == {"big.jsonl", "big.parquet"}
+    assert sum(s.files[0].relpath == "big.parquet" for s in ranges) > 1
+    # Each range as raw/ copies it (one stand-alone file), then read as documents/ reads it.
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    for n, shard in enumerate(ranges):
+        ref = shard.files[0]
+        target = copies / f"{n:03d}-{ref.relpath}"
+        copied = copy_listed_file(ref, src, lambda: target.open("wb"))  # noqa: B023 - called at once
+        assert not isinstance(copied, str), copied
+    docs, quarantine, *_ = _read(make_source(tmp_path, uri="copies/*", format="chat"))
+    assert quarantine.height == 0
+    read = sorted(docs["messages"].to_list())
+    assert read == sorted([chat.messages_json(c) for c in conversations] * 2)
 
 
 # --------------------------------------------------------------------------- the sources file
