@@ -230,6 +230,38 @@ def test_the_skipped_steps_are_declared_in_the_identities_and_text_sources_keep_
     assert "filters" in text_filtered and text_filtered["language_model"] is not None
 
 
+def test_a_chat_source_gets_no_text_token_cache_and_naming_one_for_it_is_refused():
+    from marin_assets.curation.config import CurationConfig, SourceConfig
+    from marin_assets.deployment import Deployment
+    from marin_assets.tokenization.cache_config import CacheConfig
+    from marin_assets.tokenization.registry import (
+        MixtureEntry,
+        RegistryError,
+        TokenizationRegistry,
+        TokenizedEntry,
+        TokenizerEntry,
+    )
+    from marin_assets.tokenization.tokenizer import TokenizerConfig
+
+    curation = CurationConfig(sources=(SourceConfig(name="prose", uri="/nonexistent/*.txt", format="text"),
+                                       SourceConfig(name="chats", uri="/nonexistent/*.jsonl", format="chat")))
+    tokenizer = TokenizerEntry("t", TokenizerConfig(), train_on=("prose",), version="v1")
+    default = TokenizedEntry("*", "t", CacheConfig())
+    registry = TokenizationRegistry({"t": tokenizer}, {}, {"m": MixtureEntry("m", "t", {"prose": 1.0})}, default)
+    # The default text cache covers the prose source only: a chat source's cache is item 4's.
+    assert set(Deployment.resolve(curation, registry, {}, {}).tokenization.tokenized) == {"prose"}
+    for named, where in [
+            (TokenizationRegistry({"t": tokenizer}, {"chats": TokenizedEntry("chats", "t", CacheConfig())}, {},
+                                  default), "tokenized"),
+            (TokenizationRegistry({"t": TokenizerEntry("t", TokenizerConfig(), train_on=("prose", "chats"))}, {}, {},
+                                  default), "tokenizers.t.train_on"),
+            (TokenizationRegistry({"t": tokenizer}, {}, {"m": MixtureEntry("m", "t", {"prose": 1.0, "chats": 1.0})},
+                                  default), "mixtures.m.weights")]:
+        with pytest.raises(RegistryError, match=rf"^tokenization registry: {where}: 'chats' is a chat source; its "
+                                                r"token cache .* is not built yet"):
+            Deployment.resolve(curation, named, {}, {})
+
+
 # --------------------------------------------------------------------------- filtered/ and PII
 
 
