@@ -586,7 +586,11 @@ def _chat_document(col: _Collector, record: Any, default_id: str, raw: bytes, ex
     if isinstance(turns, chat.Refused):
         col.quarantine(source_id, turns.reason, turns.detail, raw)
         return
-    fraction = garbage_fraction(chat.render_text(turns))
+    text = chat.render_text(turns)
+    if len(text.encode("utf-8", "surrogatepass")) > col.source.max_doc_bytes:  # a Parquet row: no line limit
+        col.quarantine(source_id, Reason.TOO_LARGE, f"turns exceed max_doc_bytes {col.source.max_doc_bytes}", raw)
+        return
+    fraction = garbage_fraction(text)
     if fraction > _MAX_GARBAGE_FRACTION:
         col.quarantine(source_id, Reason.BINARY, f"{fraction:.1%} control characters in its turns", raw)
         return

@@ -149,6 +149,10 @@ def test_hugging_face_parquet_chat_rows_are_conversations_too(tmp_path):
     assert json.loads(docs["messages"][0]) == [{"role": "user", "content": "Name a bird.", "name": "ada"},
                                                {"role": "assistant", "content": "A wren."}]
     assert quarantine["source_id"].to_list() == ["p2"]
+    # A row has no line to measure: its turns are held to max_doc_bytes.
+    docs, quarantine, _, counts = _read(make_source(tmp_path, uri="train-00000.parquet", format="chat",
+                                                    max_doc_bytes=30))
+    assert docs.height == 0 and counts["too_large"] == 1 and counts["non_string_content"] == 1
 
 
 def test_big_chat_files_are_split_into_ranges_that_read_every_conversation_once(tmp_path):
