@@ -489,25 +489,41 @@ def _record_metadata(record: dict[str, Any], text_field: str, id_field: str | No
     return {k: v for k, v in record.items() if k not in (text_field, id_field)}
 
 
-def _record_document(col: _Collector, record: Any, default_id: str, raw: bytes, extra: dict[str, Any]):
-    src = col.source
+def _record_source_id(col: _Collector, record: Any, default_id: str, raw: bytes) -> str | None:
+    """The source id of a JSONL or Parquet record (its `id_field`, else ``default_id``); None, with
+    the record quarantined, where it is not a JSON object."""
     if not isinstance(record, dict):
         col.quarantine(default_id, Reason.MALFORMED_JSON, f"record is a {type(record).__name__}, not an object", raw)
+        return None
+    id_field = col.source.id_field
+    return str(record[id_field]) if id_field is not None and record.get(id_field) is not None else default_id
+
+
+def _quarantined_unfit(col: _Collector, source_id: str, text: str, raw: bytes, what: str) -> bool:
+    """Whether ``text`` (a record's text, or a conversation's rendering) was quarantined: over
+    `max_doc_bytes`, or more control characters than text holds."""
+    limit = col.source.max_doc_bytes
+    if len(text.encode("utf-8", "surrogatepass")) > limit:
+        col.quarantine(source_id, Reason.TOO_LARGE, f"{what} exceeds max_doc_bytes {limit}", raw)
+        return True
+    fraction = garbage_fraction(text)
+    if fraction > _MAX_GARBAGE_FRACTION:
+        col.quarantine(source_id, Reason.BINARY, f"{fraction:.1%} control characters in {what}", raw)
+        return True
+    return False
+
+
+def _record_document(col: _Collector, record: Any, default_id: str, raw: bytes, extra: dict[str, Any]):
+    src = col.source
+    source_id = _record_source_id(col, record, default_id, raw)
+    if source_id is None:
         return
-    source_id = default_id
-    if src.id_field is not None and record.get(src.id_field) is not None:
-        source_id = str(record[src.id_field])
     text = record.get(src.text_field)
     if not isinstance(text, str):
         got = "missing" if text is None else f"a {type(text).__name__}"
         col.quarantine(source_id, Reason.MISSING_TEXT_FIELD, f"field {src.text_field!r} is {got}", raw)
         return
-    if len(text.encode("utf-8", "surrogatepass")) > src.max_doc_bytes:
-        col.quarantine(source_id, Reason.TOO_LARGE, f"text exceeds max_doc_bytes {src.max_doc_bytes}", raw)
-        return
-    fraction = garbage_fraction(text)
-    if fraction > _MAX_GARBAGE_FRACTION:
-        col.quarantine(source_id, Reason.BINARY, f"{fraction:.1%} control characters in text", raw)
+    if _quarantined_unfit(col, source_id, text, raw, "text"):
         return
     metadata = {**extra, **_record_metadata(record, src.text_field, src.id_field)}
     col.document(source_id, repair_text(text, force="repaired_encoding" in extra), raw, metadata)
@@ -576,25 +592,19 @@ def _jsonl_record(col: _Collector, ref: FileRef, raw: bytes, line_no: int, defau
 def _chat_document(col: _Collector, record: Any, default_id: str, raw: bytes, extra: dict[str, Any]):
     """A chat line: a conversation (`chat.check_conversation`), each turn's content repaired and
     normalised as a text record's text is, or one quarantine row saying why it is not one."""
-    if not isinstance(record, dict):
-        col.quarantine(default_id, Reason.MALFORMED_JSON, f"record is a {type(record).__name__}, not an object", raw)
+    source_id = _record_source_id(col, record, default_id, raw)
+    if source_id is None:
         return
-    id_field = col.source.id_field
-    source_id = str(record[id_field]) if id_field is not None and record.get(id_field) is not None else default_id
     force = "repaired_encoding" in extra
     turns = chat.check_conversation(record, lambda content: normalize_text(repair_text(content, force=force)))
     if isinstance(turns, chat.Refused):
         col.quarantine(source_id, turns.reason, turns.detail, raw)
         return
-    text = chat.render_text(turns)
-    if len(text.encode("utf-8", "surrogatepass")) > col.source.max_doc_bytes:  # a Parquet row: no line limit
-        col.quarantine(source_id, Reason.TOO_LARGE, f"turns exceed max_doc_bytes {col.source.max_doc_bytes}", raw)
+    # A JSONL line is held to max_doc_bytes by its length already; a Parquet row is by its turns here.
+    if _quarantined_unfit(col, source_id, chat.render_text(turns), raw, "its turns"):
         return
-    fraction = garbage_fraction(text)
-    if fraction > _MAX_GARBAGE_FRACTION:
-        col.quarantine(source_id, Reason.BINARY, f"{fraction:.1%} control characters in its turns", raw)
-        return
-    col.conversation(source_id, turns, {**extra, **_record_metadata(record, chat.MESSAGES_FIELD, id_field)})
+    metadata = _record_metadata(record, chat.MESSAGES_FIELD, col.source.id_field)
+    col.conversation(source_id, turns, {**extra, **metadata})
 
 
 def _read_parquet(col: _Collector, ref: FileRef):
