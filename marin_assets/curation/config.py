@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
-from marin_assets.curation.formats import FORMATS, resolve_format
+from marin_assets.curation.formats import EXACT_PARAGRAPHS, FORMATS, resolve_format
 from marin_assets.curation.pii import PiiConfig
 from marin_assets.curation.quality import QualityConfig
 from marin_assets.curation.schemes.base import SourceUriError, absolute_uri
@@ -74,6 +74,14 @@ class SourceConfig:
 # of the identity of raw/ and documents/.
 LATER_STAGE_FIELDS = ("filters", "dedup", "pii", "url_blocklist")
 WEB_FORMATS = ("html", "warc")
+# Formats whose sources get the default PII pass without `pii:`: pages from the web, and
+# conversations (people write their addresses into chats).
+PII_BY_DEFAULT_FORMATS = (*WEB_FORMATS, "chat")
+# What a chat source may not set: what only its skipped steps read (formats.SKIPPED_STEPS), and
+# `text_field` (its turns are always in `messages`). Refused in one line rather than ignored.
+_NOT_FOR_CHAT = {"filters": "its heuristic filters and language id are skipped for chat data",
+                 "url_blocklist": "the URL block list is skipped for chat data",
+                 "text_field": "a chat record holds its turns in 'messages'"}
 
 
 def reading_identity(source: SourceConfig) -> dict[str, Any]:
@@ -85,10 +93,10 @@ def reading_identity(source: SourceConfig) -> dict[str, Any]:
 def pii_of(source: SourceConfig) -> PiiConfig | None:
     """What the PII pass replaces in a source's documents, None for no pass: as declared, else
     the defaults for web sources (format html or warc, or auto with a uri that names such files)
-    and none for the others."""
+    and chat sources, and none for the others."""
     if isinstance(source.pii, PiiConfig):
         return source.pii
-    on = resolve_format(source.format, source.uri) in WEB_FORMATS if source.pii is None else source.pii
+    on = resolve_format(source.format, source.uri) in PII_BY_DEFAULT_FORMATS if source.pii is None else source.pii
     return PiiConfig() if on else None
 
 
@@ -157,6 +165,13 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
     fmt = raw.get("format", "auto")
     if fmt not in FORMATS:
         raise SourceConfigError(f"{where}.format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt == "chat":
+        for key, why in _NOT_FOR_CHAT.items():
+            if key in raw:
+                raise SourceConfigError(f"{where}.{key}: not for a chat source ({why}; docs/post-training.md)")
+        if isinstance(raw.get("dedup"), Mapping) and raw["dedup"].get(EXACT_PARAGRAPHS):
+            raise SourceConfigError(f"{where}.dedup.{EXACT_PARAGRAPHS}: not for a chat source (removing lines from "
+                                    "its text would part it from its turns; docs/post-training.md)")
     filters = _decode(FilterConfig, raw.get("filters") or {}, f"{where}.filters", base=global_filters)
     dedup = raw.get("dedup") or {}
     if not isinstance(dedup, Mapping):
@@ -310,6 +325,9 @@ def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path, global_f
                 src = declared[entry]
             else:
                 src = _parse_source(entry, i, base, global_filters)
+            if src.format == "chat":
+                raise SourceConfigError(f"quality.{key}: source {src.name!r} is chat data; the quality classifier "
+                                        "judges prose and is skipped for chat sources (docs/post-training.md)")
             if not scheme_of(src.uri).is_pinned(src):
                 raise SourceConfigError(
                     f"quality.{key}: source {src.name!r} is not pinned: a classifier trains on a pypi-sdist:// URI "
@@ -324,10 +342,14 @@ def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path, global_f
         raise SourceConfigError("quality: positive_sources/negative_sources train a model; an adopted model "
                                 "(model_uri) or the compression classifier takes none")
     scored = _decode(tuple[str, ...], raw_q["sources"], "quality.sources") if "sources" in raw_q \
-        else inherited.quality_sources if previous is not None else tuple(s.name for s in sources)
+        else inherited.quality_sources if previous is not None else tuple(s.name for s in sources
+                                                                          if s.format != "chat")
     for name in scored:
         if name not in declared:
             raise SourceConfigError(f"quality.sources: {name!r} is not a declared source")
+        if declared[name].format == "chat":
+            raise SourceConfigError(f"quality.sources: {name!r} is chat data; the quality score is skipped for chat "
+                                    "sources (docs/post-training.md)")
     return {"quality": quality, "quality_positive_sources": training["positive_sources"],
             "quality_negative_sources": training["negative_sources"], "quality_sources": scored}
 

@@ -251,11 +251,25 @@ def _mixture_entry(name: str, body: Any) -> MixtureEntry:
     return MixtureEntry(name, tokenizer, weights)
 
 
-def registry_for_sources(registry: TokenizationRegistry, sources: set[str]) -> TokenizationRegistry:
+def registry_for_sources(registry: TokenizationRegistry, sources: set[str],
+                         chat_sources: frozenset[str] = frozenset()) -> TokenizationRegistry:
     """The entries this deployment can build: every curated source gets `tokenized/<source>`, from its
     own entry or the default one; entries that need a source this deployment does not declare
     (MARIN_SOURCES may name a different set) are dropped, with everything that depends on them.
-    The default applies only where its tokenizer can be built here."""
+    The default applies only where its tokenizer can be built here.
+
+    Chat sources (``chat_sources``, of ``sources``) get no text cache: their cache renders turns through
+    a chat template with an assistant loss mask (docs/post-training.md, not built yet), and a text
+    cache of their plain rendering would train on role labels as prose. An entry that names one (a
+    `tokenized:` entry, a tokenizer's `train_on`, a mixture's weights) is refused in one line."""
+    for what, names in [("tokenized", set(registry.tokenized)),
+                        *((f"tokenizers.{n}.train_on", set(e.train_on)) for n, e in registry.tokenizers.items()),
+                        *((f"mixtures.{n}.weights", set(e.weights)) for n, e in registry.mixtures.items())]:
+        if names & chat_sources:
+            raise RegistryError(f"tokenization registry: {what}: {sorted(names & chat_sources)[0]!r} is a chat "
+                                "source; its token cache (turns through a chat template, loss on the assistant's) "
+                                "is not built yet (docs/post-training.md)")
+    sources = sources - chat_sources
     tokenizers = {n: e for n, e in registry.tokenizers.items() if set(e.train_on) <= sources}
     tokenized = {n: e for n, e in registry.tokenized.items() if n in sources and e.tokenizer in tokenizers}
     if registry.default is not None and registry.default.tokenizer in tokenizers:
