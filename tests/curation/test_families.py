@@ -350,10 +350,11 @@ def test_the_quality_classifiers_identity_is_unchanged_for_training_sources_with
     give the identity it gave before families existed, or every classifier (and everything it scores)
     rebuilds on upgrade."""
     from marin_assets.curation.config import SourceConfig
-    from marin_assets.curation.model_assets import _training_source_identity
+    from marin_assets.curation.quality import CLASSIFIER
+    from marin_resources.config_identity import config_identity
 
-    plain = _training_source_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl"))
+    plain = config_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl"), CLASSIFIER)
     assert "families" not in plain["filters"]
-    picked = _training_source_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl",
-                                                    filters=FilterConfig(families={"c4": {}})))
+    picked = config_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl",
+                                          filters=FilterConfig(families={"c4": {}})), CLASSIFIER)
     assert picked["filters"]["families"] == {"c4": {}}

@@ -55,7 +55,7 @@ def variant_identities() -> dict[str, Any]:
     """Identities of configs that set the optional fields the demo leaves at their defaults, each
     through the function its artifact computes it with."""
     from marin_assets.curation.config import CurationConfig, SourceConfig, reading_identity
-    from marin_assets.curation.filters import FilterConfig, filter_identity
+    from marin_assets.curation.filters import FilterConfig
     from marin_assets.curation.model_assets import classifier_identity
     from marin_assets.curation.pii import PiiConfig
     from marin_assets.curation.quality import QualityConfig
@@ -72,6 +72,7 @@ def variant_identities() -> dict[str, Any]:
         ParallelismSpec,
         load_run_registry,
     )
+    from marin_resources.config_identity import config_identity
     from marin_resources.placement import ResourceSpec
 
     replace = dataclasses.replace
@@ -102,8 +103,8 @@ def variant_identities() -> dict[str, Any]:
                                                                  hard=True),), bpb=("x",), needs_hub=True)
     return {
         "reading_identity/every_field": _entry(reading_identity(source)),
-        "filter_identity/families": _entry(filter_identity(families)),
-        "filter_identity/default": _entry(filter_identity(FilterConfig())),
+        "filter_identity/families": _entry(config_identity(families)),
+        "filter_identity/default": _entry(config_identity(FilterConfig())),
         "classifier_identity/trained": _entry(classifier_identity(curation)),
         "classifier_identity/adopted": _entry(classifier_identity(replace(curation, quality=adopted))),
         "run/mixtral_lion": _entry(mixtral.identity()),
