@@ -492,8 +492,7 @@ def mixture_spec(entry: MixtureEntry, caches: dict[str, ArtifactHandle], tokeniz
 def build_mixture_asset(entry: MixtureEntry, catalog: Catalog):
     ins = {f"cache_{c}": dg.AssetIn(key=asset_key(f"tokenized/{c}")) for c in entry.weights}
     ins["tokenizer"] = dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))
-    spec = ArtifactSpec.fixed(f"mixture/{entry.name}", MIXTURE_VERSION,
-                              {"weights": dict(sorted(entry.weights.items())), "tokenizer": entry.tokenizer})
+    spec = ArtifactSpec.fixed(f"mixture/{entry.name}", MIXTURE_VERSION, config_identity(entry))
 
     @catalog.asset(spec, ins=ins, group_name="tokenization", kinds={"levanter", "json"},
                    automation_condition=FOLLOWS_NEW_DATA,

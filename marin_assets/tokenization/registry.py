@@ -99,9 +99,9 @@ class TokenizedEntry:
 
 @dataclass(frozen=True)
 class MixtureEntry:
-    name: str
-    tokenizer: str
-    weights: dict[str, float]
+    name: str = derived("its key, mixture/<name>")
+    tokenizer: str = identity()
+    weights: dict[str, float] = identity()
 
 
 @dataclass(frozen=True)
