@@ -248,7 +248,7 @@ def test_identity_is_unchanged_for_sources_without_families(tmp_path):
         "min_words": 50, "max_words": 100_000, "min_mean_word_length": 3.0, "max_mean_word_length": 10.0,
         "max_symbol_word_ratio": 0.1, "max_non_alpha_word_fraction": 0.2, "max_bullet_line_fraction": 0.9,
         "max_ellipsis_line_fraction": 0.3, "max_duplicate_line_fraction": 0.2,
-        "max_duplicate_paragraph_fraction": 0.2, "min_stop_words": 2, "languages": ("en",),
+        "max_duplicate_paragraph_fraction": 0.2, "min_stop_words": 2, "languages": ["en"],
         "language_identifier": "fasttext", "min_language_score": 0.5, "language_sample_chars": 5000}
     picked = _filtered_identity(tmp_path, format="jsonl", filters={"families": {"c4": {}}})
     assert picked["filters"] == {**plain["filters"], "families": {"c4": {}}}
