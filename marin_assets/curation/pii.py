@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from marin_assets.curation import chat
+from marin_resources.config_identity import identity
 from marin_resources.typed_config import typed_config
 
 # Reserved for examples (RFC 2606), as DataTrove uses them.
@@ -57,10 +58,10 @@ class PiiConfig:
     or a mapping of these fields; without ``pii:``, web sources (HTML, WARC) get the defaults and
     the others none."""
 
-    emails: bool = True
-    ip_addresses: bool = True
+    emails: bool = identity(True)
+    ip_addresses: bool = identity(True)
     # Only public addresses are personal: 10.0.0.1 or ::1 name no one.
-    public_ips_only: bool = True
+    public_ips_only: bool = identity(True)
 
 
 # --------------------------------------------------------------------------- patterns

@@ -9,7 +9,7 @@ Thin wiring over `filters.py`, `quality.py`, `minhash.py`, `dedup.py` (with `ded
 
 import hashlib
 import io
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import dagster as dg
@@ -40,7 +40,6 @@ from marin_assets.curation.filter_report import (
     shard_line,
 )
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
-from marin_assets.curation.filters import filter_identity
 from marin_assets.curation.formats import skipped_steps
 from marin_assets.curation.minhash import MinHashConfig, load_signatures, save_signatures
 from marin_assets.curation.model_assets import (
@@ -69,6 +68,7 @@ from marin_resources.artifacts import (
     marin_check,
     materialize_artifact,
 )
+from marin_resources.config_identity import config_identity
 from marin_resources.data_parallel import DataParallel
 from marin_resources.keys import asset_key
 from marin_resources.parallel_map import in_process_map
@@ -142,7 +142,7 @@ def dedup_index_key(group: str) -> dg.AssetKey:
 def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupConfig, catalog: Catalog):
     """`dedup_index/<group>`: the incremental, partitioned dedup index over every filtered shard of the group."""
     spec = ArtifactSpec.fixed(f"dedup_index/{group}", DEDUP_INDEX_VERSION,
-                              {"dedup": asdict(dedup_cfg), "sources": [member.name for member in members]})
+                              {"dedup": config_identity(dedup_cfg), "sources": [member.name for member in members]})
     ins = {f"shards_{member.name}": all_partitions_in(f"filtered/{member.name}") for member in members}
 
     @catalog.asset(spec, ins=ins, group_name="curation", kinds={"parquet"}, tags={"marin/dedup_group": group},
@@ -311,18 +311,18 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     pii = pii_of(source)
     blocklist = read_url_blocklist(source.url_blocklist) if source.url_blocklist is not None else None
     # A format that skips the rules is not defined by their thresholds (the global `filters:` defaults).
-    judged = {"skipped_steps": list(skipped)} if skipped else {"filters": filter_identity(source.filters)}
+    judged = {"skipped_steps": list(skipped)} if skipped else {"filters": config_identity(source.filters)}
     declared_skips = {"skipped_steps": list(skipped)} if skipped else {}
-    filtered_identity = {**judged, "minhash": asdict(dedup_cfg.minhash),
+    filtered_identity = {**judged, "minhash": config_identity(dedup_cfg.minhash),
                          "quality_classifier": quality.classifier if quality else None,
                          "score_max_chars": quality.score_max_chars if uses_model else None,
                          "sketch_relative_accuracy": quality.sketch_relative_accuracy if quality else None,
                          "language_model": language,
                          # Present only when used, so a source without them keeps its artifacts.
-                         **({"pii": asdict(pii)} if pii is not None else {}),
+                         **({"pii": config_identity(pii)} if pii is not None else {}),
                          **({"url_blocklist_sha256": blocklist.sha256} if blocklist is not None else {})}
     exact_paragraphs = exact_paragraphs_of(source)
-    dedup_identity = {"dedup": asdict(dedup_cfg), "group": group, "exact_paragraphs": exact_paragraphs,
+    dedup_identity = {"dedup": config_identity(dedup_cfg), "group": group, "exact_paragraphs": exact_paragraphs,
                       "quality_threshold": quality is not None, **declared_skips}
     filtered_spec = ArtifactSpec.fixed(f"filtered/{name}", FILTERED_VERSION, filtered_identity,
                                        results=lambda manifest: [shard_line(manifest.metrics)])
