@@ -72,7 +72,7 @@ def two_node_cluster():
     test_module("tests.ops.conftest")  # ray_nodes imports its free_port
     nodes = test_module("tests.ops.ray_nodes")
     ray_head, ray_start, stop_node = nodes.ray_head, nodes.ray_start, nodes.stop_node
-    with ray_head(job_server=True) as (gcs, jobs):
+    with ray_head(job_server=True, env={"PATH": os.defpath}) as (gcs, jobs):
         worker = ray_start(f"--address={gcs}", '--resources={"worker2": 1}')
         try:
             yield jobs

@@ -58,6 +58,17 @@ def is_new_shard_flow(run: dg.DagsterRun) -> bool:
     return run.tags.get(TRIGGER_TAG) in NEW_SHARD_FLOW_TRIGGERS
 
 
+def on_its_interpreter(run: dg.DagsterRun) -> dg.DagsterRun:
+    """The run, its worker started as `<the code location's python> -m dagster` rather than the bare
+    `dagster` its origin names: a Ray job's shell has the node's PATH, where `dagster` may be missing
+    or another environment's (measured here: `/bin/sh: dagster: not found`, the run never started)."""
+    origin = run.job_code_origin
+    if origin is None or origin.repository_origin.entry_point is None:
+        return run
+    return run._replace(job_code_origin=origin._replace(
+        repository_origin=origin.repository_origin._replace(entry_point=None)))
+
+
 def _launcher_from(spec: dict[str, Any] | None) -> RunLauncher:
     if spec is None:
         return dg.DefaultRunLauncher()
@@ -115,7 +126,8 @@ class NewShardRunLauncher(RunLauncher, ConfigurableClass):
         problem = job_server_problem(self.ray.address)
         if problem is None:
             self._instance.add_run_tags(run.run_id, {LAUNCHED_BY_TAG: "ray"})
-            self.ray.launch_run(LaunchRunContext(self._instance.get_run_by_id(run.run_id), context.workspace))
+            self.ray.launch_run(LaunchRunContext(on_its_interpreter(self._instance.get_run_by_id(run.run_id)),
+                                                 context.workspace))
             return
         if self.when_unreachable == "stop":
             self._instance.report_run_failed(run, f"not started: {problem}; when_unreachable: stop")
@@ -132,7 +144,10 @@ class NewShardRunLauncher(RunLauncher, ConfigurableClass):
         return self.ray.supports_resume_run or self.otherwise.supports_resume_run
 
     def resume_run(self, context: ResumeRunContext) -> None:
-        self._launched_by(context.dagster_run).resume_run(context)
+        launcher = self._launched_by(context.dagster_run)
+        if launcher is self.ray:
+            context = context._replace(dagster_run=on_its_interpreter(context.dagster_run))
+        launcher.resume_run(context)
 
     def terminate(self, run_id: str) -> bool:
         run = self._instance.get_run_by_id(run_id)

@@ -90,9 +90,10 @@ def ray_start(*args: str, env: dict[str, str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def ray_head(*, job_server: bool = False):
+def ray_head(*, job_server: bool = False, env: dict[str, str] | None = None):
     """A Ray head node with one CPU on 127.0.0.1: its GCS address (RAY_ADDRESS) and, with `job_server`,
-    the address of its job server (http://127.0.0.1:PORT, where dagster-ray submits jobs), else None."""
+    the address of its job server (http://127.0.0.1:PORT, where dagster-ray submits jobs), else None.
+    `env`: more of the node's environment, which its jobs inherit."""
     # Short: Ray's socket paths live under it and must fit in 107 bytes.
     temp_dir = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
     port, dashboard_port = free_port(), free_port()
@@ -101,7 +102,8 @@ def ray_head(*, job_server: bool = False):
     # The job server hands each job to the node's dashboard agent, which the raylet starts with Ray's
     # own entry point: this keeps that agent's connection to the GCS on loopback too.
     pgid = ray_start("--head", f"--port={port}", f"--temp-dir={temp_dir}", *dashboard, "--disable-usage-stats",
-                     f"--ray-client-server-port={free_port()}", env=DRIVER_ON_LOOPBACK if job_server else None)
+                     f"--ray-client-server-port={free_port()}",
+                     env={**(DRIVER_ON_LOOPBACK if job_server else {}), **(env or {})})
     try:
         yield f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}" if job_server else None
     finally:

@@ -5,6 +5,7 @@ shard; a run of a `marin materialize` plan, on the same instance, stays with the
 the job server gone, `when_unreachable: stop` fails the flow's run in one line before it starts, with
 nothing committed, and `fallback` launches it locally and says so in its event log."""
 
+import os
 import time
 from pathlib import Path
 
@@ -31,8 +32,10 @@ RUN_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def job_server():
-    """A two-node Ray cluster on 127.0.0.1 with the head's job server: the job server's address."""
-    with ray_head(job_server=True) as (gcs, jobs):
+    """A two-node Ray cluster on 127.0.0.1 with the head's job server: the job server's address. Its
+    nodes' PATH is the system's, not this environment's, as on a cluster's own machines: a job that
+    relied on `dagster` being on PATH would never start its run."""
+    with ray_head(job_server=True, env={"PATH": os.defpath}) as (gcs, jobs):
         worker = ray_start(f"--address={gcs}", '--resources={"worker2": 1}')
         try:
             yield jobs
