@@ -18,6 +18,7 @@ target's training started. Nothing here reads the store while the code location 
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -337,11 +338,8 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                              "parameters and tokens spend its budget as the fit runs do, intervals of some width). "
                              "A warning: the joint law forecasts without it.")
     def envelope_fitted(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, fit_spec)
-        if manifest is None:
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
-                                       metadata={"error": "no committed scaling fit"})
-        return envelope_check_result(read_json(store.get(), manifest.uri, "fit.json"))
+        return committed_json_check(context, store, fit_spec, "fit.json", "scaling fit", envelope_check_result,
+                                    severity=dg.AssetCheckSeverity.WARN)
 
     @catalog.asset(forecast_spec, group_name="scaling", kinds={"json"}, tags={"marin/sweep": name},
                    ins={"fit": dg.AssetIn(key=scaling_fit.key)},
@@ -419,13 +417,22 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                                 "forecast was committed before the target trained. Metadata: signed error % per "
                                 "target, for the primary and every other recorded method.")
     def within_forecast_interval(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, forecast_check_spec)
-        if manifest is None:
-            return dg.AssetCheckResult(passed=False, metadata={"error": "no committed forecast check"})
-        return forecast_check_result(read_json(store.get(), manifest.uri, "check.json"))
+        return committed_json_check(context, store, forecast_check_spec, "check.json", "forecast check",
+                                    forecast_check_result)
 
     return ([sweep, scaling_fit, forecast, forecast_check, *run_assets],
             [envelope_fitted, within_forecast_interval, *run_checks])
+
+
+def committed_json_check(context: dg.AssetCheckExecutionContext, store: MarinStore, spec: ArtifactSpec, file_name: str,
+                         what: str, result: Callable[[Any], dg.AssetCheckResult],
+                         severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
+    """``result`` of the JSON file ``file_name`` of the artifact ``spec`` committed as the checked run
+    built it; failed (at ``severity``) when there is none."""
+    manifest = checked_manifest(context, store, spec)
+    if manifest is None:
+        return dg.AssetCheckResult(passed=False, severity=severity, metadata={"error": f"no committed {what}"})
+    return result(read_json(store.get(), manifest.uri, file_name))
 
 
 def envelope_check_result(fit_result: dict[str, Any]) -> dg.AssetCheckResult:
@@ -520,10 +527,7 @@ def build_mixture_sweep_assets(settings: MarinSettings, deployment: Deployment, 
                  description="The points gave a regression: at least components + 2 runs, with weights that vary in "
                              "every component's direction and finite metrics. Fails (an ERROR) with the reason.")
     def mixture_fitted(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, fit_spec)
-        if manifest is None:
-            return dg.AssetCheckResult(passed=False, metadata={"error": "no committed mixture fit"})
-        return mixture_check_result(read_json(store.get(), manifest.uri, "fit.json"))
+        return committed_json_check(context, store, fit_spec, "fit.json", "mixture fit", mixture_check_result)
 
     return [*run_assets, mixture_fit], [*run_checks, mixture_fitted]
 
