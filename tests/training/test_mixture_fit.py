@@ -10,7 +10,8 @@ import json
 import dagster as dg
 import pytest
 from conftest import tiny_spec
-from test_init_from import _registry
+from test_init_from import _commit, _registry
+from test_mixture_schedule import prose_and_code  # noqa: F401  (a fixture)
 
 from marin_assets.scaling_sweeps.assets import MIXTURE_FIT_VERSION, build_scaling_sweeps_stage
 from marin_assets.scaling_sweeps.config import MixtureFitConfig, MixtureSweepConfig, extend_mixture_sweeps
@@ -193,3 +194,58 @@ def test_the_target_is_the_declared_sets_mean_and_each_must_be_in_every_eval():
     with pytest.raises(SweepFitError, match=r"^no eval of point\(s\) mix-w3 of mixture sweep 'mix': marin "
                                             r"materialize mixture_sweep_eval/mix --partition mix-w3$"):
         fit_mixture_sweep(config, points, {k: v for k, v in metrics.items() if k != "mix-w3"})
+
+
+def commit_directory(store, key: str, directory: str):
+    """Every file under ``directory`` committed as the artifact ``key`` (a cache or a tokenizer, as the
+    tokenization stage commits them)."""
+    from pathlib import Path
+
+    root = Path(directory)
+    return _commit(store, key, None, {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()})
+
+
+@pytest.mark.slow  # trains four tiny runs through `marin materialize`'s planner
+def test_a_real_swarm_of_tiny_runs_fits_each_sources_best_weights(tmp_path, synthetic_deployment, request,
+                                                                    monkeypatch):
+    """Four tiny runs on stdlib docstrings (prose) and stdlib code, weighted 1:0, 3:1, 1:3 and 0:1,
+    trained and evaluated for real, then fitted: each source's loss is predicted lowest on that
+    source alone, and the fit says how well it knows."""
+    from marin_assets.planning import Planner
+
+    sources = request.getfixturevalue("prose_and_code")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    runs = load_run_registry(_registry(tmp_path, base={
+        "num_train_steps": 80, "optimizer": {"learning_rate": 0.01, "warmup": 0.1}, "watch_every": 0,
+        "steps_per_eval": 10_000, "max_eval_batches": 4}))
+    weights = [{PROSE: 1}, {PROSE: 3, CODE: 1}, {PROSE: 1, CODE: 3}, {CODE: 1}]
+    sweeps = extend_mixture_sweeps({}, {"swarm": {"run": "base", "weights": weights}}, runs, "marin.yaml")
+    deployment = dataclasses.replace(synthetic_deployment(runs=runs), mixture_sweeps=sweeps)
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store")})
+    defs, catalog = build_stage(build_scaling_sweeps_stage, settings, deployment)
+    defs = dg.Definitions.merge(defs, dg.Definitions(resources=build_resources(settings)))
+    store = defs.resources["store"].get()
+    caches = {name: commit_directory(store, f"tokenized/{name}", component["cache_dir"]).uri
+              for name, component in sources["configs"].items()}
+    tokenizer = commit_directory(store, "tokenizer/t", sources["tokenizer"])
+    _commit(store, "mixture/m", None, {"data.json": json.dumps({
+        **sources, "tokenizer": tokenizer.uri,
+        "configs": {name: {**component, "cache_dir": caches[name]}
+                    for name, component in sources["configs"].items()}}).encode()})
+    with dg.instance_for_test() as instance:
+        plan = Planner(defs, catalog, store, instance)
+        plan.discover()
+        results = plan.materialize_all([(asset_key("mixture_fit/swarm"), None)], log=print)
+    assert all(r.success for r in results), [r.error for r in results if not r.success]
+    fit = fit_json(store, "swarm")
+    for source in (PROSE, CODE):
+        record = fit["fits"][f"eval/{source}/loss"]
+        print(source, json.dumps({k: record[k] for k in ("alone", "r2", "loo_rmse")}),
+              json.dumps(record["best"]["weights"]), record["best"]["loss"], record["best"]["loss_low"],
+              record["best"]["loss_high"])
+        assert record["best"]["vertex"] == source and record["best"]["weights"][source] > 0.9
+        assert record["best"]["extrapolated"] == {}
+    print("target", fit["status"])
+    assert fit["status"].startswith("fitted on 4 runs")
