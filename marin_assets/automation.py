@@ -46,14 +46,13 @@ from marin_resources.dagster_private import (
     subset_of_partitions,
     subset_partition_keys,
 )
-from marin_resources.keys import asset_key
+from marin_resources.keys import AUTOMATION_TRIGGER, TRIGGER_TAG, asset_key
 from marin_resources.storage.identity import fingerprint
 from marin_resources.storage.store import ArtifactStore
 
 AUTOMATION_INTERVAL_S = 30
-# Run tag of what set a run off: `automation` on every run of the automation sensors.
-TRIGGER_TAG = "marin/trigger"
-AUTOMATION_RUN_TAGS = {TRIGGER_TAG: "automation"}
+# Every run of the automation sensors carries these tags.
+AUTOMATION_RUN_TAGS = {TRIGGER_TAG: AUTOMATION_TRIGGER}
 # A failed automated run is requested again this many times, after RETRY_BACKOFF_S doubling.
 AUTOMATED_RETRIES = 3
 RETRY_BACKOFF_S = 60

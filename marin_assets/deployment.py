@@ -128,7 +128,8 @@ class Deployment:
     def resolve(cls, curation: CurationConfig, registry: TokenizationRegistry, runs: Mapping[str, RunSpec],
                 sweeps: Mapping[str, SweepConfig], suites: SuiteRegistry | None = None) -> Deployment:
         """Keep what this deployment can build."""
-        tokenization = registry_for_sources(registry, {s.name for s in curation.sources})
+        tokenization = registry_for_sources(registry, {s.name for s in curation.sources},
+                                            frozenset(s.name for s in curation.sources if s.format == "chat"))
 
         def buildable(mixture: str, tokenizer: str) -> bool:
             return mixture in tokenization.mixtures and tokenizer in tokenization.tokenizers

@@ -26,6 +26,14 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 def is_safe_name(name: object) -> bool:
     return isinstance(name, str) and _NAME.match(name) is not None
 
+# Run tag of what set a run off, and its values for the new-shard flow: the `<source>_new_shards`
+# sensor's runs and the automation sensor's (marin_assets/automation.py; the launcher that sends the flow
+# to Ray, marin_resources/new_shard_launcher.py, routes by it).
+TRIGGER_TAG = "marin/trigger"
+NEW_SHARD_TRIGGER = "new_shard_sensor"
+AUTOMATION_TRIGGER = "automation"
+NEW_SHARD_FLOW_TRIGGERS = (NEW_SHARD_TRIGGER, AUTOMATION_TRIGGER)
+
 # Who answers for each stage's assets (Dagster owners are e-mail addresses or `team:` names).
 STAGE_OWNERS = {"curation": "team:marin-curation", "tokenization": "team:marin-tokenization",
                 "training": "team:marin-training", "export": "team:marin-training",

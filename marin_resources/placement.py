@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from marin_resources.config_identity import runtime
 from marin_resources.typed_config import typed_config
 
 Accelerator = Literal["cpu", "gpu", "tpu"]
@@ -73,14 +74,14 @@ def tpu_slice_geometry(tpu_type: str) -> tuple[int, str, int]:
 class ResourceSpec:
     """Where a run executes. Runtime only: excluded from the run's identity."""
 
-    accelerator: Accelerator = "cpu"
-    device_count: int = 1
+    accelerator: Accelerator = runtime("cpu")
+    device_count: int = runtime(1)
     """JAX devices of the whole job (on CPU, virtual ones: XLA's host platform device count)."""
-    tpu_type: str | None = None
+    tpu_type: str | None = runtime(None)
     """e.g. ``v5litepod-16``; required when ``accelerator == "tpu"``."""
-    pool: str | None = None
+    pool: str | None = runtime(None)
     """Scheduling pool (node pool / queue) name, interpreted by the launcher."""
-    processes: int | None = None
+    processes: int | None = runtime(None)
     """Training processes (hosts) that hold the devices together, ``device_count / processes`` each,
     joined by ``jax.distributed``. None: a TPU slice's hosts, otherwise one. On CPU the local
     launcher starts them all on this machine."""

@@ -157,8 +157,12 @@ def build_source_assets(source: SourceConfig, catalog: Catalog, excluded: tuple[
     @catalog.asset(documents_spec, partitions_def=partitions, tags={"marin/source": name},
                    group_name="curation", kinds={"parquet"}, ins={"raw": dg.AssetIn(key=raw.key)},
                    automation_condition=FOLLOWS_NEW_DATA,
-                   description=f"Normalized documents of `{name}` (id, text, source, source_id, metadata) "
-                               "plus a quarantine table of every record that could not be used.")
+                   description=(f"Conversations of chat source `{name}` (id, text: a plain rendering of the "
+                                "turns, source, source_id, metadata, messages: the turns as JSON) plus a quarantine "
+                                "table of every record that is not a conversation, with its reason."
+                                if source.format == "chat" else
+                                f"Normalized documents of `{name}` (id, text, source, source_id, metadata) "
+                                "plus a quarantine table of every record that could not be used."))
     def documents(context: dg.AssetExecutionContext, store: MarinStore, raw: ArtifactHandle):
         artifacts = store.get()
 

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from marin_assets.curation.filters import FilterConfig, LanguageIdConfig
-from marin_assets.curation.formats import FORMATS, resolve_format
+from marin_assets.curation.formats import EXACT_PARAGRAPHS, FORMATS, resolve_format
 from marin_assets.curation.pii import PiiConfig
-from marin_assets.curation.quality import QualityConfig
+from marin_assets.curation.quality import CLASSIFIER, QualityConfig
 from marin_assets.curation.schemes.base import SourceUriError, absolute_uri
 from marin_assets.curation.schemes.registry import scheme_of
 from marin_assets.curation.url_filter import UrlBlocklistError, read_url_blocklist
+from marin_resources.config_identity import config_identity, derived, identity
 from marin_resources.keys import NAME_RULE, is_safe_name
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, read_yaml, typed_config
 
@@ -39,56 +40,61 @@ class SourceConfigError(ConfigError):
 @typed_config
 @dataclass(frozen=True)
 class SourceConfig:
-    name: str
+    name: str = identity()
     # fsspec URL or special scheme; relative paths are already resolved
     # against the YAML file's directory.
-    uri: str
-    format: str = "auto"
-    text_field: str = "text"
+    uri: str = identity()
+    format: str = identity("auto")
+    text_field: str = identity("text")
     # Record field used as ``source_id``; default is ``path:line`` / ``path:row``.
-    id_field: str | None = None
+    id_field: str | None = identity(None)
     # Expected bytes of input per shard, by listed file size (the default). See group_into_shards.
-    bytes_per_shard: int | None = DEFAULT_BYTES_PER_SHARD
+    bytes_per_shard: int | None = identity(DEFAULT_BYTES_PER_SHARD)
     # Alternative to bytes_per_shard: expected files per shard (1: one shard per file).
-    files_per_shard: int | None = None
+    files_per_shard: int | None = identity(None)
     # Records (files, lines, rows) larger than this are quarantined.
-    max_doc_bytes: int = 16 * 2**20
-    strip_gutenberg: bool = True
+    max_doc_bytes: int = identity(16 * 2**20)
+    strip_gutenberg: bool = identity(True)
     # A matched .tar/.tgz/.zip file is read as its members, one file each.
-    expand_archives: bool = True
+    expand_archives: bool = identity(True)
     # Read symlinks that resolve outside the source root. Off: such a link is quarantined
     # (reason outside_root) and not one byte of its target is read.
-    follow_symlinks: bool = False
+    follow_symlinks: bool = identity(False)
     # Expected sha256 of a pypi-sdist download; a mismatch is an error.
-    sha256: str | None = None
-    filters: FilterConfig = field(default_factory=FilterConfig)
+    sha256: str | None = identity(None)
+    filters: FilterConfig = identity(default_factory=FilterConfig, scopes=[CLASSIFIER])
     # Passed through unvalidated to the deduplication stage, which owns its schema.
-    dedup: Mapping[str, Any] = field(default_factory=dict)
+    dedup: Mapping[str, Any] = identity(default_factory=dict, scopes=[CLASSIFIER])
     # PII removal in filtered/: true, false, or a PiiConfig mapping; None: on for web formats (see pii_of).
-    pii: bool | PiiConfig | None = None
+    pii: bool | PiiConfig | None = derived("filtered/: pii_of(source)", None)
     # A local file of blocked hosts and URLs (url_filter.py); documents whose `url` it lists are dropped.
-    url_blocklist: str | None = None
+    url_blocklist: str | None = derived("filtered/: the sha256 of the block list", None)
 
 
-# Fields that configure the later stages (filtered/, deduplicated/), not what is read: they stay out
-# of the identity of raw/ and documents/.
-LATER_STAGE_FIELDS = ("filters", "dedup", "pii", "url_blocklist")
 WEB_FORMATS = ("html", "warc")
+# Formats whose sources get the default PII pass without `pii:`: pages from the web, and
+# conversations (people write their addresses into chats).
+PII_BY_DEFAULT_FORMATS = (*WEB_FORMATS, "chat")
+# What a chat source may not set: what only its skipped steps read (formats.SKIPPED_STEPS), and
+# `text_field` (its turns are always in `messages`). Refused in one line rather than ignored.
+_NOT_FOR_CHAT = {"filters": "its heuristic filters and language id are skipped for chat data",
+                 "url_blocklist": "the URL block list is skipped for chat data",
+                 "text_field": "a chat record holds its turns in 'messages'"}
 
 
 def reading_identity(source: SourceConfig) -> dict[str, Any]:
-    """The fields of a source that decide what raw/ and documents/ hold, its uri as its scheme names the data."""
-    identity = {k: v for k, v in dataclasses.asdict(source).items() if k not in LATER_STAGE_FIELDS}
-    return {**identity, "uri": scheme_of(source.uri).identity_uri(source.uri)}
+    """The fields of a source that decide what raw/ and documents/ hold (those of every identity of it),
+    its uri as its scheme names the data."""
+    return {**config_identity(source), "uri": scheme_of(source.uri).identity_uri(source.uri)}
 
 
 def pii_of(source: SourceConfig) -> PiiConfig | None:
     """What the PII pass replaces in a source's documents, None for no pass: as declared, else
     the defaults for web sources (format html or warc, or auto with a uri that names such files)
-    and none for the others."""
+    and chat sources, and none for the others."""
     if isinstance(source.pii, PiiConfig):
         return source.pii
-    on = resolve_format(source.format, source.uri) in WEB_FORMATS if source.pii is None else source.pii
+    on = resolve_format(source.format, source.uri) in PII_BY_DEFAULT_FORMATS if source.pii is None else source.pii
     return PiiConfig() if on else None
 
 
@@ -157,6 +163,13 @@ def _parse_source(raw: Any, index: int, base_dir: Path, global_filters: FilterCo
     fmt = raw.get("format", "auto")
     if fmt not in FORMATS:
         raise SourceConfigError(f"{where}.format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt == "chat":
+        for key, why in _NOT_FOR_CHAT.items():
+            if key in raw:
+                raise SourceConfigError(f"{where}.{key}: not for a chat source ({why}; docs/post-training.md)")
+        if isinstance(raw.get("dedup"), Mapping) and raw["dedup"].get(EXACT_PARAGRAPHS):
+            raise SourceConfigError(f"{where}.dedup.{EXACT_PARAGRAPHS}: not for a chat source (removing lines from "
+                                    "its text would part it from its turns; docs/post-training.md)")
     filters = _decode(FilterConfig, raw.get("filters") or {}, f"{where}.filters", base=global_filters)
     dedup = raw.get("dedup") or {}
     if not isinstance(dedup, Mapping):
@@ -310,6 +323,9 @@ def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path, global_f
                 src = declared[entry]
             else:
                 src = _parse_source(entry, i, base, global_filters)
+            if src.format == "chat":
+                raise SourceConfigError(f"quality.{key}: source {src.name!r} is chat data; the quality classifier "
+                                        "judges prose and is skipped for chat sources (docs/post-training.md)")
             if not scheme_of(src.uri).is_pinned(src):
                 raise SourceConfigError(
                     f"quality.{key}: source {src.name!r} is not pinned: a classifier trains on a pypi-sdist:// URI "
@@ -324,10 +340,14 @@ def _parse_quality(raw_q: Any, sources: list[SourceConfig], base: Path, global_f
         raise SourceConfigError("quality: positive_sources/negative_sources train a model; an adopted model "
                                 "(model_uri) or the compression classifier takes none")
     scored = _decode(tuple[str, ...], raw_q["sources"], "quality.sources") if "sources" in raw_q \
-        else inherited.quality_sources if previous is not None else tuple(s.name for s in sources)
+        else inherited.quality_sources if previous is not None else tuple(s.name for s in sources
+                                                                          if s.format != "chat")
     for name in scored:
         if name not in declared:
             raise SourceConfigError(f"quality.sources: {name!r} is not a declared source")
+        if declared[name].format == "chat":
+            raise SourceConfigError(f"quality.sources: {name!r} is chat data; the quality score is skipped for chat "
+                                    "sources (docs/post-training.md)")
     return {"quality": quality, "quality_positive_sources": training["positive_sources"],
             "quality_negative_sources": training["negative_sources"], "quality_sources": scored}
 

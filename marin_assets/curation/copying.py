@@ -12,7 +12,7 @@ from typing import BinaryIO
 from marin_assets.curation.config import SourceConfig
 from marin_assets.curation.content_hashes import NotARegularFileError
 from marin_assets.curation.discovery import byte_range_chunks
-from marin_assets.curation.formats import resolve_format
+from marin_assets.curation.formats import record_layout
 from marin_assets.curation.listed_files import CHANGED_DURING_READ, NOT_A_REGULAR_FILE, FileRef, refusal
 from marin_assets.curation.schemes.registry import scheme_of
 
@@ -35,7 +35,7 @@ def _file_chunks(ref: FileRef, source: SourceConfig, limit: int | None) -> Itera
     bytes of it (its size when the read began: a file appended to faster than it is read still ends);
     a range of a split file is its records as a file of the same format."""
     if ref.byte_range is not None:
-        yield from byte_range_chunks(ref.uri, resolve_format(source.format, ref.relpath), *ref.byte_range)
+        yield from byte_range_chunks(ref.uri, record_layout(source.format, ref.relpath), *ref.byte_range)
         return
     with scheme_of(ref.uri).open_stored(ref.uri) as fh:
         left = limit

@@ -17,7 +17,7 @@ import hashlib
 import io
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,6 +25,7 @@ import fsspec
 import polars as pl
 
 from marin_assets.curation.minhash import MinHashConfig, SignatureTable
+from marin_resources.config_identity import identity
 
 REQUIRED_COLUMNS = ("id", "text", "source", "source_id", "metadata")
 ROW_BITS = 32
@@ -42,12 +43,12 @@ class DedupConfig:
     candidate step holds one range at a time.
     """
 
-    minhash: MinHashConfig = field(default_factory=MinHashConfig)
-    bands: int = 12
-    rows: int = 10
-    jaccard_threshold: float = 0.8
-    fuzzy: bool = True
-    index_partitions: int = 16
+    minhash: MinHashConfig = identity(default_factory=MinHashConfig)
+    bands: int = identity(12)
+    rows: int = identity(10)
+    jaccard_threshold: float = identity(0.8)
+    fuzzy: bool = identity(True)
+    index_partitions: int = identity(16)
 
     def __post_init__(self) -> None:
         if self.bands < 2 or self.rows < 1:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from marin_assets.curation.config import DEFAULT_BYTES_PER_SHARD, SourceConfig
-from marin_assets.curation.formats import resolve_format
+from marin_assets.curation.formats import record_layout
 from marin_assets.curation.listed_files import FileRef
 from marin_assets.curation.schemes.registry import scheme_of
 from marin_resources.storage.identity import validate_partition_key
@@ -153,7 +153,7 @@ def split_large_files(source: SourceConfig, files: list[FileRef]) -> list[FileRe
         return files
     split = []
     for ref in files:
-        fmt = resolve_format(source.format, ref.relpath)
+        fmt = record_layout(source.format, ref.relpath)
         if not (ref.refused is None and ref.size and ref.size > MAX_SHARD_FACTOR * target
                 and scheme_of(ref.uri).splits_by_byte_range(ref.uri) and infer_compression(ref.relpath) is None
                 and fmt in ("jsonl", "parquet")):

@@ -18,7 +18,7 @@ from marin_assets.curation import kernels
 from marin_assets.curation.filters import FilterConfig, apply_filters
 from marin_assets.curation.language_id import LanguageIdentifier, fasttext_identifier
 from marin_assets.curation.minhash import MinHashConfig, SignatureTable, compute_signatures
-from marin_assets.curation.pii import PiiConfig, scrub_frame
+from marin_assets.curation.pii import PiiConfig, scrub_conversations, scrub_frame
 from marin_assets.curation.quality import QualityConfig, QualityScorer
 from marin_assets.curation.url_filter import blocklist_from_bytes, document_urls
 
@@ -36,6 +36,9 @@ class FilterTask:
     language_model: bytes | None = None  # the fastText language-ID model's bytes (None: the one `filters` names)
     pii: PiiConfig | None = None  # what PII removal replaces (None: no pass)
     url_blocklist: bytes | None = None  # the block list file's bytes (None: no URL filter)
+    # Chat documents (a `messages` column): no block list, rules, language id or quality score
+    # (formats.SKIPPED_STEPS); PII is replaced turn by turn.
+    chat: bool = False
 
     def identifier(self) -> LanguageIdentifier | None:
         return None if self.language_model is None else fasttext_identifier(self.language_model)
@@ -66,7 +69,10 @@ class FilteredShard:
 def filter_chunk(docs: pl.DataFrame, task: FilterTask) -> FilteredChunk:
     """The block list and the rules (with language id), then PII removal from what they kept, then
     its quality score and signatures, so both see the text that is stored. The keep threshold is
-    corpus-wide, so it is applied later, in `deduplicated/`."""
+    corpus-wide, so it is applied later, in `deduplicated/`. Chat documents skip the steps that judge
+    prose: every one is kept, and only PII removal changes them."""
+    if task.chat:
+        return _chat_chunk(docs, task)
     blocked = None
     if task.url_blocklist is not None:
         blocked = blocklist_from_bytes(task.url_blocklist).blocked_rows(document_urls(docs))
@@ -83,6 +89,17 @@ def filter_chunk(docs: pl.DataFrame, task: FilterTask) -> FilteredChunk:
     return FilteredChunk(kept, result.dropped, dict(result.per_rule_drop_counts),
                          compute_signatures(kept, task.minhash, texts).hashvalues, kernels.implementation(), pii,
                          dict(result.line_removals))
+
+
+def _chat_chunk(docs: pl.DataFrame, task: FilterTask) -> FilteredChunk:
+    """A chunk of conversations: PII replaced in their turns, then their signatures."""
+    kept, texts, pii = docs, None, {}
+    if task.pii is not None:
+        kept, texts, pii = scrub_conversations(docs, task.pii)
+    dropped = docs.clear().with_columns(pl.lit(None, pl.String).alias("reason"),
+                                        pl.lit(None, pl.List(pl.String)).alias("failed_rules"))
+    return FilteredChunk(kept, dropped, {}, compute_signatures(kept, task.minhash, texts).hashvalues,
+                         kernels.implementation(), pii, {})
 
 
 def merge_chunks(chunks: list[FilteredChunk], task: FilterTask) -> FilteredShard:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Literal
 
@@ -44,6 +44,7 @@ from marin_assets.curation.rules import (
     thresholds,
 )
 from marin_assets.curation.url_filter import URL_BLOCKED
+from marin_resources.config_identity import identity, runtime
 from marin_resources.typed_config import typed_config
 
 # Gopher's stop-word rule: a real English document uses a few of these.
@@ -72,50 +73,42 @@ class FilterConfig:
     Gopher (Rae et al. 2021) except where noted.
     """
 
-    min_words: int | None = GOPHER_DEFAULTS["min_words"]
-    max_words: int | None = GOPHER_DEFAULTS["max_words"]
-    min_mean_word_length: float | None = GOPHER_DEFAULTS["min_mean_word_length"]
-    max_mean_word_length: float | None = GOPHER_DEFAULTS["max_mean_word_length"]
+    min_words: int | None = identity(GOPHER_DEFAULTS["min_words"])
+    max_words: int | None = identity(GOPHER_DEFAULTS["max_words"])
+    min_mean_word_length: float | None = identity(GOPHER_DEFAULTS["min_mean_word_length"])
+    max_mean_word_length: float | None = identity(GOPHER_DEFAULTS["max_mean_word_length"])
     # ('#' + ellipses) per word.
-    max_symbol_word_ratio: float | None = GOPHER_DEFAULTS["max_symbol_word_ratio"]
+    max_symbol_word_ratio: float | None = identity(GOPHER_DEFAULTS["max_symbol_word_ratio"])
     # Fraction of words that contain no letter at all.
-    max_non_alpha_word_fraction: float | None = GOPHER_DEFAULTS["max_non_alpha_word_fraction"]
-    max_bullet_line_fraction: float | None = GOPHER_DEFAULTS["max_bullet_line_fraction"]
-    max_ellipsis_line_fraction: float | None = GOPHER_DEFAULTS["max_ellipsis_line_fraction"]
+    max_non_alpha_word_fraction: float | None = identity(GOPHER_DEFAULTS["max_non_alpha_word_fraction"])
+    max_bullet_line_fraction: float | None = identity(GOPHER_DEFAULTS["max_bullet_line_fraction"])
+    max_ellipsis_line_fraction: float | None = identity(GOPHER_DEFAULTS["max_ellipsis_line_fraction"])
     # Repeated occurrences (beyond the first) of a line / paragraph, as a
     # fraction of the characters in all lines / paragraphs. Character-weighted
     # rather than count-based so verse drama, whose speaker tags ("Ham.") repeat
     # hundreds of times, is not mistaken for boilerplate.
-    max_duplicate_line_fraction: float | None = GOPHER_DEFAULTS["max_duplicate_line_fraction"]
-    max_duplicate_paragraph_fraction: float | None = GOPHER_DEFAULTS["max_duplicate_paragraph_fraction"]
-    min_stop_words: int | None = GOPHER_DEFAULTS["min_stop_words"]
+    max_duplicate_line_fraction: float | None = identity(GOPHER_DEFAULTS["max_duplicate_line_fraction"])
+    max_duplicate_paragraph_fraction: float | None = identity(GOPHER_DEFAULTS["max_duplicate_paragraph_fraction"])
+    min_stop_words: int | None = identity(GOPHER_DEFAULTS["min_stop_words"])
     # Language identification; an empty tuple switches it off.
-    languages: tuple[str, ...] = ("en",)
+    languages: tuple[str, ...] = identity(("en",))
     # fasttext: fastText's lid.176, pinned by sha256 (or the model of the top-level `language_id:` block);
     # langid: langid.py's naive-Bayes model, its features counted by the _langid kernel.
-    language_identifier: Literal["fasttext", "langid"] = "fasttext"
-    min_language_score: float = 0.5
+    language_identifier: Literal["fasttext", "langid"] = identity("fasttext")
+    min_language_score: float = identity(0.5)
     # Either identifier reads only the first characters: long documents rarely
     # switch language and the cost is linear in length.
-    language_sample_chars: int = 5000
+    language_sample_chars: int = identity(5000)
     # The optional families this source opts in to, each with the thresholds it sets (the others
     # keep the table's defaults; None switches a rule off): {"c4": {}, "fineweb": {"max_short_line_ratio": 0.5}}.
-    families: Mapping[str, Mapping[str, float | None] | None] = field(default_factory=dict)
+    # Absent from the identity while none is selected: sources keep the artifacts they had before families.
+    families: Mapping[str, Mapping[str, float | None] | None] = identity(default_factory=dict, omit="empty")
 
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "families", normalize_families(self.families))
         except FamilyConfigError as exc:
             raise ValueError(str(exc)) from None
-
-
-def filter_identity(cfg: FilterConfig) -> dict:
-    """What of ``cfg`` defines the filtered documents: every field, ``families`` only when some is
-    selected, so a source without families keeps the identity (and artifacts) it had before them."""
-    identity = asdict(cfg)
-    if not cfg.families:
-        del identity["families"]
-    return identity
 
 
 @typed_config
@@ -125,8 +118,8 @@ class LanguageIdConfig:
     identified by the sha256 of its bytes; its labels are ``__label__<code>``. Without the block, the
     sources whose ``language_identifier`` is ``fasttext`` use the pinned lid.176.ftz (``LID176``)."""
 
-    model_uri: str
-    model_sha256: str
+    model_uri: str = runtime()
+    model_sha256: str = identity()
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[0-9a-f]{64}", self.model_sha256):

@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from marin_assets.curation.kernels import kernel
+from marin_resources.config_identity import identity
 
 HashMode = Literal["fast", "sha1"]
 
@@ -69,10 +70,10 @@ _MAX_SHINGLE_SIZE = 64
 class MinHashConfig:
     """Parameters that determine a signature; signatures from different configs never mix."""
 
-    shingle_size: int = 5
-    num_perm: int = 128
-    seed: int = 1
-    hash_mode: HashMode = "fast"
+    shingle_size: int = identity(5)
+    num_perm: int = identity(128)
+    seed: int = identity(1)
+    hash_mode: HashMode = identity("fast")
 
     def __post_init__(self) -> None:
         if not 1 <= self.shingle_size <= _MAX_SHINGLE_SIZE:

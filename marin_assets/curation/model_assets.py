@@ -9,7 +9,6 @@ Thin wiring over ``quality.py``, ``fasttext_models.py`` and ``sketch.py``.
 
 
 import json
-from dataclasses import asdict
 from typing import Any
 
 import dagster as dg
@@ -20,8 +19,7 @@ from marin_assets.curation.config import CurationConfig, SourceConfig
 from marin_assets.curation.discovery import discover_shards
 from marin_assets.curation.fasttext_models import FastTextClassifier, ModelFileError, fetch_model, sha256_hex
 from marin_assets.curation.filter_report import shifts_table, threshold_shifts
-from marin_assets.curation.filters import filter_identity
-from marin_assets.curation.quality import QualityConfig, train_quality_model
+from marin_assets.curation.quality import CLASSIFIER, QualityConfig, train_quality_model
 from marin_assets.curation.readers import read_shard
 from marin_assets.curation.schemes.registry import scheme_of
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
@@ -34,6 +32,7 @@ from marin_resources.artifacts import (
     input_refused,
     materialize_artifact,
 )
+from marin_resources.config_identity import config_identity
 from marin_resources.storage.store import ArtifactStore
 
 CLASSIFIER_KEY = "quality_classifier"
@@ -44,8 +43,6 @@ THRESHOLD_KEY = "quality_threshold"
 THRESHOLD_VERSION = "v1"
 MODEL_FILE = "model.bin"
 SKETCH_FILE = "quality_sketch.json"
-# Settings that change how scores are used, not the model: they stay out of the classifier's identity.
-_SCORING_FIELDS = ("keep_fraction", "score_max_chars", "sketch_relative_accuracy")
 
 
 def classifier_identity(config: CurationConfig) -> dict[str, Any]:
@@ -53,19 +50,11 @@ def classifier_identity(config: CurationConfig) -> dict[str, Any]:
     assert quality is not None
     if quality.model_uri is not None:  # adopted: the bytes are the identity, wherever they are read from
         return {"adopted_sha256": quality.model_sha256, "positive_label": quality.positive_label}
-    training = {k: v for k, v in asdict(quality).items()
-                if k not in _SCORING_FIELDS + ("model_uri", "model_sha256", "classifier")}
-    return {"training": training,
-            "positives": [_training_source_identity(s) for s in config.quality_positive_sources],
-            "negatives": [_training_source_identity(s) for s in config.quality_negative_sources]}
-
-
-def _training_source_identity(source: SourceConfig) -> dict[str, Any]:
-    """A training source's fields, less PII removal and the URL block list: the classifier reads its
-    texts straight from the pin, through neither."""
-    identity = {k: v for k, v in asdict(source).items() if k not in ("pii", "url_blocklist")}
-    identity["filters"] = filter_identity(source.filters)  # no `families` key where none is selected
-    return identity
+    # A training source's PII removal and URL block list are not in it: the classifier reads its texts
+    # straight from the pin, through neither.
+    return {"training": config_identity(quality, CLASSIFIER),
+            "positives": [config_identity(s, CLASSIFIER) for s in config.quality_positive_sources],
+            "negatives": [config_identity(s, CLASSIFIER) for s in config.quality_negative_sources]}
 
 
 def pinned_source_texts(source: SourceConfig) -> list[str]:

@@ -28,12 +28,15 @@ address is returned as the same string, byte for byte.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import polars as pl
 
+from marin_assets.curation import chat
+from marin_resources.config_identity import identity
 from marin_resources.typed_config import typed_config
 
 # Reserved for examples (RFC 2606), as DataTrove uses them.
@@ -55,10 +58,10 @@ class PiiConfig:
     or a mapping of these fields; without ``pii:``, web sources (HTML, WARC) get the defaults and
     the others none."""
 
-    emails: bool = True
-    ip_addresses: bool = True
+    emails: bool = identity(True)
+    ip_addresses: bool = identity(True)
     # Only public addresses are personal: 10.0.0.1 or ::1 name no one.
-    public_ips_only: bool = True
+    public_ips_only: bool = identity(True)
 
 
 # --------------------------------------------------------------------------- patterns
@@ -206,12 +209,15 @@ IPV6_SEARCH = (IPV6_RE, re.compile(_IPV6_CANDIDATE), frozenset("0123456789abcdef
 IPV4_SEARCH = (IPV4_RE, re.compile(_IPV4_CANDIDATE), frozenset("0123456789.").__contains__)
 
 
-def scrub_text(text: str, cfg: PiiConfig, passes: tuple[str, ...] = KINDS) -> tuple[str, dict[str, int]]:
+def scrub_text(text: str, cfg: PiiConfig, passes: tuple[str, ...] = KINDS,
+               scrubber: Scrubber | None = None) -> tuple[str, dict[str, int]]:
     """``text`` with its e-mail and (public) IP addresses replaced, and how many of each kind.
     E-mail addresses first, as DataTrove does: an address literal (``x@[203.0.113.9]``) is part of
     its e-mail address. Then IPv6, whose IPv4-embedding forms (``::ffff:8.8.8.8``) hold a dotted
-    quad, then IPv4. ``passes`` leaves out the kinds a caller knows the text cannot hold."""
-    scrubber = Scrubber(cfg)
+    quad, then IPv4. ``passes`` leaves out the kinds a caller knows the text cannot hold. A
+    ``scrubber`` passed in carries its placeholder rotation and counts over several texts (the
+    turns of one conversation)."""
+    scrubber = scrubber or Scrubber(cfg)
     for kind, wanted, (pattern, core, in_run), replace in (
             (EMAILS, cfg.emails, EMAIL_SEARCH, scrubber.email), (IPV6, cfg.ip_addresses, IPV6_SEARCH, scrubber.ipv6),
             (IPV4, cfg.ip_addresses, IPV4_SEARCH, scrubber.ipv4)):
@@ -272,3 +278,32 @@ def scrub_frame(frame: pl.DataFrame, texts: list[str] | None, cfg: PiiConfig) ->
         return frame, result.texts, result.counts
     column = frame["text"].scatter(result.changed, [result.texts[row] for row in result.changed])
     return frame.with_columns(column), result.texts, result.counts
+
+
+def scrub_conversations(frame: pl.DataFrame, cfg: PiiConfig) -> tuple[pl.DataFrame, list[str], dict[str, int]]:
+    """A chat frame (``messages`` beside ``text``) with PII replaced in each turn's content and the
+    text rendered again from the scrubbed turns, so both columns stay one conversation; the texts as
+    Python strings, and the counts. Placeholders rotate over the whole conversation, as over one
+    document. An address is searched for in a turn, never across two: the rendering's role labels
+    and blank lines are not part of any address."""
+    texts = frame["text"].to_list()
+    messages = frame[chat.MESSAGES_COLUMN].to_list()
+    changed: list[int] = []
+    counts = dict.fromkeys(KINDS, 0)
+    # The text holds every turn's content, so a row whose text cannot hold an address has no turn that can.
+    for row, kinds in candidate_rows(frame["text"], cfg):
+        turns = json.loads(messages[row])
+        scrubber = Scrubber(cfg)
+        for turn in turns:
+            turn["content"], _ = scrub_text(turn["content"], cfg, kinds, scrubber)
+        if any(scrubber.counts.values()):
+            messages[row], texts[row] = chat.messages_json(turns), chat.render_text(turns)
+            changed.append(row)
+            for kind, n in scrubber.counts.items():
+                counts[kind] += n
+    counts["documents"] = len(changed)
+    if not changed:
+        return frame, texts, counts
+    return frame.with_columns(
+        frame["text"].scatter(changed, [texts[row] for row in changed]),
+        frame[chat.MESSAGES_COLUMN].scatter(changed, [messages[row] for row in changed])), texts, counts

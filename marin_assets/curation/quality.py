@@ -19,11 +19,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from marin_assets.curation.fasttext_models import FastTextClassifier, FastTextTrainConfig, train_fasttext
+from marin_resources.config_identity import identity, runtime
 from marin_resources.typed_config import typed_config
 
 CLASSIFIERS = ("fasttext", "compression")
 POSITIVE, NEGATIVE = "hq", "lq"
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
+
+
+# The identities a quality config's fields belong to (marin_resources/config_identity.py): the trained
+# classifier's, an adopted one's, the keep threshold's and each scored source's filtered documents'.
+CLASSIFIER = "quality_classifier"
+ADOPTED = "adopted_classifier"
+THRESHOLD = "quality_threshold"
+FILTERED = "filtered"
 
 
 @typed_config
@@ -33,33 +42,33 @@ class QualityConfig:
 
     # fasttext: a fastText model (trained from `positive`/`negative`, or adopted from `model_uri`);
     # compression: zlib compressed size over text size, no model.
-    classifier: str = "fasttext"
-    keep_fraction: float = 0.8
+    classifier: str = identity("fasttext", scopes=[THRESHOLD, FILTERED])
+    keep_fraction: float = identity(0.8, scopes=[THRESHOLD])
     # An adopted model: any fsspec URL (gs://, s3://, hf://, local) and the sha256 of its bytes.
-    model_uri: str | None = None
-    model_sha256: str | None = None
+    model_uri: str | None = runtime(None)
+    model_sha256: str | None = identity(None, scopes=[ADOPTED])
     # The label whose probability is the score (DCLM's OH+ELI5 model: __label__hq).
-    positive_label: str = "__label__" + POSITIVE
+    positive_label: str = identity("__label__" + POSITIVE, scopes=[CLASSIFIER, ADOPTED])
     # Only the start of a document is scored (None: all of it); fastText's cost is linear in length.
-    score_max_chars: int | None = 100_000
+    score_max_chars: int | None = identity(100_000, scopes=[FILTERED])
     # Relative accuracy of the corpus-wide score sketch, and so of the keep threshold.
-    sketch_relative_accuracy: float = 0.01
+    sketch_relative_accuracy: float = identity(0.01, scopes=[THRESHOLD, FILTERED])
     # Training: documents are cut into examples of about this many characters at paragraph breaks.
-    example_chars: int = 2000
+    example_chars: int = identity(2000, scopes=[CLASSIFIER])
     # Classes are balanced to the smaller one, at most this many examples each.
-    max_examples_per_class: int = 20_000
+    max_examples_per_class: int = identity(20_000, scopes=[CLASSIFIER])
     # One example in this many (by a hash of its text) is held out to measure accuracy.
-    holdout_every: int = 10
+    holdout_every: int = identity(10, scopes=[CLASSIFIER])
     # fastText's settings for small supervised sets (its own defaults, 5 epochs at lr 0.1, leave the
     # demo's scores within 0.2% of 0.5, too close for a 1% sketch to rank); 32 x 100k buckets keep
     # the model at 16 MB.
-    epoch: int = 20
-    lr: float = 0.5
-    dim: int = 32
-    word_ngrams: int = 2
-    min_count: int = 2
-    bucket: int = 100_000
-    seed: int = 0
+    epoch: int = identity(20, scopes=[CLASSIFIER])
+    lr: float = identity(0.5, scopes=[CLASSIFIER])
+    dim: int = identity(32, scopes=[CLASSIFIER])
+    word_ngrams: int = identity(2, scopes=[CLASSIFIER])
+    min_count: int = identity(2, scopes=[CLASSIFIER])
+    bucket: int = identity(100_000, scopes=[CLASSIFIER])
+    seed: int = identity(0, scopes=[CLASSIFIER])
 
     def __post_init__(self) -> None:
         if self.classifier not in CLASSIFIERS:

@@ -1,8 +1,9 @@
 """Read a shard's files into normalised documents plus a quarantine.
 
-Every input record (a file for text/html, a non-blank line for jsonl, a row
-for parquet, a response or resource record for warc) ends up either as one document or as one quarantine row; a bad
-record never fails the shard, whatever exception processing it raises.
+Every input record (a file for text/html, a non-blank line for jsonl and chat, a row
+for parquet and chat in Parquet files, a response or resource record for warc) ends up
+either as one document or as one quarantine row; a bad record never fails the shard,
+whatever exception processing it raises.
 ``ReadResult.n_records`` counts records as they are *read* (plus one per file
 that failed part-way, standing for its unread rest), independently of what
 became of them, so ``documents.height + quarantine.height == n_records`` is a
@@ -24,10 +25,10 @@ from typing import Any
 
 import polars as pl
 
-from marin_assets.curation import listed_files
+from marin_assets.curation import chat, listed_files
 from marin_assets.curation.config import SourceConfig
 from marin_assets.curation.discovery import Shard
-from marin_assets.curation.formats import FORMATS, resolve_format
+from marin_assets.curation.formats import FORMATS, record_layout, resolve_format
 from marin_assets.curation.listed_files import FileRef, refusal_parts
 from marin_assets.curation.opening import open_binary, prefetch_tar_members
 from marin_assets.curation.web import HTML_CONTENT_TYPES, html_to_text, iter_warc, looks_like_html
@@ -53,6 +54,12 @@ class Reason:
     TRUNCATED = "truncated"  # a WARC file ends inside this record; the records before it are read
     NOT_HTML = "not_html"  # a WARC payload that is not an HTML page (an image, a PDF, ...)
     HTTP_STATUS = "http_status"  # a WARC response that is not a success (404, a redirect, ...)
+    # Chat records (format chat) that are not a conversation: see chat.CHAT_REASONS.
+    MISSING_MESSAGES = chat.MISSING_MESSAGES
+    MALFORMED_MESSAGE = chat.MALFORMED_MESSAGE
+    UNKNOWN_ROLE = chat.UNKNOWN_ROLE
+    NON_STRING_CONTENT = chat.NON_STRING_CONTENT
+    NO_ASSISTANT_TURN = chat.NO_ASSISTANT_TURN
 
 
 QUARANTINE_REASONS = (
@@ -73,6 +80,13 @@ QUARANTINE_REASONS = (
     Reason.HTTP_STATUS,
 )
 
+
+def quarantine_reasons(fmt: str) -> tuple[str, ...]:
+    """The reasons a source of format ``fmt`` counts, each counted even when zero: a chat source's
+    own reasons too (a text source's counts stay the ones they were before chat data)."""
+    return QUARANTINE_REASONS + chat.CHAT_REASONS if fmt == "chat" else QUARANTINE_REASONS
+
+
 DOCUMENT_SCHEMA = {
     "id": pl.String,
     "text": pl.String,
@@ -80,6 +94,8 @@ DOCUMENT_SCHEMA = {
     "source_id": pl.String,
     "metadata": pl.String,
 }
+# A chat source's documents: the text rendering of each conversation and, beside it, its turns as JSON.
+CHAT_DOCUMENT_SCHEMA = {**DOCUMENT_SCHEMA, chat.MESSAGES_COLUMN: pl.String}
 QUARANTINE_SCHEMA = {
     "source": pl.String,
     "source_id": pl.String,
@@ -312,7 +328,8 @@ def strip_gutenberg(text: str) -> tuple[str, bool]:
 class _Collector:
     def __init__(self, source: SourceConfig):
         self.source = source
-        self.docs: dict[str, list] = {k: [] for k in DOCUMENT_SCHEMA}
+        self.schema = CHAT_DOCUMENT_SCHEMA if source.format == "chat" else DOCUMENT_SCHEMA
+        self.docs: dict[str, list] = {k: [] for k in self.schema}
         self.bad: dict[str, list] = {k: [] for k in QUARANTINE_SCHEMA}
         self.n_records = 0
         self.n_repaired = 0
@@ -341,15 +358,19 @@ class _Collector:
         if not text:
             self.quarantine(source_id, Reason.EMPTY, "no text after normalisation", raw)
             return
+        self._append(source_id, text, metadata)
+
+    def conversation(self, source_id: str, turns: list[dict[str, Any]], metadata: dict[str, Any]):
+        """A checked conversation (`chat.check_conversation`) as a document: its text is rendered from
+        its turns as they are, with no further normalisation, so it always matches them."""
+        self._append(source_id, chat.render_text(turns), metadata, messages=chat.messages_json(turns))
+
+    def _append(self, source_id: str, text: str, metadata: dict[str, Any], **extra: str):
         # Everything that can raise happens before the first append, so columns never go out of step.
-        doc_id = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        encoded_metadata = json.dumps(metadata, sort_keys=True, default=str)
-        docs = self.docs
-        docs["id"].append(doc_id)
-        docs["text"].append(text)
-        docs["source"].append(self.source.name)
-        docs["source_id"].append(source_id)
-        docs["metadata"].append(encoded_metadata)
+        row = {"id": hashlib.sha256(text.encode("utf-8")).hexdigest(), "text": text, "source": self.source.name,
+               "source_id": source_id, "metadata": json.dumps(metadata, sort_keys=True, default=str), **extra}
+        for column, values in self.docs.items():
+            values.append(row[column])
 
     @contextlib.contextmanager
     def record(self, source_id: str, raw: bytes):
@@ -387,9 +408,9 @@ class _Collector:
         self.document(source_id, text, raw, metadata)
 
     def result(self) -> ReadResult:
-        documents = pl.DataFrame(self.docs, schema=DOCUMENT_SCHEMA)
+        documents = pl.DataFrame(self.docs, schema=self.schema)
         quarantine = pl.DataFrame(self.bad, schema=QUARANTINE_SCHEMA)
-        counts = {r: 0 for r in QUARANTINE_REASONS}
+        counts = {r: 0 for r in quarantine_reasons(self.source.format)}
         for reason in self.bad["reason"]:
             counts[reason] += 1
         return ReadResult(documents, quarantine, self.n_records, counts, self.n_repaired, self.n_refused_files)
@@ -468,25 +489,41 @@ def _record_metadata(record: dict[str, Any], text_field: str, id_field: str | No
     return {k: v for k, v in record.items() if k not in (text_field, id_field)}
 
 
-def _record_document(col: _Collector, record: Any, default_id: str, raw: bytes, extra: dict[str, Any]):
-    src = col.source
+def _record_source_id(col: _Collector, record: Any, default_id: str, raw: bytes) -> str | None:
+    """The source id of a JSONL or Parquet record (its `id_field`, else ``default_id``); None, with
+    the record quarantined, where it is not a JSON object."""
     if not isinstance(record, dict):
         col.quarantine(default_id, Reason.MALFORMED_JSON, f"record is a {type(record).__name__}, not an object", raw)
+        return None
+    id_field = col.source.id_field
+    return str(record[id_field]) if id_field is not None and record.get(id_field) is not None else default_id
+
+
+def _quarantined_unfit(col: _Collector, source_id: str, text: str, raw: bytes, what: str) -> bool:
+    """Whether ``text`` (a record's text, or a conversation's rendering) was quarantined: over
+    `max_doc_bytes`, or more control characters than text holds."""
+    limit = col.source.max_doc_bytes
+    if len(text.encode("utf-8", "surrogatepass")) > limit:
+        col.quarantine(source_id, Reason.TOO_LARGE, f"{what} exceeds max_doc_bytes {limit}", raw)
+        return True
+    fraction = garbage_fraction(text)
+    if fraction > _MAX_GARBAGE_FRACTION:
+        col.quarantine(source_id, Reason.BINARY, f"{fraction:.1%} control characters in {what}", raw)
+        return True
+    return False
+
+
+def _record_document(col: _Collector, record: Any, default_id: str, raw: bytes, extra: dict[str, Any]):
+    src = col.source
+    source_id = _record_source_id(col, record, default_id, raw)
+    if source_id is None:
         return
-    source_id = default_id
-    if src.id_field is not None and record.get(src.id_field) is not None:
-        source_id = str(record[src.id_field])
     text = record.get(src.text_field)
     if not isinstance(text, str):
         got = "missing" if text is None else f"a {type(text).__name__}"
         col.quarantine(source_id, Reason.MISSING_TEXT_FIELD, f"field {src.text_field!r} is {got}", raw)
         return
-    if len(text.encode("utf-8", "surrogatepass")) > src.max_doc_bytes:
-        col.quarantine(source_id, Reason.TOO_LARGE, f"text exceeds max_doc_bytes {src.max_doc_bytes}", raw)
-        return
-    fraction = garbage_fraction(text)
-    if fraction > _MAX_GARBAGE_FRACTION:
-        col.quarantine(source_id, Reason.BINARY, f"{fraction:.1%} control characters in text", raw)
+    if _quarantined_unfit(col, source_id, text, raw, "text"):
         return
     metadata = {**extra, **_record_metadata(record, src.text_field, src.id_field)}
     col.document(source_id, repair_text(text, force="repaired_encoding" in extra), raw, metadata)
@@ -546,12 +583,34 @@ def _jsonl_record(col: _Collector, ref: FileRef, raw: bytes, line_no: int, defau
     if decoded.encoding != "utf-8":
         extra["repaired_encoding"] = decoded.encoding
         col.n_repaired += 1
-    _record_document(col, record, default_id, raw, extra)
+    if col.source.format == "chat":
+        _chat_document(col, record, default_id, raw, extra)
+    else:
+        _record_document(col, record, default_id, raw, extra)
+
+
+def _chat_document(col: _Collector, record: Any, default_id: str, raw: bytes, extra: dict[str, Any]):
+    """A chat line: a conversation (`chat.check_conversation`), each turn's content repaired and
+    normalised as a text record's text is, or one quarantine row saying why it is not one."""
+    source_id = _record_source_id(col, record, default_id, raw)
+    if source_id is None:
+        return
+    force = "repaired_encoding" in extra
+    turns = chat.check_conversation(record, lambda content: normalize_text(repair_text(content, force=force)))
+    if isinstance(turns, chat.Refused):
+        col.quarantine(source_id, turns.reason, turns.detail, raw)
+        return
+    # A JSONL line is held to max_doc_bytes by its length already; a Parquet row is by its turns here.
+    if _quarantined_unfit(col, source_id, chat.render_text(turns), raw, "its turns"):
+        return
+    metadata = _record_metadata(record, chat.MESSAGES_FIELD, col.source.id_field)
+    col.conversation(source_id, turns, {**extra, **metadata})
 
 
 def _read_parquet(col: _Collector, ref: FileRef):
     import pyarrow.parquet as pq
 
+    to_document = _chat_document if col.source.format == "chat" else _record_document
     with col.open(ref) as f:
         parquet = pq.ParquetFile(f)
         row = 0
@@ -560,7 +619,7 @@ def _read_parquet(col: _Collector, ref: FileRef):
                 default_id = f"{ref.uri}:{row}"
                 raw = json.dumps(record, default=str, ensure_ascii=False).encode("utf-8")
                 with col.record(default_id, raw):
-                    _record_document(col, record, default_id, raw, {"path": ref.relpath, "row": row})
+                    to_document(col, record, default_id, raw, {"path": ref.relpath, "row": row})
                 row += 1
 
 
@@ -593,6 +652,8 @@ READERS: dict[str, Callable[[_Collector, FileRef], None]] = {
     "text": functools.partial(_read_whole_file, fmt="text"),
     "html": functools.partial(_read_whole_file, fmt="html"),
     "jsonl": _read_jsonl,
+    # Each JSONL line or Parquet row a conversation (_chat_document).
+    "chat": lambda col, ref: READERS[record_layout("chat", ref.relpath)](col, ref),
     "parquet": _read_parquet,
     "warc": _read_warc,
 }

@@ -9,7 +9,7 @@ Thin wiring over `filters.py`, `quality.py`, `minhash.py`, `dedup.py` (with `ded
 
 import hashlib
 import io
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import dagster as dg
@@ -18,6 +18,7 @@ import polars as pl
 
 from marin_assets.automation import FOLLOWS_NEW_DATA
 from marin_assets.catalog import Catalog
+from marin_assets.curation.chat import MESSAGES_COLUMN
 from marin_assets.curation.config import CurationConfig, SourceConfig, pii_of
 from marin_assets.curation.dedup import (
     DOCUMENT_ROW_GROUP,
@@ -39,7 +40,7 @@ from marin_assets.curation.filter_report import (
     shard_line,
 )
 from marin_assets.curation.filter_shard import FilterTask, filter_chunk, merge_chunks
-from marin_assets.curation.filters import filter_identity
+from marin_assets.curation.formats import skipped_steps
 from marin_assets.curation.minhash import MinHashConfig, load_signatures, save_signatures
 from marin_assets.curation.model_assets import (
     CLASSIFIER_KEY,
@@ -67,6 +68,7 @@ from marin_resources.artifacts import (
     marin_check,
     materialize_artifact,
 )
+from marin_resources.config_identity import config_identity
 from marin_resources.data_parallel import DataParallel
 from marin_resources.keys import asset_key
 from marin_resources.parallel_map import in_process_map
@@ -79,6 +81,11 @@ DEDUP_INDEX_VERSION = "v1"
 MAX_FILTER_DROP_FRACTION = 0.5
 MAX_DEDUP_DROP_FRACTION = 0.5
 DOCUMENT_COLUMNS = ("id", "text", "source", "source_id", "metadata")
+
+
+def document_columns(frame: pl.DataFrame) -> list[str]:
+    """The columns a step passes on: the document columns, and a chat document's turns (`messages`)."""
+    return [*DOCUMENT_COLUMNS, *([MESSAGES_COLUMN] if MESSAGES_COLUMN in frame.columns else [])]
 
 
 def dedup_group_of(source: SourceConfig) -> str:
@@ -135,7 +142,7 @@ def dedup_index_key(group: str) -> dg.AssetKey:
 def build_dedup_index(group: str, members: list[SourceConfig], dedup_cfg: DedupConfig, catalog: Catalog):
     """`dedup_index/<group>`: the incremental, partitioned dedup index over every filtered shard of the group."""
     spec = ArtifactSpec.fixed(f"dedup_index/{group}", DEDUP_INDEX_VERSION,
-                              {"dedup": asdict(dedup_cfg), "sources": [member.name for member in members]})
+                              {"dedup": config_identity(dedup_cfg), "sources": [member.name for member in members]})
     ins = {f"shards_{member.name}": all_partitions_in(f"filtered/{member.name}") for member in members}
 
     @catalog.asset(spec, ins=ins, group_name="curation", kinds={"parquet"}, tags={"marin/dedup_group": group},
@@ -264,7 +271,7 @@ def deduplicate_shard(shard: ShardToDeduplicate, job: DeduplicateJob) -> tuple[d
         counts |= {"paragraph_spans": result.spans.height,
                    "paragraph_chars": int((result.spans["end"] - result.spans["start"]).sum() or 0),
                    "paragraph_emptied": result.emptied.height}
-    kept = kept.select(DOCUMENT_COLUMNS)
+    kept = kept.select(document_columns(kept))
     counts["documents"] = kept.height
     write(f"data/{shard.shard_key}.parquet", kept)
     write(f"duplicates/{shard.shard_key}.parquet", duplicates_table(decisions))
@@ -296,21 +303,27 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     members = dedup_group_members(source, config)
     quality = config.quality if name in config.quality_sources else None
     uses_model = quality is not None and quality.classifier == "fasttext"
-    language = language_model_of(source, config)
+    # The steps this source's format skips by declaration (chat data: docs/post-training.md); config.py
+    # refuses what only they read (its own filters, a block list, quality scoring, paragraph dedup).
+    skipped = skipped_steps(source.format)
+    language = None if skipped else language_model_of(source, config)
     language_model = language is not None and config.language_id is not None  # adopted: the language_model asset
     pii = pii_of(source)
     blocklist = read_url_blocklist(source.url_blocklist) if source.url_blocklist is not None else None
-    filtered_identity = {"filters": filter_identity(source.filters), "minhash": asdict(dedup_cfg.minhash),
+    # A format that skips the rules is not defined by their thresholds (the global `filters:` defaults).
+    judged = {"skipped_steps": list(skipped)} if skipped else {"filters": config_identity(source.filters)}
+    declared_skips = {"skipped_steps": list(skipped)} if skipped else {}
+    filtered_identity = {**judged, "minhash": config_identity(dedup_cfg.minhash),
                          "quality_classifier": quality.classifier if quality else None,
                          "score_max_chars": quality.score_max_chars if uses_model else None,
                          "sketch_relative_accuracy": quality.sketch_relative_accuracy if quality else None,
                          "language_model": language,
                          # Present only when used, so a source without them keeps its artifacts.
-                         **({"pii": asdict(pii)} if pii is not None else {}),
+                         **({"pii": config_identity(pii)} if pii is not None else {}),
                          **({"url_blocklist_sha256": blocklist.sha256} if blocklist is not None else {})}
     exact_paragraphs = exact_paragraphs_of(source)
-    dedup_identity = {"dedup": asdict(dedup_cfg), "group": group, "exact_paragraphs": exact_paragraphs,
-                      "quality_threshold": quality is not None}
+    dedup_identity = {"dedup": config_identity(dedup_cfg), "group": group, "exact_paragraphs": exact_paragraphs,
+                      "quality_threshold": quality is not None, **declared_skips}
     filtered_spec = ArtifactSpec.fixed(f"filtered/{name}", FILTERED_VERSION, filtered_identity,
                                        results=lambda manifest: [shard_line(manifest.metrics)])
     dedup_spec = ArtifactSpec.fixed(f"deduplicated/{name}", DEDUP_VERSION, dedup_identity,
@@ -326,7 +339,13 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
     @catalog.asset(filtered_spec, partitions_def=partitions, ins=ins, tags={"marin/source": name},
                    group_name="curation", kinds={"parquet", "polars"},
                    automation_condition=FOLLOWS_NEW_DATA,
-                   description=f"Documents of `{name}` that pass "
+                   description=(f"Conversations of chat source `{name}`, every one kept"
+                                + (", with e-mail and public IP addresses replaced by placeholders in their turns "
+                                   "and their text rendered again (counts in `pii/*`)" if pii is not None else "")
+                                + f". Skipped by declaration for chat data: {', '.join(skipped)} "
+                                "(docs/post-training.md). MinHash signatures of their text are cached per shard for "
+                                "dedup.") if skipped else
+                               f"Documents of `{name}` that pass "
                                + ("the URL block list, " if blocklist is not None else "")
                                + f"language id ({describe_language_id(source, config)}) and the Gopher/C4 heuristics"
                                + (", with e-mail and public IP addresses replaced by placeholders (counts in "
@@ -355,7 +374,8 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
             task = FilterTask(source.filters, dedup_cfg.minhash, quality,
                               load_model_bytes(artifacts, optional["classifier"]) if uses_model else None,
                               language_bytes, pii,
-                              None if blocklist is None else blocklist_bytes(source.url_blocklist, blocklist))
+                              None if blocklist is None else blocklist_bytes(source.url_blocklist, blocklist),
+                              chat=source.format == "chat")
             # One piece by default; row ranges of about MARIN_RAY_CHUNK_MB on Ray when chosen. Same bytes either way.
             ranges = data_parallel.ranges(docs["text"].str.len_bytes().to_numpy())
             chunks = [docs.slice(start, end - start) for start, end in ranges]
@@ -381,7 +401,8 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                         "kernel": result.kernel,  # compiled or numpy: same bytes, so not in the data version
                         **{f"dropped/{rule}": n for rule, n in sorted(result.counts.items())},
                         **{f"pii/{kind}": n for kind, n in sorted(result.pii.items())},
-                        **{f"lines_removed/{rule}": n for rule, n in sorted(result.line_removals.items())}}
+                        **{f"lines_removed/{rule}": n for rule, n in sorted(result.line_removals.items())},
+                        **declared_skips}
             return Built(metrics=metrics, metadata={"dagster/row_count": kept.height, "chunks": len(ranges)})
 
         upstream = [documents] + [optional[k] for k in ("classifier", "language_model") if k in optional]
@@ -402,7 +423,10 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                                + ". `data/<shard>.parquet` holds each shard's kept documents and "
                                "`duplicates/<shard>.parquet` its dropped ids, with the kept id that replaced each and "
                                "their exact Jaccard. Files of earlier shards are rewritten only when the threshold "
-                               "moves.")
+                               "moves."
+                               + (" Chat data: the dedup compares each conversation's text rendering and keeps its "
+                                  f"turns (`messages`) beside it; skipped by declaration: {', '.join(skipped)}."
+                                  if skipped else ""))
     def deduplicated(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                      index: ArtifactHandle, **optional: ArtifactHandle) -> dg.Output[ArtifactHandle]:
         artifacts = store.get()
@@ -492,7 +516,7 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
                                   "quality_threshold": _json_threshold(threshold), "shard_counts": shard_counts,
                                   "decisions_digest": decisions_digest(map(digest_entry, shards)),
                                   # What this build wrote: the schema check reads these, not every shard again.
-                                  "written_shards": new_shards, "filter_report": report},
+                                  "written_shards": new_shards, "filter_report": report, **declared_skips},
                          metadata={"dagster/row_count": documents, "shards": len(shards),
                                    "filter_report_table": dg.MetadataValue.md(report_table(report))})
 
@@ -503,7 +527,8 @@ def build_refinement_assets(source: SourceConfig, config: CurationConfig, partit
         _bound_check(filtered, filtered_spec, "drop_fraction", MAX_FILTER_DROP_FRACTION,
                      input_metric="input_documents"),
         _bound_check(deduplicated, dedup_spec, "drop_fraction", MAX_DEDUP_DROP_FRACTION),
-        _schema_check(deduplicated, dedup_spec),
+        _schema_check(deduplicated, dedup_spec,
+                      (*DOCUMENT_COLUMNS, MESSAGES_COLUMN) if source.format == "chat" else DOCUMENT_COLUMNS),
         _largest_rule_check(deduplicated, dedup_spec),
     ]
     # The group's first source (in YAML order) carries the group's index asset.
@@ -581,10 +606,11 @@ def _largest_rule_check(asset, spec: ArtifactSpec):
     return check
 
 
-def _schema_check(asset, spec: ArtifactSpec):
+def _schema_check(asset, spec: ArtifactSpec, columns: tuple[str, ...]):
     @marin_check(asset, name="document_schema",
                  description=f"Up to {CHECKED_SHARDS_AT_MOST} of the output shards the last build wrote (a "
-                             "sample when it wrote more) have the document columns with string types and unique "
+                             f"sample when it wrote more) have the document columns ({', '.join(columns)}) with "
+                             "string types and unique "
                              "ids (earlier shards were checked when they were written and are never rewritten).")
     def check(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
         import pyarrow.parquet as pq
@@ -603,7 +629,7 @@ def _schema_check(asset, spec: ArtifactSpec):
             with artifacts.open(f"{manifest.uri}/{entry.path}") as fh:
                 parquet = pq.ParquetFile(fh)
                 schema = pl.from_arrow(parquet.schema_arrow.empty_table()).schema
-                missing = [c for c in DOCUMENT_COLUMNS if schema.get(c) != pl.String]
+                missing = [c for c in columns if schema.get(c) != pl.String]
                 if missing:
                     problems.append(f"{entry.path}: missing or non-string {missing}")
                 shard_ids = parquet.read(columns=["id"]).column("id").to_pylist() if "id" in schema else []

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from marin_assets.automation import PENDING_RUN_STATUSES, TRIGGER_TAG, pinned_by_runs
+from marin_assets.automation import PENDING_RUN_STATUSES, pinned_by_runs
 from marin_assets.curation.config import SourceConfig
 from marin_assets.curation.discovery import Shard, discover_shards
 from marin_resources.dagster_private import DATA_VERSION_TAG, PARTITION_NAME_TAG
+from marin_resources.keys import NEW_SHARD_TRIGGER, TRIGGER_TAG
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def build_new_shard_sensor(source: SourceConfig, partitions: dg.DynamicPartition
         claimed = claimed_shards(context.instance, raw_key, {s.key for s in delta.unclaimed})
         to_run = delta.new + delta.changed + [s for s in delta.unclaimed if s.key not in claimed]
         requests = [dg.RunRequest(partition_key=s.key, run_key=f"{s.key}:{s.fingerprint[:16]}",
-                                  asset_selection=[raw_key], tags={TRIGGER_TAG: "new_shard_sensor"})
+                                  asset_selection=[raw_key], tags={TRIGGER_TAG: NEW_SHARD_TRIGGER})
                     for s in to_run]
         if not requests:
             return dg.SensorResult(skip_reason=f"no new or changed shards among {len(shards)}",

@@ -22,10 +22,12 @@ import hashlib
 import json
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import yaml
+
+from marin_resources.config_identity import config_identity, identity
 
 DATA_FILE_SUFFIX = ".jsonl"
 TASK_FILE_SUFFIX = ".yaml"
@@ -51,19 +53,19 @@ SHUFFLE_TRIES = 20
 class NextLineTaskSpec:
     """How a next-line task is built from the held-out split of ``tokenized/<source>``."""
 
-    name: str
-    source: str
+    name: str = identity()
+    source: str = identity()
     """A tokenized source; its validation documents (never trained on) are the task's text."""
-    choices: int = 4
-    context_lines: int = 4
+    choices: int = identity(4)
+    context_lines: int = identity(4)
     """At most this many lines of the passage precede the answer (at least two)."""
-    min_chars: int = 20
+    min_chars: int = identity(20)
     """Answers and distractors are lines of at least this many characters."""
-    examples: int = 1000
+    examples: int = identity(1000)
     """Items kept (after a seeded shuffle); fewer when the held-out text has fewer positions."""
-    seed: int = 0
-    distractors: DistractorSource = "same_document"
-    continuation: Continuation = "next_line"
+    seed: int = identity(0)
+    distractors: DistractorSource = identity("same_document")
+    continuation: Continuation = identity("next_line")
     """What is chosen: the whole next line, or the second half of the line (its first half ends the
     context), which a small model can judge from the words at the cut."""
     """Where wrong choices come from: other passages of the answer's document (the harder task: same
@@ -90,7 +92,7 @@ class NextLineTaskSpec:
         return 1.0 / self.choices
 
     def identity(self) -> dict[str, Any]:
-        return asdict(self)
+        return config_identity(self)
 
 
 @dataclass(frozen=True)

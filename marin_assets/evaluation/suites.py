@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from marin_assets.evaluation.next_line import NextLineTaskSpec, TaskSpecError
+from marin_resources.config_identity import config_identity, identity, runtime
 from marin_resources.typed_config import ConfigError
 
 DEFAULT_SUITES_YAML = Path(__file__).with_name("suites.yaml")
@@ -53,13 +54,13 @@ class SuiteError(ConfigError):
 class HarnessTask:
     """One lm-eval task of a suite."""
 
-    task: str
-    num_fewshot: int = 0
-    limit: int | None = None
+    task: str = identity()
+    num_fewshot: int = identity(0)
+    limit: int | None = identity(None)
     """Evaluate the first ``limit`` documents (lm-eval's ``limit``); None: all of them."""
-    alias: str | None = None
+    alias: str | None = identity(None)
     """The name results are reported under (to run one task twice, e.g. 0- and 10-shot)."""
-    hard: bool = False
+    hard: bool = runtime(False)
     """A task a small model may honestly be at chance on: recorded, its margin over chance reported,
     but ``beats_chance`` does not require it. A check policy, not part of the suite's identity."""
 
@@ -70,20 +71,16 @@ class HarnessTask:
 
 @dataclass(frozen=True)
 class Suite:
-    name: str
-    description: str = ""
-    tasks: tuple[HarnessTask, ...] = ()
-    bpb: tuple[str, ...] = ()
+    name: str = identity()
+    description: str = runtime("")
+    tasks: tuple[HarnessTask, ...] = identity(())
+    bpb: tuple[str, ...] = identity(())
     """Tokenized sources whose validation split is evaluated for loss and bits-per-byte."""
-    needs_hub: bool = False
+    needs_hub: bool = runtime(False)
     """Whether its lm-eval tasks download data (clusters with hub access only)."""
 
     def identity(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        del data["description"], data["needs_hub"]
-        for task in data["tasks"]:
-            del task["hard"]
-        return data
+        return config_identity(self)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ trained first, and the forecast check also verifies that the forecast was commit
 target's training started. Nothing here reads the store while the code location loads.
 """
 
-import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +67,7 @@ from marin_resources.artifacts import (
     marin_check,
     materialize_artifact,
 )
+from marin_resources.config_identity import config_identity
 from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.keys import asset_key
@@ -539,7 +539,7 @@ def mixture_fit_key(sweep: str) -> str:
 def mixture_fit_identity(config: MixtureSweepConfig, runs: dict[str, RunSpec]) -> dict[str, Any]:
     """The sweep's points (each eval's identity, so their weights, base run and sample) and the fit's config."""
     return {"sweep": config.name, "points": {run: fingerprint(spec.eval_identity()) for run, spec in runs.items()},
-            "fit": dataclasses.asdict(config.fit)}
+            "fit": config_identity(config.fit)}
 
 
 def mixture_fit_built(fitted: MixtureSweepFit) -> Built:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import yaml
 
 from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, RunSpec, RunSpecError, validate_run
+from marin_resources.config_identity import config_identity, derived, identity, runtime
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, resolve_bases, typed_config
 from scaling.links import LINKS
 from scaling.mixture import MixtureOptions
@@ -57,48 +58,48 @@ class MixtureSweepError(SweepConfigError):
 @typed_config
 @dataclass(frozen=True)
 class SweepConfig:
-    name: str
-    recipe: Literal["micro", "delphi"]
-    mixture: str
-    tokenizer: str
-    eval_set: str
+    name: str = identity()
+    recipe: Literal["micro", "delphi"] = identity()
+    mixture: str = identity()
+    tokenizer: str = identity()
+    eval_set: str = identity()
     """Mixture component whose validation loss (``eval/<set>/loss``) is fitted and forecast."""
-    fit_budgets: tuple[float, ...]
-    target_budgets: tuple[float, ...]
-    recipe_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    target_recipe_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    fit_budgets: tuple[float, ...] = identity()
+    target_budgets: tuple[float, ...] = identity()
+    recipe_overrides: Mapping[str, Any] = identity(default_factory=dict)
+    target_recipe_overrides: Mapping[str, Any] = identity(default_factory=dict)
     """Applied on top of ``recipe_overrides`` for target budgets only, e.g. a wider tokens-per-param
     window: only the forecast's chosen target candidate trains, so a wide window costs nothing and
     lets the target be the model nearest the forecast optimum."""
-    params: ParamsColumn = "total"
+    params: ParamsColumn = identity("total")
     """Parameter count used as N in the fit: the recipe's total (embeddings counted once when tied) or non-embedding."""
-    forecast_method: ForecastMethod = "envelope"
+    forecast_method: ForecastMethod = identity("envelope")
     """Primary forecast: ``envelope`` (approach 2, L*(C) and the valley) or ``joint`` (approach 3,
     L(N, D) fitted to all fit runs). It picks the target and is what the check scores; both are recorded."""
-    max_steps: int | None = None
+    max_steps: int | None = identity(None)
     """Candidates needing more optimizer steps are dropped (listed in the plan with the reason)."""
-    seed: int = 0
-    steps_per_eval: int = 100_000
-    max_eval_batches: int | None = None
-    eval_examples: int | None = None
+    seed: int = identity(0)
+    steps_per_eval: int = identity(100_000)
+    max_eval_batches: int | None = identity(None)
+    eval_examples: int | None = identity(None, omit="default")
     """Validation sequences each run's eval/<run> scores, evenly spaced and the same for every run
     (`RunSpec.final_eval_examples`); None scores the whole split."""
-    checkpoint_every: int = 100_000
-    watch_every: int = 10
+    checkpoint_every: int = identity(100_000)
+    watch_every: int = runtime(10)
     """Each run's `RunSpec.watch_every`: steps between gradient and parameter norm logs, 0 for none.
     Observability only: in neither the sweep's identity nor its runs'."""
-    min_lr_ratio: float = 0.1
-    bootstrap_samples: int = 200
-    interval: float = 0.95
-    error_goal: float = 0.02
+    min_lr_ratio: float = identity(0.1)
+    bootstrap_samples: int = identity(200)
+    interval: float = identity(0.95)
+    error_goal: float = identity(0.02)
     """Relative forecast error the sweep aims for; the forecast check reports against it."""
-    metric: str | None = None
+    metric: str | None = identity(None, omit="default")
     """What is forecast and checked: ``eval/<eval_set>/loss`` (the default), ``eval/<eval_set>/bpb``
     (fitted directly), or a harness task's ``harness_eval/<task>/acc`` (or ``acc_norm``), forecast
     from the fitted loss through ``link``."""
-    link: Literal["sigmoid"] | None = None
+    link: Literal["sigmoid"] | None = identity(None, omit="default")
     """How a harness metric follows the loss (``scaling.links``); required for harness metrics only."""
-    link_floor: float | None = None
+    link_floor: float | None = identity(None, omit="default")
     """The metric's floor for the link, e.g. chance accuracy (0.25 for four choices); None: fitted."""
 
     def build_recipe(self, role: Literal["fit", "target"] = "fit") -> Recipe:
@@ -107,13 +108,7 @@ class SweepConfig:
 
     def identity(self) -> dict[str, Any]:
         """The sweep's config with the recipes fully resolved (so a changed default changes identity)."""
-        data = dataclasses.asdict(self)
-        del data["watch_every"]
-        for optional in ("metric", "link", "link_floor", "eval_examples"):
-            if data[optional] is None:  # absent from sweeps that fit the default (their fingerprint is unchanged)
-                del data[optional]
-        data["recipe_overrides"] = dict(self.recipe_overrides)
-        data["target_recipe_overrides"] = dict(self.target_recipe_overrides)
+        data = config_identity(self)
         data["resolved_recipe"] = dataclasses.asdict(self.build_recipe("fit"))
         if self.target_recipe_overrides:
             data["resolved_target_recipe"] = dataclasses.asdict(self.build_recipe("target"))
@@ -376,15 +371,15 @@ def extend_sweeps(sweeps: Mapping[str, SweepConfig], raw: Mapping[str, Any], ori
 class MixtureFitConfig:
     """How ``mixture_fit/<sweep>`` regresses the points' eval losses on their weights (`scaling.mixture`)."""
 
-    target: tuple[str, ...] = ()
+    target: tuple[str, ...] = identity(default=())
     """Eval sets whose mean metric the predicted best mixture minimises; empty: every set the runs evaluate."""
-    metric: Literal["loss", "bpb"] = "loss"
-    log_loss: bool = False
+    metric: Literal["loss", "bpb"] = identity(default="loss")
+    log_loss: bool = identity(default=False)
     """Regress log(metric) instead of the metric."""
-    samples: int = 100_000
-    top_k: int = 100
-    seed: int = 0
-    interval: float = 0.9
+    samples: int = identity(default=100_000)
+    top_k: int = identity(default=100)
+    seed: int = identity(default=0)
+    interval: float = identity(default=0.9)
 
     def options(self) -> MixtureOptions:
         return MixtureOptions(log_loss=self.log_loss, samples=self.samples, top_k=self.top_k, seed=self.seed,
@@ -394,12 +389,12 @@ class MixtureFitConfig:
 @typed_config
 @dataclass(frozen=True)
 class MixtureSweepConfig:
-    name: str
-    run: str
+    name: str = derived("the names of its runs")
+    run: str = derived("its runs: that run's spec")
     """The run every point trains (a run of the deployment), its mixture's weights replaced by the point's."""
-    weights: tuple[Mapping[str, float], ...]
+    weights: tuple[Mapping[str, float], ...] = derived("its runs' mixture_weights")
     """One run per entry, ``{component: weight}``; a component not named gets none."""
-    fit: MixtureFitConfig = dataclasses.field(default_factory=MixtureFitConfig)
+    fit: MixtureFitConfig = derived("mixture_fit/<sweep>'s identity", default_factory=MixtureFitConfig)
     """The regression of the points' losses on their weights (``mixture_fit/<sweep>``)."""
 
     def run_name(self, index: int) -> str:

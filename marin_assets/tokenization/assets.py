@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -51,6 +51,7 @@ from marin_resources.artifacts import (
     marin_check,
     materialize_artifact,
 )
+from marin_resources.config_identity import config_identity
 from marin_resources.data_parallel import DataParallel
 from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.keys import asset_key, shard_partitions
@@ -82,7 +83,7 @@ def parquet_files(store: ArtifactStore, uri: str) -> list[str]:
 def tokenizer_identity(entry: TokenizerEntry, corpora: dict[str, str]) -> dict[str, Any]:
     """A tokenizer's identity: its settings and the data versions of the corpora it was trained on
     (the pin). The corpora are not upstream dependencies of the artifact: once trained it stays."""
-    return {"tokenizer": asdict(entry.config), "adopt": entry.adopt, "corpora": dict(sorted(corpora.items()))}
+    return {"tokenizer": config_identity(entry.config), "adopt": entry.adopt, "corpora": dict(sorted(corpora.items()))}
 
 
 def tokenizer_spec(entry: TokenizerEntry, store: Callable[[], ArtifactStore]) -> ArtifactSpec:
@@ -96,7 +97,7 @@ def tokenizer_spec(entry: TokenizerEntry, store: Callable[[], ArtifactStore]) ->
         return None if previous is None else tokenizer_identity(entry, dict(previous.config.get("corpora") or {}))
 
     return ArtifactSpec(key, entry.version, identity, note=pin_note, code_identity={
-        "tokenizer": asdict(entry.config), "adopt": entry.adopt, "train_on": list(entry.train_on)})
+        "tokenizer": config_identity(entry.config), "adopt": entry.adopt, "train_on": list(entry.train_on)})
 
 
 def pin_note(manifest: Manifest, store: ArtifactStore) -> str | None:
@@ -491,8 +492,7 @@ def mixture_spec(entry: MixtureEntry, caches: dict[str, ArtifactHandle], tokeniz
 def build_mixture_asset(entry: MixtureEntry, catalog: Catalog):
     ins = {f"cache_{c}": dg.AssetIn(key=asset_key(f"tokenized/{c}")) for c in entry.weights}
     ins["tokenizer"] = dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}"))
-    spec = ArtifactSpec.fixed(f"mixture/{entry.name}", MIXTURE_VERSION,
-                              {"weights": dict(sorted(entry.weights.items())), "tokenizer": entry.tokenizer})
+    spec = ArtifactSpec.fixed(f"mixture/{entry.name}", MIXTURE_VERSION, config_identity(entry))
 
     @catalog.asset(spec, ins=ins, group_name="tokenization", kinds={"levanter", "json"},
                    automation_condition=FOLLOWS_NEW_DATA,

@@ -11,8 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 
+from marin_resources.config_identity import config_identity, identity
 from marin_resources.splits import corpus_threshold
 from marin_resources.typed_config import typed_config
+
+# The identities a cache config's fields belong to (marin_resources/config_identity.py): the cache's
+# artifact (tokenized/), the rows it holds (its manifest's, `row_identity`), and one shard's encoded rows
+# (token_shards/, `encoding_identity`: the fields of every identity).
+TOKENIZED = "tokenized"
+ROWS = "cache_rows"
 
 
 @typed_config
@@ -24,18 +31,19 @@ class CacheConfig:
     values an assembly unit holds and writes at once; Levanter's zarr3 arrays are stored in large
     shard files that are rewritten on each write, so fewer, larger writes are much cheaper. Peak
     memory of a unit is about 2 x flush_tokens x 4 bytes; an encoding worker holds a few batches.
-    Neither changes the cache's bytes.
+    Neither changes the cache's bytes, yet both (and `incremental`) were in the cache's identity from
+    the start, so they stay there: moving them out would give every cache a new directory.
     """
 
-    validation_fraction: float = 0.01
-    validation_min_documents: int | None = None
+    validation_fraction: float = identity(0.01)
+    validation_min_documents: int | None = identity(None, scopes=[TOKENIZED, ROWS], omit="default")
     """At least this many documents go to validation (the lowest id hashes), where the fraction
     gives fewer; capped at half the corpus. None: the fraction alone (and no change of identity)."""
-    batch_rows: int = 1024
-    flush_tokens: int = 16_000_000
-    id_column: str = "id"
-    text_column: str = "text"
-    incremental: bool = True
+    batch_rows: int = identity(1024, scopes=[TOKENIZED])
+    flush_tokens: int = identity(16_000_000, scopes=[TOKENIZED])
+    id_column: str = identity("id")
+    text_column: str = identity("text")
+    incremental: bool = identity(True, scopes=[TOKENIZED])
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.validation_fraction < 1.0:
@@ -48,23 +56,17 @@ class CacheConfig:
     def identity(self) -> dict:
         """What defines the cache's artifact: every field, the minimum only where it is set (so a
         config without one keeps the fingerprint it had before the field existed)."""
-        return {k: v for k, v in asdict(self).items() if k != "validation_min_documents" or v is not None}
+        return config_identity(self, TOKENIZED)
 
     def encoding_identity(self) -> dict:
         """What decides one shard's encoded rows (`encode_shard_rows`): a validation minimum is applied
         when the shards are assembled, so it is not here."""
-        return {k: v for k, v in self.row_identity().items() if k != "validation_min_documents"}
+        return config_identity(self)
 
     def row_identity(self) -> dict:
         """The settings that decide which rows a cache holds; a change forces a full rebuild. With
         a minimum, `validation_fraction` is the threshold `with_validation_minimum` worked out."""
-        return {
-            "validation_fraction": self.validation_fraction,
-            "id_column": self.id_column,
-            "text_column": self.text_column,
-            **({"validation_min_documents": self.validation_min_documents}
-               if self.validation_min_documents is not None else {}),
-        }
+        return config_identity(self, ROWS)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Thin wiring over `decontamination.py`; see docs/decontamination.md."""
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import dagster as dg
@@ -50,6 +50,7 @@ from marin_resources.artifacts import (
     marin_check,
     materialize_artifact,
 )
+from marin_resources.config_identity import config_identity
 from marin_resources.data_parallel import DataParallel
 from marin_resources.keys import asset_key, shard_partitions
 from marin_resources.splits import fraction_holds_enough
@@ -193,7 +194,7 @@ def build_eval_ngrams_asset(registry: TokenizationRegistry, source: str, sets: l
 
 
 def decontaminated_identity(entry: TokenizedEntry) -> dict[str, Any]:
-    return {"policy": asdict(entry.decontamination), "id_column": entry.cache.id_column,
+    return {"policy": config_identity(entry.decontamination), "id_column": entry.cache.id_column,
             "text_column": entry.cache.text_column}
 
 

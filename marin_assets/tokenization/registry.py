@@ -3,12 +3,13 @@ token caches and mixtures a deployment declares, read and checked into typed ent
 versions of the three artifacts live here too. No Dagster: the deployment reads this module, and
 the stage's assets (`tokenization/assets.py`) are built from what it returns."""
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
+from marin_resources.config_identity import derived, identity, runtime
 from marin_resources.keys import NAME_RULE, is_safe_name
 from marin_resources.project import REGISTRY_SECTIONS
 from marin_resources.storage.identity import InvalidPartitionKeyError, validate_partition_key
@@ -45,8 +46,8 @@ class ValidationFloor:
     """Below these, `tokenized/<source>`'s `validation_size` check warns: a validation split this small
     measures loss and bits-per-byte with little confidence. A check policy, not part of the identity."""
 
-    documents: int = 5
-    tokens: int = 5_000
+    documents: int = runtime(5)
+    tokens: int = runtime(5_000)
 
 
 @typed_config
@@ -58,8 +59,8 @@ class DecontaminationPolicy:
     A document is contaminated when at least `min_matching_ngrams` of its distinct n-grams are eval
     n-grams. Part of the shards' identity."""
 
-    mode: Literal["drop", "mark"] = "drop"
-    min_matching_ngrams: int = 1
+    mode: Literal["drop", "mark"] = identity("drop")
+    min_matching_ngrams: int = identity(1)
 
     def __post_init__(self) -> None:
         if self.min_matching_ngrams < 1:
@@ -74,9 +75,9 @@ class DecontaminationSettings:
     from the directory of the file that declares it), which every source is checked against besides
     its own validation split and its mixture partners'."""
 
-    ngram: int = 13
-    eval_texts: dict[str, str] = field(default_factory=dict)
-    validation_splits: bool = True
+    ngram: int = identity(13)
+    eval_texts: dict[str, str] = derived("eval_ngrams/: the sha256 of each eval set file", default_factory=dict)
+    validation_splits: bool = derived("eval_ngrams/: the validation splits it names (reference_sources)", True)
     """Check training text against the validation splits (a source's own and its mixture partners') as
     well as the eval sets. Off, the indexes hold the eval sets alone: at terabytes, where a split's
     n-grams would not fit a worker and a split that grows with each shard would check every shard
@@ -98,9 +99,9 @@ class TokenizedEntry:
 
 @dataclass(frozen=True)
 class MixtureEntry:
-    name: str
-    tokenizer: str
-    weights: dict[str, float]
+    name: str = derived("its key, mixture/<name>")
+    tokenizer: str = identity()
+    weights: dict[str, float] = identity()
 
 
 @dataclass(frozen=True)
@@ -251,11 +252,25 @@ def _mixture_entry(name: str, body: Any) -> MixtureEntry:
     return MixtureEntry(name, tokenizer, weights)
 
 
-def registry_for_sources(registry: TokenizationRegistry, sources: set[str]) -> TokenizationRegistry:
+def registry_for_sources(registry: TokenizationRegistry, sources: set[str],
+                         chat_sources: frozenset[str] = frozenset()) -> TokenizationRegistry:
     """The entries this deployment can build: every curated source gets `tokenized/<source>`, from its
     own entry or the default one; entries that need a source this deployment does not declare
     (MARIN_SOURCES may name a different set) are dropped, with everything that depends on them.
-    The default applies only where its tokenizer can be built here."""
+    The default applies only where its tokenizer can be built here.
+
+    Chat sources (``chat_sources``, of ``sources``) get no text cache: their cache renders turns through
+    a chat template with an assistant loss mask (docs/post-training.md, not built yet), and a text
+    cache of their plain rendering would train on role labels as prose. An entry that names one (a
+    `tokenized:` entry, a tokenizer's `train_on`, a mixture's weights) is refused in one line."""
+    for what, names in [("tokenized", set(registry.tokenized)),
+                        *((f"tokenizers.{n}.train_on", set(e.train_on)) for n, e in registry.tokenizers.items()),
+                        *((f"mixtures.{n}.weights", set(e.weights)) for n, e in registry.mixtures.items())]:
+        if names & chat_sources:
+            raise RegistryError(f"tokenization registry: {what}: {sorted(names & chat_sources)[0]!r} is a chat "
+                                "source; its token cache (turns through a chat template, loss on the assistant's) "
+                                "is not built yet (docs/post-training.md)")
+    sources = sources - chat_sources
     tokenizers = {n: e for n, e in registry.tokenizers.items() if set(e.train_on) <= sources}
     tokenized = {n: e for n, e in registry.tokenized.items() if n in sources and e.tokenizer in tokenizers}
     if registry.default is not None and registry.default.tokenizer in tokenizers:

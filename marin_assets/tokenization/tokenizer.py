@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import fsspec
 
+from marin_resources.config_identity import identity
 from marin_resources.typed_config import typed_config
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -35,17 +36,17 @@ class TokenizerConfig:
     so that training time stays bounded on large corpora.
     """
 
-    vocab_size: int = 32768
-    min_frequency: int = 2
-    bos_token: str = "<|bos|>"
-    eos_token: str = "<|eos|>"
-    pad_token: str = "<|pad|>"
-    extra_special_tokens: tuple[str, ...] = ()
+    vocab_size: int = identity(32768)
+    min_frequency: int = identity(2)
+    bos_token: str = identity("<|bos|>")
+    eos_token: str = identity("<|eos|>")
+    pad_token: str = identity("<|pad|>")
+    extra_special_tokens: tuple[str, ...] = identity(())
     # Prepend BOS when callers encode with add_special_tokens=True (the HF default), Llama-style,
     # so prompts encoded at evaluation time start the way training documents do.
-    add_bos_on_encode: bool = True
-    max_train_bytes: int | None = None
-    model_max_length: int | None = None
+    add_bos_on_encode: bool = identity(True)
+    max_train_bytes: int | None = identity(None)
+    model_max_length: int | None = identity(None)
 
     def __post_init__(self) -> None:
         specials = self.special_tokens

@@ -18,12 +18,13 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from marin_resources.config_identity import config_identity, identity, runtime
 from marin_resources.placement import PlacementError, ResourceSpec, tpu_slice_geometry
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, resolve_bases, typed_config
 from scaling.flops import MIXTURE_OF_EXPERTS_FAMILIES, ModelDims, ModelFamily
@@ -47,6 +48,8 @@ class RunSpecError(ConfigError):
 
 MAX_TRAIN_STEPS = 2**31 - 1
 """Optax counts a run's updates in int32 (its schedules stop at this count), so no run takes more steps."""
+EVAL = "eval"
+"""The identity scope of eval/<run> (`RunSpec.eval_identity`): the run's, and what it measures."""
 HEAD_DIM_FAMILIES = ("llama", "qwen", "qwen3")
 """Families whose Levanter config honours an explicit ``head_dim`` (OLMo 2's and Mixtral's derive it)."""
 
@@ -56,24 +59,24 @@ HEAD_DIM_FAMILIES = ("llama", "qwen", "qwen3")
 class ModelSpec:
     """The architecture: a Levanter decoder family and its shape fields."""
 
-    hidden_dim: int
-    intermediate_dim: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    seq_len: int
-    head_dim: int | None = None
-    tie_word_embeddings: bool = False
-    initializer_range: float = 0.02
-    layer_norm_epsilon: float = 1e-5
-    rope_theta: float = 10000.0
-    family: ModelFamily = "llama"
+    hidden_dim: int = identity()
+    intermediate_dim: int = identity()
+    num_layers: int = identity()
+    num_heads: int = identity()
+    num_kv_heads: int = identity()
+    seq_len: int = identity()
+    head_dim: int | None = identity(None)
+    tie_word_embeddings: bool = identity(False)
+    initializer_range: float = identity(0.02)
+    layer_norm_epsilon: float = identity(1e-5)
+    rope_theta: float = identity(10000.0)
+    family: ModelFamily = identity("llama", omit="default")
     """Levanter's config class, by the name Levanter registers it under: ``llama``; ``qwen`` (Qwen 2:
     biases on the query/key/value projections); ``qwen3`` (query/key RMSNorm); ``olmo2`` (norms after
     attention and MLP, query/key RMSNorm); ``mixtral`` (a routed mixture of expert MLPs)."""
-    num_experts: int | None = None
+    num_experts: int | None = identity(None, omit="default")
     """``mixtral`` only (and required there): expert MLPs per layer, each ``intermediate_dim`` wide."""
-    experts_per_token: int | None = None
+    experts_per_token: int | None = identity(None, omit="default")
     """``mixtral`` only (and required there): experts the router sends each token to (its top-k)."""
 
     @property
@@ -99,17 +102,17 @@ class OptimizerSpec:
     """A Levanter optimizer with warmup and a decay schedule: AdamW (``AdamConfig``) or Lion
     (``LionConfig``, which has no epsilon: it updates by the sign of its momentum)."""
 
-    learning_rate: float
-    weight_decay: float = 0.1
-    warmup: float = 0.01
+    learning_rate: float = identity()
+    weight_decay: float = identity(0.1)
+    warmup: float = identity(0.01)
     """Fraction of training steps if < 1, otherwise a number of steps."""
-    schedule: LrSchedule = "cosine"
-    min_lr_ratio: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    epsilon: float = 1e-8
-    max_grad_norm: float | None = 1.0
-    type: OptimizerType = "adam"
+    schedule: LrSchedule = identity("cosine")
+    min_lr_ratio: float = identity(0.1)
+    beta1: float = identity(0.9)
+    beta2: float = identity(0.95)
+    epsilon: float = identity(1e-8)
+    max_grad_norm: float | None = identity(1.0)
+    type: OptimizerType = identity("adam", omit="default")
     """Levanter's optimizer, by its registered name: ``adam`` (AdamW) or ``lion``."""
 
 
@@ -119,11 +122,11 @@ class ParallelismSpec:
     """How the run's devices form Levanter's device mesh. An axis left unset is filled from
     ``resources`` (see `MeshShape.resolve`); set ones must multiply to the device count."""
 
-    data: int | None = None
+    data: int | None = runtime(None)
     """Replicas: each holds all parameters and takes its share of the batch (Levanter's replica axis)."""
-    fsdp: int | None = None
+    fsdp: int | None = runtime(None)
     """Parameters and optimizer state sharded over the embed axis, batch split too (Levanter's data axis)."""
-    tensor: int = 1
+    tensor: int = runtime(1)
     """The MLP and key/value heads split across devices (Levanter's model axis)."""
 
 
@@ -135,13 +138,13 @@ class ComputeSpec:
     fields are picked per run by `marin_assets.training.memory.plan_compute`: the fastest setting
     whose estimated memory fits the devices (docs/training.md, "Memory")."""
 
-    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    gradient_checkpointing: bool | Literal["auto"] = runtime("auto")
     """Recompute each layer's activations in the backward pass, keeping only its input."""
-    cross_entropy_block_size: int | None | Literal["auto"] = "auto"
+    cross_entropy_block_size: int | None | Literal["auto"] = runtime("auto")
     """Compute the loss over vocabulary blocks of this size instead of the whole [tokens, vocab] logits."""
-    attention: AttentionBackendName | None = None
+    attention: AttentionBackendName | None = runtime(None)
     """Levanter's attention backend; None: its default for the accelerator."""
-    fused_loss: bool | Literal["auto"] = False
+    fused_loss: bool | Literal["auto"] = runtime(False)
     """TPU only: the language-model head and its cross-entropy as one Pallas kernel
     (`marin_assets.training.fused_loss`), which keeps no logits in HBM."""
 
@@ -153,8 +156,8 @@ class InitFrom:
     ``hf_model`` export of another run in the same runs file) or ``path`` (a Hugging Face model
     directory: a local path, a bucket URL such as ``s3://b/dir``, or ``hf://ORG/NAME[@REVISION]``)."""
 
-    run: str | None = None
-    path: str | None = None
+    run: str | None = identity(None, omit="default")
+    path: str | None = identity(None, omit="default")
 
 
 @typed_config
@@ -163,8 +166,8 @@ class MixtureStage:
     """From ``step`` on, the run draws its training sequences from its mixture's components in these
     proportions (normalised; a component not named gets none), as Levanter's varying mixture does."""
 
-    step: int
-    weights: Mapping[str, float]
+    step: int = identity()
+    weights: Mapping[str, float] = identity()
 
 
 @typed_config
@@ -175,8 +178,8 @@ class Cooldown:
     rate annealed from this run's ``optimizer.learning_rate`` by its ``optimizer.schedule`` to
     ``min_lr_ratio`` of it. The base checkpoint's fingerprint is part of the identity."""
 
-    run: str
-    step: int
+    run: str = identity()
+    step: int = identity()
 
 
 HF_MODEL_PATH_RE = re.compile(r"^hf://(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?/?$")
@@ -242,45 +245,45 @@ class MeshShape:
 @typed_config
 @dataclass(frozen=True)
 class RunSpec:
-    name: str
-    model: ModelSpec
-    mixture: str
+    name: str = identity()
+    model: ModelSpec = identity()
+    mixture: str = identity()
     """Name of the tokenized mixture artifact the run trains on."""
-    tokenizer: str
+    tokenizer: str = identity()
     """Name of the tokenizer artifact; must be the one the mixture was tokenized with."""
-    optimizer: OptimizerSpec
-    train_batch_size: int
-    num_train_steps: int
-    seed: int = 0
-    eval_sets: tuple[str, ...] = ()
+    optimizer: OptimizerSpec = identity()
+    train_batch_size: int = identity()
+    num_train_steps: int = identity()
+    seed: int = identity(0)
+    eval_sets: tuple[str, ...] = identity(())
     """Mixture components whose validation split is evaluated; empty means all of them."""
-    steps_per_eval: int = 1000
-    max_eval_batches: int | None = None
-    checkpoint_every: int = 1000
+    steps_per_eval: int = identity(1000)
+    max_eval_batches: int | None = identity(None)
+    checkpoint_every: int = identity(1000)
     """Permanent checkpoint cadence in steps (a final checkpoint is always written)."""
-    final_eval_examples: int | None = None
+    final_eval_examples: int | None = identity(None, scopes=[EVAL])
     """eval/<run> scores this many validation sequences per set, evenly spaced over the set (the same
     ones for every run of that set), instead of every sequence. Not part of the checkpoint's identity:
     it changes what is measured, not the weights (`eval_identity`)."""
-    watch_every: int = 10
+    watch_every: int = runtime(10)
     """Steps between Levanter's gradient and parameter norm logs; 0 turns them off, which also saves
     compiling a second variant of the train step. Observability only, so not part of the identity."""
-    resources: ResourceSpec = field(default_factory=ResourceSpec)
-    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
+    resources: ResourceSpec = runtime(default_factory=ResourceSpec)
+    parallelism: ParallelismSpec = runtime(default_factory=ParallelismSpec)
     """The device mesh. Like ``resources``, outside the identity: the global batch is
     ``train_batch_size`` however it is split, so the mesh changes no result beyond float rounding."""
-    compute: ComputeSpec = field(default_factory=ComputeSpec)
+    compute: ComputeSpec = runtime(default_factory=ComputeSpec)
     """How the step computes (recomputation, loss blocks, attention kernel). Outside the identity."""
-    mixture_weights: Mapping[str, float] | None = None
+    mixture_weights: Mapping[str, float] | None = identity(None, omit="empty")
     """The run's own weights over its mixture's components, in place of the mixture's (a component not
     named gets none): how a mixture-weight sweep's runs differ. None: the mixture's."""
-    mixture_schedule: tuple[MixtureStage, ...] = ()
+    mixture_schedule: tuple[MixtureStage, ...] = identity((), omit="empty")
     """Changes of the mixture's weights during training, by step: the run starts on the mixture's own
     weights and switches at each stage's step (empty: the mixture's weights throughout)."""
-    cooldown: Cooldown | None = None
+    cooldown: Cooldown | None = identity(None, omit="empty")
     """Continue another run's checkpoint from a step and anneal (see `Cooldown`); ``num_train_steps``
     counts the cooldown's own steps."""
-    init_from: InitFrom | None = None
+    init_from: InitFrom | None = identity(None, omit="empty")
     """Start from these weights (continued pretraining) instead of a random initialization. Their
     content hash, resolved when the run is built, is part of the identity (see `identity`)."""
 
@@ -304,36 +307,23 @@ class RunSpec:
         return self.cooldown.step + 1 if self.cooldown is not None else 0
 
     def identity(self, init_weights: str | None = None, cooldown_base: str | None = None) -> dict[str, Any]:
-        """Everything that determines the trained weights: all fields except ``resources``,
-        ``parallelism``, ``compute``, ``final_eval_examples`` and ``watch_every``. Fields added since runs were
-        first fingerprinted are left out while they hold their defaults, so runs keep the identity
-        they had before those fields existed: a Llama trained with Adam before families and
-        optimizers (`LATER_FIELD_DEFAULTS`), a run from scratch before ``init_from``, one on fixed
-        weights before ``mixture_weights`` and ``mixture_schedule``. ``init_from`` is set
-        with ``init_weights``, the content hash of the weights it resolved to
-        (`marin_assets.training.init_weights`), as ``init_from.sha256``: other weights under the
-        same name are another run. A cooldown's ``cooldown_base`` is the fingerprint of the base
-        checkpoint it continues, as ``cooldown.checkpoint``."""
-        data = dataclasses.asdict(self)
-        del data["resources"], data["parallelism"], data["compute"], data["final_eval_examples"], data["watch_every"]
-        for section, defaults in LATER_FIELD_DEFAULTS.items():
-            for name, default in defaults.items():
-                if data[section][name] == default:
-                    del data[section][name]
-        for optional in ("mixture_weights", "mixture_schedule"):
-            if not data[optional]:
-                del data[optional]
-        if self.cooldown is None:
-            del data["cooldown"]
-        elif cooldown_base is not None:
+        """Everything that determines the trained weights: the fields declared ``identity()`` (the
+        others, ``resources``, ``parallelism``, ``compute`` and ``watch_every``, are runtime;
+        ``final_eval_examples`` is in `eval_identity` only). Fields added since runs were first
+        fingerprinted are declared to be left out while they hold their defaults (or are empty), so
+        runs keep the identity they had before those fields existed: a Llama trained with Adam before
+        families and optimizers, a run from scratch before ``init_from``, one on fixed weights before
+        ``mixture_weights`` and ``mixture_schedule``. ``init_from`` is set with ``init_weights``, the
+        content hash of the weights it resolved to (`marin_assets.training.init_weights`), as
+        ``init_from.sha256``: other weights under the same name are another run. A cooldown's
+        ``cooldown_base`` is the fingerprint of the base checkpoint it continues, as
+        ``cooldown.checkpoint``."""
+        data = config_identity(self)
+        if self.cooldown is not None and cooldown_base is not None:
             data["cooldown"]["checkpoint"] = cooldown_base
-        if self.init_from is None:
-            del data["init_from"]
-        else:
-            data["init_from"] = {k: v for k, v in data["init_from"].items() if v is not None}
-            if init_weights is not None:
-                data["init_from"]["sha256"] = init_weights
-        return _jsonable(data)
+        if self.init_from is not None and init_weights is not None:
+            data["init_from"]["sha256"] = init_weights
+        return data
 
     def eval_identity(self) -> dict[str, Any]:
         """What defines eval/<run>: the run, and the evaluated sample when it is not the whole split
@@ -361,21 +351,6 @@ class RunSpec:
             raise RunSpecError(name, exc.dotted or "<run>", exc.problem) from None
         validate_run(spec)
         return spec
-
-
-LATER_FIELD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": {"family": "llama", "num_experts": None, "experts_per_token": None},
-    "optimizer": {"type": "adam"},
-}
-"""Identity fields absent from a run's identity while they hold these values (see `RunSpec.identity`)."""
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def validate_run(spec: RunSpec) -> None:

@@ -248,7 +248,7 @@ def test_identity_is_unchanged_for_sources_without_families(tmp_path):
         "min_words": 50, "max_words": 100_000, "min_mean_word_length": 3.0, "max_mean_word_length": 10.0,
         "max_symbol_word_ratio": 0.1, "max_non_alpha_word_fraction": 0.2, "max_bullet_line_fraction": 0.9,
         "max_ellipsis_line_fraction": 0.3, "max_duplicate_line_fraction": 0.2,
-        "max_duplicate_paragraph_fraction": 0.2, "min_stop_words": 2, "languages": ("en",),
+        "max_duplicate_paragraph_fraction": 0.2, "min_stop_words": 2, "languages": ["en"],
         "language_identifier": "fasttext", "min_language_score": 0.5, "language_sample_chars": 5000}
     picked = _filtered_identity(tmp_path, format="jsonl", filters={"families": {"c4": {}}})
     assert picked["filters"] == {**plain["filters"], "families": {"c4": {}}}
@@ -350,10 +350,11 @@ def test_the_quality_classifiers_identity_is_unchanged_for_training_sources_with
     give the identity it gave before families existed, or every classifier (and everything it scores)
     rebuilds on upgrade."""
     from marin_assets.curation.config import SourceConfig
-    from marin_assets.curation.model_assets import _training_source_identity
+    from marin_assets.curation.quality import CLASSIFIER
+    from marin_resources.config_identity import config_identity
 
-    plain = _training_source_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl"))
+    plain = config_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl"), CLASSIFIER)
     assert "families" not in plain["filters"]
-    picked = _training_source_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl",
-                                                    filters=FilterConfig(families={"c4": {}})))
+    picked = config_identity(SourceConfig(name="a", uri="file:///tmp/a", format="jsonl",
+                                          filters=FilterConfig(families={"c4": {}})), CLASSIFIER)
     assert picked["filters"]["families"] == {"c4": {}}

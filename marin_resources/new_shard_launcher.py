@@ -1,0 +1,153 @@
+"""`NewShardRunLauncher`: the instance's run launcher that sends the new-shard flow's runs to a running
+Ray cluster and every other run to the launcher it wraps (docs/scaling-out.md, "New shards on a
+running Ray cluster").
+
+The new-shard flow is what the `<source>_new_shards` sensor and the `automation` sensor start (their
+runs carry `TRIGGER_TAG`): per-shard runs from `raw` to `token_shards`, then the cache's append.
+Each is a short run; in Kubernetes each would otherwise wait for a pod to be scheduled, where a Ray
+job starts on a node that is already up. dagster-ray's `RayRunLauncher` submits the run as a Ray job
+through the cluster's job server (`dagster api execute_run` on a node; in-process steps, as every
+run here). `marin materialize` plans, UI launches and training keep the wrapped launcher
+(`otherwise`: the local default, or `K8sRunLauncher` in deploy/dagster.yaml).
+
+A runtime choice of the instance (dagster.yaml), never part of any identity: the artifacts a run
+commits are the same bytes wherever it ran. Before each submission the job server is asked for its
+version (REACH_TIMEOUT_S); when it does not answer, `when_unreachable` decides: `fallback` launches
+the run with the wrapped launcher and says so in the run's event log, `stop` fails the run in one
+line before it starts. Either way nothing is half-committed: a run that never started wrote nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+
+import dagster as dg
+import yaml
+from dagster._core.launcher import LaunchRunContext, ResumeRunContext, RunLauncher
+from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
+from dagster._serdes import ConfigurableClass, ConfigurableClassData
+from dagster_ray import RayRunLauncher
+
+from marin_resources.keys import NEW_SHARD_FLOW_TRIGGERS, TRIGGER_TAG
+
+REACH_TIMEOUT_S = 5.0
+# Run tag: which launcher started the run (`ray` or `otherwise`), read back to cancel it or check it.
+LAUNCHED_BY_TAG = "marin/launched_by"
+WHEN_UNREACHABLE = ("fallback", "stop")
+# Read by the Ray job's run worker wherever the flow's runs go: the store, the project and the
+# instance. The cluster's nodes must see the same paths (shared disk or object store).
+DEFAULT_ENV_PREFIXES = ("MARIN_", "DAGSTER_", "RAY_AUTH_MODE", "HF_HUB_OFFLINE", "WANDB_MODE")
+
+
+def job_server_problem(address: str, timeout_s: float = REACH_TIMEOUT_S) -> str | None:
+    """None when the Ray job server at `address` (http://host:port) answers; else why not, one line."""
+    url = address.rstrip("/") + "/api/version"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            json.loads(response.read())
+        return None
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        return f"the Ray job server at {address} does not answer ({type(exc).__name__}: {exc})"
+
+
+def is_new_shard_flow(run: dg.DagsterRun) -> bool:
+    return run.tags.get(TRIGGER_TAG) in NEW_SHARD_FLOW_TRIGGERS
+
+
+def _launcher_from(spec: dict[str, Any] | None) -> RunLauncher:
+    if spec is None:
+        return dg.DefaultRunLauncher()
+    data = ConfigurableClassData(spec["module"], spec["class"], yaml.safe_dump(spec.get("config") or {}))
+    return data.rehydrate(as_type=RunLauncher)
+
+
+class NewShardRunLauncher(RunLauncher, ConfigurableClass):
+    def __init__(self, ray: dict[str, Any], when_unreachable: str = "fallback",
+                 otherwise: dict[str, Any] | None = None, inst_data: ConfigurableClassData | None = None):
+        if when_unreachable not in WHEN_UNREACHABLE:
+            raise ValueError(f"NewShardRunLauncher: when_unreachable must be one of {', '.join(WHEN_UNREACHABLE)}, "
+                             f"got {when_unreachable!r}")
+        self._inst_data = inst_data
+        self.when_unreachable = when_unreachable
+        # Unless the config lists them, the Ray job gets this process's settings (the daemon's).
+        env_vars = sorted(k for k in os.environ if k.startswith(DEFAULT_ENV_PREFIXES))
+        self.ray = RayRunLauncher(**{"env_vars": env_vars, **ray})
+        self.otherwise = _launcher_from(otherwise)
+        super().__init__()
+
+    @property
+    def inst_data(self) -> ConfigurableClassData | None:
+        return self._inst_data
+
+    @classmethod
+    def config_type(cls):
+        return {
+            "ray": dg.Field(dg.Permissive({"address": str}),
+                            description="dagster-ray's RayRunLauncher config; `address` is the job server "
+                                        "(http://head:8265)"),
+            "when_unreachable": dg.Field(str, default_value="fallback",
+                                         description="fallback (the `otherwise` launcher) or stop (the run fails)"),
+            "otherwise": dg.Field(dg.Permissive({"module": str, "class": str}), is_required=False,
+                                  description="the launcher of every other run (default: DefaultRunLauncher)"),
+        }
+
+    @classmethod
+    def from_config_value(cls, inst_data, config_value):
+        return cls(inst_data=inst_data, **config_value)
+
+    def register_instance(self, instance) -> None:
+        super().register_instance(instance)
+        self.ray.register_instance(instance)
+        self.otherwise.register_instance(instance)
+
+    def _launched_by(self, run: dg.DagsterRun) -> RunLauncher:
+        return self.ray if run.tags.get(LAUNCHED_BY_TAG) == "ray" else self.otherwise
+
+    def launch_run(self, context: LaunchRunContext) -> None:
+        run = context.dagster_run
+        if not is_new_shard_flow(run):
+            self.otherwise.launch_run(context)
+            return
+        problem = job_server_problem(self.ray.address)
+        if problem is None:
+            self._instance.add_run_tags(run.run_id, {LAUNCHED_BY_TAG: "ray"})
+            self.ray.launch_run(LaunchRunContext(self._instance.get_run_by_id(run.run_id), context.workspace))
+            return
+        if self.when_unreachable == "stop":
+            self._instance.report_run_failed(run, f"not started: {problem}; when_unreachable: stop")
+            return
+        self._instance.report_engine_event(f"{problem}: launched by {type(self.otherwise).__name__} instead "
+                                           "(when_unreachable: fallback)", run, cls=type(self))
+        self._instance.add_run_tags(run.run_id, {LAUNCHED_BY_TAG: "otherwise"})
+        self.otherwise.launch_run(context)
+
+    # Each run is checked, resumed or cancelled by the launcher that started it; the wrapped one may
+    # support less than Ray's (the local default checks no worker and resumes nothing).
+    @property
+    def supports_resume_run(self) -> bool:
+        return self.ray.supports_resume_run or self.otherwise.supports_resume_run
+
+    def resume_run(self, context: ResumeRunContext) -> None:
+        self._launched_by(context.dagster_run).resume_run(context)
+
+    def terminate(self, run_id: str) -> bool:
+        run = self._instance.get_run_by_id(run_id)
+        return run is not None and self._launched_by(run).terminate(run_id)
+
+    @property
+    def supports_check_run_worker_health(self) -> bool:
+        return self.ray.supports_check_run_worker_health or self.otherwise.supports_check_run_worker_health
+
+    def check_run_worker_health(self, run: dg.DagsterRun) -> CheckRunHealthResult:
+        launcher = self._launched_by(run)
+        if not launcher.supports_check_run_worker_health:
+            return CheckRunHealthResult(WorkerStatus.UNKNOWN, "")
+        return launcher.check_run_worker_health(run)
+
+    def dispose(self) -> None:
+        self.ray.dispose()
+        self.otherwise.dispose()

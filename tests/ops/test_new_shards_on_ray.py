@@ -1,0 +1,171 @@
+"""The new-shard flow on a running Ray cluster (`NewShardRunLauncher`, docs/scaling-out.md, "New shards
+on a running Ray cluster"). The instance's launcher sends the runs the `<source>_new_shards` sensor
+requests to a real two-node Ray cluster's job server, where each runs as a Ray job and commits its
+shard; a run of a `marin materialize` plan, on the same instance, stays with the wrapped launcher. With
+the job server gone, `when_unreachable: stop` fails the flow's run in one line before it starts, with
+nothing committed, and `fallback` launches it locally and says so in its event log."""
+
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from marin_assets.curation.assets import build_curation_stage
+from marin_assets.deployment import Deployment
+from marin_assets.run_submission import WorkspaceRuns
+from marin_assets.stages import build_stage
+from marin_resources.environments import MarinSettings, build_resources
+from marin_resources.keys import asset_key
+from marin_resources.new_shard_launcher import LAUNCHED_BY_TAG
+from marin_resources.storage.store import ArtifactStore
+from tests.ops.conftest import free_port
+from tests.ops.ray_nodes import NO_AUTH, ray_head, ray_start, stop_node
+
+REPO = Path(__file__).resolve().parents[2]
+RAW = asset_key("raw/letters")
+TEXT = "The ferryman rowed the last passengers across the river while the lamps were lit on the far bank. "
+RUN_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def job_server():
+    """A two-node Ray cluster on 127.0.0.1 with the head's job server: the job server's address."""
+    with ray_head(job_server=True) as (gcs, jobs):
+        worker = ray_start(f"--address={gcs}", '--resources={"worker2": 1}')
+        try:
+            yield jobs
+        finally:
+            stop_node(worker)
+
+
+def flow_instance(tmp_path: Path, monkeypatch, launcher: dict) -> tuple[dg.DagsterInstance, dg.Definitions]:
+    """An embedded-default instance whose run launcher is `NewShardRunLauncher` with `launcher` as its
+    config, a watched folder of two one-file shards, and the curation stage's definitions over it."""
+    watched = tmp_path / "in"
+    watched.mkdir()
+    for name in ("north", "south"):
+        (watched / f"{name}.txt").write_text("\n\n".join(f"{name} {i}. {TEXT * 3}" for i in range(4)))
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(f"sources:\n  - name: letters\n    uri: {watched}/*.txt\n    format: text\n"
+                       "    files_per_shard: 1\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    config = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    config["run_launcher"] = {"module": "marin_resources.new_shard_launcher", "class": "NewShardRunLauncher",
+                              "config": launcher}
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    # The code server, the local runs and (through the launcher's env_vars) the Ray jobs read these.
+    for name, value in {"MARIN_PREFIX": str(tmp_path / "store"), "MARIN_SOURCES": str(sources),
+                        "MARIN_ENV": "local", "DAGSTER_HOME": str(home), **NO_AUTH}.items():
+        monkeypatch.setenv(name, value)
+    settings = MarinSettings.from_env()
+    stage_defs, _ = build_stage(build_curation_stage, settings, Deployment.load(settings))
+    defs = dg.Definitions.merge(stage_defs, dg.Definitions(resources=build_resources(settings)))
+    return dg.DagsterInstance.from_config(str(home)), defs
+
+
+def run_to_the_end(instance: dg.DagsterInstance, submit) -> list[dg.DagsterRun]:
+    """Submits runs through the workspace, as the daemon's run queue launches them, and waits for them."""
+    with WorkspaceRuns(instance, str(REPO / "workspace.yaml")) as runs:
+        run_ids = submit(runs)
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            found = [instance.get_run_by_id(run_id) for run_id in run_ids]
+            if all(run is not None and run.is_finished for run in found):
+                return found
+            time.sleep(1)
+    raise AssertionError(f"runs not finished after {RUN_TIMEOUT_S}s: {[r.status for r in found]}")
+
+
+def sensor_requests(instance: dg.DagsterInstance, defs: dg.Definitions) -> list[dg.RunRequest]:
+    """One tick of the real `letters_new_shards` sensor, its partitions added as the daemon adds them."""
+    result = defs.get_sensor_def("letters_new_shards")(dg.build_sensor_context(instance=instance, definitions=defs))
+    for request in result.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    return list(result.run_requests)
+
+
+def job_end(jobs, submission_id: str, timeout_s: float = 120) -> str:
+    """The Ray job's final status: its run worker exits a moment after the run's last event."""
+    deadline = time.monotonic() + timeout_s
+    while (status := jobs.get_job_status(submission_id)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        assert time.monotonic() < deadline, f"{submission_id} still {status} after {timeout_s}s"
+        time.sleep(0.5)
+    return status
+
+
+def committed(tmp_path: Path, partition: str) -> bool:
+    store = ArtifactStore(str(tmp_path / "store"))
+    manifest = store.find("raw/letters", "v1", partition)
+    return manifest is not None and store.verify(manifest) == []
+
+
+def messages(instance: dg.DagsterInstance, run: dg.DagsterRun) -> list[str]:
+    return [record.message or "" for record in instance.all_logs(run.run_id)]
+
+
+@pytest.mark.slow  # a two-node Ray cluster, Ray jobs and local runs of a code location
+def test_the_sensors_runs_go_to_the_ray_cluster_and_a_plans_run_stays_local(job_server, tmp_path, monkeypatch):
+    from ray.job_submission import JobSubmissionClient
+
+    instance, defs = flow_instance(tmp_path, monkeypatch, {"ray": {"address": job_server},
+                                                           "when_unreachable": "stop"})
+    requests = sensor_requests(instance, defs)
+    assert len(requests) == 2
+    flow, plan = requests
+
+    def submit(runs: WorkspaceRuns) -> list[str]:
+        # The second shard as a `marin materialize` plan would run it: no trigger tag.
+        return [runs.submit([RAW], [], flow.partition_key, {}, flow.tags),
+                runs.submit([RAW], [], plan.partition_key, {}, {"marin/plan_targets": "raw/letters_raw"})]
+
+    on_ray, local = run_to_the_end(instance, submit)
+    assert on_ray.status == dg.DagsterRunStatus.SUCCESS, messages(instance, on_ray)[-20:]
+    assert local.status == dg.DagsterRunStatus.SUCCESS, messages(instance, local)[-20:]
+    assert on_ray.tags[LAUNCHED_BY_TAG] == "ray" and LAUNCHED_BY_TAG not in local.tags
+    jobs = JobSubmissionClient(job_server)
+    assert job_end(jobs, f"dagster-run-{on_ray.run_id}") == "SUCCEEDED"
+    assert f"dagster-run-{local.run_id}" not in {job.submission_id for job in jobs.list_jobs()}
+    assert committed(tmp_path, flow.partition_key) and committed(tmp_path, plan.partition_key)
+    # The Ray job's run worker is a process of the cluster, not of this machine's code server.
+    assert any("Ray run job created" in line for line in messages(instance, on_ray))
+
+
+@pytest.mark.slow  # local runs of a code location
+@pytest.mark.parametrize("when_unreachable", ["stop", "fallback"])
+def test_an_unreachable_cluster_stops_the_run_in_one_line_or_falls_back_as_set(when_unreachable, tmp_path,
+                                                                                monkeypatch):
+    address = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    instance, defs = flow_instance(tmp_path, monkeypatch, {"ray": {"address": address},
+                                                           "when_unreachable": when_unreachable})
+    (request, _) = sensor_requests(instance, defs)
+    (run,) = run_to_the_end(instance, lambda runs: [runs.submit([RAW], [], request.partition_key, {}, request.tags)])
+    said = messages(instance, run)
+    if when_unreachable == "stop":
+        assert run.status == dg.DagsterRunStatus.FAILURE
+        (failure,) = [line for line in said if "does not answer" in line]
+        assert failure.startswith(f"not started: the Ray job server at {address} does not answer (")
+        assert failure.endswith("; when_unreachable: stop") and "\n" not in failure
+        assert not committed(tmp_path, request.partition_key)
+        assert not list(tmp_path.glob("store/**/.artifact.json"))
+    else:
+        assert run.status == dg.DagsterRunStatus.SUCCESS, said[-20:]
+        assert run.tags[LAUNCHED_BY_TAG] == "otherwise"
+        (notice,) = [line for line in said if "does not answer" in line]
+        assert notice.startswith(f"[NewShardRunLauncher] the Ray job server at {address} does not answer (")
+        assert notice.endswith(": launched by DefaultRunLauncher instead (when_unreachable: fallback)")
+        assert committed(tmp_path, request.partition_key)
+
+
+def test_a_bad_when_unreachable_is_refused_when_the_instance_loads(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))  # the embedded default's paths name it
+    config = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    config["run_launcher"] = {"module": "marin_resources.new_shard_launcher", "class": "NewShardRunLauncher",
+                              "config": {"ray": {"address": "http://127.0.0.1:8265"}, "when_unreachable": "retry"}}
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match="when_unreachable must be one of fallback, stop, got 'retry'"):
+        dg.DagsterInstance.from_config(str(home)).run_launcher  # noqa: B018 -- built on first use
