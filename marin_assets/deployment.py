@@ -31,6 +31,7 @@ from marin_assets.scaling_sweeps.config import (
     extend_sweeps,
     load_sweeps,
     mixture_sweep_runs,
+    validate_fit_target,
 )
 from marin_assets.tokenization.registry import (
     REGISTRY_PATH,
@@ -94,11 +95,14 @@ class Deployment:
             deployment = dataclasses.replace(deployment, mixture_sweeps=extend_mixture_sweeps(
                 {}, project.sections.get("mixture_sweeps", {}), deployment.runs, str(project.path)))
             for config in deployment.mixture_sweeps.values():
+                base = deployment.runs[config.run]
+                components = deployment.tokenization.mixtures[base.mixture].weights
                 for spec in mixture_sweep_runs(config, deployment.runs).values():
                     try:
-                        validate_mixture_components(spec, deployment.tokenization.mixtures[spec.mixture].weights)
+                        validate_mixture_components(spec, components)
                     except RunSpecError as exc:
                         raise MixtureSweepError(config.name, "weights", exc.problem, origin=str(project.path)) from None
+                validate_fit_target(config, base, components, origin=str(project.path))
         for run in deployment.runs.values():
             try:
                 validate_mixture_components(run, deployment.tokenization.mixtures[run.mixture].weights)

@@ -221,6 +221,30 @@ class Planner:
             return {partition}
         return set(self.partitions_of(parent))
 
+    def starts_from(self, key: dg.AssetKey, partition: str | None) -> list[str]:
+        """The partitions of ``key`` itself that ``key[partition]`` starts from and reads (a cooldown's
+        base run), from its spec: no Dagster dependency can say so (`ArtifactSpec.starts_from`)."""
+        spec = self.catalog.specs.get(key_str(key))
+        if spec is None or spec.starts_from is None or partition is None:
+            return []
+        return spec.starts_from(partition)
+
+    def with_starts(self, key: dg.AssetKey, partitions: Iterable[str | None]) -> list[str | None]:
+        """``partitions`` and every partition of ``key`` they start from, transitively, each after the
+        ones it starts from (else in the order given): the order their steps must run in."""
+        ordered: list[str | None] = []
+
+        def visit(partition: str | None) -> None:
+            if partition in ordered:
+                return
+            for start in self.starts_from(key, partition):
+                visit(start)  # run loops are refused when the runs load
+            ordered.append(partition)
+
+        for partition in partitions:
+            visit(partition)
+        return ordered
+
     def reads(self, key: dg.AssetKey, partition: str | None, parent: dg.AssetKey) -> bool:
         """Whether `key[partition]` reads ``parent``: every declared input, unless the catalog says fewer."""
         spec = self.catalog.specs.get(key_str(key))
@@ -297,6 +321,11 @@ class Planner:
                     wanted[(pname, p)] = current.data_version
                 elif (pname, p) in recorded:
                     wanted[(pname, p)] = recorded[(pname, p)]  # missing: said by its decision, not as new data
+        for start in self.starts_from(key, partition):  # a cooldown reads its base's checkpoint
+            start_decision, current = self._assess(key, start, verify, memo)
+            decisions[(name, start)] = start_decision
+            if current is not None:
+                wanted[(name, start)] = current.data_version
         external = spec.external if spec is not None else None
         if external is not None:
             wanted.update({(ext_key, partition): v for ext_key, v in external(partition).items()})
@@ -379,6 +408,8 @@ class Planner:
             needed.setdefault(target, set()).update(
                 {partition} if partition is not None else self.partitions_of(target))
         for key in reversed(ordered):
+            if key in needed:
+                needed[key] = set(self.with_starts(key, needed[key]))
             for parent in self.graph.get(key).parent_keys:
                 if parent in stage:
                     needed.setdefault(parent, set()).update(
@@ -399,6 +430,8 @@ class Planner:
         planned = []
         for (_, _), keys in sorted(groups.items(), key=lambda kv: kv[0]):
             parts = sorted(set().union(*(needed.get(k, set()) for k in keys)), key=lambda p: (p is not None, str(p)))
+            for key in keys:  # a partition's step after the steps of those it starts from
+                parts = self.with_starts(key, parts)
             if parts:
                 planned.append((keys, parts))
         return planned
@@ -416,6 +449,8 @@ class Planner:
                          for key in keys for parent in self.graph.get(key).parent_keys
                          if group_of.get(parent, g) != g
                          for p in self.parent_partitions(key, part, parent) if (group_of[parent], p) in index}
+                after |= {index[(g, start)] for key in keys for start in self.starts_from(key, part)
+                          if (g, start) in index}
                 index[(g, part)] = len(steps)
                 steps.append(PlannedStep(keys, part, frozenset(after)))
         serves = [len(targets)] * len(steps)

@@ -10,7 +10,8 @@ from it, so that nothing can disagree with it:
 - what `marin status`, `marin lineage` and the planner compare committed artifacts with (the
   graph's catalog holds the specs: `marin_assets.catalog`), with the spec's optional facts for them:
   inputs from outside the graph, the inputs a partition actually reads, a note on a fresh artifact,
-  the results `marin materialize` prints once it built one.
+  the results `marin materialize` prints once it built one, the partitions of the same asset a
+  partition starts from (built before it).
 
 As in Marin's `StepSpec`, identity (what defines the artifact) is kept apart from runtime choices
 (resources, region, prefix), which never enter it. Pure: no Dagster import.
@@ -37,6 +38,11 @@ ResultsFn = Callable[[Any], list[str]]
 ReadsFn = Callable[[str], set[str]]
 # partition -> the path of the one file of its unpartitioned input that the partition reads.
 FileOfFn = Callable[[str], str]
+# partition -> the partitions of the same asset it starts from and reads (a cooldown: its base run's
+# checkpoint). Dagster declares no dependency of a dynamic partition on another of its own asset
+# (only time-window partitions may depend on earlier ones), so the planner builds these first and
+# judges freshness by them (`marin_assets.planning`).
+StartsFromFn = Callable[[str], list[str]]
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class ArtifactSpec:
     file_read: FileRead | None = None
     run_config: type | None = None
     results: ResultsFn | None = None
+    starts_from: StartsFromFn | None = None
 
     @classmethod
     def fixed(cls, key: str, version: str, identity: Any, **facts: Any) -> ArtifactSpec:

@@ -15,6 +15,7 @@ import numpy as np
 
 from .chinchilla import ChinchillaFit
 from .isoflop import BudgetFit, IsoflopFit
+from .mixture import MixtureOptimum, MixtureRegression
 from .runs import Runs
 
 # The face of the banner a refused envelope's figure carries; tests find the banner by it.
@@ -150,7 +151,11 @@ def plot_envelope_refused(runs: Runs, budgets: Sequence[BudgetFit], reason: str,
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     _draw_isoflops(ax, budgets, runs)
-    banner = f"Envelope not fitted: {reason}"
+    return _finish_refused(fig, f"Envelope not fitted: {reason}", path)
+
+
+def _finish_refused(fig, banner: str, path: str | Path | None) -> bytes:
+    """`_finish` under a banner saying why nothing was fitted; the banner is also the PNG's Description."""
     fig.text(0.5, 1.02, textwrap.fill(banner, 110), ha="center", va="bottom", fontsize=10, weight="bold",
              color=BANNER_EDGE, bbox={"boxstyle": "round,pad=0.6", "facecolor": BANNER_FACE, "edgecolor": BANNER_EDGE})
     return _finish(fig, path, description=banner)
@@ -187,3 +192,52 @@ def plot_joint_forecast(
     ax.set_title(f"L(N, D) = {fit.E:.3g} + {fit.A:.3g}/N^{fit.alpha:.3g} + {fit.B:.3g}/D^{fit.beta:.3g}")
     ax.legend(fontsize=6, ncol=2)
     return _finish(fig, path)
+
+
+def plot_mixture_fit(fit: MixtureRegression, optimum: MixtureOptimum, runs: Sequence[str], target: str,
+                     path: str | Path | None = None) -> bytes:
+    """Left: each run's ``target`` loss against the fit's prediction, with and without the run (LOO).
+    Right: the predicted best mixture per component, beside the range of weights the runs swept and
+    the best mixture's spread when each run is left out."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    low, high = float(min(fit.losses.min(), fit.fitted.min())), float(max(fit.losses.max(), fit.fitted.max()))
+    left.plot([low, high], [low, high], color="grey", linewidth=0.8, label="prediction = actual")
+    left.scatter(fit.losses, fit.fitted, s=18, color="#1f77b4", label=f"fitted (R² = {fit.r2:.3f})")
+    known = np.isfinite(fit.loo)
+    rmse = fit.loo_rmse
+    left.scatter(fit.losses[known], fit.loo[known], s=22, marker="x", color="#d62728",
+                 label="left out" + ("" if rmse is None else f" (LOO RMSE = {rmse:.3g})"))
+    for name, actual, fitted in zip(runs, fit.losses, fit.fitted):
+        left.annotate(name, (actual, fitted), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    left.set_xlabel(f"actual {target}")
+    left.set_ylabel(f"predicted {target}")
+    left.legend(fontsize=7)
+    rows = np.arange(len(fit.components))
+    swept_low, swept_high = fit.weights.min(axis=0), fit.weights.max(axis=0)
+    right.barh(rows, swept_high - swept_low, left=swept_low, height=0.6, color="#dddddd", label="swept by the runs")
+    best = np.array([optimum.weights[c] for c in fit.components])
+    refits = np.array([[w[c] for c in fit.components] for w in optimum.loo_weights if w is not None])
+    xerr = None if not len(refits) else [np.maximum(best - refits.min(axis=0), 0),
+                                          np.maximum(refits.max(axis=0) - best, 0)]
+    right.errorbar(best, rows, xerr=xerr, fmt="D", color="#2ca02c", capsize=4,
+                   label="predicted best (bars: refitted without each run)")
+    right.set_yticks(rows, [f"{c}  (alone: {v:.3g})" for c, v in zip(fit.components, fit.predict(
+        np.eye(len(fit.components))))], fontsize=7)
+    right.set_xlim(-0.02, 1.02)
+    right.set_xlabel("weight (normalized)")
+    right.set_title(f"best mixture: {target} = {optimum.loss:.4g} [{optimum.loss_low:.4g}, {optimum.loss_high:.4g}]",
+                    fontsize=9)
+    right.legend(fontsize=7, loc="lower right")
+    return _finish(fig, path)
+
+
+def plot_mixture_refused(runs: Sequence[str], losses: Sequence[float], target: str, reason: str,
+                         path: str | Path | None = None) -> bytes:
+    """Each run's ``target`` loss under a banner saying why no regression was fitted (``reason``)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.bar(np.arange(len(runs)), losses, color="#bbbbbb")
+    ax.set_xticks(np.arange(len(runs)), runs, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(target)
+    return _finish_refused(fig, f"Mixture weights not fitted: {reason}", path)

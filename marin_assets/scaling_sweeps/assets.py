@@ -17,6 +17,7 @@ target's training started. Nothing here reads the store while the code location 
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ from marin_assets.scaling_sweeps.forecasting import (
     score_forecast,
     score_metric_forecast,
 )
+from marin_assets.scaling_sweeps.mixture_fitting import TARGET, MixtureSweepFit, fit_mixture_sweep
 from marin_assets.training.assets import (
     SpecLookup,
     build_run_assets,
@@ -65,11 +67,12 @@ from marin_resources.artifacts import (
     marin_check,
     materialize_artifact,
 )
+from marin_resources.config_identity import config_identity
 from marin_resources.display import png_markdown, records_table
 from marin_resources.environments import MarinSettings, store_resource
 from marin_resources.keys import asset_key
 from marin_resources.storage.identity import fingerprint
-from marin_resources.storage.store import ArtifactStore
+from marin_resources.storage.store import ArtifactStore, Manifest
 
 SWEEP_VERSION = "v1"
 # v2: forecasts by both methods (envelope and joint), the primary one named by the config.
@@ -77,6 +80,7 @@ SWEEP_VERSION = "v1"
 SCALING_FIT_VERSION = "v3"
 FORECAST_VERSION = "v2"
 FORECAST_CHECK_VERSION = "v2"
+MIXTURE_FIT_VERSION = "v1"
 # A fit run's parameter count from Levanter must match the recipe's (else the vocabulary differs).
 PARAMS_TOLERANCE = 0.005
 
@@ -168,6 +172,38 @@ def sweep_run_lookup(settings: MarinSettings, runs: SweepRuns) -> SpecLookup:
     return lambda run: runs.spec(run, store.get())
 
 
+def trained_checkpoint(store: ArtifactStore, handle: ArtifactHandle, spec: RunSpec, wanted: str, checkpoint_key: str,
+                       eval_key: str) -> Manifest:
+    """The checkpoint the eval ``handle`` of run ``spec`` scored, checked to be the run as declared now
+    (checkpoint fingerprint ``wanted``), trained for all its steps, and scored on the run's sample;
+    `SweepFitError` (one line, naming the command that fixes it) otherwise."""
+    name = spec.name
+    manifest = store.read_manifest(handle.uri)
+    if manifest is not None and manifest.config.get("examples") != spec.final_eval_examples:
+        # E.g. the whole split where the sweep now scores a sample: losses of two samples don't mix.
+        # (An eval of another spec's checkpoint is caught below, by the checkpoint's fingerprint.)
+        raise SweepFitError(f"eval[{name}] scored another sample than the sweep's (eval_examples "
+                            f"{spec.final_eval_examples}); re-evaluate it: marin materialize {eval_key} "
+                            f"--partition {name}")
+    checkpoint_ref = next((u for u in manifest.upstream if u.asset_key == checkpoint_key), None) if manifest else None
+    checkpoint = store.read_manifest(checkpoint_ref.uri) if checkpoint_ref else None
+    if checkpoint is None:
+        raise SweepFitError(f"eval[{name}] does not record its checkpoint")
+    if checkpoint.fingerprint != wanted:
+        # Same name, another spec (the recipe changed): the eval is of the old checkpoint. The plan's
+        # spec trains beside it (its identity is in the path), and its eval then replaces this one.
+        raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the sweep's "
+                            f"({checkpoint.uri}); train and evaluate the sweep's beside it: "
+                            f"marin materialize {eval_key} --partition {name}")
+    trained = checkpoint.metrics
+    if trained.get("final_step") is None:
+        raise SweepFitError(f"checkpoint[{name}] records no final step (committed without its training "
+                            f"summary); rebuild it: marin materialize {checkpoint_key} --partition {name} --rebuild")
+    if trained["final_step"] != spec.num_train_steps:
+        raise SweepFitError(f"checkpoint[{name}] finished {trained['final_step']} of {spec.num_train_steps} steps")
+    return checkpoint
+
+
 def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, ArtifactHandle]) -> dict[str, float]:
     """The fitted eval metric (loss, or bpb) of each fit run, after checking the run trained the
     planned model for all its steps."""
@@ -181,33 +217,9 @@ def eval_losses(store: ArtifactStore, plan: SweepPlan, evals: dict[str, Artifact
                                 f"--partition {name}")
         if key not in handle.metrics:
             raise SweepFitError(f"eval[{name}] has no {key!r} (has {sorted(handle.metrics)})")
-        manifest = store.read_manifest(handle.uri)
-        if manifest is not None and manifest.config.get("examples") != run.spec.final_eval_examples:
-            # E.g. the whole split where the sweep now scores a sample: losses of two samples don't mix.
-            # (An eval of another spec's checkpoint is caught below, by the checkpoint's fingerprint.)
-            raise SweepFitError(f"eval[{name}] scored another sample than the sweep's (eval_examples "
-                                f"{plan.config.eval_examples}); re-evaluate it: marin materialize "
-                                f"{eval_key(plan.config.name)} --partition {name}")
-        checkpoint_ref = next((u for u in manifest.upstream if u.asset_key == checkpoint_key(plan.config.name)),
-                              None) if manifest else None
-        checkpoint = store.read_manifest(checkpoint_ref.uri) if checkpoint_ref else None
-        if checkpoint is None:
-            raise SweepFitError(f"eval[{name}] does not record its checkpoint")
-        if checkpoint.fingerprint != fingerprint(run.spec.identity()):
-            # Same name, another spec (the recipe changed): the eval is of the old checkpoint. The plan's
-            # spec trains beside it (its identity is in the path), and its eval then replaces this one.
-            raise SweepFitError(f"checkpoint[{name}] was trained from another spec than the plan's "
-                                f"({checkpoint.uri}); train and evaluate the plan's beside it: "
-                                f"marin materialize {eval_key(plan.config.name)} --partition {name}")
-        trained = checkpoint.metrics
-        if trained.get("final_step") is None:
-            raise SweepFitError(f"checkpoint[{name}] records no final step (committed without its training "
-                                f"summary); rebuild it: marin materialize {checkpoint_key(plan.config.name)} "
-                                f"--partition {name} --rebuild")
-        if trained["final_step"] != run.spec.num_train_steps:
-            raise SweepFitError(f"checkpoint[{name}] finished {trained['final_step']} of "
-                                f"{run.spec.num_train_steps} steps")
-        counted = trained.get("parameter_count")
+        checkpoint = trained_checkpoint(store, handle, run.spec, fingerprint(run.spec.identity()),
+                                        checkpoint_key(plan.config.name), eval_key(plan.config.name))
+        counted = checkpoint.metrics.get("parameter_count")
         if counted is None or abs(counted - run.candidate.params) > PARAMS_TOLERANCE * run.candidate.params:
             raise SweepFitError(f"checkpoint[{name}]: parameter count {counted} differs from the recipe's "
                                 f"{run.candidate.params}; is the recipe's vocab_size the tokenizer's?")
@@ -326,11 +338,8 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                              "parameters and tokens spend its budget as the fit runs do, intervals of some width). "
                              "A warning: the joint law forecasts without it.")
     def envelope_fitted(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, fit_spec)
-        if manifest is None:
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
-                                       metadata={"error": "no committed scaling fit"})
-        return envelope_check_result(read_json(store.get(), manifest.uri, "fit.json"))
+        return committed_json_check(context, store, fit_spec, "fit.json", "scaling fit", envelope_check_result,
+                                    severity=dg.AssetCheckSeverity.WARN)
 
     @catalog.asset(forecast_spec, group_name="scaling", kinds={"json"}, tags={"marin/sweep": name},
                    ins={"fit": dg.AssetIn(key=scaling_fit.key)},
@@ -408,13 +417,22 @@ def build_sweep_assets(settings: MarinSettings, deployment: Deployment, config: 
                                 "forecast was committed before the target trained. Metadata: signed error % per "
                                 "target, for the primary and every other recorded method.")
     def within_forecast_interval(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        manifest = checked_manifest(context, store, forecast_check_spec)
-        if manifest is None:
-            return dg.AssetCheckResult(passed=False, metadata={"error": "no committed forecast check"})
-        return forecast_check_result(read_json(store.get(), manifest.uri, "check.json"))
+        return committed_json_check(context, store, forecast_check_spec, "check.json", "forecast check",
+                                    forecast_check_result)
 
     return ([sweep, scaling_fit, forecast, forecast_check, *run_assets],
             [envelope_fitted, within_forecast_interval, *run_checks])
+
+
+def committed_json_check(context: dg.AssetCheckExecutionContext, store: MarinStore, spec: ArtifactSpec, file_name: str,
+                         what: str, result: Callable[[Any], dg.AssetCheckResult],
+                         severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
+    """``result`` of the JSON file ``file_name`` of the artifact ``spec`` committed as the checked run
+    built it; failed (at ``severity``) when there is none."""
+    manifest = checked_manifest(context, store, spec)
+    if manifest is None:
+        return dg.AssetCheckResult(passed=False, severity=severity, metadata={"error": f"no committed {what}"})
+    return result(read_json(store.get(), manifest.uri, file_name))
 
 
 def envelope_check_result(fit_result: dict[str, Any]) -> dg.AssetCheckResult:
@@ -449,24 +467,116 @@ def forecast_check_result(check: dict[str, Any]) -> dg.AssetCheckResult:
 def build_mixture_sweep_assets(settings: MarinSettings, deployment: Deployment, config: MixtureSweepConfig,
                                catalog: Catalog, upstream: Catalog) -> tuple[list, list]:
     """A mixture sweep's checkpoint and eval assets, one partition per point (`<sweep>-w<i>`), as a
-    scaling sweep's runs are."""
+    scaling sweep's runs are, and its fit over the points' evals (`mixture_fit/<sweep>`)."""
     runs = mixture_sweep_runs(config, deployment.runs)
     base = deployment.runs[config.run]
-    partitions = dg.DynamicPartitionsDefinition(name=f"{config.name}_mixture_runs")
+    name = config.name
+    partitions = dg.DynamicPartitionsDefinition(name=f"{name}_mixture_runs")
+    store = store_resource(settings)
 
     def spec_for(run: str) -> RunSpec:
         if run not in runs:
-            raise input_refused(f"{run!r} is not a run of mixture sweep {config.name!r} (runs: {sorted(runs)})")
+            raise input_refused(f"{run!r} is not a run of mixture sweep {name!r} (runs: {sorted(runs)})")
         return runs[run]
 
     catalog.add_discoverer(partitions.name, lambda: sorted(runs))
-    return build_run_assets(
-        checkpoint_key=mixture_checkpoint_key(config.name), eval_key=mixture_eval_key(config.name),
+    run_assets, run_checks = build_run_assets(
+        checkpoint_key=mixture_checkpoint_key(name), eval_key=mixture_eval_key(name),
         partitions=partitions, spec_for=spec_for, plan_for=compute_planner(settings, deployment),
         mixtures={base.mixture: mixture_specs(deployment, upstream)[base.mixture]},
         tokenizers={base.tokenizer: tokenizer_specs(deployment, upstream)[base.tokenizer]},
-        pool=settings.train_pool, group_name="scaling", catalog=catalog, store=store_resource(settings).get,
-        tags={"marin/mixture_sweep": config.name}, subject=f" of mixture sweep {config.name!r}")
+        pool=settings.train_pool, group_name="scaling", catalog=catalog, store=store.get,
+        tags={"marin/mixture_sweep": name}, subject=f" of mixture sweep {name!r}")
+    checkpoints = catalog.specs[mixture_checkpoint_key(name)]
+    fit_spec = ArtifactSpec.fixed(mixture_fit_key(name), MIXTURE_FIT_VERSION, mixture_fit_identity(config, runs))
+    fit_config = config.fit
+
+    @catalog.asset(fit_spec, group_name="scaling", kinds={"numpy", "matplotlib"}, tags={"marin/mixture_sweep": name},
+                   ins={"evals": all_partitions_in(mixture_eval_key(name), partition_mapping=(
+                       dg.SpecificPartitionsPartitionMapping(sorted(runs))))},
+                   description=f"RegMix's regression over mixture sweep `{name}`: each point's eval "
+                               f"{fit_config.metric} (each eval set's, and the mean over "
+                               f"{list(fit_config.target) or 'all of them'}) fitted linearly on its normalized weights"
+                               f"{' in log space' if fit_config.log_loss else ''}; the best mixture predicted as the "
+                               f"mean of the best {fit_config.top_k} of "
+                               f"{fit_config.samples:,} seeded simplex samples, with its {fit_config.interval:.0%} "
+                               "prediction interval, R^2 and leave-one-out errors (fit.json, fit.png). Refused "
+                               "(status, fit.png's banner, the check mixture_fitted) with fewer runs than "
+                               "components + 2 or weights that do not vary.")
+    def mixture_fit(context: dg.AssetExecutionContext, store: MarinStore, evals: dict[str, ArtifactHandle]):
+        artifacts = store.get()
+        try:
+            for run, handle in evals.items():
+                if run in runs:
+                    trained_checkpoint(artifacts, handle, runs[run], fingerprint(checkpoints.identity(run)),
+                                       checkpoints.key, mixture_eval_key(name))
+            fitted = fit_mixture_sweep(config, runs, {run: handle.metrics for run, handle in evals.items()
+                                                      if run in runs})
+        except SweepFitError as exc:
+            raise input_refused(f"{mixture_fit_key(name)}: {exc}") from None
+
+        def build(writer) -> Built:
+            writer.write_json("fit.json", fitted.result)
+            with writer.open("fit.png") as fh:
+                fh.write(fitted.png)
+            return mixture_fit_built(fitted)
+
+        return materialize_artifact(context, store, fit_spec, upstream=[evals[n] for n in sorted(evals)], build=build)
+
+    @marin_check(mixture_fit, name="mixture_fitted",
+                 description="The points gave a regression: at least components + 2 runs, with weights that vary in "
+                             "every component's direction and finite metrics. Fails (an ERROR) with the reason.")
+    def mixture_fitted(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
+        return committed_json_check(context, store, fit_spec, "fit.json", "mixture fit", mixture_check_result)
+
+    return [*run_assets, mixture_fit], [*run_checks, mixture_fitted]
+
+
+def mixture_fit_key(sweep: str) -> str:
+    return f"mixture_fit/{sweep}"
+
+
+def mixture_fit_identity(config: MixtureSweepConfig, runs: dict[str, RunSpec]) -> dict[str, Any]:
+    """The sweep's points (each eval's identity, so their weights, base run and sample) and the fit's config."""
+    return {"sweep": config.name, "points": {run: fingerprint(spec.eval_identity()) for run, spec in runs.items()},
+            "fit": config_identity(config.fit)}
+
+
+def mixture_fit_built(fitted: MixtureSweepFit) -> Built:
+    """The fit's metrics (the status first, so a refusal reads before any number) and the UI's tables."""
+    result = fitted.result
+    metrics: dict[str, Any] = {"status": fitted.status, "runs": len(result["runs"]), "target": result["target"]}
+    metadata: dict[str, Any] = {"fit_plot": png_markdown(fitted.png, f"mixture fit of {result['sweep']}"),
+                                "runs_table": records_table([{"run": r["run"], **{f"weight/{c}": w for c, w in
+                                                                                  r["weights"].items()},
+                                                              **{k: v for k, v in r.items()
+                                                                 if k not in ("run", "weights")}}
+                                                             for r in result["runs"]])}
+    target = result.get("fits", {}).get(TARGET)
+    if target is not None:
+        best = target["best"]
+        metrics.update({"r2": target["r2"], "loo_rmse": target["loo_rmse"], "predicted_loss": best["loss"],
+                        "predicted_loss_low": best["loss_low"], "predicted_loss_high": best["loss_high"],
+                        "best_vertex": best["vertex"], "extrapolated": sorted(best["extrapolated"])})
+        metrics.update({f"best/{c}": w for c, w in best["weights"].items()})
+        metrics.update({f"alone/{c}": v for c, v in target["alone"].items()})
+        metadata["fits"] = records_table([
+            {"fitted": key, **({"status": fit["status"]} if "status" in fit else {
+                "r2": fit["r2"], "loo_rmse": fit["loo_rmse"], "predicted": fit["best"]["loss"],
+                **{f"best/{c}": w for c, w in fit["best"]["weights"].items()},
+                **{f"alone/{c}": v for c, v in fit["alone"].items()}})}
+            for key, fit in result["fits"].items()])
+    return Built(metrics=metrics, metadata=metadata)
+
+
+def mixture_check_result(fit_result: dict[str, Any]) -> dg.AssetCheckResult:
+    """`mixture_fitted` on a fit.json: passed when the target was fitted; else the reason, failed."""
+    status = fit_result["status"]
+    fitted = "fits" in fit_result
+    metadata: dict[str, Any] = {"runs": len(fit_result["runs"])}
+    if fitted:
+        metadata.update({"r2": fit_result["fits"][TARGET]["r2"], "loo_rmse": fit_result["fits"][TARGET]["loo_rmse"]})
+    return dg.AssetCheckResult(passed=fitted, metadata=metadata, description=None if fitted else status)
 
 
 def build_sweep_runs_sensor(deployment: Deployment) -> dg.SensorDefinition:

@@ -29,6 +29,7 @@ from marin_assets.training.spec import ModelSpec, OptimizerSpec, ResourceSpec, R
 from marin_resources.config_identity import config_identity, derived, identity, runtime
 from marin_resources.typed_config import ConfigError, FieldProblem, decode, resolve_bases, typed_config
 from scaling.links import LINKS
+from scaling.mixture import MixtureOptions
 from scaling.recipe import Candidate, MicroRecipe, Recipe, Rejection
 
 DEFAULT_SWEEPS_YAML = Path(__file__).with_name("sweeps.yaml")
@@ -367,12 +368,34 @@ def extend_sweeps(sweeps: Mapping[str, SweepConfig], raw: Mapping[str, Any], ori
 
 @typed_config
 @dataclass(frozen=True)
+class MixtureFitConfig:
+    """How ``mixture_fit/<sweep>`` regresses the points' eval losses on their weights (`scaling.mixture`)."""
+
+    target: tuple[str, ...] = identity(default=())
+    """Eval sets whose mean metric the predicted best mixture minimises; empty: every set the runs evaluate."""
+    metric: Literal["loss", "bpb"] = identity(default="loss")
+    log_loss: bool = identity(default=False)
+    """Regress log(metric) instead of the metric."""
+    samples: int = identity(default=100_000)
+    top_k: int = identity(default=100)
+    seed: int = identity(default=0)
+    interval: float = identity(default=0.9)
+
+    def options(self) -> MixtureOptions:
+        return MixtureOptions(log_loss=self.log_loss, samples=self.samples, top_k=self.top_k, seed=self.seed,
+                              interval=self.interval)
+
+
+@typed_config
+@dataclass(frozen=True)
 class MixtureSweepConfig:
     name: str = derived("the names of its runs")
     run: str = derived("its runs: that run's spec")
     """The run every point trains (a run of the deployment), its mixture's weights replaced by the point's."""
     weights: tuple[Mapping[str, float], ...] = derived("its runs' mixture_weights")
     """One run per entry, ``{component: weight}``; a component not named gets none."""
+    fit: MixtureFitConfig = derived("mixture_fit/<sweep>'s identity", default_factory=MixtureFitConfig)
+    """The regression of the points' losses on their weights (``mixture_fit/<sweep>``)."""
 
     def run_name(self, index: int) -> str:
         return f"{self.name}-w{index}"
@@ -400,6 +423,17 @@ def mixture_sweep_runs(config: MixtureSweepConfig, runs: Mapping[str, RunSpec]) 
     return points
 
 
+def validate_fit_target(config: MixtureSweepConfig, base: RunSpec, components: Mapping[str, float],
+                        origin: str | None = None) -> None:
+    """The fit's target sets are eval sets of the sweep's run (its ``eval_sets``, else every component
+    of its mixture, ``components``); MixtureSweepError naming the first that is not."""
+    evaluated = sorted(base.eval_sets or components)
+    for i, eval_set in enumerate(config.fit.target):
+        if eval_set not in evaluated:
+            raise MixtureSweepError(config.name, f"fit.target[{i}]", f"run {config.run!r} does not evaluate "
+                                                                     f"{eval_set!r} (it evaluates {evaluated})", origin)
+
+
 def mixture_sweep_from_dict(name: str, raw: Any) -> MixtureSweepConfig:
     data = checked_body(name, raw, MixtureSweepError)
     try:
@@ -408,6 +442,12 @@ def mixture_sweep_from_dict(name: str, raw: Any) -> MixtureSweepConfig:
         raise MixtureSweepError(name, exc.dotted or "<mixture sweep>", exc.problem) from None
     if not config.weights:
         raise MixtureSweepError(name, "weights", "must list at least one set of weights")
+    try:
+        config.fit.options()
+    except ValueError as exc:
+        raise MixtureSweepError(name, "fit", str(exc)) from None
+    if len(set(config.fit.target)) != len(config.fit.target):
+        raise MixtureSweepError(name, "fit.target", "contains duplicates")
     return config
 
 

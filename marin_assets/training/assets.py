@@ -218,7 +218,11 @@ def run_specs(checkpoint_key: str, eval_key: str, spec_for: SpecLookup, store: C
             return None if base is None else spec.identity(cooldown_base=fingerprint(base))
         return spec.identity() if spec.init_from is None else checkpoint_identity(spec, store())
 
-    return (ArtifactSpec(checkpoint_key, CHECKPOINT_VERSION, checkpoint_config, reads=reads),
+    def starts_from(run: str) -> list[str]:
+        spec = spec_for(run)
+        return [spec.cooldown.run] if spec.cooldown is not None else []
+
+    return (ArtifactSpec(checkpoint_key, CHECKPOINT_VERSION, checkpoint_config, reads=reads, starts_from=starts_from),
             ArtifactSpec(eval_key, EVAL_VERSION, lambda run: spec_for(str(run)).eval_identity(),
                          results=lambda manifest: eval_lines(manifest.metrics)))
 

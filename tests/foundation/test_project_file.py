@@ -230,6 +230,17 @@ def test_which_file_and_which_store(tmp_path):
      "mixture sweep 'mix': field 'weights': ['verse'] are not components of mixture 'shakespeare'"),
     ("mixture_sweeps: {mix: {run: nano-shakespeare, weights: [{shakespeare: 1}], seed: 1}}\n",
      "mixture sweep 'mix': field 'seed': unknown"),
+    ("mixture_sweeps: {mix: {run: nano-shakespeare, weights: [{shakespeare: 1}], fit: {target: [verse]}}}\n",
+     "mixture sweep 'mix': field 'fit.target[0]': run 'nano-shakespeare' does not evaluate 'verse' (it evaluates "
+     "['shakespeare'])"),
+    ("mixture_sweeps: {mix: {run: nano-shakespeare, weights: [{shakespeare: 1}], fit: {top_k: 10, samples: 5}}}\n",
+     "mixture sweep 'mix': field 'fit': top_k must be in [1, samples=5], got 10"),
+    ("mixture_sweeps: {mix: {run: nano-shakespeare, weights: [{shakespeare: 1}], fit: {interval: 95}}}\n",
+     "mixture sweep 'mix': field 'fit': interval must be in (0, 1), got 95"),
+    ("runs: {r: {base: nano-shakespeare, mixture_schedule: [{step: 100, weights: {shakespeare: 1}}],\n"
+     "           cooldown: {run: nano-shakespeare, step: 299}, optimizer: {warmup: 0}}}\n",
+     "run 'r': field 'mixture_schedule': a cooldown trains on its own mixture's weights; schedule the base run "
+     "instead"),
     ("runs: {r: {base: nano-shakespeare, mixture_schedule: [{step: 100, weights: {shakespear: 1}}]}}\n",
      "run 'r': field 'mixture_schedule[0].weights': ['shakespear'] are not components of mixture 'shakespeare' "
      "(components: shakespeare)"),

@@ -318,7 +318,8 @@ class RecordingLauncher:
     given, and writes the summary the checkpoint asset reads."""
 
     @staticmethod
-    def make(calls: list):
+    def make(calls: list, checkpoint_steps: tuple[int, ...] = ()):
+        """``checkpoint_steps``: the `checkpoints/step-S` directories each run leaves, as Levanter would."""
         from marin_assets.training.train_main import SUMMARY_FILE
         from marin_resources.launchers import TrainingLauncher
 
@@ -331,6 +332,9 @@ class RecordingLauncher:
                 calls.append((process, yaml.safe_load((out / "train_config.yaml").read_text())))
                 (out / SUMMARY_FILE).write_text(json.dumps({"final_step": 10, "train_loss_first": 6.0,
                                                             "train_loss_last": 3.5}))
+                for step in checkpoint_steps:
+                    (out / "checkpoints" / f"step-{step}").mkdir(parents=True)
+                    (out / "checkpoints" / f"step-{step}" / "metadata.json").write_text("{}")
 
         return Recording()
 
@@ -348,9 +352,16 @@ def _commit(store, key: str, partition: str | None, files: dict[str, bytes], met
         return writer.commit(config=config, upstream=[], producer=producer_info("test"), metrics=metrics or {})
 
 
-def recording_checkpoint_stage(tmp_path, runs_file, synthetic_deployment):
+def recording_checkpoint_stage(tmp_path, runs_file, synthetic_deployment, checkpoint_steps: tuple[int, ...] = ()):
     """The training stage over ``runs_file``'s runs (mixture ``m``, tokenizer ``t``, both committed) with
     a `RecordingLauncher`: (the checkpoint asset, its catalog, resources, store, recorded calls)."""
+    checkpoint, catalog, resources, store, calls, _ = recording_training_stage(tmp_path, runs_file,
+                                                                               synthetic_deployment, checkpoint_steps)
+    return checkpoint, catalog, resources, store, calls
+
+
+def recording_training_stage(tmp_path, runs_file, synthetic_deployment, checkpoint_steps: tuple[int, ...] = ()):
+    """`recording_checkpoint_stage`, and the stage's definitions with those resources last."""
     from marin_assets.stages import build_stage
     from marin_assets.training.assets import build_training_stage
     from marin_resources.environments import MarinSettings, build_resources
@@ -363,10 +374,10 @@ def recording_checkpoint_stage(tmp_path, runs_file, synthetic_deployment):
         "cache_dir": None, "train_weights": {"m": 1.0}, "configs": {"m": {"cache_dir": cache.uri}}}).encode()})
     _commit(store, "tokenizer/t", None, {"tokenizer.json": b"{}"})
     calls: list = []
-    resources["launcher"] = RecordingLauncher.make(calls)
+    resources["launcher"] = RecordingLauncher.make(calls, checkpoint_steps)
     defs, catalog = build_stage(build_training_stage, settings, synthetic_deployment(runs=load_run_registry(runs_file)))
     [checkpoint] = [a for a in defs.assets if a.key == dg.AssetKey("checkpoint")]
-    return checkpoint, catalog, resources, store, calls
+    return checkpoint, catalog, resources, store, calls, dg.Definitions.merge(defs, dg.Definitions(resources=resources))
 
 
 def test_a_run_from_another_runs_export_records_it_as_an_input(tmp_path, llama_dir, synthetic_deployment):
@@ -450,6 +461,39 @@ def test_a_cooldown_continues_its_base_checkpoint_as_an_input(tmp_path, syntheti
         "optimizer": {"learning_rate": 0.001, "warmup": 0, "schedule": "linear", "min_lr_ratio": 0}})
     _, other, *_ = recording_checkpoint_stage(tmp_path / "other", longer, synthetic_deployment)
     assert other.specs["checkpoint"].identity("cool")["cooldown"]["checkpoint"] != base.fingerprint
+
+
+@pytest.mark.slow  # builds the training stage, then Dagster runs through the planner
+def test_marin_materialize_builds_a_cooldowns_base_first_and_status_follows_it(tmp_path, synthetic_deployment):
+    """Dagster cannot declare that checkpoint[cool] reads checkpoint[zbase] (a dynamic partition may
+    not depend on another of its own asset), so the planner does: asked for the cooldown alone, it
+    trains the base first (though 'cool' sorts before 'zbase'), in a step the cooldown's waits for;
+    and a base rebuilt since makes the cooldown stale, naming it."""
+    from marin_assets.planning import Planner
+    from marin_assets.training.assets import CHECKPOINT_VERSION
+
+    runs_file = _registry(tmp_path, zbase={"checkpoint_every": 5}, cool={
+        "cooldown": {"run": "zbase", "step": 5}, "num_train_steps": 4,
+        "optimizer": {"learning_rate": 0.001, "warmup": 0, "schedule": "linear", "min_lr_ratio": 0}})
+    *_, catalog, _, store, calls, defs = recording_training_stage(tmp_path, runs_file, synthetic_deployment,
+                                                                  checkpoint_steps=(5, 9))
+    checkpoint = dg.AssetKey("checkpoint")
+    with dg.instance_for_test() as instance:
+        plan = Planner(defs, catalog, store, instance)
+        plan.discover()
+        steps = plan.steps_of([(checkpoint, "cool")])
+        assert [(s.partition, sorted(s.after)) for s in steps] == [("zbase", []), ("cool", [0])]
+        results = plan.materialize_all([(checkpoint, "cool")], log=lambda *_: None)
+        assert [(r.partition, r.ran, r.success) for r in results] == [("zbase", True, True), ("cool", True, True)]
+        base = store.find("checkpoint", CHECKPOINT_VERSION, "zbase")
+        assert [c["initialize_from_checkpoint_path"] for _, c in calls if "initialize_from_checkpoint_path" in c] \
+            == [f"{base.uri}/checkpoints/step-5"]
+        assert plan.state(checkpoint, "cool").state == "fresh"
+        # The base rebuilt (same identity, new data): the cooldown continued the old one.
+        _commit(store, "checkpoint", "zbase", {f"checkpoints/step-{s}/metadata.json": b"{}" for s in (5, 9, 10)},
+                config=base.config, version=CHECKPOINT_VERSION)
+        state = plan.state(checkpoint, "cool")
+        assert state.state == "stale" and "checkpoint[zbase]" in state.cause, state
 
 
 @pytest.mark.slow  # builds the training stage, then six Dagster runs
