@@ -43,14 +43,20 @@ WHEN_UNREACHABLE = ("fallback", "stop")
 DEFAULT_ENV_PREFIXES = ("MARIN_", "DAGSTER_", "RAY_AUTH_MODE", "HF_HUB_OFFLINE", "WANDB_MODE")
 
 
-def job_server_problem(address: str, timeout_s: float = REACH_TIMEOUT_S) -> str | None:
-    """None when the Ray job server at `address` (http://host:port) answers; else why not, one line."""
-    url = address.rstrip("/") + "/api/version"
+def job_server_problem(address: str, timeout_s: float = REACH_TIMEOUT_S, headers: dict[str, str] | None = None,
+                       cookies: dict[str, str] | None = None) -> str | None:
+    """None when the Ray job server at `address` (http://host:port) answers; else why not, one line.
+    It is asked with the headers and cookies the submission sends (a proxy in front of it may refuse
+    a request without them)."""
+    sent = {**(headers or {}), **({"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())} if cookies else {})}
+    request = urllib.request.Request(address.rstrip("/") + "/api/version", headers=sent)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             json.loads(response.read())
         return None
-    except (OSError, ValueError, urllib.error.URLError) as exc:
+    except urllib.error.HTTPError as exc:
+        return f"the Ray job server at {address} refuses the request (HTTP {exc.code} {exc.reason})"
+    except (OSError, ValueError) as exc:
         return f"the Ray job server at {address} does not answer ({type(exc).__name__}: {exc})"
 
 
@@ -139,7 +145,7 @@ class NewShardRunLauncher(RunLauncher, ConfigurableClass):
                 run = self._tagged(run, "otherwise")
             self.otherwise.launch_run(LaunchRunContext(run, context.workspace))
             return
-        problem = job_server_problem(self.ray.address)
+        problem = job_server_problem(self.ray.address, headers=self.ray.headers, cookies=self.ray.cookies)
         if problem is None:
             self.ray.launch_run(LaunchRunContext(self._tagged(run, "ray"), context.workspace))
             return

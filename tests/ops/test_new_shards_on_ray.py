@@ -6,10 +6,12 @@ the job server gone, `when_unreachable: stop` fails the flow's run in one line b
 nothing committed, and `fallback` launches it locally and says so in its event log."""
 
 import contextlib
+import http.server
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,8 +29,8 @@ from marin_assets.run_submission import WorkspaceRuns
 from marin_assets.stages import build_stage
 from marin_resources.dagster_private import RUNS_START_HERE_ENV, worker_started_event_data
 from marin_resources.environments import MarinSettings, build_resources
-from marin_resources.keys import asset_key
-from marin_resources.new_shard_launcher import LAUNCHED_BY_TAG, NewShardRunLauncher
+from marin_resources.keys import NEW_SHARD_FLOW_TRIGGERS, TRIGGER_TAG, asset_key
+from marin_resources.new_shard_launcher import LAUNCHED_BY_TAG, NewShardRunLauncher, job_server_problem
 from marin_resources.storage.store import ArtifactStore
 from tests.ops.conftest import free_port
 from tests.ops.ray_nodes import NO_AUTH, ray_head, ray_start, stop_node
@@ -280,3 +282,51 @@ def test_the_daemons_secrets_stay_out_of_the_ray_jobs_runtime_env(monkeypatch):
                 {"runtime_env": {"env_vars": {"WANDB_API_KEY": "k"}}}):
         with pytest.raises(ValueError, match="name the secret .*; set it on the cluster's nodes"):
             NewShardRunLauncher(ray={"address": "http://127.0.0.1:8265", **ray})
+
+
+@contextlib.contextmanager
+def job_server_behind_a_proxy(token: str):
+    """An HTTP server standing for a job server behind a proxy: `/api/version` answers only a request
+    with the bearer token and the session cookie, else HTTP 401."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 -- http.server's name
+            cookie = self.headers.get("Cookie", "")
+            ok = self.headers.get("Authorization") == f"Bearer {token}" and "session=s1" in cookie
+            body = b'{"version": "2.0"}' if ok else b"{}"
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_reach_check_sends_the_submissions_headers_and_cookies():
+    """Behind a proxy that wants a token, the check asks as the submission will: with the configured
+    headers and cookies the flow's run goes to Ray; a refusal is said as one, not as silence."""
+    with job_server_behind_a_proxy("t0k") as address, \
+            dg.instance_for_test(overrides={"run_launcher": {
+                "module": "marin_resources.new_shard_launcher", "class": "NewShardRunLauncher",
+                "config": {"ray": {"address": address, "headers": {"Authorization": "Bearer t0k"},
+                                   "cookies": {"session": "s1"}}, "when_unreachable": "stop"}}}) as instance:
+        launcher = instance.run_launcher
+        submitted = []
+        launcher.ray.launch_run = lambda context: submitted.append(context.dagster_run.run_id)
+        run = instance.create_run_for_job(
+            dg.Definitions(assets=[dg.asset(lambda: 1, name="shard")]).resolve_implicit_global_asset_job_def(),
+            tags={TRIGGER_TAG: NEW_SHARD_FLOW_TRIGGERS[0]})
+        launcher.launch_run(LaunchRunContext(run, None))
+        assert submitted == [run.run_id]
+        assert instance.get_run_by_id(run.run_id).tags[LAUNCHED_BY_TAG] == "ray"
+        assert job_server_problem(address) == f"the Ray job server at {address} refuses the request (HTTP 401 " \
+                                              "Unauthorized)"
