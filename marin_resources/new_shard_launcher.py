@@ -181,6 +181,10 @@ class NewShardRunLauncher(RunLauncher, ConfigurableClass):
             return CheckRunHealthResult(WorkerStatus.RUNNING, f"{type(launcher).__name__} checks no run worker")
         return launcher.check_run_worker_health(run)
 
+    def get_run_worker_debug_info(self, run: dg.DagsterRun, include_container_logs: bool | None = True) -> str | None:
+        # Run monitoring adds it to a failed worker's message: the Ray job's details, or the pod's logs.
+        return self.launched_by(run).get_run_worker_debug_info(run, include_container_logs=include_container_logs)
+
     def dispose(self) -> None:
         self.ray.dispose()
         self.otherwise.dispose()

@@ -197,6 +197,9 @@ class RecordingLauncher(RunLauncher):
         self.terminated.append(run_id)
         return True
 
+    def get_run_worker_debug_info(self, run, include_container_logs=True) -> str:
+        return f"worker of {run.run_id}: OOMKilled"
+
 
 @contextlib.contextmanager
 def routing_instance(**overrides):
@@ -245,6 +248,9 @@ def test_a_copied_ray_tag_on_a_run_the_wrapped_launcher_starts_is_corrected():
         assert instance.get_run_by_id(run.run_id).tags[LAUNCHED_BY_TAG] == "otherwise"
         assert recording.launched[0].tags[LAUNCHED_BY_TAG] == "otherwise"
         assert launcher.terminate(run.run_id) and recording.terminated == [run.run_id]
+        # Run monitoring's account of a failed worker comes from the same launcher.
+        stored = instance.get_run_by_id(run.run_id)
+        assert launcher.get_run_worker_debug_info(stored) == f"worker of {run.run_id}: OOMKilled"
 
 
 def test_a_dead_local_worker_is_detected_behind_the_wrapper():
