@@ -33,7 +33,7 @@ from marin_resources.keys import NEW_SHARD_FLOW_TRIGGERS, TRIGGER_TAG, asset_key
 from marin_resources.new_shard_launcher import LAUNCHED_BY_TAG, NewShardRunLauncher, job_server_problem
 from marin_resources.storage.store import ArtifactStore
 from tests.ops.conftest import free_port
-from tests.ops.ray_nodes import NO_AUTH, ray_head, ray_start, stop_node
+from tests.ops.ray_nodes import NO_AUTH, two_node_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 RAW = asset_key("raw/letters")
@@ -44,12 +44,8 @@ RUN_TIMEOUT_S = 300
 @pytest.fixture(scope="module")
 def job_server():
     """A two-node Ray cluster on 127.0.0.1 with the head's job server: the job server's address."""
-    with ray_head(job_server=True) as (gcs, jobs):
-        worker = ray_start(f"--address={gcs}", '--resources={"worker2": 1}')
-        try:
-            yield jobs
-        finally:
-            stop_node(worker)
+    with two_node_cluster() as jobs:
+        yield jobs
 
 
 def flow_instance(tmp_path: Path, monkeypatch, launcher: dict) -> tuple[dg.DagsterInstance, dg.Definitions]:
