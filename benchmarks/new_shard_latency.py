@@ -17,7 +17,6 @@ total and are the same in both modes. The last line is JSON.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -67,17 +66,9 @@ def test_module(name: str):
     return sys.modules[name]
 
 
-@contextlib.contextmanager
 def two_node_cluster():
     test_module("tests.ops.conftest")  # ray_nodes imports its free_port
-    nodes = test_module("tests.ops.ray_nodes")
-    ray_head, ray_start, stop_node = nodes.ray_head, nodes.ray_start, nodes.stop_node
-    with ray_head(job_server=True, env={"PATH": os.defpath}) as (gcs, jobs):
-        worker = ray_start(f"--address={gcs}", '--resources={"worker2": 1}')
-        try:
-            yield jobs
-        finally:
-            stop_node(worker)
+    return test_module("tests.ops.ray_nodes").two_node_cluster()
 
 
 def wait(what: str, ready, daemon: subprocess.Popen, log: Path, timeout_s: float = TIMEOUT_S) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -49,21 +50,64 @@ POOL_LIMITS = {"cpu-train": 2, "gpu": 1, "tpu": 1}
 GRPC_TIMEOUT_S = 600
 
 
+class InstanceHomeError(Exception):
+    """DAGSTER_HOME cannot hold what opening the instance writes there."""
+
+
+# What a home that is not writable refuses: permission, or a read-only file system.
+NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def ensure_dagster_home() -> Path:
     """DAGSTER_HOME defaults to ./.dagster_home, seeded with the embedded-default dagster.yaml."""
     home = Path(os.environ.get("DAGSTER_HOME") or ".dagster_home").resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ["DAGSTER_HOME"] = str(home)
     config = home / "dagster.yaml"
-    if not config.exists():
-        shutil.copyfile(REPO_ROOT / "dagster.yaml", config)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if not config.exists():
+            shutil.copyfile(REPO_ROOT / "dagster.yaml", config)
+    except OSError as exc:
+        if exc.errno not in NOT_WRITABLE:
+            raise
+        raise InstanceHomeError(f"DAGSTER_HOME {home} is not writable ({exc.strerror}) and has no dagster.yaml "
+                                "to open the instance with; point DAGSTER_HOME at a writable folder") from exc
+    os.environ["DAGSTER_HOME"] = str(home)
     return home
+
+
+def storage_in_home(home: Path) -> bool:
+    """Whether the instance keeps its runs and events under `home` (SQLite: `storage` absent or not a
+    database server's)."""
+    import yaml
+
+    storage = (yaml.safe_load((home / "dagster.yaml").read_text()) or {}).get("storage")
+    return not (isinstance(storage, dict) and {"postgres", "mysql"} & storage.keys())
+
+
+@contextlib.contextmanager
+def instance_open_lock(home: Path):
+    """The lock one `marin` process at a time opens the instance under. A home that is not writable
+    cannot hold it: an instance on a database server (PostgreSQL) is then opened without it (the race
+    it prevents is SQLite's first open); one whose SQLite files live there is refused in one line."""
+    from marin_resources.storage.leases import exclusive_file_lock
+
+    path = home / ".instance-open.lock"
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(exclusive_file_lock(path))
+        except OSError as exc:
+            if exc.errno not in NOT_WRITABLE:
+                raise
+            if storage_in_home(home):
+                raise InstanceHomeError(f"DAGSTER_HOME {home} is not writable ({exc.strerror}: {path}); the "
+                                        "instance's SQLite database lives there: point DAGSTER_HOME at a writable "
+                                        "folder") from exc
+        yield
 
 
 def open_instance():
     import dagster as dg
 
-    from marin_resources.storage.leases import exclusive_file_lock
     from marin_resources.storage.object_stores import quiet_logger
 
     home = ensure_dagster_home()
@@ -72,7 +116,7 @@ def open_instance():
     # started together on a new home) stamped two schema versions, which left the instance unusable
     # for good, or inserted a pool twice. dagster-postgres logs each retry of an unreachable database
     # on the root logger; the refusal (`refusal`) says it once.
-    with exclusive_file_lock(home / ".instance-open.lock"), quiet_logger(""):
+    with instance_open_lock(home), quiet_logger(""):
         instance = dg.DagsterInstance.get()
         storage = instance.event_log_storage
         for pool, limit in POOL_LIMITS.items():
@@ -730,7 +774,7 @@ def refusal(exc: Exception) -> tuple[int, str] | None:
     if isinstance(exc, ArtifactLockedError):
         return 1, one_line(exc)
     if isinstance(exc, (ConfigError, RequestError, InvalidPartitionKeyError, StoreUnavailableError,
-                        RayUnavailableError, OldLayoutError)):
+                        RayUnavailableError, OldLayoutError, InstanceHomeError)):
         return 2, one_line(exc)
     if isinstance(exc, (sqlalchemy.exc.DatabaseError, sqlite3.DatabaseError)):
         return 2, instance_database_problem(exc)

@@ -35,6 +35,7 @@ from marin_resources.artifacts import VERIFY_TAG, VERSION_METADATA_KEY
 from marin_resources.artifacts import asset_key_str as key_str
 from marin_resources.dagster_private import DATA_VERSION_TAG
 from marin_resources.keys import parse_selection
+from marin_resources.new_shard_launcher import launcher_for
 from marin_resources.storage.freshness import Decision, damage_summary, decide, label_of
 from marin_resources.storage.identity import InvalidPartitionKeyError, fingerprint, validate_partition_key
 from marin_resources.storage.store import ArtifactStore, Manifest, UpstreamRef
@@ -504,7 +505,9 @@ class Planner:
 
     def gone_worker_pid(self, run_id: str) -> str | None:
         """The pid of a run's local worker process when that process is gone; None otherwise."""
-        if not isinstance(self.instance.run_launcher, dg.DefaultRunLauncher):
+        # The instance's launcher may wrap the local one (NewShardRunLauncher): ask who launched this run.
+        run = self.instance.get_run_by_id(run_id)
+        if run is None or not isinstance(launcher_for(self.instance.run_launcher, run), dg.DefaultRunLauncher):
             return None
         pid = self.run_worker_pid(run_id)
         return pid if pid is not None and process_gone(pid) else None

@@ -30,6 +30,7 @@ from marin_resources.dagster_private import (
     run_request_execution_data,
 )
 from marin_resources.failures import describe_check, describe_error, failure_outside_steps
+from marin_resources.new_shard_launcher import launcher_for
 from marin_resources.progress import PRINT_EVERY_S, parse_line
 
 Log = Callable[[str], None]
@@ -130,7 +131,8 @@ class WorkspaceRuns:
     def workspace(self):
         """The workspace's request context; its code server starts on the first run, so a plan
         with nothing to build starts none."""
-        if isinstance(self.instance.run_launcher, dg.DefaultRunLauncher):
+        # The CLI's runs are outside the new-shard flow: a NewShardRunLauncher gives them to the one it wraps.
+        if isinstance(launcher_for(self.instance.run_launcher), dg.DefaultRunLauncher):
             os.environ[RUNS_START_HERE_ENV] = "1"  # its code server warms the first run's worker as it loads
         workspace = open_workspace(self._stack, self.instance, self.workspace_file)
         errors = [e for e in workspace.get_code_location_entries().values() if e.load_error is not None]

@@ -30,9 +30,9 @@ import yaml
 from dagster._core.launcher import LaunchRunContext, ResumeRunContext, RunLauncher
 from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
-from dagster_ray import RayRunLauncher
 
 from marin_resources.keys import NEW_SHARD_FLOW_TRIGGERS, TRIGGER_TAG
+from marin_resources.storage.secrets import SECRET_ENV_VARS
 
 REACH_TIMEOUT_S = 5.0
 # Run tag: which launcher started the run (`ray` or `otherwise`), read back to cancel it or check it.
@@ -43,14 +43,20 @@ WHEN_UNREACHABLE = ("fallback", "stop")
 DEFAULT_ENV_PREFIXES = ("MARIN_", "DAGSTER_", "RAY_AUTH_MODE", "HF_HUB_OFFLINE", "WANDB_MODE")
 
 
-def job_server_problem(address: str, timeout_s: float = REACH_TIMEOUT_S) -> str | None:
-    """None when the Ray job server at `address` (http://host:port) answers; else why not, one line."""
-    url = address.rstrip("/") + "/api/version"
+def job_server_problem(address: str, timeout_s: float = REACH_TIMEOUT_S, headers: dict[str, str] | None = None,
+                       cookies: dict[str, str] | None = None) -> str | None:
+    """None when the Ray job server at `address` (http://host:port) answers; else why not, one line.
+    It is asked with the headers and cookies the submission sends (a proxy in front of it may refuse
+    a request without them)."""
+    sent = {**(headers or {}), **({"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())} if cookies else {})}
+    request = urllib.request.Request(address.rstrip("/") + "/api/version", headers=sent)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             json.loads(response.read())
         return None
-    except (OSError, ValueError, urllib.error.URLError) as exc:
+    except urllib.error.HTTPError as exc:
+        return f"the Ray job server at {address} refuses the request (HTTP {exc.code} {exc.reason})"
+    except (OSError, ValueError) as exc:
         return f"the Ray job server at {address} does not answer ({type(exc).__name__}: {exc})"
 
 
@@ -69,6 +75,14 @@ def on_its_interpreter(run: dg.DagsterRun) -> dg.DagsterRun:
         repository_origin=origin.repository_origin._replace(entry_point=None)))
 
 
+def launcher_for(launcher: RunLauncher, run: dg.DagsterRun | None = None) -> RunLauncher:
+    """The launcher that starts (or started) `run`: for a `NewShardRunLauncher`, the one it routes the
+    run to; `run` None: a run outside the new-shard flow (a `marin materialize` plan's)."""
+    if not isinstance(launcher, NewShardRunLauncher):
+        return launcher
+    return launcher.otherwise if run is None else launcher.launched_by(run)
+
+
 def _launcher_from(spec: dict[str, Any] | None) -> RunLauncher:
     if spec is None:
         return dg.DefaultRunLauncher()
@@ -84,8 +98,16 @@ class NewShardRunLauncher(RunLauncher, ConfigurableClass):
                              f"got {when_unreachable!r}")
         self._inst_data = inst_data
         self.when_unreachable = when_unreachable
-        # Unless the config lists them, the Ray job gets this process's settings (the daemon's).
-        env_vars = sorted(k for k in os.environ if k.startswith(DEFAULT_ENV_PREFIXES))
+        # Unless the config lists them, the Ray job gets this process's settings (the daemon's). Never
+        # its secrets: a Ray job's runtime_env is shown to whoever reaches the cluster's dashboard, so
+        # they belong in the environment of the cluster's nodes, which each job inherits.
+        named = [*(ray.get("env_vars") or []), *((ray.get("runtime_env") or {}).get("env_vars") or {})]
+        secrets = sorted({name.partition("=")[0] for name in named} & set(SECRET_ENV_VARS))
+        if secrets:
+            raise ValueError(f"NewShardRunLauncher: ray env_vars name the secret {', '.join(secrets)}, which the "
+                             "Ray dashboard would show in each job's runtime_env; set it on the cluster's nodes")
+        env_vars = sorted(k for k in os.environ if k.startswith(DEFAULT_ENV_PREFIXES) and k not in SECRET_ENV_VARS)
+        from dagster_ray import RayRunLauncher  # seconds to import: only where the instance configures this launcher
         self.ray = RayRunLauncher(**{"env_vars": env_vars, **ray})
         self.otherwise = _launcher_from(otherwise)
         super().__init__()
@@ -115,27 +137,35 @@ class NewShardRunLauncher(RunLauncher, ConfigurableClass):
         self.ray.register_instance(instance)
         self.otherwise.register_instance(instance)
 
-    def _launched_by(self, run: dg.DagsterRun) -> RunLauncher:
+    def launched_by(self, run: dg.DagsterRun) -> RunLauncher:
         return self.ray if run.tags.get(LAUNCHED_BY_TAG) == "ray" else self.otherwise
+
+    def _tagged(self, run: dg.DagsterRun, by: str) -> dg.DagsterRun:
+        """`run` with LAUNCHED_BY_TAG `by`, stored before it launches. A run may come with another value:
+        Dagster's retry of a failed run (run_retries) copies its parent's tags."""
+        if run.tags.get(LAUNCHED_BY_TAG) == by:
+            return run
+        self._instance.add_run_tags(run.run_id, {LAUNCHED_BY_TAG: by})
+        return run.with_tags({**run.tags, LAUNCHED_BY_TAG: by})
 
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         if not is_new_shard_flow(run):
-            self.otherwise.launch_run(context)
+            # Untagged means `otherwise`; a copied `ray` is corrected, or its cancel would go to Ray.
+            if LAUNCHED_BY_TAG in run.tags:
+                run = self._tagged(run, "otherwise")
+            self.otherwise.launch_run(LaunchRunContext(run, context.workspace))
             return
-        problem = job_server_problem(self.ray.address)
+        problem = job_server_problem(self.ray.address, headers=self.ray.headers, cookies=self.ray.cookies)
         if problem is None:
-            self._instance.add_run_tags(run.run_id, {LAUNCHED_BY_TAG: "ray"})
-            self.ray.launch_run(LaunchRunContext(on_its_interpreter(self._instance.get_run_by_id(run.run_id)),
-                                                 context.workspace))
+            self.ray.launch_run(LaunchRunContext(on_its_interpreter(self._tagged(run, "ray")), context.workspace))
             return
         if self.when_unreachable == "stop":
             self._instance.report_run_failed(run, f"not started: {problem}; when_unreachable: stop")
             return
         self._instance.report_engine_event(f"{problem}: launched by {type(self.otherwise).__name__} instead "
                                            "(when_unreachable: fallback)", run, cls=type(self))
-        self._instance.add_run_tags(run.run_id, {LAUNCHED_BY_TAG: "otherwise"})
-        self.otherwise.launch_run(context)
+        self.otherwise.launch_run(LaunchRunContext(self._tagged(run, "otherwise"), context.workspace))
 
     # Each run is checked, resumed or cancelled by the launcher that started it; the wrapped one may
     # support less than Ray's (the local default checks no worker and resumes nothing).
@@ -144,24 +174,30 @@ class NewShardRunLauncher(RunLauncher, ConfigurableClass):
         return self.ray.supports_resume_run or self.otherwise.supports_resume_run
 
     def resume_run(self, context: ResumeRunContext) -> None:
-        launcher = self._launched_by(context.dagster_run)
+        launcher = self.launched_by(context.dagster_run)
         if launcher is self.ray:
             context = context._replace(dagster_run=on_its_interpreter(context.dagster_run))
         launcher.resume_run(context)
 
     def terminate(self, run_id: str) -> bool:
         run = self._instance.get_run_by_id(run_id)
-        return run is not None and self._launched_by(run).terminate(run_id)
+        return run is not None and self.launched_by(run).terminate(run_id)
 
     @property
     def supports_check_run_worker_health(self) -> bool:
         return self.ray.supports_check_run_worker_health or self.otherwise.supports_check_run_worker_health
 
     def check_run_worker_health(self, run: dg.DagsterRun) -> CheckRunHealthResult:
-        launcher = self._launched_by(run)
+        launcher = self.launched_by(run)
         if not launcher.supports_check_run_worker_health:
-            return CheckRunHealthResult(WorkerStatus.UNKNOWN, "")
+            # What Dagster's run monitoring does for a launcher that checks no worker: nothing. UNKNOWN
+            # would read as a lost worker, and the daemon would fail (or resume) a healthy run.
+            return CheckRunHealthResult(WorkerStatus.RUNNING, f"{type(launcher).__name__} checks no run worker")
         return launcher.check_run_worker_health(run)
+
+    def get_run_worker_debug_info(self, run: dg.DagsterRun, include_container_logs: bool | None = True) -> str | None:
+        # Run monitoring adds it to a failed worker's message: the Ray job's details, or the pod's logs.
+        return self.launched_by(run).get_run_worker_debug_info(run, include_container_logs=include_container_logs)
 
     def dispose(self) -> None:
         self.ray.dispose()

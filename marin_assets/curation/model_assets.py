@@ -19,7 +19,7 @@ from marin_assets.curation.config import CurationConfig, SourceConfig
 from marin_assets.curation.discovery import discover_shards
 from marin_assets.curation.fasttext_models import FastTextClassifier, ModelFileError, fetch_model, sha256_hex
 from marin_assets.curation.filter_report import shifts_table, threshold_shifts
-from marin_assets.curation.quality import CLASSIFIER, QualityConfig, train_quality_model
+from marin_assets.curation.quality import ADOPTED, CLASSIFIER, THRESHOLD, QualityConfig, train_quality_model
 from marin_assets.curation.readers import read_shard
 from marin_assets.curation.schemes.registry import scheme_of
 from marin_assets.curation.sketch import QuantileSketch, keep_threshold
@@ -49,12 +49,24 @@ def classifier_identity(config: CurationConfig) -> dict[str, Any]:
     quality = config.quality
     assert quality is not None
     if quality.model_uri is not None:  # adopted: the bytes are the identity, wherever they are read from
-        return {"adopted_sha256": quality.model_sha256, "positive_label": quality.positive_label}
+        return renamed(config_identity(quality, ADOPTED), {"model_sha256": "adopted_sha256"})
     # A training source's PII removal and URL block list are not in it: the classifier reads its texts
     # straight from the pin, through neither.
     return {"training": config_identity(quality, CLASSIFIER),
             "positives": [config_identity(s, CLASSIFIER) for s in config.quality_positive_sources],
             "negatives": [config_identity(s, CLASSIFIER) for s in config.quality_negative_sources]}
+
+
+def threshold_identity(config: CurationConfig) -> dict[str, Any]:
+    """The keep threshold's identity: the quality config's fields of its scope, and the scored sources."""
+    assert config.quality is not None
+    return {**renamed(config_identity(config.quality, THRESHOLD), {"sketch_relative_accuracy": "relative_accuracy"}),
+            "sources": list(config.quality_sources)}
+
+
+def renamed(identity: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """``identity`` with fields under the names their artifacts were first fingerprinted with."""
+    return {names.get(k, k): v for k, v in identity.items()}
 
 
 def pinned_source_texts(source: SourceConfig) -> list[str]:
@@ -149,9 +161,7 @@ def build_model_assets(config: CurationConfig, catalog: Catalog) -> list:
 def build_quality_threshold(config: CurationConfig, catalog: Catalog):
     quality = config.quality
     assert quality is not None
-    threshold_spec = ArtifactSpec.fixed(THRESHOLD_KEY, THRESHOLD_VERSION, {
-        "keep_fraction": quality.keep_fraction, "relative_accuracy": quality.sketch_relative_accuracy,
-        "classifier": quality.classifier, "sources": list(config.quality_sources)})
+    threshold_spec = ArtifactSpec.fixed(THRESHOLD_KEY, THRESHOLD_VERSION, threshold_identity(config))
     ins = {f"shards_{name}": all_partitions_in(f"filtered/{name}") for name in config.quality_sources}
 
     @catalog.asset(threshold_spec, ins=ins, group_name="curation", kinds={"json"},

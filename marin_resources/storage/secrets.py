@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 SECRET_ENV_VARS = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KEY",
-                   "AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS_JSON", "DAGSTER_PG_PASSWORD")
+                   "AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS_JSON", "DAGSTER_PG_PASSWORD",
+                   "RAY_AUTH_TOKEN")
 REDACTED = "***"
 _MIN_SECRET_LEN = 6  # shorter values would redact ordinary words
 

@@ -116,3 +116,23 @@ def test_markers_leave_typed_decoding_as_it_was():
 def test_an_identity_field_needs_a_scope():
     with pytest.raises(ValueError, match="needs a scope"):
         identity(1, scopes=[])
+
+
+@pytest.mark.parametrize("scope", ["quality_threshold", "adopted_classifier"])
+def test_a_quality_field_added_to_a_scope_enters_that_artifacts_identity(scope):
+    """The keep threshold's and an adopted classifier's identities are read through config_identity
+    (under the key names they were first fingerprinted with), so a field marked for their scope is in
+    them: the allow-list's one-line change, with no identity function to edit."""
+    from marin_assets.curation.config import CurationConfig, SourceConfig
+    from marin_assets.curation.model_assets import classifier_identity, threshold_identity
+    from marin_assets.curation.quality import QualityConfig
+
+    widened = dataclasses.make_dataclass("WidenedQuality", [("margin", float, identity(0.0, scopes=[scope]))],
+                                         bases=(QualityConfig,), frozen=True)
+    adopted = {"model_uri": "/m/model.bin", "model_sha256": "a" * 64} if scope == "adopted_classifier" else {}
+    source = SourceConfig(name="s", uri="/data/s")
+    identity_of = threshold_identity if scope == "quality_threshold" else classifier_identity
+    identities = [identity_of(CurationConfig(sources=(source,), quality=widened(margin=margin, **adopted),
+                                             quality_sources=("s",)))
+                  for margin in (0.0, 0.5)]
+    assert identities[0]["margin"] == 0.0 and identities[1]["margin"] == 0.5

@@ -110,3 +110,16 @@ def ray_head(*, job_server: bool = False, env: dict[str, str] | None = None):
         # The whole cluster goes: nobody is left to tell, and the head's GCS sits out a SIGTERM for seconds.
         signal_node(pgid, signal.SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def two_node_cluster():
+    """A head with its job server and a second node (one CPU, resource `worker2`): the job server's address.
+    The head's PATH is the system's, not this environment's, as on a cluster's own machines (its jobs
+    run there)."""
+    with ray_head(job_server=True, env={"PATH": os.defpath}) as (gcs, jobs):
+        worker = ray_start(f"--address={gcs}", '--resources={"worker2": 1}')
+        try:
+            yield jobs
+        finally:
+            stop_node(worker)

@@ -5,24 +5,35 @@ shard; a run of a `marin materialize` plan, on the same instance, stays with the
 the job server gone, `when_unreachable: stop` fails the flow's run in one line before it starts, with
 nothing committed, and `fallback` launches it locally and says so in its event log."""
 
+import contextlib
+import http.server
+import logging
 import os
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import dagster as dg
 import pytest
 import yaml
+from dagster._core.launcher import LaunchRunContext, RunLauncher
 
+from marin_assets import run_submission
 from marin_assets.curation.assets import build_curation_stage
 from marin_assets.deployment import Deployment
+from marin_assets.planning import CLI_TAG, Planner
 from marin_assets.run_submission import WorkspaceRuns
 from marin_assets.stages import build_stage
+from marin_resources.dagster_private import RUNS_START_HERE_ENV, worker_started_event_data
 from marin_resources.environments import MarinSettings, build_resources
-from marin_resources.keys import asset_key
-from marin_resources.new_shard_launcher import LAUNCHED_BY_TAG
+from marin_resources.keys import NEW_SHARD_FLOW_TRIGGERS, TRIGGER_TAG, asset_key
+from marin_resources.new_shard_launcher import LAUNCHED_BY_TAG, NewShardRunLauncher, job_server_problem
 from marin_resources.storage.store import ArtifactStore
 from tests.ops.conftest import free_port
-from tests.ops.ray_nodes import NO_AUTH, ray_head, ray_start, stop_node
+from tests.ops.ray_nodes import NO_AUTH, two_node_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 RAW = asset_key("raw/letters")
@@ -35,12 +46,8 @@ def job_server():
     """A two-node Ray cluster on 127.0.0.1 with the head's job server: the job server's address. Its
     nodes' PATH is the system's, not this environment's, as on a cluster's own machines: a job that
     relied on `dagster` being on PATH would never start its run."""
-    with ray_head(job_server=True, env={"PATH": os.defpath}) as (gcs, jobs):
-        worker = ray_start(f"--address={gcs}", '--resources={"worker2": 1}')
-        try:
-            yield jobs
-        finally:
-            stop_node(worker)
+    with two_node_cluster() as jobs:
+        yield jobs
 
 
 def flow_instance(tmp_path: Path, monkeypatch, launcher: dict) -> tuple[dg.DagsterInstance, dg.Definitions]:
@@ -172,3 +179,158 @@ def test_a_bad_when_unreachable_is_refused_when_the_instance_loads(tmp_path, mon
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ValueError, match="when_unreachable must be one of fallback, stop, got 'retry'"):
         dg.DagsterInstance.from_config(str(home)).run_launcher  # noqa: B018 -- built on first use
+
+
+class RecordingLauncher(RunLauncher):
+    """A wrapped launcher that records which runs it was asked to launch and cancel."""
+
+    def __init__(self):
+        self.launched, self.terminated = [], []
+        super().__init__()
+
+    def launch_run(self, context: LaunchRunContext) -> None:
+        self.launched.append(context.dagster_run)
+
+    def terminate(self, run_id: str) -> bool:
+        self.terminated.append(run_id)
+        return True
+
+    def get_run_worker_debug_info(self, run, include_container_logs=True) -> str:
+        return f"worker of {run.run_id}: OOMKilled"
+
+
+@contextlib.contextmanager
+def routing_instance(**overrides):
+    """A test instance whose launcher is NewShardRunLauncher over the local default; nothing listens at
+    its job server's address."""
+    launcher = {"module": "marin_resources.new_shard_launcher", "class": "NewShardRunLauncher",
+                "config": {"ray": {"address": f"http://127.0.0.1:{free_port()}"}}}
+    with dg.instance_for_test(overrides={"run_launcher": launcher, **overrides}) as instance:
+        yield instance
+
+
+def started_run(instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.DagsterRun:
+    @dg.asset
+    def shard():
+        return 1
+
+    job = dg.Definitions(assets=[shard]).resolve_implicit_global_asset_job_def()
+    run = instance.create_run_for_job(job, tags=tags)
+    instance.handle_run_event(run.run_id, dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_START.value,
+                                                          job_name=run.job_name))
+    return instance.get_run_by_id(run.run_id)
+
+
+def test_run_monitoring_leaves_a_run_of_the_wrapped_local_launcher_alone():
+    """The local default checks no worker; the daemon's monitoring must not read that as a lost one."""
+    from dagster._daemon.monitoring.run_monitoring import monitor_started_run
+
+    with routing_instance(run_monitoring={"enabled": True}) as instance:
+        run = started_run(instance, {})
+        assert instance.run_launcher.supports_check_run_worker_health  # Ray's runs are checked
+        monitor_started_run(instance, None, instance.get_run_record_by_id(run.run_id), logging.getLogger("test"))
+        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
+
+
+def test_a_copied_ray_tag_on_a_run_the_wrapped_launcher_starts_is_corrected():
+    """A retry copies its parent's tags: a run outside the flow carrying `ray` is relabelled, so that its
+    cancel goes to the launcher that started it."""
+    with routing_instance() as instance:
+        launcher = instance.run_launcher
+        launcher.otherwise = recording = RecordingLauncher()
+        recording.register_instance(instance)
+        run = instance.create_run_for_job(
+            dg.Definitions(assets=[dg.asset(lambda: 1, name="shard")]).resolve_implicit_global_asset_job_def(),
+            tags={LAUNCHED_BY_TAG: "ray"})
+        launcher.launch_run(LaunchRunContext(run, None))
+        assert instance.get_run_by_id(run.run_id).tags[LAUNCHED_BY_TAG] == "otherwise"
+        assert recording.launched[0].tags[LAUNCHED_BY_TAG] == "otherwise"
+        assert launcher.terminate(run.run_id) and recording.terminated == [run.run_id]
+        # Run monitoring's account of a failed worker comes from the same launcher.
+        stored = instance.get_run_by_id(run.run_id)
+        assert launcher.get_run_worker_debug_info(stored) == f"worker of {run.run_id}: OOMKilled"
+
+
+def test_a_dead_local_worker_is_detected_behind_the_wrapper():
+    """`marin materialize` fails a run whose local worker died; the wrapped DefaultRunLauncher's runs too."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with routing_instance() as instance:
+        run = started_run(instance, {CLI_TAG: "materialize"})
+        instance.report_engine_event(f"Started process for run (pid: {dead.pid}).", run,
+                                     worker_started_event_data(dead.pid))
+        why = Planner(dg.Definitions(), None, None, instance).lost_worker(run.run_id)
+        assert why is not None and str(dead.pid) in why
+        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+
+
+def test_the_cli_warms_local_run_workers_behind_the_wrapper(monkeypatch):
+    """The CLI's runs go to the wrapped local launcher: its code server warms their first worker."""
+    monkeypatch.delenv(RUNS_START_HERE_ENV, raising=False)
+    monkeypatch.setattr(run_submission, "open_workspace", lambda *_: SimpleNamespace(
+        get_code_location_entries=dict))
+    with routing_instance() as instance, WorkspaceRuns(instance, "workspace.yaml") as runs:
+        assert runs.workspace is not None
+        assert os.environ.get(RUNS_START_HERE_ENV) == "1"
+
+
+def test_the_daemons_secrets_stay_out_of_the_ray_jobs_runtime_env(monkeypatch):
+    """Ray shows a job's runtime_env on its dashboard: the default env list leaves secrets out, and a
+    config naming one is refused."""
+    monkeypatch.setenv("DAGSTER_PG_PASSWORD", "hunter2-secret")
+    monkeypatch.setenv("MARIN_PREFIX", "/tmp/store")
+    with routing_instance() as instance:
+        env_vars = instance.run_launcher.ray.env_vars
+        assert "MARIN_PREFIX" in env_vars and "DAGSTER_PG_PASSWORD" not in env_vars
+    for ray in ({"env_vars": ["DAGSTER_PG_PASSWORD"]}, {"env_vars": ["HF_TOKEN=abc"]},
+                {"runtime_env": {"env_vars": {"WANDB_API_KEY": "k"}}}):
+        with pytest.raises(ValueError, match="name the secret .*; set it on the cluster's nodes"):
+            NewShardRunLauncher(ray={"address": "http://127.0.0.1:8265", **ray})
+
+
+@contextlib.contextmanager
+def job_server_behind_a_proxy(token: str):
+    """An HTTP server standing for a job server behind a proxy: `/api/version` answers only a request
+    with the bearer token and the session cookie, else HTTP 401."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 -- http.server's name
+            cookie = self.headers.get("Cookie", "")
+            ok = self.headers.get("Authorization") == f"Bearer {token}" and "session=s1" in cookie
+            body = b'{"version": "2.0"}' if ok else b"{}"
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_reach_check_sends_the_submissions_headers_and_cookies():
+    """Behind a proxy that wants a token, the check asks as the submission will: with the configured
+    headers and cookies the flow's run goes to Ray; a refusal is said as one, not as silence."""
+    with job_server_behind_a_proxy("t0k") as address, \
+            dg.instance_for_test(overrides={"run_launcher": {
+                "module": "marin_resources.new_shard_launcher", "class": "NewShardRunLauncher",
+                "config": {"ray": {"address": address, "headers": {"Authorization": "Bearer t0k"},
+                                   "cookies": {"session": "s1"}}, "when_unreachable": "stop"}}}) as instance:
+        launcher = instance.run_launcher
+        submitted = []
+        launcher.ray.launch_run = lambda context: submitted.append(context.dagster_run.run_id)
+        run = instance.create_run_for_job(
+            dg.Definitions(assets=[dg.asset(lambda: 1, name="shard")]).resolve_implicit_global_asset_job_def(),
+            tags={TRIGGER_TAG: NEW_SHARD_FLOW_TRIGGERS[0]})
+        launcher.launch_run(LaunchRunContext(run, None))
+        assert submitted == [run.run_id]
+        assert instance.get_run_by_id(run.run_id).tags[LAUNCHED_BY_TAG] == "ray"
+        assert job_server_problem(address) == f"the Ray job server at {address} refuses the request (HTTP 401 " \
+                                              "Unauthorized)"

@@ -6,7 +6,7 @@ import dagster as dg
 
 from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, marin_asset, materialize_artifact
-from marin_resources.storage.secrets import REDACTED, scrub
+from marin_resources.storage.secrets import REDACTED, scrub, secret_values
 
 PLANTED = {"WANDB_API_KEY": "wandb-planted-0123456789", "HF_TOKEN": "hf_plantedTOKENvalue42",
            "AWS_SECRET_ACCESS_KEY": "aws/planted+secret/key"}
@@ -19,6 +19,13 @@ def test_scrub_replaces_secret_values_everywhere():
     out = scrub(obj, secrets)
     assert out["a"] == f"token={REDACTED}" and out["b"] == [REDACTED, 3]
     assert out["c"].data == {"k": REDACTED}
+
+
+def test_the_ray_clusters_token_is_a_secret_too():
+    """RAY_AUTH_TOKEN admits anyone to a token-auth Ray cluster (docs/scaling-out.md): scrubbed like the others."""
+    token = "ray-planted-token-0123"
+    assert scrub({"env": f"RAY_AUTH_TOKEN={token}"}, secret_values({"RAY_AUTH_TOKEN": token})) == \
+        {"env": f"RAY_AUTH_TOKEN={REDACTED}"}
 
 
 def test_planted_secrets_do_not_reach_manifest_metadata_or_logs(tmp_path, monkeypatch):
