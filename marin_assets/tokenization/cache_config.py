@@ -8,11 +8,41 @@ all take these, import them without a cycle.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
+from typing import Literal
 
 from marin_resources.splits import corpus_threshold
 from marin_resources.typed_config import typed_config
+
+# Levanter's ChatProcessor asks the same of a template (transformers' assistant mask needs it).
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%}")
+
+
+@typed_config
+@dataclass(frozen=True)
+class ChatCacheConfig:
+    """How a chat source's conversations become rows (docs/post-training.md#the-chat-token-cache):
+    rendered through a chat template into `input_ids`, with `assistant_masks` 1 on the tokens the
+    template's `{% generation %}` blocks produce, as Levanter's `ChatProcessor` writes them."""
+
+    template: str | None = None
+    """A Jinja chat template; None: the tokenizer's own (`chat_template` of its tokenizer_config.json)."""
+    seq_len: int = 1024
+    """The training sequence length: a longer conversation is cut or quarantined (`overflow`)."""
+    overflow: Literal["truncate", "quarantine"] = "truncate"
+    """`truncate`: keep the longest run of leading turns, ending on an assistant turn, that fits
+    (counted as `truncated_conversations`); where even the first assistant turn does not fit, or with
+    `quarantine`, the conversation is quarantined as `too_long`."""
+    messages_column: str = "messages"
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 2:
+            raise ValueError(f"seq_len must be at least 2, got {self.seq_len}")
+        if self.template is not None and not GENERATION_TAG.search(self.template):
+            raise ValueError("template has no {% generation %} block: the assistant mask is what it marks "
+                             "(Levanter refuses such a template too)")
 
 
 @typed_config
@@ -36,6 +66,9 @@ class CacheConfig:
     id_column: str = "id"
     text_column: str = "text"
     incremental: bool = True
+    chat: ChatCacheConfig | None = None
+    """Set for a chat source (the registry sets it): rows are conversations rendered through a chat
+    template, with an assistant mask beside `input_ids`."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.validation_fraction < 1.0:
@@ -48,7 +81,8 @@ class CacheConfig:
     def identity(self) -> dict:
         """What defines the cache's artifact: every field, the minimum only where it is set (so a
         config without one keeps the fingerprint it had before the field existed)."""
-        return {k: v for k, v in asdict(self).items() if k != "validation_min_documents" or v is not None}
+        return {k: v for k, v in asdict(self).items()
+                if k not in ("validation_min_documents", "chat") or v is not None}
 
     def encoding_identity(self) -> dict:
         """What decides one shard's encoded rows (`encode_shard_rows`): a validation minimum is applied
@@ -64,6 +98,7 @@ class CacheConfig:
             "text_column": self.text_column,
             **({"validation_min_documents": self.validation_min_documents}
                if self.validation_min_documents is not None else {}),
+            **({"chat": asdict(self.chat)} if self.chat is not None else {}),
         }
 
 
