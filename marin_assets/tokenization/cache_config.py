@@ -16,6 +16,7 @@ from typing import Literal
 from marin_resources.splits import corpus_threshold
 from marin_resources.typed_config import typed_config
 
+MESSAGES_COLUMN = "messages"  # a chat source's documents: the turns, as JSON (docs/post-training.md)
 # Levanter's ChatProcessor asks the same of a template (transformers' assistant mask needs it).
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%}")
 
@@ -35,7 +36,6 @@ class ChatCacheConfig:
     """`truncate`: keep the longest run of leading turns, ending on an assistant turn, that fits
     (counted as `truncated_conversations`); where even the first assistant turn does not fit, or with
     `quarantine`, the conversation is quarantined as `too_long`."""
-    messages_column: str = "messages"
 
     def __post_init__(self) -> None:
         if self.seq_len < 2:

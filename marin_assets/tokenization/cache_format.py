@@ -17,7 +17,7 @@ import os
 import fsspec
 import numpy as np
 
-from marin_assets.tokenization.cache_config import CacheConfig
+from marin_assets.tokenization.cache_config import MESSAGES_COLUMN, CacheConfig
 from marin_assets.tokenization.shard_files import ShardFileWriter, ShardLayout
 from marin_assets.tokenization.tokenizer import local_tokenizer_dir
 
@@ -259,4 +259,4 @@ def chat_preprocessor_metadata(tokenizer_dir: str, local_dir: str, cfg: CacheCon
     if bos is None or eos is None:
         raise ValueError(f"tokenizer at {tokenizer_dir} must define both bos_token and eos_token")
     return ({"tokenizer": tokenizer_ledger_name(local_dir), "vocab_size": len(hf_tok),
-             "chat_template": cfg.chat.template, "messages_field": cfg.chat.messages_column}, int(bos), int(eos))
+             "chat_template": cfg.chat.template, "messages_field": MESSAGES_COLUMN}, int(bos), int(eos))

@@ -110,7 +110,7 @@ class ChatRenderer:
         if self.chat.overflow == "quarantine":
             return too_long
         ends = [i + 1 for i, m in enumerate(messages[:-1]) if m.get("role") == "assistant"]
-        best, low, high = None, 0, len(ends) - 1
+        best, kept, low, high = None, 0, 0, len(ends) - 1
         while low <= high:
             middle = (low + high) // 2
             try:
@@ -119,9 +119,10 @@ class ChatRenderer:
                 high = middle - 1
                 continue
             if len(ids) <= self.chat.seq_len:
-                best, low = (ids, mask), middle + 1
+                best, kept, low = (ids, mask), ends[middle], middle + 1
             else:
                 high = middle - 1
         if best is None or not any(best[1]):
             return too_long
-        return Rendered(*best, truncated=True)
+        return Rendered(*best, truncated=True, detail=f"{too_long.detail}: kept the first {kept} of "
+                                                      f"{len(messages)} turns")

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from marin_assets.tokenization import chat_template
-from marin_assets.tokenization.cache_config import CacheConfig
+from marin_assets.tokenization.cache_config import MESSAGES_COLUMN, CacheConfig
 from marin_assets.tokenization.cache_format import (
     INPUT_IDS,
     SPLITS,
@@ -131,7 +131,7 @@ def parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None, ke
 
 def document_columns(cfg: CacheConfig) -> list[str]:
     """The columns a cache reads of a document file: a chat cache reads the turns beside the text."""
-    return [cfg.id_column, cfg.text_column] + ([cfg.chat.messages_column] if cfg.chat is not None else [])
+    return [cfg.id_column, cfg.text_column] + ([MESSAGES_COLUMN] if cfg.chat is not None else [])
 
 
 def iterator_shard(documents: Iterable[tuple[str, str]], name: str, cfg: CacheConfig) -> DocumentShard:
@@ -160,7 +160,7 @@ def _clean(batch: pa.RecordBatch, cfg: CacheConfig) -> _DocBatch:
         raise ValueError(f"text column must be a string column, got {texts.type}")
     nbytes = pc.binary_length(texts)
     keep = pc.and_(pc.and_(pc.is_valid(ids), pc.is_valid(texts)), pc.greater(pc.fill_null(nbytes, 0), 0))
-    messages = batch.column(cfg.chat.messages_column) if cfg.chat is not None else None
+    messages = batch.column(MESSAGES_COLUMN) if cfg.chat is not None else None
     if messages is not None:
         keep = pc.and_(keep, pc.is_valid(messages))
     kept = pc.sum(keep).as_py() or 0
