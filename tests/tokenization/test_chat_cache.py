@@ -227,3 +227,59 @@ def test_text_cache_identity_is_unchanged_by_the_chat_field():
     assert CacheConfig().identity() == {"validation_fraction": 0.01, "batch_rows": 1024, "flush_tokens": 16_000_000,
                                         "id_column": "id", "text_column": "text", "incremental": True}
     assert "chat" not in CacheConfig().row_identity()
+
+
+@pytest.mark.slow  # `marin materialize` of a chat source through its chat cache and a chat mixture, then one more shard
+def test_a_chat_source_through_its_chat_cache_and_a_chat_mixture_in_the_graph(tokenizer_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    def materialize(key: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "marin_assets.cli", "materialize", key, "--json"], env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+
+    def committed(key: str) -> dict:
+        (path,) = (store / key).glob("v1-*/.artifact.json")
+        return json.loads(path.read_text())
+
+    data = tmp_path / "chats"
+    data.mkdir()
+    long_turn = " ".join(LINES * 12)
+    for k in range(2):
+        records = [{"messages": _conversation(100 * k + i), "id": f"c{100 * k + i}"} for i in range(30)]
+        records.append({"id": f"long{k}", "messages": _conversation(100 * k + 99, turns=2)
+                        + [{"role": "user", "content": long_turn}, {"role": "assistant", "content": "So be it."}]})
+        (data / f"part{k}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "sources.yaml").write_text(f"sources:\n  - name: plays\n    uri: {data}/*.jsonl\n    format: chat\n"
+                                           "    id_field: id\n    files_per_shard: 1\n")
+    (tmp_path / "registry.yaml").write_text(yaml.safe_dump({
+        "tokenizers": {"t": {"adopt": tokenizer_dir}},
+        "tokenized": {"plays": {"tokenizer": "t", "validation_fraction": 0.1,
+                                "chat": {"template": TEMPLATE, "seq_len": SEQ_LEN}}},
+        "mixtures": {"sft": {"tokenizer": "t", "format": "chat", "components": {"plays": {"weight": 1.0}}}}}))
+    store = tmp_path / "store"
+    env = {**os.environ, "MARIN_SOURCES": str(tmp_path / "sources.yaml"),
+           "MARIN_REGISTRY": str(tmp_path / "registry.yaml"), "MARIN_PREFIX": str(store),
+           "DAGSTER_HOME": str(tmp_path / "home"), "MARIN_ENV": "local"}
+    materialize("tokenized/plays")
+    materialize("mixture/sft")
+    cache = committed("tokenized/plays")
+    metrics = cache["metrics"]
+    # Each shard's long conversation is cut after its first answer; nothing else is cut or quarantined.
+    assert (metrics["shards"], metrics["truncated_conversations"], metrics["quarantined_too_long"]) == (2, 2, 0)
+    root = next((store / "tokenized/plays").glob("v1-*"))
+    assert (root / "train/assistant_masks/offsets/zarr.json").exists()
+    (mixture,) = (store / "mixture/sft").glob("v1-*/data.json")
+    component = json.loads(mixture.read_text())["configs"]["plays"]
+    assert component["format"]["type"] == "chat" and component["format"]["chat_template"] == TEMPLATE
+
+    # One more shard: encoded alone and appended.
+    (data / "part2.jsonl").write_text("".join(json.dumps({"messages": _conversation(200 + i), "id": f"c{200 + i}"})
+                                              + "\n" for i in range(30)))
+    materialize("tokenized/plays")
+    metrics = committed("tokenized/plays")["metrics"]
+    assert (metrics["shards"], metrics["shards_reused"], metrics["shards_encoded"]) == (3, 2, 1)
