@@ -279,7 +279,7 @@ def decode_roundtrip_check(
     return failures
 
 
-def chat_rows_check(cache_root: str, seq_len: int, sample_n: int = 100, seed: int = 0) -> list[RoundtripFailure]:
+def chat_rows_check(cache_root: str, seq_len: int, sample_n: int = 100, seed: int | str = 0) -> list[RoundtripFailure]:
     """A finished chat cache's rows, as Levanter's chat dataset reads them: per split, `input_ids` and
     `assistant_masks` hold the manifest's row count (as Levanter's ledger does) with the same row
     lengths, none over ``seq_len``; in a sample of rows the mask is 0 or 1 and marks some tokens.

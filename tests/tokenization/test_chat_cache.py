@@ -169,6 +169,20 @@ def test_two_chat_builds_are_byte_identical_and_an_appended_shard_costs_its_own_
     assert rebuilt.shards_reused == 0 and rebuilt.shards_encoded == 3
 
 
+def test_a_chat_shard_encoded_in_row_ranges_gives_the_one_piece_row_files(chat_shards, tokenizer_dir, chat_cfg,
+                                                                           tmp_path):
+    """A huge shard spreads over workers in row ranges (`DataParallel`): its chat rows, masks and
+    quarantine list are the one-piece encoding's, byte for byte."""
+    spec = ShardSpec("k", "fp", chat_shards[0])
+    whole = encode_shard_rows(spec, tokenizer_dir, str(tmp_path / "whole"), chat_cfg)
+    spread = encode_shard_rows(spec, tokenizer_dir, str(tmp_path / "spread"), chat_cfg,
+                               split_rows=lambda weights: [(0, 13), (13, 29), (29, len(weights))],
+                               parts_uri=str(tmp_path / "parts"))
+    assert {k: v for k, v in spread.items() if k != "rows"} == {k: v for k, v in whole.items() if k != "rows"}
+    assert _file_hashes(str(tmp_path / "spread")) == _file_hashes(str(tmp_path / "whole"))
+    assert "train.assistant_masks" in _file_hashes(str(tmp_path / "whole"))
+
+
 def test_bad_conversations_are_quarantined_or_cut_with_a_reason_and_counted(tokenizer_dir, tmp_path):
     long_turn = " ".join(LINES * 8)
     conversations = [
@@ -283,3 +297,12 @@ def test_a_chat_source_through_its_chat_cache_and_a_chat_mixture_in_the_graph(to
     materialize("tokenized/plays")
     metrics = committed("tokenized/plays")["metrics"]
     assert (metrics["shards"], metrics["shards_reused"], metrics["shards_encoded"]) == (3, 2, 1)
+
+
+def test_the_chat_rows_check_passes_on_a_chat_cache_and_can_fail(chat_cache):
+    from marin_assets.tokenization.cache import chat_rows_check
+
+    root, _ = chat_cache
+    assert chat_rows_check(root, SEQ_LEN) == []
+    failures = chat_rows_check(root, 40)  # rows longer than a shorter sequence
+    assert failures and all("tokens > seq_len 40" in f.reason for f in failures)
