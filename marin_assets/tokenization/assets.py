@@ -423,6 +423,9 @@ def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog, corpus: Artif
             if entry.cache.chat is not None:  # every shard's quarantined and cut conversations, by reason
                 shards_of_cache = read_json(f"{writer.uri}/{CACHE_MANIFEST}")["shards"]
                 metrics |= {name: sum(s[name] for s in shards_of_cache) for name in chat_counts()}
+                # Rows are renderings (the template's markers, no BOS/EOS framing): text bytes over
+                # tokens would not be the tokenizer's compression.
+                metrics["bytes_per_token"] = None
             return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents,
                                                     "marin/shard_manifests_read": encoded.looked_up})
 
