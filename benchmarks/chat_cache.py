@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.filters import best_time
 from marin_assets.curation import chat
 from marin_assets.curation.play_dialogue import pinned_sdist, write_play_conversations
 from marin_assets.tokenization.assembly import assemble_levanter_cache
@@ -37,15 +37,6 @@ from marin_assets.tokenization.tokenizer import TokenizerConfig, train_bpe_token
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}<assistant>\n"
             "{% generation %}{{ m['content'] }}{{ eos_token }}{% endgeneration %}\n"
             "{% else %}<{{ m['role'] }}>\n{{ m['content'] }}\n{% endif %}{% endfor %}")
-
-
-def _best(fn, repeats: int) -> tuple[float, dict]:
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def main(argv: list[str], repeats: int = 2) -> dict:
@@ -64,9 +55,9 @@ def main(argv: list[str], repeats: int = 2) -> dict:
         figures = {"conversations": len(turns), "plays": len(written),
                    "text_mb": round(sum(len(t.encode()) for t in texts) / 1e6, 2)}
         for kind, cfg in configs.items():
-            seconds, entry = _best(lambda cfg=cfg, kind=kind: encode_shard_rows(
+            seconds, entry = best_time(lambda cfg=cfg, kind=kind: encode_shard_rows(
                 ShardSpec("shard", "fp", shard), tokenizer, str(Path(tmp, kind, "rows")), cfg), repeats)
-            assembly, _ = _best(lambda cfg=cfg, kind=kind, entry=entry: assemble_levanter_cache(
+            assembly, _ = best_time(lambda cfg=cfg, kind=kind, entry=entry: assemble_levanter_cache(
                 [entry], tokenizer, str(Path(tmp, kind, "cache")), cfg), 1)
             figures |= {f"encode_{kind}_s": seconds, f"assemble_{kind}_s": assembly,
                         f"{kind}_tokens": entry["train_tokens"] + entry["validation_tokens"],
