@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import fsspec
 import numpy as np
 
+from marin_assets.tokenization import chat_template
 from marin_assets.tokenization.cache_config import CacheConfig, CacheStats, stats_from_manifest
 from marin_assets.tokenization.cache_format import (
     INPUT_IDS,
@@ -38,11 +39,13 @@ from marin_assets.tokenization.cache_format import (
 from marin_assets.tokenization.encoding import (
     ENCODED_DIR,
     ENCODING,
+    FIELD_ROWS,
     ID_HASHES,
     ROW_FILES,
     ROWS,
     ROWS_AT,
     DocumentShard,
+    cache_fields,
     read_rows,
 )
 from marin_assets.tokenization.shard_files import ShardFileWriter, ShardLayout
@@ -95,11 +98,13 @@ def _resplit(entry: dict, fraction: float, rows_uri: str) -> dict:
     under ``rows_uri``: the same rows, in document order within each split; no encoding."""
     was = entry[ENCODING]["validation_fraction"]
     hashes = read_rows(entry[ROWS], ID_HASHES, ID_HASH_DTYPE).astype(np.float64) / 2**32
-    rows = {}  # split -> its rows as they are, in document order
+    kinds = [FIELD_ROWS[field] for field in (FIELD_ROWS if "chat" in entry[ENCODING] else ["input_ids"])]
+    rows = {}  # (split, row file) -> its rows as they are, in document order
     for split in SPLITS:
-        tokens = read_rows(entry[ROWS], f"{split}.tokens", ROW_FILES["tokens"])
         lengths = read_rows(entry[ROWS], f"{split}.lengths", ROW_FILES["lengths"])
-        rows[split] = np.split(tokens, np.cumsum(lengths)[:-1]) if lengths.size else []
+        for kind in kinds:
+            values = read_rows(entry[ROWS], f"{split}.{kind}", ROW_FILES[kind])
+            rows[split, kind] = np.split(values, np.cumsum(lengths)[:-1]) if lengths.size else []
     # Document d is row `position[d]` of the split it was in.
     was_validation = hashes < was
     position = np.empty(hashes.size, dtype=np.int64)
@@ -110,13 +115,15 @@ def _resplit(entry: dict, fraction: float, rows_uri: str) -> dict:
     out = {**entry, ROWS: rows_uri, ENCODING: {**entry[ENCODING], "validation_fraction": fraction}}
     now_validation = hashes < fraction
     for split, mask in (("train", ~now_validation), ("validation", now_validation)):
-        moved = [rows["validation" if was_validation[d] else "train"][position[d]] for d in np.flatnonzero(mask)]
-        tokens = np.concatenate([np.empty(0, ROW_FILES["tokens"])] + moved)
-        with fs.open(f"{path}/{split}.tokens", "wb") as fh:
-            fh.write(tokens.tobytes())
+        for kind in kinds:
+            moved = [rows["validation" if was_validation[d] else "train", kind][position[d]]
+                     for d in np.flatnonzero(mask)]
+            values = np.concatenate([np.empty(0, ROW_FILES[kind])] + moved)
+            with fs.open(f"{path}/{split}.{kind}", "wb") as fh:
+                fh.write(values.tobytes())
         with fs.open(f"{path}/{split}.lengths", "wb") as fh:
             fh.write(np.array([r.size for r in moved], dtype=ROW_FILES["lengths"]).tobytes())
-        out[f"{split}_documents"], out[f"{split}_tokens"] = len(moved), int(tokens.size)
+        out[f"{split}_documents"], out[f"{split}_tokens"] = len(moved), int(values.size)
     with fs.open(f"{path}/{ID_HASHES}", "wb") as fh:
         fh.write(read_rows(entry[ROWS], ID_HASHES, ID_HASH_DTYPE).tobytes())
     return out
@@ -144,6 +151,7 @@ class FileUnit:
     array: str  # "data" (tokens) or "offsets" (row ends)
     start: int
     stop: int
+    field: str = INPUT_IDS  # a chat cache's `assistant_masks` are rows of their own, beside `input_ids`
 
 
 @dataclass(frozen=True)
@@ -154,8 +162,9 @@ class AssemblyJob:
     out_root: str
     entries: tuple[dict, ...]
     base: dict[str, tuple[int, int]]  # split -> (rows, tokens) before this assembly
-    layouts: dict[str, ShardLayout]  # "<split>/<array>" -> the array's layout
+    layouts: dict[str, ShardLayout]  # "<split>/<array>" -> the array's layout (every field's alike)
     piece_values: int  # values held and written at once
+    fields: tuple[str, ...] = (INPUT_IDS,)
 
     def starts(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """Per encoded shard, its first row and first token in the split's arrays, then the ends."""
@@ -172,8 +181,9 @@ class AssemblyJob:
         units = []
         for array, low, high in (("data", tokens, tokens_end), ("offsets", rows + 1, rows_end + 1)):
             length = self.layouts[f"{split}/{array}"].shard_length
-            units += [FileUnit(split, array, max(low, k * length), min(high, (k + 1) * length))
-                      for k in range(low // length, (high - 1) // length + 1)] if high > low else []
+            units += [FileUnit(split, array, max(low, k * length), min(high, (k + 1) * length), field)
+                      for k in range(low // length, (high - 1) // length + 1)
+                      for field in self.fields] if high > low else []
         return units
 
 
@@ -181,7 +191,7 @@ def assemble_file(unit: FileUnit, job: AssemblyJob) -> dict[str, tuple[int, str]
     """Write one unit from the row files, in pieces of at most `piece_values` values (each piece
     rewrites the shard file once); returns the shard file it wrote, with its size and sha256 hashed
     from the bytes written (`ShardFileWriter.written`)."""
-    writer = ShardFileWriter(f"{job.out_root}/{unit.split}/{INPUT_IDS}/{unit.array}",
+    writer = ShardFileWriter(f"{job.out_root}/{unit.split}/{unit.field}/{unit.array}",
                              job.layouts[f"{unit.split}/{unit.array}"])
     pending, position = [], unit.start
     for values in _unit_values(unit, job):
@@ -198,20 +208,21 @@ def assemble_file(unit: FileUnit, job: AssemblyJob) -> dict[str, tuple[int, str]
 def _unit_values(unit: FileUnit, job: AssemblyJob) -> Iterator[np.ndarray]:
     """The values of positions [start, stop) of the unit's array, in order, a bounded piece at a time."""
     rows, tokens = job.starts(unit.split)
-    width = ROW_FILES["tokens"].itemsize
+    row_file = FIELD_ROWS[unit.field]
+    width = ROW_FILES[row_file].itemsize
     for i, entry in enumerate(job.entries):
         fs, base = fsspec.core.url_to_fs(f"{entry[ROWS]}/{unit.split}")
         if unit.array == "data":
             low, high = max(unit.start, int(tokens[i])), min(unit.stop, int(tokens[i + 1]))
             if low >= high:
                 continue
-            with fs.open(f"{base}.tokens", "rb") as fh:
+            with fs.open(f"{base}.{row_file}", "rb") as fh:
                 fh.seek((low - int(tokens[i])) * width)
                 for first in range(low, high, job.piece_values):
                     count = min(job.piece_values, high - first)
-                    data = np.frombuffer(fh.read(count * width), dtype=ROW_FILES["tokens"])
+                    data = np.frombuffer(fh.read(count * width), dtype=ROW_FILES[row_file])
                     if data.size != count:
-                        raise ValueError(f"{fs.unstrip_protocol(base)}.tokens is shorter than its entry says")
+                        raise ValueError(f"{fs.unstrip_protocol(base)}.{row_file} is shorter than its entry says")
                     yield data.astype(TOKEN_DTYPE, copy=False)
         else:
             low, high = max(unit.start, int(rows[i]) + 1), min(unit.stop, int(rows[i + 1]) + 1)
@@ -313,8 +324,10 @@ def assemble_levanter_cache(encoded: Sequence[dict], tokenizer_dir: str, out_roo
     split = replace(cfg, validation_fraction=validation_threshold(cfg, encoded))
     with local_tokenizer_dir(tokenizer_dir) as local_tok:
         tok_sha = tokenizer_json_sha256(local_tok)
+        cfg = chat_template.resolved(cfg, local_tok)
+        split_by_fraction, split = (replace(c, chat=cfg.chat) for c in (split_by_fraction, split))
         old = read_json(f"{out_root}/{MANIFEST_NAME}") if cfg.incremental else None
-        metadata, bos, eos, files_sha = preprocessor_metadata(tokenizer_dir, local_tok, old)
+        metadata, bos, eos, files_sha = preprocessor_metadata(tokenizer_dir, local_tok, old, cfg)
     wanted = manifest_identity(tok_sha, bos, eos, split_by_fraction)
     # A held shard passed this check when its cache took it: it is kept only under the same identity.
     foreign = [e["key"] for e in encoded if ROWS in e and e[ENCODING] != wanted]
@@ -330,13 +343,16 @@ def assemble_levanter_cache(encoded: Sequence[dict], tokenizer_dir: str, out_roo
     if split.validation_fraction != cfg.validation_fraction:
         todo = [_resplit(e, split.validation_fraction, f"{out_root}/{ENCODED_DIR}/resplit/{i}")
                 for i, e in enumerate(todo)]
-    return assemble_shards(out_root, identity, metadata, files_sha, old, reuse, todo, cfg.flush_tokens, parallel_map)
+    return assemble_shards(out_root, identity, metadata, files_sha, old, reuse, todo, cfg.flush_tokens, parallel_map,
+                           cache_fields(cfg))
 
 
 def assemble_shards(out_root: str, identity: dict, metadata: dict, files_sha: str, old: dict | None, reuse: int,
-              encoded: Sequence[dict], flush_tokens: int, parallel_map: ParallelMap) -> CacheStats:
+              encoded: Sequence[dict], flush_tokens: int, parallel_map: ParallelMap,
+              fields: tuple[str, ...] = (INPUT_IDS,)) -> CacheStats:
     """Keep the first ``reuse`` ledger shards of the cache at ``out_root`` (its manifest ``old``) and
-    append the ``encoded`` shards' rows after them; the manifest and Levanter's ledgers move last."""
+    append the ``encoded`` shards' rows after them, into each of ``fields`` (the same row lengths);
+    the manifest and Levanter's ledgers move last."""
     manifest_uri = f"{out_root}/{MANIFEST_NAME}"
     fs, root_path = fsspec.core.url_to_fs(out_root)
     started = time.monotonic()
@@ -349,16 +365,19 @@ def assemble_shards(out_root: str, identity: dict, metadata: dict, files_sha: st
         entries = old["shards"][:reuse]
     manifest = {"identity": identity, "levanter_metadata": metadata, "tokenizer_files_sha256": files_sha,
                 "finished": False, "shards": entries, "appended_from": reuse}
-    arrays = {split: JaggedArrayWriter(f"{out_root}/{split}/{INPUT_IDS}", fresh=reuse == 0) for split in SPLITS}
+    arrays = {(split, field): JaggedArrayWriter(f"{out_root}/{split}/{field}", fresh=reuse == 0)
+              for split in SPLITS for field in fields}
     base = {}
-    for split, array in arrays.items():
+    for (split, field), array in arrays.items():
         array.trim_to(sum(e[f"{split}_documents"] for e in entries))  # rows of shards no longer wanted
-        base[split] = (array.rows, array.size)
+        if base.setdefault(split, (array.rows, array.size)) != (array.rows, array.size):
+            raise ValueError(f"cache {out_root}/{split}: {field} holds {array.rows} rows of {array.size} values, "
+                             f"{fields[0]} {base[split]}; rebuild it")
     assembly = AssemblyJob(out_root, tuple(encoded), base,
-                           {f"{split}/{name}": getattr(array, name).layout for split, array in arrays.items()
-                            for name in ("data", "offsets")}, flush_tokens)
+                           {f"{split}/{name}": getattr(array, name).layout for (split, field), array in arrays.items()
+                            if field == fields[0] for name in ("data", "offsets")}, flush_tokens, fields)
     ends = {split: assembly.ends(split) for split in SPLITS}
-    for split, array in arrays.items():
+    for (split, _), array in arrays.items():
         # Values a killed assembly wrote past where this one ends (it had more shards) are zeroed.
         rows_were, tokens_were = ((old or {}).get(_ASSEMBLING) or {}).get(split, (0, 0)) if reuse else (0, 0)
         array.data.zero(ends[split][1], max(tokens_were, ends[split][1]))
@@ -381,11 +400,11 @@ def assemble_shards(out_root: str, identity: dict, metadata: dict, files_sha: st
     for unit_written in spread(assemble_file, units, assembly):
         written |= unit_written
 
-    for split, array in arrays.items():
+    for (split, field), array in arrays.items():
         # The ledger goes through fsspec, the arrays through tensorstore: a tensorstore path
         # that resolves elsewhere (as s3:// once did, to ./s3:/) must not leave a finished
         # ledger over no data.
-        zarr_json = f"{root_path}/{split}/{INPUT_IDS}/offsets/zarr.json"
+        zarr_json = f"{root_path}/{split}/{field}/offsets/zarr.json"
         if not fs.exists(zarr_json):
             raise RuntimeError(f"cache {out_root}/{split}: Levanter wrote its rows, but "
                                f"{fs.unstrip_protocol(zarr_json)} is not in the store; tensorstore wrote them "

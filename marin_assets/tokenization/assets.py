@@ -18,6 +18,8 @@ from marin_assets.tokenization.assembly import assemble_levanter_cache, held_sha
 from marin_assets.tokenization.cache import appended_shard_keys, cache_shard_order, iter_parquet_texts
 from marin_assets.tokenization.cache_config import CacheConfig
 from marin_assets.tokenization.cache_format import MANIFEST_NAME as CACHE_MANIFEST
+from marin_assets.tokenization.cache_format import read_json
+from marin_assets.tokenization.chat_template import chat_counts
 from marin_assets.tokenization.decontamination_assets import (
     build_decontamination_assets,
     decontaminated_identity,
@@ -369,18 +371,29 @@ def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog, corpus: Artif
     key = spec.key
     token_shards = build_token_shards_asset(entry, catalog)
 
+    description = (f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory "
+                   "is a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
+                   "(BOS + text + EOS per document), validation chosen by a hash of the document id. "
+                   "Append-only: each deduplicated shard is one ledger shard, encoded once by its own "
+                   f"partition of token_shards/{entry.source}; this step only moves their rows into the "
+                   "cache, and a new shard is appended.")
+    if entry.cache.chat is not None:
+        template = "its declared chat template" if entry.cache.chat.template else "the tokenizer's chat template"
+        description = (f"`{entry.source}`'s conversations rendered through {template} with tokenizer/"
+                       f"{entry.tokenizer}, in a Levanter chat cache root: `train/` and `validation/` hold "
+                       "`input_ids` and `assistant_masks` (1 on the tokens the template's generation blocks "
+                       "make: the loss), as Levanter's ChatProcessor writes them, so its chat dataset reads them. "
+                       f"A conversation over {entry.cache.chat.seq_len} tokens is {entry.cache.chat.overflow}d; "
+                       "one the template fails on is quarantined; counted here. Append-only, per shard, as a text "
+                       "cache (docs/post-training.md).")
+
     @catalog.asset(spec, group_name="tokenization", kinds={"levanter"}, automation_condition=FOLLOWS_NEW_DATA,
                    ins={"corpus": input_of(corpus),
                         "tokenizer": dg.AssetIn(key=asset_key(f"tokenizer/{entry.tokenizer}")),
                         "eval_ngrams": dg.AssetIn(key=asset_key(eval_ngrams_key(entry.source)))},
                    deps=[token_shards.key, asset_key(f"decontaminated/{entry.source}")],
                    tags={"marin/source": entry.source, "marin/tokenizer": entry.tokenizer},
-                   description=f"`{entry.source}` tokenized with tokenizer/{entry.tokenizer}. The artifact directory "
-                               "is a Levanter cache root: `train/` and `validation/` are TreeCaches of `input_ids` "
-                               "(BOS + text + EOS per document), validation chosen by a hash of the document id. "
-                               "Append-only: each deduplicated shard is one ledger shard, encoded once by its own "
-                               f"partition of token_shards/{entry.source}; this step only moves their rows into the "
-                               "cache, and a new shard is appended.")
+                   description=description)
     def tokenized(context: dg.AssetExecutionContext, store: MarinStore, data_parallel: DataParallel,
                   corpus: ArtifactHandle, tokenizer: ArtifactHandle, eval_ngrams: ArtifactHandle):
         artifacts = store.get()
@@ -408,6 +421,12 @@ def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog, corpus: Artif
                        "assembly_mb_per_s": round(stats.tokens_encoded * 4 / 1e6 / stats.assembly_seconds, 1)
                        if stats.assembly_seconds else None,
                        "decontaminated_from": encoded.sources}
+            if entry.cache.chat is not None:  # every shard's quarantined and cut conversations, by reason
+                shards_of_cache = read_json(f"{writer.uri}/{CACHE_MANIFEST}")["shards"]
+                metrics |= {name: sum(s[name] for s in shards_of_cache) for name in chat_counts()}
+                # Rows are renderings (the template's markers, no BOS/EOS framing): text bytes over
+                # tokens would not be the tokenizer's compression.
+                metrics["bytes_per_token"] = None
             return Built(metrics=metrics, metadata={"dagster/row_count": stats.documents,
                                                     "marin/shard_manifests_read": encoded.looked_up})
 
@@ -424,12 +443,18 @@ def build_tokenized_asset(entry: TokenizedEntry, catalog: Catalog, corpus: Artif
                              "read back from the cache; every split's row count matches the manifest and "
                              "Levanter's ledger.")
     def roundtrip(context: dg.AssetCheckExecutionContext, store: MarinStore) -> dg.AssetCheckResult:
-        from marin_assets.tokenization.cache import decode_roundtrip_check
+        from marin_assets.tokenization.cache import chat_rows_check, decode_roundtrip_check
 
         artifacts = store.get()
         manifest = checked_manifest(context, store, spec)
         if manifest is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no committed cache"})
+        if entry.cache.chat is not None:  # a chat row is a rendering, not the text's encoding: its own check
+            failures = chat_rows_check(manifest.uri, entry.cache.chat.seq_len, sample_n=ROUNDTRIP_SAMPLE,
+                                       seed=manifest.data_version)
+            return dg.AssetCheckResult(passed=not failures, description="; ".join(
+                f"{f.split}[{f.row}]: {f.reason}" for f in failures[:3]) or None,
+                metadata={"sampled": ROUNDTRIP_SAMPLE, "failures": len(failures)})
         refs = {u.asset_key: u for u in manifest.upstream}
         # The decontaminated shards it assembled, each a ledger shard (the refs of one key keep one per shard).
         wanted = {artifacts.portable(f"{u.uri}/{shard_file(u.partition)}") for u in manifest.upstream
@@ -484,9 +509,18 @@ def validation_size_result(metrics: dict[str, Any], floor: ValidationFloor, cach
 
 
 def mixture_spec(entry: MixtureEntry, caches: dict[str, ArtifactHandle], tokenizer: ArtifactHandle,
-                 seq_len: int = 1024) -> MixtureSpec:
+                 seq_len: int = 1024, chat_templates: Mapping[str, str] | None = None) -> MixtureSpec:
+    """``chat_templates``: the chat caches' templates, by component (`cache_chat_template`)."""
     return MixtureSpec(name=entry.name, tokenizer_dir=tokenizer.uri, seq_len=seq_len, components={
-        name: MixtureComponent(cache_root=caches[name].uri, weight=w) for name, w in sorted(entry.weights.items())})
+        name: MixtureComponent(cache_root=caches[name].uri, weight=w, chat_template=(chat_templates or {}).get(name))
+        for name, w in sorted(entry.weights.items())})
+
+
+def cache_chat_template(store: ArtifactStore, cache: ArtifactHandle) -> str | None:
+    """The chat template a committed cache's rows were rendered with, as its manifest records it
+    (Levanter's metadata); None for a text cache."""
+    with store.open(f"{cache.uri}/{CACHE_MANIFEST}") as fh:
+        return (json.load(fh).get("levanter_metadata") or {}).get("chat_template")
 
 
 def build_mixture_asset(entry: MixtureEntry, catalog: Catalog):
@@ -507,7 +541,11 @@ def build_mixture_asset(entry: MixtureEntry, catalog: Catalog):
         by_name = {k.removeprefix("cache_"): h for k, h in caches.items()}
 
         def build(writer) -> Built:
-            data = render_levanter_data_config(mixture_spec(entry, by_name, tokenizer))
+            # A text mixture's caches are text caches (the registry checked): their manifests are not read.
+            templates = {} if entry.format == "text" else {
+                name: template for name, h in by_name.items()
+                if (template := cache_chat_template(store.get(), h)) is not None}
+            data = render_levanter_data_config(mixture_spec(entry, by_name, tokenizer, chat_templates=templates))
             # Caches and tokenizer as store-relative URIs: a copied store's mixture reads its own caches.
             writer.write_json("data.json", store.get().portable(data))
             # data.json names the caches by path, which an append leaves as it was: their data versions

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from marin_assets.tokenization.assembly import assemble_shards, require_distinct_keys, reuse_plan
 from marin_assets.tokenization.cache_config import CacheConfig, CacheStats, stats_from_manifest, with_validation_minimum
 from marin_assets.tokenization.cache_format import (
@@ -92,6 +94,9 @@ def build_levanter_cache_from_documents(
 def _build(shards: Sequence[DocumentShard], tokenizer_dir: str, out_root: str, cfg: CacheConfig,
            parallel_map: ParallelMap = in_process_map, progress: ProgressMeter | None = None) -> CacheStats:
     require_distinct_keys([s.key for s in shards])
+    if cfg.chat is not None:
+        raise ValueError("a chat cache is assembled from shards encoded on their own (encode_shard_rows, then "
+                         "assemble_levanter_cache), as tokenized/<source> builds it")
     out_root = out_root.rstrip("/")
     with local_tokenizer_dir(tokenizer_dir) as local_tok, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="levanter-metadata") as background:
@@ -271,6 +276,41 @@ def decode_roundtrip_check(
             failures.append(
                 RoundtripFailure(doc_id, split, row, f"decoded text differs ({len(decoded)} vs {len(text)} chars)")
             )
+    return failures
+
+
+def chat_rows_check(cache_root: str, seq_len: int, sample_n: int = 100, seed: int | str = 0) -> list[RoundtripFailure]:
+    """A finished chat cache's rows, as Levanter's chat dataset reads them: per split, `input_ids` and
+    `assistant_masks` hold the manifest's row count (as Levanter's ledger does) with the same row
+    lengths, none over ``seq_len``; in a sample of rows the mask is 0 or 1 and marks some tokens.
+    (A conversation's row is not its text's encoding, so it is not decoded back to it.)"""
+    cache_root = cache_root.rstrip("/")
+    manifest = read_json(f"{cache_root}/{MANIFEST_NAME}")
+    if manifest is None or not manifest.get("finished"):
+        raise FileNotFoundError(f"no finished tokenized cache at {cache_root}")
+    failures: list[RoundtripFailure] = []
+    rng = random.Random(seed)
+    for split in SPLITS:
+        rows = sum(entry[f"{split}_documents"] for entry in manifest["shards"])
+        ledger = read_json(f"{cache_root}/{split}/{LEDGER_NAME}") or {}
+        ids, masks = ((read_zarr3_array(f"{cache_root}/{split}/{field}/offsets"),
+                       read_zarr3_array(f"{cache_root}/{split}/{field}/data"))
+                      for field in (INPUT_IDS, "assistant_masks"))
+        offsets = ids[0][:rows + 1].read().result()
+        if int(offsets[0]) != rows or ledger.get("total_num_rows") != rows or not ledger.get("is_finished") \
+                or not np.array_equal(masks[0][:rows + 1].read().result(), offsets):
+            failures.append(RoundtripFailure("", split, -1, f"the manifest gives {rows} rows; input_ids and "
+                                             "assistant_masks or Levanter's ledger disagree"))
+            continue
+        ends = offsets.copy()
+        ends[0] = 0
+        lengths = np.diff(ends)
+        for row in np.flatnonzero(lengths > seq_len)[:5]:
+            failures.append(RoundtripFailure("", split, int(row), f"{int(lengths[row])} tokens > seq_len {seq_len}"))
+        for row in sorted(rng.sample(range(rows), min(sample_n, rows))):
+            mask = masks[1][int(ends[row]):int(ends[row + 1])].read().result()
+            if not mask.any() or not np.isin(mask, (0, 1)).all():
+                failures.append(RoundtripFailure("", split, row, "the assistant mask marks no tokens, or is not 0/1"))
     return failures
 
 

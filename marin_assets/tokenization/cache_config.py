@@ -8,8 +8,10 @@ all take these, import them without a cycle.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
+from typing import Literal
 
 from marin_resources.config_identity import config_identity, identity
 from marin_resources.splits import corpus_threshold
@@ -20,6 +22,34 @@ from marin_resources.typed_config import typed_config
 # (token_shards/, `encoding_identity`: the fields of every identity).
 TOKENIZED = "tokenized"
 ROWS = "cache_rows"
+
+MESSAGES_COLUMN = "messages"  # a chat source's documents: the turns, as JSON (docs/post-training.md)
+# Levanter's ChatProcessor asks the same of a template (transformers' assistant mask needs it).
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%}")
+
+
+@typed_config
+@dataclass(frozen=True)
+class ChatCacheConfig:
+    """How a chat source's conversations become rows (docs/post-training.md#the-chat-token-cache):
+    rendered through a chat template into `input_ids`, with `assistant_masks` 1 on the tokens the
+    template's `{% generation %}` blocks produce, as Levanter's `ChatProcessor` writes them."""
+
+    template: str | None = identity(None)
+    """A Jinja chat template; None: the tokenizer's own (`chat_template` of its tokenizer_config.json)."""
+    seq_len: int = identity(1024)
+    """The training sequence length: a longer conversation is cut or quarantined (`overflow`)."""
+    overflow: Literal["truncate", "quarantine"] = identity("truncate")
+    """`truncate`: keep the longest run of leading turns, ending on an assistant turn, that fits
+    (counted as `truncated_conversations`); where even the first assistant turn does not fit, or with
+    `quarantine`, the conversation is quarantined as `too_long`."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 2:
+            raise ValueError(f"seq_len must be at least 2, got {self.seq_len}")
+        if self.template is not None and not GENERATION_TAG.search(self.template):
+            raise ValueError("template has no {% generation %} block: the assistant mask is what it marks "
+                             "(Levanter refuses such a template too)")
 
 
 @typed_config
@@ -44,6 +74,9 @@ class CacheConfig:
     id_column: str = identity("id")
     text_column: str = identity("text")
     incremental: bool = identity(True, scopes=[TOKENIZED])
+    chat: ChatCacheConfig | None = identity(None, omit="empty")
+    """Set for a chat source (the registry sets it): rows are conversations rendered through a chat
+    template, with an assistant mask beside `input_ids`."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.validation_fraction < 1.0:

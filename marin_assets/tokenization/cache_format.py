@@ -17,7 +17,7 @@ import os
 import fsspec
 import numpy as np
 
-from marin_assets.tokenization.cache_config import CacheConfig
+from marin_assets.tokenization.cache_config import MESSAGES_COLUMN, CacheConfig
 from marin_assets.tokenization.shard_files import ShardFileWriter, ShardLayout
 from marin_assets.tokenization.tokenizer import local_tokenizer_dir
 
@@ -229,14 +229,34 @@ def _tokenizer_files_sha256(local_dir: str) -> str:
     return digest.hexdigest()
 
 
-def preprocessor_metadata(tokenizer_dir: str, local_dir: str, previous: dict | None) -> tuple[dict, int, int, str]:
+def preprocessor_metadata(tokenizer_dir: str, local_dir: str, previous: dict | None,
+                          cfg: CacheConfig | None = None) -> tuple[dict, int, int, str]:
     """(Levanter metadata, BOS, EOS, tokenizer files' hash). A cache whose manifest recorded them
-    for the same tokenizer files reuses them: Levanter (and transformers) are imported only to start
-    a cache, not to append a shard to it. One that named its tokenizer by path (before ledgers named
-    it by hash) gets the new name."""
+    for the same tokenizer files (and chat template) reuses them: Levanter (and transformers) are
+    imported only to start a cache, not to append a shard to it. One that named its tokenizer by
+    path (before ledgers named it by hash) gets the new name. A chat cache's (``cfg.chat``, its
+    template resolved) is its `ChatProcessor`'s."""
     files_sha = _tokenizer_files_sha256(local_dir)
+    template = cfg.chat.template if cfg is not None and cfg.chat is not None else None
     if previous is not None and previous.get("tokenizer_files_sha256") == files_sha \
-            and (previous.get("levanter_metadata") or {}).get("tokenizer") == f"sha256:{files_sha}":
+            and (previous.get("levanter_metadata") or {}).get("tokenizer") == f"sha256:{files_sha}" \
+            and previous["levanter_metadata"].get("chat_template") == template:
         identity = previous["identity"]
         return previous["levanter_metadata"], identity["bos_token_id"], identity["eos_token_id"], files_sha
+    if template is not None:
+        return (*chat_preprocessor_metadata(tokenizer_dir, local_dir, cfg), files_sha)
     return (*levanter_preprocessor_metadata(tokenizer_dir, local_dir), files_sha)
+
+
+def chat_preprocessor_metadata(tokenizer_dir: str, local_dir: str, cfg: CacheConfig) -> tuple[dict, int, int]:
+    """`levanter.data.text.ChatProcessor(tokenizer, chat_template, messages_field).metadata` for a chat
+    cache (its template resolved), worked out without importing Levanter, plus BOS/EOS ids;
+    `test_chat_cache_metadata_is_levanters_own` holds the two equal."""
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(local_dir)
+    bos, eos = hf_tok.bos_token_id, hf_tok.eos_token_id
+    if bos is None or eos is None:
+        raise ValueError(f"tokenizer at {tokenizer_dir} must define both bos_token and eos_token")
+    return ({"tokenizer": tokenizer_ledger_name(local_dir), "vocab_size": len(hf_tok),
+             "chat_template": cfg.chat.template, "messages_field": MESSAGES_COLUMN}, int(bos), int(eos))

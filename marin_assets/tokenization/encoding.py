@@ -28,8 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from marin_assets.tokenization.cache_config import CacheConfig
+from marin_assets.tokenization import chat_template
+from marin_assets.tokenization.cache_config import MESSAGES_COLUMN, CacheConfig
 from marin_assets.tokenization.cache_format import (
+    INPUT_IDS,
     SPLITS,
     TOKEN_DTYPE,
     levanter_preprocessor_metadata,
@@ -73,6 +75,7 @@ class _DocBatch:
     texts: list[str]
     text_bytes: int
     skipped: int
+    messages: list[str] | None = None  # a chat cache's: each document's turns, as JSON
 
 
 def _file_fingerprint(fs, path: str) -> str:
@@ -98,10 +101,10 @@ def parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None, ke
         with fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             names = set(pf.schema_arrow.names)
-            missing = {cfg.id_column, cfg.text_column} - names
+            columns = document_columns(cfg)
+            missing = set(columns) - names
             if missing:
                 raise ValueError(f"{uri}: missing column(s) {sorted(missing)}; has {sorted(names)}")
-            columns = [cfg.id_column, cfg.text_column]
             if rows is None:
                 yield from pf.iter_batches(batch_size=cfg.batch_rows, columns=columns)
                 return
@@ -124,6 +127,11 @@ def parquet_shard(uri: str, cfg: CacheConfig, fingerprint: str | None = None, ke
     key = key or uri
     return DocumentShard(key=key, fingerprint=fingerprint, open_batches=open_batches,
                          file=ShardSpec(key, fingerprint, uri))
+
+
+def document_columns(cfg: CacheConfig) -> list[str]:
+    """The columns a cache reads of a document file: a chat cache reads the turns beside the text."""
+    return [cfg.id_column, cfg.text_column] + ([MESSAGES_COLUMN] if cfg.chat is not None else [])
 
 
 def iterator_shard(documents: Iterable[tuple[str, str]], name: str, cfg: CacheConfig) -> DocumentShard:
@@ -152,14 +160,19 @@ def _clean(batch: pa.RecordBatch, cfg: CacheConfig) -> _DocBatch:
         raise ValueError(f"text column must be a string column, got {texts.type}")
     nbytes = pc.binary_length(texts)
     keep = pc.and_(pc.and_(pc.is_valid(ids), pc.is_valid(texts)), pc.greater(pc.fill_null(nbytes, 0), 0))
+    messages = batch.column(MESSAGES_COLUMN) if cfg.chat is not None else None
+    if messages is not None:
+        keep = pc.and_(keep, pc.is_valid(messages))
     kept = pc.sum(keep).as_py() or 0
     if kept != len(batch):
         ids, texts, nbytes = pc.filter(ids, keep), pc.filter(texts, keep), pc.filter(nbytes, keep)
+        messages = pc.filter(messages, keep) if messages is not None else None
     return _DocBatch(
         ids=ids.cast(pa.string()).to_pylist(),
         texts=texts.to_pylist(),
         text_bytes=int(pc.sum(nbytes).as_py() or 0),
         skipped=len(batch) - kept,
+        messages=messages.cast(pa.string()).to_pylist() if messages is not None else None,
     )
 
 
@@ -229,6 +242,10 @@ def _frame_rows(flat: np.ndarray, lengths: np.ndarray, bos: int, eos: int) -> tu
 
 
 class _Encoder:
+    """Documents -> `[BOS] ids(text) [EOS]` rows."""
+
+    row_files = ("tokens", "lengths")
+
     def __init__(self, tokenizer_json: str, bos: int, eos: int, cfg: CacheConfig):
         from tokenizers import Tokenizer
 
@@ -239,13 +256,17 @@ class _Encoder:
         self.bos, self.eos = bos, eos
         self.fraction = cfg.validation_fraction
 
+    def encode_batch(self, batch: _DocBatch) -> list:
+        return self.encode_texts(batch.texts)
+
     def encode_texts(self, texts: list[str]) -> list:
         # Releases the GIL: runs in a worker thread while the main thread frames the previous batch.
         return self.tok.encode_batch_fast(texts, add_special_tokens=False)
 
-    def frame(self, batch: _DocBatch, encodings: list) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:
-        """Encodings of a batch -> per split, (concatenated [BOS] ids [EOS] rows, row lengths); and the
-        documents' id hashes, in document order (what a validation minimum is decided from)."""
+    def frame(self, batch: _DocBatch, encodings: list) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray, list]:
+        """Encodings of a batch -> per split, its row files' values (`tokens`: concatenated [BOS] ids
+        [EOS] rows, `lengths`: row lengths); the documents' id hashes, in document order (what a
+        validation minimum is decided from); and the documents that are no row (none here)."""
         ids = [e.ids for e in encodings]
         n = len(ids)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
@@ -255,20 +276,58 @@ class _Encoder:
         out = {}
         for split, mask in (("train", ~in_val), ("validation", in_val)):
             if mask.all():
-                out[split] = _frame_rows(flat, lengths, self.bos, self.eos)
+                data, row_lengths = _frame_rows(flat, lengths, self.bos, self.eos)
             elif mask.any():
-                out[split] = _frame_rows(flat[np.repeat(mask, lengths)], lengths[mask], self.bos, self.eos)
+                data, row_lengths = _frame_rows(flat[np.repeat(mask, lengths)], lengths[mask], self.bos, self.eos)
             else:
-                out[split] = (np.empty(0, TOKEN_DTYPE), np.empty(0, np.int64))
-        return out, hashes
+                data, row_lengths = np.empty(0, TOKEN_DTYPE), np.empty(0, np.int64)
+            out[split] = {"tokens": data, "lengths": row_lengths}
+        return out, hashes, []
 
 
-def _encode_ahead(encoder: _Encoder, batches: Iterator[_DocBatch]) -> Iterator[tuple[_DocBatch, list]]:
+class _ChatEncoder:
+    """Conversations -> rows of a chat cache: `tokens` rendered through the chat template, and beside
+    them `assistant_masks`; a conversation that cannot be a row is listed with its reason, and one cut
+    to seq_len is counted (`chat_template.ChatRenderer`)."""
+
+    row_files = ("tokens", "lengths", "assistant_masks")
+
+    def __init__(self, local_tok: str, cfg: CacheConfig):
+        self.renderer = chat_template.ChatRenderer(local_tok, cfg.chat)
+        self.fraction = cfg.validation_fraction
+
+    def encode_batch(self, batch: _DocBatch) -> list[chat_template.Rendered]:
+        return [self.renderer.render(messages) for messages in batch.messages]
+
+    def frame(self, batch: _DocBatch, rendered: list[chat_template.Rendered]
+              ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray, list]:
+        rows = [i for i, r in enumerate(rendered) if r.reason is None]
+        hashes = id_hashes([batch.ids[i] for i in rows], len(rows))
+        in_val = in_validation(hashes, self.fraction)
+        out = {}
+        for split, mask in (("train", ~in_val), ("validation", in_val)):
+            chosen = [rendered[rows[i]] for i in np.flatnonzero(mask)]
+            out[split] = {"tokens": np.fromiter(itertools.chain.from_iterable(r.ids for r in chosen), TOKEN_DTYPE),
+                          "lengths": np.fromiter((len(r.ids) for r in chosen), np.int64, count=len(chosen)),
+                          "assistant_masks": np.fromiter(itertools.chain.from_iterable(r.mask for r in chosen),
+                                                         chat_template.MASK_DTYPE)}
+        refused = [(batch.ids[i], r) for i, r in enumerate(rendered) if r.reason is not None or r.truncated]
+        return out, hashes, refused
+
+
+def _encoder(local_tok: str, bos: int, eos: int, cfg: CacheConfig) -> _Encoder | _ChatEncoder:
+    """The encoder of ``cfg``'s rows (a chat cache's ``cfg`` has its template resolved)."""
+    if cfg.chat is not None:
+        return _ChatEncoder(local_tok, cfg)
+    return _Encoder(os.path.join(local_tok, "tokenizer.json"), bos, eos, cfg)
+
+
+def _encode_ahead(encoder: _Encoder | _ChatEncoder, batches: Iterator[_DocBatch]) -> Iterator[tuple[_DocBatch, list]]:
     """Yield (batch, encodings) while the next batch is already being encoded."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as pool:
         ahead: tuple[_DocBatch, Future | None] | None = None
         for batch in batches:
-            job = pool.submit(encoder.encode_texts, batch.texts) if batch.texts else None
+            job = pool.submit(encoder.encode_batch, batch) if batch.texts else None
             if ahead is not None:
                 yield ahead[0], ahead[1].result() if ahead[1] is not None else []
             ahead = (batch, job)
@@ -296,7 +355,14 @@ ROWS_AT = "encoded_as"  # the attempt folder an encoded shard's entry vouches fo
 # In an encoded shard's entry, beside its ledger fields: where its row files are, and the identity
 # it was encoded with (its split at that identity's fraction).
 ROWS, ENCODING = "rows", "encoding"
-ROW_FILES = {"tokens": np.dtype("<i4"), "lengths": np.dtype("<i8")}
+ROW_FILES = {"tokens": np.dtype("<i4"), "lengths": np.dtype("<i8"), "assistant_masks": chat_template.MASK_DTYPE}
+# The row file each field of the cache is written from (a chat cache's fields; a text cache's first).
+FIELD_ROWS = {"input_ids": "tokens", "assistant_masks": "assistant_masks"}
+
+
+def cache_fields(cfg: CacheConfig) -> tuple[str, ...]:
+    """The fields of ``cfg``'s cache, as Levanter's processor for it writes them."""
+    return tuple(FIELD_ROWS) if cfg.chat is not None else (INPUT_IDS,)
 ID_HASHES = "id_hashes"
 
 
@@ -347,13 +413,14 @@ def encode_shard_rows(spec: ShardSpec, tokenizer_dir: str, rows_uri: str, cfg: C
     split_by_fraction = replace(cfg, validation_min_documents=None)
     with local_tokenizer_dir(tokenizer_dir) as local_tok:
         bos_eos = _bos_eos(tokenizer_dir, local_tok)
+        split_by_fraction = chat_template.resolved(split_by_fraction, local_tok)
         encoding = manifest_identity(tokenizer_json_sha256(local_tok), *bos_eos, split_by_fraction)
         row_ranges = None
         if split_rows is not None:
             rows, text_bytes = parquet_rows(spec.uri)
             row_ranges = list(split_rows(np.full(rows, text_bytes // max(rows, 1), dtype=np.int64)))
         if row_ranges is None or len(row_ranges) <= 1:
-            encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), *bos_eos, split_by_fraction)
+            encoder = _encoder(local_tok, *bos_eos, split_by_fraction)
             shard = parquet_shard(spec.uri, split_by_fraction, spec.fingerprint, spec.key)
             entry = _encode_rows(shard, encoder, split_by_fraction, rows_uri)
             return {**entry, ROWS: rows_uri.rstrip("/"), ENCODING: encoding}
@@ -364,7 +431,7 @@ def encode_shard_rows(spec: ShardSpec, tokenizer_dir: str, rows_uri: str, cfg: C
         raise ValueError(f"row ranges must be consecutive and cover the file's {rows} rows, got {list(row_ranges)}")
     parts = parallel_map(encode_row_range, row_ranges, RowRangeJob(spec, tokenizer_dir, split_by_fraction,
                                                                          parts_uri.rstrip("/")))
-    _concatenate_parts([part[ROWS] for part in parts], rows_uri)
+    _concatenate_parts([part[ROWS] for part in parts], rows_uri, split_by_fraction)
     fs, path = fsspec.core.url_to_fs(parts_uri)
     fs.rm(path, recursive=True)
     entry = {name: value for name, value in parts[0].items() if name != ROWS}
@@ -402,22 +469,24 @@ def encode_row_range(rows: tuple[int, int], job: RowRangeJob) -> dict:
     ``job.parts_uri``: a unit of work of its own (a Ray task). Each attempt writes a fresh folder,
     named in the entry it returns (`ROWS`), so a retried task never writes into a lost attempt's files."""
     with local_tokenizer_dir(job.tokenizer_dir) as local_tok:
-        encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), *_bos_eos(job.tokenizer_dir, local_tok), job.cfg)
+        encoder = _encoder(local_tok, *_bos_eos(job.tokenizer_dir, local_tok), job.cfg)
     shard = parquet_shard(job.spec.uri, job.cfg, job.spec.fingerprint, job.spec.key, rows=rows)
     out = f"{job.parts_uri}/{rows[0]:012d}-{uuid.uuid4().hex[:16]}"
     return {**_encode_rows(shard, encoder, job.cfg, out), ROWS: out}
 
 
-def _row_file_names() -> list[str]:
-    return [f"{split}.{kind}" for split in SPLITS for kind in ROW_FILES] + [ID_HASHES]
+def _row_file_names(cfg: CacheConfig) -> list[str]:
+    kinds = _ChatEncoder.row_files if cfg.chat is not None else _Encoder.row_files
+    return [f"{split}.{kind}" for split in SPLITS for kind in kinds] + [ID_HASHES] \
+        + ([chat_template.QUARANTINE_FILE] if cfg.chat is not None else [])
 
 
-def _concatenate_parts(parts: Sequence[str], rows_uri: str, block: int = 8 << 20) -> None:
+def _concatenate_parts(parts: Sequence[str], rows_uri: str, cfg: CacheConfig, block: int = 8 << 20) -> None:
     """Each row file of ``rows_uri``: its parts' files, one after another, in row order. Every row
     is framed on its own, so this is the one-piece file byte for byte."""
     fs, path = fsspec.core.url_to_fs(rows_uri)
     fs.makedirs(path, exist_ok=True)
-    for name in _row_file_names():
+    for name in _row_file_names(cfg):
         with fs.open(f"{path}/{name}", "wb") as out:
             for part in parts:
                 with fsspec.open(f"{part}/{name}", "rb") as fh:
@@ -433,34 +502,41 @@ def _encode_shard(shard: DocumentShard, job: EncodeJob) -> dict:
     # task never writes into files that a presumed-dead earlier attempt may still be writing.
     attempt = uuid.uuid4().hex[:16]
     with local_tokenizer_dir(job.tokenizer_dir) as local_tok:
-        encoder = _Encoder(os.path.join(local_tok, "tokenizer.json"), job.bos, job.eos, job.cfg)
+        encoder = _encoder(local_tok, job.bos, job.eos, job.cfg)
     entry = _encode_rows(shard, encoder, job.cfg, f"{out}/{attempt}")
     write_json(f"{out}/{_ENCODED_ENTRY}", {**entry, ROWS_AT: attempt})
     return {**entry, ROWS: f"{out}/{attempt}", ENCODING: job.identity}
 
 
-def _encode_rows(shard: DocumentShard, encoder: _Encoder, cfg: CacheConfig, rows_uri: str) -> dict:
-    """Write a shard's row files under ``rows_uri``; returns its ledger entry."""
+def _encode_rows(shard: DocumentShard, encoder: _Encoder | _ChatEncoder, cfg: CacheConfig, rows_uri: str) -> dict:
+    """Write a shard's row files under ``rows_uri``; returns its ledger entry. A chat shard's
+    conversations that are no row, or were cut, are listed in its quarantine file and counted."""
     fs, path = fsspec.core.url_to_fs(rows_uri)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # keep Rust threads on in forked workers
     fs.makedirs(path, exist_ok=True)
-    entry = _shard_entry(shard)
+    entry = _shard_entry(shard, cfg)
     with contextlib.ExitStack() as files:
         rows = {(split, kind): files.enter_context(fs.open(f"{path}/{split}.{kind}", "wb"))
-                for split in SPLITS for kind in ROW_FILES}
+                for split in SPLITS for kind in encoder.row_files}
         id_hashes = files.enter_context(fs.open(f"{path}/{ID_HASHES}", "wb"))
+        quarantine = files.enter_context(fs.open(f"{path}/{chat_template.QUARANTINE_FILE}", "w")) \
+            if cfg.chat is not None else None
         for batch, encodings in _encode_ahead(encoder, iter_clean_batches(shard, cfg)):
             entry["skipped_documents"] += batch.skipped
             if not batch.texts:
                 continue
             entry["text_bytes"] += batch.text_bytes
-            framed, hashes = encoder.frame(batch, encodings)
+            framed, hashes, refused = encoder.frame(batch, encodings)
             id_hashes.write(hashes.astype(ID_HASH_DTYPE, copy=False).tobytes())
-            for split, (data, lengths) in framed.items():
-                rows[split, "tokens"].write(data.astype(ROW_FILES["tokens"], copy=False).tobytes())
-                rows[split, "lengths"].write(lengths.astype(ROW_FILES["lengths"], copy=False).tobytes())
-                entry[f"{split}_documents"] += int(lengths.size)
-                entry[f"{split}_tokens"] += int(data.size)
+            for split, values in framed.items():
+                for kind, array in values.items():
+                    rows[split, kind].write(array.astype(ROW_FILES[kind], copy=False).tobytes())
+                entry[f"{split}_documents"] += int(values["lengths"].size)
+                entry[f"{split}_tokens"] += int(values["tokens"].size)
+            for doc_id, rendered in refused:
+                entry[f"quarantined_{rendered.reason}" if rendered.reason else chat_template.TRUNCATED] += 1
+                quarantine.write(json.dumps({"id": doc_id, "reason": rendered.reason or "truncated",
+                                             "detail": rendered.detail}, sort_keys=True) + "\n")
     return entry
 
 
@@ -469,7 +545,7 @@ def read_rows(rows_uri: str, name: str, dtype: np.dtype) -> np.ndarray:
         return np.frombuffer(fh.read(), dtype=dtype)
 
 
-def _shard_entry(shard: DocumentShard) -> dict:
+def _shard_entry(shard: DocumentShard, cfg: CacheConfig) -> dict:
     return {
         "key": shard.key,
         "fingerprint": shard.fingerprint,
@@ -479,6 +555,7 @@ def _shard_entry(shard: DocumentShard) -> dict:
         "validation_tokens": 0,
         "text_bytes": 0,
         "skipped_documents": 0,
+        **(chat_template.chat_counts() if cfg.chat is not None else {}),
     }
 
 

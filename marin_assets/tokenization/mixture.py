@@ -14,6 +14,8 @@ from typing import Literal
 
 import yaml
 
+from marin_assets.tokenization.cache_config import MESSAGES_COLUMN
+
 STOP_STRATEGIES = ("restart", "first_exhausted", "all_exhausted")
 
 
@@ -24,6 +26,9 @@ class MixtureComponent:
     cache_root: str
     weight: float = 1.0
     tags: tuple[str, ...] = ()
+    chat_template: str | None = None
+    """A chat cache's template (as its manifest records it): Levanter reads the component as chat
+    data (`format: chat`), its loss on the assistant mask. None: a text cache."""
 
     def __post_init__(self) -> None:
         if not self.cache_root:
@@ -109,6 +114,11 @@ def render_levanter_data_config(spec: MixtureSpec) -> dict:
             # No URLs: Levanter finds no source and only loads the finished cache at cache_dir/<split>.
             "train_urls": [],
             "validation_urls": [],
+            # A chat cache: Levanter's ChatProcessor's fields, read by its MultiturnChatDataset with the
+            # loss on the assistant's tokens. Its metadata (the template) matches the cache's ledger.
+            **({"format": {"type": "chat", "chat_template": comp.chat_template, "messages_field": MESSAGES_COLUMN,
+                           "mask_user_turns": True, "pack": True, "single_turn": False}}
+               if comp.chat_template is not None else {}),
         }
         for name, comp in spec.components.items()
     }

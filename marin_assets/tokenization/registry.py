@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from marin_assets.tokenization.cache_config import CacheConfig
+from marin_assets.tokenization.cache_config import CacheConfig, ChatCacheConfig
 from marin_assets.tokenization.tokenizer import TokenizerConfig
 from marin_resources.config_identity import derived, identity, runtime
 from marin_resources.keys import NAME_RULE, is_safe_name
@@ -97,11 +97,17 @@ class TokenizedEntry:
     decontamination: DecontaminationPolicy = DecontaminationPolicy()
 
 
+MIXTURE_FORMATS = ("text", "chat", "mixed")
+
+
 @dataclass(frozen=True)
 class MixtureEntry:
     name: str = derived("its key, mixture/<name>")
     tokenizer: str = identity()
     weights: dict[str, float] = identity()
+    # What its components are: text caches (pretraining, the default), chat caches (loss on the
+    # assistant's turns), or either, declared (`mixed`).
+    format: str = identity("text", omit="default")
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,7 @@ def _tokenized_entry(source: str, body: dict | None, tokenizers: dict[str, Token
     return TokenizedEntry(source, tok, _decoded(CacheConfig, body, where), floor, policy)
 
 
-_MIXTURE_KEYS = ("tokenizer", "components")
+_MIXTURE_KEYS = ("tokenizer", "components", "format")
 
 
 def load_registry(path: str | Path = REGISTRY_PATH) -> TokenizationRegistry:
@@ -249,7 +255,10 @@ def _mixture_entry(name: str, body: Any) -> MixtureEntry:
         weights[component] = weight
     if not any(weight > 0 for weight in weights.values()):
         raise RegistryError(f"{where}.components: at least one component needs a weight > 0, got {weights}")
-    return MixtureEntry(name, tokenizer, weights)
+    mixture_format = body.get("format", "text")
+    if mixture_format not in MIXTURE_FORMATS:
+        raise RegistryError(f"{where}.format: one of {', '.join(MIXTURE_FORMATS)}, got {mixture_format!r}")
+    return MixtureEntry(name, tokenizer, weights, mixture_format)
 
 
 def registry_for_sources(registry: TokenizationRegistry, sources: set[str],
@@ -259,22 +268,34 @@ def registry_for_sources(registry: TokenizationRegistry, sources: set[str],
     (MARIN_SOURCES may name a different set) are dropped, with everything that depends on them.
     The default applies only where its tokenizer can be built here.
 
-    Chat sources (``chat_sources``, of ``sources``) get no text cache: their cache renders turns through
-    a chat template with an assistant loss mask (docs/post-training.md, not built yet), and a text
-    cache of their plain rendering would train on role labels as prose. An entry that names one (a
-    `tokenized:` entry, a tokenizer's `train_on`, a mixture's weights) is refused in one line."""
-    for what, names in [("tokenized", set(registry.tokenized)),
-                        *((f"tokenizers.{n}.train_on", set(e.train_on)) for n, e in registry.tokenizers.items()),
-                        *((f"mixtures.{n}.weights", set(e.weights)) for n, e in registry.mixtures.items())]:
-        if names & chat_sources:
-            raise RegistryError(f"tokenization registry: {what}: {sorted(names & chat_sources)[0]!r} is a chat "
-                                "source; its token cache (turns through a chat template, loss on the assistant's) "
-                                "is not built yet (docs/post-training.md)")
-    sources = sources - chat_sources
-    tokenizers = {n: e for n, e in registry.tokenizers.items() if set(e.train_on) <= sources}
-    tokenized = {n: e for n, e in registry.tokenized.items() if n in sources and e.tokenizer in tokenizers}
+    A chat source (``chat_sources``, of ``sources``) gets a chat cache (turns through a chat template,
+    with the assistant mask; docs/post-training.md) from its own `tokenized:` entry only: the default
+    is a text cache, which would train on role labels as prose. Refused in one line: a text entry's
+    `chat:` settings, a tokenizer trained on a chat source, and a mixture that mixes chat and text
+    caches without declaring it (`format: mixed`), or of the other format than it declares."""
+    for name, entry in registry.tokenizers.items():
+        if set(entry.train_on) & chat_sources:
+            raise RegistryError(f"tokenization registry: tokenizers.{name}.train_on: "
+                                f"{sorted(set(entry.train_on) & chat_sources)[0]!r} is a chat source; a tokenizer is "
+                                "trained on prose (a chat source's plain rendering carries role labels)")
+    for source, entry in registry.tokenized.items():
+        if entry.cache.chat is not None and source in sources - chat_sources:
+            raise RegistryError(f"tokenization registry: tokenized.{source}.chat: {source!r} is not a chat source "
+                                "(`format: chat`); a text cache has no chat template")
+    text_sources = sources - chat_sources
+    tokenizers = {n: e for n, e in registry.tokenizers.items() if set(e.train_on) <= text_sources}
+    tokenized = {n: e if n in text_sources or e.cache.chat is not None
+                 else replace(e, cache=replace(e.cache, chat=ChatCacheConfig()))
+                 for n, e in registry.tokenized.items() if n in sources and e.tokenizer in tokenizers}
     if registry.default is not None and registry.default.tokenizer in tokenizers:
-        for source in sorted(sources - set(registry.tokenized)):
+        for source in sorted(text_sources - set(registry.tokenized)):
             tokenized[source] = replace(registry.default, source=source)
+    for name, mixture in registry.mixtures.items():
+        kinds = {c: "chat" if c in chat_sources else "text" for c in mixture.weights if c in tokenized}
+        other = sorted(c for c, kind in kinds.items() if kind != mixture.format)
+        if mixture.format != "mixed" and other:
+            raise RegistryError(f"tokenization registry: mixtures.{name}: {other[0]!r} is a {kinds[other[0]]} cache in "
+                                f"a {mixture.format} mixture; declare `format: mixed` to train on both (the chat "
+                                "caches' loss on the assistant's turns, the text caches' on every token)")
     mixtures = {n: e for n, e in registry.mixtures.items() if set(e.weights) <= set(tokenized)}
     return TokenizationRegistry(tokenizers, tokenized, mixtures, registry.default, registry.decontamination)

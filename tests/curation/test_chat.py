@@ -234,10 +234,10 @@ def test_the_skipped_steps_are_declared_in_the_identities_and_text_sources_keep_
     assert "filters" in text_filtered and text_filtered["language_model"] is not None
 
 
-def test_a_chat_source_gets_no_text_token_cache_and_naming_one_for_it_is_refused():
+def test_a_chat_source_gets_a_chat_cache_from_its_own_entry_and_mixing_kinds_is_declared():
     from marin_assets.curation.config import CurationConfig, SourceConfig
     from marin_assets.deployment import Deployment
-    from marin_assets.tokenization.cache_config import CacheConfig
+    from marin_assets.tokenization.cache_config import CacheConfig, ChatCacheConfig
     from marin_assets.tokenization.registry import (
         MixtureEntry,
         RegistryError,
@@ -252,18 +252,41 @@ def test_a_chat_source_gets_no_text_token_cache_and_naming_one_for_it_is_refused
     tokenizer = TokenizerEntry("t", TokenizerConfig(), train_on=("prose",), version="v1")
     default = TokenizedEntry("*", "t", CacheConfig())
     registry = TokenizationRegistry({"t": tokenizer}, {}, {"m": MixtureEntry("m", "t", {"prose": 1.0})}, default)
-    # The default text cache covers the prose source only: a chat source's cache is item 4's.
+    # The default text cache covers the prose source only: a chat source's cache comes from its own entry.
     assert set(Deployment.resolve(curation, registry, {}, {}).tokenization.tokenized) == {"prose"}
-    for named, where in [
-            (TokenizationRegistry({"t": tokenizer}, {"chats": TokenizedEntry("chats", "t", CacheConfig())}, {},
-                                  default), "tokenized"),
+    chats = TokenizedEntry("chats", "t", CacheConfig())
+    resolved = Deployment.resolve(curation, TokenizationRegistry(
+        {"t": tokenizer}, {"chats": chats}, {"sft": MixtureEntry("sft", "t", {"chats": 1.0}, "chat"),
+                                             "both": MixtureEntry("both", "t", {"prose": 1.0, "chats": 1.0}, "mixed")},
+        default), {}, {}).tokenization
+    assert resolved.tokenized["chats"].cache.chat == ChatCacheConfig()  # the tokenizer's template, seq_len 1024
+    assert resolved.tokenized["prose"].cache.chat is None and set(resolved.mixtures) == {"sft", "both"}
+    for named, refusal in [
             (TokenizationRegistry({"t": TokenizerEntry("t", TokenizerConfig(), train_on=("prose", "chats"))}, {}, {},
-                                  default), "tokenizers.t.train_on"),
-            (TokenizationRegistry({"t": tokenizer}, {}, {"m": MixtureEntry("m", "t", {"prose": 1.0, "chats": 1.0})},
-                                  default), "mixtures.m.weights")]:
-        with pytest.raises(RegistryError, match=rf"^tokenization registry: {where}: 'chats' is a chat source; its "
-                                                r"token cache .* is not built yet"):
+                                  default), r"tokenizers.t.train_on: 'chats' is a chat source"),
+            (TokenizationRegistry({"t": tokenizer}, {"chats": chats},
+                                  {"m": MixtureEntry("m", "t", {"prose": 1.0, "chats": 1.0})}, default),
+             r"mixtures.m: 'chats' is a chat cache in a text mixture; declare `format: mixed`"),
+            (TokenizationRegistry({"t": tokenizer}, {"chats": chats},
+                                  {"m": MixtureEntry("m", "t", {"prose": 1.0, "chats": 1.0}, "chat")}, default),
+             r"mixtures.m: 'prose' is a text cache in a chat mixture"),
+            (TokenizationRegistry({"t": tokenizer}, {"prose": TokenizedEntry("prose", "t", CacheConfig(
+                chat=ChatCacheConfig()))}, {}, default), r"tokenized.prose.chat: 'prose' is not a chat source")]:
+        with pytest.raises(RegistryError, match=rf"^tokenization registry: {refusal}"):
             Deployment.resolve(curation, named, {}, {})
+
+
+def test_a_mixture_format_is_read_from_the_registry_file():
+    from marin_assets.tokenization.registry import RegistryError, parse_registry
+
+    raw = {"tokenizers": {"t": {"train_on": ["prose"]}},
+           "tokenized": {"prose": {"tokenizer": "t"}, "chats": {"tokenizer": "t", "chat": {"seq_len": 512}}},
+           "mixtures": {"sft": {"tokenizer": "t", "format": "chat", "components": {"chats": {"weight": 1}}}}}
+    registry = parse_registry(raw, "marin.yaml")
+    assert registry.mixtures["sft"].format == "chat" and registry.tokenized["chats"].cache.chat.seq_len == 512
+    raw["mixtures"]["sft"]["format"] = "sft"
+    with pytest.raises(RegistryError, match=r"mixture 'sft'.format: one of text, chat, mixed, got 'sft'"):
+        parse_registry(raw, "marin.yaml")
 
 
 # --------------------------------------------------------------------------- filtered/ and PII
