@@ -27,10 +27,15 @@ from marin_assets.deployment import Deployment
 from marin_assets.planning import CLI_TAG, Planner
 from marin_assets.run_submission import WorkspaceRuns
 from marin_assets.stages import build_stage
-from marin_resources.dagster_private import RUNS_START_HERE_ENV, worker_started_event_data
+from marin_resources.dagster_private import PARTITION_NAME_TAG, RUNS_START_HERE_ENV, worker_started_event_data
 from marin_resources.environments import MarinSettings, build_resources
 from marin_resources.keys import NEW_SHARD_FLOW_TRIGGERS, TRIGGER_TAG, asset_key
-from marin_resources.new_shard_launcher import LAUNCHED_BY_TAG, NewShardRunLauncher, job_server_problem
+from marin_resources.new_shard_launcher import (
+    LAUNCHED_BY_TAG,
+    NewShardRunLauncher,
+    is_new_shard_flow,
+    job_server_problem,
+)
 from marin_resources.storage.store import ArtifactStore
 from tests.ops.conftest import free_port
 from tests.ops.ray_nodes import NO_AUTH, two_node_cluster
@@ -328,9 +333,19 @@ def test_the_reach_check_sends_the_submissions_headers_and_cookies():
         launcher.ray.launch_run = lambda context: submitted.append(context.dagster_run.run_id)
         run = instance.create_run_for_job(
             dg.Definitions(assets=[dg.asset(lambda: 1, name="shard")]).resolve_implicit_global_asset_job_def(),
-            tags={TRIGGER_TAG: NEW_SHARD_FLOW_TRIGGERS[0]})
+            tags={TRIGGER_TAG: NEW_SHARD_FLOW_TRIGGERS[0], PARTITION_NAME_TAG: "north.txt"})
         launcher.launch_run(LaunchRunContext(run, None))
         assert submitted == [run.run_id]
         assert instance.get_run_by_id(run.run_id).tags[LAUNCHED_BY_TAG] == "ray"
         assert job_server_problem(address) == f"the Ray job server at {address} refuses the request (HTTP 401 " \
                                               "Unauthorized)"
+
+
+def test_only_the_flows_per_shard_runs_go_to_ray():
+    def run(**tags: str) -> dg.DagsterRun:
+        return dg.DagsterRun(job_name="__ASSET_JOB", tags=tags)
+
+    assert is_new_shard_flow(run(**{TRIGGER_TAG: "new_shard_sensor", PARTITION_NAME_TAG: "north.txt"}))
+    assert is_new_shard_flow(run(**{TRIGGER_TAG: "automation", PARTITION_NAME_TAG: "north.txt"}))
+    assert not is_new_shard_flow(run(**{TRIGGER_TAG: "automation"}))  # the cache's append
+    assert not is_new_shard_flow(run(**{PARTITION_NAME_TAG: "north.txt"}))  # a `marin materialize` plan's shard
