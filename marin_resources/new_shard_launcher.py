@@ -5,10 +5,11 @@ on a running Ray cluster").
 The new-shard flow is what the `<source>_new_shards` sensor and the `automation` sensor start (their
 runs carry `TRIGGER_TAG`): per-shard runs from `raw` to `token_shards`, then cross-shard runs (the
 dedup index, the cache's append). Each per-shard run is short; in Kubernetes it would otherwise wait
-for a pod to be scheduled, where a Ray job starts on a node that is already up. dagster-ray's `RayRunLauncher` submits the run as a Ray job
-through the cluster's job server (`dagster api execute_run` on a node; in-process steps, as every
-run here). `marin materialize` plans, UI launches and training keep the wrapped launcher
-(`otherwise`: the local default, or `K8sRunLauncher` in deploy/dagster.yaml).
+for a pod to be scheduled, where a Ray job starts on a node that is already up. dagster-ray's
+`RayRunLauncher` submits the run as a Ray job through the cluster's job server (`dagster api
+execute_run` on a node; in-process steps, as every run here). The cross-shard runs, `marin
+materialize` plans, UI launches and training keep the wrapped launcher (`otherwise`: the local
+default, or `K8sRunLauncher` in deploy/dagster.yaml).
 
 A runtime choice of the instance (dagster.yaml), never part of any identity: the artifacts a run
 commits are the same bytes wherever it ran. Before each submission the job server is asked for its
