@@ -129,11 +129,15 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str, uri: str = "") -> Manifest:
-        raw = json.loads(text)
-        raw["files"] = [FileEntry(**f) for f in raw.get("files", [])]
-        raw["upstream"] = [UpstreamRef(**u) for u in raw.get("upstream", [])]
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known}, uri=uri)
+        return cls.from_dict(json.loads(text), uri)
+
+    @classmethod
+    def from_dict(cls, stored: dict[str, Any], uri: str = "") -> Manifest:
+        """A manifest from its stored JSON, parsed (``stored`` itself is left as it is)."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"uri", "files", "upstream"}
+        return cls(**{k: v for k, v in stored.items() if k in known}, uri=uri,
+                   files=[FileEntry(**f) for f in stored.get("files", [])],
+                   upstream=[UpstreamRef(**u) for u in stored.get("upstream", [])])
 
     def upstream_versions(self) -> dict[tuple[str, str | None], str]:
         return {(u.asset_key, u.partition): u.data_version for u in self.upstream}
@@ -347,7 +351,11 @@ class ArtifactStore:
 
     def parse_manifest(self, text: str, uri: str) -> Manifest:
         """A manifest as stored at ``uri``, its store-relative references resolved against this prefix."""
-        manifest = Manifest.from_json(text, uri=uri)
+        return self.manifest_from_stored(json.loads(text), uri)
+
+    def manifest_from_stored(self, stored: dict[str, Any], uri: str) -> Manifest:
+        """`parse_manifest` of the manifest's JSON already parsed (a stage index holds them so)."""
+        manifest = Manifest.from_dict(stored, uri=uri)
         manifest.upstream = [dataclasses.replace(u, uri=self.resolve(u.uri)) for u in manifest.upstream]
         manifest.metrics = self.resolve(manifest.metrics)
         return manifest
