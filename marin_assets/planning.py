@@ -115,6 +115,9 @@ class Planner:
         # Dynamic partitions name -> the keys its discovery listed: partitions a sensor adds after that
         # listing are left to the sensor (this command knows nothing of their files).
         self._listed: dict[str, frozenset[str]] = {}
+        self._mappings: dict[tuple[dg.AssetKey, dg.AssetKey], dg.PartitionMapping] = {}
+        # (asset key, partition) -> the fingerprint of the identity it wants, during a `status` only.
+        self._fingerprints: dict[tuple[dg.AssetKey, str | None], str | None] = {}
         # (asset key, code version) -> its stage's listing, during a `status` only (`_listing`).
         self._listings: dict[tuple[str, str], StageListing] | None = None
 
@@ -217,7 +220,9 @@ class Planner:
         node, pnode = self.graph.get(key), self.graph.get(parent)
         if pnode.partitions_def is None:
             return {None}
-        mapping = self.graph.get_partition_mapping(key, parent)
+        if (key, parent) not in self._mappings:  # Dagster's lookup, asked once per partition otherwise
+            self._mappings[(key, parent)] = self.graph.get_partition_mapping(key, parent)
+        mapping = self._mappings[(key, parent)]
         if isinstance(mapping, dg.SpecificPartitionsPartitionMapping):
             return {p for p in mapping.partition_keys if self.has_partition(parent, p)}
         if node.partitions_def == pnode.partitions_def and partition is not None:
@@ -236,15 +241,26 @@ class Planner:
         spec = self.catalog.specs.get(key_str(key))
         return None if spec is None else spec.identity(partition)
 
+    def wanted_fingerprint(self, key: dg.AssetKey, partition: str | None) -> str | None:
+        """The fingerprint of `wanted_identity`; within a `status` computed once per partition (it asks
+        for each of 75,000 partitions more than once). A plan computes it afresh each time: an
+        identity may read an artifact the plan builds (the token cache's tokenizer)."""
+        if (key, partition) in self._fingerprints:
+            return self._fingerprints[(key, partition)]
+        config = self.wanted_identity(key, partition)
+        wanted = None if config is None else fingerprint(config)
+        if self._listings is not None:
+            self._fingerprints[(key, partition)] = wanted
+        return wanted
+
     def current(self, key: dg.AssetKey, partition: str | None) -> Manifest | None:
         """The committed artifact of the identity the code wants now: found by its config where the
         catalog knows it, else the one the asset last committed or reused (its ref)."""
-        config = self.wanted_identity(key, partition)
-        listing = self._listing(key, partition) if config is not None else None
+        wanted = self.wanted_fingerprint(key, partition)
+        listing = self._listing(key, partition) if wanted is not None else None
         if listing is not None:
-            return listing.find(partition, fingerprint(config))
-        return self.store.find(key_str(key), self.version_of(key), partition,
-                               fingerprint=None if config is None else fingerprint(config))
+            return listing.find(partition, wanted)
+        return self.store.find(key_str(key), self.version_of(key), partition, fingerprint=wanted)
 
     def _listing(self, key: dg.AssetKey, partition: str | None) -> StageListing | None:
         """The stage's listing of this `status` (`stage_index`), for a partition of a partitioned
@@ -280,11 +296,11 @@ class Planner:
         label = label_of(name, partition)
         config = self.wanted_identity(key, partition)
         manifest = self.current(key, partition)
-        listing = self._listing(key, partition) if config is not None and not verify else None
+        wanted = self.wanted_fingerprint(key, partition)
+        listing = self._listing(key, partition) if wanted is not None and not verify else None
         if manifest is None:
-            kept = listing.find_previous(partition, fingerprint(config)) if listing is not None else \
-                self.store.find_previous(name, version, partition,
-                                         fingerprint=None if config is None else fingerprint(config))
+            kept = listing.find_previous(partition, wanted) if listing is not None else \
+                self.store.find_previous(name, version, partition, fingerprint=wanted)
             previous = None if kept is not None else self._previous(name, version, partition, listing)
             # An unfinished rebuild's inputs are judged by the artifact it keeps, which stays readable.
             memo[(key, partition)] = decide(None, config=config, upstream=[], code_version=version, label=label,
@@ -352,7 +368,10 @@ class Planner:
                       for p in self.partitions_of(k)]
             unrequested = self.unrequested(keys or self.artifact_keys(), verify=verify, memo=memo)
         finally:
+            for listing in (self._listings or {}).values():
+                listing.finish()
             self._listings = None
+            self._fingerprints.clear()
         return [replace(s, unrequested=True) if (s.asset_key, s.partition) in unrequested else s for s in states]
 
     def unrequested(self, keys: Iterable[dg.AssetKey], *, verify: bool = False,

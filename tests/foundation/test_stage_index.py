@@ -66,6 +66,7 @@ def listed(listing, partition: str) -> tuple:
 def assert_agrees(store: ArtifactStore, partitions) -> stage_index.StageListing:
     listing = list_stage(store, KEY, VERSION)
     assert {p: listed(listing, p) for p in partitions} == {p: direct(store, p) for p in partitions}
+    listing.finish()
     return listing
 
 
