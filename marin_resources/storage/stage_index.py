@@ -48,9 +48,9 @@ from marin_resources.storage.store import (
     REFS_DIR,
     ArtifactStore,
     Manifest,
-    _data_version_problems,
     _is_bookkeeping,
     parse_version_dir,
+    size_problems,
     version_dir,
 )
 
@@ -164,16 +164,7 @@ class StageListing:
         key = self._key(manifest.partition, manifest.fingerprint)
         if key in self.unsettled:
             return self.store.check_files(manifest)  # read after the listing: its files are listed again
-        problems = _data_version_problems(manifest)
-        sizes = self.files.get(key, {})
-        for entry in manifest.files:
-            size = sizes.get(entry.path)
-            if size is None:
-                problems.append(f"{manifest.uri}/{entry.path}: missing")
-            elif size != entry.bytes:
-                problems.append(f"{manifest.uri}/{entry.path}: {size} bytes, recorded {entry.bytes}")
-        return problems
-
+        return size_problems(manifest, self.files.get(key, {}))
 
     def finish(self) -> None:
         """Called when the command is done with the stage: a listing wrote its index already."""
@@ -243,19 +234,15 @@ class LocalStage(StageListing):
         key = self._key(manifest.partition, manifest.fingerprint)
         if key in self.unsettled:
             return self.store.check_files(manifest)
-        problems = _data_version_problems(manifest)
-        base = self.store.fs_path(manifest.uri)
+        base, sizes = self.store.fs_path(manifest.uri), {}
         for entry in manifest.files:
             try:
                 st = os.lstat(f"{base}/{entry.path}")
-                size = st.st_size if stat_module.S_ISREG(st.st_mode) else None  # links are no content
             except (FileNotFoundError, NotADirectoryError):
-                size = None
-            if size is None:
-                problems.append(f"{manifest.uri}/{entry.path}: missing")
-            elif size != entry.bytes:
-                problems.append(f"{manifest.uri}/{entry.path}: {size} bytes, recorded {entry.bytes}")
-        return problems
+                continue
+            if stat_module.S_ISREG(st.st_mode):  # a link is no content, as `file_stats` lists
+                sizes[entry.path] = st.st_size
+        return size_problems(manifest, sizes)
 
     def finish(self) -> None:
         """Write the index again when it was far behind: what was validated now, and the entries of

@@ -200,6 +200,18 @@ def _data_version_problems(manifest: Manifest) -> list[str]:
             f"{listed[:12]} of its listed files"]
 
 
+def size_problems(manifest: Manifest, sizes: dict[str, int]) -> list[str]:
+    """`ArtifactStore.check_files` given the artifact's files and their sizes (a listing's, or stats')."""
+    problems = _data_version_problems(manifest)
+    for entry in manifest.files:
+        size = sizes.get(entry.path)
+        if size is None:
+            problems.append(f"{manifest.uri}/{entry.path}: missing")
+        elif size != entry.bytes:
+            problems.append(f"{manifest.uri}/{entry.path}: {size} bytes, recorded {entry.bytes}")
+    return problems
+
+
 def _map_strings(value: Any, fn) -> Any:
     """`fn` applied to every string in JSON-like data (dicts, lists, strings)."""
     if isinstance(value, str):
@@ -482,15 +494,7 @@ class ArtifactStore:
         """The cheap check run before an artifact is reused: its data version is the content hash of
         its listed files, and every listed file exists with its recorded size. One listing, no
         reading; `verify` is the full check."""
-        problems = _data_version_problems(manifest)
-        sizes = self.file_sizes(manifest.uri)
-        for entry in manifest.files:
-            size = sizes.get(entry.path)
-            if size is None:
-                problems.append(f"{manifest.uri}/{entry.path}: missing")
-            elif size != entry.bytes:
-                problems.append(f"{manifest.uri}/{entry.path}: {size} bytes, recorded {entry.bytes}")
-        return problems
+        return size_problems(manifest, self.file_sizes(manifest.uri))
 
     def check_file(self, manifest: Manifest, rel: str, *, full: bool = False) -> list[str]:
         """`check_files` of one listed file (with ``full``, `verify`'s re-hash): what a reader of that

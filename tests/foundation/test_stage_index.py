@@ -3,9 +3,11 @@ per-partition lookups answer, on local disk and object stores: after commits the
 with a stale or damaged index, for damaged and half-rebuilt artifacts, and while commits land."""
 
 import gzip
+import importlib.util
 import json
 import threading
 import time
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -168,38 +170,22 @@ def test_a_listing_sees_every_commit_that_finished_before_it(store):
     assert_agrees(store, parts)
 
 
-SHARDS = dg.DynamicPartitionsDefinition(name="index_shards")
-
-
-def lines_graph(prefix: str, catalog: Catalog) -> dg.Definitions:
-    from marin_resources.artifact_spec import ArtifactSpec
-    from marin_resources.artifacts import ArtifactHandleIOManager, Built, MarinStore, materialize_artifact
-
-    spec = ArtifactSpec("test/lines", "v1", lambda shard: {"shard": shard})
-
-    @catalog.asset(spec, partitions_def=SHARDS)
-    def lines(context: dg.AssetExecutionContext, store: MarinStore):
-        def build(writer) -> Built:
-            with writer.open("lines.txt") as fh:
-                fh.write(f"lines of {context.partition_key}".encode())
-
-        return materialize_artifact(context, store, spec, upstream=[], build=build)
-
-    store = MarinStore(prefix=prefix)
-    return dg.Definitions(assets=[lines], resources={"store": store,
-                                                     "artifact_io_manager": ArtifactHandleIOManager(store=store)})
-
-
 def test_status_reads_the_stage_listing_and_verify_reads_every_artifact(tmp_path):
+    # test_artifact_spec's graph: test/lines, one file a shard, "hello <shard>" (tests/ is no package)
+    spec = importlib.util.spec_from_file_location("artifact_spec_graph",
+                                                  Path(__file__).with_name("test_artifact_spec.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    SHARDS, graph = module.SHARDS, module.graph  # noqa: N806 - the module's constant
     catalog = Catalog()
-    defs = lines_graph(str(tmp_path / "store"), catalog)
+    defs = graph(tmp_path / "store", catalog)
     store = ArtifactStore(str(tmp_path / "store"))
     key = parse_key("test/lines")
+    lines = [a for a in defs.assets if a.key == key]
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(SHARDS.name, ["a", "b", "c", "d"])
         for shard in ("a", "b", "c"):
-            assert dg.materialize(defs.assets, partition_key=shard, resources=defs.resources,
-                                  instance=instance).success
+            assert dg.materialize(lines, partition_key=shard, resources=defs.resources, instance=instance).success
         planner = Planner(defs, catalog, store, instance)
 
         def states(**kwargs):
@@ -207,10 +193,10 @@ def test_status_reads_the_stage_listing_and_verify_reads_every_artifact(tmp_path
 
         assert states() == {"a": "fresh", "b": "fresh", "c": "fresh", "d": "missing"}
         assert store.fs.exists(index_path(store, "test/lines", "v1"))  # 3 manifests read: the threshold
-        assert dg.materialize(defs.assets, partition_key="d", resources=defs.resources, instance=instance).success
+        assert dg.materialize(lines, partition_key="d", resources=defs.resources, instance=instance).success
         assert states()["d"] == "fresh"  # committed after the index was written
-        uri = {p: store.find("test/lines", "v1", p, fingerprint=fingerprint({"shard": p})).uri for p in "ab"}
-        (store.local_path(uri["a"]) / "lines.txt").write_bytes(b"lines of A")  # same size, other bytes
+        uri = {p: store.find("test/lines", "v1", p).uri for p in "ab"}
+        (store.local_path(uri["a"]) / "lines.txt").write_bytes(b"hello A")  # same size, other bytes
         (store.local_path(uri["b"]) / "lines.txt").unlink()
         cheap, full = states(), states(verify=True)
         # The cheap check sees the missing file through the index; only a re-hash sees changed bytes of the
