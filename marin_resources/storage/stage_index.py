@@ -245,13 +245,12 @@ class LocalStage(StageListing):
         return size_problems(manifest, sizes)
 
     def finish(self) -> None:
-        """Write the index again when it was far behind: what was validated now, and the entries of
-        partitions not looked at (each is validated when it is)."""
+        """Write the index again when it was far behind, with the entries validated now: a status
+        looks at every partition the asset has, so what it did not look at is an identity no longer
+        wanted or a retired partition (kept, the index would grow with every config ever built)."""
         if self.tail_reads < REWRITE_AFTER and self.gone < REWRITE_AFTER:
             return
-        looked = {f"{key}/{MANIFEST_NAME}" for key in self._looked}
-        entries = {rel: entry for rel, entry in self.cached.items() if rel not in looked} | self.entries
-        _write_index(self.store, self.asset_key, self.code_version, entries)
+        _write_index(self.store, self.asset_key, self.code_version, self.entries)
         self.index_written = True
 
 
