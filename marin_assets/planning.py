@@ -38,6 +38,7 @@ from marin_resources.keys import parse_selection
 from marin_resources.new_shard_launcher import launcher_for
 from marin_resources.storage.freshness import Decision, damage_summary, decide, label_of
 from marin_resources.storage.identity import InvalidPartitionKeyError, fingerprint, validate_partition_key
+from marin_resources.storage.stage_index import StageListing, list_stage
 from marin_resources.storage.store import ArtifactStore, Manifest, UpstreamRef
 
 CLI_TAG, HOST_TAG, PID_TAG = "marin/cli", "marin/host", "marin/pid"
@@ -115,6 +116,11 @@ class Planner:
         # Dynamic partitions name -> the keys its discovery listed: partitions a sensor adds after that
         # listing are left to the sensor (this command knows nothing of their files).
         self._listed: dict[str, frozenset[str]] = {}
+        self._mappings: dict[tuple[dg.AssetKey, dg.AssetKey], dg.PartitionMapping] = {}
+        # (asset key, partition) -> the fingerprint of the identity it wants, during a `status` only.
+        self._fingerprints: dict[tuple[dg.AssetKey, str | None], str | None] = {}
+        # (asset key, code version) -> its stage's listing, during a `status` only (`_listing`).
+        self._listings: dict[tuple[str, str], StageListing] | None = None
 
     # ---- partitions ------------------------------------------------------------------------
     def discover(self, names: Iterable[str] | None = None) -> dict[str, list[str]]:
@@ -215,7 +221,9 @@ class Planner:
         node, pnode = self.graph.get(key), self.graph.get(parent)
         if pnode.partitions_def is None:
             return {None}
-        mapping = self.graph.get_partition_mapping(key, parent)
+        if (key, parent) not in self._mappings:  # Dagster's lookup, asked once per partition otherwise
+            self._mappings[(key, parent)] = self.graph.get_partition_mapping(key, parent)
+        mapping = self._mappings[(key, parent)]
         if isinstance(mapping, dg.SpecificPartitionsPartitionMapping):
             return {p for p in mapping.partition_keys if self.has_partition(parent, p)}
         if node.partitions_def == pnode.partitions_def and partition is not None:
@@ -258,12 +266,37 @@ class Planner:
         spec = self.catalog.specs.get(key_str(key))
         return None if spec is None else spec.identity(partition)
 
+    def wanted_fingerprint(self, key: dg.AssetKey, partition: str | None) -> str | None:
+        """The fingerprint of `wanted_identity`; within a `status` computed once per partition (it asks
+        for each of 75,000 partitions more than once). A plan computes it afresh each time: an
+        identity may read an artifact the plan builds (the token cache's tokenizer)."""
+        if (key, partition) in self._fingerprints:
+            return self._fingerprints[(key, partition)]
+        config = self.wanted_identity(key, partition)
+        wanted = None if config is None else fingerprint(config)
+        if self._listings is not None:
+            self._fingerprints[(key, partition)] = wanted
+        return wanted
+
     def current(self, key: dg.AssetKey, partition: str | None) -> Manifest | None:
         """The committed artifact of the identity the code wants now: found by its config where the
         catalog knows it, else the one the asset last committed or reused (its ref)."""
-        config = self.wanted_identity(key, partition)
-        return self.store.find(key_str(key), self.version_of(key), partition,
-                               fingerprint=None if config is None else fingerprint(config))
+        wanted = self.wanted_fingerprint(key, partition)
+        listing = self._listing(key, partition) if wanted is not None else None
+        if listing is not None:
+            return listing.find(partition, wanted)
+        return self.store.find(key_str(key), self.version_of(key), partition, fingerprint=wanted)
+
+    def _listing(self, key: dg.AssetKey, partition: str | None) -> StageListing | None:
+        """The stage's listing of this `status` (`stage_index`), for a partition of a partitioned
+        asset; None outside a status, where each lookup reads the store (a plan's runs commit while it
+        waits)."""
+        if self._listings is None or partition is None:
+            return None
+        name, version = key_str(key), self.version_of(key)
+        if (name, version) not in self._listings:
+            self._listings[(name, version)] = list_stage(self.store, name, version)
+        return self._listings[(name, version)]
 
     def state(self, key: dg.AssetKey, partition: str | None, *, verify: bool = False,
               memo: dict | None = None) -> PartitionState:
@@ -288,15 +321,18 @@ class Planner:
         label = label_of(name, partition)
         config = self.wanted_identity(key, partition)
         manifest = self.current(key, partition)
+        wanted = self.wanted_fingerprint(key, partition)
+        listing = self._listing(key, partition) if wanted is not None and not verify else None
         if manifest is None:
-            kept = self.store.find_previous(name, version, partition,
-                                            fingerprint=None if config is None else fingerprint(config))
-            previous = None if kept is not None else self._previous(name, version, partition)
+            kept = listing.find_previous(partition, wanted) if listing is not None else \
+                self.store.find_previous(name, version, partition, fingerprint=wanted)
+            previous = None if kept is not None else self._previous(name, version, partition, listing)
             # An unfinished rebuild's inputs are judged by the artifact it keeps, which stays readable.
             memo[(key, partition)] = decide(None, config=config, upstream=[], code_version=version, label=label,
                                             previous=previous, kept=kept), kept
             return memo[(key, partition)]
-        damage = self.store.verify(manifest) if verify else self.store.check_files(manifest)
+        damage = self.store.verify(manifest) if verify else \
+            listing.check_files(manifest) if listing is not None else self.store.check_files(manifest)
         recorded = manifest.upstream_versions()
         wanted = dict(recorded)  # inputs the planner cannot evaluate are taken as recorded
         decisions: dict[tuple[str, str | None], Decision] = {}
@@ -336,10 +372,14 @@ class Planner:
                                         code_version=version, label=label), manifest
         return memo[(key, partition)]
 
-    def _previous(self, name: str, version: str, partition: str | None) -> Manifest | None:
+    def _previous(self, name: str, version: str, partition: str | None,
+                  listing: StageListing | None = None) -> Manifest | None:
         """What was current before the wanted identity: this code version's ref, else the newest older
-        code version's."""
-        for v in [version, *reversed([v for v in self.store.code_versions(name) if v != version])]:
+        code version's. A stage's ``listing`` says which refs exist: only those are read."""
+        versions = listing.code_versions if listing is not None else self.store.code_versions(name)
+        for v in [version, *reversed([v for v in versions if v != version])]:
+            if listing is not None and not listing.has_ref(v, partition):
+                continue
             manifest = self.store.find(name, v, partition)
             if manifest is not None:
                 return manifest
@@ -350,9 +390,18 @@ class Planner:
             self.require_asset(key)
         self.forget_partitions()
         memo: dict = {}
-        states = [self.state(k, p, verify=verify, memo=memo) for k in (keys or self.artifact_keys())
-                  for p in self.partitions_of(k)]
-        unrequested = self.unrequested(keys or self.artifact_keys(), verify=verify, memo=memo)
+        # One listing a stage, with its index of manifests, instead of reads per partition; not for
+        # --verify, which reads and re-hashes every artifact.
+        self._listings = None if verify else {}
+        try:
+            states = [self.state(k, p, verify=verify, memo=memo) for k in (keys or self.artifact_keys())
+                      for p in self.partitions_of(k)]
+            unrequested = self.unrequested(keys or self.artifact_keys(), verify=verify, memo=memo)
+        finally:
+            for listing in (self._listings or {}).values():
+                listing.finish()
+            self._listings = None
+            self._fingerprints.clear()
         return [replace(s, unrequested=True) if (s.asset_key, s.partition) in unrequested else s for s in states]
 
     def unrequested(self, keys: Iterable[dg.AssetKey], *, verify: bool = False,

@@ -129,11 +129,15 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str, uri: str = "") -> Manifest:
-        raw = json.loads(text)
-        raw["files"] = [FileEntry(**f) for f in raw.get("files", [])]
-        raw["upstream"] = [UpstreamRef(**u) for u in raw.get("upstream", [])]
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known}, uri=uri)
+        return cls.from_dict(json.loads(text), uri)
+
+    @classmethod
+    def from_dict(cls, stored: dict[str, Any], uri: str = "") -> Manifest:
+        """A manifest from its stored JSON, parsed (``stored`` itself is left as it is)."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"uri", "files", "upstream"}
+        return cls(**{k: v for k, v in stored.items() if k in known}, uri=uri,
+                   files=[FileEntry(**f) for f in stored.get("files", [])],
+                   upstream=[UpstreamRef(**u) for u in stored.get("upstream", [])])
 
     def upstream_versions(self) -> dict[tuple[str, str | None], str]:
         return {(u.asset_key, u.partition): u.data_version for u in self.upstream}
@@ -194,6 +198,18 @@ def _data_version_problems(manifest: Manifest) -> list[str]:
         return []
     return [f"{manifest.uri}/{MANIFEST_NAME}: data_version {manifest.data_version[:12]} is not the content hash "
             f"{listed[:12]} of its listed files"]
+
+
+def size_problems(manifest: Manifest, sizes: dict[str, int]) -> list[str]:
+    """`ArtifactStore.check_files` given the artifact's files and their sizes (a listing's, or stats')."""
+    problems = _data_version_problems(manifest)
+    for entry in manifest.files:
+        size = sizes.get(entry.path)
+        if size is None:
+            problems.append(f"{manifest.uri}/{entry.path}: missing")
+        elif size != entry.bytes:
+            problems.append(f"{manifest.uri}/{entry.path}: {size} bytes, recorded {entry.bytes}")
+    return problems
 
 
 def _map_strings(value: Any, fn) -> Any:
@@ -347,7 +363,11 @@ class ArtifactStore:
 
     def parse_manifest(self, text: str, uri: str) -> Manifest:
         """A manifest as stored at ``uri``, its store-relative references resolved against this prefix."""
-        manifest = Manifest.from_json(text, uri=uri)
+        return self.manifest_from_stored(json.loads(text), uri)
+
+    def manifest_from_stored(self, stored: dict[str, Any], uri: str) -> Manifest:
+        """`parse_manifest` of the manifest's JSON already parsed (a stage index holds them so)."""
+        manifest = Manifest.from_dict(stored, uri=uri)
         manifest.upstream = [dataclasses.replace(u, uri=self.resolve(u.uri)) for u in manifest.upstream]
         manifest.metrics = self.resolve(manifest.metrics)
         return manifest
@@ -474,15 +494,7 @@ class ArtifactStore:
         """The cheap check run before an artifact is reused: its data version is the content hash of
         its listed files, and every listed file exists with its recorded size. One listing, no
         reading; `verify` is the full check."""
-        problems = _data_version_problems(manifest)
-        sizes = self.file_sizes(manifest.uri)
-        for entry in manifest.files:
-            size = sizes.get(entry.path)
-            if size is None:
-                problems.append(f"{manifest.uri}/{entry.path}: missing")
-            elif size != entry.bytes:
-                problems.append(f"{manifest.uri}/{entry.path}: {size} bytes, recorded {entry.bytes}")
-        return problems
+        return size_problems(manifest, self.file_sizes(manifest.uri))
 
     def check_file(self, manifest: Manifest, rel: str, *, full: bool = False) -> list[str]:
         """`check_files` of one listed file (with ``full``, `verify`'s re-hash): what a reader of that

@@ -9,7 +9,7 @@ from marin_assets.automation import PINS_INPUTS_TAG
 from marin_assets.curation.assets import build_curation_stage
 from marin_assets.curation.config import load_curation_config
 from marin_assets.curation.discovery import discover_shards
-from marin_assets.curation.sensors import diff_shards
+from marin_assets.curation.sensors import CURSOR_FINGERPRINT_CHARS, diff_shards
 from marin_assets.deployment import Deployment
 from marin_assets.planning import Planner, parse_key
 from marin_assets.stages import build_stage
@@ -45,6 +45,25 @@ def test_diff_shards_is_pure_and_detects_new_and_changed(tmp_path):
     (watched / "a.txt").write_text(TEXT + " more")
     changed = diff_shards(discover_shards(source), {shards[0].key}, first.cursor)
     assert [s.key for s in changed.changed] == [shards[0].key]
+
+
+def test_the_cursor_holds_a_run_keys_share_of_each_fingerprint_and_reads_a_whole_one(tmp_path):
+    """75,000 whole fingerprints were 7 MB of cursor a tick; a prefix as long as the run key's is
+    kept, and a cursor written before (whole fingerprints) still tells a changed shard from the rest."""
+    watched = tmp_path / "in"
+    watched.mkdir()
+    for name in ("a", "b"):
+        (watched / f"{name}.txt").write_text(f"{name} {TEXT}")
+    source = load_curation_config(write_sources(tmp_path, watched)).source("letters")
+    shards = discover_shards(source)
+    keys = {s.key for s in shards}
+    cursor = diff_shards(shards, set(), {}).cursor
+    assert cursor == {s.key: s.fingerprint[:CURSOR_FINGERPRINT_CHARS] for s in shards}
+    whole = {s.key: s.fingerprint for s in shards}
+    assert diff_shards(shards, keys, whole).changed == [] and diff_shards(shards, keys, cursor).changed == []
+    (watched / "b.txt").write_text(f"b, changed {TEXT}")
+    for before in (whole, cursor):
+        assert [s.key for s in diff_shards(discover_shards(source), keys, before).changed] == ["b.txt"]
 
 
 @pytest.mark.slow  # sensor ticks and their runs

@@ -77,3 +77,22 @@ def test_a_filesystem_without_checksums_has_its_bytes_hashed(monkeypatch, tmp_pa
     fs.pipe(f"{root}/two.txt", LETTER.upper().replace(b"TIDE", b"TIME"))
     after = fingerprints(fs, uri)
     assert [k for k in before if before[k] != after[k]] == ["two.txt"]
+
+
+def test_prefetched_hashes_are_still_checked_against_each_files_stat(tmp_path):
+    """A listing reads its files' cached hashes in a few queries (`prefetch`), not one per file; a file
+    rewritten after that is hashed again, as one looked up alone would be."""
+    from marin_assets.curation.content_hashes import ContentHashCache, sha256_file
+
+    files = [tmp_path / f"f{i}.txt" for i in range(3)]
+    for i, f in enumerate(files):
+        f.write_text(f"file {i}")
+    with ContentHashCache(tmp_path / "cache.sqlite") as hashes:
+        first = [hashes.sha256(str(f)) for f in files]
+    files[1].write_text("rewritten, and longer")
+    with ContentHashCache(tmp_path / "cache.sqlite") as hashes:
+        hashes.prefetch([str(f) for f in files] + [str(tmp_path / "never-hashed.txt")])
+        assert hashes.db.execute("SELECT count(*) FROM hashes").fetchone()[0] == 3
+        again = [hashes.sha256(str(f)) for f in files]
+    assert again[0] == first[0] and again[2] == first[2]
+    assert again[1] == sha256_file(files[1]) != first[1]
