@@ -143,6 +143,7 @@ class WorkspaceRuns:
             directory = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="marin-runs-",
                                                                               ignore_cleanup_errors=True))
             os.environ[NO_MORE_RUNS_FILE_ENV] = os.path.join(directory, "no-more-runs")
+            self._stack.callback(os.environ.pop, NO_MORE_RUNS_FILE_ENV, None)  # no later server inherits it
         workspace = open_workspace(self._stack, self.instance, self.workspace_file)
         errors = [e for e in workspace.get_code_location_entries().values() if e.load_error is not None]
         if errors:
