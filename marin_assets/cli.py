@@ -186,7 +186,7 @@ def materialize_plans(plans: list[list[argparse.Namespace]], announce: Sequence[
             with stdout_to_stderr(json_out):  # the code server and run workers, started here, inherit it
                 steps = plan.materialize_all([(parse_key(t.selection), t.partition) for t in targets], log=say,
                                              force=args.force, verify=args.verify or args.rebuild, runs=runs,
-                                             max_parallel=args.max_parallel)
+                                             max_parallel=args.max_parallel, last_plan=number == len(plans) - 1)
             code = report_plan(steps, settings, started, say, json_out)
             if code != 0:
                 return code

@@ -634,7 +634,8 @@ class Planner:
 
     def materialize_all(self, targets: list[tuple[dg.AssetKey, str | None]], *, log: Log = print,
                         run_config: dict | None = None, force: bool = False, verify: bool = False,
-                        runs: RunSubmitter | None = None, max_parallel: int | None = None) -> list[StepResult]:
+                        runs: RunSubmitter | None = None, max_parallel: int | None = None,
+                        last_plan: bool = True) -> list[StepResult]:
         """Run the stale, missing or damaged steps of the targets' plan. With `verify`, every
         committed artifact in the plan is re-hashed before it counts as fresh, and every build
         re-hashes the inputs it reads.
@@ -644,7 +645,9 @@ class Planner:
         flight (default: `default_parallelism`), in the order of the targets they serve, then in plan
         order; pools still bound each asset. So independent partitions and branches overlap.
         A step is judged fresh or not only when it is ready, after its inputs were built. A failed
-        step does not stop its siblings; the steps that read it are not run, and say why."""
+        step does not stop its siblings; the steps that read it are not run, and say why. With
+        `last_plan` (no plan follows on ``runs``), ``runs`` is told before its last run starts
+        (`RunSubmitter.no_more_runs`)."""
         self.reap_orphaned_runs(log)
         self.forget_partitions()  # an earlier plan's runs may have added partitions
         for target, partition in targets:
@@ -705,6 +708,8 @@ class Planner:
                     log(f"          with {self._label(steps[follower])} in the same run (it reads it, and "
                         "nothing else it reads is left to build)")
                 keys = [k for g in group for k in steps[g].keys]
+                if last_plan and not pending:
+                    runs.no_more_runs()
                 run_id = runs.submit(keys, self._checks_of(keys), step.partition, run_config, tags)
                 in_flight[run_id] = (group, time.monotonic())
             finished = [(run_id, run) for run_id in in_flight

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -24,6 +25,7 @@ import dagster as dg
 
 from marin_resources.artifacts import REFUSED_METADATA_KEY
 from marin_resources.dagster_private import (
+    NO_MORE_RUNS_FILE_ENV,
     PARTITION_NAME_TAG,
     RUNS_START_HERE_ENV,
     open_workspace,
@@ -82,6 +84,9 @@ class RunSubmitter(Protocol):
     def submit(self, keys: list[dg.AssetKey], checks: list[dg.AssetCheckKey], partition: str | None,
                run_config: dict, tags: dict[str, str]) -> str: ...
 
+    def no_more_runs(self) -> None:
+        """The next run submitted is the last: nothing need be made ready for one after it."""
+
 
 class InProcessRuns:
     """Runs in this process, one at a time, for Definitions that no workspace can load (tests,
@@ -98,6 +103,9 @@ class InProcessRuns:
             selection=dg.AssetSelection.assets(*keys), partition_key=partition, instance=self.instance,
             resources=self.defs.resources, run_config=run_config, raise_on_error=False, tags=tags)
         return result.run_id
+
+    def no_more_runs(self) -> None:
+        pass
 
 
 class WorkspaceRuns:
@@ -134,6 +142,10 @@ class WorkspaceRuns:
         # The CLI's runs are outside the new-shard flow: a NewShardRunLauncher gives them to the one it wraps.
         if isinstance(launcher_for(self.instance.run_launcher), dg.DefaultRunLauncher):
             os.environ[RUNS_START_HERE_ENV] = "1"  # its code server warms the first run's worker as it loads
+            directory = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="marin-runs-",
+                                                                              ignore_cleanup_errors=True))
+            os.environ[NO_MORE_RUNS_FILE_ENV] = os.path.join(directory, "no-more-runs")
+            self._stack.callback(os.environ.pop, NO_MORE_RUNS_FILE_ENV, None)  # no later server inherits it
         workspace = open_workspace(self._stack, self.instance, self.workspace_file)
         errors = [e for e in workspace.get_code_location_entries().values() if e.load_error is not None]
         if errors:
@@ -161,6 +173,13 @@ class WorkspaceRuns:
         # so the next partition's run is created and launched meanwhile.
         self._launches.submit(self._launch, run)
         return run.run_id
+
+    def no_more_runs(self) -> None:
+        """Tell the code server to warm no run worker after the next run (`warm_run_workers`)."""
+        if isinstance(self.instance.run_launcher, dg.DefaultRunLauncher):
+            self.workspace  # noqa: B018 -- opened first: it names the file
+            with open(os.environ[NO_MORE_RUNS_FILE_ENV], "w"):
+                pass
 
     def _launch(self, run: dg.DagsterRun) -> None:
         try:

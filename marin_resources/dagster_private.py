@@ -84,6 +84,8 @@ _UNIX_SOCKET_PATH_MAX = 107
 # Set by a process that launches runs through the code servers it starts (the CLI on the embedded
 # default): those servers warm their first spare as they load, not when the first run asks.
 RUNS_START_HERE_ENV = "MARIN_RUNS_START_IN_THIS_CODE_SERVER"
+# A file that process creates before it launches its last run: then no spare is warmed after that run.
+NO_MORE_RUNS_FILE_ENV = "MARIN_NO_MORE_RUNS_FILE"
 
 
 def warm_run_workers(module: str) -> str | None:
@@ -97,7 +99,8 @@ def warm_run_workers(module: str) -> str | None:
     thread, rather than each importing Dagster again; where the temporary directory's path is too long
     for the fork server's socket, they are spawned. The first spare waits for the first run, unless
     ``RUNS_START_HERE_ENV`` says runs will come: then it starts now, beside the rest of the load (a
-    code server whose runs are pods never holds one). Returns the spares' start method, or None in a
+    code server whose runs are pods never holds one). Once the file ``NO_MORE_RUNS_FILE_ENV`` names
+    exists, a run that starts warms no spare after it. Returns the spares' start method, or None in a
     process that runs no code server (one that has not imported ``dagster._grpc.server``; it is left
     alone and spared that import).
     """
@@ -117,7 +120,10 @@ def warm_run_workers(module: str) -> str | None:
     else:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(list(RUN_WORKER_PRELOAD))
-    workers = WarmRunWorkers(context, module)
+    no_more_runs_file = os.environ.get(NO_MORE_RUNS_FILE_ENV)
+    workers = WarmRunWorkers(context, module,
+                             no_more_runs=(lambda: os.path.exists(no_more_runs_file)) if no_more_runs_file else
+                             (lambda: False))
     server.DagsterApiServer._mp_ctx = property(lambda self: workers, lambda self, value: None)
     if os.environ.get(RUNS_START_HERE_ENV) == "1":
         # In a thread: the fork server's start imports Dagster (seconds), and the load goes on meanwhile.

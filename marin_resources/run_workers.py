@@ -6,8 +6,10 @@ process imports the code location before the run's first step: about a second of
 on this project, paid on the critical path of every partition. `WarmRunWorkers` stands in for the
 server's multiprocessing context. It keeps one spare process that has imported the code location
 and waits. A run takes the spare and sends it the function and arguments the server would have
-started a process with; a new spare starts at once, beside the run. Each process still serves
-exactly one run and then exits, as before: only when its imports happen changes.
+started a process with; a new spare starts at once, beside the run, unless the process that
+launches the runs has said that run is its last (`marin materialize` knows its plan: without this,
+every command ended with a spare that imported the code location for nothing). Each process still
+serves exactly one run and then exits, as before: only when its imports happen changes.
 
 Why not fork each worker from a process that already imported the code location: the code location
 imports numpy, pyarrow and polars, whose thread pools a forked child inherits without their threads,
@@ -96,8 +98,11 @@ class WarmRunWorkers:
     """A code server's multiprocessing context whose processes are spares, warm with ``module``
     imported (see the module's text). ``context`` starts the spares: a fork server's, or spawn's."""
 
-    def __init__(self, context, module: str):
+    def __init__(self, context, module: str, no_more_runs: Callable[[], bool] = lambda: False):
         self._context, self._module = context, module
+        # Asked as each run starts: True when the process launching the runs said that run was its last,
+        # so no spare is warmed for a run that never comes (an import of the code location, 1.1-1.2 CPU-s).
+        self._no_more_runs = no_more_runs
         self._lock = threading.Lock()
         self._spare: _Spare | None = None
         self._taken = threading.local()
@@ -129,7 +134,11 @@ class WarmRunWorkers:
             self._discard(spare)
             raise RuntimeError("WarmRunWorkers: the code server's StartRun no longer calls Queue(), Event() "
                                "and Process(args=[..., queue, event]) as this module expects")
-        return _TakenSpare(spare, target, list(run_args), self.warm_next)
+        return _TakenSpare(spare, target, list(run_args), self._warm_after_run)
+
+    def _warm_after_run(self) -> None:
+        if not self._no_more_runs():
+            self.warm_next()
 
     def warm_next(self) -> None:
         """Start the next spare, unless one waits already (also before the first run, to warm it)."""

@@ -236,3 +236,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    # Without the interpreter's teardown of JAX and Levanter, as train_main ends (process_exit.py).
+    from marin_resources.process_exit import exit_now
+
+    exit_now(0)

@@ -45,6 +45,9 @@ class HeldBackRuns:
             self.instance.add_run(dg.DagsterRun(job_name="held_back", run_id=placeholder, status=status))
         return run_id
 
+    def no_more_runs(self) -> None:
+        self.order.append("no more runs")
+
     def run(self, keys, checks, partition, run_config, tags) -> str:
         self.order.append("+".join(k.path[-1] for k in keys) + (f"[{partition}]" if partition else ""))
         return self.inner.submit(keys, checks, partition, run_config, tags)
@@ -94,6 +97,21 @@ def test_a_step_starts_when_its_own_inputs_are_done_and_a_failure_skips_only_its
     assert ("          with test/fast_only in the same run (it reads it, and nothing else it reads is left to "
             "build)") in log
     assert "  skip    test/every_shard [whole]  (input test/shard [broken] did not succeed)" in log
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("last_plan", [True, False])
+def test_the_submitter_hears_before_the_last_run_of_the_last_plan_that_no_more_come(tmp_path, last_plan):
+    """So the code server warms no run worker for a run that never comes (`WarmRunWorkers`)."""
+    defs = three_assets()
+    with dg.instance_for_test() as instance:
+        planner = Planner(defs, Catalog(), ArtifactStore(str(tmp_path)), instance)
+        runs = HeldBackRuns(defs, instance, held="none", until=asset_key("test/none"))
+        steps = planner.materialize_all([(parse_key("test/shard"), "fast"), (parse_key("test/shard"), "slow")],
+                                        log=lambda _: None, runs=runs, max_parallel=1, last_plan=last_plan)
+    assert all(s.success for s in steps)
+    told = ["no more runs"] if last_plan else []
+    assert runs.order == ["shard_test[fast]", *told, "shard_test[slow]"]
 
 
 def test_the_plan_of_several_targets_is_one_plan_whose_steps_name_what_they_read(tmp_path):

@@ -88,6 +88,30 @@ def test_a_run_goes_to_a_spare_that_imported_the_location_before_it_was_asked(pr
     second.join(60)
 
 
+def test_no_spare_is_warmed_after_the_run_the_launcher_said_was_its_last(probe, tmp_path):
+    """`marin materialize` says so before its last run (`WorkspaceRuns.no_more_runs`): a spare warmed
+    then would import the code location for nothing. A run that comes anyway starts its own process."""
+    directory, target = probe
+    told = tmp_path / "no-more-runs"
+    workers = WarmRunWorkers(multiprocessing.get_context("spawn"), "probe_location", no_more_runs=told.exists)
+    try:
+        first, queue = start_run(workers, target.run, "first")
+        assert queue.get(timeout=60)[0] == "first"
+        assert workers._spare is not None  # not told: the next run's spare is warming
+        told.touch()
+        last, queue = start_run(workers, target.run, "last")
+        assert queue.get(timeout=60)[:2] == ("last", last.pid)
+        assert workers._spare is None
+        anyway, queue = start_run(workers, target.run, "anyway")
+        assert queue.get(timeout=60)[:2] == ("anyway", anyway.pid)
+        for process in (first, last, anyway):
+            process.join(60)
+            assert process.exitcode == 0
+        assert len(list(directory.glob("imported-*"))) == 3  # one import a run, none spare
+    finally:
+        workers.close()
+
+
 def test_closing_ends_the_idle_spare_and_runs_given_out_go_on(probe, spares):
     _, target = probe
     workers = spares("probe_location")
