@@ -136,11 +136,16 @@ class WorkspaceRuns:
         self._stack.close()
 
     @functools.cached_property
+    def runs_start_here(self) -> bool:
+        """Whether this workspace's code server starts the runs' workers (the DefaultRunLauncher). The
+        CLI's runs are outside the new-shard flow: a NewShardRunLauncher gives them to the one it wraps."""
+        return isinstance(launcher_for(self.instance.run_launcher), dg.DefaultRunLauncher)
+
+    @functools.cached_property
     def workspace(self):
         """The workspace's request context; its code server starts on the first run, so a plan
         with nothing to build starts none."""
-        # The CLI's runs are outside the new-shard flow: a NewShardRunLauncher gives them to the one it wraps.
-        if isinstance(launcher_for(self.instance.run_launcher), dg.DefaultRunLauncher):
+        if self.runs_start_here:
             os.environ[RUNS_START_HERE_ENV] = "1"  # its code server warms the first run's worker as it loads
             directory = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="marin-runs-",
                                                                               ignore_cleanup_errors=True))
@@ -176,7 +181,7 @@ class WorkspaceRuns:
 
     def no_more_runs(self) -> None:
         """Tell the code server to warm no run worker after the next run (`warm_run_workers`)."""
-        if isinstance(self.instance.run_launcher, dg.DefaultRunLauncher):
+        if self.runs_start_here:
             self.workspace  # noqa: B018 -- opened first: it names the file
             with open(os.environ[NO_MORE_RUNS_FILE_ENV], "w"):
                 pass
