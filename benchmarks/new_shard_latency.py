@@ -17,7 +17,6 @@ total and are the same in both modes. The last line is JSON.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
+from benchmarks.repo_tests import load_test_module
 from marin_assets.tokenization.registry import TOKENIZED_VERSION
 from marin_resources.dagster_private import finished_sensor_ticks
 from marin_resources.keys import TRIGGER_TAG
@@ -56,19 +56,9 @@ def write_letter(folder: Path, name: str) -> None:
                                                    for i in range(8)))
 
 
-def test_module(name: str):
-    """A module of tests/ by its dotted name, loaded from its file: an installed package named `tests`
-    shadows the repository's folder, which has no __init__.py."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / (name.replace(".", "/") + ".py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
 def two_node_cluster():
-    test_module("tests.ops.conftest")  # ray_nodes imports its free_port
-    return test_module("tests.ops.ray_nodes").two_node_cluster()
+    load_test_module("tests/ops/conftest.py")  # ray_nodes imports its free_port
+    return load_test_module("tests/ops/ray_nodes.py").two_node_cluster()
 
 
 def wait(what: str, ready, daemon: subprocess.Popen, log: Path, timeout_s: float = TIMEOUT_S) -> None:

@@ -34,7 +34,6 @@ The database is created and dropped (``--keep`` keeps it and the work folder). T
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -50,18 +49,13 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.repo_tests import load_test_module
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def browser_test_helpers():
-    """The UI test's module, by path (tests/ is no package): its Chromium settings, port, GraphQL and wait."""
-    spec = importlib.util.spec_from_file_location("test_browser_ui", REPO / "tests/ops/test_browser_ui.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ui_test = browser_test_helpers()
+# The UI test's module: its Chromium settings, port, GraphQL and wait.
+ui_test = load_test_module("tests/ops/test_browser_ui.py")
 CHROMIUM, CHROMIUM_ARGS, free_port, graphql, wait_until = (ui_test.CHROMIUM, ui_test.CHROMIUM_ARGS, ui_test.free_port,
                                                             ui_test.graphql, ui_test.wait_until)
 

@@ -21,7 +21,6 @@ if sys.path and sys.path[0].rstrip("/").endswith("benchmarks"):
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import statistics
@@ -33,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.repo_tests import load_test_module  # noqa: E402
 from marin_assets.training.commands import train_command  # noqa: E402
 from marin_assets.training.levanter_config import build_train_config, write_train_config  # noqa: E402
 from marin_assets.training.spec import load_run_registry  # noqa: E402
@@ -42,10 +42,7 @@ WARMUP_STEPS = 2
 
 
 def load_fixtures():
-    spec = importlib.util.spec_from_file_location("data_fixtures", REPO / "tests" / "training" / "data_fixtures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_test_module("tests/training/data_fixtures.py")
 
 
 def steady_step_metrics(text: str) -> list[dict]:
