@@ -35,6 +35,7 @@ from dagster._serdes import ConfigurableClass, ConfigurableClassData
 from marin_resources.dagster_private import PARTITION_NAME_TAG
 from marin_resources.keys import NEW_SHARD_FLOW_TRIGGERS, TRIGGER_TAG
 from marin_resources.storage.secrets import SECRET_ENV_VARS
+from marin_resources.typed_config import ConfigError
 
 REACH_TIMEOUT_S = 5.0
 # Run tag: which launcher started the run (`ray` or `otherwise`), read back to cancel it or check it.
@@ -100,7 +101,7 @@ class NewShardRunLauncher(RunLauncher, ConfigurableClass):
     def __init__(self, ray: dict[str, Any], when_unreachable: str = "fallback",
                  otherwise: dict[str, Any] | None = None, inst_data: ConfigurableClassData | None = None):
         if when_unreachable not in WHEN_UNREACHABLE:
-            raise ValueError(f"NewShardRunLauncher: when_unreachable must be one of {', '.join(WHEN_UNREACHABLE)}, "
+            raise ConfigError(f"NewShardRunLauncher: when_unreachable must be one of {', '.join(WHEN_UNREACHABLE)}, "
                              f"got {when_unreachable!r}")
         self._inst_data = inst_data
         self.when_unreachable = when_unreachable
@@ -110,7 +111,7 @@ class NewShardRunLauncher(RunLauncher, ConfigurableClass):
         named = [*(ray.get("env_vars") or []), *((ray.get("runtime_env") or {}).get("env_vars") or {})]
         secrets = sorted({name.partition("=")[0] for name in named} & set(SECRET_ENV_VARS))
         if secrets:
-            raise ValueError(f"NewShardRunLauncher: ray env_vars name the secret {', '.join(secrets)}, which the "
+            raise ConfigError(f"NewShardRunLauncher: ray env_vars name the secret {', '.join(secrets)}, which the "
                              "Ray dashboard would show in each job's runtime_env; set it on the cluster's nodes")
         env_vars = sorted(k for k in os.environ if k.startswith(DEFAULT_ENV_PREFIXES) and k not in SECRET_ENV_VARS)
         from dagster_ray import RayRunLauncher  # seconds to import: only where the instance configures this launcher

@@ -37,6 +37,7 @@ from marin_resources.new_shard_launcher import (
     job_server_problem,
 )
 from marin_resources.storage.store import ArtifactStore
+from marin_resources.typed_config import ConfigError
 from tests.ops.conftest import free_port
 from tests.ops.ray_nodes import NO_AUTH, two_node_cluster
 
@@ -182,7 +183,7 @@ def test_a_bad_when_unreachable_is_refused_when_the_instance_loads(tmp_path, mon
     config["run_launcher"] = {"module": "marin_resources.new_shard_launcher", "class": "NewShardRunLauncher",
                               "config": {"ray": {"address": "http://127.0.0.1:8265"}, "when_unreachable": "retry"}}
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
-    with pytest.raises(ValueError, match="when_unreachable must be one of fallback, stop, got 'retry'"):
+    with pytest.raises(ConfigError, match="when_unreachable must be one of fallback, stop, got 'retry'"):
         dg.DagsterInstance.from_config(str(home)).run_launcher  # noqa: B018 -- built on first use
 
 
@@ -289,7 +290,7 @@ def test_the_daemons_secrets_stay_out_of_the_ray_jobs_runtime_env(monkeypatch):
         assert "MARIN_PREFIX" in env_vars and "DAGSTER_PG_PASSWORD" not in env_vars
     for ray in ({"env_vars": ["DAGSTER_PG_PASSWORD"]}, {"env_vars": ["HF_TOKEN=abc"]},
                 {"runtime_env": {"env_vars": {"WANDB_API_KEY": "k"}}}):
-        with pytest.raises(ValueError, match="name the secret .*; set it on the cluster's nodes"):
+        with pytest.raises(ConfigError, match="name the secret .*; set it on the cluster's nodes"):
             NewShardRunLauncher(ray={"address": "http://127.0.0.1:8265", **ray})
 
 
