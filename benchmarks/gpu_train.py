@@ -53,6 +53,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import device_trace  # noqa: E402
 from benchmarks.train import WARMUP_STEPS, load_fixtures, steady_step_metrics  # noqa: E402
 from marin_assets.training.accelerator import (  # noqa: E402
     AcceleratorError,
@@ -163,6 +164,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="N, none or auto: compute the loss over vocabulary blocks of N entries (Levanter's "
                              "option; saves the memory of full batch x seq x vocab logits); default auto")
     parser.add_argument("--peak-flops", type=float, help="override the per-device peak FLOP/s")
+    parser.add_argument("--profile", type=int, metavar="STEPS",
+                        help="trace this many steps before the last with JAX's profiler and print where the "
+                             "device's time went, per step (benchmarks/device_trace.py)")
     parser.add_argument("--workdir")
     parser.add_argument("--peaks", action="store_true", help="print the peak table and exit")
     args = parser.parse_args(argv)
@@ -181,6 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--variants: {unknown or 'none given'}; choose from {', '.join(VARIANTS)}")
     if steps <= WARMUP_STEPS:
         parser.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps")
+    if args.profile is not None and not 0 < args.profile <= steps - WARMUP_STEPS - 1:
+        parser.error(f"--profile: between 1 and {steps - WARMUP_STEPS - 1} steps (after the warm-up, before the last)")
     if args.tpu_type and accelerator != "tpu":
         parser.error("--tpu-type is for --accelerator tpu")
     try:
@@ -267,6 +273,10 @@ def run_variant(spec: RunSpec, plan: ComputePlan, mixture: dict, tokenizer_dir: 
     shutil.rmtree(run_dir, ignore_errors=True)
     config = build_train_config(spec, mixture, tokenizer_dir, str(run_dir), compute=plan.settings)
     config["trainer"]["tracker"] = [config["trainer"]["tracker"], {"type": "json_logger"}]
+    if args.profile:
+        # The last traced step ends before the final one, whose checkpoint save would be traced too.
+        config["trainer"].update(profiler=True, profiler_num_steps=args.profile, log_dir=str(run_dir / "logs"),
+                                 profiler_start_step=spec.num_train_steps - args.profile - 1)
     config_path = write_train_config(config, run_dir / "train_config.yaml")
 
     resources = spec.resources
@@ -302,8 +312,16 @@ def run_variant(spec: RunSpec, plan: ComputePlan, mixture: dict, tokenizer_dir: 
         "peak_device_memory_bytes": summary.get("peak_device_memory_bytes"),
         **with_mfu(figures, peak),
         "train_wall_seconds": wall,
+        **({"profile": traced_ops(run_dir / "logs", args.profile)} if args.profile else {}),
         **({"train_lm": train_lm_directly(config, run_dir / "train_lm", launch.env, peak)} if args.train_lm else {}),
     }
+
+
+def traced_ops(log_dir: Path, steps: int) -> dict:
+    """Where the device's time went in the traced steps, per step; printed as it is read."""
+    summary = device_trace.summarize(device_trace.find_trace(log_dir), top=25, steps=steps)
+    print(device_trace.render(summary), flush=True)
+    return summary
 
 
 def train_lm_directly(config: dict, run_dir: Path, env: dict[str, str], peak: float) -> dict:

@@ -601,6 +601,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
     from marin_assets.training import jax_compat
     from marin_assets.training.flat_dots import use_flat_dots
     from marin_assets.training.levanter_config import parse_train_config
+    from marin_assets.training.rotary_matmul import use_rotary_matmul
     from marin_resources.storage.object_stores import install_tensorstore_paths
 
     install_tensorstore_paths()
@@ -618,6 +619,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
             config.trainer, distributed=dataclasses.replace(config.trainer.distributed,
                                                             initialize_jax_distributed=False)))
     flat_dots = use_flat_dots()  # after jax.distributed: it asks JAX for its backend
+    rotary_matmul = use_rotary_matmul()
     # Every process trains; process 0 alone keeps the run's records (metrics, summary, curve, mirror).
     leader = group is None or group.process_id == 0
     checkpoints = config.trainer.checkpointer.expanded_path(config.trainer.id)
@@ -710,6 +712,7 @@ def train(config_path: str, output_dir: Path, reporter: Reporter, *, report_ever
             **mesh_axis_sizes(config.trainer),
             "sharded_weight": sharding or None,
             "flat_dots": flat_dots,
+            "rotary_matmul": rotary_matmul,
             "loss_kernel": loss_kernel,
             "peak_device_memory_bytes": peak_device_memory(),
             "train_seconds": elapsed,
