@@ -180,6 +180,7 @@ def check_with_transformers(config, model, out: Path, tokenizer, *, sharded: boo
     import jax.numpy as jnp
     import numpy as np
     from levanter.layers.attention import AttentionMask
+    from levanter.utils.jax_utils import local_cpu_mesh
 
     from marin_assets.training.eval_main import greedy_continuation
 
@@ -195,8 +196,11 @@ def check_with_transformers(config, model, out: Path, tokenizer, *, sharded: boo
         return {"client_check": "skipped: the run has no validation set"}
     name = sorted(datasets)[0]
     sync = datasets[name].as_sync_dataset()
-    sequences = [np.asarray(example.tokens.array) for example in sync.get_batch(list(range(min(CHECK_SEQUENCES,
-                                                                                                  len(sync)))))]
+    # Levanter builds examples on the CPU device (a sharding constraint inside a jit); under the run's
+    # device mesh, JAX 0.10 refuses that on a TPU, so they are read under the CPU mesh, as its loader does.
+    with local_cpu_mesh():
+        sequences = [np.asarray(example.tokens.array)
+                     for example in sync.get_batch(list(range(min(CHECK_SEQUENCES, len(sync)))))]
     worst = 0.0
     for tokens in sequences:
         ours = np.asarray(model(hax.named(jnp.asarray(tokens), Pos), attn_mask=AttentionMask.causal()).array)

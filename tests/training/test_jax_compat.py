@@ -209,21 +209,21 @@ jax.distributed.initialize = refuse
 from levanter.distributed import DistributedConfig
 
 assert DistributedConfig()._is_distributed(), "Levanter no longer takes this environment for a TPU cluster"
-from marin_assets.training import train_main
+import importlib
 
-train_main.main(sys.argv[1:])
+importlib.import_module(sys.argv[1]).main(sys.argv[2:])  # the process's module (train_main, export_main)
 """
 
 
 @pytest.mark.slow
-def test_a_tiny_run_trains_and_evaluates_through_train_main_as_on_a_tpu_host(tmp_path, tiny_artifact, tiny_mixture):
+def test_a_tiny_run_trains_evaluates_and_exports_as_on_a_tpu_host(tmp_path, tiny_artifact, tiny_mixture):
     """The whole training process on this JAX, with every fix where it is needed (the loss mask at the
     first step, the loader's CPU mesh, the evaluation batches of a mesh of two devices), then the final
     evaluation (eval_main's code) in the same process; in a TPU host's environment, which must start no
     jax.distributed for one process."""
     from conftest import SUBPROCESS_ENV, tiny_spec
 
-    from marin_assets.training.commands import train_command
+    from marin_assets.training.commands import export_command, train_command
     from marin_assets.training.levanter_config import build_train_config, write_train_config
     from marin_assets.training.spec import ResourceSpec
     from marin_resources.launchers import build_command_and_env
@@ -233,8 +233,8 @@ def test_a_tiny_run_trains_and_evaluates_through_train_main_as_on_a_tpu_host(tmp
                                 tmp_path / "train_config.yaml")
     command = train_command(config, str(tmp_path), final_eval=True, final_eval_examples=16)
     launch = build_command_and_env(command, accelerator="cpu", cpu_devices=2)
-    python, module = launch.command[:3], launch.command[3:]
-    assert python[1:] == ["-m", "marin_assets.training.train_main"]
+    python, module = launch.command[:2], launch.command[2:]
+    assert launch.command[1:3] == ["-m", "marin_assets.training.train_main"]
     env = {**os.environ, **SUBPROCESS_ENV, **launch.env, "TPU_WORKER_HOSTNAMES": "localhost"}
     proc = subprocess.run([python[0], "-c", AS_ON_A_TPU_HOST, *module], env=env, capture_output=True, text=True,
                           timeout=600)
@@ -244,3 +244,12 @@ def test_a_tiny_run_trains_and_evaluates_through_train_main_as_on_a_tpu_host(tmp
     assert summary["train_loss_last"] < summary["train_loss_first"] and summary["eval_loss_last"] > 0
     report = json.loads((tmp_path / "final_eval_report.json").read_text())
     assert report["eval/stdlib-docs/loss"] == pytest.approx(summary["eval_loss_last"], rel=0.05)
+
+    # The export process on the same two devices: its check reads validation examples, which Levanter
+    # builds on the CPU device; under the run's mesh JAX 0.10 refused them (seen on the TPU host).
+    export = build_command_and_env(export_command(config, str(tmp_path / "hf")), accelerator="cpu", cpu_devices=2)
+    proc = subprocess.run([export.command[0], "-c", AS_ON_A_TPU_HOST, *export.command[2:]],
+                          env={**env, **export.env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    exported = json.loads((tmp_path / "hf" / "export_report.json").read_text())
+    assert exported["client_check"] == "transformers FlaxLlamaForCausalLM" and exported["greedy_matches"]
