@@ -307,6 +307,7 @@ def run_variant(spec: RunSpec, plan: ComputePlan, mixture: dict, tokenizer_dir: 
         "final_step": summary["final_step"],
         "compute": plan.metadata(),
         "loss_kernel": summary.get("loss_kernel"),
+        "rotary_matmul": summary.get("rotary_matmul"),
         # Step 0 is XLA's compilation of the train step plus one step.
         "first_step_seconds": summary.get("first_step_seconds"),
         "peak_device_memory_bytes": summary.get("peak_device_memory_bytes"),

@@ -55,8 +55,9 @@ from marin_resources.storage.store import MANIFEST_NAME, ArtifactStore, Manifest
 
 BUNDLE_FILE = "named_run_bundle.json"
 CPU_METRICS = "cpu_metrics.jsonl"
-# bf16 compute against the CPU run's f32: the curves' ten-step means may differ by this much, relatively.
-LOSS_TOLERANCE = 0.02
+# bf16 compute (8 significant bits: 0.4% a rounding) against the CPU run's f32: the curves' ten-step
+# means may differ by this much, relatively. Measured on the v5e chip for nano-shakespeare: 0.2%.
+LOSS_TOLERANCE = 0.01
 WINDOW = 10
 
 
