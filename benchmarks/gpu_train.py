@@ -27,7 +27,7 @@ Sizes:
 
 Usage: python benchmarks/gpu_train.py [--size llama_150m|tiny] [--variants data_parallel,fsdp] [--devices N]
                                       [--steps N] [--batch-size B] [--accelerator gpu|tpu|cpu]
-                                      [--gradient-checkpointing] [--workdir DIR]
+                                      [--gradient-checkpointing] [--profile STEPS] [--workdir DIR]
 The last line of output is one JSON object, with one entry per variant under ``variants``.
 """
 
@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--peak-flops", type=float, help="override the per-device peak FLOP/s")
     parser.add_argument("--profile", type=int, metavar="STEPS",
                         help="trace this many steps before the last with JAX's profiler and print where the "
-                             "device's time went, per step (benchmarks/device_trace.py)")
+                             "device's time went, per step (benchmarks/device_trace.py); traced steps run slower and "
+                             "count in the medians, so take MFU from a run without it")
     parser.add_argument("--workdir")
     parser.add_argument("--peaks", action="store_true", help="print the peak table and exit")
     args = parser.parse_args(argv)
