@@ -25,6 +25,7 @@ import yaml
 
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
+from marin_assets.tokenization.assets import cache_chat_template
 from marin_assets.training.assets import (
     EVAL_VERSION,
     RUNS,
@@ -112,8 +113,10 @@ def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup,
                 config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
                 with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src:
                     text = relocated_train_config(src.read().decode("utf-8"), checkpoint.uri, artifacts)
-                Path(config_path).write_text(yaml.safe_dump(validation_only_config(text, {source: tokenized.uri}),
-                                                            sort_keys=False))
+                template = cache_chat_template(artifacts, tokenized)  # a chat cache: assistant tokens only
+                config = validation_only_config(text, {source: tokenized.uri},
+                                                {source: template} if template is not None else None)
+                Path(config_path).write_text(yaml.safe_dump(config, sort_keys=False))
                 launcher.run_process(context, eval_command(config_path, out, sample_examples=spec.final_eval_examples,
                                                            extra_args=("--eval-set", source)),
                                      resources=spec.resources.for_evaluation(),

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
+from marin_assets.tokenization.mixture import chat_format
 from marin_assets.training.init_weights import InitWeights, levanter_reference
 from marin_assets.training.memory import ComputeSettings, unplanned_settings
 from marin_assets.training.spec import HEAD_DIM_FAMILIES, TENSOR_PARALLEL_AXES, ModelSpec, RunSpec
@@ -262,14 +263,19 @@ def set_checkpoint_base(config_path: str | os.PathLike, base_path: str) -> None:
     write_train_config(config, config_path)
 
 
-def validation_only_config(text: str, caches: Mapping[str, str]) -> dict[str, Any]:
+def validation_only_config(text: str, caches: Mapping[str, str],
+                           chat_templates: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A run's Levanter config (its YAML text) with its data replaced by ``caches`` ({eval set name:
     token cache root}), to score its checkpoint on validation sets it never trained on: the model,
-    the tokenizer and the checkpoint stay the run's, and its own mixture's caches are not read."""
+    the tokenizer and the checkpoint stay the run's, and its own mixture's caches are not read. A chat
+    cache (its template in ``chat_templates``) is read as chat data, as an SFT run's mixture reads it:
+    the loss on the assistant's tokens, so a base model and its fine-tuned run are scored alike."""
     config = yaml.safe_load(text)
     data = config["data"]
     data.pop("cache_dir", None)
-    data["configs"] = {name: {"cache_dir": root, "train_urls": [], "validation_urls": []}
+    templates = chat_templates or {}
+    data["configs"] = {name: {"cache_dir": root, "train_urls": [], "validation_urls": [],
+                              **({"format": chat_format(templates[name])} if name in templates else {})}
                        for name, root in caches.items()}
     data["train_weights"] = {name: 1.0 for name in caches}
     return config
