@@ -78,9 +78,9 @@ def load_runs(deployment: Deployment, store: ArtifactStore, catalog: Catalog, na
     locations = run_locations(deployment, store, catalog)
     for name in names:
         if name not in locations:
+            sft = f", an SFT run ({', '.join(sorted(deployment.sft_runs))})" if deployment.sft_runs else ""
             raise CompareError(f"unknown run {name!r}: neither a named run "
-                               f"({', '.join(sorted(deployment.runs)) or 'none'})"
-                               f", an SFT run ({', '.join(sorted(deployment.sft_runs)) or 'none'})"
+                               f"({', '.join(sorted(deployment.runs)) or 'none'}){sft}"
                                f" nor a run of a sweep ({', '.join(sorted(deployment.sweeps)) or 'none'})")
     return [load_run(store, name, locations[name]) for name in dict.fromkeys(names)]
 

@@ -6,13 +6,14 @@ import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
+import dagster as dg
 import data_fixtures
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from conftest import SUBPROCESS_ENV, tiny_spec
 
 from marin_assets.tokenization.cache_config import CacheConfig, ChatCacheConfig
@@ -165,3 +166,161 @@ def test_fine_tuning_learns_the_assistants_turns_and_never_trains_on_the_users(c
         assert "<user>" not in decoded and "<assistant>" not in decoded
         assert set(decoded.replace(tokenizer.eos_token, " ").split()) <= {w for p in PATTERN for w in p.split()}
     assert counted > 0
+
+
+# ---- the assets ----------------------------------------------------------------------------------------
+
+
+def chat_deployment(runs_raw: dict, sft_raw: dict):
+    """A deployment of a text source `src` (mixture `m`) and a chat source `chats` (mixture `sft`,
+    format chat), tokenizer `t`, with the pretraining runs ``runs_raw`` and the SFT runs ``sft_raw``,
+    read as the project file's sections are (`Deployment.load`)."""
+    from dataclasses import replace
+
+    from marin_assets.curation.config import CurationConfig, SourceConfig
+    from marin_assets.deployment import Deployment
+    from marin_assets.tokenization.registry import TokenizationRegistry, TokenizerEntry
+    from marin_assets.tokenization.tokenizer import TokenizerConfig
+
+    registry = TokenizationRegistry(
+        tokenizers={"t": TokenizerEntry("t", TokenizerConfig(), train_on=("src",), version="v1")},
+        tokenized={"src": TokenizedEntry("src", "t", CacheConfig()), **{
+            k: v for k, v in _tokenized(SEQ_LEN).items() if k == "chats"}},
+        mixtures={"m": MixtureEntry("m", "t", {"src": 1.0}), "sft": MixtureEntry("sft", "t", {"chats": 1.0}, "chat")})
+    curation = CurationConfig(sources=(SourceConfig(name="src", uri="/nonexistent/*.txt", format="text"),
+                                       SourceConfig(name="chats", uri="/nonexistent/*.jsonl", format="chat")))
+    runs = extend_run_registry({}, runs_raw, "runs.yaml")
+    deployment = Deployment.resolve(curation, registry, runs, {})
+    return replace(deployment, sft_runs=deployment.built_sft_runs(extend_sft_runs(runs, sft_raw, "marin.yaml"),
+                                                                  "marin.yaml"))
+
+
+BASE = {"base": {**_body(), "mixture": "m"}}
+CHATTY = {"chatty": {**_body(), "init_from": {"run": "base"}}}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mixture": "m"}, r"field 'mixture': 'm' is a text mixture"),
+    ({"mixture": "nope"}, r"field 'mixture': mixture 'nope' with tokenizer 't' is not built here \(mixtures: m \(t\), "
+                          r"sft \(t\)\)"),
+    ({"model": {**_body()["model"], "seq_len": 32}}, r"field 'model.seq_len': 32 is shorter than the rows of chat "
+                                                     r"cache 'chats'"),
+])
+def test_an_sft_run_on_data_this_deployment_cannot_fine_tune_on_is_refused_naming_the_file(change, message):
+    with pytest.raises(RunSpecError, match=rf"^marin.yaml: run 'chatty': {message}"):
+        chat_deployment(BASE, {"chatty": {**CHATTY["chatty"], **change}})
+
+
+def test_sft_runs_train_through_the_checkpoint_assets_under_their_own_keys(tmp_path):
+    """The training stage builds `sft_checkpoint`/`sft_eval` over partitions `sft_runs` only where SFT runs
+    are declared; an SFT run starts from its base's `hf_model`, recorded as its input, and trains on the
+    chat mixture's Levanter config (its components' chat format); the export stage adds `sft_hf_model`."""
+    from test_init_from import RecordingLauncher, _commit
+
+    from marin_assets.export.assets import build_export_stage
+    from marin_assets.stages import build_stage
+    from marin_assets.training.assets import CHECKPOINT_VERSION, build_training_stage
+    from marin_assets.training.export_main import HF_MODEL_VERSION
+    from marin_resources.environments import MarinSettings, build_resources
+
+    plain = build_stage(build_training_stage, MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "s")}),
+                        chat_deployment(BASE, {}))[1]
+    assert sorted(plain.specs) == ["checkpoint", "eval"]  # no SFT runs: the graph of before
+
+    deployment = chat_deployment(BASE, CHATTY)
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store")})
+    resources = build_resources(settings)
+    store = resources["store"].get()
+    cache = _commit(store, "tokenized/chats", None, {"train/input_ids": b"rows"})
+    chat = {"type": "chat", "chat_template": TEMPLATE}
+    _commit(store, "mixture/sft", None, {"data.json": json.dumps({
+        "cache_dir": None, "train_weights": {"chats": 1.0},
+        "configs": {"chats": {"cache_dir": cache.uri, "format": chat}}}).encode()})
+    _commit(store, "tokenizer/t", None, {"tokenizer.json": b"{}"})
+    export = _commit(store, "hf_model", "base", {"config.json": b"{}", "model.safetensors": b"weights"},
+                     version=HF_MODEL_VERSION)
+    calls: list = []
+    resources["launcher"] = RecordingLauncher.make(calls)
+    defs, catalog = build_stage(build_training_stage, settings, deployment)
+    assert sorted(catalog.specs) == ["checkpoint", "eval", "sft_checkpoint", "sft_eval"]
+    [sft] = [a for a in defs.assets if a.key == dg.AssetKey("sft_checkpoint")]
+    assert sft.partitions_def.name == "sft_runs" and catalog.discoverers["sft_runs"]() == ["chatty"]
+    assert catalog.discoverers["runs"]() == ["base"]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("sft_runs", ["chatty"])
+        assert dg.materialize([sft], partition_key="chatty", instance=instance, resources=resources).success
+    manifest = store.find("sft_checkpoint", CHECKPOINT_VERSION, "chatty")
+    assert ("hf_model", "base") in manifest.upstream_versions() and manifest.config["init_from"]["run"] == "base"
+    [(process, config)] = calls
+    assert config["initialize_from_hf"] == export.uri and config["data"]["configs"]["chats"]["format"] == chat
+    assert "--final-eval" in process.args  # the held-out chat split's assistant-token loss and bpb
+
+    export_catalog = build_stage(build_export_stage, settings, deployment)[1]
+    assert sorted(export_catalog.specs) == ["hf_model", "sft_hf_model"]
+    assert export_catalog.specs["sft_hf_model"].identity("chatty")["run"]["name"] == "chatty"
+
+
+def test_a_chat_cache_is_scored_on_the_assistants_tokens_when_a_base_model_is_cross_evaluated():
+    """`cross_eval/<chat source>[base]` reads the chat cache as the SFT run's mixture does, so `marin compare
+    BASE SFT` puts the base's `eval/<source>/loss` beside the fine-tuned run's, both over the assistant's tokens."""
+    from marin_assets.training.levanter_config import validation_only_config
+
+    text = yaml.safe_dump({"data": {"cache_dir": None, "configs": {"x": {}}, "train_weights": {"x": 1.0}}})
+    config = validation_only_config(text, {"chats": "/c", "prose": "/p"}, {"chats": TEMPLATE})
+    assert config["data"]["configs"]["chats"]["format"]["chat_template"] == TEMPLATE
+    assert config["data"]["configs"]["chats"]["format"]["mask_user_turns"] is True
+    assert "format" not in config["data"]["configs"]["prose"]
+
+
+def test_marin_compare_shows_the_base_model_beside_the_fine_tuned_one(tmp_path):
+    """`marin compare base chatty`: the fine-tuned run's `sft_eval` and its base's `cross_eval/chats` give
+    the same row, assistant-token loss and bpb on the chat cache's held-out split, side by side."""
+    from marin_assets.reports.compare import compare
+    from marin_assets.reports.comparison import load_runs
+    from marin_assets.stages import build_catalog
+    from marin_resources.environments import MarinSettings, build_resources
+    from marin_resources.storage.store import UpstreamRef
+    from tests.reports.test_run_comparison import commit
+
+    deployment = chat_deployment(BASE, CHATTY)
+    settings = MarinSettings.from_env({"MARIN_PREFIX": str(tmp_path / "store")})
+    store = build_resources(settings)["store"].get()
+
+    def trained(key: str, run: str, loss: float, evaluations: dict[str, float]) -> None:
+        checkpoint = commit(store, key, run, config={"name": run, "train_batch_size": 8, "model": {"seq_len": 64}},
+                            metrics={"final_step": 10, "train_loss_last": loss})
+        for eval_key, chat_loss in evaluations.items():
+            commit(store, eval_key, run, config={"run": run, "key": eval_key},
+                   metrics={"eval/chats/loss": chat_loss, "eval/chats/bpb": chat_loss / 2},
+                   upstream=[UpstreamRef(key, run, checkpoint.data_version, checkpoint.uri)])
+
+    trained("checkpoint", "base", 3.0, {"cross_eval/chats": 4.5})
+    trained("sft_checkpoint", "chatty", 1.0, {"sft_eval": 1.25})
+    comparison = compare(load_runs(deployment, store, build_catalog(settings, deployment), ["base", "chatty"]))
+    rows = {row["metric"]: row["values"] for row in comparison.to_dict()["rows"]}
+    assert [r for r in rows if "chats" in r] == ["eval chats loss", "eval chats bpb"], rows
+    assert rows["eval chats loss"] == {"base": 4.5, "chatty": 1.25}
+    assert rows["eval chats bpb"] == {"base": 2.25, "chatty": 0.625}
+
+
+def test_the_project_files_sft_runs_section_declares_them(tmp_path):
+    """`sft_runs:` in marin.yaml: runs on a chat mixture, each from a pretraining run of the file (`init_from`);
+    one on a text mixture is refused when the file is read, in one line naming it."""
+    from marin_assets.deployment import Deployment
+    from marin_resources.environments import MarinSettings
+    from marin_resources.typed_config import ConfigError
+    from tests.foundation.test_project_file import MODEL, NOTES
+
+    chat = NOTES.replace("sources:\n", "sources:\n  - {name: chats, uri: chats/*.jsonl, format: chat}\n") \
+        .replace("tokenized:\n", "tokenized:\n  chats:\n    tokenizer: notes\n    chat:\n      seq_len: 64\n"
+                                 f"      template: {json.dumps(TEMPLATE)}\n") \
+        .replace("mixtures:\n", "mixtures:\n  chat: {tokenizer: notes, format: chat, components: {chats: {weight: 1}}}\n")
+    sft = f"{{mixture: chat, tokenizer: notes, model: {MODEL}, num_train_steps: 5, init_from: {{run: tiny}}}}"
+    path = tmp_path / "marin.yaml"
+    path.write_text(chat + f"sft_runs:\n  chatty: {sft}\n")
+    deployment = Deployment.load(MarinSettings.from_env({}, cwd=tmp_path))
+    assert list(deployment.sft_runs) == ["chatty"] and "chatty" not in deployment.runs
+    assert deployment.sft_runs["chatty"].init_from.run == "tiny"
+    path.write_text(chat + f"sft_runs:\n  chatty: {sft.replace('mixture: chat', 'mixture: notes')}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: run 'chatty': field 'mixture': 'notes' is a text mixture"):
+        Deployment.load(MarinSettings.from_env({}, cwd=tmp_path))
