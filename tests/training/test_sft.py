@@ -334,9 +334,15 @@ def test_the_project_files_sft_runs_section_declares_them(tmp_path):
     sft = f"{{mixture: chat, tokenizer: notes, model: {MODEL}, num_train_steps: 5, init_from: {{run: tiny}}}}"
     path = tmp_path / "marin.yaml"
     path.write_text(chat + f"sft_runs:\n  chatty: {sft}\n")
-    deployment = Deployment.load(MarinSettings.from_env({}, cwd=tmp_path))
+    settings = MarinSettings.from_env({}, cwd=tmp_path)
+    deployment = Deployment.load(settings)
     assert list(deployment.sft_runs) == ["chatty"] and "chatty" not in deployment.runs
     assert deployment.sft_runs["chatty"].init_from.run == "tiny"
+    from marin_assets.definitions import build_definitions
+
+    defs, catalog = build_definitions(settings)  # the whole graph: a job per partitions definition
+    assert {"sft_checkpoint", "sft_eval", "sft_hf_model", "cross_eval/chats"} <= set(catalog.specs)
+    assert {"training_sft_runs", "export_sft_runs"} <= {job.name for job in defs.jobs}
     path.write_text(chat + f"sft_runs:\n  chatty: {sft.replace('mixture: chat', 'mixture: notes')}\n")
     with pytest.raises(ConfigError, match=rf"^{path}: run 'chatty': field 'mixture': 'notes' is a text mixture"):
         Deployment.load(MarinSettings.from_env({}, cwd=tmp_path))
