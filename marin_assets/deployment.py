@@ -41,6 +41,7 @@ from marin_assets.tokenization.registry import (
     registry_for_sources,
 )
 from marin_assets.training.memory import plan_run
+from marin_assets.training.sft import SFT_RUNS_SECTION, extend_sft_runs, validate_sft_data
 from marin_assets.training.spec import (
     DEFAULT_RUNS_YAML,
     RunSpec,
@@ -66,6 +67,9 @@ class Deployment:
     """Mixture-weight sweeps of the project file (none built in), over runs built here."""
     suites: SuiteRegistry = field(default_factory=load_suites)
     """The eval suites, and which one each run's `harness_eval` runs."""
+    sft_runs: Mapping[str, RunSpec] = field(default_factory=dict)
+    """Supervised fine-tuning runs of the project file (``sft_runs:``, none built in) on a chat mixture
+    built here, each from pretrained weights (`marin_assets.training.sft`)."""
     unfit_suites: Mapping[str, str] = field(default_factory=dict)
     """Run -> why the built-in default suite, which no setting chose for it, cannot evaluate it (its
     bits-per-byte sets use another tokenizer): its `harness_eval` refuses in that one line."""
@@ -103,6 +107,9 @@ class Deployment:
                     except RunSpecError as exc:
                         raise MixtureSweepError(config.name, "weights", exc.problem, origin=str(project.path)) from None
                 validate_fit_target(config, base, components, origin=str(project.path))
+        if project is not None and project.sections.get(SFT_RUNS_SECTION):
+            deployment = dataclasses.replace(deployment, sft_runs=deployment.built_sft_runs(
+                extend_sft_runs(runs, project.sections[SFT_RUNS_SECTION], str(project.path)), str(project.path)))
         for run in deployment.runs.values():
             try:
                 validate_mixture_components(run, deployment.tokenization.mixtures[run.mixture].weights)
@@ -116,7 +123,7 @@ class Deployment:
             str(project.path) if project is not None else suites.path, default_chosen=default_chosen))
         # Before anything launches: a run that no compute setting fits into the memory of the devices
         # it names is refused here, by the tokenizer's target vocabulary (runtime placement, never identity).
-        for run in deployment.runs.values():
+        for run in (*deployment.runs.values(), *deployment.sft_runs.values()):
             plan_run(run, deployment.vocab_size(run), settings.gpu_type)
         return deployment
 
@@ -195,6 +202,24 @@ class Deployment:
                         f"{origin}: {section[:-1]} {name!r}: mixture {entry.mixture!r} with tokenizer "
                         f"{entry.tokenizer!r} is not built here (mixtures: "
                         f"{', '.join(f'{m} ({e.tokenizer})' for m, e in sorted(tokenization.mixtures.items()))})")
+
+    def built_sft_runs(self, sft_runs: Mapping[str, RunSpec], origin: str) -> dict[str, RunSpec]:
+        """``sft_runs`` checked against what this deployment builds: each on a chat mixture and tokenizer
+        built here, whose caches fit its sequence; ConfigError naming ``origin`` otherwise (a typo must
+        not make a run disappear)."""
+        mixtures = self.tokenization.mixtures
+        for name, run in sorted(sft_runs.items()):
+            try:
+                if run.mixture not in mixtures or run.tokenizer != mixtures[run.mixture].tokenizer:
+                    raise RunSpecError(name, "mixture", f"mixture {run.mixture!r} with tokenizer {run.tokenizer!r} is "
+                                                        "not built here (mixtures: " + ", ".join(
+                                                            f"{m} ({e.tokenizer})" for m, e in sorted(mixtures.items()))
+                                       + ")")
+                validate_sft_data(run, mixtures[run.mixture], self.tokenization.tokenized)
+                validate_mixture_components(run, mixtures[run.mixture].weights)
+            except RunSpecError as exc:
+                raise RunSpecError(exc.run, exc.field_path, exc.problem, origin=origin) from None
+        return dict(sft_runs)
 
     @property
     def source_names(self) -> set[str]:

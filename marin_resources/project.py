@@ -28,7 +28,7 @@ EVAL_SUITES_SECTION = "eval_suites"
 SECTION_TYPES: dict[str, type] = {"store": str, "filters": Mapping, "sources": list, "quality": Mapping,
                                   "language_id": Mapping, "tokenizers": Mapping, "tokenized": Mapping,
                                   "default": Mapping, "mixtures": Mapping, "decontamination": Mapping,
-                                  "runs": Mapping, "sweeps": Mapping, "mixture_sweeps": Mapping,
+                                  "runs": Mapping, "sft_runs": Mapping, "sweeps": Mapping, "mixture_sweeps": Mapping,
                                   EVAL_SUITES_SECTION: Mapping}
 _TYPE_NAMES = {str: "a string", Mapping: "a mapping", list: "a list"}
 

@@ -6,8 +6,10 @@
 ``eval[run]`` scores a run on the validation sets of its own mixture; ``cross_eval/<source>[run]``
 scores it on the validation split of ``tokenized/<source>``, a source it may never have seen (a new
 source added to the deployment, another mixture's data), with the same process and the same
-definitions of loss and bits-per-byte (`eval_main`). The run's config is rewritten to read that one
-cache (`levanter_config.validation_only_config`); model, tokenizer and checkpoint stay the run's.
+definitions of loss and bits-per-byte (`eval_main`). A chat cache is read as chat data, its loss on
+the assistant's tokens: a base model scored as its fine-tuned run's `sft_eval` scores that. The run's
+config is rewritten to read that one cache (`levanter_config.validation_only_config`); model,
+tokenizer and checkpoint stay the run's.
 
 Both sides must share the tokenizer, by name and by the tokenizer artifact they were built from:
 a run scored on tokens of another vocabulary gives numbers that mean nothing, so that is refused in
@@ -25,6 +27,7 @@ import yaml
 
 from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
+from marin_assets.tokenization.assets import cache_chat_template
 from marin_assets.training.assets import (
     EVAL_VERSION,
     RUNS,
@@ -93,7 +96,8 @@ def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup,
                    kinds={"levanter"}, tags={"marin/partitioned_by": "run"},
                    description=f"A run's final checkpoint scored on the validation split of `tokenized/{source}` "
                                f"(tokenizer `{tokenizer}`), whatever the run trained on: `eval/{source}/loss`, "
-                               f"`eval/{source}/bpb`, tokens and bytes, as `eval` defines them, and greedy samples. "
+                               f"`eval/{source}/bpb`, tokens and bytes, as `eval` defines them (of a chat cache: "
+                               "over the assistant's tokens, as an SFT run's eval counts them), and greedy samples. "
                                "A run with another tokenizer is refused. Materialize it on demand: "
                                f"`marin materialize {key} --partition RUN`.")
     def cross_eval(context: dg.AssetExecutionContext, store: MarinStore, launcher: TrainingLauncher,
@@ -112,8 +116,10 @@ def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup,
                 config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
                 with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src:
                     text = relocated_train_config(src.read().decode("utf-8"), checkpoint.uri, artifacts)
-                Path(config_path).write_text(yaml.safe_dump(validation_only_config(text, {source: tokenized.uri}),
-                                                            sort_keys=False))
+                template = cache_chat_template(artifacts, tokenized)  # a chat cache: assistant tokens only
+                config = validation_only_config(text, {source: tokenized.uri},
+                                                {source: template} if template is not None else None)
+                Path(config_path).write_text(yaml.safe_dump(config, sort_keys=False))
                 launcher.run_process(context, eval_command(config_path, out, sample_examples=spec.final_eval_examples,
                                                            extra_args=("--eval-set", source)),
                                      resources=spec.resources.for_evaluation(),

@@ -22,6 +22,7 @@ from marin_assets.catalog import Catalog
 from marin_assets.deployment import Deployment
 from marin_assets.training.assets import (
     RUNS,
+    SFT_RUNS,
     SpecLookup,
     check_pool,
     local_dir,
@@ -32,6 +33,7 @@ from marin_assets.training.assets import (
 from marin_assets.training.commands import export_command
 from marin_assets.training.export_main import EXPORT_ERROR_FILE, EXPORT_REPORT_FILE, HF_MODEL_KEY, HF_MODEL_VERSION
 from marin_assets.training.levanter_config import TRAIN_CONFIG_FILE
+from marin_assets.training.sft import SFT_CHECKPOINT_KEY, SFT_HF_MODEL_KEY
 from marin_assets.training.spec import RunSpec
 from marin_resources.artifact_spec import ArtifactSpec
 from marin_resources.artifacts import (
@@ -78,11 +80,11 @@ def loading_snippet(path: str) -> str:
             f"print(tokenizer.decode(output[0], skip_special_tokens=True))")
 
 
-def hf_model_spec(spec_for: SpecLookup) -> ArtifactSpec:
+def hf_model_spec(spec_for: SpecLookup, key: str = HF_MODEL_KEY) -> ArtifactSpec:
     def identity(run: str | None, config: ExportConfig | None = None) -> dict:
         return export_identity(spec_for(str(run)), ExportConfig() if config is None else config)
 
-    return ArtifactSpec(HF_MODEL_KEY, HF_MODEL_VERSION, identity, run_config=ExportConfig, results=export_lines)
+    return ArtifactSpec(key, HF_MODEL_VERSION, identity, run_config=ExportConfig, results=export_lines)
 
 
 def export_lines(manifest: Manifest) -> list[str]:
@@ -95,10 +97,12 @@ def export_lines(manifest: Manifest) -> list[str]:
     return [f"Hugging Face model at {manifest.uri}" + (f" ({check})" if check else "")]
 
 
-def build_hf_model_asset(*, spec_for: SpecLookup, pool: str, catalog: Catalog, checkpoint: ArtifactSpec):
-    artifact = hf_model_spec(spec_for)
+def build_hf_model_asset(*, spec_for: SpecLookup, pool: str, catalog: Catalog, checkpoint: ArtifactSpec,
+                         key: str = HF_MODEL_KEY, partitions: dg.DynamicPartitionsDefinition = RUNS):
+    """``key`` (``hf_model``, or ``sft_hf_model`` of the SFT runs) over ``partitions``, exporting ``checkpoint``."""
+    artifact = hf_model_spec(spec_for, key)
 
-    @catalog.asset(artifact, partitions_def=RUNS, group_name="export", pool=pool,
+    @catalog.asset(artifact, partitions_def=partitions, group_name="export", pool=pool,
                    ins={"checkpoint": input_of(checkpoint)}, kinds={"huggingface", "safetensors"},
                    tags={"marin/partitioned_by": "run"},
                    description="A run's final checkpoint (or a chosen step) as a Hugging Face model directory: "
@@ -111,7 +115,7 @@ def build_hf_model_asset(*, spec_for: SpecLookup, pool: str, catalog: Catalog, c
         spec = spec_for(context.partition_key)
         check_pool(spec, pool)
         if spec.model.family != "llama":
-            raise input_refused(f"hf_model[{spec.name}]: a {spec.model.family} model cannot be exported yet; "
+            raise input_refused(f"{key}[{spec.name}]: a {spec.model.family} model cannot be exported yet; "
                                 "export writes transformers' Llama (family llama only)")
         artifacts = store.get()
         checkpoint_path = None
@@ -120,7 +124,7 @@ def build_hf_model_asset(*, spec_for: SpecLookup, pool: str, catalog: Catalog, c
             if not artifacts.fs.exists(f"{checkpoint_path}/metadata.json"):
                 steps = sorted(int(p.rsplit("-", 1)[1]) for p in artifacts.fs.glob(
                     f"{artifacts.fs_path(checkpoint.uri)}/checkpoints/step-*"))
-                raise input_refused(f"hf_model[{spec.name}]: {checkpoint.uri} has no checkpoint at step {config.step}; "
+                raise input_refused(f"{key}[{spec.name}]: {checkpoint.uri} has no checkpoint at step {config.step}; "
                                  f"it has steps {steps}")
             checkpoint_path = artifacts.fs.unstrip_protocol(checkpoint_path) if "://" in checkpoint.uri \
                 else checkpoint_path
@@ -135,7 +139,7 @@ def build_hf_model_asset(*, spec_for: SpecLookup, pool: str, catalog: Catalog, c
                 run_quoting_input_errors(launcher, context,
                                          export_command(config_path, str(out), checkpoint_path=checkpoint_path,
                                                         max_shard_bytes=config.max_shard_mb * 1024**2),
-                                         out / EXPORT_ERROR_FILE, f"{HF_MODEL_KEY}[{spec.name}]",
+                                         out / EXPORT_ERROR_FILE, f"{key}[{spec.name}]",
                                          resources=spec.resources, extras={"run": spec.name})
             report = json.loads((out / EXPORT_REPORT_FILE).read_text())
             weights = weight_entries(out, report["weight_files"])
@@ -167,8 +171,13 @@ def weight_entries(out: Path, files: list[str]) -> list[FileEntry]:
 
 def build_export_stage(settings: MarinSettings, deployment: Deployment,
                        upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
-    """`hf_model` over the deployment's named runs."""
-    spec_for = named_run_lookup(settings, deployment)
+    """`hf_model` over the deployment's named runs, and `sft_hf_model` over its SFT runs where it declares some."""
     catalog = Catalog()
-    return dg.Definitions(assets=[build_hf_model_asset(spec_for=spec_for, pool=settings.train_pool, catalog=catalog,
-                                                       checkpoint=upstream.spec("checkpoint"))]), catalog
+    assets = [build_hf_model_asset(spec_for=named_run_lookup(settings, deployment), pool=settings.train_pool,
+                                   catalog=catalog, checkpoint=upstream.spec("checkpoint"))]
+    if deployment.sft_runs:
+        assets.append(build_hf_model_asset(spec_for=named_run_lookup(settings, deployment, sft=True),
+                                           pool=settings.train_pool, catalog=catalog,
+                                           checkpoint=upstream.spec(SFT_CHECKPOINT_KEY), key=SFT_HF_MODEL_KEY,
+                                           partitions=SFT_RUNS))
+    return dg.Definitions(assets=assets), catalog

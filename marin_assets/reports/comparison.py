@@ -27,6 +27,7 @@ from marin_assets.scaling_sweeps.assets import (
     mixture_eval_key,
 )
 from marin_assets.scaling_sweeps.config import plan_sweep
+from marin_assets.training.sft import SFT_CHECKPOINT_KEY, SFT_EVAL_KEY
 from marin_resources.artifacts import MarinStore, input_refused
 from marin_resources.display import png_markdown
 from marin_resources.keys import asset_key, stage_owners
@@ -54,6 +55,10 @@ def run_locations(deployment: Deployment, store: ArtifactStore, catalog: Catalog
     checkpoint = located("checkpoint")
     locations = {run: RunKeys(checkpoint, named, f"marin materialize eval --partition {run}")
                  for run in deployment.runs}
+    if deployment.sft_runs:  # fine-tuned runs beside their bases: `marin compare BASE SFT`
+        sft = located(SFT_CHECKPOINT_KEY), declared(SFT_EVAL_KEY)
+        for run in deployment.sft_runs:
+            locations[run] = RunKeys(*sft, f"marin materialize {SFT_EVAL_KEY} --partition {run}")
     for sweep, config in sorted(deployment.sweeps.items()):
         evaluations = declared(eval_key(sweep), harness_key(sweep))
         sweep_checkpoint = located(checkpoint_key(sweep))
@@ -73,8 +78,9 @@ def load_runs(deployment: Deployment, store: ArtifactStore, catalog: Catalog, na
     locations = run_locations(deployment, store, catalog)
     for name in names:
         if name not in locations:
+            sft = f", an SFT run ({', '.join(sorted(deployment.sft_runs))})" if deployment.sft_runs else ""
             raise CompareError(f"unknown run {name!r}: neither a named run "
-                               f"({', '.join(sorted(deployment.runs)) or 'none'})"
+                               f"({', '.join(sorted(deployment.runs)) or 'none'}){sft}"
                                f" nor a run of a sweep ({', '.join(sorted(deployment.sweeps)) or 'none'})")
     return [load_run(store, name, locations[name]) for name in dict.fromkeys(names)]
 

@@ -101,6 +101,14 @@ def _sorted_dict(d: Mapping) -> dict:
     return {k: _sorted_dict(v) if isinstance(v, Mapping) else v for k, v in sorted(d.items())}
 
 
+def chat_format(template: str) -> dict:
+    """The ``format`` of a chat cache's component in Levanter's data config: its ChatProcessor's fields, read
+    by its MultiturnChatDataset with the loss on the assistant's tokens. The template is the cache's own (its
+    manifest's), so the metadata matches the cache's ledger."""
+    return {"type": "chat", "chat_template": template, "messages_field": MESSAGES_COLUMN, "mask_user_turns": True,
+            "pack": True, "single_turn": False}
+
+
 def render_levanter_data_config(spec: MixtureSpec) -> dict:
     """Render `spec` as the dict for Levanter's `LMMixtureDatasetConfig` (TrainLmConfig.data).
 
@@ -114,11 +122,7 @@ def render_levanter_data_config(spec: MixtureSpec) -> dict:
             # No URLs: Levanter finds no source and only loads the finished cache at cache_dir/<split>.
             "train_urls": [],
             "validation_urls": [],
-            # A chat cache: Levanter's ChatProcessor's fields, read by its MultiturnChatDataset with the
-            # loss on the assistant's tokens. Its metadata (the template) matches the cache's ledger.
-            **({"format": {"type": "chat", "chat_template": comp.chat_template, "messages_field": MESSAGES_COLUMN,
-                           "mask_user_turns": True, "pack": True, "single_turn": False}}
-               if comp.chat_template is not None else {}),
+            **({"format": chat_format(comp.chat_template)} if comp.chat_template is not None else {}),
         }
         for name, comp in spec.components.items()
     }

@@ -37,6 +37,7 @@ from marin_assets.training.levanter_config import (
 )
 from marin_assets.training.memory import ComputePlan, plan_run
 from marin_assets.training.metrics import eval_lines
+from marin_assets.training.sft import SFT_CHECKPOINT_KEY, SFT_EVAL_KEY
 from marin_assets.training.spec import RunSpec, RunSpecError
 from marin_assets.training.train_main import FINAL_EVAL_FILE, INPUT_ERROR_FILE, LOSS_CURVE_FILE, SUMMARY_FILE
 from marin_resources.artifact_spec import ArtifactSpec, ReadsFn
@@ -59,6 +60,7 @@ from marin_resources.storage.store import STORE_SCHEME, ArtifactStore, Manifest
 CHECKPOINT_VERSION = "v1"
 EVAL_VERSION = "v1"
 RUNS = dg.DynamicPartitionsDefinition(name="runs")
+SFT_RUNS = dg.DynamicPartitionsDefinition(name="sft_runs")
 # A training step's own retry (deploy/dagster.yaml retries a run only when its worker died): one more
 # attempt a minute later, for a pod or host lost under it, which resumes from the run's latest
 # checkpoint. Refusals (`input_refused`) are never retried.
@@ -410,15 +412,17 @@ def eval_built(report: dict[str, Any], *, evaluated_by: str) -> Built:
     return Built(metrics=metrics, metadata=metadata)
 
 
-def named_run_lookup(settings: MarinSettings, deployment: Deployment) -> SpecLookup:
-    """The spec of one of the deployment's named runs (`runs.yaml`); dg.Failure for any other name."""
-    runs = dict(deployment.runs)
+def named_run_lookup(settings: MarinSettings, deployment: Deployment, *, sft: bool = False) -> SpecLookup:
+    """The spec of one of the deployment's named runs (`runs.yaml`), or with ``sft`` of its SFT runs
+    (the project file's ``sft_runs:``); dg.Failure for any other name."""
+    runs = dict(deployment.sft_runs if sft else deployment.runs)
+    project = f" and {settings.project.path}" if settings.project is not None else ""
+    where = f"SFT runs ({settings.project.path if settings.project is not None else 'no project file'})" if sft \
+        else f"runs ({settings.runs_file or 'the bundled runs.yaml'}{project})"
 
     def spec_for(run: str) -> RunSpec:
         if run not in runs:
-            project = f" and {settings.project.path}" if settings.project is not None else ""
-            raise input_refused(f"no run named {run!r} in this deployment's runs "
-                             f"({settings.runs_file or 'the bundled runs.yaml'}{project}); known: {sorted(runs)}")
+            raise input_refused(f"no run named {run!r} in this deployment's {where}; known: {sorted(runs)}")
         return runs[run]
 
     return spec_for
@@ -444,16 +448,23 @@ def run_reads(spec: RunSpec | None, mixtures: Mapping[str, ArtifactSpec],
 
 def build_training_stage(settings: MarinSettings, deployment: Deployment,
                          upstream: Catalog) -> tuple[dg.Definitions, Catalog]:
-    """`checkpoint` and `eval` over the deployment's named runs (`runs.yaml`)."""
-    runs = dict(deployment.runs)
-    spec_for = named_run_lookup(settings, deployment)
+    """`checkpoint` and `eval` over the deployment's named runs (`runs.yaml`), and `sft_checkpoint` and
+    `sft_eval` over its SFT runs (the project file's ``sft_runs:``) where it declares some."""
     catalog = Catalog()
-    catalog.add_discoverer(RUNS.name, lambda: sorted(runs))
     mixtures, tokenizers = mixture_specs(deployment, upstream), tokenizer_specs(deployment, upstream)
-    assets, checks = build_run_assets(checkpoint_key="checkpoint", eval_key="eval", partitions=RUNS,
-                                      spec_for=spec_for, plan_for=compute_planner(settings, deployment),
-                                      mixtures=mixtures, tokenizers=tokenizers,
-                                      pool=settings.train_pool, group_name="training", catalog=catalog,
-                                      store=store_resource(settings).get,
-                                      reads=lambda run: run_reads(runs.get(run), mixtures, tokenizers))
+    families = [("checkpoint", "eval", RUNS, deployment.runs, False, "")]
+    if deployment.sft_runs:  # none in the demo: its graph, and so its fingerprints, are unchanged
+        families.append((SFT_CHECKPOINT_KEY, SFT_EVAL_KEY, SFT_RUNS, deployment.sft_runs, True,
+                         " fine-tuning pretrained weights on chat data, the loss on the assistant's tokens only"))
+    assets, checks = [], []
+    for checkpoint_key, eval_key, partitions, runs, sft, subject in families:
+        catalog.add_discoverer(partitions.name, lambda runs=runs: sorted(runs))
+        family_assets, family_checks = build_run_assets(
+            checkpoint_key=checkpoint_key, eval_key=eval_key, partitions=partitions,
+            spec_for=named_run_lookup(settings, deployment, sft=sft), plan_for=compute_planner(settings, deployment),
+            mixtures=mixtures, tokenizers=tokenizers, pool=settings.train_pool, group_name="training",
+            catalog=catalog, store=store_resource(settings).get, subject=subject,
+            reads=lambda run, runs=runs: run_reads(runs.get(run), mixtures, tokenizers))
+        assets += family_assets
+        checks += family_checks
     return dg.Definitions(assets=assets, asset_checks=checks), catalog
