@@ -346,3 +346,28 @@ def test_the_project_files_sft_runs_section_declares_them(tmp_path):
     path.write_text(chat + f"sft_runs:\n  chatty: {sft.replace('mixture: chat', 'mixture: notes')}\n")
     with pytest.raises(ConfigError, match=rf"^{path}: run 'chatty': field 'mixture': 'notes' is a text mixture"):
         Deployment.load(MarinSettings.from_env({}, cwd=tmp_path))
+
+
+def test_levanters_one_block_loss_counts_the_remainder_twice_and_the_halved_block_does_not():
+    """Why `levanter_block_size` exists: Levanter's blockwise loss over a 300-entry vocabulary in blocks of
+    256 is not the whole-vocabulary loss (the 44-entry remainder is counted twice); in the halved blocks it is."""
+    import haliax as hax
+    import jax
+    import numpy as np
+    from levanter.models.loss import maybe_fused_next_token_loss
+
+    from marin_assets.training.levanter_config import levanter_block_size
+
+    Pos, Embed, Vocab = hax.Axis("position", 16), hax.Axis("embed", 8), hax.Axis("vocab", 300)
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    hidden = hax.random.normal(keys[0], (Pos, Embed))
+    head = hax.random.normal(keys[1], (Embed, Vocab))
+    # Targets in the remainder (entries 256-299), where the double count shows most.
+    labels = hax.named(jax.random.randint(keys[2], (Pos.size,), 256, 300), Pos)
+
+    def loss(block):
+        return float(maybe_fused_next_token_loss(Pos, Embed, Vocab, hidden, head, labels, block_size=block).scalar())
+
+    whole = loss(None)
+    assert abs(loss(256) - whole) > 0.1  # Levanter's own, as it stands
+    np.testing.assert_allclose(loss(levanter_block_size(256, Vocab.size)), whole, rtol=1e-5)
