@@ -86,8 +86,9 @@ def tokenizer_mismatch(run: RunSpec, checkpoint: Manifest | None, source: str, t
 
 
 def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup, pool: str, catalog: Catalog,
-                           checkpoint: ArtifactSpec, tokenized: ArtifactSpec):
-    """``cross_eval/<source>`` over the named runs (partitions of ``checkpoint``), scored on ``tokenized``."""
+                           checkpoint: ArtifactSpec, tokenized: ArtifactSpec, chat: bool = False):
+    """``cross_eval/<source>`` over the named runs (partitions of ``checkpoint``), scored on ``tokenized``
+    (with ``chat``, a chat cache: read with its template, the loss on the assistant's tokens)."""
     key = cross_eval_key(source)
     artifact = ArtifactSpec(key, CROSS_EVAL_VERSION, lambda run: cross_eval_identity(spec_for(str(run)), source))
 
@@ -116,9 +117,9 @@ def build_cross_eval_asset(source: str, tokenizer: str, *, spec_for: SpecLookup,
                 config_path = os.path.join(scratch, TRAIN_CONFIG_FILE)
                 with artifacts.open(f"{checkpoint.uri}/{TRAIN_CONFIG_FILE}") as src:
                     text = relocated_train_config(src.read().decode("utf-8"), checkpoint.uri, artifacts)
-                template = cache_chat_template(artifacts, tokenized)  # a chat cache: assistant tokens only
-                config = validation_only_config(text, {source: tokenized.uri},
-                                                {source: template} if template is not None else None)
+                # A chat cache is read with the template its rows were rendered with: assistant tokens only.
+                templates = {source: cache_chat_template(artifacts, tokenized)} if chat else None
+                config = validation_only_config(text, {source: tokenized.uri}, templates)
                 Path(config_path).write_text(yaml.safe_dump(config, sort_keys=False))
                 launcher.run_process(context, eval_command(config_path, out, sample_examples=spec.final_eval_examples,
                                                            extra_args=("--eval-set", source)),
@@ -145,5 +146,6 @@ def build_cross_eval_stage(settings: MarinSettings, deployment: Deployment,
         if entry.tokenizer in run_tokenizers:
             assets.append(build_cross_eval_asset(source, entry.tokenizer, spec_for=spec_for, pool=settings.train_pool,
                                                  catalog=catalog, checkpoint=upstream.spec("checkpoint"),
-                                                 tokenized=upstream.spec(f"tokenized/{source}")))
+                                                 tokenized=upstream.spec(f"tokenized/{source}"),
+                                                 chat=entry.cache.chat is not None))
     return dg.Definitions(assets=assets), catalog

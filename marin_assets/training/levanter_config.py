@@ -321,7 +321,11 @@ def parse_train_config(path: str | os.PathLike):
     config = draccus.parse(TrainLmConfig, config_path=str(path), args=[])
     block = getattr(config.model, "cross_entropy_block_size", None)
     if block is not None:
-        safe = levanter_block_size(block, len(config.data.the_tokenizer))
+        try:
+            vocab_size = len(config.data.the_tokenizer)
+        except (OSError, ValueError):
+            return config  # an unreadable tokenizer: the process's own check refuses it, in one line
+        safe = levanter_block_size(block, vocab_size)
         if safe != block:
             config = dataclasses.replace(config, model=dataclasses.replace(config.model, cross_entropy_block_size=safe))
     return config
