@@ -4,7 +4,8 @@
 # DIR/NAME.txt (default DIR ./tpu-measurements) and each has its own time limit, so one that hangs
 # costs only its own. Name a few at a time where a session's calls are short. From the repository root:
 #   bash deploy/tpu_host/measure.sh [DIR [NAME...]]
-# Names: fused_head_512 llama_150m_b64 llama_150m_b32 llama_600m train_lm_baseline memory_150m
+# Names: fused_head_512 llama_150m_b64 llama_150m_b32 llama_600m train_lm_baseline memory_150m, and named_run
+# (the demo's run from the bundle .tpu-bundle that named_run.py made here; not in the default list).
 set -uo pipefail
 out=${1:-tpu-measurements}
 shift || true
@@ -55,6 +56,7 @@ for name in "${names[@]}"; do
             --fused-loss off --cross-entropy-block-size 4096 --steps 12 --train-lm ;;
         memory_150m) step "$name" 180 python3 -m benchmarks.memory_fit --shape llama_150m --batch 32 \
             --checkpointing off --fused-loss ;;
+        named_run) step "$name" 300 python3 deploy/tpu_host/named_run.py run .tpu-bundle --out "$out/named_run" ;;
         *) echo "measure.sh: unknown run $name" >&2; exit 2 ;;
     esac
 done
