@@ -341,16 +341,16 @@ def train_lm_directly(config: dict, run_dir: Path, env: dict[str, str], peak: fl
     return with_mfu(levanter_figures(log_text), peak)
 
 
-def run_logged(label: str, command: list[str], env: dict[str, str], log_path: Path) -> str:
-    """Run a training process with its output in ``log_path``; the log's text. A TPU another process holds
-    ends the benchmark in one line, exit 2; any other failure with the log's last lines."""
+def run_logged(label: str, command: list[str], env: dict[str, str], log_path: Path, program: str = "gpu_train") -> str:
+    """Run one of the project's processes with its output in ``log_path``; the log's text. A TPU another
+    process holds ends ``program`` in one line, exit 2; any other failure with the log's last lines."""
     with open(log_path, "w") as log:
         proc = subprocess.run(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     log_text = log_path.read_text()
     if proc.returncode != 0:
         held = held_message(log_text)
         if held:
-            print(f"gpu_train: {held}", file=sys.stderr)
+            print(f"{program}: {held}", file=sys.stderr)
             raise SystemExit(2)
         raise SystemExit(f"{label} failed (exit {proc.returncode}); last lines of {log_path}:\n"
                          + "\n".join(log_text.splitlines()[-40:]))

@@ -30,16 +30,14 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from marin_assets.training.accelerator import held_message  # noqa: E402
+from benchmarks.gpu_train import run_logged  # noqa: E402
 from marin_assets.training.commands import (  # noqa: E402
     EVAL_REPORT_FILE,
     eval_command,
@@ -104,17 +102,7 @@ def run_process(label: str, process, accelerator: str, log: Path) -> float:
     """One of the project's processes to its end; its wall seconds. A held chip is one line, exit 2."""
     launch = build_command_and_env(process, accelerator=accelerator)
     started = time.time()
-    with open(log, "w") as f:
-        code = subprocess.run(launch.command, env={**os.environ, **launch.env}, stdout=f, stderr=subprocess.STDOUT,
-                              cwd=REPO).returncode
-    if code != 0:
-        text = log.read_text()
-        held = held_message(text)
-        if held:
-            print(f"named_run: {held}", file=sys.stderr)
-            raise SystemExit(2)
-        raise SystemExit(f"the {label} process failed (exit {code}); last lines of {log}:\n"
-                         + "\n".join(text.splitlines()[-30:]))
+    run_logged(label, launch.command, launch.env, log, program="named_run")
     return time.time() - started
 
 
