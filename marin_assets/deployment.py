@@ -198,10 +198,7 @@ class Deployment:
             for name in sections.get(section) or {}:
                 if name not in kept:
                     entry = declared[section][name]
-                    raise ConfigError(
-                        f"{origin}: {section[:-1]} {name!r}: mixture {entry.mixture!r} with tokenizer "
-                        f"{entry.tokenizer!r} is not built here (mixtures: "
-                        f"{', '.join(f'{m} ({e.tokenizer})' for m, e in sorted(tokenization.mixtures.items()))})")
+                    raise ConfigError(f"{origin}: {section[:-1]} {name!r}: {self.mixture_not_built(entry)}")
 
     def built_sft_runs(self, sft_runs: Mapping[str, RunSpec], origin: str) -> dict[str, RunSpec]:
         """``sft_runs`` checked against what this deployment builds: each on a chat mixture and tokenizer
@@ -211,15 +208,17 @@ class Deployment:
         for name, run in sorted(sft_runs.items()):
             try:
                 if run.mixture not in mixtures or run.tokenizer != mixtures[run.mixture].tokenizer:
-                    raise RunSpecError(name, "mixture", f"mixture {run.mixture!r} with tokenizer {run.tokenizer!r} is "
-                                                        "not built here (mixtures: " + ", ".join(
-                                                            f"{m} ({e.tokenizer})" for m, e in sorted(mixtures.items()))
-                                       + ")")
+                    raise RunSpecError(name, "mixture", self.mixture_not_built(run))
                 validate_sft_data(run, mixtures[run.mixture], self.tokenization.tokenized)
                 validate_mixture_components(run, mixtures[run.mixture].weights)
             except RunSpecError as exc:
                 raise RunSpecError(exc.run, exc.field_path, exc.problem, origin=origin) from None
         return dict(sft_runs)
+
+    def mixture_not_built(self, entry: RunSpec | SweepConfig) -> str:
+        """Why a run or sweep on a mixture (and tokenizer) this deployment does not build is refused."""
+        built = ", ".join(f"{m} ({e.tokenizer})" for m, e in sorted(self.tokenization.mixtures.items()))
+        return f"mixture {entry.mixture!r} with tokenizer {entry.tokenizer!r} is not built here (mixtures: {built})"
 
     @property
     def source_names(self) -> set[str]:

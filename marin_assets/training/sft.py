@@ -38,7 +38,7 @@ def extend_sft_runs(runs: Mapping[str, RunSpec], raw: Mapping[str, Any], origin:
         if spec.init_from is None:
             raise RunSpecError(name, "init_from", "an SFT run fine-tunes pretrained weights: give init_from.run (a "
                                                   "pretraining run's hf_model) or init_from.path", origin)
-        if spec.init_from is not None and spec.init_from.run is not None and spec.init_from.run not in runs:
+        if spec.init_from.run is not None and spec.init_from.run not in runs:
             raise RunSpecError(name, "init_from.run", f"{spec.init_from.run!r} is not a pretraining run (runs: "
                                                       f"{', '.join(sorted(runs)) or 'none'}); an SFT run starts from "
                                                       "a pretraining run's hf_model", origin)
